@@ -1,0 +1,11 @@
+# MORPH_SANITIZE=address,undefined builds everything with those sanitizers.
+set(MORPH_SANITIZE "" CACHE STRING "Comma-separated sanitizers (address, undefined, thread)")
+if(MORPH_SANITIZE)
+  string(REPLACE "," ";" _morph_sans "${MORPH_SANITIZE}")
+  foreach(_s IN LISTS _morph_sans)
+    if(NOT _s MATCHES "^(address|undefined|thread|leak)$")
+      message(FATAL_ERROR "MORPH_SANITIZE: unknown sanitizer '${_s}'")
+    endif()
+  endforeach()
+  set(MORPH_SANITIZE_FLAGS "-fsanitize=${MORPH_SANITIZE}" -fno-omit-frame-pointer -fno-sanitize-recover=all)
+endif()

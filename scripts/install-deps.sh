@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package morph needs to build and test. Idempotent: when all packages
+# are present it changes nothing and does not touch the network.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libboost-dev libboost-system-dev
+  libgoogle-glog-dev libgflags-dev
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev
+  libgloo-dev
+  nlohmann-json3-dev
+  openmpi-bin libopenmpi-dev
+  procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
