@@ -1,0 +1,30 @@
+# morph: the two commands of the README, plus benchmarks.
+#   make test                              install deps, configure, build, run every test
+#   make test SANITIZE=address,undefined   the same under ASan+UBSan (separate build folder)
+SHELL := /bin/bash
+SANITIZE ?=
+JOBS ?= $(shell nproc)
+ifeq ($(SANITIZE),)
+BUILD_DIR ?= build
+CMAKE_ARGS ?=
+else
+BUILD_DIR ?= build-$(subst $(comma),-,$(SANITIZE))
+CMAKE_ARGS ?= -DMORPH_SANITIZE=$(SANITIZE) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+endif
+comma := ,
+GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
+
+.PHONY: deps configure build test
+
+deps:
+	@bash scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD_DIR) -G "$(GENERATOR)" $(CMAKE_ARGS)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# ASAN_OPTIONS: Open MPI's singleton init leaks by design; leak checking stays on elsewhere.
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900

@@ -1,0 +1,73 @@
+// Transport: the one thing the reshard executor needs from a communication library — grouped,
+// concurrent point-to-point sends and receives of contiguous buffers.
+//
+// Ranks of a transport are the participant numbers of a reconfiguration: the runtime numbers
+// every worker that takes part (old members, joiners, leavers) 0..n-1 and hands the same
+// numbering to the planner and to the transport, so a Transfer's src/dst are transport ranks.
+//
+// collectives/ implements it on a Communicator (Gloo, NCCL); reshard/ has an in-process one
+// (ranks as threads) for tests and benchmarks.
+//
+//   std::vector<SendOp> sends{{/*peer=*/2, buf, n}};
+//   std::vector<RecvOp> recvs{{/*peer=*/1, dst, m}};
+//   MORPH_ASSIGN_OR_RETURN(auto work, transport.Start(sends, recvs));
+//   MORPH_RETURN_IF_ERROR(work->Wait(Deadline::AfterMs(30000)));
+#ifndef MORPH_RESHARD_TRANSPORT_H_
+#define MORPH_RESHARD_TRANSPORT_H_
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "base/deadline.h"
+#include "base/status.h"
+
+namespace morph {
+
+struct SendOp {
+  int peer;
+  const void* data;
+  size_t bytes;
+};
+
+struct RecvOp {
+  int peer;
+  void* data;
+  size_t bytes;
+};
+
+class TransportWork {
+ public:
+  virtual ~TransportWork() = default;
+  // Blocks until every op of the group completed (OK), the deadline passed
+  // (kDeadlineExceeded), the transport was aborted (kAborted), or a peer failed
+  // (kUnavailable / kAborted). After a non-OK result the buffers may have been partly
+  // written; the transport must not be used again except to Abort it.
+  virtual Status Wait(Deadline deadline) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // True if buffers may be CUDA device memory (NCCL); false: host memory only.
+  virtual bool SupportsDeviceMemory() const = 0;
+
+  // Starts a group of sends and receives that progress concurrently. Between one pair of
+  // ranks, messages match in the order they were posted (the i-th send from a to b matches
+  // the i-th receive at b from a, across groups too); sizes of matching ops must be equal, else
+  // the group fails with kInternal. Buffers must stay valid until Wait returns. Only the
+  // thread that owns the transport calls Start. kInvalidArgument for a peer out of range.
+  virtual StatusOr<std::unique_ptr<TransportWork>> Start(std::span<const SendOp> sends,
+                                                         std::span<const RecvOp> recvs) = 0;
+
+  // Makes pending and later Waits return kAborted promptly (within a second). Callable from
+  // any thread, any number of times.
+  virtual void Abort() = 0;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_TRANSPORT_H_
