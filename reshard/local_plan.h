@@ -1,0 +1,58 @@
+// LocalPlan: the part of a reshard plan that concerns one participant. It is the contract
+// between the planner (plan.h), which produces it, and the executor (executor.h), which runs it.
+//
+// Participants are numbered 0..n-1 by the runtime (old members, joiners and leavers of the
+// reconfiguration); the same numbers are the ranks of the Transport the executor uses.
+//
+// Ordering contract: for every pair (a, b), the `sends` of a whose peer is b and the `recvs`
+// of b whose peer is a list the same pieces in the same order (the planner sorts them by
+// tensor index, then by box origin). The executor may pack consecutive pieces to one peer
+// into one message and split large pieces, but both sides derive message boundaries only
+// from these lists and from ExecutorOptions fields that must be equal on all participants.
+#ifndef MORPH_RESHARD_LOCAL_PLAN_H_
+#define MORPH_RESHARD_LOCAL_PLAN_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "reshard/box.h"
+#include "reshard/dtype.h"
+#include "reshard/shard.h"
+
+namespace morph {
+
+// A registered tensor as the executor needs it: identity, element type and global shape.
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+};
+
+// The elements of `box` (global coordinates) of tensor `tensor`, exchanged with `peer`.
+struct PieceMove {
+  int32_t tensor = 0;
+  int32_t peer = 0;
+  Box box;
+};
+
+struct LocalPlan {
+  int32_t participant = 0;
+  int32_t num_participants = 0;
+  std::vector<TensorInfo> tensors;
+  // Indexed like `tensors`: what this participant holds before and after. nullopt (or an
+  // empty shard) = nothing.
+  std::vector<std::optional<Shard>> old_shards;
+  std::vector<std::optional<Shard>> new_shards;
+  // Pieces this participant sends from its old storage / receives into its new storage.
+  std::vector<PieceMove> sends;
+  std::vector<PieceMove> recvs;
+  // Pieces copied from this participant's old storage into its new storage (peer == self).
+  // Together with `recvs`, they cover every element of every new shard exactly once.
+  std::vector<PieceMove> local_copies;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_LOCAL_PLAN_H_
