@@ -2,8 +2,9 @@
 #
 #   morph_cc_library(NAME foo SRCS a.cc [CUDA_SRCS k.cu] DEPS morph::base [PUBLIC_DEPS ...])
 #     -> target morph_foo, alias morph::foo, installed and exported.
-#   morph_cc_test(NAME foo_test SRCS foo_test.cc DEPS morph::foo [LABELS unit] [TIMEOUT 60])
-#     -> gtest binary registered with ctest (label defaults to unit).
+#   morph_cc_test(NAME foo_test SRCS foo_test.cc DEPS morph::foo [LABELS unit] [TIMEOUT 60]
+#                 [ARGS ...] [ENV K=V ...] [NO_GTEST_MAIN] [NO_LEAK_CHECK])
+#     -> gtest binary registered with ctest (label defaults to unit; exit 77 = skipped).
 #   morph_cc_binary(NAME morph-plan SRCS main.cc DEPS morph::reshard [INSTALL])
 
 # GCC 12 warns on designated initializers that omit members with default initializers.
@@ -32,6 +33,8 @@ function(morph_cc_library)
   endif()
   target_include_directories(morph_${A_NAME} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    # Consumers write <morph/base/status.h>; morph's own headers include "base/status.h".
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/morph>)
   target_link_libraries(morph_${A_NAME} PUBLIC ${A_PUBLIC_DEPS} PRIVATE ${A_DEPS})
   _morph_common_flags(morph_${A_NAME})
@@ -42,7 +45,7 @@ function(morph_cc_library)
 endfunction()
 
 function(morph_cc_test)
-  cmake_parse_arguments(A "NO_GTEST_MAIN" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ARGS;ENV" ${ARGN})
+  cmake_parse_arguments(A "NO_GTEST_MAIN;NO_LEAK_CHECK" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;ARGS;ENV" ${ARGN})
   add_executable(${A_NAME} ${A_SRCS})
   if(A_NO_GTEST_MAIN)
     target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} GTest::gtest GTest::gmock)
@@ -61,8 +64,16 @@ function(morph_cc_test)
   endif()
   set_tests_properties(${A_NAME} PROPERTIES LABELS "${_labels}" TIMEOUT ${_timeout}
                        SKIP_RETURN_CODE 77)
-  if(A_ENV)
-    set_tests_properties(${A_NAME} PROPERTIES ENVIRONMENT "${A_ENV}")
+  set(_env ${A_ENV})
+  if(MORPH_SANITIZE_FLAGS)
+    list(APPEND _env UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
+    # NO_LEAK_CHECK: for tests of libraries that leak by design (Open MPI's init).
+    if(A_NO_LEAK_CHECK)
+      list(APPEND _env ASAN_OPTIONS=detect_leaks=0)
+    endif()
+  endif()
+  if(_env)
+    set_tests_properties(${A_NAME} PROPERTIES ENVIRONMENT "${_env}")
   endif()
 endfunction()
 
