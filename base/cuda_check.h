@@ -38,11 +38,7 @@ inline Status CudaToStatus(cudaError_t e, const char* call, const char* file, in
 
 }  // namespace morph
 
-#define MORPH_CUDA_RETURN_IF_ERROR(call)                                                     \
-  if (::morph::Status _morph_cuda_st =                                                       \
-          ::morph::CudaToStatus((call), #call, __FILE__, __LINE__);                          \
-      _morph_cuda_st.ok()) {                                                                 \
-  } else                                                                                     \
-    return ::morph::internal::StatusBuilder(std::move(_morph_cuda_st))
+#define MORPH_CUDA_RETURN_IF_ERROR(call) \
+  MORPH_RETURN_IF_ERROR(::morph::CudaToStatus((call), #call, __FILE__, __LINE__))
 
 #endif  // MORPH_BASE_CUDA_CHECK_H_

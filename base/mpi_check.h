@@ -59,10 +59,7 @@ inline Status MpiToStatus(int code, const char* call, const char* file, int line
 
 }  // namespace morph
 
-#define MORPH_MPI_RETURN_IF_ERROR(call)                                                      \
-  if (::morph::Status _morph_mpi_st = ::morph::MpiToStatus((call), #call, __FILE__, __LINE__); \
-      _morph_mpi_st.ok()) {                                                                  \
-  } else                                                                                     \
-    return ::morph::internal::StatusBuilder(std::move(_morph_mpi_st))
+#define MORPH_MPI_RETURN_IF_ERROR(call) \
+  MORPH_RETURN_IF_ERROR(::morph::MpiToStatus((call), #call, __FILE__, __LINE__))
 
 #endif  // MORPH_BASE_MPI_CHECK_H_

@@ -47,11 +47,7 @@ inline Status NcclToStatus(ncclResult_t r, const char* call, const char* file, i
 
 }  // namespace morph
 
-#define MORPH_NCCL_RETURN_IF_ERROR(call)                                                     \
-  if (::morph::Status _morph_nccl_st =                                                       \
-          ::morph::NcclToStatus((call), #call, __FILE__, __LINE__);                          \
-      _morph_nccl_st.ok()) {                                                                 \
-  } else                                                                                     \
-    return ::morph::internal::StatusBuilder(std::move(_morph_nccl_st))
+#define MORPH_NCCL_RETURN_IF_ERROR(call) \
+  MORPH_RETURN_IF_ERROR(::morph::NcclToStatus((call), #call, __FILE__, __LINE__))
 
 #endif  // MORPH_BASE_NCCL_CHECK_H_
