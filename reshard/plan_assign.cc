@@ -101,34 +101,37 @@ namespace {
 
 using Weight = __int128;
 
-// Resident bytes of old rank `o` at new rank `c`, scaled by old dp * new dp, with ZeRO ranges
-// replaced by their ideal fractions [d/dp, (d+1)/dp) of the TP-local piece. Exact for
-// replicated tensors; for ZeRO tensors exact up to the ceil-division rounding when the TP
-// pieces coincide. O(classes) integer arithmetic, no allocation.
+// Resident bytes of old rank `o` at new rank `c`, times U = tp*dp*tp'*dp', with every shard
+// replaced by its ideal fraction of the tensor: a TP slice is [t/tp, (t+1)/tp) of its split
+// dimension; a ZeRO range [d/dp, (d+1)/dp) of the TP-local piece's row-major order is that
+// fraction of the TP slice when the split dimension is 0 (both cut the same axis) and of
+// dimension 0 otherwise. Exact for replicated tensors; for ZeRO tensors exact up to rounding
+// to whole rows and the ceil-division padding. O(classes) integer arithmetic, no allocation.
 Weight ApproxWeight(const Planner::Classes& cl, const ParallelConfig& oc,
                     const ParallelConfig& nc, ParallelConfig::Coords o, ParallelConfig::Coords c) {
   auto it = cl.groups.find({o.p, c.p});
   if (it == cl.groups.end()) return 0;
-  const int64_t units = static_cast<int64_t>(oc.dp) * nc.dp;
+  const int64_t tt = int64_t{oc.tp} * nc.tp, dd = int64_t{oc.dp} * nc.dp;
+  // Overlap of [a/n, (a+1)/n) and [b/m, (b+1)/m), in units of 1/(n*m).
+  auto frac = [](int64_t a, int64_t n, int64_t b, int64_t m) {
+    return Intersect(Interval{a * m, (a + 1) * m}, Interval{b * n, (b + 1) * n}).size();
+  };
   Weight w = 0;
   for (const auto& [cls, count] : it->second) {
     const TensorSpec& spec = cl.classes[static_cast<size_t>(cls)].rep;
     int64_t elems = 1;
     for (int64_t d : spec.shape) elems *= d;
     if (elems == 0) continue;
-    if (spec.layout.tp_split()) {
-      const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
-      const int64_t so = len / oc.tp, sn = len / nc.tp;
-      const int64_t ovl = Intersect(Interval{so * o.t, so * (o.t + 1)},
-                                    Interval{sn * c.t, sn * (c.t + 1)}).size();
-      elems = elems / len * ovl;
+    const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
+    Weight units;  // of 1/U
+    if (split && zero && spec.layout.tp_dim() == 0) {
+      units = frac(int64_t{o.t} * oc.dp + o.d, oc.tp * int64_t{oc.dp},
+                   int64_t{c.t} * nc.dp + c.d, nc.tp * int64_t{nc.dp});
+    } else {
+      units = Weight(split ? frac(o.t, oc.tp, c.t, nc.tp) : tt) *
+              (zero ? frac(o.d, oc.dp, c.d, nc.dp) : dd);
     }
-    int64_t frac = units;
-    if (spec.layout.zero_sharded()) {
-      frac = Intersect(Interval{int64_t{o.d} * nc.dp, int64_t{o.d + 1} * nc.dp},
-                       Interval{int64_t{c.d} * oc.dp, int64_t{c.d + 1} * oc.dp}).size();
-    }
-    w += Weight(count) * cl.classes[static_cast<size_t>(cls)].elem * elems * frac;
+    w += Weight(count) * cl.classes[static_cast<size_t>(cls)].elem * elems * units;
   }
   return w;
 }
@@ -176,6 +179,13 @@ void Planner::StructuredAssign(std::vector<int32_t>& out) const {
         };
         for (int d = d0; d <= d1; ++d) add(d);
         if (o.d < nc.dp && (o.d < d0 || o.d > d1)) add(o.d);
+        // ZeRO pieces split on dimension 0: the DP ranks of TP rank t whose ranges cover the
+        // same rows (the TP slice and the ZeRO range cut the same axis).
+        const auto [c0, c1] = TpOverlap(o.t * oc.dp + o.d, oc.tp * oc.dp, nc.tp * nc.dp);
+        for (int x = std::max(c0, t * nc.dp); x <= std::min(c1, t * nc.dp + nc.dp - 1); ++x) {
+          const int d = x - t * nc.dp;
+          if ((d < d0 || d > d1) && d != o.d) add(d);
+        }
       }
     }
   }
