@@ -63,8 +63,7 @@ ParallelConfig Config(int dp, int tp, int pp) {
 }
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 struct Case {
@@ -88,7 +87,8 @@ void Run(const Case& c, const std::vector<TensorSpec>& tensors, bool quick) {
     if (!leaves) in.available.push_back(r);
   }
   int32_t next = old_world;
-  while (static_cast<int>(in.available.size()) < c.new_config.world()) in.available.push_back(next++);
+  while (static_cast<int>(in.available.size()) < c.new_config.world())
+    in.available.push_back(next++);
   in.num_participants = next;
 
   const double t0 = Now();
@@ -119,7 +119,8 @@ void Run(const Case& c, const std::vector<TensorSpec>& tensors, bool quick) {
     max_s = std::max(max_s, dt);
     sum_s += dt;
     for (const PieceMove& m : lp->recvs) moved += PieceBytes(*lp, m);
-    max_pieces = std::max<int64_t>(max_pieces, static_cast<int64_t>(lp->sends.size() + lp->recvs.size()));
+    max_pieces =
+        std::max<int64_t>(max_pieces, static_cast<int64_t>(lp->sends.size() + lp->recvs.size()));
   }
   const Planner::Totals totals = planner->ComputeTotals();
   int64_t lower_bound = totals.needed - totals.resident;
@@ -175,7 +176,8 @@ void Quality(const Case& c, const std::vector<TensorSpec>& tensors) {
     if (!(c.leavers > 0 && co.p == 0 && co.d == 0 && co.t < c.leavers)) in.available.push_back(r);
   }
   int32_t next = old_world;
-  while (static_cast<int>(in.available.size()) < c.new_config.world()) in.available.push_back(next++);
+  while (static_cast<int>(in.available.size()) < c.new_config.world())
+    in.available.push_back(next++);
   in.num_participants = next;
   double t0 = Now();
   auto fast = Planner::Create(in, {.exact_assignment_limit = 0});

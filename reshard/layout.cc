@@ -65,8 +65,8 @@ Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& con
     const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
     if (len % config.tp != 0) {
       return Bad(spec, "dimension " + std::to_string(spec.layout.tp_dim()) + " of size " +
-                           std::to_string(len) + " is not divisible by tp=" +
-                           std::to_string(config.tp));
+                           std::to_string(len) +
+                           " is not divisible by tp=" + std::to_string(config.tp));
     }
   }
   return Status();
@@ -120,8 +120,8 @@ StatusOr<Shard> ShardOf(const TensorSpec& spec, const ParallelConfig& config, in
   MORPH_RETURN_IF_ERROR(ValidateTensorSpec(spec));
   MORPH_RETURN_IF_ERROR(ValidateTensorForConfig(spec, config));
   if (rank < 0 || rank >= config.world()) {
-    return InvalidArgumentError("rank=" + std::to_string(rank) + " is not in [0, world=" +
-                                std::to_string(config.world()) + ")");
+    return InvalidArgumentError("rank=" + std::to_string(rank) +
+                                " is not in [0, world=" + std::to_string(config.world()) + ")");
   }
   return ShardOfUnchecked(spec, config, rank);
 }

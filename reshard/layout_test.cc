@@ -139,12 +139,12 @@ TEST(LayoutTest, BadSpecsNameTheTensor) {
   EXPECT_THAT(ShardOf({"a.w", DType::kF32, {8, 6}, Layout::Layer(0).SplitTP(1)}, c, 0),
               StatusIs(StatusCode::kInvalidArgument,
                        "tensor 'a.w': dimension 1 of size 6 is not divisible by tp=4"));
-  EXPECT_THAT(ShardOf({"b", DType::kF32, {8, 6}, Layout::Layer(4)}, c, 0),
-              StatusIs(StatusCode::kInvalidArgument,
-                       HasSubstr("tensor 'b': layer=4 is not in [0, 4)")));
-  EXPECT_THAT(ShardOf({"c", DType::kF32, {8, -6}, Layout::Layer(0)}, c, 0),
-              StatusIs(StatusCode::kInvalidArgument,
-                       "tensor 'c': shape [8,-6] has negative dimension 1"));
+  EXPECT_THAT(
+      ShardOf({"b", DType::kF32, {8, 6}, Layout::Layer(4)}, c, 0),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'b': layer=4 is not in [0, 4)")));
+  EXPECT_THAT(
+      ShardOf({"c", DType::kF32, {8, -6}, Layout::Layer(0)}, c, 0),
+      StatusIs(StatusCode::kInvalidArgument, "tensor 'c': shape [8,-6] has negative dimension 1"));
   EXPECT_THAT(ShardOf({"d", DType::kF32, {8}, Layout::Layer(0).SplitTP(1)}, c, 0),
               StatusIs(StatusCode::kInvalidArgument,
                        "tensor 'd': tp_dim=1 is not a dimension of shape [8]"));

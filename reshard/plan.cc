@@ -15,8 +15,7 @@ using plan_internal::OverlapCount;
 using plan_internal::ShardAt;
 
 int64_t PieceBytes(const LocalPlan& plan, const PieceMove& piece) {
-  return NumEl(piece.box) *
-         DTypeSize(plan.tensors[static_cast<size_t>(piece.tensor)].dtype);
+  return NumEl(piece.box) * DTypeSize(plan.tensors[static_cast<size_t>(piece.tensor)].dtype);
 }
 
 namespace {
@@ -66,8 +65,8 @@ void RegionsOf(const TensorSpec& spec, const ParallelConfig& old, const Shard& n
     }
     const int64_t n = NumEl(frame);
     for (const Box& b : boxes) {
-      const DpSpan span = ZeroRanksOf(n, old.dp, {LinearIn(frame, b, false),
-                                                  LinearIn(frame, b, true) + 1});
+      const DpSpan span =
+          ZeroRanksOf(n, old.dp, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
       for (int d = span.first; d <= span.last; ++d) {
         const Interval r = ZeroRange(n, old.dp, d);
         for (Box& x : IntersectShard(Shard{frame, r.begin, r.end}, b)) {
@@ -155,8 +154,8 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
     }
     if (a.old_rank_of_participant[static_cast<size_t>(q)] != -1) {
       return BadInput("participant " + std::to_string(q) + " holds old ranks " +
-                      std::to_string(a.old_rank_of_participant[static_cast<size_t>(q)]) +
-                      " and " + std::to_string(r));
+                      std::to_string(a.old_rank_of_participant[static_cast<size_t>(q)]) + " and " +
+                      std::to_string(r));
     }
     a.old_rank_of_participant[static_cast<size_t>(q)] = r;
   }
@@ -319,8 +318,8 @@ struct Ctx {
 StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
   const PlanInput& in = *in_;
   if (q < 0 || q >= in.num_participants) {
-    return BadInput("participant " + std::to_string(q) + " is not in [0, num_participants=" +
-                    std::to_string(in.num_participants) + ")");
+    return BadInput("participant " + std::to_string(q) +
+                    " is not in [0, num_participants=" + std::to_string(in.num_participants) + ")");
   }
   const ParallelConfig& oc = in.old_config;
   const ParallelConfig& nc = in.new_config;
@@ -361,8 +360,8 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
                                " has no surviving holder in the old generation");
         }
         ctx.Receivers(spec, c.p, c.d, c.t, rg, p_old, recv_ranks);
-        const int j = static_cast<int>(
-            std::lower_bound(recv_ranks.begin(), recv_ranks.end(), s) - recv_ranks.begin());
+        const int j = static_cast<int>(std::lower_bound(recv_ranks.begin(), recv_ranks.end(), s) -
+                                       recv_ranks.begin());
         const int h = static_cast<int>(holders.size());
         const int k = ChunkCount(rg.box, static_cast<int>(recv_ranks.size()), h);
         const size_t rot = (ti + ri) % static_cast<size_t>(h);
@@ -418,17 +417,17 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
             if (recv_ranks.empty()) continue;
             ctx.Holders(rg, c.p, holders);
             const int h = static_cast<int>(holders.size());
-            const int me = static_cast<int>(
-                std::lower_bound(holders.begin(), holders.end(), r) - holders.begin());
+            const int me = static_cast<int>(std::lower_bound(holders.begin(), holders.end(), r) -
+                                            holders.begin());
             const int k = ChunkCount(rg.box, static_cast<int>(recv_ranks.size()), h);
             const size_t rot = (ti + ri) % static_cast<size_t>(h);
             for (size_t j = 0; j < recv_ranks.size(); ++j) {
               for (int ch = 0; ch < k; ++ch) {
                 if (static_cast<int>((j * k + ch + rot) % h) != me) continue;
-                lp.sends.push_back({static_cast<int32_t>(ti),
-                                    assignment_.participant_of_new_rank[static_cast<size_t>(
-                                        recv_ranks[j])],
-                                    Chunk(rg.box, k, ch)});
+                lp.sends.push_back(
+                    {static_cast<int32_t>(ti),
+                     assignment_.participant_of_new_rank[static_cast<size_t>(recv_ranks[j])],
+                     Chunk(rg.box, k, ch)});
               }
             }
           }

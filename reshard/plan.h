@@ -61,15 +61,15 @@ struct Assignment {
   std::vector<int32_t> participant_of_new_rank;  // size new world
   std::vector<int32_t> new_rank_of_participant;  // size num_participants, -1: standby/leaving
   std::vector<int32_t> old_rank_of_participant;  // size num_participants, -1: joiner/none
-  bool exact = false;  // computed by the exact method
+  bool exact = false;                            // computed by the exact method
 };
 
 // Global byte counts of a plan (what morph-plan prints).
 struct PlanSummary {
-  int64_t bytes_needed = 0;       // Σ over new ranks of their new shards' bytes
-  int64_t bytes_resident = 0;     // of those, already on the assigned participant
-  int64_t bytes_lower_bound = 0;  // bytes_needed - bytes_resident
-  int64_t bytes_moved = 0;        // Σ of every participant's recvs
+  int64_t bytes_needed = 0;             // Σ over new ranks of their new shards' bytes
+  int64_t bytes_resident = 0;           // of those, already on the assigned participant
+  int64_t bytes_lower_bound = 0;        // bytes_needed - bytes_resident
+  int64_t bytes_moved = 0;              // Σ of every participant's recvs
   std::vector<int64_t> bytes_sent;      // per participant
   std::vector<int64_t> bytes_received;  // per participant
   int32_t busiest_sender = -1;

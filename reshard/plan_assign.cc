@@ -28,8 +28,7 @@ Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t
 int64_t OverlapCount(const Shard& a, const Shard& b) {
   if (a.empty() || b.empty()) return 0;
   if (a.frame == b.frame) {
-    return Intersect(Interval{a.flat_begin, a.flat_end}, Interval{b.flat_begin, b.flat_end})
-        .size();
+    return Intersect(Interval{a.flat_begin, a.flat_end}, Interval{b.flat_begin, b.flat_end}).size();
   }
   if (NumEl(Intersect(a.frame, b.frame)) == 0) return 0;
   const std::vector<Box> bb = ShardBoxes(b);
@@ -90,7 +89,8 @@ std::vector<int> Hungarian(const std::vector<std::vector<int64_t>>& cost) {
   }
   std::vector<int> col(static_cast<size_t>(n), -1);
   for (int j = 1; j <= m; ++j) {
-    if (p[static_cast<size_t>(j)] > 0) col[static_cast<size_t>(p[static_cast<size_t>(j)] - 1)] = j - 1;
+    if (p[static_cast<size_t>(j)] > 0)
+      col[static_cast<size_t>(p[static_cast<size_t>(j)] - 1)] = j - 1;
   }
   return col;
 }
@@ -107,8 +107,8 @@ using Weight = __int128;
 // fraction of the TP slice when the split dimension is 0 (both cut the same axis) and of
 // dimension 0 otherwise. Exact for replicated tensors; for ZeRO tensors exact up to rounding
 // to whole rows and the ceil-division padding. O(classes) integer arithmetic, no allocation.
-Weight ApproxWeight(const Planner::Classes& cl, const ParallelConfig& oc,
-                    const ParallelConfig& nc, ParallelConfig::Coords o, ParallelConfig::Coords c) {
+Weight ApproxWeight(const Planner::Classes& cl, const ParallelConfig& oc, const ParallelConfig& nc,
+                    ParallelConfig::Coords o, ParallelConfig::Coords c) {
   auto it = cl.groups.find({o.p, c.p});
   if (it == cl.groups.end()) return 0;
   const int64_t tt = int64_t{oc.tp} * nc.tp, dd = int64_t{oc.dp} * nc.dp;
@@ -125,8 +125,8 @@ Weight ApproxWeight(const Planner::Classes& cl, const ParallelConfig& oc,
     const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
     Weight units;  // of 1/U
     if (split && zero && spec.layout.tp_dim() == 0) {
-      units = frac(int64_t{o.t} * oc.dp + o.d, oc.tp * int64_t{oc.dp},
-                   int64_t{c.t} * nc.dp + c.d, nc.tp * int64_t{nc.dp});
+      units = frac(int64_t{o.t} * oc.dp + o.d, oc.tp * int64_t{oc.dp}, int64_t{c.t} * nc.dp + c.d,
+                   nc.tp * int64_t{nc.dp});
     } else {
       units = Weight(split ? frac(o.t, oc.tp, c.t, nc.tp) : tt) *
               (zero ? frac(o.d, oc.dp, c.d, nc.dp) : dd);

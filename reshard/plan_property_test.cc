@@ -22,7 +22,8 @@ int Uniform(Rng& rng, int lo, int hi) { return std::uniform_int_distribution<int
 
 ParallelConfig RandomConfig(Rng& rng, int layers, int max_world) {
   while (true) {
-    ParallelConfig c{.dp = Uniform(rng, 1, 4), .tp = Uniform(rng, 1, 4),
+    ParallelConfig c{.dp = Uniform(rng, 1, 4),
+                     .tp = Uniform(rng, 1, 4),
                      .pp = Uniform(rng, 1, std::min(layers, 3))};
     if (c.world() > max_world) continue;
     // A random non-decreasing stage map using every stage.
@@ -79,7 +80,8 @@ Case RandomCase(Rng& rng) {
   in.old_participant_of_rank = perm;
   std::vector<int32_t> available;
   const int dead = Uniform(rng, 0, 3) == 0 ? Uniform(rng, 1, std::max(1, old_world / 3)) : 0;
-  for (int i = 0; i < dead && i < old_world; ++i) in.old_participant_of_rank[static_cast<size_t>(i)] = -1;
+  for (int i = 0; i < dead && i < old_world; ++i)
+    in.old_participant_of_rank[static_cast<size_t>(i)] = -1;
   for (int r = 0; r < old_world; ++r) {
     const int32_t q = in.old_participant_of_rank[static_cast<size_t>(r)];
     if (q >= 0 && Uniform(rng, 0, 5) > 0) available.push_back(q);  // else it leaves
@@ -87,8 +89,8 @@ Case RandomCase(Rng& rng) {
   // Dead ranks' participants are gone: renumber participants densely afterwards is not needed,
   // a dead participant id just never appears; joiners get ids from old_world up.
   int32_t next = old_world;
-  const int joiners = std::max(0, in.new_config.world() - static_cast<int>(available.size())) +
-                      Uniform(rng, 0, 2);
+  const int joiners =
+      std::max(0, in.new_config.world() - static_cast<int>(available.size())) + Uniform(rng, 0, 2);
   for (int j = 0; j < joiners; ++j) available.push_back(next++);
   std::shuffle(available.begin(), available.end(), rng);
   in.available = available;
@@ -153,7 +155,8 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
     for (const LocalPlan& lp : plans) {
       for (const PieceMove& m : lp.local_copies) local += PieceBytes(lp, m);
       for (size_t t = 0; t < lp.new_shards.size(); ++t) {
-        if (lp.new_shards[t]) needed += lp.new_shards[t]->NumElements() * DTypeSize(in.tensors[t].dtype);
+        if (lp.new_shards[t])
+          needed += lp.new_shards[t]->NumElements() * DTypeSize(in.tensors[t].dtype);
       }
     }
     ASSERT_EQ(local, sum.bytes_resident);
@@ -168,9 +171,10 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
       ++brute;
     }
   }
-  std::printf("cases %d: applied %d (structured %d), data loss %d, brute-force checked %d, "
-              "bytes moved %lld\n",
-              kCases, applied, structured, data_loss, brute, static_cast<long long>(moved_total));
+  std::printf(
+      "cases %d: applied %d (structured %d), data loss %d, brute-force checked %d, "
+      "bytes moved %lld\n",
+      kCases, applied, structured, data_loss, brute, static_cast<long long>(moved_total));
   EXPECT_GT(applied, kCases / 2);
   EXPECT_GT(brute, kCases / 10);
 }

@@ -102,7 +102,8 @@ TEST(PlannerTest, SendsAndRecvsOfEachPairMatchInOrder) {
       const PieceMove& a = lp.sends[i - 1];
       const PieceMove& b = lp.sends[i];
       if (a.peer == b.peer) {
-        EXPECT_TRUE(a.tensor < b.tensor || (a.tensor == b.tensor && a.box.origin() < b.box.origin()));
+        EXPECT_TRUE(a.tensor < b.tensor ||
+                    (a.tensor == b.tensor && a.box.origin() < b.box.origin()));
       }
     }
   }
@@ -173,8 +174,8 @@ TEST(PlannerTest, BadInputNamesTheField) {
                        "old_participant_of_rank has 3 entries, the old config has world 4"));
   in = good;
   in.old_participant_of_rank[2] = 1;
-  EXPECT_THAT(Planner::Create(in), StatusIs(StatusCode::kInvalidArgument,
-                                            "participant 1 holds old ranks 1 and 2"));
+  EXPECT_THAT(Planner::Create(in),
+              StatusIs(StatusCode::kInvalidArgument, "participant 1 holds old ranks 1 and 2"));
   in = good;
   in.old_participant_of_rank[2] = 7;
   EXPECT_THAT(Planner::Create(in),
@@ -182,8 +183,8 @@ TEST(PlannerTest, BadInputNamesTheField) {
                        "old_participant_of_rank[2]=7 is not -1 or in [0, num_participants=4)"));
   in = good;
   in.available = {0, 1, 1};
-  EXPECT_THAT(Planner::Create(in), StatusIs(StatusCode::kInvalidArgument,
-                                            "available participant 1 is listed twice"));
+  EXPECT_THAT(Planner::Create(in),
+              StatusIs(StatusCode::kInvalidArgument, "available participant 1 is listed twice"));
   in = good;
   in.available = {0, 9};
   EXPECT_THAT(Planner::Create(in),
@@ -200,9 +201,10 @@ TEST(PlannerTest, BadInputNamesTheField) {
               StatusIs(StatusCode::kInvalidArgument, "tensor 'l0.w' is listed twice"));
   in = good;
   in.new_config = Config(1, 5, 1, 2);
-  EXPECT_THAT(Planner::Create(in),
-              StatusIs(StatusCode::kInvalidArgument,
-                       "new config: tensor 'l0.w': dimension 1 of size 12 is not divisible by tp=5"));
+  EXPECT_THAT(
+      Planner::Create(in),
+      StatusIs(StatusCode::kInvalidArgument,
+               "new config: tensor 'l0.w': dimension 1 of size 12 is not divisible by tp=5"));
   in = good;
   in.old_config.stage_of_layer = {0};
   EXPECT_THAT(Planner::Create(in), StatusIs(StatusCode::kInvalidArgument,

@@ -47,8 +47,8 @@ int64_t LocalOffset(const Shard& s, const std::vector<int64_t>& idx) {
 }
 
 struct Buffers {
-  std::vector<std::vector<uint8_t>> data;   // per tensor
-  std::vector<std::vector<int>> writes;     // per tensor, per element
+  std::vector<std::vector<uint8_t>> data;  // per tensor
+  std::vector<std::vector<int>> writes;    // per tensor, per element
   std::vector<Shard> shards;
 };
 
@@ -90,8 +90,8 @@ Status CheckPairsMatch(const std::vector<LocalPlan>& plans) {
       const PieceMove& b = *it->second[i];
       if (a.tensor != b.tensor || !(a.box == b.box)) {
         return InternalError(std::to_string(pair.first) + "->" + std::to_string(pair.second) +
-                             " piece " + std::to_string(i) + ": send " + MoveString(a) +
-                             ", recv " + MoveString(b));
+                             " piece " + std::to_string(i) + ": send " + MoveString(a) + ", recv " +
+                             MoveString(b));
       }
     }
   }
@@ -206,8 +206,8 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
           const int w = new_buf[q].writes[t][static_cast<size_t>(off)];
           if (w != 1) {
             bad = InternalError("participant " + std::to_string(q) + " tensor " +
-                                in.tensors[t].name + " element " + std::to_string(g) +
-                                " written " + std::to_string(w) + " times");
+                                in.tensors[t].name + " element " + std::to_string(g) + " written " +
+                                std::to_string(w) + " times");
             return;
           }
           for (int k = 0; k < es; ++k) {

@@ -41,8 +41,8 @@ StatusOr<std::string> Str(const json& j, const std::string& path) {
 }
 
 StatusOr<ParallelConfig> ParseConfig(const json& j, const std::string& path, int num_layers) {
-  MORPH_RETURN_IF_ERROR(OnlyKeys(j, path, {"dp", "tp", "pp", "zero_stage", "stage_of_layer",
-                                           "micro_batches"}));
+  MORPH_RETURN_IF_ERROR(
+      OnlyKeys(j, path, {"dp", "tp", "pp", "zero_stage", "stage_of_layer", "micro_batches"}));
   ParallelConfig c;
   for (auto [key, field] : {std::pair{"dp", &c.dp}, {"tp", &c.tp}, {"pp", &c.pp}}) {
     if (!j.contains(key)) return Bad(path + "." + key, "is required");
@@ -120,8 +120,8 @@ Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpe
   Layout layout;
   int tp_dim = -1;
   if (j.contains("tp_dim") && !j["tp_dim"].is_null()) {
-    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["tp_dim"], path + ".tp_dim", 0,
-                                          static_cast<int64_t>(shape.size()) - 1));
+    MORPH_ASSIGN_OR_RETURN(
+        int64_t v, Int(j["tp_dim"], path + ".tp_dim", 0, static_cast<int64_t>(shape.size()) - 1));
     tp_dim = static_cast<int>(v);
   }
   bool zero = false;
@@ -188,16 +188,16 @@ StatusOr<PlanRequest> ParsePlanRequest(std::string_view text) {
   PlanInput& in = req.input;
   std::vector<std::string> paths;
   for (size_t i = 0; i < root["tensors"].size(); ++i) {
-    MORPH_RETURN_IF_ERROR(ParseTensor(root["tensors"][i], "$.tensors[" + std::to_string(i) + "]",
-                                      in.tensors, paths));
+    MORPH_RETURN_IF_ERROR(
+        ParseTensor(root["tensors"][i], "$.tensors[" + std::to_string(i) + "]", in.tensors, paths));
   }
   std::map<std::string, size_t> seen;
   int num_layers = 1;
   for (size_t i = 0; i < in.tensors.size(); ++i) {
     auto [it, fresh] = seen.emplace(in.tensors[i].name, i);
     if (!fresh) {
-      return Bad(paths[i] + ".name", "tensor '" + in.tensors[i].name + "' is also defined at " +
-                                         paths[it->second]);
+      return Bad(paths[i] + ".name",
+                 "tensor '" + in.tensors[i].name + "' is also defined at " + paths[it->second]);
     }
     num_layers = std::max(num_layers, in.tensors[i].layout.layer() + 1);
   }
@@ -241,7 +241,8 @@ StatusOr<PlanRequest> ParsePlanRequest(std::string_view text) {
     }
   }
   std::vector<char> is_dead(static_cast<size_t>(old_world), 0), leaving(is_dead);
-  for (auto [key, list, flag] : {std::tuple{"dead", &dead, &is_dead}, {"leave", &leave, &leaving}}) {
+  for (auto [key, list, flag] :
+       {std::tuple{"dead", &dead, &is_dead}, {"leave", &leave, &leaving}}) {
     const std::string path = std::string("$.workers.") + key;
     if (!w.contains(key)) continue;
     MORPH_ASSIGN_OR_RETURN(*list, Names(w[key], path));
@@ -288,8 +289,8 @@ StatusOr<PlanRequest> ParsePlanRequest(std::string_view text) {
   return req;
 }
 
-std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner,
-                              const PlanSummary& s, const PlanTimes& times) {
+std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner, const PlanSummary& s,
+                              const PlanTimes& times) {
   const PlanInput& in = planner.input();
   const Assignment& a = planner.assignment();
   const auto& names = req.worker_names;
@@ -303,14 +304,15 @@ std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner,
     const int32_t q = a.participant_of_new_rank[static_cast<size_t>(r)];
     const int32_t o = a.old_rank_of_participant[static_cast<size_t>(q)];
     char line[256];
-    std::snprintf(line, sizeof(line), "%8d  %6s  %8s  %lld\n", r, names[static_cast<size_t>(q)].c_str(),
-                  o < 0 ? "join" : std::to_string(o).c_str(),
+    std::snprintf(line, sizeof(line), "%8d  %6s  %8s  %lld\n", r,
+                  names[static_cast<size_t>(q)].c_str(), o < 0 ? "join" : std::to_string(o).c_str(),
                   static_cast<long long>(planner.ResidentBytes(q, r)));
     os << line;
   }
   std::string standby, leaving;
   for (int32_t q : in.available) {
-    if (a.new_rank_of_participant[static_cast<size_t>(q)] < 0) standby += " " + names[static_cast<size_t>(q)];
+    if (a.new_rank_of_participant[static_cast<size_t>(q)] < 0)
+      standby += " " + names[static_cast<size_t>(q)];
   }
   for (size_t q = 0; q < names.size(); ++q) {
     if (a.new_rank_of_participant[q] < 0 &&
@@ -327,7 +329,8 @@ std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner,
      << "bytes moved:       " << Bytes(s.bytes_moved) << "\n";
   auto nm = [&](int32_t q) { return q < 0 ? std::string("none") : names[static_cast<size_t>(q)]; };
   os << "busiest sender:    " << nm(s.busiest_sender) << " "
-     << Bytes(s.busiest_sender < 0 ? 0 : s.bytes_sent[static_cast<size_t>(s.busiest_sender)]) << "\n"
+     << Bytes(s.busiest_sender < 0 ? 0 : s.bytes_sent[static_cast<size_t>(s.busiest_sender)])
+     << "\n"
      << "busiest receiver:  " << nm(s.busiest_receiver) << " "
      << Bytes(s.busiest_receiver < 0 ? 0
                                      : s.bytes_received[static_cast<size_t>(s.busiest_receiver)])
@@ -361,7 +364,8 @@ nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
   for (int r = 0; r < in.new_config.world(); ++r) {
     const int32_t q = a.participant_of_new_rank[static_cast<size_t>(r)];
     const int32_t o = a.old_rank_of_participant[static_cast<size_t>(q)];
-    asg.push_back({{"new_rank", r}, {"worker", names[static_cast<size_t>(q)]},
+    asg.push_back({{"new_rank", r},
+                   {"worker", names[static_cast<size_t>(q)]},
                    {"old_rank", o < 0 ? json(nullptr) : json(o)},
                    {"resident_bytes", planner.ResidentBytes(q, r)}});
   }
@@ -369,12 +373,14 @@ nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
   out["assignment_exact"] = a.exact;
   json standby = json::array();
   for (int32_t q : in.available) {
-    if (a.new_rank_of_participant[static_cast<size_t>(q)] < 0) standby.push_back(names[static_cast<size_t>(q)]);
+    if (a.new_rank_of_participant[static_cast<size_t>(q)] < 0)
+      standby.push_back(names[static_cast<size_t>(q)]);
   }
   out["standby"] = standby;
   json per = json::array();
   for (size_t q = 0; q < names.size(); ++q) {
-    per.push_back({{"worker", names[q]}, {"sent", s.bytes_sent[q]}, {"received", s.bytes_received[q]}});
+    per.push_back(
+        {{"worker", names[q]}, {"sent", s.bytes_sent[q]}, {"received", s.bytes_received[q]}});
   }
   auto nm = [&](int32_t q) { return q < 0 ? json(nullptr) : json(names[static_cast<size_t>(q)]); };
   out["summary"] = {{"bytes_needed", s.bytes_needed},
@@ -383,9 +389,10 @@ nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
                     {"bytes_moved", s.bytes_moved},
                     {"busiest_sender", nm(s.busiest_sender)},
                     {"busiest_receiver", nm(s.busiest_receiver)},
-                    {"busiest_link", {{"from", nm(s.busiest_link.from)},
-                                      {"to", nm(s.busiest_link.to)},
-                                      {"bytes", s.busiest_link.bytes}}},
+                    {"busiest_link",
+                     {{"from", nm(s.busiest_link.from)},
+                      {"to", nm(s.busiest_link.to)},
+                      {"bytes", s.busiest_link.bytes}}},
                     {"num_pieces_sent", s.num_sends},
                     {"per_worker", per}};
   out["plan_seconds"] = {{"assignment", times.create_seconds},

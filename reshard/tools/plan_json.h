@@ -9,11 +9,10 @@
 #ifndef MORPH_RESHARD_TOOLS_PLAN_JSON_H_
 #define MORPH_RESHARD_TOOLS_PLAN_JSON_H_
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 #include "reshard/plan.h"
@@ -29,9 +28,9 @@ struct PlanRequest {
 StatusOr<PlanRequest> ParsePlanRequest(std::string_view text);
 
 struct PlanTimes {
-  double create_seconds = 0;       // validation + assignment
-  double plans_seconds = 0;        // every participant's PlanFor, summed
-  double max_local_seconds = 0;    // the slowest participant's PlanFor
+  double create_seconds = 0;     // validation + assignment
+  double plans_seconds = 0;      // every participant's PlanFor, summed
+  double max_local_seconds = 0;  // the slowest participant's PlanFor
 };
 
 // Human-readable summary (what a scheduler or a person reads before a resize).
