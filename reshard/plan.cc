@@ -182,7 +182,9 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
     auto key = std::make_tuple(t.dtype, t.shape, t.layout.tp_dim(), t.layout.zero_sharded());
     auto [it, fresh] = class_of.emplace(key, static_cast<int>(classes->classes.size()));
     if (fresh) {
-      classes->classes.push_back({t, DTypeSize(t.dtype)});
+      int64_t elems = 1;
+      for (int64_t d : t.shape) elems *= d;
+      classes->classes.push_back({t, DTypeSize(t.dtype), elems});
       classes->any_unsplit |= !t.layout.tp_split();
     }
     const int po = StageOfUnchecked(t, oc), pn = StageOfUnchecked(t, nc);
@@ -197,6 +199,12 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
     if (std::find(ns.begin(), ns.end(), pn) == ns.end()) ns.push_back(pn);
   }
   for (auto& ns : classes->new_stages_of_old) std::sort(ns.begin(), ns.end());
+  classes->new_pp = nc.pp;
+  classes->group_of.assign(static_cast<size_t>(oc.pp) * static_cast<size_t>(nc.pp), nullptr);
+  for (const auto& [stages, group] : classes->groups) {
+    classes->group_of[static_cast<size_t>(stages.first) * static_cast<size_t>(nc.pp) +
+                      static_cast<size_t>(stages.second)] = &group;
+  }
   p.classes_ = std::move(classes);
   p.in_ = std::make_shared<const PlanInput>(std::move(input));
   MORPH_RETURN_IF_ERROR(p.ComputeAssignment(options));
@@ -211,10 +219,10 @@ int64_t Planner::ResidentBytes(int32_t participant, int32_t new_rank) const {
   if (r < 0) return 0;
   const auto o = in_->old_config.CoordsOf(r);
   const auto c = in_->new_config.CoordsOf(new_rank);
-  auto it = classes_->groups.find({o.p, c.p});
-  if (it == classes_->groups.end()) return 0;
+  const auto* group = classes_->Group(o.p, c.p);
+  if (group == nullptr) return 0;
   int64_t bytes = 0;
-  for (const auto& [cls, count] : it->second) {
+  for (const auto& [cls, count] : *group) {
     const auto& k = classes_->classes[static_cast<size_t>(cls)];
     bytes += count * k.elem *
              OverlapCount(ShardAt(k.rep, in_->old_config, o.d, o.t),

@@ -101,37 +101,59 @@ namespace {
 
 using Weight = __int128;
 
-// Resident bytes of old rank `o` at new rank `c`, times U = tp*dp*tp'*dp', with every shard
-// replaced by its ideal fraction of the tensor: a TP slice is [t/tp, (t+1)/tp) of its split
-// dimension; a ZeRO range [d/dp, (d+1)/dp) of the TP-local piece's row-major order is that
-// fraction of the TP slice when the split dimension is 0 (both cut the same axis) and of
-// dimension 0 otherwise. Exact for replicated tensors; for ZeRO tensors exact up to rounding
-// to whole rows and the ceil-division padding. O(classes) integer arithmetic, no allocation.
+// Resident bytes of old rank `o` at new rank `c`, in closed form per class. Exact for
+// replicated tensors, for ZeRO tensors that are not split (same frame: two ZeroRanges) and for
+// ZeRO tensors split on dimension 0 (the TP-local piece is a contiguous run of the global
+// row-major order, so both shards are global flat ranges). ZeRO tensors split on another
+// dimension are modelled as (TP column overlap) x (overlap of the ZeRO ranges as fractions of
+// the rows), exact when the TP slices coincide, else exact up to partial rows. O(classes)
+// integer arithmetic, no allocation; deterministic.
 Weight ApproxWeight(const Planner::Classes& cl, const ParallelConfig& oc, const ParallelConfig& nc,
                     ParallelConfig::Coords o, ParallelConfig::Coords c) {
-  auto it = cl.groups.find({o.p, c.p});
-  if (it == cl.groups.end()) return 0;
-  const int64_t tt = int64_t{oc.tp} * nc.tp, dd = int64_t{oc.dp} * nc.dp;
-  // Overlap of [a/n, (a+1)/n) and [b/m, (b+1)/m), in units of 1/(n*m).
-  auto frac = [](int64_t a, int64_t n, int64_t b, int64_t m) {
-    return Intersect(Interval{a * m, (a + 1) * m}, Interval{b * n, (b + 1) * n}).size();
+  const auto* group = cl.Group(o.p, c.p);
+  if (group == nullptr) return 0;
+  auto ovl = [](Weight a0, Weight a1, Weight b0, Weight b1) -> Weight {
+    const Weight lo = a0 > b0 ? a0 : b0, hi = a1 < b1 ? a1 : b1;
+    return hi > lo ? hi - lo : 0;
   };
   Weight w = 0;
-  for (const auto& [cls, count] : it->second) {
-    const TensorSpec& spec = cl.classes[static_cast<size_t>(cls)].rep;
-    int64_t elems = 1;
-    for (int64_t d : spec.shape) elems *= d;
+  for (const auto& [cls, count] : *group) {
+    const Planner::Classes::Class& k = cl.classes[static_cast<size_t>(cls)];
+    const TensorSpec& spec = k.rep;
+    const int64_t elems = k.elems;
     if (elems == 0) continue;
     const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
-    Weight units;  // of 1/U
-    if (split && zero && spec.layout.tp_dim() == 0) {
-      units = frac(int64_t{o.t} * oc.dp + o.d, oc.tp * int64_t{oc.dp}, int64_t{c.t} * nc.dp + c.d,
-                   nc.tp * int64_t{nc.dp});
+    const int64_t n_o = split ? elems / oc.tp : elems, n_n = split ? elems / nc.tp : elems;
+    Weight e;  // elements in common
+    if (!zero) {
+      e = elems;
+      if (split) {
+        const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
+        const int64_t so = len / oc.tp, sn = len / nc.tp;
+        e = Weight(elems / len) *
+            Intersect(Interval{so * o.t, so * (o.t + 1)}, Interval{sn * c.t, sn * (c.t + 1)})
+                .size();
+      }
     } else {
-      units = Weight(split ? frac(o.t, oc.tp, c.t, nc.tp) : tt) *
-              (zero ? frac(o.d, oc.dp, c.d, nc.dp) : dd);
+      const Interval ro = ZeroRange(n_o, oc.dp, o.d), rn = ZeroRange(n_n, nc.dp, c.d);
+      if (!split) {
+        e = Intersect(ro, rn).size();
+      } else if (spec.layout.tp_dim() == 0) {
+        e = ovl(Weight(o.t) * n_o + ro.begin, Weight(o.t) * n_o + ro.end,
+                Weight(c.t) * n_n + rn.begin, Weight(c.t) * n_n + rn.end);
+      } else {
+        const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
+        const int64_t so = len / oc.tp, sn = len / nc.tp;
+        const int64_t cols =
+            Intersect(Interval{so * o.t, so * (o.t + 1)}, Interval{sn * c.t, sn * (c.t + 1)})
+                .size();
+        // Rows in common (as fractions of all rows) times the common columns x inner size.
+        const Weight rows = ovl(Weight(ro.begin) * n_n, Weight(ro.end) * n_n,
+                                Weight(rn.begin) * n_o, Weight(rn.end) * n_o);
+        e = rows / n_o * (Weight(elems / len) * cols) / n_n;  // no int128 overflow
+      }
     }
-    w += Weight(count) * cl.classes[static_cast<size_t>(cls)].elem * elems * units;
+    w += Weight(count) * k.elem * e;
   }
   return w;
 }
@@ -232,6 +254,38 @@ void Planner::StructuredAssign(std::vector<int32_t>& out) const {
     while (taken[static_cast<size_t>(in_->available[next])]) ++next;
     out[static_cast<size_t>(s)] = in_->available[next];
     taken[static_cast<size_t>(in_->available[next])] = 1;
+  }
+  // Phase 4: local improvement. Neighbouring DP ranks of a new (stage, TP rank) cell swap
+  // participants when that keeps more bytes resident (greedy ties and phase 2 can leave ZeRO
+  // ranges crossed; interval overlaps favour the order-preserving matching). A few passes,
+  // O(world * classes) each.
+  auto weight = [&](int32_t q, int s) -> Weight {
+    const int32_t r = assignment_.old_rank_of_participant[static_cast<size_t>(q)];
+    if (r < 0) return 0;
+    return ApproxWeight(cl, oc, nc, oc.CoordsOf(r), nc.CoordsOf(s));
+  };
+  std::vector<Weight> cur(static_cast<size_t>(world));
+  for (int s = 0; s < world; ++s)
+    cur[static_cast<size_t>(s)] = weight(out[static_cast<size_t>(s)], s);
+  for (int pass = 0; pass < 4; ++pass) {
+    bool changed = false;
+    for (int p = 0; p < nc.pp; ++p) {
+      for (int t = 0; t < nc.tp; ++t) {
+        for (int d = 0; d + 1 < nc.dp; ++d) {
+          const int s1 = nc.RankOf({p, d, t}), s2 = nc.RankOf({p, d + 1, t});
+          int32_t& q1 = out[static_cast<size_t>(s1)];
+          int32_t& q2 = out[static_cast<size_t>(s2)];
+          const Weight a = weight(q1, s2), b = weight(q2, s1);
+          if (a + b > cur[static_cast<size_t>(s1)] + cur[static_cast<size_t>(s2)]) {
+            std::swap(q1, q2);
+            cur[static_cast<size_t>(s1)] = b;
+            cur[static_cast<size_t>(s2)] = a;
+            changed = true;
+          }
+        }
+      }
+    }
+    if (!changed) break;
   }
 }
 

@@ -18,12 +18,20 @@ namespace morph {
 // old and new rank, so the assignment works on classes times counts.
 struct Planner::Classes {
   struct Class {
-    TensorSpec rep;  // layer ignored
-    int64_t elem = 0;
+    TensorSpec rep;     // layer ignored
+    int64_t elem = 0;   // bytes per element
+    int64_t elems = 0;  // elements of the whole tensor
   };
   std::vector<Class> classes;
   // (old stage, new stage) -> (class, number of tensors of that class), in class order.
   std::map<std::pair<int, int>, std::vector<std::pair<int, int64_t>>> groups;
+  // groups by old stage * new pp + new stage; nullptr where empty. Points into `groups`.
+  std::vector<const std::vector<std::pair<int, int64_t>>*> group_of;
+  int new_pp = 1;
+  const std::vector<std::pair<int, int64_t>>* Group(int old_stage, int new_stage) const {
+    return group_of[static_cast<size_t>(old_stage) * static_cast<size_t>(new_pp) +
+                    static_cast<size_t>(new_stage)];
+  }
   std::vector<std::vector<int>> new_stages_of_old;  // with at least one tensor, ascending
   bool any_unsplit = false;
 };
