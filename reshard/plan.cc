@@ -201,9 +201,13 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
   for (auto& ns : classes->new_stages_of_old) std::sort(ns.begin(), ns.end());
   classes->new_pp = nc.pp;
   classes->group_of.assign(static_cast<size_t>(oc.pp) * static_cast<size_t>(nc.pp), nullptr);
+  classes->group_id.assign(classes->group_of.size(), -1);
+  std::map<std::vector<std::pair<int, int64_t>>, int> ids;
   for (const auto& [stages, group] : classes->groups) {
-    classes->group_of[static_cast<size_t>(stages.first) * static_cast<size_t>(nc.pp) +
-                      static_cast<size_t>(stages.second)] = &group;
+    const size_t i = static_cast<size_t>(stages.first) * static_cast<size_t>(nc.pp) +
+                     static_cast<size_t>(stages.second);
+    classes->group_of[i] = &group;
+    classes->group_id[i] = ids.emplace(group, static_cast<int>(ids.size())).first->second;
   }
   p.classes_ = std::move(classes);
   p.in_ = std::make_shared<const PlanInput>(std::move(input));

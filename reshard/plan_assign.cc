@@ -4,6 +4,7 @@
 #include <deque>
 #include <limits>
 #include <tuple>
+#include <unordered_map>
 
 #include "reshard/plan.h"
 #include "reshard/plan_internal.h"
@@ -164,6 +165,40 @@ std::pair<int, int> TpOverlap(int t, int tp_old, int tp_new) {
   return {static_cast<int>(a / tp_old), static_cast<int>((b + tp_old - 1) / tp_old - 1)};
 }
 
+// ApproxWeight memoized on (equal stage group, TP and DP coordinates): stages holding the same
+// tensor classes share their weights. Lookup only (never iterated), so deterministic.
+class WeightCache {
+ public:
+  WeightCache(const Planner::Classes& cl, const ParallelConfig& oc, const ParallelConfig& nc)
+      : cl_(cl), oc_(oc), nc_(nc) {}
+  Weight operator()(ParallelConfig::Coords o, ParallelConfig::Coords c) {
+    const int g = cl_.group_id[static_cast<size_t>(o.p) * static_cast<size_t>(cl_.new_pp) +
+                               static_cast<size_t>(c.p)];
+    if (g < 0) return 0;
+    const Key key{(uint64_t(uint32_t(g)) << 32) | uint32_t(o.d),
+                  (uint64_t(uint32_t(c.d)) << 32) | uint32_t(o.t), uint32_t(c.t)};
+    auto [it, fresh] = cache_.try_emplace(key, 0);
+    if (fresh) it->second = ApproxWeight(cl_, oc_, nc_, o, c);
+    return it->second;
+  }
+
+ private:
+  struct Key {
+    uint64_t a, b, c;
+    bool operator==(const Key&) const = default;
+  };
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      return std::hash<uint64_t>()((k.a * 0x9E3779B97F4A7C15ULL ^ k.b) * 0xBF58476D1CE4E5B9ULL ^
+                                   k.c);
+    }
+  };
+  const Planner::Classes& cl_;
+  const ParallelConfig& oc_;
+  const ParallelConfig& nc_;
+  std::unordered_map<Key, Weight, Hash> cache_;
+};
+
 }  // namespace
 
 void Planner::StructuredAssign(std::vector<int32_t>& out) const {
@@ -172,6 +207,7 @@ void Planner::StructuredAssign(std::vector<int32_t>& out) const {
   const Classes& cl = *classes_;
   const int world = nc.world();
   std::vector<char> taken(static_cast<size_t>(in_->num_participants), 0);
+  WeightCache weight_of(cl, oc, nc);
   std::vector<int32_t> survivors;
   for (int32_t q : in_->available) {
     if (assignment_.old_rank_of_participant[static_cast<size_t>(q)] >= 0) survivors.push_back(q);
@@ -196,7 +232,7 @@ void Planner::StructuredAssign(std::vector<int32_t>& out) const {
       for (int t = t0; t <= t1; ++t) {
         auto add = [&](int d) {
           const int s = nc.RankOf({p, d, t});
-          const Weight w = ApproxWeight(cl, oc, nc, o, {p, d, t});
+          const Weight w = weight_of(o, {p, d, t});
           if (w > 0) edges.push_back({w, s, q});
         };
         for (int d = d0; d <= d1; ++d) add(d);
@@ -234,7 +270,7 @@ void Planner::StructuredAssign(std::vector<int32_t>& out) const {
       for (int t = t0; t <= t1; ++t) {
         const auto& cq = cell[static_cast<size_t>(p) * nc.tp + t];
         if (cq.empty()) continue;
-        const Weight w = ApproxWeight(cl, oc, nc, o, nc.CoordsOf(cq.front()));
+        const Weight w = weight_of(o, nc.CoordsOf(cq.front()));
         if (w > 0) edges.push_back({w, p * nc.tp + t, q});
       }
     }
@@ -262,7 +298,7 @@ void Planner::StructuredAssign(std::vector<int32_t>& out) const {
   auto weight = [&](int32_t q, int s) -> Weight {
     const int32_t r = assignment_.old_rank_of_participant[static_cast<size_t>(q)];
     if (r < 0) return 0;
-    return ApproxWeight(cl, oc, nc, oc.CoordsOf(r), nc.CoordsOf(s));
+    return weight_of(oc.CoordsOf(r), nc.CoordsOf(s));
   };
   std::vector<Weight> cur(static_cast<size_t>(world));
   for (int s = 0; s < world; ++s)

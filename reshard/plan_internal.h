@@ -27,6 +27,8 @@ struct Planner::Classes {
   std::map<std::pair<int, int>, std::vector<std::pair<int, int64_t>>> groups;
   // groups by old stage * new pp + new stage; nullptr where empty. Points into `groups`.
   std::vector<const std::vector<std::pair<int, int64_t>>*> group_of;
+  // Same indexing: equal groups (same classes and counts) share an id, -1 where empty.
+  std::vector<int> group_id;
   int new_pp = 1;
   const std::vector<std::pair<int, int64_t>>* Group(int old_stage, int new_stage) const {
     return group_of[static_cast<size_t>(old_stage) * static_cast<size_t>(new_pp) +
