@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <numeric>
 
 #include "base/testing.h"
@@ -90,6 +91,46 @@ TEST(PlannerTest, ReplicatedPiecesAreServedByBalancedSenders) {
   EXPECT_EQ(s.bytes_sent[0], 3 * 64 * 4 * 4);
   EXPECT_EQ(s.bytes_sent[1], 3 * 64 * 4 * 4);
   MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, p.assignment(), plans));
+}
+
+TEST(PlannerTest, SendersBalancedForEveryReplicaAndJoinerCount) {
+  // A 360x4 f32 tensor replicated on h DP ranks (one of them dead in half the cases), r
+  // joiners. Every live holder must send within one chunk (plus one row of rounding) of the
+  // ideal receivers * bytes / live holders, where the region is cut into
+  // k = ceil(holders / receivers) chunks when there are fewer receivers than holders.
+  std::vector<TensorSpec> t = {{"w", DType::kF32, {360, 4}, Layout::Layer(0)},
+                               {"b", DType::kBF16, {360}, Layout::Layer(0)}};
+  for (int h = 1; h <= 6; ++h) {
+    for (int r = 1; r <= 8; ++r) {
+      for (int dead = 0; dead <= (h > 1 ? 1 : 0); ++dead) {
+        PlanInput in{t, Config(h, 1, 1, 1), Iota(h), Config(h + r, 1, 1, 1), {}, h + r};
+        for (int q = dead; q < h + r; ++q) in.available.push_back(q);
+        if (dead) in.old_participant_of_rank[0] = -1;
+        // h + r - dead available for h + r ranks: one more joiner when a holder died.
+        if (dead) {
+          in.available.push_back(h + r);
+          in.num_participants = h + r + 1;
+        }
+        SCOPED_TRACE("h=" + std::to_string(h) + " r=" + std::to_string(r) +
+                     " dead=" + std::to_string(dead));
+        MORPH_ASSERT_OK_AND_ASSIGN(Planner p, Planner::Create(in));
+        MORPH_ASSERT_OK_AND_ASSIGN(auto plans, p.PlanAll());
+        MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, p.assignment(), plans));
+        MORPH_ASSERT_OK_AND_ASSIGN(PlanSummary s, p.Summarize(plans));
+        const int live = h - dead;
+        const int64_t total = static_cast<int64_t>(r + dead) * (360 * 4 * 4 + 360 * 2);
+        ASSERT_EQ(s.bytes_moved, total);
+        const int receivers = r + dead;
+        const int k = receivers >= live ? 1 : (live + receivers - 1) / receivers;
+        const int64_t slack = (360 * 4 * 4 + 360 * 2) / k + 4 * 4 + 2;
+        for (int q = dead; q < h; ++q) {
+          EXPECT_LE(std::abs(s.bytes_sent[static_cast<size_t>(q)] * live - total), slack * live)
+              << "holder " << q << " sent " << s.bytes_sent[static_cast<size_t>(q)]
+              << " of " << total;
+        }
+      }
+    }
+  }
 }
 
 TEST(PlannerTest, SendsAndRecvsOfEachPairMatchInOrder) {
