@@ -104,7 +104,8 @@ class Planner {
   // participant holds or needs (and to the DP/TP replicas of those pieces), not to world size
   // times tensors.
   StatusOr<LocalPlan> PlanFor(int32_t participant) const;
-  // Every participant's plan (for tools and tests).
+  // Every participant's plan (for tools and tests): the first PlanFor error, with the
+  // participant as context.
   StatusOr<std::vector<LocalPlan>> PlanAll() const;
 
   // Needed and resident bytes of the assignment, computed from per-class aggregates (cost
@@ -114,10 +115,13 @@ class Planner {
     int64_t resident = 0;
   };
   Totals ComputeTotals() const;
-  // Exact resident bytes if `participant` took new rank `new_rank` (0 for joiners).
+  // Exact resident bytes if `participant` took new rank `new_rank` (0 for joiners). Both must
+  // be in range (a precondition, not checked).
   int64_t ResidentBytes(int32_t participant, int32_t new_rank) const;
 
-  // Byte counts of a whole plan; kInternal if the plans disagree (sends != recvs).
+  // Byte counts of a whole plan (every participant's LocalPlan, in participant order).
+  // kInvalidArgument if `plans` has the wrong size; kInternal if the plans disagree (bytes sent
+  // != bytes received).
   StatusOr<PlanSummary> Summarize(const std::vector<LocalPlan>& plans) const;
 
   struct Classes;  // per-class aggregates (plan.cc)
