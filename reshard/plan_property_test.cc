@@ -20,10 +20,10 @@ using Rng = std::mt19937_64;
 
 int Uniform(Rng& rng, int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
 
-ParallelConfig RandomConfig(Rng& rng, int layers, int max_world) {
+ParallelConfig RandomConfig(Rng& rng, int layers, int max_world, int max_dim = 4) {
   while (true) {
-    ParallelConfig c{.dp = Uniform(rng, 1, 4),
-                     .tp = Uniform(rng, 1, 4),
+    ParallelConfig c{.dp = Uniform(rng, 1, max_dim),
+                     .tp = Uniform(rng, 1, max_dim),
                      .pp = Uniform(rng, 1, std::min(layers, 3))};
     if (c.world() > max_world) continue;
     // A random non-decreasing stage map using every stage.
@@ -47,12 +47,12 @@ struct Case {
   bool small = false;
 };
 
-Case RandomCase(Rng& rng) {
+Case RandomCase(Rng& rng, int max_world = 12, int max_dim = 4) {
   const int layers = Uniform(rng, 1, 3);
   Case k;
   PlanInput& in = k.in;
-  in.old_config = RandomConfig(rng, layers, 12);
-  in.new_config = RandomConfig(rng, layers, 12);
+  in.old_config = RandomConfig(rng, layers, max_world, max_dim);
+  in.new_config = RandomConfig(rng, layers, max_world, max_dim);
   const int lcm = std::lcm(in.old_config.tp, in.new_config.tp);
   const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kI8, DType::kF64};
   const int num_tensors = Uniform(rng, 1, 4);
@@ -194,6 +194,36 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
               worst_ratio, ratio_n ? ratio_sum / ratio_n : 1.0, optimal, ratio_n);
   EXPECT_GT(applied, kCases / 2);
   EXPECT_GT(brute, kCases / 10);
+}
+
+// Fewer, larger worlds (up to 64 ranks, dp and tp up to 8): both assignment methods, the
+// reference applier and the lower bound.
+TEST(PlanPropertyTest, LargerWorlds) {
+  const unsigned long long seed = testing::TestSeed() + 1;
+  std::printf("plan_property_test LargerWorlds seed: %llu (MORPH_TEST_SEED=%llu)\n", seed,
+              seed - 1);
+  Rng rng(seed);
+  int applied = 0;
+  for (int i = 0; i < 300; ++i) {
+    Case k = RandomCase(rng, 64, 8);
+    const PlanInput& in = k.in;
+    SCOPED_TRACE("case " + std::to_string(i) + ": old " + in.old_config.ToString() + ", new " +
+                 in.new_config.ToString());
+    PlanOptions opt;
+    if (i % 2) opt.exact_assignment_limit = 0;
+    MORPH_ASSERT_OK_AND_ASSIGN(Planner p, Planner::Create(in, opt));
+    auto plans = p.PlanAll();
+    if (!plans.ok()) {
+      ASSERT_EQ(plans.status().code(), StatusCode::kDataLoss) << plans.status();
+      continue;
+    }
+    MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, p.assignment(), *plans));
+    MORPH_ASSERT_OK_AND_ASSIGN(PlanSummary sum, p.Summarize(*plans));
+    ASSERT_EQ(sum.bytes_moved, sum.bytes_lower_bound);
+    ++applied;
+  }
+  std::printf("larger worlds: applied %d of 300\n", applied);
+  EXPECT_GT(applied, 150);
 }
 
 }  // namespace
