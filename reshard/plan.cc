@@ -327,7 +327,7 @@ struct Ctx {
 
 }  // namespace
 
-StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
+StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) const {
   const PlanInput& in = *in_;
   if (q < 0 || q >= in.num_participants) {
     return BadInput("participant " + std::to_string(q) +
@@ -348,6 +348,7 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
   const int32_t s = assignment_.new_rank_of_participant[static_cast<size_t>(q)];
   std::vector<Region> regions;
   std::vector<int> recv_ranks, holders;
+  std::vector<PieceMove> lost_here;
 
   if (s >= 0) {  // what q needs, and from whom
     const auto c = nc.CoordsOf(s);
@@ -366,6 +367,10 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
           continue;
         }
         ctx.Holders(rg, p_old, holders);
+        if (holders.empty() && lost != nullptr) {
+          lost_here.push_back({static_cast<int32_t>(ti), -1, rg.box});
+          continue;
+        }
         if (holders.empty()) {
           return DataLossError("tensor '" + spec.name + "': box " + rg.box.ToString() +
                                " needed by new rank " + std::to_string(s) +
@@ -450,25 +455,40 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
   SortMoves(lp.sends);
   SortMoves(lp.recvs);
   SortMoves(lp.local_copies);
+  if (lost != nullptr) {
+    SortMoves(lost_here);
+    lost->insert(lost->end(), lost_here.begin(), lost_here.end());
+  }
   return lp;
 }
 
-StatusOr<std::vector<LocalPlan>> Planner::PlanAll() const {
+StatusOr<std::vector<LocalPlan>> Planner::PlanAll(std::vector<std::vector<PieceMove>>* lost) const {
   std::vector<LocalPlan> plans;
   plans.reserve(static_cast<size_t>(in_->num_participants));
+  if (lost != nullptr) lost->assign(static_cast<size_t>(in_->num_participants), {});
   for (int32_t q = 0; q < in_->num_participants; ++q) {
-    MORPH_ASSIGN_OR_RETURN(LocalPlan lp, PlanFor(q), "participant " << q);
+    MORPH_ASSIGN_OR_RETURN(LocalPlan lp,
+                           PlanFor(q, lost ? &(*lost)[static_cast<size_t>(q)] : nullptr),
+                           "participant " << q);
     plans.push_back(std::move(lp));
   }
   return plans;
 }
 
-StatusOr<PlanSummary> Planner::Summarize(const std::vector<LocalPlan>& plans) const {
+StatusOr<PlanSummary> Planner::Summarize(const std::vector<LocalPlan>& plans,
+                                         const std::vector<std::vector<PieceMove>>* lost) const {
   PlanSummary sum;
   const size_t n = static_cast<size_t>(in_->num_participants);
   if (plans.size() != n) {
     return BadInput("Summarize got " + std::to_string(plans.size()) + " plans for " +
                     std::to_string(n) + " participants");
+  }
+  if (lost != nullptr && lost->size() != n) {
+    return BadInput("Summarize got " + std::to_string(lost->size()) + " lost lists for " +
+                    std::to_string(n) + " participants");
+  }
+  for (size_t q = 0; lost != nullptr && q < n; ++q) {
+    for (const PieceMove& m : (*lost)[q]) sum.bytes_lost += PieceBytes(plans[q], m);
   }
   const Totals t = ComputeTotals();
   sum.bytes_needed = t.needed;

@@ -66,10 +66,11 @@ struct Assignment {
 
 // Global byte counts of a plan (what morph-plan prints).
 struct PlanSummary {
-  int64_t bytes_needed = 0;             // Σ over new ranks of their new shards' bytes
-  int64_t bytes_resident = 0;           // of those, already on the assigned participant
-  int64_t bytes_lower_bound = 0;        // bytes_needed - bytes_resident
-  int64_t bytes_moved = 0;              // Σ of every participant's recvs
+  int64_t bytes_needed = 0;       // Σ over new ranks of their new shards' bytes
+  int64_t bytes_resident = 0;     // of those, already on the assigned participant
+  int64_t bytes_lower_bound = 0;  // bytes_needed - bytes_resident
+  int64_t bytes_moved = 0;        // Σ of every participant's recvs
+  int64_t bytes_lost = 0;  // no surviving holder: bytes_moved + bytes_lost = bytes_lower_bound
   std::vector<int64_t> bytes_sent;      // per participant
   std::vector<int64_t> bytes_received;  // per participant
   int32_t busiest_sender = -1;
@@ -98,15 +99,18 @@ class Planner {
   const PlanInput& input() const { return *in_; }
   const Assignment& assignment() const { return assignment_; }
 
-  // The participant's part of the plan. kInvalidArgument if `participant` is out of range;
-  // kDataLoss naming the tensor and box when an element the participant needs has no
-  // surviving holder (restore it from a checkpoint). Cost: proportional to the pieces the
-  // participant holds or needs (and to the DP/TP replicas of those pieces), not to world size
-  // times tensors.
-  StatusOr<LocalPlan> PlanFor(int32_t participant) const;
+  // The participant's part of the plan. kInvalidArgument if `participant` is out of range.
+  // When an element the participant needs has no surviving holder: with `lost` == nullptr,
+  // kDataLoss naming the tensor and box; otherwise the piece is appended to `*lost` (peer -1,
+  // sorted like the other lists) and the plan covers the rest: recvs + local_copies + lost
+  // cover every new shard exactly once, and the caller fills `lost` (e.g. from a checkpoint).
+  // Cost: proportional to the pieces the participant holds or needs (and to the DP/TP
+  // replicas of those pieces), not to world size times tensors.
+  StatusOr<LocalPlan> PlanFor(int32_t participant, std::vector<PieceMove>* lost = nullptr) const;
   // Every participant's plan (for tools and tests): the first PlanFor error, with the
-  // participant as context.
-  StatusOr<std::vector<LocalPlan>> PlanAll() const;
+  // participant as context. `lost`, if given, gets one list per participant.
+  StatusOr<std::vector<LocalPlan>> PlanAll(
+      std::vector<std::vector<PieceMove>>* lost = nullptr) const;
 
   // Needed and resident bytes of the assignment, computed from per-class aggregates (cost
   // grows with world size times distinct tensor shapes, not with tensors).
@@ -119,10 +123,11 @@ class Planner {
   // be in range (a precondition, not checked).
   int64_t ResidentBytes(int32_t participant, int32_t new_rank) const;
 
-  // Byte counts of a whole plan (every participant's LocalPlan, in participant order).
-  // kInvalidArgument if `plans` has the wrong size; kInternal if the plans disagree (bytes sent
-  // != bytes received).
-  StatusOr<PlanSummary> Summarize(const std::vector<LocalPlan>& plans) const;
+  // Byte counts of a whole plan (every participant's LocalPlan, in participant order, and the
+  // lost pieces PlanAll reported, if any). kInvalidArgument if `plans` or `lost` has the wrong
+  // size; kInternal if the plans disagree (bytes sent != bytes received).
+  StatusOr<PlanSummary> Summarize(const std::vector<LocalPlan>& plans,
+                                  const std::vector<std::vector<PieceMove>>* lost = nullptr) const;
 
   struct Classes;  // per-class aggregates (plan.cc)
 

@@ -146,6 +146,13 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
         }
       }
       ASSERT_TRUE(lost) << "DataLoss without a lost element: " << plans_or.status();
+      // With a `lost` list the plan covers the rest; the lost pieces are exactly unheld.
+      std::vector<std::vector<PieceMove>> lost_pieces;
+      MORPH_ASSERT_OK_AND_ASSIGN(auto partial, p.PlanAll(&lost_pieces));
+      MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, p.assignment(), partial, &lost_pieces));
+      MORPH_ASSERT_OK_AND_ASSIGN(PlanSummary sum, p.Summarize(partial, &lost_pieces));
+      ASSERT_GT(sum.bytes_lost, 0);
+      ASSERT_EQ(sum.bytes_moved + sum.bytes_lost, sum.bytes_lower_bound);
       ++data_loss;
       continue;
     }

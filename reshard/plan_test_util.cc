@@ -105,7 +105,8 @@ Status CheckPairsMatch(const std::vector<LocalPlan>& plans) {
 }
 
 Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
-                     const std::vector<LocalPlan>& plans) {
+                     const std::vector<LocalPlan>& plans,
+                     const std::vector<std::vector<PieceMove>>* lost) {
   MORPH_RETURN_IF_ERROR(CheckPairsMatch(plans));
   const size_t nt = in.tensors.size();
   const size_t np = static_cast<size_t>(in.num_participants);
@@ -182,6 +183,34 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
     });
     return Status();
   };
+  for (size_t q = 0; lost != nullptr && q < np; ++q) {
+    for (const PieceMove& m : (*lost)[q]) {
+      const size_t t = static_cast<size_t>(m.tensor);
+      const TensorSpec& spec = in.tensors[t];
+      for (int r = 0; r < in.old_config.world(); ++r) {
+        if (in.old_participant_of_rank[static_cast<size_t>(r)] < 0) continue;
+        MORPH_ASSIGN_OR_RETURN(Shard held, ShardOf(spec, in.old_config, r));
+        if (!IntersectShard(held, m.box).empty()) {
+          return InternalError("lost piece " + MoveString(m) + " of participant " +
+                               std::to_string(q) + " is held by live old rank " +
+                               std::to_string(r));
+        }
+      }
+      const Shard& dst = new_buf[q].shards[t];
+      const int64_t es = DTypeSize(spec.dtype);
+      const Box whole = Box::FromShape(spec.shape);
+      MORPH_RETURN_IF_ERROR(ViewOf(dst, m.box).status()) << "lost piece " << MoveString(m);
+      ForEach(m.box, [&](const std::vector<int64_t>& idx) {
+        if (!Holds(dst, idx)) return;
+        const int64_t off = LocalOffset(dst, idx);
+        for (int k = 0; k < es; ++k) {
+          new_buf[q].data[t][static_cast<size_t>(off * es + k)] =
+              ReferenceByte(static_cast<int>(t), Linear(whole, idx), k);
+        }
+        ++new_buf[q].writes[t][static_cast<size_t>(off)];
+      });
+    }
+  }
   for (size_t q = 0; q < np; ++q) {
     for (const PieceMove& m : plans[q].local_copies) {
       if (m.peer != static_cast<int>(q)) return InternalError("local copy with a peer");

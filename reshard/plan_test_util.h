@@ -25,9 +25,12 @@ Status CheckPairsMatch(const std::vector<LocalPlan>& plans);
 // Fills every surviving old rank's shards from the reference, applies `plans` (local copies,
 // then each recv from the matching sender's old buffer, via ViewOf) and checks that every new
 // rank's shards equal the reference bitwise, each element written exactly once, and that the
-// plans' old/new shards equal ShardOf. kInternal describing the first difference.
+// plans' old/new shards equal ShardOf. `lost` (one list per participant, from PlanAll) are
+// filled from the reference, as a checkpoint would, after checking that no surviving old rank
+// holds any of their elements. kInternal describing the first difference.
 Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
-                     const std::vector<LocalPlan>& plans);
+                     const std::vector<LocalPlan>& plans,
+                     const std::vector<std::vector<PieceMove>>* lost = nullptr);
 
 // resident[j][s]: bytes of new rank s's shards that available participant in.available[j]
 // (sorted) already holds, counted element by element.

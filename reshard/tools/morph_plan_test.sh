@@ -57,6 +57,15 @@ expect 2 'cannot open' "$TMP/missing.json"
 # A dead worker whose ZeRO shard has no replica: data loss, exit 3.
 mk 's/"dead": \[\]/"dead": ["gpu1"]/; s/"join": \[\]/"join": ["new0"]/' dead
 expect 3 "DATA_LOSS" "$TMP/dead.json"
+# ... which --allow-lost reports instead: moved + lost = lower bound.
+expect 0 "(no surviving replica: restore from a checkpoint)" "$TMP/dead.json" --allow-lost
+out=$("$BIN" --allow-lost "$TMP/dead.json")
+lb=$(sed -n 's/^bytes lower bound: *\([0-9]*\).*/\1/p' <<<"$out")
+mv=$(sed -n 's/^bytes moved: *\([0-9]*\).*/\1/p' <<<"$out")
+ls=$(sed -n 's/^bytes lost: *\([0-9]*\).*/\1/p' <<<"$out")
+[[ -n $ls && $ls -gt 0 && $((mv + ls)) == "$lb" ]] || fail "moved $mv + lost $ls != lower bound $lb"
+json=$("$BIN" --json --allow-lost "$TMP/dead.json") || fail "--json --allow-lost exit $?"
+[[ $json == *'"bytes_lost": '"$ls"* && $json == *'"peer": null'* ]] || fail "--json lacks lost pieces"
 
 if [[ $fails -gt 0 ]]; then
   echo "$fails failure(s)"

@@ -327,6 +327,10 @@ std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner, co
      << "bytes resident:    " << Bytes(s.bytes_resident) << "\n"
      << "bytes lower bound: " << Bytes(s.bytes_lower_bound) << "\n"
      << "bytes moved:       " << Bytes(s.bytes_moved) << "\n";
+  if (s.bytes_lost > 0) {
+    os << "bytes lost:        " << Bytes(s.bytes_lost)
+       << " (no surviving replica: restore from a checkpoint)\n";
+  }
   auto nm = [&](int32_t q) { return q < 0 ? std::string("none") : names[static_cast<size_t>(q)]; };
   os << "busiest sender:    " << nm(s.busiest_sender) << " "
      << Bytes(s.busiest_sender < 0 ? 0 : s.bytes_sent[static_cast<size_t>(s.busiest_sender)])
@@ -354,7 +358,8 @@ std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner, co
 }
 
 nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
-                          const std::vector<LocalPlan>& plans, const PlanSummary& s,
+                          const std::vector<LocalPlan>& plans,
+                          const std::vector<std::vector<PieceMove>>& lost, const PlanSummary& s,
                           const PlanTimes& times) {
   const PlanInput& in = planner.input();
   const Assignment& a = planner.assignment();
@@ -387,6 +392,7 @@ nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
                     {"bytes_resident", s.bytes_resident},
                     {"bytes_lower_bound", s.bytes_lower_bound},
                     {"bytes_moved", s.bytes_moved},
+                    {"bytes_lost", s.bytes_lost},
                     {"busiest_sender", nm(s.busiest_sender)},
                     {"busiest_receiver", nm(s.busiest_receiver)},
                     {"busiest_link",
@@ -403,10 +409,11 @@ nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
     auto moves = [&](const std::vector<PieceMove>& v) {
       json m = json::array();
       for (const PieceMove& x : v) {
-        m.push_back({{"tensor", in.tensors[static_cast<size_t>(x.tensor)].name},
-                     {"peer", names[static_cast<size_t>(x.peer)]},
-                     {"box", BoxJson(x.box)},
-                     {"bytes", PieceBytes(lp, x)}});
+        m.push_back(
+            {{"tensor", in.tensors[static_cast<size_t>(x.tensor)].name},
+             {"peer", x.peer < 0 ? json(nullptr) : json(names[static_cast<size_t>(x.peer)])},
+             {"box", BoxJson(x.box)},
+             {"bytes", PieceBytes(lp, x)}});
       }
       return m;
     };
@@ -414,7 +421,9 @@ nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
                   {"new_rank", a.new_rank_of_participant[static_cast<size_t>(lp.participant)]},
                   {"sends", moves(lp.sends)},
                   {"recvs", moves(lp.recvs)},
-                  {"local_copies", moves(lp.local_copies)}});
+                  {"local_copies", moves(lp.local_copies)},
+                  {"lost", lost.empty() ? json::array()
+                                        : moves(lost[static_cast<size_t>(lp.participant)])}});
   }
   out["plans"] = pj;
   return out;

@@ -37,9 +37,11 @@ struct PlanTimes {
 std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner,
                               const PlanSummary& summary, const PlanTimes& times);
 // The whole plan: assignment, summary and every participant's moves.
+// `lost`: per participant, pieces with no surviving holder (PlanAll's), or empty.
 nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
-                          const std::vector<LocalPlan>& plans, const PlanSummary& summary,
-                          const PlanTimes& times);
+                          const std::vector<LocalPlan>& plans,
+                          const std::vector<std::vector<PieceMove>>& lost,
+                          const PlanSummary& summary, const PlanTimes& times);
 
 }  // namespace morph
 
