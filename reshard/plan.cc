@@ -100,7 +100,10 @@ Box Chunk(const Box& b, int k, int c) {
   for (int d = 0; d < b.rank(); ++d) {
     const Interval i = b.dim(d);
     if (i.size() < 2) continue;
-    out.dim(d) = {i.begin + i.size() * c / k, i.begin + i.size() * (c + 1) / k};
+    // The first size % k parts get one more row; no product can overflow.
+    const int64_t q = i.size() / k, r = i.size() % k;
+    const int64_t lo = i.begin + q * c + std::min<int64_t>(c, r);
+    out.dim(d) = {lo, lo + q + (c < r ? 1 : 0)};
     return out;
   }
   return out;
