@@ -28,3 +28,10 @@ build: configure
 # ASAN_OPTIONS: Open MPI's singleton init leaks by design; leak checking stays on elsewhere.
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# Reshard benchmarks: one JSON object per line on stdout. Extend the list with new binaries.
+BENCH_RESHARD_BINS := bench/plan_bench
+.PHONY: bench-reshard
+bench-reshard: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(notdir $(BENCH_RESHARD_BINS))
+	@set -e; for b in $(BENCH_RESHARD_BINS); do $(BUILD_DIR)/$$b; done
