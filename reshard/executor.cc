@@ -86,9 +86,14 @@ std::vector<std::vector<Message>> CutMessages(const std::vector<Piece>& pieces, 
   for (int i = 0; i < static_cast<int>(pieces.size()); ++i) {
     const Piece& p = pieces[static_cast<size_t>(i)];
     auto& msgs = by_peer[static_cast<size_t>(p.peer)];
+    // Large pieces get messages of their own (so contiguous ones can go zero-copy); small ones
+    // share messages. Both sides see the same sizes, so they cut alike.
+    const bool large = static_cast<size_t>(p.elements * p.elem_size) >= chunk / 8;
+    bool fresh = large;
     int64_t done = 0;
     while (done < p.elements) {
-      if (msgs.empty() || msgs.back().bytes + static_cast<size_t>(p.elem_size) > chunk) {
+      if (msgs.empty() || fresh || msgs.back().bytes + static_cast<size_t>(p.elem_size) > chunk) {
+        fresh = false;
         msgs.emplace_back();
         msgs.back().peer = p.peer;
       }
@@ -99,8 +104,13 @@ std::vector<std::vector<Message>> CutMessages(const std::vector<Piece>& pieces, 
       m.bytes += static_cast<size_t>(take * p.elem_size);
       done += take;
     }
+    if (large && p.elements > 0) {
+      msgs.emplace_back();  // closes the piece's last message; dropped below if left empty
+      msgs.back().peer = p.peer;
+    }
   }
   for (auto& msgs : by_peer) {
+    std::erase_if(msgs, [](const Message& m) { return m.segments.empty(); });
     for (Message& m : msgs) {
       if (m.segments.size() != 1) continue;
       const Segment& s = m.segments[0];
@@ -430,13 +440,25 @@ class Execution {
     return Status();
   }
 
-  Status LocalCopies() {
-    const auto t = Clock::now();
-    for (const Piece& p : locals_) {
-      MORPH_RETURN_IF_ERROR(engine_->Copy(p.geom, new_base_[static_cast<size_t>(p.tensor)],
-                                          p.base, p.elem_size, 0, p.elements))
-          << "local copy of tensor '" << plan_.tensors[static_cast<size_t>(p.tensor)].name << "'";
+  // Local copies are cut into chunk-sized slices that run while rounds are in flight, so that
+  // this participant keeps posting rounds (and peers keep progressing) between them.
+  void SliceLocalCopies() {
+    for (int i = 0; i < static_cast<int>(locals_.size()); ++i) {
+      const Piece& p = locals_[static_cast<size_t>(i)];
+      const int64_t per = std::max<int64_t>(1, static_cast<int64_t>(chunk_) / p.elem_size);
+      for (int64_t e = 0; e < p.elements; e += per) {
+        local_slices_.push_back({i, e, std::min(p.elements, e + per), 0});
+      }
     }
+  }
+
+  Status LocalCopySlice() {
+    const auto t = Clock::now();
+    const Segment& s = local_slices_[next_local_++];
+    const Piece& p = locals_[static_cast<size_t>(s.piece)];
+    MORPH_RETURN_IF_ERROR(engine_->Copy(p.geom, new_base_[static_cast<size_t>(p.tensor)], p.base,
+                                        p.elem_size, s.begin, s.end))
+        << "local copy of tensor '" << plan_.tensors[static_cast<size_t>(p.tensor)].name << "'";
     MORPH_RETURN_IF_ERROR(engine_->Sync());
     stats_.copy_seconds += Since(t);
     return Status();
@@ -540,21 +562,23 @@ class Execution {
     }
     stats_.rounds = num_rounds_;
     pool_ = std::make_unique<StagingPool>(engine_->StagingAllocator(), chunk_);
+    SliceLocalCopies();
     int64_t next = 0;
-    if (next < num_rounds_) {
-      MORPH_RETURN_IF_ERROR(Post(next++));
-    }
-    // Local copies overlap with the first round's transfers.
-    MORPH_RETURN_IF_ERROR(LocalCopies());
-    while (next < num_rounds_ || !in_flight_.empty()) {
+    while (next < num_rounds_ || !in_flight_.empty() || next_local_ < local_slices_.size()) {
       if (deadline_.Expired()) {
         return DeadlineExceededError("deadline passed with " +
                                      std::to_string(num_rounds_ - next) + " of " +
                                      std::to_string(num_rounds_) + " rounds not started");
       }
       if (next < num_rounds_ &&
-          (in_flight_.empty() || pool_->in_use() + RoundNeed(next) <= options_.staging_bytes)) {
+          (in_flight_.empty() ||
+           (static_cast<int>(in_flight_.size()) < options_.max_rounds_in_flight &&
+            pool_->in_use() + RoundNeed(next) <= options_.staging_bytes))) {
         MORPH_RETURN_IF_ERROR(Post(next++));
+        continue;
+      }
+      if (next_local_ < local_slices_.size()) {
+        MORPH_RETURN_IF_ERROR(LocalCopySlice());
         continue;
       }
       MORPH_RETURN_IF_ERROR(Complete());
@@ -569,6 +593,8 @@ class Execution {
   std::unique_ptr<CopyEngine> engine_;
   std::vector<char*> old_base_, new_base_;
   std::vector<Piece> sends_, recvs_, locals_;
+  std::vector<Segment> local_slices_;
+  size_t next_local_ = 0;
   std::vector<std::vector<Message>> send_msgs_, recv_msgs_;
   size_t chunk_ = 0;
   int64_t num_rounds_ = 0;

@@ -11,8 +11,9 @@
 //   // success: r.new_buffers[i] holds plan.new_shards[i]; only now free the old buffers.
 //
 // Message boundaries. For each peer, the pieces exchanged with it (in plan order) are cut into
-// messages of at most EffectiveChunkBytes(options, n) bytes, at element boundaries; message k of
-// every pair belongs to round k. Both sides derive the same cuts from the plan lists, the
+// messages of at most EffectiveChunkBytes(options, n) bytes, at element boundaries; a piece of at
+// least 1/8 of that size starts a fresh message and ends its last one, smaller pieces share
+// messages. Message k of every pair belongs to round k. Both sides derive the same cuts from the plan lists, the
 // tensors' dtypes and the options, which must be equal on all participants (per local_plan.h).
 // A message that is a single contiguous range of the old (new) buffer is sent from (received
 // into) place, without staging.
@@ -44,6 +45,9 @@ struct ExecutorOptions {
   // Bound on this participant's staging memory (send and receive staging together; one round
   // is always allowed, see EffectiveChunkBytes). Must be equal on all participants.
   uint64_t staging_bytes = uint64_t{256} << 20;
+  // Rounds posted but not yet completed. Deeper pipelines only add staging memory (which is
+  // first-touched, i.e. slow, when fresh); may differ between participants.
+  int max_rounds_in_flight = 3;
 
   // From MORPH_RESHARD_CHUNK_BYTES and MORPH_RESHARD_STAGING_BYTES; kInvalidArgument naming
   // the variable when one does not parse.
