@@ -28,3 +28,12 @@ build: configure
 # ASAN_OPTIONS: Open MPI's singleton init leaks by design; leak checking stays on elsewhere.
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# Reshard benchmarks: one JSON object per line each (docs/reshard-executor.md).
+BENCH_RESHARD_BINS := executor_bench checkpoint_bench pack_gpu_bench
+.PHONY: bench-reshard
+bench-reshard: build
+	@for b in $(BENCH_RESHARD_BINS); do \
+	  if [ -x $(BUILD_DIR)/bench/$$b ]; then $(BUILD_DIR)/bench/$$b || exit 1; \
+	  else echo "bench-reshard: $$b not built (no CUDA?), skipped" >&2; fi; \
+	done
