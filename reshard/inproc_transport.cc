@@ -18,7 +18,9 @@ namespace morph {
 
 namespace {
 
-enum class OpState { kPending, kCopying, kDone };
+// kPending: posted, queued for its counterpart. kMatched: paired with `partner`, waiting for
+// one of the two owners' threads (in Wait) to copy. kCopying: being copied. kDone: `result`.
+enum class OpState { kPending, kMatched, kCopying, kDone };
 
 struct Group;
 
@@ -30,6 +32,7 @@ struct Op {
   char* data = nullptr;
   size_t bytes = 0;
   OpState state = OpState::kPending;
+  Op* partner = nullptr;
   Status result;
 };
 
@@ -84,8 +87,10 @@ struct InProcHub::State {
     op->result = std::move(s);
   }
 
-  // Pairs `send` and `recv` (both pending, same pair); may release `lock` to copy.
-  void Match(Op* send, Op* recv, std::unique_lock<std::mutex>& lock) {
+  // Pairs `send` and `recv` (both pending, same pair). The copy is left to whichever owner's
+  // thread gets to it first in Wait, so copies spread over the ranks' threads the way a real
+  // transport's progress runs beside the caller.
+  void Match(Op* send, Op* recv) {
     if (send->bytes != recv->bytes) {
       const std::string msg = "size mismatch: rank " + std::to_string(send->owner) + " sends " +
                               std::to_string(send->bytes) + " bytes to rank " +
@@ -93,13 +98,23 @@ struct InProcHub::State {
                               std::to_string(recv->bytes);
       Finish(send, InternalError(msg));
       Finish(recv, InternalError(msg));
-      cv.notify_all();
-      return;
+    } else {
+      send->state = OpState::kMatched;
+      recv->state = OpState::kMatched;
+      send->partner = recv;
+      recv->partner = send;
     }
-    for (Op* op : {send, recv}) {
-      if (auto gone = PeerGone(op->owner)) {
-        Finish(send == op ? recv : send, *gone);
-        Finish(op, AbortedError("rank " + std::to_string(op->owner) + " is no longer usable"));
+    cv.notify_all();
+  }
+
+  // Copies the matched pair of `op` (called by one of its owners); releases `lock` meanwhile.
+  void Copy(Op* op, std::unique_lock<std::mutex>& lock) {
+    Op* send = op->is_send ? op : op->partner;
+    Op* recv = op->is_send ? op->partner : op;
+    for (Op* o : {send, recv}) {
+      if (auto gone = PeerGone(o->owner)) {
+        Finish(send == o ? recv : send, *gone);
+        Finish(o, AbortedError("rank " + std::to_string(o->owner) + " is no longer usable"));
         cv.notify_all();
         return;
       }
@@ -142,7 +157,7 @@ struct InProcHub::State {
   }
 
   // Posts one op of rank `owner`; matches it if its counterpart is waiting.
-  void Post(Op* op, std::unique_lock<std::mutex>& lock) {
+  void Post(Op* op) {
     if (auto gone = PeerGone(op->peer)) {
       Finish(op, *gone);
       return;
@@ -153,9 +168,9 @@ struct InProcHub::State {
       Op* counterpart = other.front();
       other.pop_front();
       if (op->is_send) {
-        Match(op, counterpart, lock);
+        Match(op, counterpart);
       } else {
-        Match(counterpart, op, lock);
+        Match(counterpart, op);
       }
       return;
     }
@@ -166,6 +181,12 @@ struct InProcHub::State {
   // being copied, so that the caller may release the group's buffers.
   void Withdraw(Group* group, std::unique_lock<std::mutex>& lock) {
     for (auto& op : group->ops) {
+      if (op->state == OpState::kMatched) {
+        Finish(op->partner, UnavailableError("peer " + std::to_string(op->owner) +
+                                             " withdrew from the exchange"));
+        Finish(op.get(), AbortedError("withdrawn"));
+        continue;
+      }
       if (op->state != OpState::kPending) continue;
       PairQueue& q = op->is_send ? Pair(op->owner, op->peer) : Pair(op->peer, op->owner);
       std::deque<Op*>& mine = op->is_send ? q.sends : q.recvs;
@@ -243,9 +264,15 @@ class InProcWork final : public TransportWork {
         break;
       }
       bool all_done = true;
+      bool copied = false;
       for (auto& op : group_->ops) {
         if (op->state == OpState::kPending) {
           if (auto gone = s.PeerGone(op->peer)) InProcHub::State::Finish(op.get(), *gone);
+        }
+        if (op->state == OpState::kMatched) {
+          s.Copy(op.get(), lock);  // releases the lock while copying: rescan afterwards
+          copied = true;
+          break;
         }
         if (op->state == OpState::kDone && !op->result.ok()) {
           err = op->result.WithContext(std::string(op->is_send ? "send to " : "receive from ") +
@@ -255,6 +282,7 @@ class InProcWork final : public TransportWork {
         if (op->state != OpState::kDone) all_done = false;
       }
       if (!err.ok()) break;
+      if (copied) continue;
       if (all_done) {
         group_->finished = true;
         return Status();
@@ -367,7 +395,7 @@ StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const 
                                    (me.dead ? "dead" : me.aborted ? "aborted" : "closed") +
                                    " after an earlier failure");
   }
-  for (auto& op : group->ops) s.Post(op.get(), lock);
+  for (auto& op : group->ops) s.Post(op.get());
   return std::unique_ptr<TransportWork>(new InProcWork(hub_->state_, std::move(group)));
 }
 

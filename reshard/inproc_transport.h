@@ -1,6 +1,7 @@
 // InProcTransport: N transport ranks as threads of one process, meeting in a shared hub. Used by
 // executor tests and benchmarks, and as a reference for what a Transport must do: real
-// concurrency (a transfer is copied by whichever of the two threads posts second), in-order
+// concurrency (a matched transfer is copied by whichever of its two ranks' threads gets to it
+// first in Wait, so copies run beside the callers as a real transport's progress does), in-order
 // matching per (src, dst) pair across groups, size-mismatch detection, Abort from any thread,
 // and fault injection.
 //
