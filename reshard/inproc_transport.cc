@@ -187,7 +187,8 @@ struct InProcHub::State {
         Finish(op.get(), AbortedError("withdrawn"));
         continue;
       }
-      if (op->state != OpState::kPending) continue;
+      // A queued op may already be done (failed because its peer is gone): unqueue it too, so
+      // no queue ever points into a destroyed group.
       PairQueue& q = op->is_send ? Pair(op->owner, op->peer) : Pair(op->peer, op->owner);
       std::deque<Op*>& mine = op->is_send ? q.sends : q.recvs;
       for (auto it = mine.begin(); it != mine.end(); ++it) {
@@ -196,7 +197,7 @@ struct InProcHub::State {
           break;
         }
       }
-      Finish(op.get(), AbortedError("withdrawn"));
+      if (op->state == OpState::kPending) Finish(op.get(), AbortedError("withdrawn"));
     }
     cv.wait(lock, [&] {
       for (auto& op : group->ops) {
