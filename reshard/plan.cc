@@ -1,0 +1,513 @@
+#include "reshard/plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "reshard/plan_internal.h"
+
+namespace morph {
+
+using plan_internal::Hungarian;
+using plan_internal::NumEl;
+using plan_internal::OverlapCount;
+using plan_internal::ShardAt;
+
+int64_t PieceBytes(const LocalPlan& plan, const PieceMove& piece) {
+  return NumEl(piece.box) * DTypeSize(plan.tensors[static_cast<size_t>(piece.tensor)].dtype);
+}
+
+namespace {
+
+Status BadInput(const std::string& m) { return InvalidArgumentError(m); }
+
+// Where a region of a new shard lives in the old generation: old ranks (p, d, t) with d in
+// [d0, d1] and t in [t0, t1] hold all of `box`.
+struct Region {
+  Box box;
+  int t0 = 0, t1 = 0, d0 = 0, d1 = 0;
+};
+
+int64_t LinearIn(const Box& frame, const Box& b, bool last) {
+  int64_t l = 0;
+  for (int d = 0; d < frame.rank(); ++d) {
+    const int64_t i = last ? b.dim(d).end - 1 : b.dim(d).begin;
+    l = l * frame.dim(d).size() + (i - frame.dim(d).begin);
+  }
+  return l;
+}
+
+// Splits `need` (a new shard of `spec`) into regions of constant old holder set, in storage
+// order of the old TP slices, then of the need's boxes, then of DP ranks. Closed form: only
+// the old TP slices and ZeRO ranges that intersect `need` are visited.
+void RegionsOf(const TensorSpec& spec, const ParallelConfig& old, const Shard& need,
+               std::vector<Region>& out) {
+  out.clear();
+  if (need.empty()) return;
+  const bool split = spec.layout.tp_split();
+  const bool zero = spec.layout.zero_sharded();
+  int t_first = 0, t_last = 0;
+  if (split) {
+    const int k = spec.layout.tp_dim();
+    const int64_t slice = spec.shape[static_cast<size_t>(k)] / old.tp;
+    const Interval i = need.frame.dim(k);
+    t_first = static_cast<int>(i.begin / slice);
+    t_last = static_cast<int>((i.end - 1) / slice);
+  }
+  for (int t = t_first; t <= t_last; ++t) {
+    const Box frame = TpBoxOf(spec, old, t);
+    const std::vector<Box> boxes = split ? IntersectShard(need, frame) : ShardBoxes(need);
+    const int tc0 = split ? t : 0, tc1 = split ? t : old.tp - 1;
+    if (!zero) {
+      for (const Box& b : boxes) out.push_back({b, tc0, tc1, 0, old.dp - 1});
+      continue;
+    }
+    const int64_t n = NumEl(frame);
+    for (const Box& b : boxes) {
+      const DpSpan span =
+          ZeroRanksOf(n, old.dp, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
+      for (int d = span.first; d <= span.last; ++d) {
+        const Interval r = ZeroRange(n, old.dp, d);
+        for (Box& x : IntersectShard(Shard{frame, r.begin, r.end}, b)) {
+          out.push_back({std::move(x), tc0, tc1, d, d});
+        }
+      }
+    }
+  }
+}
+
+bool OriginLess(const Box& a, const Box& b) {
+  for (int d = 0; d < a.rank() && d < b.rank(); ++d) {
+    if (a.dim(d).begin != b.dim(d).begin) return a.dim(d).begin < b.dim(d).begin;
+  }
+  return false;
+}
+
+void SortMoves(std::vector<PieceMove>& moves) {
+  std::sort(moves.begin(), moves.end(), [](const PieceMove& a, const PieceMove& b) {
+    if (a.peer != b.peer) return a.peer < b.peer;
+    if (a.tensor != b.tensor) return a.tensor < b.tensor;
+    return OriginLess(a.box, b.box);
+  });
+}
+
+// Box `b` cut into k near-equal parts along its first dimension of extent >= 2 (fewer parts
+// if that dimension is shorter): part c.
+Box Chunk(const Box& b, int k, int c) {
+  if (k == 1) return b;
+  Box out = b;
+  for (int d = 0; d < b.rank(); ++d) {
+    const Interval i = b.dim(d);
+    if (i.size() < 2) continue;
+    out.dim(d) = {i.begin + i.size() * c / k, i.begin + i.size() * (c + 1) / k};
+    return out;
+  }
+  return out;
+}
+
+int ChunkCount(const Box& b, int receivers, int holders) {
+  if (receivers >= holders) return 1;
+  int k = (holders + receivers - 1) / receivers;
+  for (int d = 0; d < b.rank(); ++d) {
+    if (b.dim(d).size() >= 2) return static_cast<int>(std::min<int64_t>(k, b.dim(d).size()));
+  }
+  return 1;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Create: validation and per-class aggregates.
+
+StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
+  const int32_t n = input.num_participants;
+  if (n < 0) return BadInput("num_participants=" + std::to_string(n) + " must be >= 0");
+  MORPH_RETURN_IF_ERROR(input.old_config.Validate()) << "old config";
+  MORPH_RETURN_IF_ERROR(input.new_config.Validate()) << "new config";
+  std::set<std::string_view> names;
+  for (const TensorSpec& t : input.tensors) {
+    MORPH_RETURN_IF_ERROR(ValidateTensorSpec(t));
+    if (!names.insert(t.name).second) {
+      return BadInput("tensor '" + t.name + "' is listed twice");
+    }
+    MORPH_RETURN_IF_ERROR(ValidateTensorForConfig(t, input.old_config)) << "old config";
+    MORPH_RETURN_IF_ERROR(ValidateTensorForConfig(t, input.new_config)) << "new config";
+  }
+  const ParallelConfig& oc = input.old_config;
+  const ParallelConfig& nc = input.new_config;
+  if (static_cast<int>(input.old_participant_of_rank.size()) != oc.world()) {
+    return BadInput("old_participant_of_rank has " +
+                    std::to_string(input.old_participant_of_rank.size()) +
+                    " entries, the old config has world " + std::to_string(oc.world()));
+  }
+  Planner p;
+  Assignment& a = p.assignment_;
+  a.old_rank_of_participant.assign(static_cast<size_t>(n), -1);
+  a.new_rank_of_participant.assign(static_cast<size_t>(n), -1);
+  for (int r = 0; r < oc.world(); ++r) {
+    const int32_t q = input.old_participant_of_rank[static_cast<size_t>(r)];
+    if (q == -1) continue;
+    if (q < -1 || q >= n) {
+      return BadInput("old_participant_of_rank[" + std::to_string(r) + "]=" + std::to_string(q) +
+                      " is not -1 or in [0, num_participants=" + std::to_string(n) + ")");
+    }
+    if (a.old_rank_of_participant[static_cast<size_t>(q)] != -1) {
+      return BadInput("participant " + std::to_string(q) + " holds old ranks " +
+                      std::to_string(a.old_rank_of_participant[static_cast<size_t>(q)]) + " and " +
+                      std::to_string(r));
+    }
+    a.old_rank_of_participant[static_cast<size_t>(q)] = r;
+  }
+  std::sort(input.available.begin(), input.available.end());
+  for (size_t i = 0; i < input.available.size(); ++i) {
+    const int32_t q = input.available[i];
+    if (q < 0 || q >= n) {
+      return BadInput("available participant " + std::to_string(q) +
+                      " is not in [0, num_participants=" + std::to_string(n) + ")");
+    }
+    if (i > 0 && input.available[i - 1] == q) {
+      return BadInput("available participant " + std::to_string(q) + " is listed twice");
+    }
+  }
+  if (static_cast<int64_t>(input.available.size()) < nc.world()) {
+    return BadInput("the new config needs " + std::to_string(nc.world()) + " ranks but only " +
+                    std::to_string(input.available.size()) + " participants are available");
+  }
+
+  auto classes = std::make_shared<Classes>();
+  std::map<std::tuple<DType, std::vector<int64_t>, int, bool>, int> class_of;
+  classes->new_stages_of_old.resize(static_cast<size_t>(oc.pp));
+  for (const TensorSpec& t : input.tensors) {
+    auto key = std::make_tuple(t.dtype, t.shape, t.layout.tp_dim(), t.layout.zero_sharded());
+    auto [it, fresh] = class_of.emplace(key, static_cast<int>(classes->classes.size()));
+    if (fresh) {
+      int64_t elems = 1;
+      for (int64_t d : t.shape) elems *= d;
+      classes->classes.push_back({t, DTypeSize(t.dtype), elems});
+      classes->any_unsplit |= !t.layout.tp_split();
+    }
+    const int po = StageOfUnchecked(t, oc), pn = StageOfUnchecked(t, nc);
+    auto& g = classes->groups[{po, pn}];
+    auto gi = std::find_if(g.begin(), g.end(), [&](auto& e) { return e.first == it->second; });
+    if (gi == g.end()) {
+      g.push_back({it->second, 1});
+    } else {
+      ++gi->second;
+    }
+    auto& ns = classes->new_stages_of_old[static_cast<size_t>(po)];
+    if (std::find(ns.begin(), ns.end(), pn) == ns.end()) ns.push_back(pn);
+  }
+  for (auto& ns : classes->new_stages_of_old) std::sort(ns.begin(), ns.end());
+  classes->new_pp = nc.pp;
+  classes->group_of.assign(static_cast<size_t>(oc.pp) * static_cast<size_t>(nc.pp), nullptr);
+  classes->group_id.assign(classes->group_of.size(), -1);
+  std::map<std::vector<std::pair<int, int64_t>>, int> ids;
+  for (const auto& [stages, group] : classes->groups) {
+    const size_t i = static_cast<size_t>(stages.first) * static_cast<size_t>(nc.pp) +
+                     static_cast<size_t>(stages.second);
+    classes->group_of[i] = &group;
+    classes->group_id[i] = ids.emplace(group, static_cast<int>(ids.size())).first->second;
+  }
+  p.classes_ = std::move(classes);
+  p.in_ = std::make_shared<const PlanInput>(std::move(input));
+  MORPH_RETURN_IF_ERROR(p.ComputeAssignment(options));
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assignment.
+
+int64_t Planner::ResidentBytes(int32_t participant, int32_t new_rank) const {
+  const int32_t r = assignment_.old_rank_of_participant[static_cast<size_t>(participant)];
+  if (r < 0) return 0;
+  const auto o = in_->old_config.CoordsOf(r);
+  const auto c = in_->new_config.CoordsOf(new_rank);
+  const auto* group = classes_->Group(o.p, c.p);
+  if (group == nullptr) return 0;
+  int64_t bytes = 0;
+  for (const auto& [cls, count] : *group) {
+    const auto& k = classes_->classes[static_cast<size_t>(cls)];
+    bytes += count * k.elem *
+             OverlapCount(ShardAt(k.rep, in_->old_config, o.d, o.t),
+                          ShardAt(k.rep, in_->new_config, c.d, c.t));
+  }
+  return bytes;
+}
+
+Planner::Totals Planner::ComputeTotals() const {
+  Totals t;
+  const ParallelConfig& nc = in_->new_config;
+  for (int s = 0; s < nc.world(); ++s) {
+    const auto c = nc.CoordsOf(s);
+    for (const auto& [stages, group] : classes_->groups) {
+      if (stages.second != c.p) continue;
+      for (const auto& [cls, count] : group) {
+        const auto& k = classes_->classes[static_cast<size_t>(cls)];
+        t.needed += count * k.elem * ShardAt(k.rep, nc, c.d, c.t).NumElements();
+      }
+    }
+    t.resident += ResidentBytes(assignment_.participant_of_new_rank[static_cast<size_t>(s)], s);
+  }
+  return t;
+}
+
+Status Planner::ComputeAssignment(const PlanOptions& options) {
+  const ParallelConfig& nc = in_->new_config;
+  const std::vector<int32_t>& avail = in_->available;
+  Assignment& a = assignment_;
+  const int world = nc.world();
+  a.participant_of_new_rank.assign(static_cast<size_t>(world), -1);
+  const int64_t cells = static_cast<int64_t>(avail.size()) * world;
+  if (cells <= options.exact_assignment_limit) {
+    // Exact: Hungarian on the (new rank x available participant) matrix of resident bytes.
+    std::vector<std::vector<int64_t>> cost(static_cast<size_t>(world),
+                                           std::vector<int64_t>(avail.size(), 0));
+    for (int s = 0; s < world; ++s) {
+      for (size_t j = 0; j < avail.size(); ++j) {
+        cost[static_cast<size_t>(s)][j] = -ResidentBytes(avail[j], s);
+      }
+    }
+    const std::vector<int> col = Hungarian(cost);
+    for (int s = 0; s < world; ++s) {
+      a.participant_of_new_rank[static_cast<size_t>(s)] = avail[static_cast<size_t>(col[s])];
+    }
+    a.exact = true;
+  } else {
+    StructuredAssign(a.participant_of_new_rank);
+  }
+  for (int s = 0; s < world; ++s) {
+    a.new_rank_of_participant[static_cast<size_t>(a.participant_of_new_rank[s])] = s;
+  }
+  return Status();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Local plans.
+
+namespace {
+
+struct Ctx {
+  const PlanInput& in;
+  const Assignment& a;
+  // Does participant q's old rank hold `region` of a tensor on old stage p_old?
+  bool Resident(int32_t q, const Region& rg, int p_old) const {
+    if (q < 0) return false;
+    const int32_t r = a.old_rank_of_participant[static_cast<size_t>(q)];
+    if (r < 0) return false;
+    const auto c = in.old_config.CoordsOf(r);
+    return c.p == p_old && c.d >= rg.d0 && c.d <= rg.d1 && c.t >= rg.t0 && c.t <= rg.t1;
+  }
+  // New ranks with the same new shard as (p, d, t) whose participant lacks `region`.
+  void Receivers(const TensorSpec& spec, int p, int d, int t, const Region& rg, int p_old,
+                 std::vector<int>& out) const {
+    out.clear();
+    const ParallelConfig& nc = in.new_config;
+    const bool all_d = !spec.layout.zero_sharded(), all_t = !spec.layout.tp_split();
+    for (int dd = all_d ? 0 : d; dd <= (all_d ? nc.dp - 1 : d); ++dd) {
+      for (int tt = all_t ? 0 : t; tt <= (all_t ? nc.tp - 1 : t); ++tt) {
+        const int s = nc.RankOf({p, dd, tt});
+        if (!Resident(a.participant_of_new_rank[static_cast<size_t>(s)], rg, p_old)) {
+          out.push_back(s);
+        }
+      }
+    }
+  }
+  // Old ranks holding `region` whose data survives, in rank order.
+  void Holders(const Region& rg, int p_old, std::vector<int>& out) const {
+    out.clear();
+    for (int d = rg.d0; d <= rg.d1; ++d) {
+      for (int t = rg.t0; t <= rg.t1; ++t) {
+        const int r = in.old_config.RankOf({p_old, d, t});
+        if (in.old_participant_of_rank[static_cast<size_t>(r)] >= 0) out.push_back(r);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+StatusOr<LocalPlan> Planner::PlanFor(int32_t q) const {
+  const PlanInput& in = *in_;
+  if (q < 0 || q >= in.num_participants) {
+    return BadInput("participant " + std::to_string(q) +
+                    " is not in [0, num_participants=" + std::to_string(in.num_participants) + ")");
+  }
+  const ParallelConfig& oc = in.old_config;
+  const ParallelConfig& nc = in.new_config;
+  const Ctx ctx{in, assignment_};
+  LocalPlan lp;
+  lp.participant = q;
+  lp.num_participants = in.num_participants;
+  const size_t nt = in.tensors.size();
+  lp.tensors.reserve(nt);
+  for (const TensorSpec& t : in.tensors) lp.tensors.push_back({t.name, t.dtype, t.shape});
+  lp.old_shards.resize(nt);
+  lp.new_shards.resize(nt);
+  const int32_t r = assignment_.old_rank_of_participant[static_cast<size_t>(q)];
+  const int32_t s = assignment_.new_rank_of_participant[static_cast<size_t>(q)];
+  std::vector<Region> regions;
+  std::vector<int> recv_ranks, holders;
+
+  if (s >= 0) {  // what q needs, and from whom
+    const auto c = nc.CoordsOf(s);
+    for (size_t ti = 0; ti < nt; ++ti) {
+      const TensorSpec& spec = in.tensors[ti];
+      if (StageOfUnchecked(spec, nc) != c.p) continue;
+      const Shard need = ShardOfUnchecked(spec, nc, s);
+      if (need.empty()) continue;
+      lp.new_shards[ti] = need;
+      const int p_old = StageOfUnchecked(spec, oc);
+      RegionsOf(spec, oc, need, regions);
+      for (size_t ri = 0; ri < regions.size(); ++ri) {
+        const Region& rg = regions[ri];
+        if (ctx.Resident(q, rg, p_old)) {
+          lp.local_copies.push_back({static_cast<int32_t>(ti), q, rg.box});
+          continue;
+        }
+        ctx.Holders(rg, p_old, holders);
+        if (holders.empty()) {
+          return DataLossError("tensor '" + spec.name + "': box " + rg.box.ToString() +
+                               " needed by new rank " + std::to_string(s) +
+                               " has no surviving holder in the old generation");
+        }
+        ctx.Receivers(spec, c.p, c.d, c.t, rg, p_old, recv_ranks);
+        const int j = static_cast<int>(std::lower_bound(recv_ranks.begin(), recv_ranks.end(), s) -
+                                       recv_ranks.begin());
+        const int h = static_cast<int>(holders.size());
+        const int k = ChunkCount(rg.box, static_cast<int>(recv_ranks.size()), h);
+        const size_t rot = (ti + ri) % static_cast<size_t>(h);
+        for (int ch = 0; ch < k; ++ch) {
+          const int from = holders[(static_cast<size_t>(j) * k + ch + rot) % h];
+          lp.recvs.push_back({static_cast<int32_t>(ti),
+                              in.old_participant_of_rank[static_cast<size_t>(from)],
+                              Chunk(rg.box, k, ch)});
+        }
+      }
+    }
+  }
+
+  if (r >= 0) {  // what q serves, to whom
+    const auto c = oc.CoordsOf(r);
+    for (size_t ti = 0; ti < nt; ++ti) {
+      const TensorSpec& spec = in.tensors[ti];
+      if (StageOfUnchecked(spec, oc) != c.p) continue;
+      const Shard have = ShardOfUnchecked(spec, oc, r);
+      if (have.empty()) continue;
+      lp.old_shards[ti] = have;
+      const int p_new = StageOfUnchecked(spec, nc);
+      const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
+      int t_first = 0, t_last = 0;
+      if (split) {
+        const int kd = spec.layout.tp_dim();
+        const int64_t slice = spec.shape[static_cast<size_t>(kd)] / nc.tp;
+        t_first = static_cast<int>(have.frame.dim(kd).begin / slice);
+        t_last = static_cast<int>((have.frame.dim(kd).end - 1) / slice);
+      }
+      for (int t = t_first; t <= t_last; ++t) {
+        int d_first = 0, d_last = 0;
+        if (zero) {
+          const Box frame = TpBoxOf(spec, nc, t);
+          const int64_t n = NumEl(frame);
+          d_first = nc.dp;
+          d_last = -1;
+          for (const Box& b : split ? IntersectShard(have, frame) : ShardBoxes(have)) {
+            const DpSpan sp =
+                ZeroRanksOf(n, nc.dp, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
+            if (sp.first > sp.last) continue;
+            d_first = std::min(d_first, sp.first);
+            d_last = std::max(d_last, sp.last);
+          }
+        }
+        for (int d = d_first; d <= d_last; ++d) {
+          const Shard need = ShardAt(spec, nc, d, t);
+          RegionsOf(spec, oc, need, regions);
+          for (size_t ri = 0; ri < regions.size(); ++ri) {
+            const Region& rg = regions[ri];
+            if (c.d < rg.d0 || c.d > rg.d1 || c.t < rg.t0 || c.t > rg.t1) continue;
+            ctx.Receivers(spec, p_new, d, t, rg, c.p, recv_ranks);
+            if (recv_ranks.empty()) continue;
+            ctx.Holders(rg, c.p, holders);
+            const int h = static_cast<int>(holders.size());
+            const int me = static_cast<int>(std::lower_bound(holders.begin(), holders.end(), r) -
+                                            holders.begin());
+            const int k = ChunkCount(rg.box, static_cast<int>(recv_ranks.size()), h);
+            const size_t rot = (ti + ri) % static_cast<size_t>(h);
+            for (size_t j = 0; j < recv_ranks.size(); ++j) {
+              for (int ch = 0; ch < k; ++ch) {
+                if (static_cast<int>((j * k + ch + rot) % h) != me) continue;
+                lp.sends.push_back(
+                    {static_cast<int32_t>(ti),
+                     assignment_.participant_of_new_rank[static_cast<size_t>(recv_ranks[j])],
+                     Chunk(rg.box, k, ch)});
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  SortMoves(lp.sends);
+  SortMoves(lp.recvs);
+  SortMoves(lp.local_copies);
+  return lp;
+}
+
+StatusOr<std::vector<LocalPlan>> Planner::PlanAll() const {
+  std::vector<LocalPlan> plans;
+  plans.reserve(static_cast<size_t>(in_->num_participants));
+  for (int32_t q = 0; q < in_->num_participants; ++q) {
+    MORPH_ASSIGN_OR_RETURN(LocalPlan lp, PlanFor(q), "participant " << q);
+    plans.push_back(std::move(lp));
+  }
+  return plans;
+}
+
+StatusOr<PlanSummary> Planner::Summarize(const std::vector<LocalPlan>& plans) const {
+  PlanSummary sum;
+  const size_t n = static_cast<size_t>(in_->num_participants);
+  if (plans.size() != n) {
+    return BadInput("Summarize got " + std::to_string(plans.size()) + " plans for " +
+                    std::to_string(n) + " participants");
+  }
+  const Totals t = ComputeTotals();
+  sum.bytes_needed = t.needed;
+  sum.bytes_resident = t.resident;
+  sum.bytes_lower_bound = t.needed - t.resident;
+  sum.bytes_sent.assign(n, 0);
+  sum.bytes_received.assign(n, 0);
+  std::map<std::pair<int32_t, int32_t>, int64_t> links;
+  int64_t sent_total = 0;
+  for (const LocalPlan& lp : plans) {
+    for (const PieceMove& m : lp.sends) {
+      const int64_t b = PieceBytes(lp, m);
+      sum.bytes_sent[static_cast<size_t>(lp.participant)] += b;
+      links[{lp.participant, m.peer}] += b;
+      sent_total += b;
+      ++sum.num_sends;
+    }
+    for (const PieceMove& m : lp.recvs) {
+      const int64_t b = PieceBytes(lp, m);
+      sum.bytes_received[static_cast<size_t>(lp.participant)] += b;
+      sum.bytes_moved += b;
+    }
+  }
+  if (sent_total != sum.bytes_moved) {
+    return InternalError("plans disagree: " + std::to_string(sent_total) + " bytes sent, " +
+                         std::to_string(sum.bytes_moved) + " received");
+  }
+  for (const auto& [link, bytes] : links) {
+    if (bytes > sum.busiest_link.bytes) sum.busiest_link = {link.first, link.second, bytes};
+  }
+  int64_t best_s = 0, best_r = 0;
+  for (size_t q = 0; q < n; ++q) {
+    if (sum.bytes_sent[q] > best_s) best_s = sum.bytes_sent[q], sum.busiest_sender = int32_t(q);
+    if (sum.bytes_received[q] > best_r) {
+      best_r = sum.bytes_received[q];
+      sum.busiest_receiver = static_cast<int32_t>(q);
+    }
+  }
+  return sum;
+}
+
+}  // namespace morph

@@ -1,0 +1,63 @@
+// Internals shared by plan.cc and plan_assign.cc; not installed, not a public API.
+#ifndef MORPH_RESHARD_PLAN_INTERNAL_H_
+#define MORPH_RESHARD_PLAN_INTERNAL_H_
+
+#include <cstdint>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "base/parallel_config.h"
+#include "reshard/layout.h"
+#include "reshard/plan.h"
+#include "reshard/shard.h"
+
+namespace morph {
+
+// Tensors that differ only in their layer are one class: they overlap identically between any
+// old and new rank, so the assignment works on classes times counts.
+struct Planner::Classes {
+  struct Class {
+    TensorSpec rep;     // layer ignored
+    int64_t elem = 0;   // bytes per element
+    int64_t elems = 0;  // elements of the whole tensor
+  };
+  std::vector<Class> classes;
+  // (old stage, new stage) -> (class, number of tensors of that class), in class order.
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int64_t>>> groups;
+  // groups by old stage * new pp + new stage; nullptr where empty. Points into `groups`.
+  std::vector<const std::vector<std::pair<int, int64_t>>*> group_of;
+  // Same indexing: equal groups (same classes and counts) share an id, -1 where empty.
+  std::vector<int> group_id;
+  int new_pp = 1;
+  const std::vector<std::pair<int, int64_t>>* Group(int old_stage, int new_stage) const {
+    return group_of[static_cast<size_t>(old_stage) * static_cast<size_t>(new_pp) +
+                    static_cast<size_t>(new_stage)];
+  }
+  std::vector<std::vector<int>> new_stages_of_old;  // with at least one tensor, ascending
+  bool any_unsplit = false;
+};
+
+namespace plan_internal {
+
+// Elements of a box (0 when empty).
+inline int64_t NumEl(const Box& b) {
+  int64_t n = 1;
+  for (const Interval& i : b.dims()) n *= i.size();
+  return n;
+}
+
+// What DP rank d, TP rank t holds of `spec`, assuming its stage holds the tensor.
+Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t);
+
+// Number of elements two shards of the same tensor have in common.
+int64_t OverlapCount(const Shard& a, const Shard& b);
+
+// Minimum-cost assignment of every row to a distinct column (rows <= columns): the column of
+// each row. O(rows^2 * columns); exact integer arithmetic, deterministic.
+std::vector<int> Hungarian(const std::vector<std::vector<int64_t>>& cost);
+
+}  // namespace plan_internal
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_PLAN_INTERNAL_H_

@@ -1,0 +1,286 @@
+#include "reshard/plan_test_util.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "reshard/layout.h"
+
+namespace morph::testutil {
+namespace {
+
+// Calls fn(index) for every element of `box` in row-major order.
+template <typename Fn>
+void ForEach(const Box& box, Fn fn) {
+  if (box.empty()) return;
+  std::vector<int64_t> idx = box.origin();
+  while (true) {
+    fn(idx);
+    int d = box.rank() - 1;
+    for (; d >= 0; --d) {
+      if (++idx[static_cast<size_t>(d)] < box.dim(d).end) break;
+      idx[static_cast<size_t>(d)] = box.dim(d).begin;
+    }
+    if (d < 0) return;
+  }
+}
+
+int64_t Linear(const Box& frame, const std::vector<int64_t>& idx) {
+  int64_t l = 0;
+  for (int d = 0; d < frame.rank(); ++d) {
+    l = l * frame.dim(d).size() + (idx[static_cast<size_t>(d)] - frame.dim(d).begin);
+  }
+  return l;
+}
+
+bool Holds(const Shard& s, const std::vector<int64_t>& idx) {
+  if (s.empty() || !s.frame.Contains(idx)) return false;
+  const int64_t l = Linear(s.frame, idx);
+  return l >= s.flat_begin && l < s.flat_end;
+}
+
+// Local element offset of global index `idx` in shard `s` (which holds it).
+int64_t LocalOffset(const Shard& s, const std::vector<int64_t>& idx) {
+  return Linear(s.frame, idx) - s.flat_begin;
+}
+
+struct Buffers {
+  std::vector<std::vector<uint8_t>> data;  // per tensor
+  std::vector<std::vector<int>> writes;    // per tensor, per element
+  std::vector<Shard> shards;
+};
+
+std::string MoveString(const PieceMove& m) {
+  return "tensor " + std::to_string(m.tensor) + " peer " + std::to_string(m.peer) + " box " +
+         m.box.ToString();
+}
+
+}  // namespace
+
+uint8_t ReferenceByte(int tensor, int64_t linear, int b) {
+  uint64_t x = (static_cast<uint64_t>(tensor) * 0x9E3779B97F4A7C15ULL) ^
+               (static_cast<uint64_t>(linear) * 0xBF58476D1CE4E5B9ULL) ^ static_cast<uint64_t>(b);
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBULL;
+  x ^= x >> 29;
+  return static_cast<uint8_t>(x);
+}
+
+Status CheckPairsMatch(const std::vector<LocalPlan>& plans) {
+  std::map<std::pair<int, int>, std::vector<const PieceMove*>> sent, received;
+  for (const LocalPlan& lp : plans) {
+    for (const PieceMove& m : lp.sends) sent[{lp.participant, m.peer}].push_back(&m);
+    for (const PieceMove& m : lp.recvs) received[{m.peer, lp.participant}].push_back(&m);
+  }
+  for (const auto& [pair, moves] : sent) {
+    if (pair.first == pair.second) {
+      return InternalError("participant " + std::to_string(pair.first) + " sends to itself");
+    }
+    auto it = received.find(pair);
+    const size_t n = it == received.end() ? 0 : it->second.size();
+    if (n != moves.size()) {
+      return InternalError(std::to_string(pair.first) + "->" + std::to_string(pair.second) + ": " +
+                           std::to_string(moves.size()) + " sends, " + std::to_string(n) +
+                           " recvs");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const PieceMove& a = *moves[i];
+      const PieceMove& b = *it->second[i];
+      if (a.tensor != b.tensor || !(a.box == b.box)) {
+        return InternalError(std::to_string(pair.first) + "->" + std::to_string(pair.second) +
+                             " piece " + std::to_string(i) + ": send " + MoveString(a) + ", recv " +
+                             MoveString(b));
+      }
+    }
+  }
+  for (const auto& [pair, moves] : received) {
+    if (!sent.count(pair)) {
+      return InternalError(std::to_string(pair.first) + "->" + std::to_string(pair.second) +
+                           ": recvs without sends");
+    }
+  }
+  return Status();
+}
+
+Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
+                     const std::vector<LocalPlan>& plans) {
+  MORPH_RETURN_IF_ERROR(CheckPairsMatch(plans));
+  const size_t nt = in.tensors.size();
+  const size_t np = static_cast<size_t>(in.num_participants);
+  if (plans.size() != np) return InternalError("wrong number of plans");
+  std::vector<Buffers> old_buf(np), new_buf(np);
+  for (size_t q = 0; q < np; ++q) {
+    old_buf[q].data.resize(nt);
+    old_buf[q].shards.resize(nt);
+    new_buf[q].data.resize(nt);
+    new_buf[q].writes.resize(nt);
+    new_buf[q].shards.resize(nt);
+    const int32_t r = assignment.old_rank_of_participant[q];
+    const int32_t s = assignment.new_rank_of_participant[q];
+    for (size_t t = 0; t < nt; ++t) {
+      const TensorSpec& spec = in.tensors[t];
+      const int64_t es = DTypeSize(spec.dtype);
+      const std::optional<Shard>& po = plans[q].old_shards[t];
+      const std::optional<Shard>& pn = plans[q].new_shards[t];
+      if (r >= 0 && in.old_participant_of_rank[static_cast<size_t>(r)] == static_cast<int>(q)) {
+        MORPH_ASSIGN_OR_RETURN(Shard sh, ShardOf(spec, in.old_config, r));
+        if (!sh.empty() && !(po && *po == sh)) {
+          return InternalError("participant " + std::to_string(q) + " tensor " + spec.name +
+                               ": plan's old shard differs from ShardOf " + sh.ToString());
+        }
+        old_buf[q].shards[t] = sh;
+        old_buf[q].data[t].resize(static_cast<size_t>(sh.NumElements() * es));
+        const Box whole = Box::FromShape(spec.shape);
+        for (const Box& b : ShardBoxes(sh)) {
+          ForEach(b, [&](const std::vector<int64_t>& idx) {
+            const int64_t off = LocalOffset(sh, idx);
+            const int64_t g = Linear(whole, idx);
+            for (int k = 0; k < es; ++k) {
+              old_buf[q].data[t][static_cast<size_t>(off * es + k)] =
+                  ReferenceByte(static_cast<int>(t), g, k);
+            }
+          });
+        }
+      } else if (po && !po->empty()) {
+        return InternalError("participant " + std::to_string(q) + " has an old shard of " +
+                             spec.name + " but no old rank");
+      }
+      if (s >= 0) {
+        MORPH_ASSIGN_OR_RETURN(Shard sh, ShardOf(spec, in.new_config, s));
+        if (!sh.empty() && !(pn && *pn == sh)) {
+          return InternalError("participant " + std::to_string(q) + " tensor " + spec.name +
+                               ": plan's new shard differs from ShardOf " + sh.ToString());
+        }
+        new_buf[q].shards[t] = sh;
+        new_buf[q].data[t].assign(static_cast<size_t>(sh.NumElements() * es), 0);
+        new_buf[q].writes[t].assign(static_cast<size_t>(sh.NumElements()), 0);
+      } else if (pn && !pn->empty()) {
+        return InternalError("participant " + std::to_string(q) + " has a new shard of " +
+                             spec.name + " but no new rank");
+      }
+    }
+  }
+  auto copy = [&](size_t from, size_t to, const PieceMove& m) -> Status {
+    const size_t t = static_cast<size_t>(m.tensor);
+    const int64_t es = DTypeSize(in.tensors[t].dtype);
+    const Shard& src = old_buf[from].shards[t];
+    const Shard& dst = new_buf[to].shards[t];
+    MORPH_ASSIGN_OR_RETURN(StridedView sv, ViewOf(src, m.box), "source of " << MoveString(m));
+    MORPH_ASSIGN_OR_RETURN(StridedView dv, ViewOf(dst, m.box), "target of " << MoveString(m));
+    ForEach(m.box, [&](const std::vector<int64_t>& idx) {
+      int64_t so = sv.offset, d_o = dv.offset;
+      for (int d = 0; d < m.box.rank(); ++d) {
+        const int64_t rel = idx[static_cast<size_t>(d)] - m.box.dim(d).begin;
+        so += rel * sv.strides[static_cast<size_t>(d)];
+        d_o += rel * dv.strides[static_cast<size_t>(d)];
+      }
+      std::memcpy(&new_buf[to].data[t][static_cast<size_t>(d_o * es)],
+                  &old_buf[from].data[t][static_cast<size_t>(so * es)], static_cast<size_t>(es));
+      ++new_buf[to].writes[t][static_cast<size_t>(d_o)];
+    });
+    return Status();
+  };
+  for (size_t q = 0; q < np; ++q) {
+    for (const PieceMove& m : plans[q].local_copies) {
+      if (m.peer != static_cast<int>(q)) return InternalError("local copy with a peer");
+      MORPH_RETURN_IF_ERROR(copy(q, q, m)) << "participant " << q;
+    }
+    for (const PieceMove& m : plans[q].recvs) {
+      MORPH_RETURN_IF_ERROR(copy(static_cast<size_t>(m.peer), q, m)) << "participant " << q;
+    }
+  }
+  for (size_t q = 0; q < np; ++q) {
+    for (size_t t = 0; t < nt; ++t) {
+      const Shard& sh = new_buf[q].shards[t];
+      if (sh.empty()) continue;
+      const int64_t es = DTypeSize(in.tensors[t].dtype);
+      const Box whole = Box::FromShape(in.tensors[t].shape);
+      Status bad;
+      for (const Box& b : ShardBoxes(sh)) {
+        ForEach(b, [&](const std::vector<int64_t>& idx) {
+          if (!bad.ok()) return;
+          const int64_t off = LocalOffset(sh, idx);
+          const int64_t g = Linear(whole, idx);
+          const int w = new_buf[q].writes[t][static_cast<size_t>(off)];
+          if (w != 1) {
+            bad = InternalError("participant " + std::to_string(q) + " tensor " +
+                                in.tensors[t].name + " element " + std::to_string(g) + " written " +
+                                std::to_string(w) + " times");
+            return;
+          }
+          for (int k = 0; k < es; ++k) {
+            if (new_buf[q].data[t][static_cast<size_t>(off * es + k)] !=
+                ReferenceByte(static_cast<int>(t), g, k)) {
+              bad = InternalError("participant " + std::to_string(q) + " tensor " +
+                                  in.tensors[t].name + " element " + std::to_string(g) +
+                                  " differs from the reference");
+              return;
+            }
+          }
+        });
+      }
+      MORPH_RETURN_IF_ERROR(bad);
+    }
+  }
+  return Status();
+}
+
+std::vector<std::vector<int64_t>> BruteResidentMatrix(const PlanInput& in) {
+  std::vector<int32_t> avail = in.available;
+  std::sort(avail.begin(), avail.end());
+  std::vector<int32_t> old_rank(static_cast<size_t>(in.num_participants), -1);
+  for (size_t r = 0; r < in.old_participant_of_rank.size(); ++r) {
+    if (in.old_participant_of_rank[r] >= 0) {
+      old_rank[static_cast<size_t>(in.old_participant_of_rank[r])] = static_cast<int32_t>(r);
+    }
+  }
+  const int world = in.new_config.world();
+  std::vector<std::vector<int64_t>> m(avail.size(), std::vector<int64_t>(world, 0));
+  for (size_t j = 0; j < avail.size(); ++j) {
+    const int32_t r = old_rank[static_cast<size_t>(avail[j])];
+    if (r < 0) continue;
+    for (int s = 0; s < world; ++s) {
+      for (const TensorSpec& spec : in.tensors) {
+        const Shard a = *ShardOf(spec, in.old_config, r);
+        const Shard b = *ShardOf(spec, in.new_config, s);
+        ForEach(Box::FromShape(spec.shape), [&](const std::vector<int64_t>& idx) {
+          if (Holds(a, idx) && Holds(b, idx)) m[j][static_cast<size_t>(s)] += DTypeSize(spec.dtype);
+        });
+      }
+    }
+  }
+  return m;
+}
+
+int64_t BruteBestResident(const std::vector<std::vector<int64_t>>& resident) {
+  if (resident.empty()) return 0;
+  const size_t world = resident[0].size();
+  std::vector<char> used(resident.size(), 0);
+  int64_t best = -1;
+  std::function<void(size_t, int64_t)> go = [&](size_t s, int64_t acc) {
+    if (s == world) {
+      best = std::max(best, acc);
+      return;
+    }
+    for (size_t j = 0; j < resident.size(); ++j) {
+      if (used[j]) continue;
+      used[j] = 1;
+      go(s + 1, acc + resident[j][s]);
+      used[j] = 0;
+    }
+  };
+  go(0, 0);
+  return best;
+}
+
+std::string PlanToString(const LocalPlan& plan) {
+  std::ostringstream os;
+  for (const PieceMove& m : plan.sends) os << "send " << MoveString(m) << "\n";
+  for (const PieceMove& m : plan.recvs) os << "recv " << MoveString(m) << "\n";
+  for (const PieceMove& m : plan.local_copies) os << "copy " << MoveString(m) << "\n";
+  return os.str();
+}
+
+}  // namespace morph::testutil

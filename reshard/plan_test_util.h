@@ -1,0 +1,43 @@
+// Test helpers for reshard plans: a single-threaded reference applier that runs LocalPlans
+// between in-memory buffers, and brute-force references. Test-only; not installed.
+//
+//   MORPH_ASSERT_OK_AND_ASSIGN(auto plans, planner.PlanAll());
+//   MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, planner.assignment(), plans));
+#ifndef MORPH_RESHARD_PLAN_TEST_UTIL_H_
+#define MORPH_RESHARD_PLAN_TEST_UTIL_H_
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "reshard/local_plan.h"
+#include "reshard/plan.h"
+
+namespace morph::testutil {
+
+// Byte `b` of element `linear` (row-major global index) of tensor `tensor` in the reference.
+uint8_t ReferenceByte(int tensor, int64_t linear, int b);
+
+// Checks that for every pair (a, b) a's sends to b and b's recvs from a list the same
+// (tensor, box) in the same order. kInternal naming the pair otherwise.
+Status CheckPairsMatch(const std::vector<LocalPlan>& plans);
+
+// Fills every surviving old rank's shards from the reference, applies `plans` (local copies,
+// then each recv from the matching sender's old buffer, via ViewOf) and checks that every new
+// rank's shards equal the reference bitwise, each element written exactly once, and that the
+// plans' old/new shards equal ShardOf. kInternal describing the first difference.
+Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
+                     const std::vector<LocalPlan>& plans);
+
+// resident[j][s]: bytes of new rank s's shards that available participant in.available[j]
+// (sorted) already holds, counted element by element.
+std::vector<std::vector<int64_t>> BruteResidentMatrix(const PlanInput& in);
+// The largest total over every injective map new rank -> available participant.
+int64_t BruteBestResident(const std::vector<std::vector<int64_t>>& resident);
+
+// One line per move; for comparing plans.
+std::string PlanToString(const LocalPlan& plan);
+
+}  // namespace morph::testutil
+
+#endif  // MORPH_RESHARD_PLAN_TEST_UTIL_H_

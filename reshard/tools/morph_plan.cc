@@ -1,0 +1,104 @@
+// morph-plan: dry run of a reshard. Reads a model description and two configurations (JSON),
+// prints the plan summary (assignment of workers to ranks, bytes moved against the lower
+// bound, per-worker bytes, busiest link, plan time) or, with --json, the whole plan.
+//
+//   morph-plan examples/plans/gpt_16_to_12.json
+//   morph-plan --json plan.json > plan.out.json
+//   cat plan.json | morph-plan -
+//
+// Exit codes: 0 plan printed; 2 bad or inconsistent input (the message names the JSON path);
+// 3 data loss (an element has no surviving holder: restore from a checkpoint); 1 other errors.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+#include <string>
+
+#include "reshard/plan.h"
+#include "reshard/tools/plan_json.h"
+
+namespace {
+
+int Usage() {
+  std::fprintf(stderr, "usage: morph-plan [--json] FILE.json   (FILE '-' reads stdin)\n");
+  return 2;
+}
+
+int Fail(const morph::Status& s) {
+  std::fprintf(stderr, "morph-plan: %s\n", s.ToString().c_str());
+  switch (s.code()) {
+    case morph::StatusCode::kInvalidArgument:
+    case morph::StatusCode::kNotFound:
+    case morph::StatusCode::kAlreadyExists:
+      return 2;
+    case morph::StatusCode::kDataLoss:
+      return 3;
+    default:
+      return 1;
+  }
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool as_json = false;
+  std::string file;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      as_json = true;
+    } else if (a == "-h" || a == "--help") {
+      Usage();
+      return 0;
+    } else if (file.empty()) {
+      file = a;
+    } else {
+      return Usage();
+    }
+  }
+  if (file.empty()) return Usage();
+  std::string text;
+  if (file == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::ifstream f(file);
+    if (!f) {
+      std::fprintf(stderr, "morph-plan: cannot open %s\n", file.c_str());
+      return 2;
+    }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  auto req = morph::ParsePlanRequest(text);
+  if (!req.ok()) return Fail(req.status());
+  morph::PlanTimes times;
+  auto t0 = std::chrono::steady_clock::now();
+  auto planner = morph::Planner::Create(req->input);
+  times.create_seconds = Since(t0);
+  if (!planner.ok()) return Fail(planner.status());
+  std::vector<morph::LocalPlan> plans;
+  for (int32_t q = 0; q < req->input.num_participants; ++q) {
+    auto t1 = std::chrono::steady_clock::now();
+    auto lp = planner->PlanFor(q);
+    const double dt = Since(t1);
+    if (!lp.ok()) return Fail(lp.status().WithContext("worker " + req->worker_names[q]));
+    times.plans_seconds += dt;
+    times.max_local_seconds = std::max(times.max_local_seconds, dt);
+    plans.push_back(*std::move(lp));
+  }
+  auto summary = planner->Summarize(plans);
+  if (!summary.ok()) return Fail(summary.status());
+  if (as_json) {
+    std::cout << morph::PlanToJson(*req, *planner, plans, *summary, times).dump(1) << "\n";
+  } else {
+    std::cout << morph::FormatPlanSummary(*req, *planner, *summary, times);
+  }
+  return 0;
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs morph-plan on the example and on bad inputs; checks exit codes and messages.
+#   morph_plan_test.sh path/to/morph-plan path/to/examples/plans
+set -u
+BIN=$1
+EX=$2/gpt_16_to_12.json
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# expect CODE SUBSTRING FILE [ARGS...]
+expect() {
+  local code=$1 want=$2 file=$3
+  shift 3
+  local out rc
+  out=$("$BIN" "$@" "$file" 2>&1)
+  rc=$?
+  [[ $rc == "$code" ]] || fail "$file: exit $rc, want $code; output: ${out:0:400}"
+  [[ $out == *"$want"* ]] || fail "$file: output lacks '$want'; got: ${out:0:400}"
+}
+
+# The example: bytes moved equal the lower bound and every field is printed.
+expect 0 "bytes moved:" "$EX"
+out=$("$BIN" "$EX")
+lb=$(sed -n 's/^bytes lower bound: *\([0-9]*\).*/\1/p' <<<"$out")
+mv=$(sed -n 's/^bytes moved: *\([0-9]*\).*/\1/p' <<<"$out")
+[[ -n $lb && $lb == "$mv" && $lb -gt 0 ]] || fail "lower bound '$lb' != moved '$mv'"
+for f in "busiest sender:" "busiest receiver:" "busiest link:" "plan time:" "leaving: gpu5 gpu10 gpu14 gpu15"; do
+  [[ $out == *"$f"* ]] || fail "summary lacks '$f'"
+done
+json=$("$BIN" --json "$EX") || fail "--json exit $?"
+for f in '"bytes_lower_bound": '"$lb" '"bytes_moved": '"$mv" '"assignment"' '"plans"' '"sends"'; do
+  [[ $json == *"$f"* ]] || fail "--json lacks $f"
+done
+
+# Bad inputs: each names the JSON path, exit 2.
+mk() { sed "$1" "$EX" >"$TMP/$2.json"; }
+mk '/"new"/,/}/s/"tp": 2/"tp": 3/' tp3
+expect 2 "\$.tensors[0]: tensor 'embed.weight': dimension 0 of size 32000 is not divisible by tp=3 (with \$.new)" "$TMP/tp3.json"
+mk '0,/"dp": 4/s//"dpp": 4/' dpp
+expect 2 '$.old.dpp: unknown field' "$TMP/dpp.json"
+mk '0,/"shape": \[/s//"shape": [-4, /' neg
+expect 2 '$.tensors[0].shape[0]: -4 is not in [0,' "$TMP/neg.json"
+mk '/"leave"/,/]/s/"gpu10"/"gpu99"/' unknown
+expect 2 "\$.workers.leave[1]: 'gpu99' is not in \$.workers.old" "$TMP/unknown.json"
+mk 's/"leave": \[/"leave": [ "gpu0",/' toofew
+expect 2 '$.new: needs 12 workers but only 11 are available' "$TMP/toofew.json"
+mk 's/"dtype": "bf16"/"dtype": "bf17"/' dtype
+expect 2 '$.tensors[0].dtype:' "$TMP/dtype.json"
+mk '0,/"layer": 0/s//"layer": 0, "layers": [0, 1]/' both
+expect 2 '$.tensors[0]: give either "layer" or "layers", not both' "$TMP/both.json"
+printf '{"tensors": [' >"$TMP/broken.json"
+expect 2 '$: not valid JSON' "$TMP/broken.json"
+expect 2 'cannot open' "$TMP/missing.json"
+# A dead worker whose ZeRO shard has no replica: data loss, exit 3.
+mk 's/"dead": \[\]/"dead": ["gpu1"]/; s/"join": \[\]/"join": ["new0"]/' dead
+expect 3 "DATA_LOSS" "$TMP/dead.json"
+
+if [[ $fails -gt 0 ]]; then
+  echo "$fails failure(s)"
+  exit 1
+fi
+echo "morph_plan_test: all checks passed"

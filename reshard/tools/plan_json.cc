@@ -1,0 +1,423 @@
+#include "reshard/tools/plan_json.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace morph {
+namespace {
+
+using nlohmann::json;
+
+Status Bad(const std::string& path, const std::string& what) {
+  return InvalidArgumentError(path + ": " + what);
+}
+
+Status OnlyKeys(const json& j, const std::string& path, std::initializer_list<const char*> keys) {
+  if (!j.is_object()) return Bad(path, "must be an object");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return it.key() == k; })) {
+      return Bad(path + "." + it.key(), "unknown field");
+    }
+  }
+  return Status();
+}
+
+StatusOr<int64_t> Int(const json& j, const std::string& path, int64_t lo, int64_t hi) {
+  if (!j.is_number_integer()) return Bad(path, "must be an integer, got " + j.dump());
+  const int64_t v = j.get<int64_t>();
+  if (v < lo || v > hi) {
+    return Bad(path, std::to_string(v) + " is not in [" + std::to_string(lo) + ", " +
+                         std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+StatusOr<std::string> Str(const json& j, const std::string& path) {
+  if (!j.is_string()) return Bad(path, "must be a string, got " + j.dump());
+  return j.get<std::string>();
+}
+
+StatusOr<ParallelConfig> ParseConfig(const json& j, const std::string& path, int num_layers) {
+  MORPH_RETURN_IF_ERROR(
+      OnlyKeys(j, path, {"dp", "tp", "pp", "zero_stage", "stage_of_layer", "micro_batches"}));
+  ParallelConfig c;
+  for (auto [key, field] : {std::pair{"dp", &c.dp}, {"tp", &c.tp}, {"pp", &c.pp}}) {
+    if (!j.contains(key)) return Bad(path + "." + key, "is required");
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j[key], path + "." + key, 1, 1 << 20));
+    *field = static_cast<int>(v);
+  }
+  if (j.contains("zero_stage")) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["zero_stage"], path + ".zero_stage", 0, 3));
+    c.zero_stage = static_cast<int>(v);
+  }
+  if (j.contains("micro_batches")) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["micro_batches"], path + ".micro_batches", 1, 1 << 20));
+    c.micro_batches = static_cast<int>(v);
+  }
+  if (j.contains("stage_of_layer")) {
+    const json& s = j["stage_of_layer"];
+    if (!s.is_array()) return Bad(path + ".stage_of_layer", "must be an array");
+    if (static_cast<int>(s.size()) != num_layers) {
+      return Bad(path + ".stage_of_layer", "has " + std::to_string(s.size()) +
+                                               " entries, the model has " +
+                                               std::to_string(num_layers) + " layers");
+    }
+    for (size_t i = 0; i < s.size(); ++i) {
+      const std::string p = path + ".stage_of_layer[" + std::to_string(i) + "]";
+      MORPH_ASSIGN_OR_RETURN(int64_t v, Int(s[i], p, 0, c.pp - 1));
+      c.stage_of_layer.push_back(static_cast<int>(v));
+    }
+  } else {
+    auto st = ParallelConfig::EvenStages(num_layers, c.pp);
+    if (!st.ok()) return Bad(path + ".pp", std::string(st.status().message()));
+    c.stage_of_layer = *std::move(st);
+  }
+  if (Status s = c.Validate(); !s.ok()) return Bad(path, std::string(s.message()));
+  return c;
+}
+
+// One entry of "tensors", expanded over its "layers" range.
+Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpec>& out,
+                   std::vector<std::string>& paths) {
+  MORPH_RETURN_IF_ERROR(
+      OnlyKeys(j, path, {"name", "dtype", "shape", "layer", "layers", "tp_dim", "zero"}));
+  if (!j.contains("name")) return Bad(path + ".name", "is required");
+  MORPH_ASSIGN_OR_RETURN(std::string name, Str(j["name"], path + ".name"));
+  if (!j.contains("dtype")) return Bad(path + ".dtype", "is required");
+  MORPH_ASSIGN_OR_RETURN(std::string dts, Str(j["dtype"], path + ".dtype"));
+  auto dtype = ParseDType(dts);
+  if (!dtype.ok()) return Bad(path + ".dtype", std::string(dtype.status().message()));
+  if (!j.contains("shape") || !j["shape"].is_array()) {
+    return Bad(path + ".shape", "is required and must be an array");
+  }
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < j["shape"].size(); ++i) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["shape"][i], path + ".shape[" + std::to_string(i) + "]",
+                                          0, int64_t{1} << 50));
+    shape.push_back(v);
+  }
+  int first = 0, last = 0;
+  if (j.contains("layer") && j.contains("layers")) {
+    return Bad(path, "give either \"layer\" or \"layers\", not both");
+  }
+  if (j.contains("layer")) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["layer"], path + ".layer", 0, 1 << 20));
+    first = last = static_cast<int>(v);
+  } else if (j.contains("layers")) {
+    const json& l = j["layers"];
+    if (!l.is_array() || l.size() != 2) return Bad(path + ".layers", "must be [first, last]");
+    MORPH_ASSIGN_OR_RETURN(int64_t a, Int(l[0], path + ".layers[0]", 0, 1 << 20));
+    MORPH_ASSIGN_OR_RETURN(int64_t b, Int(l[1], path + ".layers[1]", a, 1 << 20));
+    first = static_cast<int>(a);
+    last = static_cast<int>(b);
+    if (last > first && name.find("{layer}") == std::string::npos) {
+      return Bad(path + ".name", "must contain {layer} when \"layers\" spans several layers");
+    }
+  }
+  Layout layout;
+  int tp_dim = -1;
+  if (j.contains("tp_dim") && !j["tp_dim"].is_null()) {
+    MORPH_ASSIGN_OR_RETURN(
+        int64_t v, Int(j["tp_dim"], path + ".tp_dim", 0, static_cast<int64_t>(shape.size()) - 1));
+    tp_dim = static_cast<int>(v);
+  }
+  bool zero = false;
+  if (j.contains("zero")) {
+    if (!j["zero"].is_boolean()) return Bad(path + ".zero", "must be true or false");
+    zero = j["zero"].get<bool>();
+  }
+  for (int l = first; l <= last; ++l) {
+    std::string n = name;
+    for (size_t at; (at = n.find("{layer}")) != std::string::npos;) {
+      n.replace(at, 7, std::to_string(l));
+    }
+    TensorSpec t{n, *dtype, shape, Layout::Layer(l).SplitTP(tp_dim).ZeroShard(zero)};
+    if (Status s = ValidateTensorSpec(t); !s.ok()) return Bad(path, std::string(s.message()));
+    out.push_back(std::move(t));
+    paths.push_back(path);
+  }
+  return Status();
+}
+
+StatusOr<std::vector<std::string>> Names(const json& j, const std::string& path) {
+  std::vector<std::string> v;
+  if (!j.is_array()) return Bad(path, "must be an array of worker names");
+  for (size_t i = 0; i < j.size(); ++i) {
+    MORPH_ASSIGN_OR_RETURN(std::string s, Str(j[i], path + "[" + std::to_string(i) + "]"));
+    v.push_back(std::move(s));
+  }
+  return v;
+}
+
+std::string Bytes(int64_t b) {
+  char buf[64];
+  const double x = static_cast<double>(b);
+  if (b >= (int64_t{1} << 30)) {
+    std::snprintf(buf, sizeof(buf), "%lld (%.2f GiB)", static_cast<long long>(b), x / (1 << 30));
+  } else if (b >= (1 << 20)) {
+    std::snprintf(buf, sizeof(buf), "%lld (%.2f MiB)", static_cast<long long>(b), x / (1 << 20));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(b));
+  }
+  return buf;
+}
+
+json BoxJson(const Box& b) {
+  json a = json::array();
+  for (const Interval& i : b.dims()) a.push_back({i.begin, i.end});
+  return a;
+}
+
+}  // namespace
+
+StatusOr<PlanRequest> ParsePlanRequest(std::string_view text) {
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(std::string("$: not valid JSON: ") + e.what());
+  }
+  MORPH_RETURN_IF_ERROR(OnlyKeys(root, "$", {"num_layers", "tensors", "old", "new", "workers"}));
+  if (!root.contains("tensors") || !root["tensors"].is_array()) {
+    return Bad("$.tensors", "is required and must be an array");
+  }
+  PlanRequest req;
+  PlanInput& in = req.input;
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < root["tensors"].size(); ++i) {
+    MORPH_RETURN_IF_ERROR(
+        ParseTensor(root["tensors"][i], "$.tensors[" + std::to_string(i) + "]", in.tensors, paths));
+  }
+  std::map<std::string, size_t> seen;
+  int num_layers = 1;
+  for (size_t i = 0; i < in.tensors.size(); ++i) {
+    auto [it, fresh] = seen.emplace(in.tensors[i].name, i);
+    if (!fresh) {
+      return Bad(paths[i] + ".name",
+                 "tensor '" + in.tensors[i].name + "' is also defined at " + paths[it->second]);
+    }
+    num_layers = std::max(num_layers, in.tensors[i].layout.layer() + 1);
+  }
+  if (root.contains("num_layers")) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(root["num_layers"], "$.num_layers", num_layers, 1 << 20));
+    num_layers = static_cast<int>(v);
+  }
+  for (const char* key : {"old", "new"}) {
+    if (!root.contains(key)) return Bad(std::string("$.") + key, "is required");
+  }
+  MORPH_ASSIGN_OR_RETURN(in.old_config, ParseConfig(root["old"], "$.old", num_layers));
+  MORPH_ASSIGN_OR_RETURN(in.new_config, ParseConfig(root["new"], "$.new", num_layers));
+  for (size_t i = 0; i < in.tensors.size(); ++i) {
+    for (auto [key, cfg] : {std::pair{"$.old", &in.old_config}, {"$.new", &in.new_config}}) {
+      if (Status s = ValidateTensorForConfig(in.tensors[i], *cfg); !s.ok()) {
+        return Bad(paths[i], std::string(s.message()) + " (with " + key + ")");
+      }
+    }
+  }
+
+  // Workers: participants are the old workers that are not dead, in old rank order, then joiners.
+  const int old_world = in.old_config.world();
+  std::vector<std::string> old_names, dead, leave, join;
+  json w = root.contains("workers") ? root["workers"] : json::object();
+  MORPH_RETURN_IF_ERROR(OnlyKeys(w, "$.workers", {"old", "dead", "leave", "join"}));
+  if (w.contains("old")) {
+    MORPH_ASSIGN_OR_RETURN(old_names, Names(w["old"], "$.workers.old"));
+    if (static_cast<int>(old_names.size()) != old_world) {
+      return Bad("$.workers.old", "has " + std::to_string(old_names.size()) +
+                                      " names, the old config has world " +
+                                      std::to_string(old_world));
+    }
+  } else {
+    for (int r = 0; r < old_world; ++r) old_names.push_back("w" + std::to_string(r));
+  }
+  std::map<std::string, int> old_rank_of;
+  for (int r = 0; r < old_world; ++r) {
+    if (!old_rank_of.emplace(old_names[static_cast<size_t>(r)], r).second) {
+      return Bad("$.workers.old[" + std::to_string(r) + "]",
+                 "worker '" + old_names[static_cast<size_t>(r)] + "' is listed twice");
+    }
+  }
+  std::vector<char> is_dead(static_cast<size_t>(old_world), 0), leaving(is_dead);
+  for (auto [key, list, flag] :
+       {std::tuple{"dead", &dead, &is_dead}, {"leave", &leave, &leaving}}) {
+    const std::string path = std::string("$.workers.") + key;
+    if (!w.contains(key)) continue;
+    MORPH_ASSIGN_OR_RETURN(*list, Names(w[key], path));
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::string p = path + "[" + std::to_string(i) + "]";
+      auto it = old_rank_of.find((*list)[i]);
+      if (it == old_rank_of.end()) {
+        return Bad(p, "'" + (*list)[i] + "' is not in $.workers.old");
+      }
+      if (is_dead[static_cast<size_t>(it->second)] || leaving[static_cast<size_t>(it->second)]) {
+        return Bad(p, "worker '" + (*list)[i] + "' is already dead or leaving");
+      }
+      (*flag)[static_cast<size_t>(it->second)] = 1;
+    }
+  }
+  if (w.contains("join")) {
+    MORPH_ASSIGN_OR_RETURN(join, Names(w["join"], "$.workers.join"));
+  }
+  std::set<std::string> joined;
+  for (size_t i = 0; i < join.size(); ++i) {
+    if (old_rank_of.count(join[i]) || !joined.insert(join[i]).second) {
+      return Bad("$.workers.join[" + std::to_string(i) + "]",
+                 "worker '" + join[i] + "' is already a worker");
+    }
+  }
+  in.old_participant_of_rank.assign(static_cast<size_t>(old_world), -1);
+  for (int r = 0; r < old_world; ++r) {
+    if (is_dead[static_cast<size_t>(r)]) continue;
+    const int32_t q = static_cast<int32_t>(req.worker_names.size());
+    in.old_participant_of_rank[static_cast<size_t>(r)] = q;
+    req.worker_names.push_back(old_names[static_cast<size_t>(r)]);
+    if (!leaving[static_cast<size_t>(r)]) in.available.push_back(q);
+  }
+  for (const std::string& n : join) {
+    in.available.push_back(static_cast<int32_t>(req.worker_names.size()));
+    req.worker_names.push_back(n);
+  }
+  in.num_participants = static_cast<int32_t>(req.worker_names.size());
+  if (static_cast<int>(in.available.size()) < in.new_config.world()) {
+    return Bad("$.new", "needs " + std::to_string(in.new_config.world()) + " workers but only " +
+                            std::to_string(in.available.size()) +
+                            " are available (old - dead - leaving + joining)");
+  }
+  return req;
+}
+
+std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner, const PlanSummary& s,
+                              const PlanTimes& times) {
+  const PlanInput& in = planner.input();
+  const Assignment& a = planner.assignment();
+  const auto& names = req.worker_names;
+  std::ostringstream os;
+  os << "old: " << in.old_config.ToString() << " (" << in.old_config.world() << " ranks)\n"
+     << "new: " << in.new_config.ToString() << " (" << in.new_config.world() << " ranks)\n"
+     << "tensors: " << in.tensors.size() << ", workers: " << names.size()
+     << ", assignment: " << (a.exact ? "exact (Hungarian)" : "structured (greedy)") << "\n\n"
+     << "new rank  worker  old rank  resident bytes\n";
+  for (int r = 0; r < in.new_config.world(); ++r) {
+    const int32_t q = a.participant_of_new_rank[static_cast<size_t>(r)];
+    const int32_t o = a.old_rank_of_participant[static_cast<size_t>(q)];
+    char line[256];
+    std::snprintf(line, sizeof(line), "%8d  %6s  %8s  %lld\n", r,
+                  names[static_cast<size_t>(q)].c_str(), o < 0 ? "join" : std::to_string(o).c_str(),
+                  static_cast<long long>(planner.ResidentBytes(q, r)));
+    os << line;
+  }
+  std::string standby, leaving;
+  for (int32_t q : in.available) {
+    if (a.new_rank_of_participant[static_cast<size_t>(q)] < 0)
+      standby += " " + names[static_cast<size_t>(q)];
+  }
+  for (size_t q = 0; q < names.size(); ++q) {
+    if (a.new_rank_of_participant[q] < 0 &&
+        std::find(in.available.begin(), in.available.end(), static_cast<int32_t>(q)) ==
+            in.available.end()) {
+      leaving += " " + names[q];
+    }
+  }
+  os << "standby:" << (standby.empty() ? " none" : standby) << "\n"
+     << "leaving:" << (leaving.empty() ? " none" : leaving) << "\n\n"
+     << "bytes needed:      " << Bytes(s.bytes_needed) << "\n"
+     << "bytes resident:    " << Bytes(s.bytes_resident) << "\n"
+     << "bytes lower bound: " << Bytes(s.bytes_lower_bound) << "\n"
+     << "bytes moved:       " << Bytes(s.bytes_moved) << "\n";
+  auto nm = [&](int32_t q) { return q < 0 ? std::string("none") : names[static_cast<size_t>(q)]; };
+  os << "busiest sender:    " << nm(s.busiest_sender) << " "
+     << Bytes(s.busiest_sender < 0 ? 0 : s.bytes_sent[static_cast<size_t>(s.busiest_sender)])
+     << "\n"
+     << "busiest receiver:  " << nm(s.busiest_receiver) << " "
+     << Bytes(s.busiest_receiver < 0 ? 0
+                                     : s.bytes_received[static_cast<size_t>(s.busiest_receiver)])
+     << "\n"
+     << "busiest link:      " << nm(s.busiest_link.from) << " -> " << nm(s.busiest_link.to) << " "
+     << Bytes(s.busiest_link.bytes) << "\n"
+     << "messages (pieces): " << s.num_sends << "\n\n"
+     << "worker  sent  received\n";
+  for (size_t q = 0; q < names.size(); ++q) {
+    if (s.bytes_sent[q] == 0 && s.bytes_received[q] == 0) continue;
+    os << names[q] << "  " << s.bytes_sent[q] << "  " << s.bytes_received[q] << "\n";
+  }
+  char t[200];
+  std::snprintf(t, sizeof(t),
+                "\nplan time: assignment %.3f ms, local plans %.3f ms for all workers, "
+                "slowest worker %.3f ms\n",
+                times.create_seconds * 1e3, times.plans_seconds * 1e3,
+                times.max_local_seconds * 1e3);
+  os << t;
+  return os.str();
+}
+
+nlohmann::json PlanToJson(const PlanRequest& req, const Planner& planner,
+                          const std::vector<LocalPlan>& plans, const PlanSummary& s,
+                          const PlanTimes& times) {
+  const PlanInput& in = planner.input();
+  const Assignment& a = planner.assignment();
+  const auto& names = req.worker_names;
+  json out;
+  json asg = json::array();
+  for (int r = 0; r < in.new_config.world(); ++r) {
+    const int32_t q = a.participant_of_new_rank[static_cast<size_t>(r)];
+    const int32_t o = a.old_rank_of_participant[static_cast<size_t>(q)];
+    asg.push_back({{"new_rank", r},
+                   {"worker", names[static_cast<size_t>(q)]},
+                   {"old_rank", o < 0 ? json(nullptr) : json(o)},
+                   {"resident_bytes", planner.ResidentBytes(q, r)}});
+  }
+  out["assignment"] = asg;
+  out["assignment_exact"] = a.exact;
+  json standby = json::array();
+  for (int32_t q : in.available) {
+    if (a.new_rank_of_participant[static_cast<size_t>(q)] < 0)
+      standby.push_back(names[static_cast<size_t>(q)]);
+  }
+  out["standby"] = standby;
+  json per = json::array();
+  for (size_t q = 0; q < names.size(); ++q) {
+    per.push_back(
+        {{"worker", names[q]}, {"sent", s.bytes_sent[q]}, {"received", s.bytes_received[q]}});
+  }
+  auto nm = [&](int32_t q) { return q < 0 ? json(nullptr) : json(names[static_cast<size_t>(q)]); };
+  out["summary"] = {{"bytes_needed", s.bytes_needed},
+                    {"bytes_resident", s.bytes_resident},
+                    {"bytes_lower_bound", s.bytes_lower_bound},
+                    {"bytes_moved", s.bytes_moved},
+                    {"busiest_sender", nm(s.busiest_sender)},
+                    {"busiest_receiver", nm(s.busiest_receiver)},
+                    {"busiest_link",
+                     {{"from", nm(s.busiest_link.from)},
+                      {"to", nm(s.busiest_link.to)},
+                      {"bytes", s.busiest_link.bytes}}},
+                    {"num_pieces_sent", s.num_sends},
+                    {"per_worker", per}};
+  out["plan_seconds"] = {{"assignment", times.create_seconds},
+                         {"local_plans_total", times.plans_seconds},
+                         {"slowest_worker", times.max_local_seconds}};
+  json pj = json::array();
+  for (const LocalPlan& lp : plans) {
+    auto moves = [&](const std::vector<PieceMove>& v) {
+      json m = json::array();
+      for (const PieceMove& x : v) {
+        m.push_back({{"tensor", in.tensors[static_cast<size_t>(x.tensor)].name},
+                     {"peer", names[static_cast<size_t>(x.peer)]},
+                     {"box", BoxJson(x.box)},
+                     {"bytes", PieceBytes(lp, x)}});
+      }
+      return m;
+    };
+    pj.push_back({{"worker", names[static_cast<size_t>(lp.participant)]},
+                  {"new_rank", a.new_rank_of_participant[static_cast<size_t>(lp.participant)]},
+                  {"sends", moves(lp.sends)},
+                  {"recvs", moves(lp.recvs)},
+                  {"local_copies", moves(lp.local_copies)}});
+  }
+  out["plans"] = pj;
+  return out;
+}
+
+}  // namespace morph
