@@ -1,21 +1,24 @@
 // Reshard executor throughput: 4 ranks as threads over the in-process transport, three
-// reconfigurations of one model state, each next to plain memcpy of the same bytes by the same
+// reconfigurations of one model state planned by the real planner (plan.h), each next to plain memcpy of the same bytes by the same
 // number of threads, in the same run. One JSON object per line:
 //   {"name":"executor/tp4to2","bytes":<bytes landing in new shards>,"seconds":...,
 //    "memcpy_seconds":...,"ratio":<memcpy_seconds/seconds>, ...}
 // Usage: executor_bench [--mb=2048] [--reps=2] [--verify]
 //   --mb      total model state in MiB (f32 matrices of 2048 x 2048 = 16 MiB each)
-//   --verify  check every new shard bitwise against the reference (slow; not timed)
+//   --verify  fill old shards from reference tensors and check every new shard bitwise (slow;
+//             not timed)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "reshard/executor.h"
 #include "reshard/inproc_transport.h"
+#include "reshard/plan.h"
 #include "reshard/reshard_testutil.h"
 #include "reshard/strided_copy.h"
 
@@ -25,48 +28,54 @@ namespace {
 using namespace testutil;  // NOLINT
 using Clock = std::chrono::steady_clock;
 
+// A reconfiguration planned by the real planner (plan.h).
 struct Scenario {
   std::string name;
-  std::vector<TensorInfo> tensors;
-  std::vector<RegionLayout> old_l, new_l;
+  PlanInput in;
 };
 
-std::vector<TensorInfo> Model(int64_t mb) {
-  std::vector<TensorInfo> t;
-  const int64_t n = std::max<int64_t>(4, mb / 16);
-  for (int64_t i = 0; i < n; ++i) t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4), DType::kF32, {2048, 2048}});
+std::vector<TensorSpec> Model(int64_t mb, bool zero) {
+  std::vector<TensorSpec> t;
+  const int64_t n = std::max<int64_t>(4, mb / 16) / 4 * 4;
+  for (int64_t i = 0; i < n; ++i) {
+    // Column- and row-parallel matrices alternate; 4 per layer.
+    Layout l = Layout::Layer(static_cast<int>(i / 4)).SplitTP(static_cast<int>(i % 2));
+    t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4), DType::kF32,
+                 {2048, 2048}, l.ZeroShard(zero)});
+  }
   return t;
 }
 
-Scenario Tp4To2(int64_t mb) {
-  Scenario s{"executor/tp4to2", Model(mb), {}, {}};
-  for (size_t i = 0; i < s.tensors.size(); ++i) {
-    const int dim = static_cast<int>(i % 2);  // column- and row-parallel layers alternate
-    s.old_l.push_back(TpLayout(s.tensors[i], dim, {0, 1, 2, 3}));
-    s.new_l.push_back(TpLayout(s.tensors[i], dim, {0, 1}));
-  }
+ParallelConfig Config(int dp, int tp, int pp, int layers) {
+  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
+  c.stage_of_layer = *ParallelConfig::EvenStages(layers, pp);
+  return c;
+}
+
+Scenario Make(std::string name, int64_t mb, bool zero, ParallelConfig from, ParallelConfig to,
+              std::vector<int32_t> available) {
+  Scenario s{std::move(name), {}};
+  s.in.tensors = Model(mb, zero);
+  s.in.old_config = from;
+  s.in.new_config = to;
+  s.in.old_participant_of_rank = {0, 1, 2, 3};
+  s.in.available = std::move(available);
+  s.in.num_participants = 4;
   return s;
 }
 
-Scenario Dp4To3(int64_t mb) {
-  Scenario s{"executor/dp4to3_zero", Model(mb), {}, {}};
-  for (const TensorInfo& t : s.tensors) {
-    s.old_l.push_back(FlatLayout(t, {0, 1, 2, 3}));
-    s.new_l.push_back(FlatLayout(t, {0, 1, 2}));
-  }
-  return s;
-}
-
-Scenario Pp2To1(int64_t mb) {
-  Scenario s{"executor/pp2to1_tp2", Model(mb), {}, {}};
-  const size_t half = s.tensors.size() / 2;
-  for (size_t i = 0; i < s.tensors.size(); ++i) {
-    const int dim = static_cast<int>(i % 2);
-    // Stage 0 on ranks {0,1}, stage 1 on ranks {2,3}; afterwards one stage on ranks {0,1}.
-    s.old_l.push_back(TpLayout(s.tensors[i], dim, i < half ? std::vector<int>{0, 1} : std::vector<int>{2, 3}));
-    s.new_l.push_back(TpLayout(s.tensors[i], dim, {0, 1}));
-  }
-  return s;
+std::vector<Scenario> Scenarios(int64_t mb) {
+  const int layers = static_cast<int>(std::max<int64_t>(4, mb / 16) / 4);
+  return {
+      // TP 4 -> 2: participants 2 and 3 leave.
+      Make("executor/tp4to2", mb, false, Config(1, 4, 1, layers), Config(1, 2, 1, layers), {0, 1}),
+      // DP 4 -> 3 with ZeRO-sharded state (replicated state would not move): 3 leaves.
+      Make("executor/dp4to3_zero", mb, true, Config(4, 1, 1, layers), Config(3, 1, 1, layers),
+           {0, 1, 2}),
+      // PP 2 -> 1 at TP 2: stage 1's participants 2, 3 leave, stage 0's take every layer.
+      Make("executor/pp2to1_tp2", mb, false, Config(1, 2, 2, layers), Config(1, 2, 1, layers),
+           {0, 1}),
+  };
 }
 
 struct Rank {
@@ -77,8 +86,25 @@ struct Rank {
 
 void Run(const Scenario& s, int reps, bool verify) {
   const int n = 4;
-  auto plans = BuildPlans(s.tensors, s.old_l, s.new_l, n);
+  auto planner = Planner::Create(s.in);
+  if (!planner.ok()) {
+    std::fprintf(stderr, "%s: %s\n", s.name.c_str(), planner.status().ToString().c_str());
+    std::exit(1);
+  }
+  auto plans_or = planner->PlanAll();
+  if (!plans_or.ok()) {
+    std::fprintf(stderr, "%s: %s\n", s.name.c_str(), plans_or.status().ToString().c_str());
+    std::exit(1);
+  }
+  const std::vector<LocalPlan> plans = std::move(plans_or).value();
   std::vector<Rank> ranks(n);
+  std::unique_ptr<std::vector<std::vector<char>>> reference;
+  if (verify) {
+    reference = std::make_unique<std::vector<std::vector<char>>>();
+    for (size_t t = 0; t < plans[0].tensors.size(); ++t) {
+      reference->push_back(ReferenceTensor(plans[0].tensors[t], static_cast<int>(t)));
+    }
+  }
   int64_t state_bytes = 0, moved = 0;
   for (int p = 0; p < n; ++p) {
     const LocalPlan& plan = plans[static_cast<size_t>(p)];
@@ -88,7 +114,11 @@ void Run(const Scenario& s, int reps, bool verify) {
     for (size_t t = 0; t < plan.tensors.size(); ++t) {
       const TensorInfo& info = plan.tensors[t];
       if (plan.old_shards[t]) {
-        r.olds[t].assign(static_cast<size_t>(plan.old_shards[t]->NumElements() * 4), static_cast<char>(p + t));
+        if (reference) {
+          r.olds[t] = ExtractShard(info, *plan.old_shards[t], (*reference)[t]);
+        } else {
+          r.olds[t].assign(static_cast<size_t>(plan.old_shards[t]->NumElements() * 4), static_cast<char>(p + t));
+        }
         r.old_views.push_back({info.name, info.dtype, ConstBufferView(r.olds[t].data(), r.olds[t].size(), MemoryKind::kHost)});
         state_bytes += static_cast<int64_t>(r.olds[t].size());
       }
@@ -167,27 +197,15 @@ void Run(const Scenario& s, int reps, bool verify) {
               static_cast<long long>(staging_peak), n);
   std::fflush(stdout);
   if (verify) {
-    // Old data of rank p, tensor t is the byte p + t everywhere: check provenance per element.
+    // Old shards were filled from the reference tensors; every new shard must match them.
     for (int p = 0; p < n; ++p) {
       const LocalPlan& plan = plans[static_cast<size_t>(p)];
       for (size_t t = 0; t < plan.tensors.size(); ++t) {
         if (!plan.new_shards[t]) continue;
-        for (const Box& b : ShardBoxes(*plan.new_shards[t])) {
-          for (const Region& r : s.old_l[t]) {
-            for (const Box& piece : IntersectShard(r.shard, b)) {
-              const StridedView v = *ViewOf(*plan.new_shards[t], piece);
-              const CopyGeometry g = *MakeCopyGeometry(ContiguousView(v.shape), v);
-              std::vector<char> out(static_cast<size_t>(g.num_elements * 4));
-              HostStridedCopy(g, out.data(), ranks[static_cast<size_t>(p)].news[t].data(), 4, 0, g.num_elements);
-              int src = r.holders[0];
-              for (char c : out) {
-                if (c != static_cast<char>(src + t)) {
-                  std::fprintf(stderr, "%s: verify failed at rank %d tensor %zu\n", s.name.c_str(), p, t);
-                  std::exit(1);
-                }
-              }
-            }
-          }
+        if (ranks[static_cast<size_t>(p)].news[t] !=
+            ExtractShard(plan.tensors[t], *plan.new_shards[t], (*reference)[t])) {
+          std::fprintf(stderr, "%s: verify failed at participant %d tensor %zu\n", s.name.c_str(), p, t);
+          std::exit(1);
         }
       }
     }
@@ -211,8 +229,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  morph::Run(morph::Tp4To2(mb), reps, verify);
-  morph::Run(morph::Dp4To3(mb), reps, verify);
-  morph::Run(morph::Pp2To1(mb), reps, verify);
+  for (const auto& s : morph::Scenarios(mb)) morph::Run(s, reps, verify);
   return 0;
 }
