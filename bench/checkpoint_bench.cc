@@ -26,7 +26,9 @@ namespace {
 
 using namespace testutil;  // NOLINT
 using Clock = std::chrono::steady_clock;
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 template <typename F>
 double Parallel(int n, F&& f) {
@@ -45,10 +47,11 @@ void Die(const Status& s, const char* what) {
 
 // `blocking`: how long the caller was blocked (the snapshot copy, for async saves); < 0: n/a.
 void Print(const char* name, int64_t bytes, double secs, double base, double blocking = -1) {
-  std::printf("{\"name\":\"%s\",\"bytes\":%lld,\"seconds\":%.6f,\"gbps\":%.3f,"
-              "\"baseline_seconds\":%.6f,\"baseline_gbps\":%.3f,\"ratio\":%.3f",
-              name, static_cast<long long>(bytes), secs, bytes / secs / 1e9, base,
-              bytes / base / 1e9, base / secs);
+  std::printf(
+      "{\"name\":\"%s\",\"bytes\":%lld,\"seconds\":%.6f,\"gbps\":%.3f,"
+      "\"baseline_seconds\":%.6f,\"baseline_gbps\":%.3f,\"ratio\":%.3f",
+      name, static_cast<long long>(bytes), secs, bytes / secs / 1e9, base, bytes / base / 1e9,
+      base / secs);
   if (blocking >= 0) std::printf(",\"caller_blocked_seconds\":%.6f", blocking);
   std::printf("}\n");
   std::fflush(stdout);
@@ -62,8 +65,10 @@ int main(int argc, char** argv) {
   int64_t mb = 1024;
   std::string dir = "/tmp/morph_ckpt_bench";
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--mb=", 5) == 0) mb = std::atoll(argv[i] + 5);
-    else if (std::strncmp(argv[i], "--dir=", 6) == 0) dir = argv[i] + 6;
+    if (std::strncmp(argv[i], "--mb=", 5) == 0)
+      mb = std::atoll(argv[i] + 5);
+    else if (std::strncmp(argv[i], "--dir=", 6) == 0)
+      dir = argv[i] + 6;
     else {
       std::fprintf(stderr, "usage: %s [--mb=1024] [--dir=/tmp/morph_ckpt_bench]\n", argv[0]);
       return 2;
@@ -84,7 +89,8 @@ int main(int argc, char** argv) {
     for (const Region& r : TpLayout(tensors[t], static_cast<int>(t % 2), {0, 1, 2, 3})) {
       data.emplace_back(static_cast<size_t>(r.shard.NumElements() * 4), static_cast<char>(t));
       pieces[static_cast<size_t>(r.holders[0])].push_back(
-          {tensors[t], r.shard, ConstBufferView(data.back().data(), data.back().size(), MemoryKind::kHost)});
+          {tensors[t], r.shard,
+           ConstBufferView(data.back().data(), data.back().size(), MemoryKind::kHost)});
       total += static_cast<int64_t>(data.back().size());
     }
   }
@@ -117,13 +123,15 @@ int main(int argc, char** argv) {
       std::vector<double> block(n);
       const double secs = Parallel(n, [&](int r) {
         const auto t0 = Clock::now();
-        auto s = SaveCheckpointAsync(ck, r, n, 100, {{"tp", 4}}, pieces[static_cast<size_t>(r)], opts);
+        auto s =
+            SaveCheckpointAsync(ck, r, n, 100, {{"tp", 4}}, pieces[static_cast<size_t>(r)], opts);
         block[static_cast<size_t>(r)] = Since(t0);
         Die(s.status(), "save");
         Die((*s)->Wait(Deadline::AfterMs(600000)), "save");
       });
       save[snapshot] = std::min(save[snapshot], secs);
-      blocking[snapshot] = std::min(blocking[snapshot], *std::max_element(block.begin(), block.end()));
+      blocking[snapshot] =
+          std::min(blocking[snapshot], *std::max_element(block.begin(), block.end()));
     }
   }
   for (int snapshot = 1; snapshot >= 0; --snapshot) {
@@ -137,7 +145,8 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 2; ++k) {
       const std::string path = dir + "/plain-" + std::to_string(2 * r + k) + ".bin";
       int fd = ::open(path.c_str(), O_RDONLY);
-      while (::read(fd, sink[static_cast<size_t>(r)].data(), sink[static_cast<size_t>(r)].size()) > 0) {
+      while (::read(fd, sink[static_cast<size_t>(r)].data(), sink[static_cast<size_t>(r)].size()) >
+             0) {
       }
       ::close(fd);
     }
@@ -148,10 +157,12 @@ int main(int argc, char** argv) {
   const double load = Parallel(2, [&](int r) {
     for (size_t t = 0; t < tensors.size(); ++t) {
       // Loaded TP-2 along the other dimension than saved: every piece is re-sliced.
-      const Region reg = TpLayout(tensors[t], static_cast<int>((t + 1) % 2), {0, 1})[static_cast<size_t>(r)];
+      const Region reg =
+          TpLayout(tensors[t], static_cast<int>((t + 1) % 2), {0, 1})[static_cast<size_t>(r)];
       out[static_cast<size_t>(r)].resize(static_cast<size_t>(reg.shard.NumElements() * 4));
       Die(reader->Read(tensors[t].name, DType::kF32, reg.shard,
-                       BufferView{out[static_cast<size_t>(r)].data(), out[static_cast<size_t>(r)].size(), MemoryKind::kHost}),
+                       BufferView{out[static_cast<size_t>(r)].data(),
+                                  out[static_cast<size_t>(r)].size(), MemoryKind::kHost}),
           "read");
       if (out[static_cast<size_t>(r)][0] != static_cast<char>(t)) {
         std::fprintf(stderr, "wrong data loaded for %s\n", tensors[t].name.c_str());

@@ -1,6 +1,7 @@
 // Reshard executor throughput: 4 ranks as threads over the in-process transport, three
-// reconfigurations of one model state planned by the real planner (plan.h), each next to plain memcpy of the same bytes by the same
-// number of threads, in the same run. One JSON object per line:
+// reconfigurations of one model state planned by the real planner (plan.h), each next to plain
+// memcpy of the same bytes by the same number of threads, in the same run. One JSON object per
+// line:
 //   {"name":"executor/tp4to2","bytes":<bytes landing in new shards>,"seconds":...,
 //    "memcpy_seconds":...,"ratio":<memcpy_seconds/seconds>, ...}
 // Usage: executor_bench [--mb=2048] [--reps=2] [--verify]
@@ -40,8 +41,10 @@ std::vector<TensorSpec> Model(int64_t mb, bool zero) {
   for (int64_t i = 0; i < n; ++i) {
     // Column- and row-parallel matrices alternate; 4 per layer.
     Layout l = Layout::Layer(static_cast<int>(i / 4)).SplitTP(static_cast<int>(i % 2));
-    t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4), DType::kF32,
-                 {2048, 2048}, l.ZeroShard(zero)});
+    t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4),
+                 DType::kF32,
+                 {2048, 2048},
+                 l.ZeroShard(zero)});
   }
   return t;
 }
@@ -117,14 +120,18 @@ void Run(const Scenario& s, int reps, bool verify) {
         if (reference) {
           r.olds[t] = ExtractShard(info, *plan.old_shards[t], (*reference)[t]);
         } else {
-          r.olds[t].assign(static_cast<size_t>(plan.old_shards[t]->NumElements() * 4), static_cast<char>(p + t));
+          r.olds[t].assign(static_cast<size_t>(plan.old_shards[t]->NumElements() * 4),
+                           static_cast<char>(p + t));
         }
-        r.old_views.push_back({info.name, info.dtype, ConstBufferView(r.olds[t].data(), r.olds[t].size(), MemoryKind::kHost)});
+        r.old_views.push_back(
+            {info.name, info.dtype,
+             ConstBufferView(r.olds[t].data(), r.olds[t].size(), MemoryKind::kHost)});
         state_bytes += static_cast<int64_t>(r.olds[t].size());
       }
       if (plan.new_shards[t]) {
         r.news[t].assign(static_cast<size_t>(plan.new_shards[t]->NumElements() * 4), 0);  // touched
-        r.new_views.push_back({info.name, info.dtype, BufferView{r.news[t].data(), r.news[t].size(), MemoryKind::kHost}});
+        r.new_views.push_back({info.name, info.dtype,
+                               BufferView{r.news[t].data(), r.news[t].size(), MemoryKind::kHost}});
       }
     }
   }
@@ -139,13 +146,16 @@ void Run(const Scenario& s, int reps, bool verify) {
       th.emplace_back([&, p] {
         InProcTransport tr(hub, p);
         auto r = ExecutePlan(plans[static_cast<size_t>(p)], ranks[static_cast<size_t>(p)].old_views,
-                             ranks[static_cast<size_t>(p)].new_views, tr, opts, Deadline::AfterMs(600000));
+                             ranks[static_cast<size_t>(p)].new_views, tr, opts,
+                             Deadline::AfterMs(600000));
         if (!r.ok()) {
-          std::fprintf(stderr, "%s rank %d: %s\n", s.name.c_str(), p, r.status().ToString().c_str());
+          std::fprintf(stderr, "%s rank %d: %s\n", s.name.c_str(), p,
+                       r.status().ToString().c_str());
           std::exit(1);
         }
         stats[static_cast<size_t>(p)] = *r;
-        if (std::getenv("BENCH_DEBUG")) std::fprintf(stderr, "%s rank %d: %s\n", s.name.c_str(), p, r->ToString().c_str());
+        if (std::getenv("BENCH_DEBUG"))
+          std::fprintf(stderr, "%s rank %d: %s\n", s.name.c_str(), p, r->ToString().c_str());
       });
     }
     for (auto& t : th) t.join();
@@ -186,15 +196,16 @@ void Run(const Scenario& s, int reps, bool verify) {
     for (auto& t : th) t.join();
     best_memcpy = std::min(best_memcpy, std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  std::printf("{\"name\":\"%s\",\"bytes\":%lld,\"seconds\":%.6f,\"gbps\":%.3f,"
-              "\"memcpy_seconds\":%.6f,\"memcpy_gbps\":%.3f,\"ratio\":%.3f,\"state_bytes\":%lld,"
-              "\"bytes_received\":%lld,\"bytes_copied\":%lld,\"messages\":%lld,"
-              "\"zero_copy_messages\":%lld,\"staging_peak_bytes\":%lld,\"ranks\":%d}\n",
-              s.name.c_str(), static_cast<long long>(moved), best, moved / best / 1e9, best_memcpy,
-              moved / best_memcpy / 1e9, best_memcpy / best, static_cast<long long>(state_bytes),
-              static_cast<long long>(received), static_cast<long long>(copied),
-              static_cast<long long>(messages), static_cast<long long>(zero_copy),
-              static_cast<long long>(staging_peak), n);
+  std::printf(
+      "{\"name\":\"%s\",\"bytes\":%lld,\"seconds\":%.6f,\"gbps\":%.3f,"
+      "\"memcpy_seconds\":%.6f,\"memcpy_gbps\":%.3f,\"ratio\":%.3f,\"state_bytes\":%lld,"
+      "\"bytes_received\":%lld,\"bytes_copied\":%lld,\"messages\":%lld,"
+      "\"zero_copy_messages\":%lld,\"staging_peak_bytes\":%lld,\"ranks\":%d}\n",
+      s.name.c_str(), static_cast<long long>(moved), best, moved / best / 1e9, best_memcpy,
+      moved / best_memcpy / 1e9, best_memcpy / best, static_cast<long long>(state_bytes),
+      static_cast<long long>(received), static_cast<long long>(copied),
+      static_cast<long long>(messages), static_cast<long long>(zero_copy),
+      static_cast<long long>(staging_peak), n);
   std::fflush(stdout);
   if (verify) {
     // Old shards were filled from the reference tensors; every new shard must match them.
@@ -204,7 +215,8 @@ void Run(const Scenario& s, int reps, bool verify) {
         if (!plan.new_shards[t]) continue;
         if (ranks[static_cast<size_t>(p)].news[t] !=
             ExtractShard(plan.tensors[t], *plan.new_shards[t], (*reference)[t])) {
-          std::fprintf(stderr, "%s: verify failed at participant %d tensor %zu\n", s.name.c_str(), p, t);
+          std::fprintf(stderr, "%s: verify failed at participant %d tensor %zu\n", s.name.c_str(),
+                       p, t);
           std::exit(1);
         }
       }
@@ -221,9 +233,12 @@ int main(int argc, char** argv) {
   int reps = 2;
   bool verify = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--mb=", 5) == 0) mb = std::atoll(argv[i] + 5);
-    else if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
-    else if (std::strcmp(argv[i], "--verify") == 0) verify = true;
+    if (std::strncmp(argv[i], "--mb=", 5) == 0)
+      mb = std::atoll(argv[i] + 5);
+    else if (std::strncmp(argv[i], "--reps=", 7) == 0)
+      reps = std::atoi(argv[i] + 7);
+    else if (std::strcmp(argv[i], "--verify") == 0)
+      verify = true;
     else {
       std::fprintf(stderr, "usage: %s [--mb=2048] [--reps=2] [--verify]\n", argv[0]);
       return 2;

@@ -18,13 +18,13 @@
 namespace morph {
 namespace {
 
-#define CHECK_CUDA(x)                                                                 \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                  \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+#define CHECK_CUDA(x)                                               \
+  do {                                                              \
+    cudaError_t e_ = (x);                                           \
+    if (e_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                 \
+    }                                                               \
   } while (0)
 
 template <typename F>
@@ -53,22 +53,27 @@ void Case(const char* name, int64_t rows, int64_t frame_cols, int64_t cols, int 
   const CopyGeometry g = unpack ? *MakeCopyGeometry(v, dense) : *MakeCopyGeometry(dense, v);
   const size_t bytes = static_cast<size_t>(rows * cols * es);
   const int reps = 10;
-  const double t_kernel = TimeIt([&] {
-    Status st = unpack ? CudaStridedCopy(g, frame, packed, es, 0, g.num_elements, nullptr)
-                       : CudaStridedCopy(g, packed, frame, es, 0, g.num_elements, nullptr);
-    if (!st.ok()) {
-      std::fprintf(stderr, "%s\n", st.ToString().c_str());
-      std::exit(1);
-    }
-  }, reps);
-  const double t_memcpy = TimeIt([&] {
-    CHECK_CUDA(cudaMemcpyAsync(scratch, packed, bytes, cudaMemcpyDeviceToDevice, nullptr));
-  }, reps);
+  const double t_kernel = TimeIt(
+      [&] {
+        Status st = unpack ? CudaStridedCopy(g, frame, packed, es, 0, g.num_elements, nullptr)
+                           : CudaStridedCopy(g, packed, frame, es, 0, g.num_elements, nullptr);
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", st.ToString().c_str());
+          std::exit(1);
+        }
+      },
+      reps);
+  const double t_memcpy = TimeIt(
+      [&] {
+        CHECK_CUDA(cudaMemcpyAsync(scratch, packed, bytes, cudaMemcpyDeviceToDevice, nullptr));
+      },
+      reps);
   const double gbps = bytes / t_kernel / 1e9, mgbps = bytes / t_memcpy / 1e9;
-  std::printf("{\"name\":\"pack_gpu/%s\",\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
-              "\"memcpy_seconds\":%.6g,\"memcpy_gbps\":%.4g,\"ratio\":%.4f,\"row_bytes\":%lld}\n",
-              name, bytes, t_kernel, gbps, t_memcpy, mgbps, mgbps > 0 ? gbps / mgbps : 0.0,
-              static_cast<long long>(cols * es));
+  std::printf(
+      "{\"name\":\"pack_gpu/%s\",\"bytes\":%zu,\"seconds\":%.6g,\"gbps\":%.4g,"
+      "\"memcpy_seconds\":%.6g,\"memcpy_gbps\":%.4g,\"ratio\":%.4f,\"row_bytes\":%lld}\n",
+      name, bytes, t_kernel, gbps, t_memcpy, mgbps, mgbps > 0 ? gbps / mgbps : 0.0,
+      static_cast<long long>(cols * es));
   std::fflush(stdout);
 }
 
@@ -98,7 +103,8 @@ int main(int argc, char** argv) {
   const int64_t elems = static_cast<int64_t>(packed_bytes / 4);
   const int64_t cols = 4096;
   morph::Case("cols_half_f32", elems / cols, 2 * cols, cols, 4, false, frame, packed, scratch);
-  morph::Case("cols_half_f32_unpack", elems / cols, 2 * cols, cols, 4, true, frame, packed, scratch);
+  morph::Case("cols_half_f32_unpack", elems / cols, 2 * cols, cols, 4, true, frame, packed,
+              scratch);
   morph::Case("cols_half_bf16", elems * 2 / cols, 2 * cols, cols, 2, false, frame, packed, scratch);
   morph::Case("narrow_rows_64B_f32", elems / 16, 32, 16, 4, false, frame, packed, scratch);
   morph::Case("contiguous_f32", elems / cols, cols, cols, 4, false, frame, packed, scratch);

@@ -114,7 +114,8 @@ json ShardToJson(const Shard& s) {
 StatusOr<Shard> ShardFromJson(const json& j) {
   Shard s;
   std::vector<Interval> dims;
-  for (const json& d : j.at("frame")) dims.push_back({d.at(0).get<int64_t>(), d.at(1).get<int64_t>()});
+  for (const json& d : j.at("frame"))
+    dims.push_back({d.at(0).get<int64_t>(), d.at(1).get<int64_t>()});
   s.frame = Box(std::move(dims));
   s.flat_begin = j.at("flat_begin").get<int64_t>();
   s.flat_end = j.at("flat_end").get<int64_t>();
@@ -126,7 +127,8 @@ StatusOr<Shard> ShardFromJson(const json& j) {
 }
 
 size_t PieceBytes(const CheckpointPiece& p) {
-  return static_cast<size_t>(p.shard.NumElements()) * static_cast<size_t>(DTypeSize(p.tensor.dtype));
+  return static_cast<size_t>(p.shard.NumElements()) *
+         static_cast<size_t>(DTypeSize(p.tensor.dtype));
 }
 
 Status ValidatePieces(const std::vector<CheckpointPiece>& pieces) {
@@ -145,8 +147,8 @@ Status ValidatePieces(const std::vector<CheckpointPiece>& pieces) {
     }
     if (p.data.bytes != PieceBytes(p)) {
       return InvalidArgumentError("piece " + p.shard.ToString() + " of tensor '" + t.name +
-                                  "' has " + std::to_string(p.data.bytes) + " bytes, its shard needs " +
-                                  std::to_string(PieceBytes(p)));
+                                  "' has " + std::to_string(p.data.bytes) +
+                                  " bytes, its shard needs " + std::to_string(PieceBytes(p)));
     }
     auto [it, fresh] = seen.emplace(t.name, &t);
     if (!fresh && (it->second->dtype != t.dtype || it->second->shape != t.shape)) {
@@ -166,14 +168,15 @@ Status CopyToHost(void* dst, ConstBufferView src) {
       << "copying a checkpoint piece to the host";
   return Status();
 #else
-  return FailedPreconditionError("a checkpoint piece is in CUDA memory but morph was built "
-                                 "without CUDA");
+  return FailedPreconditionError(
+      "a checkpoint piece is in CUDA memory but morph was built "
+      "without CUDA");
 #endif
 }
 
-Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step,
-                 const json& config, const std::vector<CheckpointPiece>& pieces,
-                 const std::vector<const char*>& data, uint64_t block_bytes) {
+Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step, const json& config,
+                 const std::vector<CheckpointPiece>& pieces, const std::vector<const char*>& data,
+                 uint64_t block_bytes) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return ErrnoToStatus(ec.value(), "create_directories(" + dir + ")", __FILE__, __LINE__);
@@ -187,7 +190,8 @@ Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step,
   MORPH_SYSCALL_RETURN_IF_ERROR(::mkdir(tmp.c_str(), 0755)) << "creating " << tmp;
   auto write = [&]() -> Status {
     const std::string data_path = tmp + "/data.bin";
-    MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd, ::open(data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd,
+                                   ::open(data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
                                    "creating " << data_path);
     Fd file(fd);
     BlockCrc crc(block_bytes);
@@ -204,8 +208,10 @@ Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step,
       const size_t n = PieceBytes(p);
       MORPH_RETURN_IF_ERROR(WriteAll(file.get(), data[i], n, data_path));
       crc.Feed(data[i], n);
-      jpieces.push_back({{"tensor", p.tensor.name}, {"shard", ShardToJson(p.shard)},
-                         {"offset", offset}, {"bytes", n}});
+      jpieces.push_back({{"tensor", p.tensor.name},
+                         {"shard", ShardToJson(p.shard)},
+                         {"offset", offset},
+                         {"bytes", n}});
       offset += n;
       tensors.emplace(p.tensor.name, &p.tensor);
     }
@@ -214,17 +220,25 @@ Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step,
 
     json jtensors = json::array();
     for (const auto& [name, t] : tensors) {
-      jtensors.push_back({{"name", name}, {"dtype", std::string(DTypeName(t->dtype))}, {"shape", t->shape}});
+      jtensors.push_back(
+          {{"name", name}, {"dtype", std::string(DTypeName(t->dtype))}, {"shape", t->shape}});
     }
-    json manifest = {{"format", "morph-checkpoint"}, {"version", kFormatVersion},
-                     {"rank", rank}, {"num_ranks", num_ranks}, {"step", step},
-                     {"config", config}, {"tensors", jtensors}, {"pieces", jpieces},
-                     {"files", json::array({{{"name", "data.bin"}, {"bytes", offset},
+    json manifest = {{"format", "morph-checkpoint"},
+                     {"version", kFormatVersion},
+                     {"rank", rank},
+                     {"num_ranks", num_ranks},
+                     {"step", step},
+                     {"config", config},
+                     {"tensors", jtensors},
+                     {"pieces", jpieces},
+                     {"files", json::array({{{"name", "data.bin"},
+                                             {"bytes", offset},
                                              {"block_bytes", block_bytes},
                                              {"crc32c", crc.Finish()}}})}};
     const std::string text = manifest.dump(1);
     const std::string man_path = tmp + "/manifest.json";
-    MORPH_ASSIGN_SYSCALL_OR_RETURN(int mfd, ::open(man_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(int mfd,
+                                   ::open(man_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
                                    "creating " << man_path);
     Fd man(mfd);
     MORPH_RETURN_IF_ERROR(WriteAll(man.get(), text.data(), text.size(), man_path));
@@ -255,16 +269,16 @@ class SaveImpl final : public CheckpointSave {
         data.push_back(static_cast<const char*>(p.data.data));
       }
     }
-    thread_ = std::thread([this, dir = std::move(dir), rank, num_ranks, step,
-                           config = std::move(config), pieces = std::move(pieces),
-                           snapshot = std::move(snapshot), data = std::move(data),
-                           block = options.block_bytes]() mutable {
-      Status s = WriteRank(dir, rank, num_ranks, step, config, pieces, data, block);
-      std::lock_guard<std::mutex> lock(mu_);
-      status_ = std::move(s);
-      done_ = true;
-      cv_.notify_all();
-    });
+    thread_ =
+        std::thread([this, dir = std::move(dir), rank, num_ranks, step, config = std::move(config),
+                     pieces = std::move(pieces), snapshot = std::move(snapshot),
+                     data = std::move(data), block = options.block_bytes]() mutable {
+          Status s = WriteRank(dir, rank, num_ranks, step, config, pieces, data, block);
+          std::lock_guard<std::mutex> lock(mu_);
+          status_ = std::move(s);
+          done_ = true;
+          cv_.notify_all();
+        });
   }
   ~SaveImpl() override { thread_.join(); }
 
@@ -326,8 +340,8 @@ StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
       }
     }
   }
-  return std::unique_ptr<CheckpointSave>(new SaveImpl(dir, rank, num_ranks, step, config, pieces,
-                                                      std::move(snapshot), options));
+  return std::unique_ptr<CheckpointSave>(
+      new SaveImpl(dir, rank, num_ranks, step, config, pieces, std::move(snapshot), options));
 }
 
 StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
@@ -418,16 +432,18 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
           reader.pieces_.emplace_back();
         } else if (reader.tensors_[it->second].dtype != t.dtype ||
                    reader.tensors_[it->second].shape != t.shape) {
-          return DataLossError("manifest " + man_path + " disagrees with other ranks on dtype or "
-                               "shape of tensor '" + t.name + "'");
+          return DataLossError("manifest " + man_path +
+                               " disagrees with other ranks on dtype or "
+                               "shape of tensor '" +
+                               t.name + "'");
         }
       }
       for (const json& jp : m.at("pieces")) {
         const std::string name = jp.at("tensor").get<std::string>();
         auto it = tensor_index.find(name);
         if (it == tensor_index.end()) {
-          return DataLossError("manifest " + man_path + " has a piece of unlisted tensor '" +
-                               name + "'");
+          return DataLossError("manifest " + man_path + " has a piece of unlisted tensor '" + name +
+                               "'");
         }
         Piece p;
         p.file = file_index;
@@ -436,7 +452,8 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
         const TensorInfo& t = reader.tensors_[it->second];
         const uint64_t bytes = static_cast<uint64_t>(p.shard.NumElements()) *
                                static_cast<uint64_t>(DTypeSize(t.dtype));
-        if (p.offset % kAlign != 0 || p.offset + bytes > reader.files_[static_cast<size_t>(file_index)].bytes ||
+        if (p.offset % kAlign != 0 ||
+            p.offset + bytes > reader.files_[static_cast<size_t>(file_index)].bytes ||
             !Box::FromShape(t.shape).Contains(p.shard.frame) ||
             p.shard.frame.rank() != static_cast<int>(t.shape.size())) {
           return DataLossError("manifest " + man_path + " has an inconsistent piece of tensor '" +
@@ -482,8 +499,8 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
     }
     if (saved != total) {
       return DataLossError("checkpoint " + dir + ": saved pieces of tensor '" + info.name +
-                           "' hold " + std::to_string(saved) + " of its " +
-                           std::to_string(total) + " elements");
+                           "' hold " + std::to_string(saved) + " of its " + std::to_string(total) +
+                           " elements");
     }
   }
   return reader;
@@ -547,14 +564,16 @@ Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard&
         for (int64_t e0 = 0; e0 < n; e0 += per) {
           const int64_t e1 = std::min(n, e0 + per);
           const uint64_t a = p.offset + static_cast<uint64_t>(ElementOffset(src, e0) * es);
-          const uint64_t b = p.offset + static_cast<uint64_t>((ElementOffset(src, e1 - 1) + 1) * es);
+          const uint64_t b =
+              p.offset + static_cast<uint64_t>((ElementOffset(src, e1 - 1) + 1) * es);
           const uint64_t lo = a / f.block_bytes, hi = (b + f.block_bytes - 1) / f.block_bytes;
           const uint64_t start = lo * f.block_bytes, stop = std::min(f.bytes, hi * f.block_bytes);
           buf.resize(stop - start);
           size_t got = 0;
           while (got < buf.size()) {
             MORPH_ASSIGN_SYSCALL_OR_RETURN(
-                ssize_t r, ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(start + got)),
+                ssize_t r,
+                ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(start + got)),
                 "reading " << f.path);
             if (r == 0) {
               return DataLossError("data file " + f.path + " ends at byte " +
@@ -568,8 +587,10 @@ Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard&
             const uint64_t bs = k * f.block_bytes - start;
             const uint64_t bn = std::min<uint64_t>(f.block_bytes, buf.size() - bs);
             if (Crc32c(buf.data() + bs, bn) != f.crc[k]) {
-              return DataLossError("data file " + f.path + " is corrupted: checksum mismatch in "
-                                   "block " + std::to_string(k) + " (bytes " +
+              return DataLossError("data file " + f.path +
+                                   " is corrupted: checksum mismatch in "
+                                   "block " +
+                                   std::to_string(k) + " (bytes " +
                                    std::to_string(k * f.block_bytes) + ".." +
                                    std::to_string(k * f.block_bytes + bn) + ")");
             }
@@ -583,8 +604,8 @@ Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard&
   }
   if (dst.kind == MemoryKind::kCuda) {
 #if MORPH_WITH_CUDA
-    MORPH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data, staging.data(), want_bytes,
-                                          cudaMemcpyHostToDevice))
+    MORPH_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst.data, staging.data(), want_bytes, cudaMemcpyHostToDevice))
         << "loading tensor '" << name << "'";
 #else
     return FailedPreconditionError("CUDA buffer given but morph was built without CUDA");

@@ -35,9 +35,11 @@ class CheckpointTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     root_ = tmpl;
     dir_ = root_ + "/step-7";
-    tensors_ = {{"w1", DType::kF32, {48, 40}}, {"adam_m", DType::kBF16, {30, 17}},
+    tensors_ = {{"w1", DType::kF32, {48, 40}},
+                {"adam_m", DType::kBF16, {30, 17}},
                 {"scale", DType::kF64, {}}};
-    for (size_t i = 0; i < tensors_.size(); ++i) ref_.push_back(ReferenceTensor(tensors_[i], static_cast<int>(i)));
+    for (size_t i = 0; i < tensors_.size(); ++i)
+      ref_.push_back(ReferenceTensor(tensors_[i], static_cast<int>(i)));
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -51,7 +53,8 @@ class CheckpointTest : public ::testing::Test {
       for (const Region& r : layouts[t]) {
         keep.push_back(ExtractShard(tensors_[t], r.shard, ref_[t]));
         by_rank[static_cast<size_t>(r.holders[0])].push_back(
-            {tensors_[t], r.shard, ConstBufferView(keep.back().data(), keep.back().size(), MemoryKind::kHost)});
+            {tensors_[t], r.shard,
+             ConstBufferView(keep.back().data(), keep.back().size(), MemoryKind::kHost)});
       }
     }
     std::vector<std::unique_ptr<CheckpointSave>> saves;
@@ -69,7 +72,8 @@ class CheckpointTest : public ::testing::Test {
   void ExpectLoads(const CheckpointReader& ckpt, const std::vector<RegionLayout>& layouts) {
     for (size_t t = 0; t < tensors_.size(); ++t) {
       for (const Region& r : layouts[t]) {
-        std::vector<char> got(static_cast<size_t>(r.shard.NumElements() * DTypeSize(tensors_[t].dtype)));
+        std::vector<char> got(
+            static_cast<size_t>(r.shard.NumElements() * DTypeSize(tensors_[t].dtype)));
         MORPH_ASSERT_OK(ckpt.Read(tensors_[t].name, tensors_[t].dtype, r.shard,
                                   BufferView{got.data(), got.size(), MemoryKind::kHost}));
         ASSERT_EQ(got, ExtractShard(tensors_[t], r.shard, ref_[t]))
@@ -116,7 +120,8 @@ TEST_F(CheckpointTest, ReadsOnlyTheBlocksItNeeds) {
   // Row 5, columns [0, 10) of w1 lie in rank 0's piece (columns [0, 10)): 40 bytes.
   Shard want = *Shard::Whole(Box({{5, 6}, {0, 10}}));
   std::vector<char> got(40);
-  MORPH_ASSERT_OK(ckpt.Read("w1", DType::kF32, want, BufferView{got.data(), 40, MemoryKind::kHost}));
+  MORPH_ASSERT_OK(
+      ckpt.Read("w1", DType::kF32, want, BufferView{got.data(), 40, MemoryKind::kHost}));
   EXPECT_EQ(got, ExtractShard(tensors_[0], want, ref_[0]));
   EXPECT_LE(ckpt.bytes_read(), 2 * 256);
 }
@@ -155,15 +160,18 @@ TEST_F(CheckpointTest, CorruptedAndTruncatedFilesAreDataLoss) {
   }
   MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
   std::vector<char> got(48 * 40 * 4);
-  EXPECT_THAT(ckpt.Read("w1", DType::kF32, *Shard::Whole(Box::FromShape({48, 40})),
-                        BufferView{got.data(), got.size(), MemoryKind::kHost}),
-              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(f1), HasSubstr("checksum mismatch"))));
+  EXPECT_THAT(
+      ckpt.Read("w1", DType::kF32, *Shard::Whole(Box::FromShape({48, 40})),
+                BufferView{got.data(), got.size(), MemoryKind::kHost}),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(f1), HasSubstr("checksum mismatch"))));
   fs::resize_file(dir_ + "/rank-00002/data.bin", 100);
   EXPECT_THAT(CheckpointReader::Open(dir_).status(),
-              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr("rank-00002/data.bin"), HasSubstr("truncated"))));
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("rank-00002/data.bin"), HasSubstr("truncated"))));
   std::ofstream(dir_ + "/rank-00000/manifest.json") << "{\"format\": \"morph-checkpoint\"";
   EXPECT_THAT(CheckpointReader::Open(dir_).status(),
-              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr("rank-00000/manifest.json"), HasSubstr("unreadable"))));
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("rank-00000/manifest.json"), HasSubstr("unreadable"))));
 }
 
 TEST_F(CheckpointTest, BadInputsAndReads) {
@@ -172,7 +180,8 @@ TEST_F(CheckpointTest, BadInputsAndReads) {
   std::vector<char> buf(8);
   BufferView v{buf.data(), 8, MemoryKind::kHost};
   const Shard scalar = *Shard::Whole(Box());
-  EXPECT_THAT(ckpt.Read("nope", DType::kF64, scalar, v), StatusIs(StatusCode::kNotFound, HasSubstr("'nope'")));
+  EXPECT_THAT(ckpt.Read("nope", DType::kF64, scalar, v),
+              StatusIs(StatusCode::kNotFound, HasSubstr("'nope'")));
   EXPECT_THAT(ckpt.Read("scale", DType::kF32, scalar, v),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("saved as f64, not f32")));
   MORPH_EXPECT_OK(ckpt.Read("scale", DType::kF64, scalar, v));

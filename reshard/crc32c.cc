@@ -25,8 +25,7 @@ uint32_t Software(uint32_t c, const unsigned char* p, size_t n) {
 }
 
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) uint32_t Hardware(uint32_t c, const unsigned char* p,
-                                                   size_t n) {
+__attribute__((target("sse4.2"))) uint32_t Hardware(uint32_t c, const unsigned char* p, size_t n) {
   uint64_t c64 = c;
   while (n >= 8) {
     uint64_t v;

@@ -1,8 +1,7 @@
-#include "reshard/cuda_pack.h"
-
 #include <algorithm>
 
 #include "base/cuda_check.h"
+#include "reshard/cuda_pack.h"
 
 namespace morph {
 namespace {
@@ -22,8 +21,8 @@ __device__ inline void RowOffsets(const CopyGeometry& g, int64_t row, int64_t& d
 // Copies n bytes with the widest type both pointers and the length allow; threads of the block
 // stride over the words (coalesced).
 __device__ inline void CopyBytes(char* d, const char* s, int64_t n) {
-  const uintptr_t align = reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s) |
-                          static_cast<uintptr_t>(n);
+  const uintptr_t align =
+      reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s) | static_cast<uintptr_t>(n);
   if ((align & 15) == 0) {
     auto* dw = reinterpret_cast<uint4*>(d);
     auto* sw = reinterpret_cast<const uint4*>(s);

@@ -1,5 +1,7 @@
 // GPU tests of the CUDA pack/unpack kernels and of the executor on device memory. Label `gpu`;
 // every test skips, saying why, when no usable GPU is present.
+#include "reshard/cuda_pack.h"
+
 #include <cuda_runtime_api.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "base/testing.h"
-#include "reshard/cuda_pack.h"
 #include "reshard/executor.h"
 #include "reshard/inproc_transport.h"
 #include "reshard/reshard_testutil.h"
@@ -33,7 +34,9 @@ class CudaPackTest : public ::testing::Test {
 };
 
 struct DeviceBuf {
-  explicit DeviceBuf(size_t n) : bytes(n) { EXPECT_EQ(cudaMalloc(&p, n == 0 ? 1 : n), cudaSuccess); }
+  explicit DeviceBuf(size_t n) : bytes(n) {
+    EXPECT_EQ(cudaMalloc(&p, n == 0 ? 1 : n), cudaSuccess);
+  }
   ~DeviceBuf() { cudaFree(p); }
   void* p = nullptr;
   size_t bytes;
@@ -49,8 +52,10 @@ TEST_F(CudaPackTest, RandomCopiesMatchHost) {
     for (int d = 0; d < rank; ++d) {
       const int64_t len = 1 + static_cast<int64_t>(rng() % (d == rank - 1 ? 300 : 9));
       box.push_back({2, 2 + len});
-      fa.push_back({2 - static_cast<int64_t>(rng() % 3), 2 + len + static_cast<int64_t>(rng() % 3)});
-      fb.push_back({2 - static_cast<int64_t>(rng() % 3), 2 + len + static_cast<int64_t>(rng() % 3)});
+      fa.push_back(
+          {2 - static_cast<int64_t>(rng() % 3), 2 + len + static_cast<int64_t>(rng() % 3)});
+      fb.push_back(
+          {2 - static_cast<int64_t>(rng() % 3), 2 + len + static_cast<int64_t>(rng() % 3)});
     }
     const Box b(box);
     const Shard sa = *Shard::Whole(Box(fa)), sb = *Shard::Whole(Box(fb));
@@ -73,11 +78,14 @@ TEST_F(CudaPackTest, RandomCopiesMatchHost) {
 }
 
 TEST_F(CudaPackTest, ExecutorOnDeviceMemory) {
-  std::vector<TensorInfo> tensors{{"w1", DType::kF32, {256, 512}}, {"w2", DType::kBF16, {512, 256}}};
-  auto plans = BuildPlans(tensors, {TpLayout(tensors[0], 1, {0, 1, 2, 3}), FlatLayout(tensors[1], {0, 1, 2, 3})},
-                          {TpLayout(tensors[0], 1, {0, 1}), TpLayout(tensors[1], 0, {0, 1, 2})}, 4);
+  std::vector<TensorInfo> tensors{{"w1", DType::kF32, {256, 512}},
+                                  {"w2", DType::kBF16, {512, 256}}};
+  auto plans = BuildPlans(
+      tensors, {TpLayout(tensors[0], 1, {0, 1, 2, 3}), FlatLayout(tensors[1], {0, 1, 2, 3})},
+      {TpLayout(tensors[0], 1, {0, 1}), TpLayout(tensors[1], 0, {0, 1, 2})}, 4);
   std::vector<std::vector<char>> ref;
-  for (size_t i = 0; i < tensors.size(); ++i) ref.push_back(ReferenceTensor(tensors[i], static_cast<int>(i)));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    ref.push_back(ReferenceTensor(tensors[i], static_cast<int>(i)));
   auto hub = std::make_shared<InProcHub>(4, /*device_memory=*/true);
   std::vector<Status> status(4);
   std::vector<std::vector<std::vector<char>>> results(4);
@@ -92,8 +100,12 @@ TEST_F(CudaPackTest, ExecutorOnDeviceMemory) {
       for (size_t t = 0; t < tensors.size(); ++t) {
         if (!plan.old_shards[t]) continue;
         auto b = CudaAllocator(0)(host.old_data[t].size());
-        if (!b.ok()) { status[static_cast<size_t>(p)] = b.status(); return; }
-        cudaMemcpy(b->data(), host.old_data[t].data(), host.old_data[t].size(), cudaMemcpyHostToDevice);
+        if (!b.ok()) {
+          status[static_cast<size_t>(p)] = b.status();
+          return;
+        }
+        cudaMemcpy(b->data(), host.old_data[t].data(), host.old_data[t].size(),
+                   cudaMemcpyHostToDevice);
         olds.push_back({tensors[t].name, tensors[t].dtype, b->view()});
         olds_dev.push_back(std::move(b).value());
       }
@@ -101,10 +113,14 @@ TEST_F(CudaPackTest, ExecutorOnDeviceMemory) {
       ExecutorOptions o;
       o.chunk_bytes = 16 << 10;
       auto r = Reshard(plan, olds, tr, CudaAllocator(0), o, Deadline::AfterMs(60000));
-      if (!r.ok()) { status[static_cast<size_t>(p)] = r.status(); return; }
+      if (!r.ok()) {
+        status[static_cast<size_t>(p)] = r.status();
+        return;
+      }
       for (size_t t = 0; t < tensors.size(); ++t) {
         std::vector<char> h(r->new_buffers[t].size());
-        if (!h.empty()) cudaMemcpy(h.data(), r->new_buffers[t].data(), h.size(), cudaMemcpyDeviceToHost);
+        if (!h.empty())
+          cudaMemcpy(h.data(), r->new_buffers[t].data(), h.size(), cudaMemcpyDeviceToHost);
         results[static_cast<size_t>(p)].push_back(std::move(h));
       }
     });

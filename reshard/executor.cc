@@ -98,7 +98,8 @@ std::vector<std::vector<Message>> CutMessages(const std::vector<Piece>& pieces, 
         msgs.back().peer = p.peer;
       }
       Message& m = msgs.back();
-      const int64_t fit = static_cast<int64_t>((chunk - m.bytes) / static_cast<size_t>(p.elem_size));
+      const int64_t fit =
+          static_cast<int64_t>((chunk - m.bytes) / static_cast<size_t>(p.elem_size));
       const int64_t take = std::min(fit, p.elements - done);
       m.segments.push_back({i, done, done + take, m.bytes});
       m.bytes += static_cast<size_t>(take * p.elem_size);
@@ -115,7 +116,8 @@ std::vector<std::vector<Message>> CutMessages(const std::vector<Piece>& pieces, 
       if (m.segments.size() != 1) continue;
       const Segment& s = m.segments[0];
       const Piece& p = pieces[static_cast<size_t>(s.piece)];
-      if (auto off = ContiguousOffset(p.view, s.begin, s.end)) m.direct = p.base + *off * p.elem_size;
+      if (auto off = ContiguousOffset(p.view, s.begin, s.end))
+        m.direct = p.base + *off * p.elem_size;
     }
   }
   return by_peer;
@@ -255,8 +257,8 @@ class Execution {
     if (transport_.rank() != plan_.participant || transport_.size() != n) {
       return InvalidArgumentError("transport is rank " + std::to_string(transport_.rank()) +
                                   " of " + std::to_string(transport_.size()) +
-                                  ", plan is for participant " +
-                                  std::to_string(plan_.participant) + " of " + std::to_string(n));
+                                  ", plan is for participant " + std::to_string(plan_.participant) +
+                                  " of " + std::to_string(n));
     }
     const size_t nt = plan_.tensors.size();
     if (plan_.old_shards.size() != nt || plan_.new_shards.size() != nt) {
@@ -298,22 +300,22 @@ class Execution {
       const int64_t elems = shard ? shard->NumElements() : 0;
       const size_t want = static_cast<size_t>(elems) * static_cast<size_t>(DTypeSize(t.dtype));
       if (bytes != want) {
-        return InvalidArgumentError(
-            std::string(which) + " buffer of tensor '" + name + "' has " + std::to_string(bytes) +
-            " bytes, its " + which + " shard " + (shard ? shard->ToString() : "(none)") +
-            " needs " + std::to_string(want));
+        return InvalidArgumentError(std::string(which) + " buffer of tensor '" + name + "' has " +
+                                    std::to_string(bytes) + " bytes, its " + which + " shard " +
+                                    (shard ? shard->ToString() : "(none)") + " needs " +
+                                    std::to_string(want));
       }
       if (bytes > 0) (kind == MemoryKind::kCuda ? any_cuda : any_host) = true;
       return i;
     };
     for (const OldShardData& o : olds) {
-      MORPH_ASSIGN_OR_RETURN(size_t i, check(o.name, o.dtype, o.data.bytes, o.data.kind, true,
-                                             seen_old));
+      MORPH_ASSIGN_OR_RETURN(size_t i,
+                             check(o.name, o.dtype, o.data.bytes, o.data.kind, true, seen_old));
       old_base_[i] = static_cast<char*>(const_cast<void*>(o.data.data));
     }
     for (const NewShardData& o : news) {
-      MORPH_ASSIGN_OR_RETURN(size_t i, check(o.name, o.dtype, o.data.bytes, o.data.kind, false,
-                                             seen_new));
+      MORPH_ASSIGN_OR_RETURN(size_t i,
+                             check(o.name, o.dtype, o.data.bytes, o.data.kind, false, seen_new));
       new_base_[i] = static_cast<char*>(o.data.data);
     }
     for (size_t i = 0; i < nt; ++i) {
@@ -327,10 +329,9 @@ class Execution {
                                       (side == 0 ? "old" : "new") + " shard " + shard->ToString());
         }
         if (shard && shard->frame.rank() != static_cast<int>(t.shape.size())) {
-          return InvalidArgumentError("tensor '" + t.name + "' has rank " +
-                                      std::to_string(t.shape.size()) + " but its " +
-                                      (side == 0 ? "old" : "new") + " shard " +
-                                      shard->ToString() + " does not");
+          return InvalidArgumentError(
+              "tensor '" + t.name + "' has rank " + std::to_string(t.shape.size()) + " but its " +
+              (side == 0 ? "old" : "new") + " shard " + shard->ToString() + " does not");
         }
         if (shard && !Box::FromShape(t.shape).Contains(shard->frame)) {
           return InvalidArgumentError("shard " + shard->ToString() + " of tensor '" + t.name +
@@ -424,7 +425,8 @@ class Execution {
       recvs_.push_back(std::move(p));
     }
     for (size_t k = 0; k < plan_.local_copies.size(); ++k) {
-      MORPH_ASSIGN_OR_RETURN(Piece p, resolve(plan_.local_copies[k], "local_copies", k, true, true));
+      MORPH_ASSIGN_OR_RETURN(Piece p,
+                             resolve(plan_.local_copies[k], "local_copies", k, true, true));
       p.base = old_base_[static_cast<size_t>(p.tensor)];  // source; destination from new_base_
       stats_.bytes_copied += p.elements * p.elem_size;
       locals_.push_back(std::move(p));
@@ -521,8 +523,9 @@ class Execution {
     auto t = Clock::now();
     Status s = round.work->Wait(deadline_);
     stats_.wait_seconds += Since(t);
-    if (!s.ok()) return s.WithContext("round " + std::to_string(round.index) + " of " +
-                                      std::to_string(num_rounds_));
+    if (!s.ok())
+      return s.WithContext("round " + std::to_string(round.index) + " of " +
+                           std::to_string(num_rounds_));
     t = Clock::now();
     for (auto& [m, data] : round.staged_recvs) {
       for (const Segment& seg : m->segments) {
@@ -566,9 +569,8 @@ class Execution {
     int64_t next = 0;
     while (next < num_rounds_ || !in_flight_.empty() || next_local_ < local_slices_.size()) {
       if (deadline_.Expired()) {
-        return DeadlineExceededError("deadline passed with " +
-                                     std::to_string(num_rounds_ - next) + " of " +
-                                     std::to_string(num_rounds_) + " rounds not started");
+        return DeadlineExceededError("deadline passed with " + std::to_string(num_rounds_ - next) +
+                                     " of " + std::to_string(num_rounds_) + " rounds not started");
       }
       if (next < num_rounds_ &&
           (in_flight_.empty() ||

@@ -13,10 +13,10 @@
 // Message boundaries. For each peer, the pieces exchanged with it (in plan order) are cut into
 // messages of at most EffectiveChunkBytes(options, n) bytes, at element boundaries; a piece of at
 // least 1/8 of that size starts a fresh message and ends its last one, smaller pieces share
-// messages. Message k of every pair belongs to round k. Both sides derive the same cuts from the plan lists, the
-// tensors' dtypes and the options, which must be equal on all participants (per local_plan.h).
-// A message that is a single contiguous range of the old (new) buffer is sent from (received
-// into) place, without staging.
+// messages. Message k of every pair belongs to round k. Both sides derive the same cuts from the
+// plan lists, the tensors' dtypes and the options, which must be equal on all participants (per
+// local_plan.h). A message that is a single contiguous range of the old (new) buffer is sent from
+// (received into) place, without staging.
 //
 // Failure: a transport error, a peer that is gone, an abort or the deadline stop the execution;
 // the executor then aborts the transport (so peers fail promptly too), waits for its in-flight
@@ -76,16 +76,16 @@ struct NewShardData {
 struct ExecutorStats {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
-  int64_t bytes_copied = 0;       // local copies old -> new
+  int64_t bytes_copied = 0;  // local copies old -> new
   int64_t messages_sent = 0;
   int64_t messages_received = 0;
   int64_t messages_zero_copy = 0;  // sent or received without staging
   int64_t rounds = 0;
   int64_t staging_peak_bytes = 0;
-  double copy_seconds = 0;    // local copies
+  double copy_seconds = 0;  // local copies
   double pack_seconds = 0;
   double unpack_seconds = 0;
-  double wait_seconds = 0;    // blocked on the transport
+  double wait_seconds = 0;  // blocked on the transport
   double total_seconds = 0;
   std::string ToString() const;
 };

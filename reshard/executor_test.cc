@@ -42,8 +42,7 @@ RunResult RunAll(const std::vector<LocalPlan>& plans, const std::vector<std::vec
       InProcTransport t(hub, i);
       r.stats[static_cast<size_t>(i)] =
           ExecutePlan(plans[static_cast<size_t>(i)], r.data[static_cast<size_t>(i)].olds,
-                      r.data[static_cast<size_t>(i)].news, t, opts,
-                      Deadline::AfterMs(deadline_ms));
+                      r.data[static_cast<size_t>(i)].news, t, opts, Deadline::AfterMs(deadline_ms));
     });
   }
   for (auto& t : threads) t.join();
@@ -52,7 +51,8 @@ RunResult RunAll(const std::vector<LocalPlan>& plans, const std::vector<std::vec
 
 std::vector<std::vector<char>> Reference(const std::vector<TensorInfo>& tensors) {
   std::vector<std::vector<char>> ref;
-  for (size_t i = 0; i < tensors.size(); ++i) ref.push_back(ReferenceTensor(tensors[i], static_cast<int>(i)));
+  for (size_t i = 0; i < tensors.size(); ++i)
+    ref.push_back(ReferenceTensor(tensors[i], static_cast<int>(i)));
   return ref;
 }
 
@@ -152,8 +152,7 @@ TEST(ExecutorTest, TransportFailureMidPlanLeavesOldDataIntact) {
   int unavailable = 0;
   for (size_t p = 0; p < plans.size(); ++p) {
     ASSERT_FALSE(r.stats[p].ok()) << "participant " << p;
-    EXPECT_THAT(r.stats[p].status().code(),
-                AnyOf(StatusCode::kUnavailable, StatusCode::kAborted));
+    EXPECT_THAT(r.stats[p].status().code(), AnyOf(StatusCode::kUnavailable, StatusCode::kAborted));
     EXPECT_THAT(std::string(r.stats[p].status().message()),
                 HasSubstr("reshard participant " + std::to_string(p) + " of 4"));
     if (r.stats[p].status().code() == StatusCode::kUnavailable) ++unavailable;
@@ -166,7 +165,8 @@ TEST(ExecutorTest, TransportFailureMidPlanLeavesOldDataIntact) {
 
 TEST(ExecutorTest, KilledPeerAndAbortAndDeadline) {
   std::vector<TensorInfo> tensors{{"w", DType::kF32, {64, 64}}};
-  auto plans = BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1})}, {FlatLayout(tensors[0], {1, 0})}, 2);
+  auto plans =
+      BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1})}, {FlatLayout(tensors[0], {1, 0})}, 2);
   auto ref = Reference(tensors);
   for (int mode = 0; mode < 3; ++mode) {
     SCOPED_TRACE("mode " + std::to_string(mode));
@@ -191,7 +191,8 @@ TEST(ExecutorTest, KilledPeerAndAbortAndDeadline) {
 
 TEST(ExecutorTest, InconsistentPlansAreSizeMismatch) {
   std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
-  auto plans = BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1})}, {FlatLayout(tensors[0], {1, 0})}, 2);
+  auto plans =
+      BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1})}, {FlatLayout(tensors[0], {1, 0})}, 2);
   // Participant 1 believes the tensor is f64: its receives are twice as large.
   plans[1].tensors[0].dtype = DType::kF64;
   auto ref = Reference(tensors);
@@ -202,11 +203,13 @@ TEST(ExecutorTest, InconsistentPlansAreSizeMismatch) {
   Status s0, s1;
   std::thread a([&] {
     InProcTransport t(hub, 0);
-    s0 = ExecutePlan(plans[0], d0.olds, d0.news, t, SmallOptions(), Deadline::AfterMs(30000)).status();
+    s0 = ExecutePlan(plans[0], d0.olds, d0.news, t, SmallOptions(), Deadline::AfterMs(30000))
+             .status();
   });
   std::thread b([&] {
     InProcTransport t(hub, 1);
-    s1 = ExecutePlan(plans[1], d1.olds, d1.news, t, SmallOptions(), Deadline::AfterMs(30000)).status();
+    s1 = ExecutePlan(plans[1], d1.olds, d1.news, t, SmallOptions(), Deadline::AfterMs(30000))
+             .status();
   });
   a.join();
   b.join();
@@ -218,8 +221,9 @@ class ValidationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     tensors_ = {{"w", DType::kF32, {8, 8}}, {"b", DType::kF16, {8}}};
-    plans_ = BuildPlans(tensors_, {TpLayout(tensors_[0], 0, {0, 1}), ReplicatedLayout(tensors_[1], {0, 1})},
-                        {TpLayout(tensors_[0], 1, {0, 1}), ReplicatedLayout(tensors_[1], {0, 1})}, 2);
+    plans_ = BuildPlans(
+        tensors_, {TpLayout(tensors_[0], 0, {0, 1}), ReplicatedLayout(tensors_[1], {0, 1})},
+        {TpLayout(tensors_[0], 1, {0, 1}), ReplicatedLayout(tensors_[1], {0, 1})}, 2);
     ref_ = Reference(tensors_);
     d_ = MakeParticipantData(plans_[0], ref_);
   }
@@ -242,14 +246,15 @@ TEST_F(ValidationTest, UnknownTensor) {
 
 TEST_F(ValidationTest, MissingBuffer) {
   d_.news.pop_back();
-  EXPECT_THAT(Run(plans_[0]), StatusIs(StatusCode::kInvalidArgument,
-                                       HasSubstr("no new buffer for tensor 'b'")));
+  EXPECT_THAT(Run(plans_[0]),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("no new buffer for tensor 'b'")));
 }
 
 TEST_F(ValidationTest, DtypeMismatch) {
   d_.olds[1].dtype = DType::kBF16;
-  EXPECT_THAT(Run(plans_[0]), StatusIs(StatusCode::kInvalidArgument,
-                                       HasSubstr("old buffer of tensor 'b' is bf16, the plan says f16")));
+  EXPECT_THAT(Run(plans_[0]),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("old buffer of tensor 'b' is bf16, the plan says f16")));
 }
 
 TEST_F(ValidationTest, BufferSizeMismatch) {
@@ -261,22 +266,23 @@ TEST_F(ValidationTest, BufferSizeMismatch) {
 TEST_F(ValidationTest, PieceOutsideShard) {
   LocalPlan p = plans_[0];
   p.sends[0].box = Box({{0, 8}, {0, 8}});
-  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
-                               AllOf(HasSubstr("sends[0] (tensor 'w'"), HasSubstr("not inside shard"))));
+  EXPECT_THAT(Run(p),
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("sends[0] (tensor 'w'"), HasSubstr("not inside shard"))));
 }
 
 TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
   LocalPlan p = plans_[0];
   p.local_copies.pop_back();
-  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
-                               HasSubstr("its new shard holds 8")));
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("its new shard holds 8")));
   p = plans_[0];
   p.recvs[0].peer = 7;
   EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("bad peer")));
   p = plans_[0];
   p.num_participants = 3;
-  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
-                               HasSubstr("transport is rank 0 of 2, plan is for participant 0 of 3")));
+  EXPECT_THAT(Run(p),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("transport is rank 0 of 2, plan is for participant 0 of 3")));
   p = plans_[0];
   p.recvs[0].tensor = 9;
   EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor index")));
@@ -284,13 +290,15 @@ TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
 
 TEST(ExecutorTest, ReshardAllocatesNewBuffers) {
   std::vector<TensorInfo> tensors{{"w", DType::kI32, {6, 10}}};
-  auto plans = BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})}, {TpLayout(tensors[0], 1, {0})}, 1);
+  auto plans =
+      BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})}, {TpLayout(tensors[0], 1, {0})}, 1);
   auto ref = Reference(tensors);
   ParticipantData d = MakeParticipantData(plans[0], ref);
   auto hub = std::make_shared<InProcHub>(1);
   InProcTransport t(hub, 0);
-  MORPH_ASSERT_OK_AND_ASSIGN(ReshardResult res, Reshard(plans[0], d.olds, t, HostAllocator(),
-                                                        ExecutorOptions(), Deadline::AfterMs(1000)));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      ReshardResult res,
+      Reshard(plans[0], d.olds, t, HostAllocator(), ExecutorOptions(), Deadline::AfterMs(1000)));
   ASSERT_EQ(res.new_buffers.size(), 1u);
   ASSERT_EQ(res.new_buffers[0].size(), 240u);
   EXPECT_EQ(std::memcmp(res.new_buffers[0].data(), ref[0].data(), 240), 0);

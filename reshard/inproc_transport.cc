@@ -45,8 +45,11 @@ struct Group {
 }  // namespace
 
 struct InProcHub::State {
-  explicit State(int n, bool dev) : size(n), device_memory(dev), ranks(static_cast<size_t>(n)),
-      queues(static_cast<size_t>(n) * static_cast<size_t>(n)) {}
+  explicit State(int n, bool dev)
+      : size(n),
+        device_memory(dev),
+        ranks(static_cast<size_t>(n)),
+        queues(static_cast<size_t>(n) * static_cast<size_t>(n)) {}
 
   struct RankState {
     bool closed = false;
@@ -119,8 +122,7 @@ struct InProcHub::State {
         return;
       }
     }
-    if (fail_after_bytes >= 0 &&
-        delivered + static_cast<int64_t>(send->bytes) > fail_after_bytes) {
+    if (fail_after_bytes >= 0 && delivered + static_cast<int64_t>(send->bytes) > fail_after_bytes) {
       const std::string msg = "injected fault: transport fails after " +
                               std::to_string(fail_after_bytes) + " bytes (transfer " +
                               std::to_string(send->owner) + "->" + std::to_string(recv->owner) +
@@ -294,8 +296,8 @@ class InProcWork final : public TransportWork {
         break;
       }
       // Bounded waits so that a missed notification can never turn into a hang.
-      auto until = std::min(deadline.when(),
-                            Deadline::Clock::now() + std::chrono::milliseconds(100));
+      auto until =
+          std::min(deadline.when(), Deadline::Clock::now() + std::chrono::milliseconds(100));
       s.cv.wait_until(lock, until);
     }
     s.Withdraw(group_.get(), lock);
@@ -368,9 +370,9 @@ StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const 
   group->owner = rank_;
   auto add = [&](bool is_send, int peer, const void* data, size_t bytes) -> Status {
     if (peer < 0 || peer >= s.size || peer == rank_) {
-      return InvalidArgumentError(std::string(is_send ? "send to" : "receive from") +
-                                  " peer " + std::to_string(peer) + " from rank " +
-                                  std::to_string(rank_) + " of " + std::to_string(s.size));
+      return InvalidArgumentError(std::string(is_send ? "send to" : "receive from") + " peer " +
+                                  std::to_string(peer) + " from rank " + std::to_string(rank_) +
+                                  " of " + std::to_string(s.size));
     }
     if (data == nullptr && bytes > 0) {
       return InvalidArgumentError("null buffer of " + std::to_string(bytes) + " bytes for peer " +
@@ -393,7 +395,9 @@ StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const 
   const auto& me = s.Rank(rank_);
   if (me.dead || me.aborted || me.closed) {
     return FailedPreconditionError("transport of rank " + std::to_string(rank_) + " is " +
-                                   (me.dead ? "dead" : me.aborted ? "aborted" : "closed") +
+                                   (me.dead      ? "dead"
+                                    : me.aborted ? "aborted"
+                                                 : "closed") +
                                    " after an earlier failure");
   }
   for (auto& op : group->ops) s.Post(op.get());

@@ -59,7 +59,8 @@ TEST(InProcTransportTest, SizeMismatchIsInternalOnBothSides) {
   });
   t0.join();
   t1.join();
-  EXPECT_THAT(s0, StatusIs(StatusCode::kInternal, HasSubstr("sends 16 bytes to rank 1, which expects 8")));
+  EXPECT_THAT(
+      s0, StatusIs(StatusCode::kInternal, HasSubstr("sends 16 bytes to rank 1, which expects 8")));
   EXPECT_THAT(s1, StatusIs(StatusCode::kInternal, HasSubstr("size mismatch")));
 }
 
@@ -74,9 +75,11 @@ TEST(InProcTransportTest, AbortWakesPendingWait) {
     t.Abort();
   });
   // Without the abort this Wait would end with kDeadlineExceeded after 60 s.
-  EXPECT_THAT(work->Wait(Deadline::AfterMs(60000)), StatusIs(StatusCode::kAborted, HasSubstr("aborted")));
+  EXPECT_THAT(work->Wait(Deadline::AfterMs(60000)),
+              StatusIs(StatusCode::kAborted, HasSubstr("aborted")));
   aborter.join();
-  EXPECT_THAT(t.Start({}, r).status(), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("aborted")));
+  EXPECT_THAT(t.Start({}, r).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("aborted")));
 }
 
 TEST(InProcTransportTest, DeadlineThenPeerSeesClosedRank) {
@@ -85,7 +88,8 @@ TEST(InProcTransportTest, DeadlineThenPeerSeesClosedRank) {
   char buf[4] = {};
   std::vector<RecvOp> r{{1, buf, 4}};
   MORPH_ASSERT_OK_AND_ASSIGN(auto work, t0.Start({}, r));
-  EXPECT_THAT(work->Wait(Deadline::AfterMs(20)), StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("rank 0")));
+  EXPECT_THAT(work->Wait(Deadline::AfterMs(20)),
+              StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("rank 0")));
   InProcTransport t1(hub, 1);
   std::vector<SendOp> s{{0, buf, 4}};
   MORPH_ASSERT_OK_AND_ASSIGN(auto w1, t1.Start(s, {}));
@@ -113,7 +117,8 @@ TEST(InProcTransportTest, KilledRankAndInjectedFault) {
   MORPH_ASSERT_OK_AND_ASSIGN(auto wr, b.Start({}, rr));
   EXPECT_THAT(ws->Wait(Deadline::AfterMs(10000)),
               StatusIs(StatusCode::kUnavailable, HasSubstr("injected fault")));
-  EXPECT_THAT(wr->Wait(Deadline::AfterMs(10000)), StatusIs(StatusCode::kUnavailable, HasSubstr("")));
+  EXPECT_THAT(wr->Wait(Deadline::AfterMs(10000)),
+              StatusIs(StatusCode::kUnavailable, HasSubstr("")));
   EXPECT_EQ(hub2->bytes_delivered(), 4);
 }
 
@@ -124,7 +129,8 @@ TEST(InProcTransportTest, BadPeerIsInvalidArgument) {
   std::vector<SendOp> s{{5, buf, 4}};
   EXPECT_THAT(t.Start(s, {}).status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("peer 5")));
   std::vector<SendOp> self{{0, buf, 4}};
-  EXPECT_THAT(t.Start(self, {}).status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("peer 0")));
+  EXPECT_THAT(t.Start(self, {}).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("peer 0")));
 }
 
 }  // namespace

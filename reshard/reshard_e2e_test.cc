@@ -22,7 +22,8 @@ int Uniform(Rng& rng, int lo, int hi) { return std::uniform_int_distribution<int
 
 ParallelConfig RandomConfig(Rng& rng, int layers) {
   while (true) {
-    ParallelConfig c{.dp = Uniform(rng, 1, 4), .tp = Uniform(rng, 1, 4),
+    ParallelConfig c{.dp = Uniform(rng, 1, 4),
+                     .tp = Uniform(rng, 1, 4),
                      .pp = Uniform(rng, 1, std::min(layers, 3))};
     if (c.world() > 10) continue;
     std::vector<int> cuts(static_cast<size_t>(layers - 1));
@@ -47,7 +48,10 @@ PlanInput RandomInput(Rng& rng) {
   const int lcm = std::lcm(in.old_config.tp, in.new_config.tp);
   const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kU8, DType::kF64};
   for (int i = 0, n = Uniform(rng, 1, 4); i < n; ++i) {
-    TensorSpec t{"t" + std::to_string(i), dtypes[Uniform(rng, 0, 3)], {}, Layout::Layer(Uniform(rng, 0, layers - 1))};
+    TensorSpec t{"t" + std::to_string(i),
+                 dtypes[Uniform(rng, 0, 3)],
+                 {},
+                 Layout::Layer(Uniform(rng, 0, layers - 1))};
     const int rank = Uniform(rng, 0, 3);
     for (int d = 0; d < rank; ++d) t.shape.push_back(Uniform(rng, 1, 24));
     if (rank > 0 && Uniform(rng, 0, 2) > 0) {
@@ -107,7 +111,8 @@ TEST(ReshardE2ETest, PlannerPlansRunByExecutorMatchReference) {
       threads.emplace_back([&, p] {
         const size_t i = static_cast<size_t>(p);
         InProcTransport t(hub, p);
-        stats[i] = ExecutePlan(plans[i], data[i].olds, data[i].news, t, opts, Deadline::AfterMs(30000));
+        stats[i] =
+            ExecutePlan(plans[i], data[i].olds, data[i].news, t, opts, Deadline::AfterMs(30000));
       });
     }
     for (auto& t : threads) t.join();

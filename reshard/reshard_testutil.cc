@@ -1,9 +1,9 @@
 #include "reshard/reshard_testutil.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <numeric>
-
-#include <glog/logging.h>
 
 #include "reshard/strided_copy.h"
 
@@ -19,7 +19,8 @@ int64_t Total(const TensorInfo& t) {
 // Sorted random cut points splitting [0, len) into `parts` non-empty-where-possible pieces.
 std::vector<int64_t> RandomCuts(int64_t len, int parts, std::mt19937_64& rng) {
   std::vector<int64_t> cuts{0, len};
-  for (int i = 1; i < parts; ++i) cuts.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(len + 1)));
+  for (int i = 1; i < parts; ++i)
+    cuts.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(len + 1)));
   std::sort(cuts.begin(), cuts.end());
   return cuts;
 }
@@ -65,9 +66,12 @@ RegionLayout RandomLayout(const TensorInfo& t, int n, std::mt19937_64& rng) {
   int flat = 1 + static_cast<int>(rng() % 3);
   int replicas = 1 + static_cast<int>(rng() % 2);
   while (parts * flat * replicas > n) {
-    if (replicas > 1) --replicas;
-    else if (flat > 1) --flat;
-    else --parts;
+    if (replicas > 1)
+      --replicas;
+    else if (flat > 1)
+      --flat;
+    else
+      --parts;
   }
   std::vector<int> who(static_cast<size_t>(n));
   std::iota(who.begin(), who.end(), 0);
@@ -78,11 +82,14 @@ RegionLayout RandomLayout(const TensorInfo& t, int n, std::mt19937_64& rng) {
                                 : RandomCuts(t.shape[static_cast<size_t>(dim)], parts, rng);
   for (int p = 0; p < parts; ++p) {
     Box frame = Box::FromShape(t.shape);
-    if (dim >= 0) frame.dim(dim) = {dim_cuts[static_cast<size_t>(p)], dim_cuts[static_cast<size_t>(p) + 1]};
+    if (dim >= 0)
+      frame.dim(dim) = {dim_cuts[static_cast<size_t>(p)], dim_cuts[static_cast<size_t>(p) + 1]};
     const int64_t elems = *frame.NumElements();
     const auto flat_cuts = RandomCuts(elems, flat, rng);
     for (int f = 0; f < flat; ++f) {
-      Region r{Shard{frame, flat_cuts[static_cast<size_t>(f)], flat_cuts[static_cast<size_t>(f) + 1]}, {}};
+      Region r{
+          Shard{frame, flat_cuts[static_cast<size_t>(f)], flat_cuts[static_cast<size_t>(f) + 1]},
+          {}};
       for (int k = 0; k < replicas; ++k) r.holders.push_back(who[next++]);
       out.push_back(std::move(r));
     }
@@ -179,9 +186,9 @@ ParticipantData MakeParticipantData(const LocalPlan& plan,
   for (size_t t = 0; t < nt; ++t) {
     const TensorInfo& info = plan.tensors[t];
     if (plan.old_shards[t]) {
-      d.olds.push_back({info.name, info.dtype,
-                        ConstBufferView(d.old_data[t].data(), d.old_data[t].size(),
-                                        MemoryKind::kHost)});
+      d.olds.push_back(
+          {info.name, info.dtype,
+           ConstBufferView(d.old_data[t].data(), d.old_data[t].size(), MemoryKind::kHost)});
     }
     if (plan.new_shards[t]) {
       d.news.push_back({info.name, info.dtype,

@@ -51,7 +51,7 @@ std::vector<char> ExtractShard(const TensorInfo& t, const Shard& s,
 
 // Old buffers of one participant filled from the reference, and empty new ones.
 struct ParticipantData {
-  std::vector<std::vector<char>> old_data;   // indexed by tensor; empty if no old shard
+  std::vector<std::vector<char>> old_data;  // indexed by tensor; empty if no old shard
   std::vector<OldShardData> olds;
   std::vector<std::vector<char>> new_data;
   std::vector<NewShardData> news;

@@ -26,14 +26,14 @@ inline constexpr int kMaxCopyDims = 8;
 // A copy of a box between two strided layouts, reduced to `rows` runs of `row` elements that
 // are contiguous on both sides. Plain data so that it can be passed to a CUDA kernel.
 struct CopyGeometry {
-  int outer_rank = 0;                   // dims above the row, outermost first
+  int outer_rank = 0;  // dims above the row, outermost first
   int64_t outer_shape[kMaxCopyDims] = {};
   int64_t dst_stride[kMaxCopyDims] = {};
   int64_t src_stride[kMaxCopyDims] = {};
-  int64_t row = 1;                      // elements per contiguous run
-  int64_t dst_offset = 0;               // elements, of the box's first element
+  int64_t row = 1;         // elements per contiguous run
+  int64_t dst_offset = 0;  // elements, of the box's first element
   int64_t src_offset = 0;
-  int64_t num_elements = 0;             // of the whole box
+  int64_t num_elements = 0;  // of the whole box
 };
 
 // Row-major strides of a dense array of `shape`, offset 0.

@@ -102,8 +102,8 @@ TEST(StridedCopyTest, RandomViewsMatchNaiveCopy) {
     const int64_t e = b + static_cast<int64_t>(rng() % static_cast<uint64_t>(n - b + 1));
     HostStridedCopy(g, got.data(), src.data(), es, b, e);
     NaiveCopy(vb, want.data(), va, src.data(), es, b, e);
-    ASSERT_EQ(got, want) << "iteration " << iter << " box " << box << " range [" << b << ","
-                         << e << ")";
+    ASSERT_EQ(got, want) << "iteration " << iter << " box " << box << " range [" << b << "," << e
+                         << ")";
   }
 }
 
