@@ -523,9 +523,13 @@ class Execution {
     auto t = Clock::now();
     Status s = round.work->Wait(deadline_);
     stats_.wait_seconds += Since(t);
-    if (!s.ok())
-      return s.WithContext("round " + std::to_string(round.index) + " of " +
-                           std::to_string(num_rounds_));
+    if (!s.ok()) {
+      // This group is finished (failed): never Wait on it again. Its staging stays allocated
+      // until the execution ends, after the transport was aborted.
+      const int64_t index = round.index;
+      in_flight_.pop_front();
+      return s.WithContext("round " + std::to_string(index) + " of " + std::to_string(num_rounds_));
+    }
     t = Clock::now();
     for (auto& [m, data] : round.staged_recvs) {
       for (const Segment& seg : m->segments) {
