@@ -6,6 +6,7 @@
 //    "memcpy_seconds":...,"ratio":<memcpy_seconds/seconds>, ...}
 // Usage: executor_bench [--mb=2048] [--reps=2] [--verify]
 //   --mb      total model state in MiB (f32 matrices of 2048 x 2048 = 16 MiB each)
+// BENCH_ONLY=<substring> runs only the matching scenarios; BENCH_DEBUG=1 prints per-rank stats.
 //   --verify  fill old shards from reference tensors and check every new shard bitwise (slow;
 //             not timed)
 #include <chrono>
@@ -244,6 +245,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  for (const auto& s : morph::Scenarios(mb)) morph::Run(s, reps, verify);
+  const char* only = std::getenv("BENCH_ONLY");
+  for (const auto& s : morph::Scenarios(mb)) {
+    if (only == nullptr || s.name.find(only) != std::string::npos) morph::Run(s, reps, verify);
+  }
   return 0;
 }
