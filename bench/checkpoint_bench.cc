@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   double base_write = 1e30, save[2] = {1e30, 1e30}, blocking[2] = {1e30, 1e30};
   for (int rep = 0; rep < 2; ++rep) {
     base_write = std::min(base_write, Parallel(n, plain_write));
-    for (int snapshot = 1; snapshot >= 0; --snapshot) {
+    for (int snapshot = 0; snapshot <= 1; ++snapshot) {
       const std::string ck = dir + (snapshot ? "/ckpt" : "/ckpt-nosnap");
       std::filesystem::remove_all(ck);
       CheckpointSaveOptions opts;

@@ -6,9 +6,9 @@
 //    "memcpy_seconds":...,"ratio":<memcpy_seconds/seconds>, ...}
 // Usage: executor_bench [--mb=2048] [--reps=2] [--verify]
 //   --mb      total model state in MiB (f32 matrices of 2048 x 2048 = 16 MiB each)
-// BENCH_ONLY=<substring> runs only the matching scenarios; BENCH_DEBUG=1 prints per-rank stats.
 //   --verify  fill old shards from reference tensors and check every new shard bitwise (slow;
 //             not timed)
+// BENCH_ONLY=<substring> runs only the matching scenarios; BENCH_DEBUG=1 prints per-rank stats.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

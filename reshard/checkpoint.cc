@@ -257,13 +257,13 @@ Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step, 
 class SaveImpl final : public CheckpointSave {
  public:
   SaveImpl(std::string dir, int rank, int num_ranks, int64_t step, json config,
-           std::vector<CheckpointPiece> pieces, std::vector<char> snapshot,
+           std::vector<CheckpointPiece> pieces, Buffer snapshot,
            const CheckpointSaveOptions& options) {
     std::vector<const char*> data;
     size_t off = 0;
     for (const CheckpointPiece& p : pieces) {
       if (options.snapshot) {
-        data.push_back(snapshot.data() + off);
+        data.push_back(static_cast<const char*>(snapshot.data()) + off);
         off += PieceBytes(p);
       } else {
         data.push_back(static_cast<const char*>(p.data.data));
@@ -322,14 +322,14 @@ StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
                                 " must be a positive multiple of 64");
   }
   MORPH_RETURN_IF_ERROR(ValidatePieces(pieces));
-  std::vector<char> snapshot;
+  Buffer snapshot;  // not zero-filled: every byte is overwritten by the copy
   if (options.snapshot) {
     size_t total = 0;
     for (const CheckpointPiece& p : pieces) total += PieceBytes(p);
-    snapshot.resize(total);
+    MORPH_ASSIGN_OR_RETURN(snapshot, HostAllocator()(total), "checkpoint snapshot");
     size_t off = 0;
     for (const CheckpointPiece& p : pieces) {
-      MORPH_RETURN_IF_ERROR(CopyToHost(snapshot.data() + off, p.data));
+      MORPH_RETURN_IF_ERROR(CopyToHost(static_cast<char*>(snapshot.data()) + off, p.data));
       off += PieceBytes(p);
     }
   } else {
