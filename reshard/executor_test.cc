@@ -138,6 +138,12 @@ TEST(ExecutorTest, RandomizedPlansMatchReference) {
     SCOPED_TRACE("iteration " + std::to_string(iter));
     ExpectNewShardsMatch(plans, r, ref);
     if (::testing::Test::HasFatalFailure()) return;
+    // The staging bound: staging_bytes, or one round (a message to and from every peer).
+    const uint64_t chunk = EffectiveChunkBytes(opts, n);
+    const uint64_t bound = std::max<uint64_t>(opts.staging_bytes, 2 * (n - 1) * chunk);
+    for (const auto& st : r.stats) {
+      EXPECT_LE(static_cast<uint64_t>(st->staging_peak_bytes), bound);
+    }
   }
 }
 
