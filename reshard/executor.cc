@@ -454,6 +454,12 @@ class Execution {
     }
   }
 
+  // Local slices to do per round so that they end with the last of `rounds_left` rounds.
+  int64_t SliceShare(int64_t rounds_left) const {
+    const int64_t left = static_cast<int64_t>(local_slices_.size() - next_local_);
+    return rounds_left <= 0 ? left : (left + rounds_left - 1) / rounds_left;
+  }
+
   Status LocalCopySlice() {
     const auto t = Clock::now();
     const Segment& s = local_slices_[next_local_++];
@@ -570,7 +576,8 @@ class Execution {
     stats_.rounds = num_rounds_;
     pool_ = std::make_unique<StagingPool>(engine_->StagingAllocator(), chunk_);
     SliceLocalCopies();
-    int64_t next = 0;
+    int64_t next = 0, completed = 0;
+    int64_t local_credit = SliceShare(num_rounds_);
     while (next < num_rounds_ || !in_flight_.empty() || next_local_ < local_slices_.size()) {
       if (deadline_.Expired()) {
         return DeadlineExceededError("deadline passed with " + std::to_string(num_rounds_ - next) +
@@ -583,11 +590,16 @@ class Execution {
         MORPH_RETURN_IF_ERROR(Post(next++));
         continue;
       }
-      if (next_local_ < local_slices_.size()) {
+      // Local copy slices are spread evenly over the rounds: doing them all first would leave
+      // peers waiting for this participant's rounds (it completes none while copying).
+      if (next_local_ < local_slices_.size() && (local_credit > 0 || in_flight_.empty())) {
         MORPH_RETURN_IF_ERROR(LocalCopySlice());
+        --local_credit;
         continue;
       }
       MORPH_RETURN_IF_ERROR(Complete());
+      ++completed;
+      local_credit += SliceShare(num_rounds_ - completed);
     }
     return Status();
   }
