@@ -2,13 +2,16 @@
 // transport, one thread per participant, on random reconfigurations (DP/TP/PP/ZeRO changes,
 // leavers, joiners). Every new shard must equal the reference bitwise.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <thread>
 
 #include "base/testing.h"
+#include "reshard/checkpoint.h"
 #include "reshard/executor.h"
 #include "reshard/inproc_transport.h"
 #include "reshard/plan.h"
@@ -135,6 +138,64 @@ TEST(ReshardE2ETest, PlannerPlansRunByExecutorMatchReference) {
   }
   std::printf("reshard_e2e_test: %d reconfigurations, %lld bytes moved\n", kCases,
               static_cast<long long>(moved));
+}
+
+// Checkpoints through the same layouts: every rank of config A saves the pieces ShardOf gives it
+// (each element once: DP replicas are saved by d == 0, TP replicas by t == 0), then every rank of
+// config B loads ShardOf(B) from them.
+TEST(ReshardE2ETest, CheckpointSavedUnderOneConfigLoadsUnderAnother) {
+  const unsigned long long seed = morph::testing::TestSeed();
+  SCOPED_TRACE("MORPH_TEST_SEED=" + std::to_string(seed));
+  Rng rng(seed);
+  char tmpl[] = "/tmp/morph_e2e_ckpt_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  for (int i = 0; i < 40; ++i) {
+    const PlanInput in = RandomInput(rng);
+    SCOPED_TRACE("case " + std::to_string(i) + ": old " + in.old_config.ToString() + ", new " +
+                 in.new_config.ToString());
+    const std::string dir = root + "/case-" + std::to_string(i);
+    std::vector<std::vector<char>> ref;
+    for (size_t t = 0; t < in.tensors.size(); ++t) {
+      const TensorInfo info{in.tensors[t].name, in.tensors[t].dtype, in.tensors[t].shape};
+      ref.push_back(testutil::ReferenceTensor(info, static_cast<int>(t)));
+    }
+    const ParallelConfig& a = in.old_config;
+    std::vector<std::vector<char>> keep;
+    keep.reserve(static_cast<size_t>(a.world()) * in.tensors.size());
+    for (int r = 0; r < a.world(); ++r) {
+      const ParallelConfig::Coords c = a.CoordsOf(r);
+      std::vector<CheckpointPiece> pieces;
+      for (size_t t = 0; t < in.tensors.size(); ++t) {
+        const TensorSpec& spec = in.tensors[t];
+        if (!(spec.layout.zero_sharded() || c.d == 0) || !(spec.layout.tp_split() || c.t == 0)) {
+          continue;
+        }
+        MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(spec, a, r));
+        if (s.empty()) continue;
+        const TensorInfo info{spec.name, spec.dtype, spec.shape};
+        keep.push_back(testutil::ExtractShard(info, s, ref[t]));
+        pieces.push_back(
+            {info, s, ConstBufferView(keep.back().data(), keep.back().size(), MemoryKind::kHost)});
+      }
+      MORPH_ASSERT_OK_AND_ASSIGN(auto save, SaveCheckpointAsync(dir, r, a.world(), 7, {}, pieces));
+      MORPH_ASSERT_OK(save->Wait(Deadline::AfterMs(60000)));
+    }
+    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir));
+    const ParallelConfig& b = in.new_config;
+    for (int r = 0; r < b.world(); ++r) {
+      for (size_t t = 0; t < in.tensors.size(); ++t) {
+        const TensorSpec& spec = in.tensors[t];
+        MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(spec, b, r));
+        const TensorInfo info{spec.name, spec.dtype, spec.shape};
+        std::vector<char> got(static_cast<size_t>(s.NumElements() * DTypeSize(spec.dtype)));
+        MORPH_ASSERT_OK(ckpt.Read(spec.name, spec.dtype, s,
+                                  BufferView{got.data(), got.size(), MemoryKind::kHost}));
+        ASSERT_EQ(got, testutil::ExtractShard(info, s, ref[t])) << spec.name << " rank " << r;
+      }
+    }
+  }
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
