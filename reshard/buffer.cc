@@ -1,0 +1,84 @@
+#include "reshard/buffer.h"
+
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#if MORPH_WITH_CUDA
+#include "base/cuda_check.h"
+#endif
+
+namespace morph {
+
+std::string_view MemoryKindName(MemoryKind kind) {
+  return kind == MemoryKind::kCuda ? "cuda" : "host";
+}
+
+Buffer Buffer::Adopt(void* data, size_t bytes, MemoryKind kind, Release release) {
+  Buffer b;
+  b.data_ = data;
+  b.bytes_ = bytes;
+  b.kind_ = kind;
+  b.release_ = std::move(release);
+  return b;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)),
+      kind_(o.kind_),
+      release_(std::exchange(o.release_, nullptr)) {}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    kind_ = o.kind_;
+    release_ = std::exchange(o.release_, nullptr);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { Reset(); }
+
+void Buffer::Reset() {
+  if (data_ != nullptr && release_) release_(data_);
+  data_ = nullptr;
+  bytes_ = 0;
+  release_ = nullptr;
+}
+
+Allocator HostAllocator() {
+  return [](size_t bytes) -> StatusOr<Buffer> {
+    const size_t align = bytes >= (size_t{1} << 20) ? 4096 : 64;
+    // aligned_alloc wants a multiple of the alignment; a zero-byte shard still gets a pointer.
+    const size_t rounded = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
+    if (p == nullptr) {
+      return ResourceExhaustedError("host allocation of " + std::to_string(bytes) +
+                                    " bytes failed");
+    }
+    return Buffer::Adopt(p, bytes, MemoryKind::kHost, [](void* q) { std::free(q); });
+  };
+}
+
+Allocator CudaAllocator(int device) {
+#if MORPH_WITH_CUDA
+  return [device](size_t bytes) -> StatusOr<Buffer> {
+    MORPH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device)) << "selecting CUDA device " << device;
+    void* p = nullptr;
+    MORPH_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes == 0 ? 1 : bytes))
+        << "allocating " << bytes << " bytes on CUDA device " << device;
+    return Buffer::Adopt(p, bytes, MemoryKind::kCuda, [](void* q) { (void)cudaFree(q); });
+  };
+#else
+  return [device](size_t bytes) -> StatusOr<Buffer> {
+    return UnimplementedError("cannot allocate " + std::to_string(bytes) +
+                              " bytes on CUDA device " + std::to_string(device) +
+                              ": morph was built without CUDA");
+  };
+#endif
+}
+
+}  // namespace morph

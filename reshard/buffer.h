@@ -1,0 +1,80 @@
+// Buffer: memory that morph owns for a registered tensor's local shard (host or CUDA), so the
+// executor can hand back new shards of a different size after a reshard. An Allocator is the
+// hook through which users make morph allocate from their own pool, or adopt buffers they
+// already have (Buffer::Adopt).
+//
+//   MORPH_ASSIGN_OR_RETURN(Buffer b, HostAllocator()(1 << 20));   // 1 MiB, 64-byte aligned
+//   Buffer mine = Buffer::Adopt(ptr, bytes, MemoryKind::kHost, [](void* p) { free(p); });
+//   BufferView v = b.view();                                       // non-owning
+//
+// Thread-safety: a Buffer is a move-only value; allocators are callable from any thread.
+#ifndef MORPH_RESHARD_BUFFER_H_
+#define MORPH_RESHARD_BUFFER_H_
+
+#include <cstddef>
+#include <functional>
+#include <string_view>
+
+#include "base/status.h"
+
+namespace morph {
+
+enum class MemoryKind { kHost, kCuda };
+std::string_view MemoryKindName(MemoryKind kind);  // "host", "cuda"
+
+// Non-owning view of a buffer.
+struct BufferView {
+  void* data = nullptr;
+  size_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+};
+struct ConstBufferView {
+  const void* data = nullptr;
+  size_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  ConstBufferView() = default;
+  ConstBufferView(const void* d, size_t n, MemoryKind k) : data(d), bytes(n), kind(k) {}
+  ConstBufferView(BufferView v) : data(v.data), bytes(v.bytes), kind(v.kind) {}  // NOLINT
+};
+
+class Buffer {
+ public:
+  using Release = std::function<void(void*)>;
+
+  Buffer() = default;
+  // Takes ownership of `data`: `release(data)` runs when the Buffer dies (may be empty: the
+  // caller keeps ownership and must outlive the Buffer).
+  static Buffer Adopt(void* data, size_t bytes, MemoryKind kind, Release release);
+
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  MemoryKind kind() const { return kind_; }
+  BufferView view() const { return {data_, bytes_, kind_}; }
+
+ private:
+  void Reset();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemoryKind kind_ = MemoryKind::kHost;
+  Release release_;
+};
+
+// Returns a buffer of exactly `bytes` bytes (contents undefined), or kResourceExhausted
+// naming the size. Called from any thread.
+using Allocator = std::function<StatusOr<Buffer>(size_t bytes)>;
+
+// Host memory aligned to 64 bytes (4 KiB for buffers of 1 MiB or more).
+Allocator HostAllocator();
+// cudaMalloc on `device`. Without CUDA support in this build every call returns
+// kUnimplemented; without a usable GPU, kUnavailable.
+Allocator CudaAllocator(int device = 0);
+
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_BUFFER_H_

@@ -1,0 +1,617 @@
+#include "reshard/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "base/check.h"
+#include "reshard/crc32c.h"
+#include "reshard/strided_copy.h"
+
+#if MORPH_WITH_CUDA
+#include "base/cuda_check.h"
+#endif
+
+namespace morph {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr uint64_t kAlign = 64;
+constexpr int kFormatVersion = 1;
+
+std::string RankDirName(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "rank-%05d", rank);
+  return buf;
+}
+
+// A file descriptor closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  Status Close(const std::string& path) {
+    const int fd = std::exchange(fd_, -1);
+    MORPH_SYSCALL_RETURN_IF_ERROR(::close(fd)) << "closing " << path;
+    return Status();
+  }
+
+ private:
+  int fd_;
+};
+
+Status WriteAll(int fd, const char* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const size_t step = std::min<size_t>(n, size_t{1} << 30);
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(ssize_t w, ::write(fd, p, step), "writing " << path);
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status();
+}
+
+Status SyncDir(const std::string& path) {
+  MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd, ::open(path.c_str(), O_RDONLY | O_DIRECTORY),
+                                 "opening folder " << path);
+  Fd dir(fd);
+  MORPH_SYSCALL_RETURN_IF_ERROR(::fsync(dir.get())) << "syncing folder " << path;
+  return dir.Close(path);
+}
+
+// CRC32C of each `block`-byte block of a byte stream fed in arbitrary pieces.
+class BlockCrc {
+ public:
+  explicit BlockCrc(uint64_t block) : block_(block) {}
+  void Feed(const char* p, size_t n) {
+    while (n > 0) {
+      const size_t take = std::min<size_t>(n, block_ - in_block_);
+      crc_ = Crc32cExtend(crc_, p, take);
+      in_block_ += take;
+      p += take;
+      n -= take;
+      if (in_block_ == block_) Close();
+    }
+  }
+  std::vector<uint32_t> Finish() {
+    if (in_block_ > 0) Close();
+    return std::move(crcs_);
+  }
+
+ private:
+  void Close() {
+    crcs_.push_back(crc_);
+    crc_ = 0;
+    in_block_ = 0;
+  }
+  uint64_t block_;
+  uint64_t in_block_ = 0;
+  uint32_t crc_ = 0;
+  std::vector<uint32_t> crcs_;
+};
+
+json ShardToJson(const Shard& s) {
+  json frame = json::array();
+  for (const Interval& i : s.frame.dims()) frame.push_back({i.begin, i.end});
+  return {{"frame", frame}, {"flat_begin", s.flat_begin}, {"flat_end", s.flat_end}};
+}
+
+StatusOr<Shard> ShardFromJson(const json& j) {
+  Shard s;
+  std::vector<Interval> dims;
+  for (const json& d : j.at("frame"))
+    dims.push_back({d.at(0).get<int64_t>(), d.at(1).get<int64_t>()});
+  s.frame = Box(std::move(dims));
+  s.flat_begin = j.at("flat_begin").get<int64_t>();
+  s.flat_end = j.at("flat_end").get<int64_t>();
+  MORPH_ASSIGN_OR_RETURN(int64_t n, s.frame.NumElements());
+  if (s.flat_begin < 0 || s.flat_end > n || s.flat_begin > s.flat_end) {
+    return DataLossError("shard " + s.ToString() + " has a flat range outside its frame");
+  }
+  return s;
+}
+
+size_t PieceBytes(const CheckpointPiece& p) {
+  return static_cast<size_t>(p.shard.NumElements()) *
+         static_cast<size_t>(DTypeSize(p.tensor.dtype));
+}
+
+Status ValidatePieces(const std::vector<CheckpointPiece>& pieces) {
+  std::map<std::string, const TensorInfo*> seen;
+  for (const CheckpointPiece& p : pieces) {
+    const TensorInfo& t = p.tensor;
+    const Box whole = Box::FromShape(t.shape);
+    if (p.shard.frame.rank() != whole.rank() || !whole.Contains(p.shard.frame)) {
+      return InvalidArgumentError("piece " + p.shard.ToString() + " of tensor '" + t.name +
+                                  "' lies outside its shape " + whole.ToString());
+    }
+    MORPH_ASSIGN_OR_RETURN(int64_t frame_n, p.shard.frame.NumElements());
+    if (p.shard.flat_begin < 0 || p.shard.flat_end > frame_n) {
+      return InvalidArgumentError("piece " + p.shard.ToString() + " of tensor '" + t.name +
+                                  "' has a flat range outside its frame");
+    }
+    if (p.data.bytes != PieceBytes(p)) {
+      return InvalidArgumentError("piece " + p.shard.ToString() + " of tensor '" + t.name +
+                                  "' has " + std::to_string(p.data.bytes) +
+                                  " bytes, its shard needs " + std::to_string(PieceBytes(p)));
+    }
+    auto [it, fresh] = seen.emplace(t.name, &t);
+    if (!fresh && (it->second->dtype != t.dtype || it->second->shape != t.shape)) {
+      return InvalidArgumentError("pieces of tensor '" + t.name + "' disagree on dtype or shape");
+    }
+  }
+  return Status();
+}
+
+Status CopyToHost(void* dst, ConstBufferView src) {
+  if (src.kind == MemoryKind::kHost) {
+    if (src.bytes > 0) std::memcpy(dst, src.data, src.bytes);
+    return Status();
+  }
+#if MORPH_WITH_CUDA
+  MORPH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src.data, src.bytes, cudaMemcpyDeviceToHost))
+      << "copying a checkpoint piece to the host";
+  return Status();
+#else
+  return FailedPreconditionError(
+      "a checkpoint piece is in CUDA memory but morph was built "
+      "without CUDA");
+#endif
+}
+
+Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step, const json& config,
+                 const std::vector<CheckpointPiece>& pieces, const std::vector<const char*>& data,
+                 uint64_t block_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return ErrnoToStatus(ec.value(), "create_directories(" + dir + ")", __FILE__, __LINE__);
+  const std::string final_dir = dir + "/" + RankDirName(rank);
+  if (fs::exists(final_dir, ec)) {
+    return AlreadyExistsError("checkpoint folder " + final_dir + " already exists");
+  }
+  static std::atomic<int> counter{0};
+  const std::string tmp = dir + "/." + RankDirName(rank) + ".tmp-" + std::to_string(::getpid()) +
+                          "-" + std::to_string(counter++);
+  MORPH_SYSCALL_RETURN_IF_ERROR(::mkdir(tmp.c_str(), 0755)) << "creating " << tmp;
+  auto write = [&]() -> Status {
+    const std::string data_path = tmp + "/data.bin";
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd,
+                                   ::open(data_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+                                   "creating " << data_path);
+    Fd file(fd);
+    BlockCrc crc(block_bytes);
+    json jpieces = json::array();
+    std::map<std::string, const TensorInfo*> tensors;
+    uint64_t offset = 0;
+    static const char kZeros[kAlign] = {};
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const CheckpointPiece& p = pieces[i];
+      const uint64_t pad = (kAlign - offset % kAlign) % kAlign;
+      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), kZeros, pad, data_path));
+      crc.Feed(kZeros, pad);
+      offset += pad;
+      const size_t n = PieceBytes(p);
+      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), data[i], n, data_path));
+      crc.Feed(data[i], n);
+      jpieces.push_back({{"tensor", p.tensor.name},
+                         {"shard", ShardToJson(p.shard)},
+                         {"offset", offset},
+                         {"bytes", n}});
+      offset += n;
+      tensors.emplace(p.tensor.name, &p.tensor);
+    }
+    MORPH_SYSCALL_RETURN_IF_ERROR(::fsync(file.get())) << "syncing " << data_path;
+    MORPH_RETURN_IF_ERROR(file.Close(data_path));
+
+    json jtensors = json::array();
+    for (const auto& [name, t] : tensors) {
+      jtensors.push_back(
+          {{"name", name}, {"dtype", std::string(DTypeName(t->dtype))}, {"shape", t->shape}});
+    }
+    json manifest = {{"format", "morph-checkpoint"},
+                     {"version", kFormatVersion},
+                     {"rank", rank},
+                     {"num_ranks", num_ranks},
+                     {"step", step},
+                     {"config", config},
+                     {"tensors", jtensors},
+                     {"pieces", jpieces},
+                     {"files", json::array({{{"name", "data.bin"},
+                                             {"bytes", offset},
+                                             {"block_bytes", block_bytes},
+                                             {"crc32c", crc.Finish()}}})}};
+    const std::string text = manifest.dump(1);
+    const std::string man_path = tmp + "/manifest.json";
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(int mfd,
+                                   ::open(man_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+                                   "creating " << man_path);
+    Fd man(mfd);
+    MORPH_RETURN_IF_ERROR(WriteAll(man.get(), text.data(), text.size(), man_path));
+    MORPH_SYSCALL_RETURN_IF_ERROR(::fsync(man.get())) << "syncing " << man_path;
+    MORPH_RETURN_IF_ERROR(man.Close(man_path));
+    MORPH_RETURN_IF_ERROR(SyncDir(tmp));
+    MORPH_SYSCALL_RETURN_IF_ERROR(::rename(tmp.c_str(), final_dir.c_str()))
+        << "renaming " << tmp << " to " << final_dir;
+    return SyncDir(dir);
+  };
+  Status s = write();
+  if (!s.ok()) fs::remove_all(tmp, ec);  // best effort; a leftover is harmless to loaders
+  return s.WithContext("saving checkpoint rank " + std::to_string(rank) + " to " + dir);
+}
+
+class SaveImpl final : public CheckpointSave {
+ public:
+  SaveImpl(std::string dir, int rank, int num_ranks, int64_t step, json config,
+           std::vector<CheckpointPiece> pieces, Buffer snapshot,
+           const CheckpointSaveOptions& options) {
+    std::vector<const char*> data;
+    size_t off = 0;
+    for (const CheckpointPiece& p : pieces) {
+      if (options.snapshot) {
+        data.push_back(static_cast<const char*>(snapshot.data()) + off);
+        off += PieceBytes(p);
+      } else {
+        data.push_back(static_cast<const char*>(p.data.data));
+      }
+    }
+    thread_ =
+        std::thread([this, dir = std::move(dir), rank, num_ranks, step, config = std::move(config),
+                     pieces = std::move(pieces), snapshot = std::move(snapshot),
+                     data = std::move(data), block = options.block_bytes]() mutable {
+          Status s = WriteRank(dir, rank, num_ranks, step, config, pieces, data, block);
+          std::lock_guard<std::mutex> lock(mu_);
+          status_ = std::move(s);
+          done_ = true;
+          cv_.notify_all();
+        });
+  }
+  ~SaveImpl() override { thread_.join(); }
+
+  Status Wait(Deadline deadline) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_until(lock, deadline.when(), [&] { return done_; })) {
+      return DeadlineExceededError("checkpoint save still running at its deadline");
+    }
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  std::thread thread_;
+};
+
+int64_t ElementOffset(const StridedView& v, int64_t linear) {
+  int64_t off = v.offset;
+  for (int d = static_cast<int>(v.shape.size()) - 1; d >= 0; --d) {
+    const size_t i = static_cast<size_t>(d);
+    off += (linear % v.shape[i]) * v.strides[i];
+    linear /= v.shape[i];
+  }
+  return off;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
+    const std::string& dir, int rank, int num_ranks, int64_t step, const nlohmann::json& config,
+    const std::vector<CheckpointPiece>& pieces, const CheckpointSaveOptions& options) {
+  if (num_ranks <= 0 || rank < 0 || rank >= num_ranks) {
+    return InvalidArgumentError("checkpoint rank " + std::to_string(rank) + " of " +
+                                std::to_string(num_ranks) + " is out of range");
+  }
+  if (options.block_bytes == 0 || options.block_bytes % kAlign != 0) {
+    return InvalidArgumentError("checkpoint block_bytes " + std::to_string(options.block_bytes) +
+                                " must be a positive multiple of 64");
+  }
+  MORPH_RETURN_IF_ERROR(ValidatePieces(pieces));
+  Buffer snapshot;  // not zero-filled: every byte is overwritten by the copy
+  if (options.snapshot) {
+    size_t total = 0;
+    for (const CheckpointPiece& p : pieces) total += PieceBytes(p);
+    MORPH_ASSIGN_OR_RETURN(snapshot, HostAllocator()(total), "checkpoint snapshot");
+    size_t off = 0;
+    for (const CheckpointPiece& p : pieces) {
+      MORPH_RETURN_IF_ERROR(CopyToHost(static_cast<char*>(snapshot.data()) + off, p.data));
+      off += PieceBytes(p);
+    }
+  } else {
+    for (const CheckpointPiece& p : pieces) {
+      if (p.data.kind != MemoryKind::kHost) {
+        return InvalidArgumentError("piece of tensor '" + p.tensor.name +
+                                    "' is in CUDA memory: save it with snapshot = true");
+      }
+    }
+  }
+  return std::unique_ptr<CheckpointSave>(
+      new SaveImpl(dir, rank, num_ranks, step, config, pieces, std::move(snapshot), options));
+}
+
+StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return NotFoundError("no checkpoint folder " + dir);
+  std::map<int, std::string> done;
+  std::map<int, std::vector<std::string>> leftovers;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int r = -1;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "rank-%d%c", &r, &tail) == 1 && r >= 0) {
+      done[r] = e.path().string();
+    } else if (std::sscanf(name.c_str(), ".rank-%d.tmp%c", &r, &tail) == 2 && tail == '-') {
+      leftovers[r].push_back(name);
+    }
+  }
+  if (ec) return ErrnoToStatus(ec.value(), "listing " + dir, __FILE__, __LINE__);
+  auto incomplete = [&](int r, int n) {
+    std::string msg = "checkpoint " + dir + " is incomplete: rank " + std::to_string(r) +
+                      (n > 0 ? " of " + std::to_string(n) : "") + " has not finished saving";
+    if (leftovers.count(r)) msg += " (its save was interrupted: leftover " + leftovers[r][0] + ")";
+    return FailedPreconditionError(msg);
+  };
+  if (done.empty()) return incomplete(leftovers.empty() ? 0 : leftovers.begin()->first, 0);
+
+  CheckpointReader reader;
+  reader.dir_ = dir;
+  std::map<std::string, size_t> tensor_index;
+  bool first = true;
+  for (const auto& [r, path] : done) {
+    const std::string man_path = path + "/manifest.json";
+    json m;
+    try {
+      std::ifstream in(man_path);
+      if (!in) return DataLossError("cannot read manifest " + man_path);
+      m = json::parse(in);
+      if (m.at("format") != "morph-checkpoint" || m.at("version") != kFormatVersion) {
+        return DataLossError("manifest " + man_path + " is not a morph checkpoint version " +
+                             std::to_string(kFormatVersion));
+      }
+      const int n = m.at("num_ranks").get<int>();
+      const int64_t step = m.at("step").get<int64_t>();
+      if (m.at("rank").get<int>() != r) {
+        return DataLossError("manifest " + man_path + " says rank " + m.at("rank").dump());
+      }
+      if (first) {
+        reader.num_ranks_ = n;
+        reader.step_ = step;
+        reader.config_ = m.at("config");
+        first = false;
+      } else if (n != reader.num_ranks_ || step != reader.step_) {
+        return DataLossError("manifest " + man_path + " is of step " + std::to_string(step) +
+                             " with " + std::to_string(n) + " ranks, others of step " +
+                             std::to_string(reader.step_) + " with " +
+                             std::to_string(reader.num_ranks_));
+      }
+      const json& jf = m.at("files").at(0);
+      File f;
+      f.path = path + "/" + jf.at("name").get<std::string>();
+      f.bytes = jf.at("bytes").get<uint64_t>();
+      f.block_bytes = jf.at("block_bytes").get<uint64_t>();
+      f.crc = jf.at("crc32c").get<std::vector<uint32_t>>();
+      if (f.block_bytes == 0 || f.block_bytes % kAlign != 0 ||
+          f.crc.size() != (f.bytes + f.block_bytes - 1) / f.block_bytes) {
+        return DataLossError("manifest " + man_path + " has inconsistent checksum blocks");
+      }
+      struct stat st;
+      if (::stat(f.path.c_str(), &st) != 0) {
+        return DataLossError("data file " + f.path + " is missing: " + std::strerror(errno));
+      }
+      if (static_cast<uint64_t>(st.st_size) != f.bytes) {
+        return DataLossError("data file " + f.path + " has " + std::to_string(st.st_size) +
+                             " bytes, its manifest says " + std::to_string(f.bytes) +
+                             " (truncated or overwritten)");
+      }
+      const int file_index = static_cast<int>(reader.files_.size());
+      reader.files_.push_back(std::move(f));
+      for (const json& jt : m.at("tensors")) {
+        TensorInfo t;
+        t.name = jt.at("name").get<std::string>();
+        MORPH_ASSIGN_OR_RETURN(t.dtype, ParseDType(jt.at("dtype").get<std::string>()),
+                               "manifest " << man_path);
+        t.shape = jt.at("shape").get<std::vector<int64_t>>();
+        auto [it, fresh] = tensor_index.emplace(t.name, reader.tensors_.size());
+        if (fresh) {
+          reader.tensors_.push_back(t);
+          reader.pieces_.emplace_back();
+        } else if (reader.tensors_[it->second].dtype != t.dtype ||
+                   reader.tensors_[it->second].shape != t.shape) {
+          return DataLossError("manifest " + man_path +
+                               " disagrees with other ranks on dtype or "
+                               "shape of tensor '" +
+                               t.name + "'");
+        }
+      }
+      for (const json& jp : m.at("pieces")) {
+        const std::string name = jp.at("tensor").get<std::string>();
+        auto it = tensor_index.find(name);
+        if (it == tensor_index.end()) {
+          return DataLossError("manifest " + man_path + " has a piece of unlisted tensor '" + name +
+                               "'");
+        }
+        Piece p;
+        p.file = file_index;
+        MORPH_ASSIGN_OR_RETURN(p.shard, ShardFromJson(jp.at("shard")), "manifest " << man_path);
+        p.offset = jp.at("offset").get<uint64_t>();
+        const TensorInfo& t = reader.tensors_[it->second];
+        const uint64_t bytes = static_cast<uint64_t>(p.shard.NumElements()) *
+                               static_cast<uint64_t>(DTypeSize(t.dtype));
+        if (p.offset % kAlign != 0 ||
+            p.offset + bytes > reader.files_[static_cast<size_t>(file_index)].bytes ||
+            !Box::FromShape(t.shape).Contains(p.shard.frame) ||
+            p.shard.frame.rank() != static_cast<int>(t.shape.size())) {
+          return DataLossError("manifest " + man_path + " has an inconsistent piece of tensor '" +
+                               name + "'");
+        }
+        reader.pieces_[it->second].push_back(std::move(p));
+      }
+    } catch (const json::exception& e) {
+      return DataLossError("manifest " + man_path + " is unreadable: " + e.what());
+    }
+  }
+  for (int r = 0; r < reader.num_ranks_; ++r) {
+    if (!done.count(r)) return incomplete(r, reader.num_ranks_);
+  }
+  if (done.rbegin()->first >= reader.num_ranks_) {
+    return DataLossError("checkpoint " + dir + " has a folder for rank " +
+                         std::to_string(done.rbegin()->first) + " but " +
+                         std::to_string(reader.num_ranks_) + " ranks");
+  }
+  // Saved pieces of a tensor must cover it exactly once.
+  for (size_t t = 0; t < reader.tensors_.size(); ++t) {
+    const TensorInfo& info = reader.tensors_[t];
+    int64_t total = 1, saved = 0;
+    for (int64_t s : info.shape) total *= s;
+    const auto& ps = reader.pieces_[t];
+    std::vector<std::vector<Box>> boxes;
+    for (const Piece& p : ps) {
+      saved += p.shard.NumElements();
+      boxes.push_back(ShardBoxes(p.shard));
+    }
+    for (size_t i = 0; i < boxes.size(); ++i) {
+      for (size_t j = i + 1; j < boxes.size(); ++j) {
+        for (const Box& a : boxes[i]) {
+          for (const Box& b : boxes[j]) {
+            if (!Intersect(a, b).empty()) {
+              return DataLossError("checkpoint " + dir + ": saved pieces " +
+                                   ps[i].shard.ToString() + " and " + ps[j].shard.ToString() +
+                                   " of tensor '" + info.name + "' overlap");
+            }
+          }
+        }
+      }
+    }
+    if (saved != total) {
+      return DataLossError("checkpoint " + dir + ": saved pieces of tensor '" + info.name +
+                           "' hold " + std::to_string(saved) + " of its " + std::to_string(total) +
+                           " elements");
+    }
+  }
+  return reader;
+}
+
+Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard& shard,
+                              BufferView dst) const {
+  auto it = std::find_if(tensors_.begin(), tensors_.end(),
+                         [&](const TensorInfo& t) { return t.name == name; });
+  if (it == tensors_.end()) {
+    return NotFoundError("checkpoint " + dir_ + " has no tensor '" + name + "'");
+  }
+  const size_t t = static_cast<size_t>(it - tensors_.begin());
+  const TensorInfo& info = *it;
+  if (dtype != info.dtype) {
+    return InvalidArgumentError("tensor '" + name + "' was saved as " +
+                                std::string(DTypeName(info.dtype)) + ", not " +
+                                std::string(DTypeName(dtype)));
+  }
+  const Box whole = Box::FromShape(info.shape);
+  if (shard.frame.rank() != whole.rank() || !whole.Contains(shard.frame)) {
+    return InvalidArgumentError("shard " + shard.ToString() + " lies outside tensor '" + name +
+                                "' of shape " + whole.ToString());
+  }
+  const int es = DTypeSize(dtype);
+  const size_t want_bytes = static_cast<size_t>(shard.NumElements()) * static_cast<size_t>(es);
+  if (dst.bytes != want_bytes) {
+    return InvalidArgumentError("buffer for tensor '" + name + "' has " +
+                                std::to_string(dst.bytes) + " bytes, shard " + shard.ToString() +
+                                " needs " + std::to_string(want_bytes));
+  }
+  std::vector<char> staging;
+  char* out = static_cast<char*>(dst.data);
+  if (dst.kind == MemoryKind::kCuda) {
+    staging.resize(want_bytes);
+    out = staging.data();
+  }
+  constexpr int64_t kMaxSpan = int64_t{64} << 20;
+  std::vector<char> buf;
+  std::map<int, Fd> fds;
+  for (const Piece& p : pieces_[t]) {
+    const File& f = files_[static_cast<size_t>(p.file)];
+    for (const Box& wb : ShardBoxes(shard)) {
+      for (const Box& ib : IntersectShard(p.shard, wb)) {
+        MORPH_ASSIGN_OR_RETURN(StridedView src, ViewOf(p.shard, ib));
+        MORPH_ASSIGN_OR_RETURN(StridedView dv, ViewOf(shard, ib));
+        MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(dv, src));
+        const int64_t n = g.num_elements;
+        const int64_t span = (ElementOffset(src, n - 1) - ElementOffset(src, 0) + 1) * es;
+        int64_t per = n;
+        if (span > kMaxSpan) {
+          per = std::max<int64_t>(1, n / ((span + kMaxSpan - 1) / kMaxSpan));
+          per = std::max(g.row, per / g.row * g.row);
+        }
+        if (!fds.count(p.file)) {
+          MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd, ::open(f.path.c_str(), O_RDONLY),
+                                         "opening " << f.path);
+          fds.emplace(p.file, Fd(fd));
+        }
+        const int fd = fds.at(p.file).get();
+        for (int64_t e0 = 0; e0 < n; e0 += per) {
+          const int64_t e1 = std::min(n, e0 + per);
+          const uint64_t a = p.offset + static_cast<uint64_t>(ElementOffset(src, e0) * es);
+          const uint64_t b =
+              p.offset + static_cast<uint64_t>((ElementOffset(src, e1 - 1) + 1) * es);
+          const uint64_t lo = a / f.block_bytes, hi = (b + f.block_bytes - 1) / f.block_bytes;
+          const uint64_t start = lo * f.block_bytes, stop = std::min(f.bytes, hi * f.block_bytes);
+          buf.resize(stop - start);
+          size_t got = 0;
+          while (got < buf.size()) {
+            MORPH_ASSIGN_SYSCALL_OR_RETURN(
+                ssize_t r,
+                ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(start + got)),
+                "reading " << f.path);
+            if (r == 0) {
+              return DataLossError("data file " + f.path + " ends at byte " +
+                                   std::to_string(start + got) + ", its manifest says " +
+                                   std::to_string(f.bytes) + " (truncated)");
+            }
+            got += static_cast<size_t>(r);
+          }
+          *bytes_read_ += static_cast<int64_t>(buf.size());
+          for (uint64_t k = lo; k < hi; ++k) {
+            const uint64_t bs = k * f.block_bytes - start;
+            const uint64_t bn = std::min<uint64_t>(f.block_bytes, buf.size() - bs);
+            if (Crc32c(buf.data() + bs, bn) != f.crc[k]) {
+              return DataLossError("data file " + f.path +
+                                   " is corrupted: checksum mismatch in "
+                                   "block " +
+                                   std::to_string(k) + " (bytes " +
+                                   std::to_string(k * f.block_bytes) + ".." +
+                                   std::to_string(k * f.block_bytes + bn) + ")");
+            }
+          }
+          CopyGeometry g2 = g;
+          g2.src_offset += (static_cast<int64_t>(p.offset) - static_cast<int64_t>(start)) / es;
+          HostStridedCopy(g2, out, buf.data(), es, e0, e1);
+        }
+      }
+    }
+  }
+  if (dst.kind == MemoryKind::kCuda) {
+#if MORPH_WITH_CUDA
+    MORPH_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst.data, staging.data(), want_bytes, cudaMemcpyHostToDevice))
+        << "loading tensor '" << name << "'";
+#else
+    return FailedPreconditionError("CUDA buffer given but morph was built without CUDA");
+#endif
+  }
+  return Status();
+}
+
+}  // namespace morph

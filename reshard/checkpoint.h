@@ -1,0 +1,123 @@
+// Layout-free checkpoints of sharded tensors. Each participant saves the pieces it holds (a
+// Shard of a tensor plus its bytes) asynchronously; any set of processes, in any parallel
+// configuration, can later load any shard of any tensor, reading only the byte ranges of the
+// saved pieces that intersect it (rounded to checksum blocks), possibly from several files.
+//
+//   // every rank (no communicator needed):
+//   MORPH_ASSIGN_OR_RETURN(auto save, SaveCheckpointAsync("/ckpt/step-100", rank, world,
+//                                                          /*step=*/100, config_json, pieces));
+//   ... keep training (pieces were snapshotted) ...
+//   MORPH_RETURN_IF_ERROR(save->Wait(Deadline::AfterMs(600000)));
+//   // later, in another configuration:
+//   MORPH_ASSIGN_OR_RETURN(CheckpointReader ckpt, CheckpointReader::Open("/ckpt/step-100"));
+//   MORPH_RETURN_IF_ERROR(ckpt.Read("layers.3.mlp.w1", DType::kF32, my_new_shard, buf.view()));
+//
+// On disk (docs/reshard-executor.md has the details):
+//   <dir>/rank-00003/data.bin        the rank's pieces, 64-byte aligned, back to back
+//   <dir>/rank-00003/manifest.json   tensors, pieces (shard, offset), step, config, file size
+//                                    and one CRC32C per block of data.bin
+// Atomicity: a rank writes into <dir>/.rank-00003.tmp-<pid>-<n>/, fsyncs both files and the
+// folder, renames it to rank-00003 and fsyncs <dir>. A checkpoint is complete when rank-r
+// folders exist for every r in [0, num_ranks) and agree on step and num_ranks; Open rejects
+// anything else, so a save killed midway never loads as complete.
+#ifndef MORPH_RESHARD_CHECKPOINT_H_
+#define MORPH_RESHARD_CHECKPOINT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "reshard/buffer.h"
+#include "reshard/local_plan.h"
+
+namespace morph {
+
+// One piece to save: `data` holds the shard's elements (shard.NumElements() * dtype size
+// bytes). Host memory, or CUDA memory in CUDA builds (copied to the host snapshot first).
+struct CheckpointPiece {
+  TensorInfo tensor;
+  Shard shard;
+  ConstBufferView data;
+};
+
+struct CheckpointSaveOptions {
+  // Copy the pieces into memory owned by the save before returning, so the caller may change
+  // its buffers at once. Without it, buffers must stay unchanged until Wait returns.
+  bool snapshot = true;
+  // Bytes covered by one checksum; also the read granularity of loads.
+  uint64_t block_bytes = uint64_t{1} << 20;
+};
+
+class CheckpointSave {
+ public:
+  virtual ~CheckpointSave() = default;  // waits for the write to end
+  // OK once this rank's part is durable (renamed into place and synced); the write's error
+  // (kAlreadyExists if this rank's folder exists, kResourceExhausted disk full, kInternal...)
+  // otherwise; kDeadlineExceeded if it is still running at `deadline` (Wait may be called
+  // again). Any thread.
+  virtual Status Wait(Deadline deadline) = 0;
+};
+
+// Starts saving this rank's pieces under `dir` (created if missing). Returns at once, after
+// the snapshot copy. kInvalidArgument (naming tensor and field): rank outside [0, num_ranks),
+// a piece whose shard lies outside its tensor's shape, whose buffer size differs from the
+// shard's, or whose tensor metadata disagrees with another piece of the same name. Called by
+// any one thread per rank; ranks need not coordinate.
+StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
+    const std::string& dir, int rank, int num_ranks, int64_t step, const nlohmann::json& config,
+    const std::vector<CheckpointPiece>& pieces, const CheckpointSaveOptions& options = {});
+
+class CheckpointReader {
+ public:
+  // Reads and checks every rank's manifest. kNotFound: no such folder. kFailedPrecondition:
+  // the checkpoint is incomplete (a rank's folder is missing: its save was interrupted or
+  // never ran; leftover temporary folders are named). kDataLoss: an unreadable manifest, a
+  // data file whose size differs from its manifest (truncated), ranks that disagree on step,
+  // num_ranks or a tensor's dtype/shape, or saved pieces that overlap or do not cover a tensor.
+  static StatusOr<CheckpointReader> Open(const std::string& dir);
+
+  int64_t step() const { return step_; }
+  int num_ranks() const { return num_ranks_; }
+  const nlohmann::json& config() const { return config_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+
+  // Fills `dst` (shard.NumElements() * dtype size bytes, host or CUDA) with the elements of
+  // `shard` of tensor `name`, reading only the checksum blocks that hold them. kNotFound:
+  // unknown tensor. kInvalidArgument: dtype differs from the saved one, shard outside the
+  // tensor, wrong buffer size. kDataLoss naming the file: checksum mismatch or short read.
+  // Const and thread-safe: several threads may read concurrently.
+  Status Read(const std::string& name, DType dtype, const Shard& shard, BufferView dst) const;
+
+  // Bytes read from files so far (all Read calls).
+  int64_t bytes_read() const { return *bytes_read_; }
+
+ private:
+  struct Piece {
+    int file = 0;
+    Shard shard;
+    uint64_t offset = 0;  // in the file
+  };
+  struct File {
+    std::string path;
+    uint64_t bytes = 0;
+    uint64_t block_bytes = 0;
+    std::vector<uint32_t> crc;
+  };
+  std::string dir_;
+  int64_t step_ = 0;
+  int num_ranks_ = 0;
+  nlohmann::json config_;
+  std::vector<TensorInfo> tensors_;
+  std::vector<std::vector<Piece>> pieces_;  // by tensor index
+  std::vector<File> files_;
+  std::shared_ptr<std::atomic<int64_t>> bytes_read_ = std::make_shared<std::atomic<int64_t>>(0);
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_CHECKPOINT_H_

@@ -1,0 +1,221 @@
+#include "reshard/checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "base/testing.h"
+#include "reshard/crc32c.h"
+#include "reshard/reshard_testutil.h"
+
+namespace morph {
+namespace {
+
+namespace fs = std::filesystem;
+using ::morph::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using namespace ::morph::testutil;  // NOLINT
+
+TEST(Crc32cTest, KnownValuesAndExtension) {
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(Crc32c("", 0), 0u);
+  std::string s(1000, 'x');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i * 7);
+  EXPECT_EQ(Crc32cExtend(Crc32c(s.data(), 333), s.data() + 333, 667), Crc32c(s.data(), 1000));
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/morph_ckpt_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    dir_ = root_ + "/step-7";
+    tensors_ = {{"w1", DType::kF32, {48, 40}},
+                {"adam_m", DType::kBF16, {30, 17}},
+                {"scale", DType::kF64, {}}};
+    for (size_t i = 0; i < tensors_.size(); ++i)
+      ref_.push_back(ReferenceTensor(tensors_[i], static_cast<int>(i)));
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Saves the tensors under `layouts` (one Region per piece), one rank per holder.
+  void Save(const std::vector<RegionLayout>& layouts, int num_ranks,
+            CheckpointSaveOptions opts = {}) {
+    std::vector<std::vector<CheckpointPiece>> by_rank(static_cast<size_t>(num_ranks));
+    std::vector<std::vector<char>> keep;
+    keep.reserve(64);
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      for (const Region& r : layouts[t]) {
+        keep.push_back(ExtractShard(tensors_[t], r.shard, ref_[t]));
+        by_rank[static_cast<size_t>(r.holders[0])].push_back(
+            {tensors_[t], r.shard,
+             ConstBufferView(keep.back().data(), keep.back().size(), MemoryKind::kHost)});
+      }
+    }
+    std::vector<std::unique_ptr<CheckpointSave>> saves;
+    for (int r = 0; r < num_ranks; ++r) {
+      auto s = SaveCheckpointAsync(dir_, r, num_ranks, 7, {{"dp", 4}, {"tp", 1}},
+                                   by_rank[static_cast<size_t>(r)], opts);
+      ASSERT_TRUE(s.ok()) << s.status();
+      saves.push_back(std::move(s).value());
+    }
+    // Snapshots were taken: clobbering the sources must not change what is saved.
+    for (auto& k : keep) std::fill(k.begin(), k.end(), 0);
+    for (auto& s : saves) MORPH_ASSERT_OK(s->Wait(Deadline::AfterMs(60000)));
+  }
+
+  void ExpectLoads(const CheckpointReader& ckpt, const std::vector<RegionLayout>& layouts) {
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      for (const Region& r : layouts[t]) {
+        std::vector<char> got(
+            static_cast<size_t>(r.shard.NumElements() * DTypeSize(tensors_[t].dtype)));
+        MORPH_ASSERT_OK(ckpt.Read(tensors_[t].name, tensors_[t].dtype, r.shard,
+                                  BufferView{got.data(), got.size(), MemoryKind::kHost}));
+        ASSERT_EQ(got, ExtractShard(tensors_[t], r.shard, ref_[t]))
+            << tensors_[t].name << " shard " << r.shard.ToString();
+      }
+    }
+  }
+
+  std::vector<RegionLayout> Tp4() {
+    return {TpLayout(tensors_[0], 1, {0, 1, 2, 3}), FlatLayout(tensors_[1], {0, 1, 2, 3}),
+            ReplicatedLayout(tensors_[2], {2})};
+  }
+
+  std::string root_, dir_;
+  std::vector<TensorInfo> tensors_;
+  std::vector<std::vector<char>> ref_;
+};
+
+TEST_F(CheckpointTest, SaveUnderOneShardingLoadUnderAnother) {
+  CheckpointSaveOptions opts;
+  opts.block_bytes = 512;
+  Save(Tp4(), 4, opts);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  EXPECT_EQ(ckpt.step(), 7);
+  EXPECT_EQ(ckpt.num_ranks(), 4);
+  EXPECT_EQ(ckpt.config()["dp"], 4);
+  EXPECT_EQ(ckpt.tensors().size(), 3u);
+  ExpectLoads(ckpt, {TpLayout(tensors_[0], 0, {0, 1, 2}), TpLayout(tensors_[1], 1, {0, 1}),
+                     ReplicatedLayout(tensors_[2], {0})});
+  ExpectLoads(ckpt, {FlatLayout(tensors_[0], {0, 1, 2, 3, 4}), FlatLayout(tensors_[1], {0}),
+                     ReplicatedLayout(tensors_[2], {0})});
+  std::mt19937_64 rng(morph::testing::TestSeed());
+  for (int i = 0; i < 20; ++i) {
+    ExpectLoads(ckpt, {RandomLayout(tensors_[0], 6, rng), RandomLayout(tensors_[1], 6, rng),
+                       ReplicatedLayout(tensors_[2], {0})});
+  }
+}
+
+TEST_F(CheckpointTest, ReadsOnlyTheBlocksItNeeds) {
+  CheckpointSaveOptions opts;
+  opts.block_bytes = 256;
+  Save(Tp4(), 4, opts);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  // Row 5, columns [0, 10) of w1 lie in rank 0's piece (columns [0, 10)): 40 bytes.
+  Shard want = *Shard::Whole(Box({{5, 6}, {0, 10}}));
+  std::vector<char> got(40);
+  MORPH_ASSERT_OK(
+      ckpt.Read("w1", DType::kF32, want, BufferView{got.data(), 40, MemoryKind::kHost}));
+  EXPECT_EQ(got, ExtractShard(tensors_[0], want, ref_[0]));
+  EXPECT_LE(ckpt.bytes_read(), 2 * 256);
+}
+
+TEST_F(CheckpointTest, InterruptedSaveIsNeverComplete) {
+  auto layouts = Tp4();
+  // Rank 3 holds w1 columns [30, 40) and a flat part of adam_m: make it save nothing, and leave
+  // the temporary folder a killed save would leave.
+  Save(layouts, 4);
+  fs::rename(dir_ + "/rank-00003", dir_ + "/.rank-00003.tmp-12345-0");
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("incomplete: rank 3 of 4 has not finished saving"),
+                             HasSubstr("interrupted"))));
+  fs::remove_all(dir_);
+  fs::create_directories(dir_ + "/.rank-00000.tmp-1-0");
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("rank 0 has not finished")));
+  EXPECT_THAT(CheckpointReader::Open(root_ + "/nope").status(),
+              StatusIs(StatusCode::kNotFound, HasSubstr("nope")));
+}
+
+TEST_F(CheckpointTest, CorruptedAndTruncatedFilesAreDataLoss) {
+  CheckpointSaveOptions opts;
+  opts.block_bytes = 1024;
+  Save(Tp4(), 4, opts);
+  const std::string f1 = dir_ + "/rank-00001/data.bin";
+  {
+    std::fstream f(f1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x40);
+    f.write(&c, 1);
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  std::vector<char> got(48 * 40 * 4);
+  EXPECT_THAT(
+      ckpt.Read("w1", DType::kF32, *Shard::Whole(Box::FromShape({48, 40})),
+                BufferView{got.data(), got.size(), MemoryKind::kHost}),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(f1), HasSubstr("checksum mismatch"))));
+  fs::resize_file(dir_ + "/rank-00002/data.bin", 100);
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("rank-00002/data.bin"), HasSubstr("truncated"))));
+  std::ofstream(dir_ + "/rank-00000/manifest.json") << "{\"format\": \"morph-checkpoint\"";
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("rank-00000/manifest.json"), HasSubstr("unreadable"))));
+}
+
+TEST_F(CheckpointTest, BadInputsAndReads) {
+  Save(Tp4(), 4);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  std::vector<char> buf(8);
+  BufferView v{buf.data(), 8, MemoryKind::kHost};
+  const Shard scalar = *Shard::Whole(Box());
+  EXPECT_THAT(ckpt.Read("nope", DType::kF64, scalar, v),
+              StatusIs(StatusCode::kNotFound, HasSubstr("'nope'")));
+  EXPECT_THAT(ckpt.Read("scale", DType::kF32, scalar, v),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("saved as f64, not f32")));
+  MORPH_EXPECT_OK(ckpt.Read("scale", DType::kF64, scalar, v));
+  EXPECT_EQ(buf, ref_[2]);
+  EXPECT_THAT(ckpt.Read("w1", DType::kF32, *Shard::Whole(Box({{0, 3}, {0, 1}})), v),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("has 8 bytes, shard")));
+
+  // The same rank cannot save twice into one checkpoint.
+  std::vector<CheckpointPiece> none;
+  MORPH_ASSERT_OK_AND_ASSIGN(auto again, SaveCheckpointAsync(dir_, 1, 4, 7, {}, none));
+  EXPECT_THAT(again->Wait(Deadline::AfterMs(60000)),
+              StatusIs(StatusCode::kAlreadyExists, HasSubstr("rank-00001 already exists")));
+  EXPECT_THAT(SaveCheckpointAsync(dir_, 4, 4, 7, {}, none).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("rank 4 of 4")));
+  std::vector<CheckpointPiece> bad{{tensors_[0], *Shard::Whole(Box::FromShape({48, 40})),
+                                    ConstBufferView(buf.data(), 8, MemoryKind::kHost)}};
+  EXPECT_THAT(SaveCheckpointAsync(root_ + "/x", 0, 1, 7, {}, bad).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1' has 8 bytes")));
+}
+
+TEST_F(CheckpointTest, OverlappingOrMissingPiecesAreDataLoss) {
+  // The replicated scalar saved by two ranks: overlapping pieces.
+  auto layouts = Tp4();
+  layouts[2] = {{*Shard::Whole(Box()), {0}}, {*Shard::Whole(Box()), {1}}};
+  Save(layouts, 4);
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("of tensor 'scale' overlap")));
+  fs::remove_all(dir_);
+  layouts = Tp4();
+  layouts[0].pop_back();  // w1 columns [30, 40) never saved
+  Save(layouts, 4);
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("'w1' hold 1440 of its 1920 elements")));
+}
+
+}  // namespace
+}  // namespace morph

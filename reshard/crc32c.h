@@ -1,0 +1,20 @@
+// CRC32C (Castagnoli), as used by the checkpoint format to detect corrupted blocks. Uses the
+// SSE4.2 crc32 instruction when the CPU has it, a table otherwise; both give the same values.
+//
+//   uint32_t c = Crc32c(data, n);                  // one shot
+//   uint32_t c2 = Crc32cExtend(Crc32c(a, n), b, m); // == Crc32c of a followed by b
+#ifndef MORPH_RESHARD_CRC32C_H_
+#define MORPH_RESHARD_CRC32C_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace morph {
+
+// Continues `crc` (the CRC of earlier bytes; 0 for none) over `n` more bytes. Thread-safe.
+uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
+inline uint32_t Crc32c(const void* data, size_t n) { return Crc32cExtend(0, data, n); }
+
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_CRC32C_H_

@@ -1,0 +1,122 @@
+// The reshard executor: runs one participant's LocalPlan. It copies pieces that stay on this
+// participant from old to new storage, packs strided boxes into contiguous staging buffers,
+// exchanges them through a Transport with grouped sends/receives, and unpacks them into the new
+// shards, pipelining over rounds of messages (pack round k+1 while round k is in flight, unpack
+// round k-1) within a staging-memory bound.
+//
+//   std::vector<OldShardData> old = {{"w1", DType::kF32, old_w1.view()}, ...};
+//   MORPH_ASSIGN_OR_RETURN(ExecutorOptions opts, ExecutorOptions::FromEnv());
+//   MORPH_ASSIGN_OR_RETURN(ReshardResult r,
+//       Reshard(plan, old, transport, HostAllocator(), opts, Deadline::AfterMs(60000)));
+//   // success: r.new_buffers[i] holds plan.new_shards[i]; only now free the old buffers.
+//
+// Message boundaries. For each peer, the pieces exchanged with it (in plan order) are cut into
+// messages of at most EffectiveChunkBytes(options, n) bytes, at element boundaries; a piece of at
+// least 1/8 of that size starts a fresh message and ends its last one, smaller pieces share
+// messages. Message k of every pair belongs to round k. Both sides derive the same cuts from the
+// plan lists, the tensors' dtypes and the options, which must be equal on all participants (per
+// local_plan.h). A message that is a single contiguous range of the old (new) buffer is sent from
+// (received into) place, without staging.
+//
+// Failure: a transport error, a peer that is gone, an abort or the deadline stop the execution;
+// the executor then aborts the transport (so peers fail promptly too), waits for its in-flight
+// groups to be released, and returns the error. Old buffers are never written, so the old
+// local data stays intact; new buffers hold partial data and must be discarded.
+#ifndef MORPH_RESHARD_EXECUTOR_H_
+#define MORPH_RESHARD_EXECUTOR_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "reshard/buffer.h"
+#include "reshard/local_plan.h"
+#include "reshard/transport.h"
+
+namespace morph {
+
+struct ExecutorOptions {
+  // Largest message to one peer. Must be equal on all participants.
+  uint64_t chunk_bytes = uint64_t{4} << 20;
+  // Bound on this participant's staging memory (send and receive staging together; one round
+  // is always allowed, see EffectiveChunkBytes). Must be equal on all participants.
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  // Rounds posted but not yet completed. Deeper pipelines only add staging memory (which is
+  // first-touched, i.e. slow, when fresh); may differ between participants.
+  int max_rounds_in_flight = 3;
+
+  // From MORPH_RESHARD_CHUNK_BYTES and MORPH_RESHARD_STAGING_BYTES; kInvalidArgument naming
+  // the variable when one does not parse.
+  static StatusOr<ExecutorOptions> FromEnv();
+};
+
+// The message size actually used with `num_participants` participants:
+// min(chunk_bytes, staging_bytes / (4 * (n - 1))), at least 4 KiB, a multiple of 64. With this
+// size one round (a message to and from every peer) takes at most half the staging bound, so
+// two rounds overlap.
+uint64_t EffectiveChunkBytes(const ExecutorOptions& options, int num_participants);
+
+// A tensor's old local shard, as the caller holds it.
+struct OldShardData {
+  std::string name;
+  DType dtype = DType::kF32;
+  ConstBufferView data;  // bytes == old shard's elements * dtype size; empty if no old shard
+};
+// Where a tensor's new local shard goes.
+struct NewShardData {
+  std::string name;
+  DType dtype = DType::kF32;
+  BufferView data;  // bytes == new shard's elements * dtype size
+};
+
+struct ExecutorStats {
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+  int64_t bytes_copied = 0;  // local copies old -> new
+  int64_t messages_sent = 0;
+  int64_t messages_received = 0;
+  int64_t messages_zero_copy = 0;  // sent or received without staging
+  int64_t rounds = 0;
+  int64_t staging_peak_bytes = 0;
+  double copy_seconds = 0;  // local copies
+  double pack_seconds = 0;
+  double unpack_seconds = 0;
+  double wait_seconds = 0;  // blocked on the transport
+  double total_seconds = 0;
+  std::string ToString() const;
+};
+
+// Runs `plan` on this participant. `old_shards` and `new_shards` name every tensor of the plan
+// that has an old (new) shard here, in any order. All buffers must be of one memory kind; CUDA
+// buffers need a CUDA build and a transport with SupportsDeviceMemory() for any exchange.
+// Returns:
+//   kInvalidArgument  plan and buffers disagree (unknown or duplicate tensor name, dtype
+//                     mismatch, buffer size differs from the shard's, a piece outside its shard,
+//                     new shards not covered exactly, peer out of range, transport rank/size
+//                     not the plan's); nothing was sent or received;
+//   kFailedPrecondition device buffers with a host-only transport or a build without CUDA;
+//   kDeadlineExceeded / kAborted / kUnavailable / kInternal  from the transport (deadline,
+//                     abort, peer gone, size mismatch between peers' plans), with context.
+// Called by the thread that owns `transport`; all participants of the plan must call it.
+StatusOr<ExecutorStats> ExecutePlan(const LocalPlan& plan, std::span<const OldShardData> old_shards,
+                                    std::span<const NewShardData> new_shards, Transport& transport,
+                                    const ExecutorOptions& options, Deadline deadline);
+
+struct ReshardResult {
+  std::vector<Buffer> new_buffers;  // indexed like plan.tensors; empty Buffer where no shard
+  ExecutorStats stats;
+};
+
+// Allocates the new shards with `allocator`, then ExecutePlan. Same Status codes, plus the
+// allocator's (kResourceExhausted). On error the new buffers are freed.
+StatusOr<ReshardResult> Reshard(const LocalPlan& plan, std::span<const OldShardData> old_shards,
+                                Transport& transport, const Allocator& allocator,
+                                const ExecutorOptions& options, Deadline deadline);
+
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_EXECUTOR_H_

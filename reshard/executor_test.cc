@@ -1,0 +1,330 @@
+#include "reshard/executor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "base/testing.h"
+#include "reshard/inproc_transport.h"
+#include "reshard/reshard_testutil.h"
+
+namespace morph {
+namespace {
+
+using ::morph::testing::StatusIs;
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+using namespace ::morph::testutil;  // NOLINT
+
+struct RunResult {
+  std::vector<StatusOr<ExecutorStats>> stats;
+  std::vector<ParticipantData> data;
+};
+
+// Runs every participant's plan in its own thread over one in-process hub. `before` may
+// mutate the hub (fault injection) once all transports exist.
+RunResult RunAll(const std::vector<LocalPlan>& plans, const std::vector<std::vector<char>>& ref,
+                 const ExecutorOptions& opts, std::shared_ptr<InProcHub> hub = nullptr,
+                 int64_t deadline_ms = 30000) {
+  const int n = static_cast<int>(plans.size());
+  if (!hub) hub = std::make_shared<InProcHub>(n);
+  RunResult r;
+  for (const LocalPlan& p : plans) {
+    r.data.push_back(MakeParticipantData(p, ref));
+    r.stats.emplace_back(InternalError("not run"));
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      InProcTransport t(hub, i);
+      r.stats[static_cast<size_t>(i)] =
+          ExecutePlan(plans[static_cast<size_t>(i)], r.data[static_cast<size_t>(i)].olds,
+                      r.data[static_cast<size_t>(i)].news, t, opts, Deadline::AfterMs(deadline_ms));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return r;
+}
+
+std::vector<std::vector<char>> Reference(const std::vector<TensorInfo>& tensors) {
+  std::vector<std::vector<char>> ref;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    ref.push_back(ReferenceTensor(tensors[i], static_cast<int>(i)));
+  return ref;
+}
+
+void ExpectNewShardsMatch(const std::vector<LocalPlan>& plans, const RunResult& r,
+                          const std::vector<std::vector<char>>& ref) {
+  for (size_t p = 0; p < plans.size(); ++p) {
+    MORPH_ASSERT_OK(r.stats[p]);
+    for (size_t t = 0; t < plans[p].tensors.size(); ++t) {
+      if (!plans[p].new_shards[t]) continue;
+      ASSERT_EQ(r.data[p].new_data[t],
+                ExtractShard(plans[p].tensors[t], *plans[p].new_shards[t], ref[t]))
+          << "participant " << p << " tensor " << plans[p].tensors[t].name;
+    }
+  }
+}
+
+ExecutorOptions SmallOptions() {
+  ExecutorOptions o;
+  o.chunk_bytes = 4096;
+  o.staging_bytes = 64 << 10;
+  return o;
+}
+
+TEST(ExecutorTest, TensorParallel4To2) {
+  std::vector<TensorInfo> tensors{{"w1", DType::kF32, {64, 96}}, {"w2", DType::kBF16, {96, 64}}};
+  std::vector<RegionLayout> old_l{TpLayout(tensors[0], 1, {0, 1, 2, 3}),
+                                  TpLayout(tensors[1], 0, {0, 1, 2, 3})};
+  std::vector<RegionLayout> new_l{TpLayout(tensors[0], 1, {0, 1}), TpLayout(tensors[1], 0, {0, 1})};
+  auto plans = BuildPlans(tensors, old_l, new_l, 4);
+  auto ref = Reference(tensors);
+  RunResult r = RunAll(plans, ref, SmallOptions());
+  ExpectNewShardsMatch(plans, r, ref);
+  // Rank 0 keeps its old blocks (w1 columns [0,24), w2 rows [0,24)) and receives the rest of
+  // its new ones; rank 1's old blocks ([24,48)) lie outside its new ones ([48,96)).
+  EXPECT_EQ(r.stats[0]->bytes_copied, 64 * 24 * 4 + 24 * 64 * 2);
+  EXPECT_EQ(r.stats[0]->bytes_received, 64 * 24 * 4 + 24 * 64 * 2);
+  EXPECT_EQ(r.stats[1]->bytes_copied, 0);
+  EXPECT_EQ(r.stats[1]->bytes_received, 64 * 48 * 4 + 48 * 64 * 2);
+  EXPECT_EQ(r.stats[2]->bytes_received + r.stats[3]->bytes_received, 0);
+  EXPECT_GT(r.stats[1]->rounds, 1);
+}
+
+TEST(ExecutorTest, ZeroFlat4To3AndReplicatedJoiner) {
+  std::vector<TensorInfo> tensors{{"adam_m", DType::kF32, {10, 1000}}, {"bias", DType::kF64, {77}}};
+  std::vector<RegionLayout> old_l{FlatLayout(tensors[0], {0, 1, 2, 3}),
+                                  ReplicatedLayout(tensors[1], {0, 1, 2, 3})};
+  std::vector<RegionLayout> new_l{FlatLayout(tensors[0], {0, 2, 4}),
+                                  ReplicatedLayout(tensors[1], {0, 2, 4})};
+  auto plans = BuildPlans(tensors, old_l, new_l, 5);
+  auto ref = Reference(tensors);
+  RunResult r = RunAll(plans, ref, SmallOptions());
+  ExpectNewShardsMatch(plans, r, ref);
+  // Contiguous ranges go straight between shard buffers.
+  EXPECT_GT(r.stats[4]->messages_zero_copy, 0);
+}
+
+TEST(ExecutorTest, RandomizedPlansMatchReference) {
+  const unsigned long long seed = morph::testing::TestSeed();
+  SCOPED_TRACE("MORPH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const DType dtypes[] = {DType::kF32, DType::kF64, DType::kBF16, DType::kU8, DType::kI64};
+  for (int iter = 0; iter < 600; ++iter) {
+    const int n = 1 + static_cast<int>(rng() % 6);
+    const int nt = 1 + static_cast<int>(rng() % 4);
+    std::vector<TensorInfo> tensors;
+    for (int t = 0; t < nt; ++t) {
+      TensorInfo info{"t" + std::to_string(t), dtypes[rng() % 5], {}};
+      const int rank = static_cast<int>(rng() % 4);
+      for (int d = 0; d < rank; ++d) info.shape.push_back(1 + static_cast<int64_t>(rng() % 40));
+      tensors.push_back(info);
+    }
+    std::vector<RegionLayout> old_l, new_l;
+    for (const TensorInfo& t : tensors) {
+      old_l.push_back(RandomLayout(t, n, rng));
+      new_l.push_back(RandomLayout(t, n, rng));
+    }
+    auto plans = BuildPlans(tensors, old_l, new_l, n);
+    auto ref = Reference(tensors);
+    ExecutorOptions opts;
+    opts.chunk_bytes = 64 << (rng() % 8);
+    opts.staging_bytes = opts.chunk_bytes * (1 + rng() % 64);
+    RunResult r = RunAll(plans, ref, opts);
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    ExpectNewShardsMatch(plans, r, ref);
+    if (::testing::Test::HasFatalFailure()) return;
+    // The staging bound: staging_bytes, or one round (a message to and from every peer).
+    const uint64_t chunk = EffectiveChunkBytes(opts, n);
+    const uint64_t bound = std::max<uint64_t>(opts.staging_bytes, 2 * (n - 1) * chunk);
+    for (const auto& st : r.stats) {
+      EXPECT_LE(static_cast<uint64_t>(st->staging_peak_bytes), bound);
+    }
+  }
+}
+
+TEST(ExecutorTest, TransportFailureMidPlanLeavesOldDataIntact) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {128, 256}}};
+  auto plans = BuildPlans(tensors, {TpLayout(tensors[0], 1, {0, 1, 2, 3})},
+                          {TpLayout(tensors[0], 0, {0, 1, 2})}, 4);
+  auto ref = Reference(tensors);
+  auto hub = std::make_shared<InProcHub>(4);
+  hub->InjectFailAfterBytes(20000);
+  RunResult r = RunAll(plans, ref, SmallOptions(), hub);
+  int unavailable = 0;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    ASSERT_FALSE(r.stats[p].ok()) << "participant " << p;
+    EXPECT_THAT(r.stats[p].status().code(), AnyOf(StatusCode::kUnavailable, StatusCode::kAborted));
+    EXPECT_THAT(std::string(r.stats[p].status().message()),
+                HasSubstr("reshard participant " + std::to_string(p) + " of 4"));
+    if (r.stats[p].status().code() == StatusCode::kUnavailable) ++unavailable;
+    EXPECT_EQ(r.data[p].old_data[0], ExtractShard(tensors[0], *plans[p].old_shards[0], ref[0]))
+        << "old data of participant " << p << " changed";
+  }
+  EXPECT_GE(unavailable, 1);
+  EXPECT_LE(hub->bytes_delivered(), 20000);
+}
+
+TEST(ExecutorTest, KilledPeerAndAbortAndDeadline) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {64, 64}}};
+  auto plans =
+      BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1})}, {FlatLayout(tensors[0], {1, 0})}, 2);
+  auto ref = Reference(tensors);
+  for (int mode = 0; mode < 3; ++mode) {
+    SCOPED_TRACE("mode " + std::to_string(mode));
+    // Participant 1 never runs: it is killed, or participant 0 is aborted, or times out.
+    auto hub = std::make_shared<InProcHub>(2);
+    ParticipantData d = MakeParticipantData(plans[0], ref);
+    InProcTransport t(hub, 0);
+    std::thread side([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      if (mode == 0) hub->KillRank(1);
+      if (mode == 1) t.Abort();
+    });
+    auto s = ExecutePlan(plans[0], d.olds, d.news, t, SmallOptions(),
+                         Deadline::AfterMs(mode == 2 ? 100 : 60000));
+    side.join();
+    const StatusCode want[] = {StatusCode::kUnavailable, StatusCode::kAborted,
+                               StatusCode::kDeadlineExceeded};
+    EXPECT_THAT(s, StatusIs(want[mode], HasSubstr("round 0")));
+    EXPECT_EQ(d.old_data[0], ExtractShard(tensors[0], *plans[0].old_shards[0], ref[0]));
+  }
+}
+
+TEST(ExecutorTest, InconsistentPlansAreSizeMismatch) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans =
+      BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1})}, {FlatLayout(tensors[0], {1, 0})}, 2);
+  // Participant 1 believes the tensor is f64: its receives are twice as large.
+  plans[1].tensors[0].dtype = DType::kF64;
+  auto ref = Reference(tensors);
+  auto ref1 = ref;
+  ref1[0] = ReferenceTensor(plans[1].tensors[0], 0);
+  auto hub = std::make_shared<InProcHub>(2);
+  ParticipantData d0 = MakeParticipantData(plans[0], ref), d1 = MakeParticipantData(plans[1], ref1);
+  Status s0, s1;
+  std::thread a([&] {
+    InProcTransport t(hub, 0);
+    s0 = ExecutePlan(plans[0], d0.olds, d0.news, t, SmallOptions(), Deadline::AfterMs(30000))
+             .status();
+  });
+  std::thread b([&] {
+    InProcTransport t(hub, 1);
+    s1 = ExecutePlan(plans[1], d1.olds, d1.news, t, SmallOptions(), Deadline::AfterMs(30000))
+             .status();
+  });
+  a.join();
+  b.join();
+  EXPECT_THAT(s0, StatusIs(StatusCode::kInternal, HasSubstr("size mismatch")));
+  EXPECT_THAT(s1, StatusIs(StatusCode::kInternal, HasSubstr("size mismatch")));
+}
+
+class ValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tensors_ = {{"w", DType::kF32, {8, 8}}, {"b", DType::kF16, {8}}};
+    plans_ = BuildPlans(
+        tensors_, {TpLayout(tensors_[0], 0, {0, 1}), ReplicatedLayout(tensors_[1], {0, 1})},
+        {TpLayout(tensors_[0], 1, {0, 1}), ReplicatedLayout(tensors_[1], {0, 1})}, 2);
+    ref_ = Reference(tensors_);
+    d_ = MakeParticipantData(plans_[0], ref_);
+  }
+  Status Run(const LocalPlan& plan) {
+    auto hub = std::make_shared<InProcHub>(2);
+    InProcTransport t(hub, 0);
+    return ExecutePlan(plan, d_.olds, d_.news, t, SmallOptions(), Deadline::AfterMs(1000)).status();
+  }
+  std::vector<TensorInfo> tensors_;
+  std::vector<LocalPlan> plans_;
+  std::vector<std::vector<char>> ref_;
+  ParticipantData d_;
+};
+
+TEST_F(ValidationTest, UnknownTensor) {
+  d_.olds[0].name = "nope";
+  EXPECT_THAT(Run(plans_[0]), StatusIs(StatusCode::kInvalidArgument,
+                                       HasSubstr("old buffer for unknown tensor 'nope'")));
+}
+
+TEST_F(ValidationTest, MissingBuffer) {
+  d_.news.pop_back();
+  EXPECT_THAT(Run(plans_[0]),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("no new buffer for tensor 'b'")));
+}
+
+TEST_F(ValidationTest, DtypeMismatch) {
+  d_.olds[1].dtype = DType::kBF16;
+  EXPECT_THAT(Run(plans_[0]),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("old buffer of tensor 'b' is bf16, the plan says f16")));
+}
+
+TEST_F(ValidationTest, BufferSizeMismatch) {
+  d_.news[0].data.bytes -= 4;
+  EXPECT_THAT(Run(plans_[0]), StatusIs(StatusCode::kInvalidArgument,
+                                       HasSubstr("new buffer of tensor 'w' has 124 bytes")));
+}
+
+TEST_F(ValidationTest, PieceOutsideShard) {
+  LocalPlan p = plans_[0];
+  p.sends[0].box = Box({{0, 8}, {0, 8}});
+  EXPECT_THAT(Run(p),
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("sends[0] (tensor 'w'"), HasSubstr("not inside shard"))));
+}
+
+TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
+  LocalPlan p = plans_[0];
+  p.local_copies.pop_back();
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("its new shard holds 8")));
+  p = plans_[0];
+  p.recvs[0].peer = 7;
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("bad peer")));
+  p = plans_[0];
+  p.num_participants = 3;
+  EXPECT_THAT(Run(p),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("transport is rank 0 of 2, plan is for participant 0 of 3")));
+  p = plans_[0];
+  p.recvs[0].tensor = 9;
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor index")));
+}
+
+TEST(ExecutorTest, ReshardAllocatesNewBuffers) {
+  std::vector<TensorInfo> tensors{{"w", DType::kI32, {6, 10}}};
+  auto plans =
+      BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})}, {TpLayout(tensors[0], 1, {0})}, 1);
+  auto ref = Reference(tensors);
+  ParticipantData d = MakeParticipantData(plans[0], ref);
+  auto hub = std::make_shared<InProcHub>(1);
+  InProcTransport t(hub, 0);
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      ReshardResult res,
+      Reshard(plans[0], d.olds, t, HostAllocator(), ExecutorOptions(), Deadline::AfterMs(1000)));
+  ASSERT_EQ(res.new_buffers.size(), 1u);
+  ASSERT_EQ(res.new_buffers[0].size(), 240u);
+  EXPECT_EQ(std::memcmp(res.new_buffers[0].data(), ref[0].data(), 240), 0);
+  EXPECT_EQ(res.stats.bytes_copied, 240);
+}
+
+TEST(ExecutorTest, OptionsFromEnvAndEffectiveChunk) {
+  setenv("MORPH_RESHARD_STAGING_BYTES", "1MiB", 1);
+  setenv("MORPH_RESHARD_CHUNK_BYTES", "512KiB", 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(ExecutorOptions o, ExecutorOptions::FromEnv());
+  EXPECT_EQ(o.staging_bytes, 1u << 20);
+  EXPECT_EQ(o.chunk_bytes, 512u << 10);
+  EXPECT_EQ(EffectiveChunkBytes(o, 2), 256u << 10);
+  EXPECT_EQ(EffectiveChunkBytes(o, 1 << 20), 4096u);
+  setenv("MORPH_RESHARD_STAGING_BYTES", "lots", 1);
+  EXPECT_THAT(ExecutorOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_RESHARD_STAGING_BYTES")));
+  unsetenv("MORPH_RESHARD_STAGING_BYTES");
+  unsetenv("MORPH_RESHARD_CHUNK_BYTES");
+}
+
+}  // namespace
+}  // namespace morph
