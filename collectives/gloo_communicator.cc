@@ -29,6 +29,7 @@ using std::chrono::milliseconds;
 // Slots of point-to-point messages: above every slot Gloo's collectives use (their prefixes
 // are small), one sequence per (peer, direction).
 constexpr uint64_t kP2PSlotBase = uint64_t{0xAB} << 56;
+constexpr uint64_t kHeaderSlotBase = uint64_t{0xAC} << 56;
 constexpr uint64_t kP2PSlotMask = (uint64_t{1} << 56) - 1;
 // How long Wait lets an aborted operation leave Gloo before returning anyway.
 constexpr auto kAbortDrain = milliseconds(900);
@@ -420,39 +421,98 @@ class GlooCommunicator::Impl {
     return Status::Ok();
   }
 
-  Status SendRecv(const CollectiveOp& op) {
-    Deadline deadline = Deadline::After(op.timeout);
+  // Posts one unbound buffer per message (receives first) and waits for all of them.
+  struct Message {
+    bool send;
+    int peer;
+    void* data;
+    size_t bytes;
+  };
+  Status Exchange(const std::vector<Message>& messages, uint64_t slot_base, Deadline deadline,
+                  std::vector<uint64_t>& send_seq, std::vector<uint64_t>& recv_seq) {
     struct Posted {
       std::unique_ptr<gloo::transport::UnboundBuffer> buf;
       bool send;
       int peer;
     };
     std::vector<Posted> posted;
-    posted.reserve(op.p2p.size());
-    // Receives first, so that a peer's send finds its match at once.
+    posted.reserve(messages.size());
     for (int pass = 0; pass < 2; ++pass) {
-      for (const P2POp& p : op.p2p) {
-        bool send = p.kind == P2POp::Kind::kSend;
-        if ((pass == 0) == send || p.bytes == 0) continue;
-        auto buf = context_->createUnboundBuffer(p.data, p.bytes);
-        uint64_t& seq = send ? send_seq_[p.peer] : recv_seq_[p.peer];
-        uint64_t slot = kP2PSlotBase | (seq++ & kP2PSlotMask);
-        if (send) {
-          buf->send(p.peer, slot);
+      for (const Message& m : messages) {
+        if ((pass == 0) == m.send || m.bytes == 0) continue;
+        auto buf = context_->createUnboundBuffer(m.data, m.bytes);
+        uint64_t& seq = m.send ? send_seq[m.peer] : recv_seq[m.peer];
+        uint64_t slot = slot_base | (seq++ & kP2PSlotMask);
+        if (m.send) {
+          buf->send(m.peer, slot);
         } else {
-          buf->recv(p.peer, slot);
+          buf->recv(m.peer, slot);
         }
-        posted.push_back({std::move(buf), send, p.peer});
+        posted.push_back({std::move(buf), m.send, m.peer});
       }
     }
     for (Posted& p : posted) {
       milliseconds left = std::max(
           milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
       bool ok = p.send ? p.buf->waitSend(left) : p.buf->waitRecv(left);
-      if (!ok) return AbortedError(Describe() + ": send/recv with peer " +
-                                   std::to_string(p.peer) + " aborted");
+      if (!ok) {
+        return AbortedError(Describe() + ": send/recv with peer " + std::to_string(p.peer) +
+                            " aborted");
+      }
     }
     return Status::Ok();
+  }
+
+  // Two phases. First every pair that exchanges messages in this group compares the number
+  // of messages and a hash of their sizes (one 16-byte message per direction), because Gloo
+  // cannot survive a message larger than the receive posted for it (its event thread throws).
+  // Then the payloads move.
+  Status SendRecv(const CollectiveOp& op) {
+    Deadline deadline = Deadline::After(op.timeout);
+    struct Header {
+      uint64_t count = 0;
+      uint64_t hash = 14695981039346656037ull;  // FNV-1a over the sizes
+      void Add(uint64_t bytes) {
+        ++count;
+        for (int i = 0; i < 8; ++i) {
+          hash = (hash ^ ((bytes >> (8 * i)) & 0xff)) * 1099511628211ull;
+        }
+      }
+    };
+    std::vector<Header> out(size_), expected(size_), got(size_);
+    std::vector<bool> sends_to(size_, false), recvs_from(size_, false);
+    for (const P2POp& p : op.p2p) {
+      if (p.kind == P2POp::Kind::kSend) {
+        out[p.peer].Add(p.bytes);
+        sends_to[p.peer] = true;
+      } else {
+        expected[p.peer].Add(p.bytes);
+        recvs_from[p.peer] = true;
+      }
+    }
+    std::vector<Message> headers;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (sends_to[peer]) headers.push_back({true, peer, &out[peer], sizeof(Header)});
+      if (recvs_from[peer]) headers.push_back({false, peer, &got[peer], sizeof(Header)});
+    }
+    MORPH_RETURN_IF_ERROR(Exchange(headers, kHeaderSlotBase, deadline, header_send_seq_,
+                                   header_recv_seq_));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (!recvs_from[peer]) continue;
+      if (got[peer].count != expected[peer].count || got[peer].hash != expected[peer].hash) {
+        return InternalError(Describe() + ": send/recv: peer " + std::to_string(peer) +
+                             " sends " + std::to_string(got[peer].count) +
+                             " messages, this rank receives " +
+                             std::to_string(expected[peer].count) +
+                             (got[peer].count == expected[peer].count ? " (sizes differ)" : ""));
+      }
+    }
+    std::vector<Message> payload;
+    payload.reserve(op.p2p.size());
+    for (const P2POp& p : op.p2p) {
+      payload.push_back({p.kind == P2POp::Kind::kSend, p.peer, p.data, p.bytes});
+    }
+    return Exchange(payload, kP2PSlotBase, deadline, send_seq_, recv_seq_);
   }
 
   const std::string name_;
@@ -477,6 +537,8 @@ class GlooCommunicator::Impl {
   uint64_t op_seq_ = 0;
   std::vector<uint64_t> send_seq_ = std::vector<uint64_t>(size_, 0);
   std::vector<uint64_t> recv_seq_ = std::vector<uint64_t>(size_, 0);
+  std::vector<uint64_t> header_send_seq_ = std::vector<uint64_t>(size_, 0);
+  std::vector<uint64_t> header_recv_seq_ = std::vector<uint64_t>(size_, 0);
 };
 
 namespace {

@@ -107,6 +107,22 @@ TEST(GlooCommunicatorTest, AbortFromAnotherThreadEndsABlockedOperationWithinASec
   EXPECT_THAT(peer.message(), HasSubstr("rank 1/2"));
 }
 
+TEST(GlooCommunicatorTest, MismatchedMessageSizesAreInternalNotACrash) {
+  auto table = std::make_shared<KvTable>();
+  auto comms = Build(table, 0, 2, "mismatch", Device());
+  std::vector<Status> r = RunRankThreads(2, [&](int rank) {
+    std::vector<uint8_t> buf(8, 1);
+    P2POp op = rank == 0 ? P2POp{P2POp::Kind::kSend, 1, buf.data(), 8}
+                         : P2POp{P2POp::Kind::kRecv, 0, buf.data(), 4};
+    return comms[rank]->SendRecv({op}, milliseconds(5000));
+  });
+  EXPECT_THAT(r[1], StatusIs(StatusCode::kInternal,
+                             HasSubstr("peer 0 sends 1 messages, this rank receives 1 (sizes "
+                                       "differ)")));
+  EXPECT_FALSE(r[0].ok());
+  EXPECT_TRUE(comms[1]->broken());
+}
+
 TEST(GlooCommunicatorTest, TimeoutBreaksTheCommunicator) {
   auto table = std::make_shared<KvTable>();
   auto comms = Build(table, 0, 2, "timeout", Device());
