@@ -48,8 +48,13 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
     Check(v.status().ok() ? Status::Ok() : v.status());
     return std::vector<char>(v->begin(), v->end());
   }
-  void wait(const std::vector<std::string>& keys) override { Check(store_->Wait(keys, deadline_)); }
+  // Gloo waits for a key, then gets it. Our Get blocks until the key is set, so a wait for one
+  // key is left to the get that follows: one store round trip per peer instead of two.
+  void wait(const std::vector<std::string>& keys) override {
+    if (keys.size() != 1) Check(store_->Wait(keys, deadline_));
+  }
   void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    if (keys.size() == 1) return;
     Deadline d = timeout.count() > 0 ? Min(deadline_, Deadline::After(timeout)) : deadline_;
     Check(store_->Wait(keys, d));
   }

@@ -1,6 +1,7 @@
 #include "collectives/groups.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "collectives/gloo_communicator.h"
 
@@ -46,35 +47,47 @@ StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Build(Store& store,
   set->generation_ = store.generation();
   set->config_ = config;
   set->rank_ = rank;
-  MORPH_ASSIGN_OR_RETURN(set->world_, factory_(store, "world", rank, world_size, deadline),
-                         "building world group of generation " << store.generation());
-  if (rank >= config.world()) return set;  // standby
-
-  auto position = [](const std::vector<int>& group, int r) {
-    return static_cast<int>(std::find(group.begin(), group.end(), r) - group.begin());
-  };
-  ParallelConfig::Coords c = config.CoordsOf(rank);
   struct Spec {
     std::string name;
-    std::vector<int> members;
+    int rank;
+    int size;
     std::unique_ptr<Communicator>* out;
+    Status status;
   };
-  Spec specs[] = {
-      {"dp/p" + std::to_string(c.p) + "t" + std::to_string(c.t), config.DpGroup(rank),
-       &set->dp_},
-      {"tp/p" + std::to_string(c.p) + "d" + std::to_string(c.d), config.TpGroup(rank),
-       &set->tp_},
-      {"pp/d" + std::to_string(c.d) + "t" + std::to_string(c.t), config.PpGroup(rank),
-       &set->pp_},
+  std::vector<Spec> specs;
+  specs.push_back({"world", rank, world_size, &set->world_, Status::Ok()});
+  if (rank < config.world()) {  // standby workers join the world group only
+    auto position = [&](const std::vector<int>& group) {
+      return static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
+    };
+    ParallelConfig::Coords c = config.CoordsOf(rank);
+    const std::vector<int> dp = config.DpGroup(rank), tp = config.TpGroup(rank),
+                           pp = config.PpGroup(rank);
+    specs.push_back({"dp/p" + std::to_string(c.p) + "t" + std::to_string(c.t), position(dp),
+                     static_cast<int>(dp.size()), &set->dp_, Status::Ok()});
+    specs.push_back({"tp/p" + std::to_string(c.p) + "d" + std::to_string(c.d), position(tp),
+                     static_cast<int>(tp.size()), &set->tp_, Status::Ok()});
+    specs.push_back({"pp/d" + std::to_string(c.d) + "t" + std::to_string(c.t), position(pp),
+                     static_cast<int>(pp.size()), &set->pp_, Status::Ok()});
+  }
+  // The groups rendezvous concurrently: each under its own name, so they cannot deadlock on
+  // each other, and a generation costs about one rendezvous instead of four.
+  auto build = [&](Spec& s) {
+    StatusOr<std::unique_ptr<Communicator>> c = factory_(store, s.name, s.rank, s.size, deadline);
+    if (c.ok()) {
+      *s.out = *std::move(c);
+    } else {
+      s.status = c.status();
+    }
   };
-  // Every rank builds in the same order (dp, tp, pp), so no rendezvous waits on a rank that
-  // is itself waiting on another group.
-  for (Spec& s : specs) {
-    MORPH_ASSIGN_OR_RETURN(
-        *s.out,
-        factory_(store, s.name, position(s.members, rank), static_cast<int>(s.members.size()),
-                 deadline),
-        "building group " << s.name << " of generation " << store.generation());
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i < specs.size(); ++i) threads.emplace_back(build, std::ref(specs[i]));
+  build(specs[0]);
+  for (auto& t : threads) t.join();
+  for (const Spec& s : specs) {
+    MORPH_RETURN_IF_ERROR(s.status)
+        << "building " << (s.name == "world" ? "world group" : "group " + s.name)
+        << " of generation " << store.generation();
   }
   return set;
 }

@@ -32,8 +32,8 @@
 
 namespace morph {
 
-// Every call may be made from any thread; a Store serializes its own calls. Every call
-// returns kAborted when the store has moved past this object's generation,
+// Every call may be made from any thread, concurrently (a blocked Get does not hold up other
+// calls). Every call returns kAborted when the store has moved past this object's generation,
 // kDeadlineExceeded when `deadline` passed first, kUnavailable when the store cannot be
 // reached (TCP), kUnauthenticated when the job token was refused (TCP).
 class Store {

@@ -71,6 +71,17 @@ TEST_P(StoreTest, GetBlocksUntilSetByAnotherClient) {
   EXPECT_EQ(*v, "here");
 }
 
+TEST_P(StoreTest, OneClientServesABlockedGetAndASetConcurrently) {
+  auto s = f_.Make(0);
+  StatusOr<std::string> v = std::string();
+  std::thread t([&] { v = s->Get("x", Deadline::AfterMs(5000)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  MORPH_ASSERT_OK(s->Set("x", "from the same client", Deadline::AfterMs(1000)));
+  t.join();
+  MORPH_ASSERT_OK(v);
+  EXPECT_EQ(*v, "from the same client");
+}
+
 TEST_P(StoreTest, GetTimesOutNamingTheKey) {
   auto s = f_.Make(0);
   auto start = std::chrono::steady_clock::now();

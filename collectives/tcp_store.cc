@@ -501,7 +501,9 @@ TcpStoreClient::TcpStoreClient(std::string address, std::string token, int64_t g
     : address_(std::move(address)),
       token_(std::move(token)),
       generation_(generation),
-      conn_(std::move(conn)) {}
+      idle_() {
+  idle_.push_back(std::move(conn));
+}
 
 TcpStoreClient::~TcpStoreClient() = default;
 
@@ -512,32 +514,43 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::ForGeneration(
 
 KvTable::Response TcpStoreClient::Call(KvTable::Request request, Deadline deadline) {
   request.generation = generation_;
-  std::lock_guard<std::mutex> lock(mu_);
   KvTable::Response r;
-  if (conn_ == nullptr) {
-    // The previous call broke the connection: one fresh attempt, no retries, so that a dead
-    // server is reported promptly.
+  // Calls from several threads proceed concurrently, each on a connection of its own (a
+  // blocked Get must not hold up another thread's Set, or ranks could wait on each other).
+  std::unique_ptr<Conn> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      conn = std::move(idle_.back());
+      idle_.pop_back();
+    }
+  }
+  if (conn == nullptr) {
+    // No idle connection (a previous call broke it, or all are busy): one fresh attempt, no
+    // retries, so that a dead server is reported promptly.
     StatusOr<tcp::endpoint> ep = ParseAddress(address_);
     if (!ep.ok()) {
       r.status = ep.status();
       return r;
     }
-    StatusOr<std::unique_ptr<Conn>> conn = Dial(*ep, token_, deadline);
-    if (!conn.ok()) {
-      r.status = conn.status().WithContext("store server " + address_);
+    StatusOr<std::unique_ptr<Conn>> dialed = Dial(*ep, token_, deadline);
+    if (!dialed.ok()) {
+      r.status = dialed.status().WithContext("store server " + address_);
       return r;
     }
-    conn_ = *std::move(conn);
+    conn = *std::move(dialed);
   }
   int64_t timeout_ms = deadline.RemainingMs();
   Deadline net_deadline =
       deadline.IsInfinite() ? deadline : Deadline(deadline.when() + kGrace);
-  Status s = conn_->RoundTrip(EncodeRequest(request, timeout_ms), r, net_deadline);
+  Status s = conn->RoundTrip(EncodeRequest(request, timeout_ms), r, net_deadline);
   if (!s.ok()) {
-    conn_.reset();
     r = KvTable::Response{};
     r.status = s.WithContext("store server " + address_);
+    return r;  // the connection is dropped
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(std::move(conn));
   return r;
 }
 

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "collectives/store.h"
 
@@ -89,8 +90,10 @@ class TcpStoreClient : public Store {
   const std::string address_;
   const std::string token_;
   const int64_t generation_;
-  std::mutex mu_;  // one request at a time
-  std::unique_ptr<Conn> conn_;  // null after a broken connection: reconnect on the next call
+  std::mutex mu_;
+  // Connections not in use. A call takes one (or dials one) and returns it when it succeeds;
+  // a connection that failed is dropped.
+  std::vector<std::unique_ptr<Conn>> idle_;
 };
 
 }  // namespace morph
