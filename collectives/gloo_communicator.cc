@@ -272,7 +272,12 @@ class GlooCommunicator::Impl {
   }
 
   Status Execute(const CollectiveOp& op) {
-    uint32_t tag = static_cast<uint32_t>(++op_seq_ & 0x7fffffff);
+    // Collectives are issued by every rank in the same order, point-to-point groups by some
+    // ranks only: only collectives advance the tag, so it agrees on every rank.
+    uint32_t tag = 0;
+    if (op.kind != CollectiveOp::Kind::kSendRecv) {
+      tag = static_cast<uint32_t>(++collective_seq_ & 0x7fffffff);
+    }
     try {
       return ExecuteOrThrow(op, tag);
     } catch (const gloo::IoException& e) {
@@ -539,7 +544,7 @@ class GlooCommunicator::Impl {
   std::thread thread_;
 
   // Used by the op thread only.
-  uint64_t op_seq_ = 0;
+  uint64_t collective_seq_ = 0;
   std::vector<uint64_t> send_seq_ = std::vector<uint64_t>(size_, 0);
   std::vector<uint64_t> recv_seq_ = std::vector<uint64_t>(size_, 0);
   std::vector<uint64_t> header_send_seq_ = std::vector<uint64_t>(size_, 0);

@@ -152,6 +152,25 @@ TEST(GlooCommunicatorTest, AsyncWorkOverlapsAndCompletesInOrder) {
   })));
 }
 
+TEST(GlooCommunicatorTest, SendRecvAmongSomeRanksThenACollective) {
+  auto table = std::make_shared<KvTable>();
+  auto comms = Build(table, 0, 3, "partial", Device());
+  MORPH_EXPECT_OK(FirstError(RunRankThreads(3, [&](int rank) -> Status {
+    std::vector<uint8_t> b(1 << 20, static_cast<uint8_t>(rank));
+    for (int i = 0; i < 3; ++i) {
+      Status s;
+      if (rank == 0) s = comms[0]->SendRecv({{P2POp::Kind::kSend, 1, b.data(), b.size()}}, kTimeout);
+      if (rank == 1) s = comms[1]->SendRecv({{P2POp::Kind::kRecv, 0, b.data(), b.size()}}, kTimeout);
+      MORPH_RETURN_IF_ERROR(s);
+    }
+    std::vector<float> v(1 << 20, 1.0f);
+    MORPH_RETURN_IF_ERROR(comms[rank]->Allreduce(v.data(), v.size(), DataType::kF32,
+                                                 ReduceOp::kSum, milliseconds(10000)));
+    if (v.back() != 3.0f) return InternalError("wrong sum");
+    return Status::Ok();
+  })));
+}
+
 TEST(GlooCommunicatorTest, RendezvousFailures) {
   auto table = std::make_shared<KvTable>();
   MemoryStore g1(table, 1);
