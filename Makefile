@@ -14,7 +14,7 @@ endif
 comma := ,
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
-.PHONY: deps configure build test
+.PHONY: deps configure build test bench-collectives
 
 deps:
 	@bash scripts/install-deps.sh
@@ -28,3 +28,11 @@ build: configure
 # ASAN_OPTIONS: Open MPI's singleton init leaks by design; leak checking stays on elsewhere.
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+# Collectives: communicator build and abort times (forked ranks), then the Gloo communicator
+# next to Open MPI (allreduce, send/recv) under mpirun with 2 and 4 ranks. JSON lines.
+MPIRUN ?= mpirun --allow-run-as-root --oversubscribe
+bench-collectives: build
+	$(BUILD_DIR)/bench/collectives_build_bench
+	$(MPIRUN) -np 2 $(BUILD_DIR)/bench/collectives_mpi_bench
+	$(MPIRUN) -np 4 $(BUILD_DIR)/bench/collectives_mpi_bench
