@@ -24,8 +24,7 @@ constexpr char kToken[] = "bench-token";
 constexpr int kReps = 10;
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 ParallelConfig ConfigFor(int world) {
@@ -89,7 +88,8 @@ void BuildBench(const std::string& address, int world) {
       world, [&](int rank) { return ExitCode(rank, Child(address, rank, world)); });
   std::vector<int> codes = ranks.Wait(Deadline::AfterMs(120000));
   for (int r = 0; r < world; ++r) {
-    if (codes[r] != 0) std::fprintf(stderr, "build bench: world %d rank %d exit %d\n", world, r, codes[r]);
+    if (codes[r] != 0)
+      std::fprintf(stderr, "build bench: world %d rank %d exit %d\n", world, r, codes[r]);
   }
 }
 

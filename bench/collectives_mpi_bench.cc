@@ -2,14 +2,13 @@
 // point-to-point bandwidth. Launch under mpirun; rank 0 prints one JSON object per case:
 //   mpirun --allow-run-as-root --oversubscribe -np 4 build/bench/collectives_mpi_bench
 // ratio_vs_mpi = gloo seconds / MPI seconds (lower is better; 1.0 = parity).
-#include "base/mpi_check.h"  // <mpi.h> without the C++ bindings
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "base/mpi_check.h"  // <mpi.h> without the C++ bindings
 #include "collectives/gloo_communicator.h"
 #include "collectives/mpi_bootstrap.h"
 #include "collectives/tcp_store.h"
@@ -21,8 +20,7 @@ constexpr char kToken[] = "bench-token";
 constexpr auto kTimeout = std::chrono::seconds(120);
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // Median of `reps` timings of fn(), each preceded by an MPI barrier.
@@ -44,14 +42,14 @@ double Time(int reps, Fn&& fn) {
 Status Run() {
   std::unique_ptr<TcpStoreServer> server;
   MORPH_ASSIGN_OR_RETURN(MpiBootstrap boot, MpiBootstrap::Share([&]() -> StatusOr<std::string> {
-    MORPH_ASSIGN_OR_RETURN(server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
-    return server->address();
-  }));
+                           MORPH_ASSIGN_OR_RETURN(server,
+                                                  TcpStoreServer::Start("127.0.0.1", 0, kToken));
+                           return server->address();
+                         }));
   MORPH_ASSIGN_OR_RETURN(auto store,
                          TcpStoreClient::Connect(boot.blob, kToken, 0, Deadline::AfterMs(30000)));
-  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "bench", boot.rank,
-                                                             boot.size, nullptr,
-                                                             Deadline::AfterMs(30000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "bench", boot.rank, boot.size,
+                                                             nullptr, Deadline::AfterMs(30000)));
   const int rank = boot.rank, world = boot.size;
   for (size_t bytes : {size_t{64} << 10, size_t{4} << 20, size_t{64} << 20}) {
     const size_t n = bytes / sizeof(float);

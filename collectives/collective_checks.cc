@@ -8,8 +8,8 @@
 namespace morph {
 namespace {
 
-constexpr DataType kTypes[] = {DataType::kF32, DataType::kF64, DataType::kF16,
-                               DataType::kBF16, DataType::kI32, DataType::kI64, DataType::kU8};
+constexpr DataType kTypes[] = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
+                               DataType::kI32, DataType::kI64, DataType::kU8};
 constexpr size_t kCounts[] = {0, 1, 7, 1001};
 
 // Small integers: exact in every type, sums included (|sum| <= 252 for 8 ranks).
@@ -21,27 +21,46 @@ double Value(DataType t, int rank, size_t i) {
 
 void Put(DataType t, void* buf, size_t i, double v) {
   switch (t) {
-    case DataType::kF32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DataType::kF64: static_cast<double*>(buf)[i] = v; break;
-    case DataType::kF16: static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v)); break;
+    case DataType::kF32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DataType::kF64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DataType::kF16:
+      static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v));
+      break;
     case DataType::kBF16:
       static_cast<uint16_t*>(buf)[i] = FloatToBFloat16(static_cast<float>(v));
       break;
-    case DataType::kI32: static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v); break;
-    case DataType::kI64: static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v); break;
-    case DataType::kU8: static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v); break;
+    case DataType::kI32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kI64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::kU8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v);
+      break;
   }
 }
 
 double Get(DataType t, const void* buf, size_t i) {
   switch (t) {
-    case DataType::kF32: return static_cast<const float*>(buf)[i];
-    case DataType::kF64: return static_cast<const double*>(buf)[i];
-    case DataType::kF16: return HalfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kBF16: return BFloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kI32: return static_cast<const int32_t*>(buf)[i];
-    case DataType::kI64: return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case DataType::kU8: return static_cast<const uint8_t*>(buf)[i];
+    case DataType::kF32:
+      return static_cast<const float*>(buf)[i];
+    case DataType::kF64:
+      return static_cast<const double*>(buf)[i];
+    case DataType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::kBF16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::kI32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DataType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DataType::kU8:
+      return static_cast<const uint8_t*>(buf)[i];
   }
   return 0;
 }
@@ -50,8 +69,9 @@ double Reduce(DataType t, ReduceOp op, int world, size_t i) {
   double acc = Value(t, 0, i);
   for (int r = 1; r < world; ++r) {
     double v = Value(t, r, i);
-    acc = op == ReduceOp::kSum ? acc + v : op == ReduceOp::kMax ? std::max(acc, v)
-                                                                : std::min(acc, v);
+    acc = op == ReduceOp::kSum   ? acc + v
+          : op == ReduceOp::kMax ? std::max(acc, v)
+                                 : std::min(acc, v);
   }
   return acc;
 }
@@ -59,8 +79,8 @@ double Reduce(DataType t, ReduceOp op, int world, size_t i) {
 Status Mismatch(std::string_view what, DataType t, size_t count, size_t i, double got,
                 double want) {
   std::ostringstream m;
-  m << what << " " << DataTypeName(t) << " count " << count << ": element " << i << " is "
-    << got << ", expected " << want;
+  m << what << " " << DataTypeName(t) << " count " << count << ": element " << i << " is " << got
+    << ", expected " << want;
   return InternalError(m.str());
 }
 

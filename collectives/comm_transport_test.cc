@@ -46,8 +46,8 @@ Status Exchange(const std::string& address, int rank, int world) {
     for (int peer = 0; peer < world; ++peer) {
       for (size_t i = 0; i < in[peer].size(); ++i) {
         if (in[peer][i] != Byte(peer, rank, group, i)) {
-          return InternalError("group " + std::to_string(group) + " from " +
-                               std::to_string(peer) + " byte " + std::to_string(i));
+          return InternalError("group " + std::to_string(group) + " from " + std::to_string(peer) +
+                               " byte " + std::to_string(i));
         }
       }
     }

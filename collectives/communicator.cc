@@ -10,35 +10,52 @@ namespace morph {
 
 int DataTypeSize(DataType dtype) {
   switch (dtype) {
-    case DataType::kF32: return 4;
-    case DataType::kF64: return 8;
-    case DataType::kF16: return 2;
-    case DataType::kBF16: return 2;
-    case DataType::kI32: return 4;
-    case DataType::kI64: return 8;
-    case DataType::kU8: return 1;
+    case DataType::kF32:
+      return 4;
+    case DataType::kF64:
+      return 8;
+    case DataType::kF16:
+      return 2;
+    case DataType::kBF16:
+      return 2;
+    case DataType::kI32:
+      return 4;
+    case DataType::kI64:
+      return 8;
+    case DataType::kU8:
+      return 1;
   }
   return 0;
 }
 
 std::string_view DataTypeName(DataType dtype) {
   switch (dtype) {
-    case DataType::kF32: return "f32";
-    case DataType::kF64: return "f64";
-    case DataType::kF16: return "f16";
-    case DataType::kBF16: return "bf16";
-    case DataType::kI32: return "i32";
-    case DataType::kI64: return "i64";
-    case DataType::kU8: return "u8";
+    case DataType::kF32:
+      return "f32";
+    case DataType::kF64:
+      return "f64";
+    case DataType::kF16:
+      return "f16";
+    case DataType::kBF16:
+      return "bf16";
+    case DataType::kI32:
+      return "i32";
+    case DataType::kI64:
+      return "i64";
+    case DataType::kU8:
+      return "u8";
   }
   return "?";
 }
 
 std::string_view ReduceOpName(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -79,9 +96,8 @@ CollectiveOp CollectiveOp::Allgather(const void* send, void* recv, size_t count,
   return c;
 }
 
-CollectiveOp CollectiveOp::ReduceScatter(const void* send, void* recv, size_t count,
-                                         DataType dtype, ReduceOp op,
-                                         std::chrono::milliseconds timeout) {
+CollectiveOp CollectiveOp::ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                                         ReduceOp op, std::chrono::milliseconds timeout) {
   CollectiveOp c;
   c.kind = Kind::kReduceScatter;
   c.send = send;
@@ -127,8 +143,8 @@ Status Communicator::ValidateOp(const CollectiveOp& op, const Capabilities& caps
                                   std::string(DataTypeName(op.dtype)));
     }
     if (!has(caps.reduce_ops, op.reduce)) {
-      return InvalidArgumentError(caps.backend + " has no " +
-                                  std::string(ReduceOpName(op.reduce)) + " reduction");
+      return InvalidArgumentError(caps.backend + " has no " + std::string(ReduceOpName(op.reduce)) +
+                                  " reduction");
     }
   }
   switch (op.kind) {
@@ -155,15 +171,13 @@ Status Communicator::ValidateOp(const CollectiveOp& op, const Capabilities& caps
     case Kind::kSendRecv:
       for (size_t i = 0; i < op.p2p.size(); ++i) {
         const P2POp& p = op.p2p[i];
-        std::string what = (p.kind == P2POp::Kind::kSend ? "send #" : "recv #") +
-                           std::to_string(i);
+        std::string what = (p.kind == P2POp::Kind::kSend ? "send #" : "recv #") + std::to_string(i);
         if (p.peer < 0 || p.peer >= size()) {
           return InvalidArgumentError(what + ": peer " + std::to_string(p.peer) +
                                       " out of range [0, " + std::to_string(size()) + ")");
         }
         if (p.peer == rank()) {
-          return InvalidArgumentError(what + ": peer " + std::to_string(p.peer) +
-                                      " is this rank");
+          return InvalidArgumentError(what + ": peer " + std::to_string(p.peer) + " is this rank");
         }
         if (p.bytes > 0 && p.data == nullptr) {
           return InvalidArgumentError(what + ": null buffer for " + std::to_string(p.bytes) +
@@ -231,9 +245,12 @@ namespace {
 template <typename T>
 T Combine(T a, T b, ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return static_cast<T>(a + b);
-    case ReduceOp::kMax: return std::max(a, b);
-    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kSum:
+      return static_cast<T>(a + b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
   }
   return a;
 }
@@ -256,13 +273,20 @@ void ReduceHalf(void* inout, const void* in, size_t n, ReduceOp op) {
 
 void ReduceInto(void* inout, const void* in, size_t n, DataType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::kF32: return ReduceTyped<float>(inout, in, n, op);
-    case DataType::kF64: return ReduceTyped<double>(inout, in, n, op);
-    case DataType::kI32: return ReduceTyped<int32_t>(inout, in, n, op);
-    case DataType::kI64: return ReduceTyped<int64_t>(inout, in, n, op);
-    case DataType::kU8: return ReduceTyped<uint8_t>(inout, in, n, op);
-    case DataType::kF16: return ReduceHalf<HalfToFloat, FloatToHalf>(inout, in, n, op);
-    case DataType::kBF16: return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(inout, in, n, op);
+    case DataType::kF32:
+      return ReduceTyped<float>(inout, in, n, op);
+    case DataType::kF64:
+      return ReduceTyped<double>(inout, in, n, op);
+    case DataType::kI32:
+      return ReduceTyped<int32_t>(inout, in, n, op);
+    case DataType::kI64:
+      return ReduceTyped<int64_t>(inout, in, n, op);
+    case DataType::kU8:
+      return ReduceTyped<uint8_t>(inout, in, n, op);
+    case DataType::kF16:
+      return ReduceHalf<HalfToFloat, FloatToHalf>(inout, in, n, op);
+    case DataType::kBF16:
+      return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(inout, in, n, op);
   }
 }
 

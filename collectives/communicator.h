@@ -47,12 +47,12 @@ std::string_view ReduceOpName(ReduceOp op);     // "sum", "max", "min"
 
 // What a backend supports, so callers decide before calling rather than on a failure.
 struct Capabilities {
-  std::string backend;            // "gloo", "nccl"
-  bool host_memory = false;       // buffers in host memory
-  bool device_memory = false;     // buffers in CUDA device memory
-  bool point_to_point = false;    // kSendRecv groups
-  bool shrink = false;            // Shrink() without a new rendezvous
-  bool split = false;             // Split() into subgroups without a new rendezvous
+  std::string backend;          // "gloo", "nccl"
+  bool host_memory = false;     // buffers in host memory
+  bool device_memory = false;   // buffers in CUDA device memory
+  bool point_to_point = false;  // kSendRecv groups
+  bool shrink = false;          // Shrink() without a new rendezvous
+  bool split = false;           // Split() into subgroups without a new rendezvous
   // Element types allreduce/reduce-scatter accept. On Gloo f16/bf16 are reduced in f32
   // (allgather + local reduction in rank order, one rounding) so results are identical on
   // every rank and as exact as f32 allows; this costs world-size times the bytes.
@@ -72,7 +72,12 @@ struct P2POp {
 // An operation handed to Communicator::Start. Use the named constructors.
 struct CollectiveOp {
   enum class Kind : uint8_t {
-    kAllreduce, kBroadcast, kAllgather, kReduceScatter, kBarrier, kSendRecv
+    kAllreduce,
+    kBroadcast,
+    kAllgather,
+    kReduceScatter,
+    kBarrier,
+    kSendRecv
   };
   Kind kind = Kind::kBarrier;
   const void* send = nullptr;  // allgather / reduce-scatter input

@@ -21,7 +21,7 @@ TEST(HalfTest, RoundTripsEveryHalf) {
 }
 
 TEST(HalfTest, RoundsToNearestEven) {
-  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 0x1p-11f)), 1.0f);  // tie -> even (down)
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 0x1p-11f)), 1.0f);                // tie -> even (down)
   EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 3 * 0x1p-11f)), 1.0f + 0x1p-9f);  // tie -> even (up)
   EXPECT_EQ(HalfToFloat(FloatToHalf(65504.0f)), 65504.0f);
   EXPECT_TRUE(std::isinf(HalfToFloat(FloatToHalf(65520.0f))));
@@ -36,7 +36,7 @@ TEST(BFloat16Test, RoundTripsAndRounds) {
     if (std::isnan(f)) continue;
     EXPECT_EQ(FloatToBFloat16(f), b);
   }
-  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 0x1p-8f)), 1.0f);           // tie -> even
+  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 0x1p-8f)), 1.0f);  // tie -> even
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
 }

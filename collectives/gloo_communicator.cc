@@ -85,9 +85,12 @@ struct PairAccess : gloo::transport::tcp::Pair {
 template <typename T>
 gloo::AllreduceOptions::Func ReduceFn(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>);
-    case ReduceOp::kMax: return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<T>);
-    case ReduceOp::kMin: return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::min<T>);
+    case ReduceOp::kSum:
+      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>);
+    case ReduceOp::kMax:
+      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<T>);
+    case ReduceOp::kMin:
+      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::min<T>);
   }
   return nullptr;
 }
@@ -141,7 +144,10 @@ class GlooCommunicator::Impl {
   };
 
   Impl(std::string name, int rank, int size, int64_t generation)
-      : name_(std::move(name)), rank_(rank), size_(size), generation_(generation),
+      : name_(std::move(name)),
+        rank_(rank),
+        size_(size),
+        generation_(generation),
         log_("collectives") {
     log_.Set(generation, rank, size);
   }
@@ -253,8 +259,8 @@ class GlooCommunicator::Impl {
             error_ = s;
             broken_.store(true);
             // Fail the peers now rather than at their timeouts.
-            SignalAllPairs("morph: peer rank " + std::to_string(rank_) + " failed: " +
-                           std::string(s.message()));
+            SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
+                           " failed: " + std::string(s.message()));
           }
         }
       }
@@ -301,12 +307,18 @@ class GlooCommunicator::Impl {
 
   static std::string KindName(const CollectiveOp& op) {
     switch (op.kind) {
-      case CollectiveOp::Kind::kAllreduce: return "allreduce";
-      case CollectiveOp::Kind::kBroadcast: return "broadcast";
-      case CollectiveOp::Kind::kAllgather: return "allgather";
-      case CollectiveOp::Kind::kReduceScatter: return "reduce_scatter";
-      case CollectiveOp::Kind::kBarrier: return "barrier";
-      case CollectiveOp::Kind::kSendRecv: return "send/recv";
+      case CollectiveOp::Kind::kAllreduce:
+        return "allreduce";
+      case CollectiveOp::Kind::kBroadcast:
+        return "broadcast";
+      case CollectiveOp::Kind::kAllgather:
+        return "allgather";
+      case CollectiveOp::Kind::kReduceScatter:
+        return "reduce_scatter";
+      case CollectiveOp::Kind::kBarrier:
+        return "barrier";
+      case CollectiveOp::Kind::kSendRecv:
+        return "send/recv";
     }
     return "?";
   }
@@ -352,8 +364,7 @@ class GlooCommunicator::Impl {
     return InternalError("unknown operation");
   }
 
-  Status Allgather(const void* send, void* recv, size_t bytes, milliseconds timeout,
-                   uint32_t tag) {
+  Status Allgather(const void* send, void* recv, size_t bytes, milliseconds timeout, uint32_t tag) {
     if (bytes == 0) return Status::Ok();  // Gloo divides by the size: guard empty inputs
     if (size_ == 1) {
       std::memmove(recv, send, bytes);
@@ -420,9 +431,15 @@ class GlooCommunicator::Impl {
       for (size_t i = 0; i < count; ++i) {
         float v = to_f(piece[i]);
         switch (reduce) {
-          case ReduceOp::kSum: acc[i] += v; break;
-          case ReduceOp::kMax: acc[i] = std::max(acc[i], v); break;
-          case ReduceOp::kMin: acc[i] = std::min(acc[i], v); break;
+          case ReduceOp::kSum:
+            acc[i] += v;
+            break;
+          case ReduceOp::kMax:
+            acc[i] = std::max(acc[i], v);
+            break;
+          case ReduceOp::kMin:
+            acc[i] = std::min(acc[i], v);
+            break;
         }
       }
     }
@@ -462,8 +479,8 @@ class GlooCommunicator::Impl {
       }
     }
     for (Posted& p : posted) {
-      milliseconds left = std::max(
-          milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
+      milliseconds left =
+          std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
       bool ok = p.send ? p.buf->waitSend(left) : p.buf->waitRecv(left);
       if (!ok) {
         return AbortedError(Describe() + ": send/recv with peer " + std::to_string(p.peer) +
@@ -505,14 +522,13 @@ class GlooCommunicator::Impl {
       if (sends_to[peer]) headers.push_back({true, peer, &out[peer], sizeof(Header)});
       if (recvs_from[peer]) headers.push_back({false, peer, &got[peer], sizeof(Header)});
     }
-    MORPH_RETURN_IF_ERROR(Exchange(headers, kHeaderSlotBase, deadline, header_send_seq_,
-                                   header_recv_seq_));
+    MORPH_RETURN_IF_ERROR(
+        Exchange(headers, kHeaderSlotBase, deadline, header_send_seq_, header_recv_seq_));
     for (int peer = 0; peer < size_; ++peer) {
       if (!recvs_from[peer]) continue;
       if (got[peer].count != expected[peer].count || got[peer].hash != expected[peer].hash) {
-        return InternalError(Describe() + ": send/recv: peer " + std::to_string(peer) +
-                             " sends " + std::to_string(got[peer].count) +
-                             " messages, this rank receives " +
+        return InternalError(Describe() + ": send/recv: peer " + std::to_string(peer) + " sends " +
+                             std::to_string(got[peer].count) + " messages, this rank receives " +
                              std::to_string(expected[peer].count) +
                              (got[peer].count == expected[peer].count ? " (sizes differ)" : ""));
       }
@@ -625,9 +641,9 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   GlooStoreAdapter adapter(&scoped, deadline);
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
-                                                      Min(deadline, Deadline::AfterMs(3600000))
-                                                          .Remaining())));
+    context->setTimeout(
+        std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
+                                      Min(deadline, Deadline::AfterMs(3600000)).Remaining())));
     context->connectFullMesh(adapter, device->impl()->device);
     impl->context_ = std::move(context);
   } catch (const std::exception& e) {
@@ -641,11 +657,10 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     return UnavailableError(impl->Describe() + ": connecting: " + what);
   }
   impl->StartThread();
-  MORPH_VLOG(1, impl->log_) << impl->Describe() << " connected in "
-                            << std::chrono::duration<double, std::milli>(
-                                   std::chrono::steady_clock::now() - start)
-                                   .count()
-                            << " ms";
+  MORPH_VLOG(1, impl->log_)
+      << impl->Describe() << " connected in "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms";
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(std::move(impl)));
 }
 

@@ -16,8 +16,8 @@ namespace morph {
 namespace {
 
 using ::morph::testing::StatusIs;
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 
 constexpr milliseconds kTimeout(20000);
 
@@ -49,9 +49,8 @@ TEST_P(GlooWorldTest, EveryCollectiveMatchesTheReference) {
   const int world = GetParam();
   auto table = std::make_shared<KvTable>();
   auto comms = Build(table, 0, world, "world", Device());
-  MORPH_EXPECT_OK(FirstError(RunRankThreads(world, [&](int rank) {
-    return CheckAllCollectives(*comms[rank], kTimeout);
-  })));
+  MORPH_EXPECT_OK(FirstError(RunRankThreads(
+      world, [&](int rank) { return CheckAllCollectives(*comms[rank], kTimeout); })));
   EXPECT_EQ(comms[0]->capabilities().backend, "gloo");
   EXPECT_FALSE(comms[0]->broken());
 }
@@ -132,7 +131,8 @@ TEST(GlooCommunicatorTest, TimeoutBreaksTheCommunicator) {
               StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("allreduce")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_TRUE(comms[0]->broken());
-  EXPECT_THAT(comms[0]->Barrier(kTimeout), StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("allreduce")));
+  EXPECT_THAT(comms[0]->Barrier(kTimeout),
+              StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("allreduce")));
 }
 
 TEST(GlooCommunicatorTest, AsyncWorkOverlapsAndCompletesInOrder) {
@@ -140,10 +140,12 @@ TEST(GlooCommunicatorTest, AsyncWorkOverlapsAndCompletesInOrder) {
   auto comms = Build(table, 0, 3, "async", Device());
   MORPH_EXPECT_OK(FirstError(RunRankThreads(3, [&](int rank) -> Status {
     std::vector<int64_t> a(100, rank), b(100, rank * 10);
-    MORPH_ASSIGN_OR_RETURN(auto w1, comms[rank]->Start(CollectiveOp::Allreduce(
-                                        a.data(), a.size(), DataType::kI64, ReduceOp::kSum, kTimeout)));
-    MORPH_ASSIGN_OR_RETURN(auto w2, comms[rank]->Start(CollectiveOp::Allreduce(
-                                        b.data(), b.size(), DataType::kI64, ReduceOp::kMax, kTimeout)));
+    MORPH_ASSIGN_OR_RETURN(
+        auto w1, comms[rank]->Start(CollectiveOp::Allreduce(a.data(), a.size(), DataType::kI64,
+                                                            ReduceOp::kSum, kTimeout)));
+    MORPH_ASSIGN_OR_RETURN(
+        auto w2, comms[rank]->Start(CollectiveOp::Allreduce(b.data(), b.size(), DataType::kI64,
+                                                            ReduceOp::kMax, kTimeout)));
     MORPH_RETURN_IF_ERROR(w2->Wait(Deadline::After(kTimeout)));
     if (!w1->Done()) return InternalError("second op finished before the first");
     MORPH_RETURN_IF_ERROR(w1->Wait(Deadline::After(kTimeout)));
@@ -159,13 +161,15 @@ TEST(GlooCommunicatorTest, SendRecvAmongSomeRanksThenACollective) {
     std::vector<uint8_t> b(1 << 20, static_cast<uint8_t>(rank));
     for (int i = 0; i < 3; ++i) {
       Status s;
-      if (rank == 0) s = comms[0]->SendRecv({{P2POp::Kind::kSend, 1, b.data(), b.size()}}, kTimeout);
-      if (rank == 1) s = comms[1]->SendRecv({{P2POp::Kind::kRecv, 0, b.data(), b.size()}}, kTimeout);
+      if (rank == 0)
+        s = comms[0]->SendRecv({{P2POp::Kind::kSend, 1, b.data(), b.size()}}, kTimeout);
+      if (rank == 1)
+        s = comms[1]->SendRecv({{P2POp::Kind::kRecv, 0, b.data(), b.size()}}, kTimeout);
       MORPH_RETURN_IF_ERROR(s);
     }
     std::vector<float> v(1 << 20, 1.0f);
-    MORPH_RETURN_IF_ERROR(comms[rank]->Allreduce(v.data(), v.size(), DataType::kF32,
-                                                 ReduceOp::kSum, milliseconds(10000)));
+    MORPH_RETURN_IF_ERROR(comms[rank]->Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum,
+                                                 milliseconds(10000)));
     if (v.back() != 3.0f) return InternalError("wrong sum");
     return Status::Ok();
   })));
@@ -214,16 +218,18 @@ TEST(GlooCommunicatorTest, TwoHundredRebuildsKeepFdsThreadsAndMemoryFlat) {
     }
     MORPH_ASSERT_OK(MemoryStore(table, g).AdvanceGeneration(g, Deadline::AfterMs(100)));
     auto comms = Build(table, g, kWorld, "world", dev);
-    ASSERT_EQ(FirstError(RunRankThreads(kWorld, [&](int rank) {
-                float v = static_cast<float>(rank + g);
-                return comms[rank]->Allreduce(&v, 1, DataType::kF32, ReduceOp::kSum, kTimeout);
-              })),
+    ASSERT_EQ(FirstError(RunRankThreads(kWorld,
+                                        [&](int rank) {
+                                          float v = static_cast<float>(rank + g);
+                                          return comms[rank]->Allreduce(&v, 1, DataType::kF32,
+                                                                        ReduceOp::kSum, kTimeout);
+                                        })),
               Status::Ok());
   }
   EXPECT_EQ(CountFds(), fds0);
   EXPECT_EQ(StatusField("Threads"), threads0);
-  EXPECT_LT(StatusField("VmRSS") - rss0, 8 * 1024) << "kB of RSS growth over "
-                                                   << kGenerations - kWarmup << " generations";
+  EXPECT_LT(StatusField("VmRSS") - rss0, 8 * 1024)
+      << "kB of RSS growth over " << kGenerations - kWarmup << " generations";
   EXPECT_LE(table->size(), 3u * kWorld) << "old generations' keys were not dropped";
 }
 

@@ -29,14 +29,14 @@ int64_t NowNs() {
 Status Survive(const std::string& address, int rank, int world, int victim) {
   MORPH_ASSIGN_OR_RETURN(auto store,
                          TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
-  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "world", rank, world,
-                                                             nullptr, Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "world", rank, world, nullptr,
+                                                             Deadline::AfterMs(20000)));
   std::vector<float> data(1 << 20, 1.0f);
-  MORPH_RETURN_IF_ERROR(store->Set("looping/" + std::to_string(rank), "1", Deadline::AfterMs(5000)));
+  MORPH_RETURN_IF_ERROR(
+      store->Set("looping/" + std::to_string(rank), "1", Deadline::AfterMs(5000)));
   Status failure;
   for (int i = 0; i < 100000 && failure.ok(); ++i) {
-    failure = comm->Allreduce(data.data(), data.size(), DataType::kF32, ReduceOp::kSum,
-                              kOpTimeout);
+    failure = comm->Allreduce(data.data(), data.size(), DataType::kF32, ReduceOp::kSum, kOpTimeout);
   }
   if (rank == victim) return InternalError("the victim was not killed");
   if (failure.code() != StatusCode::kUnavailable && failure.code() != StatusCode::kAborted) {
@@ -56,9 +56,8 @@ Status Survive(const std::string& address, int rank, int world, int victim) {
 
   // Generation 1: survivors renumbered densely.
   const int new_rank = rank < victim ? rank : rank - 1, new_world = world - 1;
-  MORPH_ASSIGN_OR_RETURN(auto comm1, GlooCommunicator::Create(*store1, "world", new_rank,
-                                                              new_world, nullptr,
-                                                              Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm1, GlooCommunicator::Create(*store1, "world", new_rank, new_world,
+                                                              nullptr, Deadline::AfterMs(20000)));
   std::vector<int64_t> v(1001, new_rank + 1);
   MORPH_RETURN_IF_ERROR(
       comm1->Allreduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum, kOpTimeout));
@@ -79,9 +78,8 @@ TEST(GlooFaultTest, KillOneRankDuringAllreduceThenRebuildWithoutIt) {
   constexpr int kWorld = 4, kVictim = 1;
   MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
   const std::string address = server->address();
-  ForkedRanks ranks = ForkedRanks::Start(kWorld, [&](int rank) {
-    return ExitCode(rank, Survive(address, rank, kWorld, kVictim));
-  });
+  ForkedRanks ranks = ForkedRanks::Start(
+      kWorld, [&](int rank) { return ExitCode(rank, Survive(address, rank, kWorld, kVictim)); });
   MORPH_ASSERT_OK_AND_ASSIGN(auto coordinator,
                              TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000)));
   std::vector<std::string> looping;

@@ -23,8 +23,9 @@ TEST_P(GlooForkedTest, EveryCollectiveMatchesTheReference) {
     Status s = [&]() -> Status {
       MORPH_ASSIGN_OR_RETURN(auto store,
                              TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
-      MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "world", rank, world,
-                                                                 nullptr, Deadline::AfterMs(20000)));
+      MORPH_ASSIGN_OR_RETURN(auto comm,
+                             GlooCommunicator::Create(*store, "world", rank, world, nullptr,
+                                                      Deadline::AfterMs(20000)));
       return CheckAllCollectives(*comm, std::chrono::seconds(20));
     }();
     return ExitCode(rank, s);

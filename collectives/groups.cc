@@ -30,9 +30,8 @@ GroupSet::~GroupSet() {
   world_.reset();
 }
 
-StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Build(Store& store,
-                                                        const ParallelConfig& config, int rank,
-                                                        int world_size,
+StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Build(Store& store, const ParallelConfig& config,
+                                                        int rank, int world_size,
                                                         Deadline deadline) const {
   MORPH_RETURN_IF_ERROR(config.Validate());
   if (world_size < config.world()) {

@@ -57,7 +57,8 @@ TEST(GroupBuilderTest, BuildsDpTpPpGroupsAndRebuildsForTheNextGeneration) {
   // Generation 0: 8 ranks in the config plus one standby.
   MORPH_ASSERT_OK(FirstError(RunRankThreads(9, [&](int rank) -> Status {
     MemoryStore store(table, 0);
-    MORPH_ASSIGN_OR_RETURN(sets[rank], builder.Build(store, c0, rank, 9, Deadline::After(kTimeout)));
+    MORPH_ASSIGN_OR_RETURN(sets[rank],
+                           builder.Build(store, c0, rank, 9, Deadline::After(kTimeout)));
     return CheckGroups(*sets[rank], 9);
   })));
   EXPECT_TRUE(sets[8]->standby());

@@ -19,22 +19,32 @@ constexpr auto kPoll = std::chrono::microseconds(100);
 
 ncclDataType_t ToNccl(DataType t) {
   switch (t) {
-    case DataType::kF32: return ncclFloat32;
-    case DataType::kF64: return ncclFloat64;
-    case DataType::kF16: return ncclFloat16;
-    case DataType::kBF16: return ncclBfloat16;
-    case DataType::kI32: return ncclInt32;
-    case DataType::kI64: return ncclInt64;
-    case DataType::kU8: return ncclUint8;
+    case DataType::kF32:
+      return ncclFloat32;
+    case DataType::kF64:
+      return ncclFloat64;
+    case DataType::kF16:
+      return ncclFloat16;
+    case DataType::kBF16:
+      return ncclBfloat16;
+    case DataType::kI32:
+      return ncclInt32;
+    case DataType::kI64:
+      return ncclInt64;
+    case DataType::kU8:
+      return ncclUint8;
   }
   return ncclUint8;
 }
 
 ncclRedOp_t ToNccl(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -60,7 +70,8 @@ Status Settle(ncclComm_t comm, ncclResult_t r, const char* what, Deadline deadli
     if (state == ncclSuccess) return Status::Ok();
     if (state != ncclInProgress) return NcclToStatus(state, what, __FILE__, __LINE__, comm);
     if (abort != nullptr && abort->load()) return AbortedError(std::string(what) + ": aborted");
-    if (deadline.Expired()) return DeadlineExceededError(std::string(what) + ": did not finish in time");
+    if (deadline.Expired())
+      return DeadlineExceededError(std::string(what) + ": did not finish in time");
     std::this_thread::sleep_for(kPoll);
   }
 }
@@ -85,7 +96,10 @@ bool CudaDeviceAvailable(std::string* why) {
 class NcclCommunicator::Impl {
  public:
   Impl(std::string name, int rank, int size, int64_t generation, int device)
-      : name_(std::move(name)), rank_(rank), size_(size), generation_(generation),
+      : name_(std::move(name)),
+        rank_(rank),
+        size_(size),
+        generation_(generation),
         device_(device) {}
 
   ~Impl() { Release(); }
@@ -129,8 +143,8 @@ class NcclCommunicator::Impl {
       cudaSetDevice(device_);
       bool clean = !broken_.load() && !abort_requested_.load();
       if (clean) {
-        clean = Settle(comm_, ncclCommFinalize(comm_), "ncclCommFinalize",
-                       Deadline::AfterMs(10000), nullptr)
+        clean = Settle(comm_, ncclCommFinalize(comm_), "ncclCommFinalize", Deadline::AfterMs(10000),
+                       nullptr)
                     .ok();
       }
       if (clean) {
@@ -210,14 +224,13 @@ class NcclCommunicator::Impl {
         if (g != ncclSuccess) return NcclToStatus(g, "ncclGroupStart", __FILE__, __LINE__, comm_);
         for (const P2POp& p : op.p2p) {
           if (p.bytes == 0) continue;
-          ncclResult_t e =
-              p.kind == P2POp::Kind::kSend
-                  ? ncclSend(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_)
-                  : ncclRecv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_);
+          ncclResult_t e = p.kind == P2POp::Kind::kSend
+                               ? ncclSend(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_)
+                               : ncclRecv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_);
           if (e != ncclSuccess && e != ncclInProgress) {
             ncclGroupEnd();
-            return NcclToStatus(e, p.kind == P2POp::Kind::kSend ? "ncclSend" : "ncclRecv",
-                                __FILE__, __LINE__, comm_);
+            return NcclToStatus(e, p.kind == P2POp::Kind::kSend ? "ncclSend" : "ncclRecv", __FILE__,
+                                __LINE__, comm_);
           }
         }
         r = ncclGroupEnd();
@@ -278,8 +291,8 @@ class NcclWork : public Work {
       }
       if (e == cudaSuccess) return Status::Ok();
       if (e != cudaErrorNotReady) {
-        comm_->AbortNow(CudaToStatus(e, "cudaEventQuery", __FILE__, __LINE__)
-                            .WithContext(comm_->Describe()));
+        comm_->AbortNow(
+            CudaToStatus(e, "cudaEventQuery", __FILE__, __LINE__).WithContext(comm_->Describe()));
         return comm_->error();
       }
       if (deadline.Expired()) {
@@ -298,11 +311,8 @@ class NcclWork : public Work {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(Store& store,
-                                                                     std::string_view name,
-                                                                     int rank, int size,
-                                                                     int cuda_device,
-                                                                     Deadline deadline) {
+StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    Store& store, std::string_view name, int rank, int size, int cuda_device, Deadline deadline) {
   if (name.empty()) return InvalidArgumentError("nccl communicator name is empty");
   if (size < 1 || rank < 0 || rank >= size) {
     return InvalidArgumentError("nccl communicator '" + std::string(name) + "': rank " +
@@ -311,16 +321,16 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(Store& stor
   }
   std::string why;
   if (!CudaDeviceAvailable(&why)) return UnavailableError("nccl communicator: " + why);
-  auto impl = std::make_shared<Impl>(std::string(name), rank, size, store.generation(),
-                                     cuda_device);
+  auto impl =
+      std::make_shared<Impl>(std::string(name), rank, size, store.generation(), cuda_device);
   MORPH_CUDA_RETURN_IF_ERROR(cudaSetDevice(cuda_device)) << impl->Describe();
   // A fresh unique id per communicator and generation, handed out through the store.
   const std::string key = "nccl/" + std::string(name) + "/id";
   ncclUniqueId id;
   if (rank == 0) {
     MORPH_NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id)) << impl->Describe();
-    MORPH_RETURN_IF_ERROR(store.Set(key, std::string_view(id.internal, sizeof(id.internal)),
-                                    deadline))
+    MORPH_RETURN_IF_ERROR(
+        store.Set(key, std::string_view(id.internal, sizeof(id.internal)), deadline))
         << impl->Describe();
   } else {
     MORPH_ASSIGN_OR_RETURN(std::string bytes, store.Get(key, deadline), impl->Describe());
@@ -349,8 +359,9 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(Store& stor
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NcclCommunicator::~NcclCommunicator() { impl_->Release(); }
 
-StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(
-    std::span<const int> exclude, int64_t generation, Deadline deadline) {
+StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(std::span<const int> exclude,
+                                                                     int64_t generation,
+                                                                     Deadline deadline) {
   for (int r : exclude) {
     if (r < 0 || r >= size()) {
       return InvalidArgumentError(impl_->Describe() + ": shrink: excluded rank " +
@@ -369,7 +380,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(
   ncclConfig_t config = NonBlockingConfig();
   ncclComm_t next = nullptr;
   int flags = impl_->broken_.load() || impl_->abort_requested_.load() ? NCCL_SHRINK_ABORT
-                                                                       : NCCL_SHRINK_DEFAULT;
+                                                                      : NCCL_SHRINK_DEFAULT;
   ncclResult_t r = ncclCommShrink(impl_->comm_, list.data(), static_cast<int>(list.size()), &next,
                                   &config, flags);
   Status s = next == nullptr ? NcclToStatus(r == ncclSuccess ? ncclInternalError : r,
@@ -397,8 +408,8 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int color, i
   cudaSetDevice(impl_->device_);
   ncclConfig_t config = NonBlockingConfig();
   ncclComm_t next = nullptr;
-  ncclResult_t r = ncclCommSplit(impl_->comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                                 &next, &config);
+  ncclResult_t r =
+      ncclCommSplit(impl_->comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &next, &config);
   // The split is collective over the parent: wait for the parent, then for the child.
   Status s = Settle(impl_->comm_, r, "ncclCommSplit", deadline, &impl_->abort_requested_);
   if (s.ok() && next != nullptr) s = Settle(next, ncclSuccess, "ncclCommSplit", deadline, nullptr);
@@ -468,8 +479,8 @@ bool NcclCommunicator::broken() const {
 CommunicatorFactory NcclFactory(int cuda_device) {
   return [cuda_device](Store& store, std::string_view name, int rank, int size,
                        Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
-    MORPH_ASSIGN_OR_RETURN(auto comm,
-                           NcclCommunicator::Create(store, name, rank, size, cuda_device, deadline));
+    MORPH_ASSIGN_OR_RETURN(
+        auto comm, NcclCommunicator::Create(store, name, rank, size, cuda_device, deadline));
     return std::unique_ptr<Communicator>(std::move(comm));
   };
 }

@@ -39,18 +39,20 @@ std::vector<T> RoundTrip(Communicator& comm, std::vector<T> host, CollectiveOp o
 
 TEST_F(NcclTest, SingleRankInitAllreduceSplitAbortReinit) {
   MemoryStore g0(table_, 0);
-  MORPH_ASSERT_OK_AND_ASSIGN(auto comm, NcclCommunicator::Create(g0, "world", 0, 1, 0,
-                                                                 Deadline::After(kTimeout)));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto comm, NcclCommunicator::Create(g0, "world", 0, 1, 0, Deadline::After(kTimeout)));
   EXPECT_EQ(comm->capabilities().backend, "nccl");
   EXPECT_TRUE(comm->capabilities().device_memory);
   std::vector<float> f = {1.5f, -2.0f, 3.25f};
-  EXPECT_EQ(RoundTrip(*comm, f, CollectiveOp::Allreduce(nullptr, 3, DataType::kF32,
-                                                        ReduceOp::kSum, kTimeout)),
-            f);
+  EXPECT_EQ(
+      RoundTrip(*comm, f,
+                CollectiveOp::Allreduce(nullptr, 3, DataType::kF32, ReduceOp::kSum, kTimeout)),
+      f);
   std::vector<uint16_t> b = {FloatToBFloat16(1), FloatToBFloat16(-7)};
-  EXPECT_EQ(RoundTrip(*comm, b, CollectiveOp::Allreduce(nullptr, 2, DataType::kBF16,
-                                                        ReduceOp::kMax, kTimeout)),
-            b);
+  EXPECT_EQ(
+      RoundTrip(*comm, b,
+                CollectiveOp::Allreduce(nullptr, 2, DataType::kBF16, ReduceOp::kMax, kTimeout)),
+      b);
   MORPH_EXPECT_OK(comm->Barrier(kTimeout));
   // Host memory is refused up front.
   float host = 0;
@@ -73,8 +75,8 @@ TEST_F(NcclTest, SingleRankInitAllreduceSplitAbortReinit) {
   // Re-init for the next generation with a fresh unique id.
   MORPH_ASSERT_OK(g0.AdvanceGeneration(1, Deadline::AfterMs(100)));
   MemoryStore g1(table_, 1);
-  MORPH_ASSERT_OK_AND_ASSIGN(auto again, NcclCommunicator::Create(g1, "world", 0, 1, 0,
-                                                                  Deadline::After(kTimeout)));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto again, NcclCommunicator::Create(g1, "world", 0, 1, 0, Deadline::After(kTimeout)));
   MORPH_EXPECT_OK(again->Barrier(kTimeout));
 }
 

@@ -9,12 +9,18 @@ namespace {
 
 std::string_view OpName(KvTable::Op op) {
   switch (op) {
-    case KvTable::Op::kSet: return "set";
-    case KvTable::Op::kGet: return "get";
-    case KvTable::Op::kAdd: return "add";
-    case KvTable::Op::kCas: return "compare_and_set";
-    case KvTable::Op::kWait: return "wait";
-    case KvTable::Op::kAdvance: return "advance_generation";
+    case KvTable::Op::kSet:
+      return "set";
+    case KvTable::Op::kGet:
+      return "get";
+    case KvTable::Op::kAdd:
+      return "add";
+    case KvTable::Op::kCas:
+      return "compare_and_set";
+    case KvTable::Op::kWait:
+      return "wait";
+    case KvTable::Op::kAdvance:
+      return "advance_generation";
   }
   return "?";
 }
@@ -96,8 +102,8 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request)
       }
       int64_t sum = 0;
       if (__builtin_add_overflow(current, request.number, &sum)) {
-        return Error(InvalidArgumentError("store add: key '" + key + "': " +
-                                          std::to_string(current) + " + " +
+        return Error(InvalidArgumentError("store add: key '" + key +
+                                          "': " + std::to_string(current) + " + " +
                                           std::to_string(request.number) + " overflows"));
       }
       keys[key] = std::to_string(sum);

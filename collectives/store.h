@@ -79,10 +79,10 @@ class KvTable {
   struct Request {
     Op op = Op::kGet;
     int64_t generation = 0;
-    std::vector<std::string> keys;  // one key for all ops but kWait (any number)
-    std::string value;              // kSet value, kCas desired
+    std::vector<std::string> keys;        // one key for all ops but kWait (any number)
+    std::string value;                    // kSet value, kCas desired
     std::optional<std::string> expected;  // kCas
-    int64_t number = 0;             // kAdd delta, kAdvance generation
+    int64_t number = 0;                   // kAdd delta, kAdvance generation
   };
   struct Response {
     Status status;

@@ -31,8 +31,8 @@ class StoreFactory {
   }
   std::unique_ptr<Store> Make(int64_t generation) {
     if (!tcp_) return std::make_unique<MemoryStore>(table_, generation);
-    auto client = TcpStoreClient::Connect(server_->address(), kToken, generation,
-                                          Deadline::AfterMs(5000));
+    auto client =
+        TcpStoreClient::Connect(server_->address(), kToken, generation, Deadline::AfterMs(5000));
     client.status().CheckOk("connecting");
     return *std::move(client);
   }
@@ -136,12 +136,12 @@ TEST_P(StoreTest, ConcurrentAddsAreAtomic) {
 TEST_P(StoreTest, CompareAndSetSemantics) {
   auto s = f_.Make(0);
   // Absent key, expected absent: swaps.
-  MORPH_ASSERT_OK_AND_ASSIGN(std::string v1, s->CompareAndSet("c", std::nullopt, "one",
-                                                              Deadline::AfterMs(1000)));
+  MORPH_ASSERT_OK_AND_ASSIGN(std::string v1,
+                             s->CompareAndSet("c", std::nullopt, "one", Deadline::AfterMs(1000)));
   EXPECT_EQ(v1, "one");
   // Present key, expected absent: no swap, returns current.
-  MORPH_ASSERT_OK_AND_ASSIGN(std::string v2, s->CompareAndSet("c", std::nullopt, "two",
-                                                              Deadline::AfterMs(1000)));
+  MORPH_ASSERT_OK_AND_ASSIGN(std::string v2,
+                             s->CompareAndSet("c", std::nullopt, "two", Deadline::AfterMs(1000)));
   EXPECT_EQ(v2, "one");
   // Mismatch: no swap.
   MORPH_ASSERT_OK_AND_ASSIGN(std::string v3,
@@ -174,7 +174,8 @@ TEST_P(StoreTest, GenerationsAreSeparateAndOldOnesRejected) {
   EXPECT_THAT(blocked, StatusIs(StatusCode::kAborted,
                                 HasSubstr("generation 3 is older than the store's current "
                                           "generation 4")));
-  EXPECT_THAT(g3->Set("addr", "x", Deadline::AfterMs(1000)), StatusIs(StatusCode::kAborted, HasSubstr("generation 3")));
+  EXPECT_THAT(g3->Set("addr", "x", Deadline::AfterMs(1000)),
+              StatusIs(StatusCode::kAborted, HasSubstr("generation 3")));
   EXPECT_THAT(g3->AdvanceGeneration(9, Deadline::AfterMs(1000)),
               StatusIs(StatusCode::kAborted, HasSubstr("generation 3")));
   // The old generation's keys are gone; advancing backwards is a no-op.
@@ -246,7 +247,8 @@ TEST(TcpStoreTest, ServerDeathIsUnavailable) {
               StatusIs(StatusCode::kUnavailable, HasSubstr(address)));
   // Reconnecting to a dead server is reported at once, not at the deadline.
   auto start = std::chrono::steady_clock::now();
-  EXPECT_THAT(client->Get("k", Deadline::AfterMs(5000)), StatusIs(StatusCode::kUnavailable, HasSubstr(address)));
+  EXPECT_THAT(client->Get("k", Deadline::AfterMs(5000)),
+              StatusIs(StatusCode::kUnavailable, HasSubstr(address)));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
 }
 

@@ -236,10 +236,11 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   }
 
   void ReadBody() {
-    asio::async_read(sock_, asio::buffer(body_), [self = shared_from_this()](error_code ec, size_t) {
-      if (ec) return self->Close();
-      self->Handle();
-    });
+    asio::async_read(sock_, asio::buffer(body_),
+                     [self = shared_from_this()](error_code ec, size_t) {
+                       if (ec) return self->Close();
+                       self->Handle();
+                     });
   }
 
   void Handle() {
@@ -351,8 +352,7 @@ void TcpStoreServer::Impl::RetryPending() {
 }
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
-                                                                 uint16_t port,
-                                                                 std::string token) {
+                                                                uint16_t port, std::string token) {
   auto impl = std::make_unique<Impl>(std::move(token));
   MORPH_RETURN_IF_ERROR(impl->Listen(host, port));
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
@@ -461,7 +461,7 @@ namespace {
 
 // One connection attempt plus authentication.
 StatusOr<std::unique_ptr<TcpStoreClient::Conn>> Dial(const tcp::endpoint& ep,
-                                                    const std::string& token, Deadline deadline) {
+                                                     const std::string& token, Deadline deadline) {
   auto conn = std::make_unique<TcpStoreClient::Conn>();
   MORPH_RETURN_IF_ERROR(conn->ConnectOnce(ep, deadline));
   std::string hello;
@@ -498,17 +498,14 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::str
 
 TcpStoreClient::TcpStoreClient(std::string address, std::string token, int64_t generation,
                                std::unique_ptr<Conn> conn)
-    : address_(std::move(address)),
-      token_(std::move(token)),
-      generation_(generation),
-      idle_() {
+    : address_(std::move(address)), token_(std::move(token)), generation_(generation), idle_() {
   idle_.push_back(std::move(conn));
 }
 
 TcpStoreClient::~TcpStoreClient() = default;
 
-StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::ForGeneration(
-    int64_t generation, Deadline deadline) const {
+StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::ForGeneration(int64_t generation,
+                                                                        Deadline deadline) const {
   return Connect(address_, token_, generation, deadline);
 }
 
@@ -541,8 +538,7 @@ KvTable::Response TcpStoreClient::Call(KvTable::Request request, Deadline deadli
     conn = *std::move(dialed);
   }
   int64_t timeout_ms = deadline.RemainingMs();
-  Deadline net_deadline =
-      deadline.IsInfinite() ? deadline : Deadline(deadline.when() + kGrace);
+  Deadline net_deadline = deadline.IsInfinite() ? deadline : Deadline(deadline.when() + kGrace);
   Status s = conn->RoundTrip(EncodeRequest(request, timeout_ms), r, net_deadline);
   if (!s.ok()) {
     r = KvTable::Response{};
@@ -575,8 +571,7 @@ StatusOr<int64_t> TcpStoreClient::Add(std::string_view key, int64_t delta, Deadl
 
 StatusOr<std::string> TcpStoreClient::CompareAndSet(std::string_view key,
                                                     const std::optional<std::string>& expected,
-                                                    std::string_view desired,
-                                                    Deadline deadline) {
+                                                    std::string_view desired, Deadline deadline) {
   KvTable::Response r = Call({.op = KvTable::Op::kCas,
                               .keys = {std::string(key)},
                               .value = std::string(desired),

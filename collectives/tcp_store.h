@@ -61,8 +61,7 @@ class TcpStoreClient : public Store {
   // address, kUnauthenticated for a wrong token, kDeadlineExceeded / kUnavailable when the
   // server cannot be reached in time. Any thread.
   static StatusOr<std::unique_ptr<TcpStoreClient>> Connect(const std::string& address,
-                                                           std::string token,
-                                                           int64_t generation,
+                                                           std::string token, int64_t generation,
                                                            Deadline deadline);
   ~TcpStoreClient() override;
 
