@@ -18,6 +18,9 @@
 #include <mutex>
 #include <thread>
 
+#include <pthread.h>
+#include <signal.h>
+
 #include "base/logging.h"
 #include "base/params.h"
 
@@ -30,7 +33,11 @@ using std::chrono::milliseconds;
 // are small), one sequence per (peer, direction).
 constexpr uint64_t kP2PSlotBase = uint64_t{0xAB} << 56;
 constexpr uint64_t kHeaderSlotBase = uint64_t{0xAC} << 56;
+// A receive from every peer that no peer ever sends to: see Impl::Sentinel.
+constexpr uint64_t kSentinelSlot = uint64_t{0xAD} << 56;
 constexpr uint64_t kP2PSlotMask = (uint64_t{1} << 56) - 1;
+// How long an operation may still finish after a peer's connection closed (see Sentinel).
+constexpr auto kPeerLossGrace = milliseconds(250);
 // How long Wait lets an aborted operation leave Gloo before returning anyway.
 constexpr auto kAbortDrain = milliseconds(900);
 
@@ -82,6 +89,44 @@ struct PairAccess : gloo::transport::tcp::Pair {
   }
 };
 
+// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer died; that
+// would kill the process (Python, Gloo's usual host, ignores SIGPIPE; we must not install a
+// handler). SIGPIPE from a write goes to the writing thread, so it is blocked in the threads
+// that write: ours (the op thread, permanently) and Gloo's event thread (which inherits the
+// mask of the thread that creates the device). A caller's thread blocks it only around the
+// Gloo calls it makes, then drops a SIGPIPE raised meanwhile before restoring its mask.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedSigpipeBlock() {
+    if (sigismember(&old_, SIGPIPE)) return;  // was blocked already: leave it so
+    sigset_t pending;
+    sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE)) {
+      timespec zero{0, 0};
+      sigtimedwait(&pipe_, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+};
+
+void BlockSigpipeInThisThread() {
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+}
+
 template <typename T>
 gloo::AllreduceOptions::Func ReduceFn(ReduceOp op) {
   switch (op) {
@@ -122,6 +167,7 @@ StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& opti
   }
   auto impl = std::make_unique<Impl>();
   try {
+    ScopedSigpipeBlock no_sigpipe;  // Gloo's event thread inherits the blocked SIGPIPE
     impl->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     return InvalidArgumentError("gloo device on " + what + ": " + e.what());
@@ -166,6 +212,11 @@ class GlooCommunicator::Impl {
     }
     queue_cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+    if (sentinel_thread_.joinable()) {
+      stopping_sentinel_.store(true);
+      sentinel_->abortWaitRecv();
+      sentinel_thread_.join();
+    }
     for (auto& task : left) {
       std::lock_guard<std::mutex> lock(task->mu);
       task->done = true;
@@ -173,11 +224,55 @@ class GlooCommunicator::Impl {
       task->cv.notify_all();
     }
     std::lock_guard<std::mutex> lock(mu_);
+    sentinel_.reset();
     context_.reset();
   }
 
-  void StartThread() {
-    thread_ = std::thread([this] { Loop(); });
+  void StartThreads() {
+    thread_ = std::thread([this] {
+      BlockSigpipeInThisThread();
+      Loop();
+    });
+    if (size_ > 1) {
+      sentinel_bytes_.assign(size_, 0);
+      sentinel_ = context_->createUnboundBuffer(sentinel_bytes_.data(), sentinel_bytes_.size());
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) sentinel_->recv(peer, kSentinelSlot, peer, 1);
+      }
+      sentinel_thread_ = std::thread([this] {
+        BlockSigpipeInThisThread();
+        Sentinel();
+      });
+    }
+  }
+
+  // Gloo wakes a wait only when the pair it waits on fails. A rank blocked on a healthy pair
+  // while another of its pairs died (e.g. its writes to a dead peer got EPIPE, which Gloo's
+  // event loop never reports) would sit until its timeout. The sentinel is a receive posted
+  // on every pair and never matched: when any pair closes, Gloo wakes it. A peer that simply
+  // destroyed its communicator after the last operation looks the same, so the loss only
+  // fails an operation that is still unfinished kPeerLossGrace later (GlooWork::Wait).
+  void Sentinel() {
+    Status lost;
+    try {
+      if (!sentinel_->waitRecv(nullptr, std::chrono::hours(24 * 365))) return;  // shutdown
+      lost = InternalError(Describe() + ": a peer wrote to the reserved sentinel slot");
+    } catch (const std::exception& e) {
+      if (stopping_sentinel_.load()) return;
+      lost = UnavailableError(Describe() + ": a peer connection closed: " + e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_lost_ = lost;
+    peer_lost_at_ = std::chrono::steady_clock::now();
+  }
+
+  // The sentinel's status once a peer has been gone for longer than the grace period.
+  Status PeerLossPastGrace() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer_lost_.ok() || std::chrono::steady_clock::now() - peer_lost_at_ < kPeerLossGrace) {
+      return Status::Ok();
+    }
+    return peer_lost_;
   }
 
   std::shared_ptr<Task> Enqueue(CollectiveOp op) {
@@ -558,6 +653,12 @@ class GlooCommunicator::Impl {
   std::atomic<bool> aborted_{false};
   std::atomic<bool> broken_{false};
   std::thread thread_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> sentinel_;
+  std::vector<char> sentinel_bytes_;
+  std::thread sentinel_thread_;
+  std::atomic<bool> stopping_sentinel_{false};
+  Status peer_lost_;  // under mu_
+  std::chrono::steady_clock::time_point peer_lost_at_;
 
   // Used by the op thread only.
   uint64_t collective_seq_ = 0;
@@ -582,6 +683,12 @@ class GlooWork : public Work {
     while (!task_->done) {
       if (comm_->aborted_.load()) break;
       if (deadline.Expired()) break;
+      if (Status lost = comm_->PeerLossPastGrace(); !lost.ok()) {
+        lock.unlock();
+        comm_->FailWith(lost);  // wakes every wait of the context; error_ is now `lost`
+        lock.lock();
+        break;
+      }
       auto slice = Min(deadline, Deadline::AfterMs(10));
       task_->cv.wait_until(lock, slice.when());
     }
@@ -644,6 +751,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     context->setTimeout(
         std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
                                       Min(deadline, Deadline::AfterMs(3600000)).Remaining())));
+    ScopedSigpipeBlock no_sigpipe;
     context->connectFullMesh(adapter, device->impl()->device);
     impl->context_ = std::move(context);
   } catch (const std::exception& e) {
@@ -656,7 +764,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     }
     return UnavailableError(impl->Describe() + ": connecting: " + what);
   }
-  impl->StartThread();
+  impl->StartThreads();
   MORPH_VLOG(1, impl->log_)
       << impl->Describe() << " connected in "
       << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
