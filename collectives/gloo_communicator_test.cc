@@ -122,6 +122,22 @@ TEST(GlooCommunicatorTest, MismatchedMessageSizesAreInternalNotACrash) {
   EXPECT_TRUE(comms[1]->broken());
 }
 
+TEST(GlooCommunicatorTest, LosingAnotherPeerFailsAWaitOnAHealthyPair) {
+  auto table = std::make_shared<KvTable>();
+  auto comms = Build(table, 0, 3, "sentinel", Device());
+  // Rank 0 waits for rank 1, which is alive but silent; rank 2 goes away.
+  std::thread closer([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    comms[2].reset();
+  });
+  uint8_t b = 0;
+  auto start = std::chrono::steady_clock::now();
+  Status s = comms[0]->SendRecv({{P2POp::Kind::kRecv, 1, &b, 1}}, milliseconds(10000));
+  closer.join();
+  EXPECT_THAT(s, StatusIs(StatusCode::kUnavailable, HasSubstr("a peer connection closed")));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+}
+
 TEST(GlooCommunicatorTest, TimeoutBreaksTheCommunicator) {
   auto table = std::make_shared<KvTable>();
   auto comms = Build(table, 0, 2, "timeout", Device());
