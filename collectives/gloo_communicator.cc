@@ -10,6 +10,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -17,9 +19,6 @@
 #include <deque>
 #include <mutex>
 #include <thread>
-
-#include <pthread.h>
-#include <signal.h>
 
 #include "base/logging.h"
 #include "base/params.h"

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "base/testing.h"
@@ -216,6 +218,27 @@ TEST(TcpStoreTest, WrongTokenIsRefusedAndDisconnected) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(server->connections(), 0);
+}
+
+TEST(TcpStoreTest, JobTokenFromEnvironment) {
+  ::setenv("MORPH_TOKEN", "from-env", 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(std::string t, JobTokenFromEnv());
+  EXPECT_EQ(t, "from-env");
+  ::unsetenv("MORPH_TOKEN");
+  ::unsetenv("MORPH_TOKEN_FILE");
+  EXPECT_THAT(JobTokenFromEnv(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("no job token")));
+  std::string path = ::testing::TempDir() + "/morph_token";
+  { std::ofstream(path) << "  file-token\n"; }
+  ::setenv("MORPH_TOKEN_FILE", path.c_str(), 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(std::string f, JobTokenFromEnv());
+  EXPECT_EQ(f, "file-token");
+  ::setenv("MORPH_TOKEN_FILE", "/nonexistent/morph_token", 1);
+  EXPECT_THAT(JobTokenFromEnv(),
+              StatusIs(StatusCode::kNotFound, HasSubstr("/nonexistent/morph_token")));
+  ::unsetenv("MORPH_TOKEN_FILE");
+  EXPECT_THAT(TcpStoreServer::Start("127.0.0.1", 0, ""),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("job token is empty")));
 }
 
 TEST(TcpStoreTest, BadAddresses) {

@@ -2,9 +2,14 @@
 
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
+
+#include "base/params.h"
 
 namespace morph {
 namespace {
@@ -167,6 +172,29 @@ Status NetError(const error_code& ec, std::string_view what) {
 }
 
 }  // namespace
+
+StatusOr<std::string> JobTokenFromEnv() {
+  MORPH_ASSIGN_OR_RETURN(std::string token, params::Token());
+  if (token.empty()) {
+    MORPH_ASSIGN_OR_RETURN(std::string path, params::TokenFile());
+    if (path.empty()) {
+      return FailedPreconditionError("no job token: set MORPH_TOKEN or MORPH_TOKEN_FILE");
+    }
+    std::ifstream in(path);
+    if (!in) {
+      int err = errno;
+      return Status(err == EACCES ? StatusCode::kPermissionDenied : StatusCode::kNotFound,
+                    "MORPH_TOKEN_FILE=" + path + ": cannot read: " + std::strerror(err));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    token = text.str();
+    size_t b = token.find_first_not_of(" \t\r\n"), e = token.find_last_not_of(" \t\r\n");
+    token = b == std::string::npos ? "" : token.substr(b, e - b + 1);
+    if (token.empty()) return InvalidArgumentError("MORPH_TOKEN_FILE=" + path + " is empty");
+  }
+  return token;
+}
 
 // ---- server ---------------------------------------------------------------------------------
 class TcpStoreServer::Impl {
@@ -353,6 +381,9 @@ void TcpStoreServer::Impl::RetryPending() {
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
                                                                 uint16_t port, std::string token) {
+  if (token.empty()) {
+    return InvalidArgumentError("store server: the job token is empty (set MORPH_TOKEN)");
+  }
   auto impl = std::make_unique<Impl>(std::move(token));
   MORPH_RETURN_IF_ERROR(impl->Listen(host, port));
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));

@@ -27,11 +27,16 @@
 
 namespace morph {
 
+// The job token: MORPH_TOKEN, else the contents of MORPH_TOKEN_FILE (surrounding whitespace
+// trimmed). kFailedPrecondition if neither is set, kNotFound/kPermissionDenied naming the
+// file if it cannot be read, kInvalidArgument if the token is empty. Any thread.
+StatusOr<std::string> JobTokenFromEnv();
+
 class TcpStoreServer {
  public:
   // Listens on host:port (port 0: an ephemeral port) and serves from a thread of its own.
-  // kInvalidArgument for a host that is not an IP address, kUnavailable (or the errno's code)
-  // if it cannot bind. Any thread.
+  // kInvalidArgument for a host that is not an IP address or an empty token, kUnavailable if
+  // it cannot bind. Any thread.
   static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, uint16_t port,
                                                          std::string token);
   // Stops: closes the listener and every connection (clients then get kUnavailable).
