@@ -45,9 +45,8 @@ Status Child(const std::string& address, int rank, int world) {
   GroupBuilder builder(GlooFactory(device));
   const ParallelConfig config = ConfigFor(world);
   std::vector<double> all_groups, world_only;
-  // Generations unique across worlds (one server for the whole run); each advances the store,
-  // which drops the previous generation's keys.
-  int64_t generation = int64_t{world} * 1000;
+  // Each repetition advances the store, which drops the previous generation's keys.
+  int64_t generation = 1;
   for (int rep = 0; rep < kReps; ++rep) {
     for (int mode = 0; mode < 2; ++mode, ++generation) {
       MORPH_ASSIGN_OR_RETURN(auto store, base->ForGeneration(generation, Deadline::AfterMs(30000)));
@@ -83,9 +82,17 @@ Status Child(const std::string& address, int rank, int world) {
   return Status::Ok();
 }
 
-void BuildBench(const std::string& address, int world) {
-  ForkedRanks ranks = ForkedRanks::Start(
-      world, [&](int rank) { return ExitCode(rank, Child(address, rank, world)); });
+// Forks the ranks before the store server's thread exists (see ForkedRanks::Fork).
+void BuildBench(int world) {
+  ForkedRanks ranks = ForkedRanks::Fork(world, [&](int rank, const std::string& address) {
+    return ExitCode(rank, Child(address, rank, world));
+  });
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  if (!server.ok()) {
+    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
+    return;
+  }
+  ranks.Release((*server)->address());
   std::vector<int> codes = ranks.Wait(Deadline::AfterMs(120000));
   for (int r = 0; r < world; ++r) {
     if (codes[r] != 0)
@@ -138,12 +145,7 @@ void AbortBench() {
 }  // namespace morph
 
 int main() {
-  auto server = morph::TcpStoreServer::Start("127.0.0.1", 0, morph::kToken);
-  if (!server.ok()) {
-    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
-    return 1;
-  }
-  for (int world : {2, 4, 8}) morph::BuildBench((*server)->address(), world);
+  for (int world : {2, 4, 8}) morph::BuildBench(world);
   morph::AbortBench();
   return 0;
 }

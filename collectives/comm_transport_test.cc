@@ -66,10 +66,11 @@ Status Exchange(const std::string& address, int rank, int world) {
 
 TEST(CommTransportTest, ExchangeBetweenForkedRanks) {
   constexpr int kWorld = 3;
+  ForkedRanks ranks = ForkedRanks::Fork(kWorld, [&](int rank, const std::string& address) {
+    return ExitCode(rank, Exchange(address, rank, kWorld));
+  });
   MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
-  const std::string address = server->address();
-  ForkedRanks ranks = ForkedRanks::Start(
-      kWorld, [&](int rank) { return ExitCode(rank, Exchange(address, rank, kWorld)); });
+  ranks.Release(server->address());
   std::vector<int> codes = ranks.Wait(Deadline::AfterMs(60000));
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }

@@ -244,8 +244,14 @@ TEST(GlooCommunicatorTest, TwoHundredRebuildsKeepFdsThreadsAndMemoryFlat) {
   }
   EXPECT_EQ(CountFds(), fds0);
   EXPECT_EQ(StatusField("Threads"), threads0);
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine holds freed memory back, so RSS grows by design; LeakSanitizer checks
+  // for leaks at exit instead.
+  (void)rss0;
+#else
   EXPECT_LT(StatusField("VmRSS") - rss0, 8 * 1024)
       << "kB of RSS growth over " << kGenerations - kWarmup << " generations";
+#endif
   EXPECT_LE(table->size(), 3u * kWorld) << "old generations' keys were not dropped";
 }
 

@@ -76,10 +76,13 @@ Status Survive(const std::string& address, int rank, int world, int victim) {
 
 TEST(GlooFaultTest, KillOneRankDuringAllreduceThenRebuildWithoutIt) {
   constexpr int kWorld = 4, kVictim = 1;
+  // Fork first, start the server's thread after (see ForkedRanks::Fork).
+  ForkedRanks ranks = ForkedRanks::Fork(kWorld, [&](int rank, const std::string& address) {
+    return ExitCode(rank, Survive(address, rank, kWorld, kVictim));
+  });
   MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
   const std::string address = server->address();
-  ForkedRanks ranks = ForkedRanks::Start(
-      kWorld, [&](int rank) { return ExitCode(rank, Survive(address, rank, kWorld, kVictim)); });
+  ranks.Release(address);
   MORPH_ASSERT_OK_AND_ASSIGN(auto coordinator,
                              TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000)));
   std::vector<std::string> looping;

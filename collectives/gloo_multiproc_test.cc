@@ -17,9 +17,8 @@ class GlooForkedTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooForkedTest, EveryCollectiveMatchesTheReference) {
   const int world = GetParam();
-  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
-  const std::string address = server->address();
-  ForkedRanks ranks = ForkedRanks::Start(world, [&](int rank) {
+  // Fork first, start the server's thread after (see ForkedRanks::Fork).
+  ForkedRanks ranks = ForkedRanks::Fork(world, [&](int rank, const std::string& address) {
     Status s = [&]() -> Status {
       MORPH_ASSIGN_OR_RETURN(auto store,
                              TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
@@ -30,6 +29,8 @@ TEST_P(GlooForkedTest, EveryCollectiveMatchesTheReference) {
     }();
     return ExitCode(rank, s);
   });
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  ranks.Release(server->address());
   std::vector<int> codes = ranks.Wait(Deadline::AfterMs(60000));
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -26,23 +27,68 @@ Status FirstError(const std::vector<Status>& statuses) {
   return Status::Ok();
 }
 
-ForkedRanks ForkedRanks::Start(int n, const std::function<int(int)>& fn) {
+ForkedRanks ForkedRanks::Fork(int n, const std::function<int(int, const std::string&)>& fn) {
   ForkedRanks ranks;
   std::fflush(nullptr);
   for (int r = 0; r < n; ++r) {
+    int gate[2] = {-1, -1};
+    if (::pipe(gate) != 0) {
+      ranks.pids_.push_back(-1);
+      ranks.gates_.push_back(-1);
+      continue;
+    }
     pid_t pid = ::fork();
     if (pid == 0) {
-      int code = fn(r);
+      ::close(gate[1]);
+      for (int fd : ranks.gates_) {
+        if (fd >= 0) ::close(fd);
+      }
+      // Wait for the blob: the parent starts its threads only after every fork.
+      std::string blob;
+      char buf[256];
+      while (true) {
+        ssize_t got = ::read(gate[0], buf, sizeof(buf));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;
+        blob.append(buf, static_cast<size_t>(got));
+      }
+      ::close(gate[0]);
+      int code = fn(r, blob);
       std::fflush(nullptr);
       ::_exit(code);
     }
+    ::close(gate[0]);
     ranks.pids_.push_back(pid);  // -1 on failure: Wait reports it
+    ranks.gates_.push_back(pid > 0 ? gate[1] : -1);
+    if (pid <= 0) ::close(gate[1]);
   }
   ranks.codes_.assign(n, -1);
   return ranks;
 }
 
+void ForkedRanks::Release(const std::string& blob) {
+  for (int& fd : gates_) {
+    if (fd < 0) continue;
+    size_t off = 0;
+    while (off < blob.size()) {
+      ssize_t w = ::write(fd, blob.data() + off, blob.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+    ::close(fd);
+    fd = -1;
+  }
+}
+
+ForkedRanks ForkedRanks::Start(int n, const std::function<int(int)>& fn) {
+  ForkedRanks ranks = Fork(n, [&](int rank, const std::string&) { return fn(rank); });
+  ranks.Release("");
+  return ranks;
+}
+
 ForkedRanks::~ForkedRanks() {
+  Release("");  // children still gated see EOF and run (then get killed below)
   if (!pids_.empty()) Wait(Deadline::AfterMs(0));
 }
 

@@ -2,7 +2,9 @@
 // forked processes (which a test may SIGKILL). Not installed; for tests and benchmarks.
 //
 //   std::vector<Status> r = RunRankThreads(4, [&](int rank) -> Status { ... });
-//   ForkedRanks ranks = ForkedRanks::Start(4, [&](int rank) -> int { ... return 0; });
+//   ForkedRanks ranks = ForkedRanks::Fork(4, [&](int rank, const std::string& address) {...});
+//   auto server = TcpStoreServer::Start(...);      // threads only after every fork
+//   ranks.Release(server->address());             // children start with the address
 //   ranks.Kill(2);
 //   std::vector<int> codes = ranks.Wait(Deadline::AfterMs(60000));   // kills stragglers
 #ifndef MORPH_COLLECTIVES_RANK_HARNESS_H_
@@ -27,8 +29,14 @@ Status FirstError(const std::vector<Status>& statuses);
 
 class ForkedRanks {
  public:
-  // Forks n children; child `rank` runs fn(rank) and _exits with its result (never returns
-  // into the test). The child's stderr stays the test's stderr.
+  // Forks n children; child `rank` waits until Release(blob), then runs fn(rank, blob) and
+  // _exits with its result (never returns into the test). Fork before starting any thread in
+  // the parent (e.g. a store server): a child forked while another thread holds a lock
+  // (ASan's allocator, glog) can deadlock. The child's stderr stays the test's stderr.
+  static ForkedRanks Fork(int n, const std::function<int(int, const std::string&)>& fn);
+  // Lets every child start, handing it `blob`. Once.
+  void Release(const std::string& blob);
+  // Fork + Release("").
   static ForkedRanks Start(int n, const std::function<int(int)>& fn);
   ForkedRanks(ForkedRanks&&) = default;
   // Kills (SIGKILL) and reaps every child still running.
@@ -44,6 +52,7 @@ class ForkedRanks {
  private:
   ForkedRanks() = default;
   std::vector<pid_t> pids_;
+  std::vector<int> gates_;  // write ends of the children's start pipes, -1 once released
   std::vector<int> codes_;
 };
 

@@ -33,12 +33,22 @@ KvTable::Response Error(Status s) {
 
 }  // namespace
 
-KvTable::Response KvTable::TimedOut(const Request& request) {
+KvTable::Response KvTable::TimedOut(const Request& request) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TimedOutLocked(request);
+}
+
+KvTable::Response KvTable::TimedOutLocked(const Request& request) const {
+  std::vector<const std::string*> missing;
+  auto gen = keys_.find(request.generation);
+  for (const std::string& k : request.keys) {
+    if (gen == keys_.end() || !gen->second.contains(k)) missing.push_back(&k);
+  }
   std::ostringstream msg;
   msg << "store " << OpName(request.op) << " generation " << request.generation
       << ": timed out waiting for key";
-  if (!request.keys.empty()) msg << " '" << request.keys.front() << "'";
-  if (request.keys.size() > 1) msg << " (and " << request.keys.size() - 1 << " more)";
+  if (!missing.empty()) msg << " '" << *missing.front() << "'";
+  if (missing.size() > 1) msg << " (and " << missing.size() - 1 << " more)";
   return Error(DeadlineExceededError(msg.str()));
 }
 
@@ -146,7 +156,7 @@ KvTable::Response KvTable::Apply(const Request& request, Deadline deadline) {
       if (request.op != Op::kGet && request.op != Op::kWait) changed_.notify_all();
       return *std::move(r);
     }
-    if (deadline.Expired()) return TimedOut(request);
+    if (deadline.Expired()) return TimedOutLocked(request);
     if (deadline.IsInfinite()) {
       changed_.wait(lock);
     } else {

@@ -96,8 +96,9 @@ class KvTable {
   // Applies `request`, blocking while it must wait, up to `deadline` (kDeadlineExceeded).
   Response Apply(const Request& request, Deadline deadline);
 
-  // The response a request gets when its deadline passes while it waits.
-  static Response TimedOut(const Request& request);
+  // The response a request gets when its deadline passes while it waits: kDeadlineExceeded
+  // naming the first key still missing.
+  Response TimedOut(const Request& request) const;
 
   int64_t min_generation() const;
   // Number of keys held, over all generations (for tests of flat memory).
@@ -105,6 +106,7 @@ class KvTable {
 
  private:
   std::optional<Response> TryApplyLocked(const Request& request);
+  Response TimedOutLocked(const Request& request) const;
 
   mutable std::mutex mu_;
   std::condition_variable changed_;

@@ -302,7 +302,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
     timer_.expires_after(std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms)));
     timer_.async_wait([self = shared_from_this(), seq](error_code ec) {
       if (ec || !self->pending_ || self->pending_seq_ != seq) return;
-      KvTable::Response timed_out = KvTable::TimedOut(*self->pending_);
+      KvTable::Response timed_out = self->server_->table_->TimedOut(*self->pending_);
       self->pending_.reset();
       self->Respond(timed_out, false);
     });
