@@ -51,10 +51,11 @@ Status Child(const std::string& address, int rank, int world) {
     for (int mode = 0; mode < 2; ++mode, ++generation) {
       MORPH_ASSIGN_OR_RETURN(auto store, base->ForGeneration(generation, Deadline::AfterMs(30000)));
       Deadline d = Deadline::AfterMs(30000);
+      MORPH_RETURN_IF_ERROR(StoreBarrier(*store, "start", world, d));
+      // Everyone has left the previous generation: drop its keys.
       if (rank == 0) {
         MORPH_RETURN_IF_ERROR(store->AdvanceGeneration(generation, d));
       }
-      MORPH_RETURN_IF_ERROR(StoreBarrier(*store, "start", world, d));
       double t0 = Now();
       if (mode == 0) {
         MORPH_ASSIGN_OR_RETURN(auto set, builder.Build(*store, config, rank, world, d));
