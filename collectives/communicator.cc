@@ -6,7 +6,14 @@
 #include <cstring>
 #include <limits>
 
+#include "base/params.h"
+
 namespace morph {
+
+StatusOr<std::chrono::milliseconds> CollectiveTimeoutFromEnv() {
+  MORPH_ASSIGN_OR_RETURN(int64_t ms, params::CollectiveTimeoutMs());
+  return std::chrono::milliseconds(ms);
+}
 
 int DataTypeSize(DataType dtype) {
   switch (dtype) {

@@ -41,6 +41,10 @@ namespace morph {
 enum class DataType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8 };
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
 
+// MORPH_COLLECTIVE_TIMEOUT_MS as a duration, for callers that pass "the job's default" timeout.
+// kInvalidArgument naming the variable for a bad value. Any thread.
+StatusOr<std::chrono::milliseconds> CollectiveTimeoutFromEnv();
+
 int DataTypeSize(DataType dtype);
 std::string_view DataTypeName(DataType dtype);  // "f32", "bf16", ...
 std::string_view ReduceOpName(ReduceOp op);     // "sum", "max", "min"

@@ -4,7 +4,11 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+
+#include "base/testing.h"
+#include "collectives/store.h"
 
 namespace morph {
 namespace {
@@ -39,6 +43,24 @@ TEST(BFloat16Test, RoundTripsAndRounds) {
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 0x1p-8f)), 1.0f);  // tie -> even
   EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(1.0f + 3 * 0x1p-8f)), 1.0f + 0x1p-6f);
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
+}
+
+TEST(TimeoutsTest, FromEnvironment) {
+  ::unsetenv("MORPH_COLLECTIVE_TIMEOUT_MS");
+  EXPECT_EQ(*CollectiveTimeoutFromEnv(), std::chrono::milliseconds(300000));
+  ::setenv("MORPH_COLLECTIVE_TIMEOUT_MS", "1500", 1);
+  EXPECT_EQ(*CollectiveTimeoutFromEnv(), std::chrono::milliseconds(1500));
+  ::setenv("MORPH_COLLECTIVE_TIMEOUT_MS", "soon", 1);
+  EXPECT_THAT(CollectiveTimeoutFromEnv(),
+              testing::StatusIs(StatusCode::kInvalidArgument,
+                                ::testing::HasSubstr("MORPH_COLLECTIVE_TIMEOUT_MS=soon")));
+  ::unsetenv("MORPH_COLLECTIVE_TIMEOUT_MS");
+  ::setenv("MORPH_STORE_TIMEOUT_MS", "2000", 1);
+  StatusOr<Deadline> d = StoreDeadlineFromEnv();
+  ASSERT_TRUE(d.ok());
+  EXPECT_GT(d->RemainingMs(), 1000);
+  EXPECT_LE(d->RemainingMs(), 2000);
+  ::unsetenv("MORPH_STORE_TIMEOUT_MS");
 }
 
 TEST(ReduceIntoTest, EveryTypeAndOp) {

@@ -4,6 +4,8 @@
 #include <limits>
 #include <sstream>
 
+#include "base/params.h"
+
 namespace morph {
 namespace {
 
@@ -32,6 +34,11 @@ KvTable::Response Error(Status s) {
 }
 
 }  // namespace
+
+StatusOr<Deadline> StoreDeadlineFromEnv() {
+  MORPH_ASSIGN_OR_RETURN(int64_t ms, params::StoreTimeoutMs());
+  return Deadline::AfterMs(ms);
+}
 
 KvTable::Response KvTable::TimedOut(const Request& request) const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -71,6 +71,10 @@ class Store {
   virtual Status AdvanceGeneration(int64_t generation, Deadline deadline) = 0;
 };
 
+// Now + MORPH_STORE_TIMEOUT_MS: the deadline of a store call or rendezvous when the caller has
+// none of its own. kInvalidArgument naming the variable for a bad value. Any thread.
+StatusOr<Deadline> StoreDeadlineFromEnv();
+
 // The state of a store: keys per generation and the oldest generation served. Thread-safe.
 // Shared by MemoryStore (threads of one process) and TcpStoreServer.
 class KvTable {
