@@ -131,6 +131,13 @@ CollectiveOp CollectiveOp::SendRecv(std::vector<P2POp> ops, std::chrono::millise
   return c;
 }
 
+StatusOr<std::unique_ptr<Communicator>> Communicator::Split(int /*color*/, int /*key*/,
+                                                            std::string name,
+                                                            Deadline /*deadline*/) {
+  return UnimplementedError(capabilities().backend + " cannot split a communicator (for '" + name +
+                            "'): build it with a rendezvous instead");
+}
+
 Status Communicator::Run(CollectiveOp op) {
   Deadline deadline = Deadline::After(op.timeout);
   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Work> work, Start(std::move(op)));

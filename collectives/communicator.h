@@ -137,6 +137,12 @@ class Communicator {
   // it is broken. Only one thread at a time calls Start (the one that owns the communicator).
   virtual StatusOr<std::unique_ptr<Work>> Start(CollectiveOp op) = 0;
 
+  // Collective over this communicator: ranks passing the same `color` form a new
+  // communicator named `name`, ordered by `key`; color < 0 opts out (returns null). Only
+  // where capabilities().split (NCCL: ncclCommSplit); elsewhere kUnimplemented. Owning thread.
+  virtual StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, std::string name,
+                                                        Deadline deadline);
+
   // Makes the operation in progress and every later one return kAborted within a second.
   // Any thread, any number of times; never blocks on the network.
   virtual void Abort() = 0;

@@ -69,6 +69,33 @@ StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Build(Store& store, const Para
     specs.push_back({"pp/d" + std::to_string(c.d) + "t" + std::to_string(c.t), position(pp),
                      static_cast<int>(pp.size()), &set->pp_, Status::Ok()});
   }
+  // Backends that split (NCCL) derive the subgroups from the world communicator, collectively
+  // and in the same order on every rank; standby workers opt out of all three.
+  if (split_) {
+    MORPH_ASSIGN_OR_RETURN(set->world_, factory_(store, "world", rank, world_size, deadline),
+                           "building world group of generation " << store.generation());
+    if (!set->world_->capabilities().split) {
+      return InvalidArgumentError("group builder: " + set->world_->capabilities().backend +
+                                  " cannot split; build without GroupBuilder::SplitFromWorld");
+    }
+    const bool member = rank < config.world();
+    ParallelConfig::Coords c = member ? config.CoordsOf(rank) : ParallelConfig::Coords{};
+    struct SplitSpec {
+      int color;
+      int key;
+      size_t spec;
+    } splits[] = {{c.p * config.tp + c.t, c.d, 1},
+                  {c.p * config.dp + c.d, c.t, 2},
+                  {c.d * config.tp + c.t, c.p, 3}};
+    for (const SplitSpec& sp : splits) {
+      const std::string name = member ? specs[sp.spec].name : "standby";
+      MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub,
+                             set->world_->Split(member ? sp.color : -1, sp.key, name, deadline),
+                             "splitting group " << name << " of generation " << store.generation());
+      if (member) *specs[sp.spec].out = std::move(sub);
+    }
+    return set;
+  }
   // The groups rendezvous concurrently: each under its own name, so they cannot deadlock on
   // each other, and a generation costs about one rendezvous instead of four.
   auto build = [&](Spec& s) {

@@ -67,6 +67,14 @@ class GroupBuilder {
  public:
   explicit GroupBuilder(CommunicatorFactory factory) : factory_(std::move(factory)) {}
 
+  // Builds DP/TP/PP by splitting the world communicator (NCCL's ncclCommSplit: no new unique
+  // ids) instead of a rendezvous per group. Build then fails with kInvalidArgument if the
+  // backend cannot split.
+  GroupBuilder& SplitFromWorld(bool split = true) {
+    split_ = split;
+    return *this;
+  }
+
   // Collective over the `world_size` workers of `store`'s generation: each calls it with its
   // rank. kInvalidArgument for an invalid config, world_size < config.world(), or a rank out
   // of [0, world_size); otherwise the factory's errors with the group's name. Any thread.
@@ -75,6 +83,7 @@ class GroupBuilder {
 
  private:
   CommunicatorFactory factory_;
+  bool split_ = false;
 };
 
 }  // namespace morph

@@ -75,6 +75,20 @@ TEST(GroupBuilderTest, BuildsDpTpPpGroupsAndRebuildsForTheNextGeneration) {
   })));
 }
 
+TEST(GroupBuilderTest, SplittingNeedsABackendThatSplits) {
+  auto table = std::make_shared<KvTable>();
+  MemoryStore store(table, 0);
+  GroupBuilder builder(GlooFactory(nullptr));
+  builder.SplitFromWorld();
+  EXPECT_THAT(builder.Build(store, ParallelConfig{}, 0, 1, Deadline::AfterMs(5000)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("gloo cannot split")));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto comm,
+                             GlooFactory(nullptr)(store, "solo", 0, 1, Deadline::AfterMs(5000)));
+  EXPECT_FALSE(comm->capabilities().split);
+  EXPECT_THAT(comm->Split(0, 0, "sub", Deadline::AfterMs(100)),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("gloo cannot split")));
+}
+
 TEST(GroupBuilderTest, BadArguments) {
   auto table = std::make_shared<KvTable>();
   MemoryStore store(table, 0);

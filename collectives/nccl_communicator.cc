@@ -401,9 +401,9 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(std::span<c
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impl)));
 }
 
-StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int color, int key,
-                                                                    std::string name,
-                                                                    Deadline deadline) {
+StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key,
+                                                                std::string name,
+                                                                Deadline deadline) {
   MORPH_RETURN_IF_ERROR(impl_->CheckAbort());
   cudaSetDevice(impl_->device_);
   ncclConfig_t config = NonBlockingConfig();
@@ -418,7 +418,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int color, i
     impl_->AbortNow(s);
     return s.WithContext(impl_->Describe() + ": split");
   }
-  if (color < 0) return std::unique_ptr<NcclCommunicator>();
+  if (color < 0) return std::unique_ptr<Communicator>();
   int new_rank = 0, new_size = 0;
   ncclCommUserRank(next, &new_rank);
   ncclCommCount(next, &new_size);
@@ -426,7 +426,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(int color, i
                                      impl_->device_);
   impl->comm_ = next;
   MORPH_RETURN_IF_ERROR(impl->InitResources()) << impl->Describe();
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impl)));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(impl)));
 }
 
 int NcclCommunicator::rank() const { return impl_->rank_; }

@@ -53,8 +53,8 @@ class NcclCommunicator : public Communicator {
                                                      int64_t generation, Deadline deadline);
   // Collective over this communicator: ranks with the same `color` form a new communicator,
   // ordered by `key`; color < 0 opts out (returns nullptr). Subgroups of a generation.
-  StatusOr<std::unique_ptr<NcclCommunicator>> Split(int color, int key, std::string name,
-                                                    Deadline deadline);
+  StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, std::string name,
+                                                Deadline deadline) override;
 
   int rank() const override;
   int size() const override;

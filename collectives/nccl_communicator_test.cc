@@ -80,6 +80,17 @@ TEST_F(NcclTest, SingleRankInitAllreduceSplitAbortReinit) {
   MORPH_EXPECT_OK(again->Barrier(kTimeout));
 }
 
+TEST_F(NcclTest, GroupBuilderSplitsSubgroupsFromWorld) {
+  MemoryStore g0(table_, 0);
+  GroupBuilder builder(NcclFactory(0));
+  builder.SplitFromWorld();
+  MORPH_ASSERT_OK_AND_ASSIGN(auto groups, builder.Build(g0, ParallelConfig{}, 0, 1,
+                                                        Deadline::After(kTimeout)));
+  EXPECT_EQ(groups->dp().size(), 1);
+  EXPECT_EQ(groups->tp().capabilities().backend, "nccl");
+  MORPH_EXPECT_OK(groups->pp().Barrier(kTimeout));
+}
+
 TEST(NcclArgsTest, BadArgumentsWithoutAGpu) {
   auto table = std::make_shared<KvTable>();
   MemoryStore store(table, 0);
