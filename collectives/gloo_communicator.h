@@ -13,6 +13,9 @@
 // Operations run in order on one thread per communicator, so Start returns at once and
 // Abort() (any thread) can fail the operation in progress: it raises an error on every pair
 // of the context, which wakes Gloo's waits and closes the connections, so peers fail too.
+// Any error does the same. A sentinel receive on every pair notices a peer connection that
+// closed while this rank waits on another pair (docs/collectives.md). SIGPIPE is blocked in
+// the threads that write to Gloo's sockets; the library installs no signal handler.
 #ifndef MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
 #define MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
 
