@@ -14,7 +14,7 @@ endif
 comma := ,
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
-.PHONY: deps configure build test
+.PHONY: deps configure build test bench-collectives
 
 deps:
 	@bash scripts/install-deps.sh
@@ -25,7 +25,6 @@ configure: deps
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# ASAN_OPTIONS: Open MPI's singleton init leaks by design; leak checking stays on elsewhere.
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
@@ -39,3 +38,12 @@ bench-reshard: configure
 	  if [ -x $(BUILD_DIR)/$$b ]; then $(BUILD_DIR)/$$b; \
 	  else echo "bench-reshard: $$b not built here, skipped" >&2; fi; \
 	done
+
+# Collectives: communicator build and abort times (forked ranks), then the Gloo communicator
+# next to Open MPI (allreduce, send/recv) under mpirun with 2 and 4 ranks. JSON lines.
+MPIRUN ?= mpirun --allow-run-as-root --oversubscribe
+.PHONY: bench-collectives
+bench-collectives: build
+	$(BUILD_DIR)/bench/collectives_build_bench
+	$(MPIRUN) -np 2 $(BUILD_DIR)/bench/collectives_mpi_bench
+	$(MPIRUN) -np 4 $(BUILD_DIR)/bench/collectives_mpi_bench

@@ -1,0 +1,181 @@
+#include "collectives/collective_checks.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+namespace morph {
+namespace {
+
+constexpr DataType kTypes[] = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
+                               DataType::kI32, DataType::kI64, DataType::kU8};
+constexpr size_t kCounts[] = {0, 1, 7, 1001};
+
+// Small integers: exact in every type, sums included (|sum| <= 252 for 8 ranks).
+double Value(DataType t, int rank, size_t i) {
+  double v = (rank + 1) * static_cast<double>(i % 7 + 1);
+  if (t != DataType::kU8 && i % 2 == 1) v = -v;
+  return v;
+}
+
+void Put(DataType t, void* buf, size_t i, double v) {
+  switch (t) {
+    case DataType::kF32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DataType::kF64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DataType::kF16:
+      static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v));
+      break;
+    case DataType::kBF16:
+      static_cast<uint16_t*>(buf)[i] = FloatToBFloat16(static_cast<float>(v));
+      break;
+    case DataType::kI32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kI64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
+    case DataType::kU8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v);
+      break;
+  }
+}
+
+double Get(DataType t, const void* buf, size_t i) {
+  switch (t) {
+    case DataType::kF32:
+      return static_cast<const float*>(buf)[i];
+    case DataType::kF64:
+      return static_cast<const double*>(buf)[i];
+    case DataType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::kBF16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
+    case DataType::kI32:
+      return static_cast<const int32_t*>(buf)[i];
+    case DataType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
+    case DataType::kU8:
+      return static_cast<const uint8_t*>(buf)[i];
+  }
+  return 0;
+}
+
+double Reduce(DataType t, ReduceOp op, int world, size_t i) {
+  double acc = Value(t, 0, i);
+  for (int r = 1; r < world; ++r) {
+    double v = Value(t, r, i);
+    acc = op == ReduceOp::kSum   ? acc + v
+          : op == ReduceOp::kMax ? std::max(acc, v)
+                                 : std::min(acc, v);
+  }
+  return acc;
+}
+
+Status Mismatch(std::string_view what, DataType t, size_t count, size_t i, double got,
+                double want) {
+  std::ostringstream m;
+  m << what << " " << DataTypeName(t) << " count " << count << ": element " << i << " is " << got
+    << ", expected " << want;
+  return InternalError(m.str());
+}
+
+}  // namespace
+
+Status CheckAllCollectives(Communicator& comm, std::chrono::milliseconds timeout) {
+  const int rank = comm.rank(), world = comm.size();
+  for (DataType t : kTypes) {
+    const size_t es = DataTypeSize(t);
+    for (size_t count : kCounts) {
+      std::vector<uint8_t> buf(std::max<size_t>(1, count * es));
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+        for (size_t i = 0; i < count; ++i) Put(t, buf.data(), i, Value(t, rank, i));
+        MORPH_RETURN_IF_ERROR(comm.Allreduce(buf.data(), count, t, op, timeout))
+            << "allreduce " << ReduceOpName(op) << " " << DataTypeName(t) << " count " << count;
+        for (size_t i = 0; i < count; ++i) {
+          double want = Reduce(t, op, world, i), got = Get(t, buf.data(), i);
+          if (got != want) {
+            return Mismatch("allreduce " + std::string(ReduceOpName(op)), t, count, i, got, want);
+          }
+        }
+      }
+      for (int root : {0, world - 1}) {
+        for (size_t i = 0; i < count; ++i) Put(t, buf.data(), i, Value(t, rank, i));
+        MORPH_RETURN_IF_ERROR(comm.Broadcast(buf.data(), count, t, root, timeout))
+            << "broadcast " << DataTypeName(t) << " count " << count;
+        for (size_t i = 0; i < count; ++i) {
+          double want = Value(t, root, i), got = Get(t, buf.data(), i);
+          if (got != want) return Mismatch("broadcast", t, count, i, got, want);
+        }
+      }
+      {
+        std::vector<uint8_t> out(std::max<size_t>(1, count * es * world));
+        for (size_t i = 0; i < count; ++i) Put(t, buf.data(), i, Value(t, rank, i));
+        MORPH_RETURN_IF_ERROR(comm.Allgather(buf.data(), out.data(), count, t, timeout))
+            << "allgather " << DataTypeName(t) << " count " << count;
+        for (int r = 0; r < world; ++r) {
+          for (size_t i = 0; i < count; ++i) {
+            double want = Value(t, r, i), got = Get(t, out.data(), r * count + i);
+            if (got != want) return Mismatch("allgather", t, count, r * count + i, got, want);
+          }
+        }
+      }
+      {
+        // Rank r contributes Value(t, r, j) for j over the whole input of count * world.
+        std::vector<uint8_t> in(std::max<size_t>(1, count * es * world));
+        for (size_t j = 0; j < count * world; ++j) Put(t, in.data(), j, Value(t, rank, j));
+        std::vector<uint8_t> out(std::max<size_t>(1, count * es));
+        MORPH_RETURN_IF_ERROR(
+            comm.ReduceScatter(in.data(), out.data(), count, t, ReduceOp::kSum, timeout))
+            << "reduce_scatter " << DataTypeName(t) << " count " << count;
+        for (size_t i = 0; i < count; ++i) {
+          double want = Reduce(t, ReduceOp::kSum, world, rank * count + i);
+          double got = Get(t, out.data(), i);
+          if (got != want) return Mismatch("reduce_scatter sum", t, count, i, got, want);
+        }
+      }
+    }
+  }
+  MORPH_RETURN_IF_ERROR(comm.Barrier(timeout)) << "barrier";
+  return CheckSendRecv(comm, timeout);
+}
+
+Status CheckSendRecv(Communicator& comm, std::chrono::milliseconds timeout) {
+  const int rank = comm.rank(), world = comm.size();
+  if (world == 1) return Status::Ok();
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  // Three messages to the next rank in one group, sizes 1, 0 and 4099 bytes, then a second
+  // group: order between a pair must hold across and within groups.
+  for (int round = 0; round < 2; ++round) {
+    const size_t sizes[] = {1, 0, 4099};
+    std::vector<std::vector<uint8_t>> out(3), in(3);
+    std::vector<P2POp> ops;
+    for (int m = 0; m < 3; ++m) {
+      out[m].resize(sizes[m]);
+      for (size_t i = 0; i < sizes[m]; ++i) {
+        out[m][i] = static_cast<uint8_t>(rank * 31 + m * 7 + round * 3 + i);
+      }
+      in[m].assign(sizes[m], 0xEE);
+      ops.push_back({P2POp::Kind::kSend, next, out[m].data(), sizes[m]});
+      ops.push_back({P2POp::Kind::kRecv, prev, in[m].data(), sizes[m]});
+    }
+    MORPH_RETURN_IF_ERROR(comm.SendRecv(ops, timeout)) << "send/recv round " << round;
+    for (int m = 0; m < 3; ++m) {
+      for (size_t i = 0; i < sizes[m]; ++i) {
+        auto want = static_cast<uint8_t>(prev * 31 + m * 7 + round * 3 + i);
+        if (in[m][i] != want) {
+          return InternalError("send/recv round " + std::to_string(round) + " message " +
+                               std::to_string(m) + " byte " + std::to_string(i) + " is " +
+                               std::to_string(in[m][i]) + ", expected " + std::to_string(want));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace morph

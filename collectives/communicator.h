@@ -1,0 +1,192 @@
+// Communicator: the collective and point-to-point operations training code and the reshard
+// executor run between the ranks of one group, for one generation. Backends: Gloo (CPU, TCP;
+// gloo_communicator.h) and NCCL (CUDA; nccl_communicator.h).
+//
+//   std::unique_ptr<Communicator> comm = ...;            // from a backend or GroupBuilder
+//   MORPH_RETURN_IF_ERROR(comm->Allreduce(grad, n, DataType::kF32, ReduceOp::kSum,
+//                                         std::chrono::seconds(30)));
+//   MORPH_ASSIGN_OR_RETURN(auto work, comm->Start(CollectiveOp::Broadcast(buf, n, dt, 0, t)));
+//   ...                                                   // overlap
+//   MORPH_RETURN_IF_ERROR(work->Wait(Deadline::AfterMs(30000)));
+//
+// Contracts, for every backend:
+// - Every rank of the group issues the same collectives in the same order (as with MPI/NCCL).
+// - Every call returns a Status and is bounded by its own timeout: kDeadlineExceeded when it
+//   passes, kUnavailable when a peer failed (closed its connection, NCCL remote error),
+//   kAborted after Abort(), kInvalidArgument for bad arguments (checked before anything is
+//   sent, so no peer is left waiting for this rank's data).
+// - After any non-OK result other than kInvalidArgument the communicator is broken: every
+//   later call returns the same error. Build the next generation's communicator instead.
+// - Abort() may be called from any thread, any time: the operation in progress (and every
+//   later one) returns kAborted within a second.
+// - Buffers must stay valid until the operation's Wait returned (also after an error).
+#ifndef MORPH_COLLECTIVES_COMMUNICATOR_H_
+#define MORPH_COLLECTIVES_COMMUNICATOR_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+
+namespace morph {
+
+// Element types of collectives. Same names as reshard's DType, kept here so that
+// collectives/ depends on base/ only (comm_transport.h maps between them).
+enum class DataType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8 };
+enum class ReduceOp : uint8_t { kSum, kMax, kMin };
+
+// MORPH_COLLECTIVE_TIMEOUT_MS as a duration, for callers that pass "the job's default" timeout.
+// kInvalidArgument naming the variable for a bad value. Any thread.
+StatusOr<std::chrono::milliseconds> CollectiveTimeoutFromEnv();
+
+int DataTypeSize(DataType dtype);
+std::string_view DataTypeName(DataType dtype);  // "f32", "bf16", ...
+std::string_view ReduceOpName(ReduceOp op);     // "sum", "max", "min"
+
+// What a backend supports, so callers decide before calling rather than on a failure.
+struct Capabilities {
+  std::string backend;          // "gloo", "nccl"
+  bool host_memory = false;     // buffers in host memory
+  bool device_memory = false;   // buffers in CUDA device memory
+  bool point_to_point = false;  // kSendRecv groups
+  bool shrink = false;          // Shrink() without a new rendezvous
+  bool split = false;           // Split() into subgroups without a new rendezvous
+  // Element types allreduce/reduce-scatter accept. On Gloo f16/bf16 are reduced in f32
+  // (allgather + local reduction in rank order, one rounding) so results are identical on
+  // every rank and as exact as f32 allows; this costs world-size times the bytes.
+  std::vector<DataType> reduce_types;
+  std::vector<ReduceOp> reduce_ops;
+};
+
+// One side of a point-to-point exchange.
+struct P2POp {
+  enum class Kind : uint8_t { kSend, kRecv };
+  Kind kind;
+  int peer;
+  void* data;  // a send only reads it
+  size_t bytes;
+};
+
+// An operation handed to Communicator::Start. Use the named constructors.
+struct CollectiveOp {
+  enum class Kind : uint8_t {
+    kAllreduce,
+    kBroadcast,
+    kAllgather,
+    kReduceScatter,
+    kBarrier,
+    kSendRecv
+  };
+  Kind kind = Kind::kBarrier;
+  const void* send = nullptr;  // allgather / reduce-scatter input
+  void* recv = nullptr;        // in-place buffer of allreduce / broadcast; output otherwise
+  // Elements: of the buffer (allreduce, broadcast), of each rank's piece (allgather input,
+  // reduce-scatter output). Allgather output and reduce-scatter input hold count * size.
+  size_t count = 0;
+  DataType dtype = DataType::kU8;
+  ReduceOp reduce = ReduceOp::kSum;
+  int root = 0;
+  std::vector<P2POp> p2p;
+  std::chrono::milliseconds timeout{30000};
+
+  static CollectiveOp Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                std::chrono::milliseconds timeout);
+  static CollectiveOp Broadcast(void* buf, size_t count, DataType dtype, int root,
+                                std::chrono::milliseconds timeout);
+  static CollectiveOp Allgather(const void* send, void* recv, size_t count, DataType dtype,
+                                std::chrono::milliseconds timeout);
+  static CollectiveOp ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+                                    ReduceOp op, std::chrono::milliseconds timeout);
+  static CollectiveOp Barrier(std::chrono::milliseconds timeout);
+  // Sends and receives that progress together. Between a pair of ranks, the i-th send from a
+  // to b matches b's i-th receive from a (across groups too); sizes must agree.
+  static CollectiveOp SendRecv(std::vector<P2POp> ops, std::chrono::milliseconds timeout);
+};
+
+// A started operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation finished (its Status), `deadline` passed (kDeadlineExceeded;
+  // the communicator is then aborted, since the peers are out of step), or the communicator
+  // was aborted (kAborted). Returns the same Status when called again. Only the thread that
+  // started the operation calls Wait.
+  virtual Status Wait(Deadline deadline) = 0;
+  // True once Wait would not block. Any thread.
+  virtual bool Done() const = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int64_t generation() const = 0;
+  virtual Capabilities capabilities() const = 0;
+
+  // Starts `op` after the operations started before it (FIFO). kInvalidArgument (nothing
+  // started) for a null buffer with a non-zero count, a root or peer out of range, a type or
+  // reduction the backend does not support (see capabilities()); the communicator's error if
+  // it is broken. Only one thread at a time calls Start (the one that owns the communicator).
+  virtual StatusOr<std::unique_ptr<Work>> Start(CollectiveOp op) = 0;
+
+  // Collective over this communicator: ranks passing the same `color` form a new
+  // communicator named `name`, ordered by `key`; color < 0 opts out (returns null). Only
+  // where capabilities().split (NCCL: ncclCommSplit); elsewhere kUnimplemented. Owning thread.
+  virtual StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, std::string name,
+                                                        Deadline deadline);
+
+  // Makes the operation in progress and every later one return kAborted within a second.
+  // Any thread, any number of times; never blocks on the network.
+  virtual void Abort() = 0;
+  // True after Abort() or after an operation failed.
+  virtual bool broken() const = 0;
+
+  // Blocking forms: Start(op) then Wait(now + op.timeout).
+  Status Run(CollectiveOp op);
+  Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                   std::chrono::milliseconds timeout) {
+    return Run(CollectiveOp::Allreduce(buf, count, dtype, op, timeout));
+  }
+  Status Broadcast(void* buf, size_t count, DataType dtype, int root,
+                   std::chrono::milliseconds timeout) {
+    return Run(CollectiveOp::Broadcast(buf, count, dtype, root, timeout));
+  }
+  Status Allgather(const void* send, void* recv, size_t count, DataType dtype,
+                   std::chrono::milliseconds timeout) {
+    return Run(CollectiveOp::Allgather(send, recv, count, dtype, timeout));
+  }
+  Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                       std::chrono::milliseconds timeout) {
+    return Run(CollectiveOp::ReduceScatter(send, recv, count, dtype, op, timeout));
+  }
+  Status Barrier(std::chrono::milliseconds timeout) { return Run(CollectiveOp::Barrier(timeout)); }
+  Status SendRecv(std::vector<P2POp> ops, std::chrono::milliseconds timeout) {
+    return Run(CollectiveOp::SendRecv(std::move(ops), timeout));
+  }
+
+ protected:
+  // The argument checks every backend shares: kInvalidArgument naming the field.
+  Status ValidateOp(const CollectiveOp& op, const Capabilities& caps) const;
+};
+
+// Reduces `n` elements of `in` into `inout` (inout[i] = op(inout[i], in[i])) on the host.
+// f16/bf16 are converted to f32, combined and rounded back (round to nearest even).
+void ReduceInto(void* inout, const void* in, size_t n, DataType dtype, ReduceOp op);
+
+// f32 <-> f16/bf16, round to nearest even; NaN stays NaN.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t b);
+uint16_t FloatToBFloat16(float f);
+
+}  // namespace morph
+
+#endif  // MORPH_COLLECTIVES_COMMUNICATOR_H_

@@ -1,0 +1,715 @@
+#include "collectives/gloo_communicator.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "base/logging.h"
+#include "base/params.h"
+#include "collectives/gloo_support.h"
+
+namespace morph {
+namespace {
+
+using gloo_support::BlockSigpipeInThisThread;
+using gloo_support::GlooStoreAdapter;
+using gloo_support::PairAccess;
+using gloo_support::ScopedSigpipeBlock;
+
+using std::chrono::milliseconds;
+
+// Slots of point-to-point messages: above every slot Gloo's collectives use (their prefixes
+// are small), one sequence per (peer, direction).
+constexpr uint64_t kP2PSlotBase = uint64_t{0xAB} << 56;
+constexpr uint64_t kHeaderSlotBase = uint64_t{0xAC} << 56;
+// A receive from every peer that no peer ever sends to: see Impl::Sentinel.
+constexpr uint64_t kSentinelSlot = uint64_t{0xAD} << 56;
+constexpr uint64_t kP2PSlotMask = (uint64_t{1} << 56) - 1;
+// How long an operation may still finish after a peer's connection closed (see Sentinel).
+constexpr auto kPeerLossGrace = milliseconds(250);
+// How long Wait lets an aborted operation leave Gloo before returning anyway.
+constexpr auto kAbortDrain = milliseconds(900);
+
+template <typename T>
+gloo::AllreduceOptions::Func ReduceFn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>);
+    case ReduceOp::kMax:
+      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<T>);
+    case ReduceOp::kMin:
+      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::min<T>);
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+StatusOr<GlooOptions> GlooOptions::FromEnv() {
+  GlooOptions o;
+  MORPH_ASSIGN_OR_RETURN(o.hostname, params::GlooHostname());
+  MORPH_ASSIGN_OR_RETURN(o.iface, params::GlooIface());
+  return o;
+}
+
+// ---- device -------------------------------------------------------------------------------
+class GlooDevice::Impl {
+ public:
+  std::shared_ptr<gloo::transport::Device> device;
+};
+
+StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& options) {
+  gloo::transport::tcp::attr attr;
+  std::string what;
+  if (!options.iface.empty()) {
+    attr.iface = options.iface;
+    what = "interface '" + options.iface + "'";
+  } else {
+    attr.hostname = options.hostname;
+    what = "host '" + options.hostname + "'";
+  }
+  auto impl = std::make_unique<Impl>();
+  try {
+    ScopedSigpipeBlock no_sigpipe;  // Gloo's event thread inherits the blocked SIGPIPE
+    impl->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    return InvalidArgumentError("gloo device on " + what + ": " + e.what());
+  }
+  return std::shared_ptr<GlooDevice>(new GlooDevice(std::move(impl)));
+}
+
+GlooDevice::GlooDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GlooDevice::~GlooDevice() = default;
+
+// ---- communicator -------------------------------------------------------------------------
+class GlooCommunicator::Impl {
+ public:
+  struct Task {
+    CollectiveOp op;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    Status status;
+  };
+
+  Impl(std::string name, int rank, int size, int64_t generation)
+      : name_(std::move(name)),
+        rank_(rank),
+        size_(size),
+        generation_(generation),
+        log_("collectives") {
+    log_.Set(generation, rank, size);
+  }
+
+  ~Impl() { Shutdown(); }
+
+  // Aborts what is queued or running, joins the thread and releases the context (its sockets).
+  // Idempotent. Not from the op thread.
+  void Shutdown() {
+    std::deque<std::shared_ptr<Task>> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      if (running_ || !queue_.empty()) AbortLocked("communicator destroyed");
+      left.swap(queue_);
+    }
+    queue_cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    if (sentinel_thread_.joinable()) {
+      stopping_sentinel_.store(true);
+      sentinel_->abortWaitRecv();
+      sentinel_thread_.join();
+    }
+    for (auto& task : left) {
+      std::lock_guard<std::mutex> lock(task->mu);
+      task->done = true;
+      task->status = AbortedError(Describe() + ": destroyed before the operation ran");
+      task->cv.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    sentinel_.reset();
+    context_.reset();
+  }
+
+  void StartThreads() {
+    thread_ = std::thread([this] {
+      BlockSigpipeInThisThread();
+      Loop();
+    });
+    if (size_ > 1) {
+      sentinel_bytes_.assign(size_, 0);
+      sentinel_ = context_->createUnboundBuffer(sentinel_bytes_.data(), sentinel_bytes_.size());
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) sentinel_->recv(peer, kSentinelSlot, peer, 1);
+      }
+      sentinel_thread_ = std::thread([this] {
+        BlockSigpipeInThisThread();
+        Sentinel();
+      });
+    }
+  }
+
+  // Gloo wakes a wait only when the pair it waits on fails. A rank blocked on a healthy pair
+  // while another of its pairs died (e.g. its writes to a dead peer got EPIPE, which Gloo's
+  // event loop never reports) would sit until its timeout. The sentinel is a receive posted
+  // on every pair and never matched: when any pair closes, Gloo wakes it. A peer that simply
+  // destroyed its communicator after the last operation looks the same, so the loss only
+  // fails an operation that is still unfinished kPeerLossGrace later (GlooWork::Wait).
+  void Sentinel() {
+    Status lost;
+    try {
+      if (!sentinel_->waitRecv(nullptr, std::chrono::hours(24 * 365))) return;  // shutdown
+      lost = InternalError(Describe() + ": a peer wrote to the reserved sentinel slot");
+    } catch (const std::exception& e) {
+      if (stopping_sentinel_.load()) return;
+      lost = UnavailableError(Describe() + ": a peer connection closed: " + e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    peer_lost_ = lost;
+    peer_lost_at_ = std::chrono::steady_clock::now();
+  }
+
+  // The sentinel's status once a peer has been gone for longer than the grace period.
+  Status PeerLossPastGrace() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer_lost_.ok() || std::chrono::steady_clock::now() - peer_lost_at_ < kPeerLossGrace) {
+      return Status::Ok();
+    }
+    return peer_lost_;
+  }
+
+  std::shared_ptr<Task> Enqueue(CollectiveOp op) {
+    auto task = std::make_shared<Task>();
+    task->op = std::move(op);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(task);
+    }
+    queue_cv_.notify_one();
+    return task;
+  }
+
+  void Abort(std::string_view why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    AbortLocked(why);
+  }
+
+  // Fails the communicator with `error` (unless it already failed) and wakes everything.
+  void FailWith(const Status& error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = error;
+    AbortLocked("failed");
+  }
+
+  void AbortLocked(std::string_view why) {
+    if (aborted_.exchange(true)) return;
+    if (error_.ok()) {
+      error_ = AbortedError(Describe() + ": aborted (" + std::string(why) + ")");
+    }
+    broken_.store(true);
+    SignalAllPairs("morph: communicator aborted");
+  }
+
+  // Breaks every pair so that Gloo's waits wake now and peers see the connection close.
+  void SignalAllPairs(const std::string& msg) {
+    if (context_ == nullptr) return;
+    for (int i = 0; i < size_; ++i) {
+      if (i == rank_) continue;
+      auto& pair = context_->getPair(i);
+      if (auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(pair.get())) {
+        PairAccess::Signal(tcp, msg);
+      }
+    }
+  }
+
+  std::string Describe() const {
+    return "gloo communicator '" + name_ + "' generation " + std::to_string(generation_) +
+           " rank " + std::to_string(rank_) + "/" + std::to_string(size_);
+  }
+
+  // Runs on the thread: executes tasks in order.
+  void Loop() {
+    while (true) {
+      std::shared_ptr<Task> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = queue_.front();
+        queue_.pop_front();
+        running_ = true;
+      }
+      Status s;
+      Status broken_status;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        broken_status = error_;
+      }
+      if (!broken_status.ok()) {
+        s = broken_status;
+      } else {
+        s = Execute(task->op);
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (aborted_.load()) {
+            s = error_;  // the abort is the reason, not the error it caused inside Gloo
+          } else if (error_.ok()) {
+            error_ = s;
+            broken_.store(true);
+            // Fail the peers now rather than at their timeouts.
+            SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
+                           " failed: " + std::string(s.message()));
+          }
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        running_ = false;
+      }
+      {
+        std::lock_guard<std::mutex> lock(task->mu);
+        task->done = true;
+        task->status = s;
+      }
+      task->cv.notify_all();
+    }
+  }
+
+  Status Execute(const CollectiveOp& op) {
+    // Collectives are issued by every rank in the same order, point-to-point groups by some
+    // ranks only: only collectives advance the tag, so it agrees on every rank.
+    uint32_t tag = 0;
+    if (op.kind != CollectiveOp::Kind::kSendRecv) {
+      tag = static_cast<uint32_t>(++collective_seq_ & 0x7fffffff);
+    }
+    try {
+      return ExecuteOrThrow(op, tag);
+    } catch (const gloo::IoException& e) {
+      return MapIoError(op, e.what());
+    } catch (const gloo::EnforceNotMet& e) {
+      return InternalError(Describe() + ": " + KindName(op) + ": " + e.what());
+    } catch (const std::exception& e) {
+      return MapIoError(op, e.what());
+    }
+  }
+
+  Status MapIoError(const CollectiveOp& op, std::string_view what) {
+    std::string msg = Describe() + ": " + KindName(op) + ": " + std::string(what);
+    if (aborted_.load()) return AbortedError(msg);
+    if (what.find("Timed out") != std::string_view::npos ||
+        what.find("timed out") != std::string_view::npos) {
+      return DeadlineExceededError(msg);
+    }
+    return UnavailableError(msg);
+  }
+
+  static std::string KindName(const CollectiveOp& op) {
+    switch (op.kind) {
+      case CollectiveOp::Kind::kAllreduce:
+        return "allreduce";
+      case CollectiveOp::Kind::kBroadcast:
+        return "broadcast";
+      case CollectiveOp::Kind::kAllgather:
+        return "allgather";
+      case CollectiveOp::Kind::kReduceScatter:
+        return "reduce_scatter";
+      case CollectiveOp::Kind::kBarrier:
+        return "barrier";
+      case CollectiveOp::Kind::kSendRecv:
+        return "send/recv";
+    }
+    return "?";
+  }
+
+  Status ExecuteOrThrow(const CollectiveOp& op, uint32_t tag) {
+    const size_t esize = DataTypeSize(op.dtype);
+    switch (op.kind) {
+      case CollectiveOp::Kind::kAllreduce:
+        return AllreduceInPlace(op.recv, op.count, op.dtype, op.reduce, op.timeout, tag);
+      case CollectiveOp::Kind::kBroadcast: {
+        if (op.count == 0 || size_ == 1) return Status::Ok();
+        gloo::BroadcastOptions opts(context_);
+        opts.setOutput(static_cast<uint8_t*>(op.recv), op.count * esize);
+        opts.setRoot(op.root);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::broadcast(opts);
+        return Status::Ok();
+      }
+      case CollectiveOp::Kind::kAllgather:
+        return Allgather(op.send, op.recv, op.count * esize, op.timeout, tag);
+      case CollectiveOp::Kind::kReduceScatter: {
+        if (op.count == 0) return Status::Ok();
+        size_t bytes = op.count * esize;
+        std::vector<uint8_t> all(static_cast<const uint8_t*>(op.send),
+                                 static_cast<const uint8_t*>(op.send) + bytes * size_);
+        MORPH_RETURN_IF_ERROR(
+            AllreduceInPlace(all.data(), op.count * size_, op.dtype, op.reduce, op.timeout, tag));
+        std::memcpy(op.recv, all.data() + bytes * rank_, bytes);
+        return Status::Ok();
+      }
+      case CollectiveOp::Kind::kBarrier: {
+        if (size_ == 1) return Status::Ok();
+        gloo::BarrierOptions opts(context_);
+        opts.setTag(tag);
+        opts.setTimeout(op.timeout);
+        gloo::barrier(opts);
+        return Status::Ok();
+      }
+      case CollectiveOp::Kind::kSendRecv:
+        return SendRecv(op);
+    }
+    return InternalError("unknown operation");
+  }
+
+  Status Allgather(const void* send, void* recv, size_t bytes, milliseconds timeout, uint32_t tag) {
+    if (bytes == 0) return Status::Ok();  // Gloo divides by the size: guard empty inputs
+    if (size_ == 1) {
+      std::memmove(recv, send, bytes);
+      return Status::Ok();
+    }
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes);
+    opts.setOutput(static_cast<uint8_t*>(recv), bytes * size_);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allgather(opts);
+    return Status::Ok();
+  }
+
+  Status AllreduceInPlace(void* buf, size_t count, DataType dtype, ReduceOp reduce,
+                          milliseconds timeout, uint32_t tag) {
+    if (count == 0 || size_ == 1) return Status::Ok();
+    if (dtype == DataType::kF16 || dtype == DataType::kBF16) {
+      return AllreduceHalf(buf, count, dtype, reduce, timeout, tag);
+    }
+    gloo::AllreduceOptions opts(context_);
+    switch (dtype) {
+      case DataType::kF32:
+        opts.setOutput(static_cast<float*>(buf), count);
+        opts.setReduceFunction(ReduceFn<float>(reduce));
+        break;
+      case DataType::kF64:
+        opts.setOutput(static_cast<double*>(buf), count);
+        opts.setReduceFunction(ReduceFn<double>(reduce));
+        break;
+      case DataType::kI32:
+        opts.setOutput(static_cast<int32_t*>(buf), count);
+        opts.setReduceFunction(ReduceFn<int32_t>(reduce));
+        break;
+      case DataType::kI64:
+        opts.setOutput(static_cast<int64_t*>(buf), count);
+        opts.setReduceFunction(ReduceFn<int64_t>(reduce));
+        break;
+      case DataType::kU8:
+        opts.setOutput(static_cast<uint8_t*>(buf), count);
+        opts.setReduceFunction(ReduceFn<uint8_t>(reduce));
+        break;
+      default:
+        return InternalError("unreachable dtype");
+    }
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allreduce(opts);
+    return Status::Ok();
+  }
+
+  // f16/bf16: gather every rank's values, reduce in f32 in rank order, round once. Every rank
+  // computes the same bits, and the result is the correctly rounded f32 reduction.
+  Status AllreduceHalf(void* buf, size_t count, DataType dtype, ReduceOp reduce,
+                       milliseconds timeout, uint32_t tag) {
+    std::vector<uint16_t> all(count * size_);
+    MORPH_RETURN_IF_ERROR(Allgather(buf, all.data(), count * 2, timeout, tag));
+    auto to_f = dtype == DataType::kF16 ? &HalfToFloat : &BFloat16ToFloat;
+    auto from_f = dtype == DataType::kF16 ? &FloatToHalf : &FloatToBFloat16;
+    std::vector<float> acc(count);
+    for (size_t i = 0; i < count; ++i) acc[i] = to_f(all[i]);
+    for (int r = 1; r < size_; ++r) {
+      const uint16_t* piece = all.data() + count * r;
+      for (size_t i = 0; i < count; ++i) {
+        float v = to_f(piece[i]);
+        switch (reduce) {
+          case ReduceOp::kSum:
+            acc[i] += v;
+            break;
+          case ReduceOp::kMax:
+            acc[i] = std::max(acc[i], v);
+            break;
+          case ReduceOp::kMin:
+            acc[i] = std::min(acc[i], v);
+            break;
+        }
+      }
+    }
+    uint16_t* out = static_cast<uint16_t*>(buf);
+    for (size_t i = 0; i < count; ++i) out[i] = from_f(acc[i]);
+    return Status::Ok();
+  }
+
+  // Posts one unbound buffer per message (receives first) and waits for all of them.
+  struct Message {
+    bool send;
+    int peer;
+    void* data;
+    size_t bytes;
+  };
+  Status Exchange(const std::vector<Message>& messages, uint64_t slot_base, Deadline deadline,
+                  std::vector<uint64_t>& send_seq, std::vector<uint64_t>& recv_seq) {
+    struct Posted {
+      std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+      bool send;
+      int peer;
+    };
+    std::vector<Posted> posted;
+    posted.reserve(messages.size());
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const Message& m : messages) {
+        if ((pass == 0) == m.send || m.bytes == 0) continue;
+        auto buf = context_->createUnboundBuffer(m.data, m.bytes);
+        uint64_t& seq = m.send ? send_seq[m.peer] : recv_seq[m.peer];
+        uint64_t slot = slot_base | (seq++ & kP2PSlotMask);
+        if (m.send) {
+          buf->send(m.peer, slot);
+        } else {
+          buf->recv(m.peer, slot);
+        }
+        posted.push_back({std::move(buf), m.send, m.peer});
+      }
+    }
+    for (Posted& p : posted) {
+      milliseconds left =
+          std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
+      bool ok = p.send ? p.buf->waitSend(left) : p.buf->waitRecv(left);
+      if (!ok) {
+        return AbortedError(Describe() + ": send/recv with peer " + std::to_string(p.peer) +
+                            " aborted");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Two phases. First every pair that exchanges messages in this group compares the number
+  // of messages and a hash of their sizes (one 16-byte message per direction), because Gloo
+  // cannot survive a message larger than the receive posted for it (its event thread throws).
+  // Then the payloads move.
+  Status SendRecv(const CollectiveOp& op) {
+    Deadline deadline = Deadline::After(op.timeout);
+    struct Header {
+      uint64_t count = 0;
+      uint64_t hash = 14695981039346656037ull;  // FNV-1a over the sizes
+      void Add(uint64_t bytes) {
+        ++count;
+        for (int i = 0; i < 8; ++i) {
+          hash = (hash ^ ((bytes >> (8 * i)) & 0xff)) * 1099511628211ull;
+        }
+      }
+    };
+    std::vector<Header> out(size_), expected(size_), got(size_);
+    std::vector<bool> sends_to(size_, false), recvs_from(size_, false);
+    for (const P2POp& p : op.p2p) {
+      if (p.kind == P2POp::Kind::kSend) {
+        out[p.peer].Add(p.bytes);
+        sends_to[p.peer] = true;
+      } else {
+        expected[p.peer].Add(p.bytes);
+        recvs_from[p.peer] = true;
+      }
+    }
+    std::vector<Message> headers;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (sends_to[peer]) headers.push_back({true, peer, &out[peer], sizeof(Header)});
+      if (recvs_from[peer]) headers.push_back({false, peer, &got[peer], sizeof(Header)});
+    }
+    MORPH_RETURN_IF_ERROR(
+        Exchange(headers, kHeaderSlotBase, deadline, header_send_seq_, header_recv_seq_));
+    for (int peer = 0; peer < size_; ++peer) {
+      if (!recvs_from[peer]) continue;
+      if (got[peer].count != expected[peer].count || got[peer].hash != expected[peer].hash) {
+        return InternalError(Describe() + ": send/recv: peer " + std::to_string(peer) + " sends " +
+                             std::to_string(got[peer].count) + " messages, this rank receives " +
+                             std::to_string(expected[peer].count) +
+                             (got[peer].count == expected[peer].count ? " (sizes differ)" : ""));
+      }
+    }
+    std::vector<Message> payload;
+    payload.reserve(op.p2p.size());
+    for (const P2POp& p : op.p2p) {
+      payload.push_back({p.kind == P2POp::Kind::kSend, p.peer, p.data, p.bytes});
+    }
+    return Exchange(payload, kP2PSlotBase, deadline, send_seq_, recv_seq_);
+  }
+
+  const std::string name_;
+  const int rank_;
+  const int size_;
+  const int64_t generation_;
+  LogContext log_;
+  std::shared_ptr<GlooDevice> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+
+  std::mutex mu_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  bool stopping_ = false;
+  bool running_ = false;
+  Status error_;  // first error; every later op returns it
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> broken_{false};
+  std::thread thread_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> sentinel_;
+  std::vector<char> sentinel_bytes_;
+  std::thread sentinel_thread_;
+  std::atomic<bool> stopping_sentinel_{false};
+  Status peer_lost_;  // under mu_
+  std::chrono::steady_clock::time_point peer_lost_at_;
+
+  // Used by the op thread only.
+  uint64_t collective_seq_ = 0;
+  std::vector<uint64_t> send_seq_ = std::vector<uint64_t>(size_, 0);
+  std::vector<uint64_t> recv_seq_ = std::vector<uint64_t>(size_, 0);
+  std::vector<uint64_t> header_send_seq_ = std::vector<uint64_t>(size_, 0);
+  std::vector<uint64_t> header_recv_seq_ = std::vector<uint64_t>(size_, 0);
+};
+
+namespace {
+
+class GlooWork : public Work {
+ public:
+  GlooWork(std::shared_ptr<GlooCommunicator::Impl> comm,
+           std::shared_ptr<GlooCommunicator::Impl::Task> task)
+      : comm_(std::move(comm)), task_(std::move(task)) {}
+
+  Status Wait(Deadline deadline) override {
+    if (result_) return *result_;
+    std::unique_lock<std::mutex> lock(task_->mu);
+    // Wakes every 10 ms to notice an Abort() from another thread.
+    while (!task_->done) {
+      if (comm_->aborted_.load()) break;
+      if (deadline.Expired()) break;
+      if (Status lost = comm_->PeerLossPastGrace(); !lost.ok()) {
+        lock.unlock();
+        comm_->FailWith(lost);  // wakes every wait of the context; error_ is now `lost`
+        lock.lock();
+        break;
+      }
+      auto slice = Min(deadline, Deadline::AfterMs(10));
+      task_->cv.wait_until(lock, slice.when());
+    }
+    if (task_->done) {
+      result_ = task_->status;
+      return *result_;
+    }
+    Status why;
+    if (comm_->aborted_.load()) {
+      lock.unlock();
+      std::lock_guard<std::mutex> comm_lock(comm_->mu_);
+      why = comm_->error_;
+    } else {
+      why = DeadlineExceededError(comm_->Describe() + ": " + comm_->KindName(task_->op) +
+                                  " did not finish in time");
+      lock.unlock();
+      // The peers are out of step now: the communicator cannot be used again.
+      comm_->FailWith(why);
+    }
+    // Give Gloo a moment to leave the buffers (the abort woke its waits).
+    lock.lock();
+    task_->cv.wait_for(lock, kAbortDrain, [&] { return task_->done; });
+    result_ = why;
+    return why;
+  }
+
+  bool Done() const override {
+    std::lock_guard<std::mutex> lock(task_->mu);
+    return task_->done || comm_->aborted_.load();
+  }
+
+ private:
+  std::shared_ptr<GlooCommunicator::Impl> comm_;
+  std::shared_ptr<GlooCommunicator::Impl::Task> task_;
+  std::optional<Status> result_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
+    Store& store, std::string_view name, int rank, int size, std::shared_ptr<GlooDevice> device,
+    Deadline deadline) {
+  if (name.empty()) return InvalidArgumentError("gloo communicator name is empty");
+  if (size < 1 || rank < 0 || rank >= size) {
+    return InvalidArgumentError("gloo communicator '" + std::string(name) + "': rank " +
+                                std::to_string(rank) + " of size " + std::to_string(size) +
+                                " out of range");
+  }
+  if (device == nullptr) {
+    MORPH_ASSIGN_OR_RETURN(GlooOptions options, GlooOptions::FromEnv());
+    MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(options));
+  }
+  auto impl = std::make_shared<Impl>(std::string(name), rank, size, store.generation());
+  impl->device_ = device;
+  auto start = std::chrono::steady_clock::now();
+  PrefixedStore scoped(&store, "gloo/" + std::string(name));
+  GlooStoreAdapter adapter(&scoped, deadline);
+  try {
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(
+        std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
+                                      Min(deadline, Deadline::AfterMs(3600000)).Remaining())));
+    ScopedSigpipeBlock no_sigpipe;
+    context->connectFullMesh(adapter, device->impl()->device);
+    impl->context_ = std::move(context);
+  } catch (const std::exception& e) {
+    if (!adapter.error().ok()) {
+      return adapter.error().WithContext(impl->Describe() + ": rendezvous");
+    }
+    std::string what = e.what();
+    if (what.find("imed out") != std::string::npos) {
+      return DeadlineExceededError(impl->Describe() + ": connecting: " + what);
+    }
+    return UnavailableError(impl->Describe() + ": connecting: " + what);
+  }
+  impl->StartThreads();
+  MORPH_VLOG(1, impl->log_)
+      << impl->Describe() << " connected in "
+      << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
+      << " ms";
+  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(std::move(impl)));
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GlooCommunicator::~GlooCommunicator() { impl_->Shutdown(); }
+
+int GlooCommunicator::rank() const { return impl_->rank_; }
+int GlooCommunicator::size() const { return impl_->size_; }
+int64_t GlooCommunicator::generation() const { return impl_->generation_; }
+
+Capabilities GlooCommunicator::capabilities() const {
+  Capabilities c;
+  c.backend = "gloo";
+  c.host_memory = true;
+  c.point_to_point = true;
+  c.reduce_types = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
+                    DataType::kI32, DataType::kI64, DataType::kU8};
+  c.reduce_ops = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
+  return c;
+}
+
+StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(CollectiveOp op) {
+  MORPH_RETURN_IF_ERROR(ValidateOp(op, capabilities())) << impl_->Describe();
+  return std::unique_ptr<Work>(new GlooWork(impl_, impl_->Enqueue(std::move(op))));
+}
+
+void GlooCommunicator::Abort() { impl_->Abort("Abort() called"); }
+bool GlooCommunicator::broken() const { return impl_->broken_.load(); }
+
+}  // namespace morph

@@ -1,0 +1,89 @@
+// The Gloo backend of Communicator: CPU buffers over TCP (loopback in tests).
+//
+// A communicator is one Gloo context, built by a full-mesh rendezvous through our Store under
+// "gloo/<name>" in the store's generation — a fresh key space per generation, since Gloo's
+// store cannot delete keys. A context is never reused after an error (any Gloo timeout closes
+// every pair): the caller builds the next generation's communicator instead.
+//
+//   MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(GlooOptions::FromEnv()));
+//   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, "world", rank, world,
+//                                                              device, Deadline::AfterMs(30000)));
+//   MORPH_RETURN_IF_ERROR(comm->Allreduce(buf, n, DataType::kF32, ReduceOp::kSum, 30s));
+//
+// Operations run in order on one thread per communicator, so Start returns at once and
+// Abort() (any thread) can fail the operation in progress: it raises an error on every pair
+// of the context, which wakes Gloo's waits and closes the connections, so peers fail too.
+// Any error does the same. A sentinel receive on every pair notices a peer connection that
+// closed while this rank waits on another pair (docs/collectives.md). SIGPIPE is blocked in
+// the threads that write to Gloo's sockets; the library installs no signal handler.
+#ifndef MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
+#define MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "collectives/communicator.h"
+#include "collectives/store.h"
+
+namespace morph {
+
+struct GlooOptions {
+  // Address this rank listens on; "127.0.0.1" for loopback. Ignored when `iface` is set.
+  std::string hostname = "127.0.0.1";
+  // Network interface to listen on (e.g. "eth0"), empty: use `hostname`.
+  std::string iface;
+
+  // MORPH_GLOO_HOSTNAME and MORPH_GLOO_IFACE. kInvalidArgument for an unparsable value.
+  static StatusOr<GlooOptions> FromEnv();
+};
+
+// A Gloo TCP device: the event loop thread that serves every context built on it. Share one
+// among the communicators of a process (GroupBuilder does).
+class GlooDevice {
+ public:
+  // kInvalidArgument (naming the host or interface) if Gloo cannot use the address.
+  static StatusOr<std::shared_ptr<GlooDevice>> Create(const GlooOptions& options);
+  ~GlooDevice();
+
+  class Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  explicit GlooDevice(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Collective over `size` ranks: every rank calls it with a store of the same generation and
+  // the same `name` (unique within the generation, e.g. "world", "dp/3"). kInvalidArgument for
+  // rank/size out of range or an empty name; the store's errors (kAborted for a stale
+  // generation, kDeadlineExceeded naming the missing rank's key); kUnavailable if a peer
+  // cannot be connected. `device` may be null (then one is created from GlooOptions::FromEnv).
+  // Any thread.
+  static StatusOr<std::unique_ptr<GlooCommunicator>> Create(Store& store, std::string_view name,
+                                                            int rank, int size,
+                                                            std::shared_ptr<GlooDevice> device,
+                                                            Deadline deadline);
+  // Aborts what is still running, then releases the context, its sockets and its thread.
+  ~GlooCommunicator() override;
+
+  int rank() const override;
+  int size() const override;
+  int64_t generation() const override;
+  Capabilities capabilities() const override;
+  StatusOr<std::unique_ptr<Work>> Start(CollectiveOp op) override;
+  void Abort() override;
+  bool broken() const override;
+
+  class Impl;
+
+ private:
+  explicit GlooCommunicator(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_

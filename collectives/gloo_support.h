@@ -1,0 +1,113 @@
+// Pieces of the Gloo backend that deal with Gloo itself rather than with our operations:
+// Gloo's rendezvous store over ours, waking a tcp::Pair's waiters, and keeping SIGPIPE from
+// killing the process. Internal to collectives/ (not installed): only gloo_communicator.cc
+// includes it, with gloo_compat/ on its include path.
+#ifndef MORPH_COLLECTIVES_GLOO_SUPPORT_H_
+#define MORPH_COLLECTIVES_GLOO_SUPPORT_H_
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/pair.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "collectives/store.h"
+
+namespace morph::gloo_support {
+
+// Gloo's store interface over ours, blocking up to a real deadline. Gloo wants exceptions;
+// the Status behind the last one is kept so our boundary reports the real code.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(::morph::Store* store, Deadline deadline) : store_(store), deadline_(deadline) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(store_->Set(key, std::string_view(data.data(), data.size()), deadline_));
+  }
+  std::vector<char> get(const std::string& key) override {
+    StatusOr<std::string> v = store_->Get(key, deadline_);
+    Check(v.status().ok() ? Status::Ok() : v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  // Gloo waits for a key, then gets it. Our Get blocks until the key is set, so a wait for one
+  // key is left to the get that follows: one store round trip per peer instead of two.
+  void wait(const std::vector<std::string>& keys) override {
+    if (keys.size() != 1) Check(store_->Wait(keys, deadline_));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    if (keys.size() == 1) return;
+    Deadline d = timeout.count() > 0 ? Min(deadline_, Deadline::After(timeout)) : deadline_;
+    Check(store_->Wait(keys, d));
+  }
+
+  const Status& error() const { return error_; }
+
+ private:
+  void Check(const Status& s) {
+    if (s.ok()) return;
+    error_ = s;
+    throw gloo::IoException(s.ToString());
+  }
+  ::morph::Store* store_;
+  Deadline deadline_;
+  Status error_;
+};
+
+// tcp::Pair::signalExceptionExternal is what Gloo itself calls when a wait times out: it
+// records an error on the pair, wakes every buffer waiting on it and closes the socket. It is
+// protected; this names it through a derived class, which C++ permits.
+struct PairAccess : gloo::transport::tcp::Pair {
+  static std::exception_ptr Signal(gloo::transport::tcp::Pair* pair, const std::string& msg) {
+    auto fn = &PairAccess::signalExceptionExternal;
+    return (pair->*fn)(msg);
+  }
+};
+
+// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer died; that
+// would kill the process (Python, Gloo's usual host, ignores SIGPIPE; we must not install a
+// handler). SIGPIPE from a write goes to the writing thread, so it is blocked in the threads
+// that write: ours (the op thread, permanently) and Gloo's event thread (which inherits the
+// mask of the thread that creates the device). A caller's thread blocks it only around the
+// Gloo calls it makes, then drops a SIGPIPE raised meanwhile before restoring its mask.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedSigpipeBlock() {
+    if (sigismember(&old_, SIGPIPE)) return;  // was blocked already: leave it so
+    sigset_t pending;
+    sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE)) {
+      timespec zero{0, 0};
+      sigtimedwait(&pipe_, nullptr, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+};
+
+inline void BlockSigpipeInThisThread() {
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+}
+
+}  // namespace morph::gloo_support
+
+#endif  // MORPH_COLLECTIVES_GLOO_SUPPORT_H_
