@@ -64,6 +64,10 @@ function(morph_cc_test)
   endif()
   set_tests_properties(${A_NAME} PROPERTIES LABELS "${_labels}" TIMEOUT ${_timeout}
                        SKIP_RETURN_CODE 77)
+  if("gpu" IN_LIST _labels)
+    # Without a GPU the gtest cases skip (GTEST_SKIP with the reason); ctest then says Skipped.
+    set_tests_properties(${A_NAME} PROPERTIES SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
+  endif()
   set(_env ${A_ENV})
   if(MORPH_SANITIZE_FLAGS)
     list(APPEND _env UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1)
