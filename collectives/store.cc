@@ -184,34 +184,34 @@ size_t KvTable::size() const {
   return n;
 }
 
-KvTable::Response MemoryStore::Run(KvTable::Request request, Deadline deadline) {
+KvTable::Response MemoryStore::Execute(KvTable::Request request, Deadline deadline) {
   request.generation = generation_;
   return table_->Apply(request, deadline);
 }
 
-Status MemoryStore::Set(std::string_view key, std::string_view value, Deadline deadline) {
-  return Run({.op = KvTable::Op::kSet, .keys = {std::string(key)}, .value = std::string(value)},
+Status KvStore::Set(std::string_view key, std::string_view value, Deadline deadline) {
+  return Execute({.op = KvTable::Op::kSet, .keys = {std::string(key)}, .value = std::string(value)},
              deadline)
       .status;
 }
 
-StatusOr<std::string> MemoryStore::Get(std::string_view key, Deadline deadline) {
-  KvTable::Response r = Run({.op = KvTable::Op::kGet, .keys = {std::string(key)}}, deadline);
+StatusOr<std::string> KvStore::Get(std::string_view key, Deadline deadline) {
+  KvTable::Response r = Execute({.op = KvTable::Op::kGet, .keys = {std::string(key)}}, deadline);
   if (!r.status.ok()) return r.status;
   return std::move(r.value);
 }
 
-StatusOr<int64_t> MemoryStore::Add(std::string_view key, int64_t delta, Deadline deadline) {
+StatusOr<int64_t> KvStore::Add(std::string_view key, int64_t delta, Deadline deadline) {
   KvTable::Response r =
-      Run({.op = KvTable::Op::kAdd, .keys = {std::string(key)}, .number = delta}, deadline);
+      Execute({.op = KvTable::Op::kAdd, .keys = {std::string(key)}, .number = delta}, deadline);
   if (!r.status.ok()) return r.status;
   return r.number;
 }
 
-StatusOr<std::string> MemoryStore::CompareAndSet(std::string_view key,
+StatusOr<std::string> KvStore::CompareAndSet(std::string_view key,
                                                  const std::optional<std::string>& expected,
                                                  std::string_view desired, Deadline deadline) {
-  KvTable::Response r = Run({.op = KvTable::Op::kCas,
+  KvTable::Response r = Execute({.op = KvTable::Op::kCas,
                              .keys = {std::string(key)},
                              .value = std::string(desired),
                              .expected = expected},
@@ -220,12 +220,12 @@ StatusOr<std::string> MemoryStore::CompareAndSet(std::string_view key,
   return std::move(r.value);
 }
 
-Status MemoryStore::Wait(std::span<const std::string> keys, Deadline deadline) {
-  return Run({.op = KvTable::Op::kWait, .keys = {keys.begin(), keys.end()}}, deadline).status;
+Status KvStore::Wait(std::span<const std::string> keys, Deadline deadline) {
+  return Execute({.op = KvTable::Op::kWait, .keys = {keys.begin(), keys.end()}}, deadline).status;
 }
 
-Status MemoryStore::AdvanceGeneration(int64_t generation, Deadline deadline) {
-  return Run({.op = KvTable::Op::kAdvance, .number = generation}, deadline).status;
+Status KvStore::AdvanceGeneration(int64_t generation, Deadline deadline) {
+  return Execute({.op = KvTable::Op::kAdvance, .number = generation}, deadline).status;
 }
 
 Status PrefixedStore::Wait(std::span<const std::string> keys, Deadline deadline) {

@@ -118,24 +118,34 @@ class KvTable {
   std::map<int64_t, std::map<std::string, std::string, std::less<>>> keys_;
 };
 
+// A Store whose every call is one KvTable request, executed by the subclass (MemoryStore in
+// this process, TcpStoreClient over TCP). Implements the Store verbs once.
+class KvStore : public Store {
+ public:
+  Status Set(std::string_view key, std::string_view value, Deadline deadline) final;
+  StatusOr<std::string> Get(std::string_view key, Deadline deadline) final;
+  StatusOr<int64_t> Add(std::string_view key, int64_t delta, Deadline deadline) final;
+  StatusOr<std::string> CompareAndSet(std::string_view key,
+                                      const std::optional<std::string>& expected,
+                                      std::string_view desired, Deadline deadline) final;
+  Status Wait(std::span<const std::string> keys, Deadline deadline) final;
+  Status AdvanceGeneration(int64_t generation, Deadline deadline) final;
+
+ protected:
+  // Runs one request of this store's generation, up to `deadline`.
+  virtual KvTable::Response Execute(KvTable::Request request, Deadline deadline) = 0;
+};
+
 // A Store over a KvTable in this process (ranks as threads).
-class MemoryStore : public Store {
+class MemoryStore : public KvStore {
  public:
   MemoryStore(std::shared_ptr<KvTable> table, int64_t generation)
       : table_(std::move(table)), generation_(generation) {}
 
   int64_t generation() const override { return generation_; }
-  Status Set(std::string_view key, std::string_view value, Deadline deadline) override;
-  StatusOr<std::string> Get(std::string_view key, Deadline deadline) override;
-  StatusOr<int64_t> Add(std::string_view key, int64_t delta, Deadline deadline) override;
-  StatusOr<std::string> CompareAndSet(std::string_view key,
-                                      const std::optional<std::string>& expected,
-                                      std::string_view desired, Deadline deadline) override;
-  Status Wait(std::span<const std::string> keys, Deadline deadline) override;
-  Status AdvanceGeneration(int64_t generation, Deadline deadline) override;
 
  private:
-  KvTable::Response Run(KvTable::Request request, Deadline deadline);
+  KvTable::Response Execute(KvTable::Request request, Deadline deadline) override;
 
   std::shared_ptr<KvTable> table_;
   int64_t generation_;

@@ -540,7 +540,7 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::ForGeneration(int64_t 
   return Connect(address_, token_, generation, deadline);
 }
 
-KvTable::Response TcpStoreClient::Call(KvTable::Request request, Deadline deadline) {
+KvTable::Response TcpStoreClient::Execute(KvTable::Request request, Deadline deadline) {
   request.generation = generation_;
   KvTable::Response r;
   // Calls from several threads proceed concurrently, each on a connection of its own (a
@@ -581,43 +581,5 @@ KvTable::Response TcpStoreClient::Call(KvTable::Request request, Deadline deadli
   return r;
 }
 
-Status TcpStoreClient::Set(std::string_view key, std::string_view value, Deadline deadline) {
-  return Call({.op = KvTable::Op::kSet, .keys = {std::string(key)}, .value = std::string(value)},
-              deadline)
-      .status;
-}
-
-StatusOr<std::string> TcpStoreClient::Get(std::string_view key, Deadline deadline) {
-  KvTable::Response r = Call({.op = KvTable::Op::kGet, .keys = {std::string(key)}}, deadline);
-  if (!r.status.ok()) return r.status;
-  return std::move(r.value);
-}
-
-StatusOr<int64_t> TcpStoreClient::Add(std::string_view key, int64_t delta, Deadline deadline) {
-  KvTable::Response r =
-      Call({.op = KvTable::Op::kAdd, .keys = {std::string(key)}, .number = delta}, deadline);
-  if (!r.status.ok()) return r.status;
-  return r.number;
-}
-
-StatusOr<std::string> TcpStoreClient::CompareAndSet(std::string_view key,
-                                                    const std::optional<std::string>& expected,
-                                                    std::string_view desired, Deadline deadline) {
-  KvTable::Response r = Call({.op = KvTable::Op::kCas,
-                              .keys = {std::string(key)},
-                              .value = std::string(desired),
-                              .expected = expected},
-                             deadline);
-  if (!r.status.ok()) return r.status;
-  return std::move(r.value);
-}
-
-Status TcpStoreClient::Wait(std::span<const std::string> keys, Deadline deadline) {
-  return Call({.op = KvTable::Op::kWait, .keys = {keys.begin(), keys.end()}}, deadline).status;
-}
-
-Status TcpStoreClient::AdvanceGeneration(int64_t generation, Deadline deadline) {
-  return Call({.op = KvTable::Op::kAdvance, .number = generation}, deadline).status;
-}
 
 }  // namespace morph

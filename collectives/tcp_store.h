@@ -59,7 +59,7 @@ class TcpStoreServer {
   std::unique_ptr<Impl> impl_;
 };
 
-class TcpStoreClient : public Store {
+class TcpStoreClient : public KvStore {
  public:
   // Connects to "host:port" and authenticates with `token`, retrying refused connections
   // until `deadline` (the server may still be starting). kInvalidArgument for a malformed
@@ -75,21 +75,13 @@ class TcpStoreClient : public Store {
                                                           Deadline deadline) const;
 
   int64_t generation() const override { return generation_; }
-  Status Set(std::string_view key, std::string_view value, Deadline deadline) override;
-  StatusOr<std::string> Get(std::string_view key, Deadline deadline) override;
-  StatusOr<int64_t> Add(std::string_view key, int64_t delta, Deadline deadline) override;
-  StatusOr<std::string> CompareAndSet(std::string_view key,
-                                      const std::optional<std::string>& expected,
-                                      std::string_view desired, Deadline deadline) override;
-  Status Wait(std::span<const std::string> keys, Deadline deadline) override;
-  Status AdvanceGeneration(int64_t generation, Deadline deadline) override;
 
   class Conn;
 
  private:
   TcpStoreClient(std::string address, std::string token, int64_t generation,
                  std::unique_ptr<Conn> conn);
-  KvTable::Response Call(KvTable::Request request, Deadline deadline);
+  KvTable::Response Execute(KvTable::Request request, Deadline deadline) override;
 
   const std::string address_;
   const std::string token_;
