@@ -22,6 +22,13 @@
 // the executor then aborts the transport (so peers fail promptly too), waits for its in-flight
 // groups to be released, and returns the error. Old buffers are never written, so the old
 // local data stays intact; new buffers hold partial data and must be discarded.
+//
+// Completion: success here means this participant's part is done, not that the reshard is.
+// Peers may still be exchanging over the same communicator, and a Gloo peer that closes its
+// connections looks like a failed one to them. So every participant — leavers included — ends
+// a reshard with a barrier on the transport's communicator (or a coordinator acknowledgement)
+// before it tears anything down; only then may a leaver exit and old buffers be freed
+// (tests/reshard_gloo_test.cc does this; without it a fast finisher failed peers in 3 of 15 runs).
 #ifndef MORPH_RESHARD_EXECUTOR_H_
 #define MORPH_RESHARD_EXECUTOR_H_
 
