@@ -8,7 +8,8 @@
 //   --mb      total model state in MiB (f32 matrices of 2048 x 2048 = 16 MiB each)
 //   --verify  fill old shards from reference tensors and check every new shard bitwise (slow;
 //             not timed)
-// BENCH_ONLY=<substring> runs only the matching scenarios; BENCH_DEBUG=1 prints per-rank stats.
+// BENCH_ONLY=<substring> runs only the matching scenarios; BENCH_DEBUG=1 prints per-rank stats;
+// BENCH_NO_STRIDED=1 turns ExecutorOptions::strided_messages off (pack/unpack through staging).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -137,6 +138,7 @@ void Run(const Scenario& s, int reps, bool verify) {
     }
   }
   ExecutorOptions opts = *ExecutorOptions::FromEnv();  // MORPH_RESHARD_* or defaults
+  if (std::getenv("BENCH_NO_STRIDED")) opts.strided_messages = false;  // staged path
   double best = 1e30;
   std::vector<ExecutorStats> stats(n);
   for (int rep = 0; rep < reps; ++rep) {
@@ -162,11 +164,12 @@ void Run(const Scenario& s, int reps, bool verify) {
     for (auto& t : th) t.join();
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  int64_t received = 0, copied = 0, zero_copy = 0, messages = 0, staging_peak = 0;
+  int64_t received = 0, copied = 0, zero_copy = 0, strided = 0, messages = 0, staging_peak = 0;
   for (const auto& st : stats) {
     received += st.bytes_received;
     copied += st.bytes_copied;
     zero_copy += st.messages_zero_copy;
+    strided += st.messages_strided;
     messages += st.messages_received + st.messages_sent;
     staging_peak = std::max(staging_peak, st.staging_peak_bytes);
   }
@@ -201,12 +204,13 @@ void Run(const Scenario& s, int reps, bool verify) {
       "{\"name\":\"%s\",\"bytes\":%lld,\"seconds\":%.6f,\"gbps\":%.3f,"
       "\"memcpy_seconds\":%.6f,\"memcpy_gbps\":%.3f,\"ratio\":%.3f,\"state_bytes\":%lld,"
       "\"bytes_received\":%lld,\"bytes_copied\":%lld,\"messages\":%lld,"
-      "\"zero_copy_messages\":%lld,\"staging_peak_bytes\":%lld,\"ranks\":%d}\n",
+      "\"zero_copy_messages\":%lld,\"strided_messages\":%lld,\"staging_peak_bytes\":%lld,"
+      "\"ranks\":%d}\n",
       s.name.c_str(), static_cast<long long>(moved), best, moved / best / 1e9, best_memcpy,
       moved / best_memcpy / 1e9, best_memcpy / best, static_cast<long long>(state_bytes),
       static_cast<long long>(received), static_cast<long long>(copied),
       static_cast<long long>(messages), static_cast<long long>(zero_copy),
-      static_cast<long long>(staging_peak), n);
+      static_cast<long long>(strided), static_cast<long long>(staging_peak), n);
   std::fflush(stdout);
   if (verify) {
     // Old shards were filled from the reference tensors; every new shard must match them.

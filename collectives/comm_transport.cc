@@ -16,6 +16,13 @@ class CommTransportWork : public TransportWork {
 
 StatusOr<std::unique_ptr<TransportWork>> CommTransport::Start(std::span<const SendOp> sends,
                                                               std::span<const RecvOp> recvs) {
+  // SupportsStridedOps() is false: contiguous buffers only.
+  for (const SendOp& s : sends) {
+    if (s.strided != nullptr) return InvalidArgumentError("strided send op to a CommTransport");
+  }
+  for (const RecvOp& r : recvs) {
+    if (r.strided != nullptr) return InvalidArgumentError("strided receive op to a CommTransport");
+  }
   std::vector<P2POp> ops;
   ops.reserve(sends.size() + recvs.size());
   for (const SendOp& s : sends) {

@@ -26,7 +26,8 @@ class CommTransport : public Transport {
   int size() const override { return comm_->size(); }
   bool SupportsDeviceMemory() const override { return comm_->capabilities().device_memory; }
 
-  // kInvalidArgument naming the op for a peer out of range or equal to this rank. A group
+  // kInvalidArgument naming the op for a peer out of range or equal to this rank, or for a
+  // strided op (SupportsStridedOps() is false). A group
   // whose message counts or sizes differ from its peers' fails with kInternal.
   StatusOr<std::unique_ptr<TransportWork>> Start(std::span<const SendOp> sends,
                                                  std::span<const RecvOp> recvs) override;

@@ -56,6 +56,16 @@ Status Exchange(const std::string& address, int rank, int world) {
   if (transport.Start(bad, {}).status().code() != StatusCode::kInvalidArgument) {
     return InternalError("peer out of range accepted");
   }
+  // No strided ops (SupportsStridedOps() is false): rejected before anything is posted.
+  if (transport.SupportsStridedOps()) return InternalError("claims strided ops");
+  char byte = 0;
+  StridedLayout layout{nullptr, 1, 0, 1};
+  std::vector<SendOp> strided_send{{(rank + 1) % world, &byte, 1, &layout}};
+  std::vector<RecvOp> strided_recv{{(rank + 1) % world, &byte, 1, &layout}};
+  if (transport.Start(strided_send, {}).status().code() != StatusCode::kInvalidArgument ||
+      transport.Start({}, strided_recv).status().code() != StatusCode::kInvalidArgument) {
+    return InternalError("strided op accepted");
+  }
   transport.Abort();
   MORPH_ASSIGN_OR_RETURN(auto after, transport.Start({}, {}));
   if (after->Wait(Deadline::AfterMs(2000)).code() != StatusCode::kAborted) {

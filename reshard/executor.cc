@@ -39,9 +39,10 @@ std::string ExecutorStats::ToString() const {
   std::ostringstream os;
   os << "sent " << bytes_sent << " B in " << messages_sent << " messages, received "
      << bytes_received << " B in " << messages_received << " messages (" << messages_zero_copy
-     << " zero-copy), copied " << bytes_copied << " B locally, " << rounds << " rounds, staging "
-     << staging_peak_bytes << " B; seconds: copy " << copy_seconds << " pack " << pack_seconds
-     << " wait " << wait_seconds << " unpack " << unpack_seconds << " total " << total_seconds;
+     << " zero-copy, " << messages_strided << " of them strided), copied " << bytes_copied
+     << " B locally, " << rounds << " rounds, staging " << staging_peak_bytes
+     << " B; seconds: copy " << copy_seconds << " pack " << pack_seconds << " wait " << wait_seconds
+     << " unpack " << unpack_seconds << " total " << total_seconds;
   return os.str();
 }
 
@@ -76,6 +77,7 @@ struct Message {
   size_t bytes = 0;
   std::vector<Segment> segments;
   char* direct = nullptr;  // set when the message is one contiguous range of the shard buffer
+  bool strided = false;    // one segment of a strided piece, posted as a strided op in place
 };
 
 // Cuts the pieces exchanged with each peer into messages of at most `chunk` bytes at element
@@ -357,6 +359,7 @@ class Execution {
 #endif
     } else {
       engine_ = std::make_unique<HostEngine>();
+      host_memory_ = true;
     }
 
     // Resolve pieces; new shards must be covered exactly (by element count).
@@ -477,10 +480,28 @@ class Execution {
     round.index = r;
     std::vector<SendOp> sops;
     std::vector<RecvOp> rops;
+    // Layouts of strided ops: Start copies them, they only need to outlive the call. Reserved
+    // so that the pointers handed out stay valid.
+    std::vector<StridedLayout> layouts;
+    layouts.reserve(send_msgs_.size() + recv_msgs_.size());
+    auto layout_of = [&](const Message& m, const std::vector<Piece>& pieces) {
+      const Segment& s = m.segments[0];
+      const Piece& p = pieces[static_cast<size_t>(s.piece)];
+      layouts.push_back({&p.geom, p.elem_size, s.begin, s.end});
+      ++stats_.messages_strided;
+      ++stats_.messages_zero_copy;
+      return &layouts.back();
+    };
     const auto t = Clock::now();
     for (auto& msgs : send_msgs_) {
       if (r >= static_cast<int64_t>(msgs.size())) continue;
       const Message& m = msgs[static_cast<size_t>(r)];
+      if (m.strided) {
+        ++stats_.messages_sent;
+        sops.push_back({m.peer, sends_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
+                        layout_of(m, sends_)});
+        continue;
+      }
       char* data = m.direct;
       if (data == nullptr) {
         MORPH_ASSIGN_OR_RETURN(data, pool_->Acquire());
@@ -503,6 +524,12 @@ class Execution {
     for (auto& msgs : recv_msgs_) {
       if (r >= static_cast<int64_t>(msgs.size())) continue;
       const Message& m = msgs[static_cast<size_t>(r)];
+      if (m.strided) {
+        ++stats_.messages_received;
+        rops.push_back({m.peer, recvs_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
+                        layout_of(m, recvs_)});
+        continue;
+      }
       char* data = m.direct;
       if (data == nullptr) {
         MORPH_ASSIGN_OR_RETURN(data, pool_->Acquire());
@@ -557,8 +584,9 @@ class Execution {
     size_t need = 0;
     for (const auto* list : {&send_msgs_, &recv_msgs_}) {
       for (const auto& msgs : *list) {
-        if (r < static_cast<int64_t>(msgs.size()) && msgs[static_cast<size_t>(r)].direct == nullptr)
-          need += chunk_;
+        if (r >= static_cast<int64_t>(msgs.size())) continue;
+        const Message& m = msgs[static_cast<size_t>(r)];
+        if (m.direct == nullptr && !m.strided) need += chunk_;
       }
     }
     return need;
@@ -569,6 +597,14 @@ class Execution {
     chunk_ = EffectiveChunkBytes(options_, n);
     send_msgs_ = CutMessages(sends_, n, chunk_);
     recv_msgs_ = CutMessages(recvs_, n, chunk_);
+    // After cutting, so that the cuts never depend on it: the two sides decide alone.
+    if (options_.strided_messages && host_memory_ && transport_.SupportsStridedOps()) {
+      for (auto* list : {&send_msgs_, &recv_msgs_}) {
+        for (auto& msgs : *list) {
+          for (Message& m : msgs) m.strided = m.direct == nullptr && m.segments.size() == 1;
+        }
+      }
+    }
     num_rounds_ = 0;
     for (const auto* list : {&send_msgs_, &recv_msgs_}) {
       for (const auto& msgs : *list) num_rounds_ = std::max<int64_t>(num_rounds_, msgs.size());
@@ -609,6 +645,7 @@ class Execution {
   const ExecutorOptions options_;
   const Deadline deadline_;
   std::unique_ptr<CopyEngine> engine_;
+  bool host_memory_ = false;
   std::vector<char*> old_base_, new_base_;
   std::vector<Piece> sends_, recvs_, locals_;
   std::vector<Segment> local_slices_;

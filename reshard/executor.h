@@ -16,7 +16,11 @@
 // messages. Message k of every pair belongs to round k. Both sides derive the same cuts from the
 // plan lists, the tensors' dtypes and the options, which must be equal on all participants (per
 // local_plan.h). A message that is a single contiguous range of the old (new) buffer is sent from
-// (received into) place, without staging.
+// (received into) place, without staging. With a transport that SupportsStridedOps() and host
+// buffers, so is a message that is a single segment of one strided piece: it is posted as a
+// strided op and the transport copies straight between the sender's old and the receiver's new
+// layout (ExecutorOptions::strided_messages). Which messages go strided is decided by each side
+// alone and does not change the cuts.
 //
 // Failure: a transport error, a peer that is gone, an abort or the deadline stop the execution;
 // the executor then aborts the transport (so peers fail promptly too), waits for its in-flight
@@ -55,6 +59,11 @@ struct ExecutorOptions {
   // Rounds posted but not yet completed. Deeper pipelines only add staging memory (which is
   // first-touched, i.e. slow, when fresh); may differ between participants.
   int max_rounds_in_flight = 3;
+  // With a transport that SupportsStridedOps() and host buffers, a message that is one segment
+  // of one strided piece is sent from (received into) the shard buffer in place as a strided op
+  // (the transport gathers / scatters it), instead of being packed into (unpacked from) staging.
+  // Does not change message cutting; may differ between participants.
+  bool strided_messages = true;
 
   // From MORPH_RESHARD_CHUNK_BYTES and MORPH_RESHARD_STAGING_BYTES; kInvalidArgument naming
   // the variable when one does not parse.
@@ -86,7 +95,8 @@ struct ExecutorStats {
   int64_t bytes_copied = 0;  // local copies old -> new
   int64_t messages_sent = 0;
   int64_t messages_received = 0;
-  int64_t messages_zero_copy = 0;  // sent or received without staging
+  int64_t messages_zero_copy = 0;  // sent or received without staging (includes strided)
+  int64_t messages_strided = 0;    // of those, sent or received as strided ops
   int64_t rounds = 0;
   int64_t staging_peak_bytes = 0;
   double copy_seconds = 0;  // local copies

@@ -24,11 +24,40 @@ struct RunResult {
   std::vector<ParticipantData> data;
 };
 
-// Runs every participant's plan in its own thread over one in-process hub. `before` may
-// mutate the hub (fault injection) once all transports exist.
-RunResult RunAll(const std::vector<LocalPlan>& plans, const std::vector<std::vector<char>>& ref,
-                 const ExecutorOptions& opts, std::shared_ptr<InProcHub> hub = nullptr,
-                 int64_t deadline_ms = 30000) {
+// A transport without strided ops (like CommTransport): forwards contiguous ops to `t`, rejects
+// strided ones with kInvalidArgument and counts them.
+class ContiguousOnlyTransport final : public Transport {
+ public:
+  explicit ContiguousOnlyTransport(Transport& t) : t_(t) {}
+  int rank() const override { return t_.rank(); }
+  int size() const override { return t_.size(); }
+  bool SupportsDeviceMemory() const override { return t_.SupportsDeviceMemory(); }
+  StatusOr<std::unique_ptr<TransportWork>> Start(std::span<const SendOp> sends,
+                                                 std::span<const RecvOp> recvs) override {
+    for (const SendOp& op : sends) {
+      if (op.strided != nullptr)
+        return InvalidArgumentError("strided send: " + std::to_string(++strided_));
+    }
+    for (const RecvOp& op : recvs) {
+      if (op.strided != nullptr)
+        return InvalidArgumentError("strided recv: " + std::to_string(++strided_));
+    }
+    return t_.Start(sends, recvs);
+  }
+  void Abort() override { t_.Abort(); }
+  int strided_ops_seen() const { return strided_; }
+
+ private:
+  Transport& t_;
+  int strided_ = 0;
+};
+
+// Runs every participant's plan in its own thread over one in-process hub, participant i with
+// opts[i]. `hub` may have been prepared (fault injection). `contiguous_only`: each participant's
+// transport does not offer strided ops.
+RunResult RunAllWith(const std::vector<LocalPlan>& plans, const std::vector<std::vector<char>>& ref,
+                     const std::vector<ExecutorOptions>& opts, std::shared_ptr<InProcHub> hub,
+                     int64_t deadline_ms, bool contiguous_only = false) {
   const int n = static_cast<int>(plans.size());
   if (!hub) hub = std::make_shared<InProcHub>(n);
   RunResult r;
@@ -39,14 +68,24 @@ RunResult RunAll(const std::vector<LocalPlan>& plans, const std::vector<std::vec
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
+      const size_t k = static_cast<size_t>(i);
       InProcTransport t(hub, i);
-      r.stats[static_cast<size_t>(i)] =
-          ExecutePlan(plans[static_cast<size_t>(i)], r.data[static_cast<size_t>(i)].olds,
-                      r.data[static_cast<size_t>(i)].news, t, opts, Deadline::AfterMs(deadline_ms));
+      ContiguousOnlyTransport wrapped(t);
+      Transport& use = contiguous_only ? static_cast<Transport&>(wrapped) : t;
+      r.stats[k] = ExecutePlan(plans[k], r.data[k].olds, r.data[k].news, use, opts[k],
+                               Deadline::AfterMs(deadline_ms));
+      EXPECT_EQ(wrapped.strided_ops_seen(), 0) << "participant " << i;
     });
   }
   for (auto& t : threads) t.join();
   return r;
+}
+
+RunResult RunAll(const std::vector<LocalPlan>& plans, const std::vector<std::vector<char>>& ref,
+                 const ExecutorOptions& opts, std::shared_ptr<InProcHub> hub = nullptr,
+                 int64_t deadline_ms = 30000) {
+  return RunAllWith(plans, ref, std::vector<ExecutorOptions>(plans.size(), opts), std::move(hub),
+                    deadline_ms);
 }
 
 std::vector<std::vector<char>> Reference(const std::vector<TensorInfo>& tensors) {
@@ -93,6 +132,29 @@ TEST(ExecutorTest, TensorParallel4To2) {
   EXPECT_EQ(r.stats[1]->bytes_received, 64 * 48 * 4 + 48 * 64 * 2);
   EXPECT_EQ(r.stats[2]->bytes_received + r.stats[3]->bytes_received, 0);
   EXPECT_GT(r.stats[1]->rounds, 1);
+  // Rank 1's new w1 column block is strided: its pieces are received as strided ops (the
+  // senders' old blocks are whole shards, sent in place).
+  EXPECT_GT(r.stats[1]->messages_strided, 0);
+
+  // The same without strided messages (option off, or a transport without them): packed and
+  // unpacked through staging, same bytes, same message counts.
+  ExecutorOptions off = SmallOptions();
+  off.strided_messages = false;
+  for (int mode = 0; mode < 2; ++mode) {
+    SCOPED_TRACE(mode == 0 ? "option off" : "contiguous-only transport");
+    RunResult o = mode == 0
+                      ? RunAll(plans, ref, off)
+                      : RunAllWith(plans, ref, std::vector<ExecutorOptions>(4, SmallOptions()),
+                                   nullptr, 30000, /*contiguous_only=*/true);
+    ExpectNewShardsMatch(plans, o, ref);
+    for (size_t p = 0; p < 4; ++p) {
+      EXPECT_EQ(o.stats[p]->messages_strided, 0);
+      EXPECT_EQ(o.stats[p]->messages_sent, r.stats[p]->messages_sent);
+      EXPECT_EQ(o.stats[p]->messages_received, r.stats[p]->messages_received);
+      EXPECT_EQ(o.data[p].new_data, r.data[p].new_data);
+    }
+    EXPECT_GT(o.stats[1]->staging_peak_bytes, 0);
+  }
 }
 
 TEST(ExecutorTest, ZeroFlat4To3AndReplicatedJoiner) {
@@ -147,14 +209,77 @@ TEST(ExecutorTest, RandomizedPlansMatchReference) {
   }
 }
 
-TEST(ExecutorTest, TransportFailureMidPlanLeavesOldDataIntact) {
+// Strided messages on and off, and mixed between participants (either side of a pair decides
+// alone): bitwise the same new shards, which are the reference's.
+TEST(ExecutorTest, RandomizedPlansStridedOnOffMixedAgree) {
+  const unsigned long long seed = morph::testing::TestSeed();
+  SCOPED_TRACE("MORPH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const DType dtypes[] = {DType::kF32, DType::kF64, DType::kBF16, DType::kU8, DType::kI64};
+  int64_t strided_total = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    SCOPED_TRACE("iteration " + std::to_string(iter));
+    const int n = 2 + static_cast<int>(rng() % 5);
+    const int nt = 1 + static_cast<int>(rng() % 4);
+    std::vector<TensorInfo> tensors;
+    for (int t = 0; t < nt; ++t) {
+      TensorInfo info{"t" + std::to_string(t), dtypes[rng() % 5], {}};
+      const int rank = 1 + static_cast<int>(rng() % 3);
+      for (int d = 0; d < rank; ++d) info.shape.push_back(1 + static_cast<int64_t>(rng() % 40));
+      tensors.push_back(info);
+    }
+    std::vector<RegionLayout> old_l, new_l;
+    for (const TensorInfo& t : tensors) {
+      old_l.push_back(RandomLayout(t, n, rng));
+      new_l.push_back(RandomLayout(t, n, rng));
+    }
+    auto plans = BuildPlans(tensors, old_l, new_l, n);
+    auto ref = Reference(tensors);
+    ExecutorOptions base;
+    base.chunk_bytes = 64 << (rng() % 8);
+    base.staging_bytes = base.chunk_bytes * (1 + rng() % 64);
+    std::vector<std::vector<std::vector<char>>> first;  // mode 0's new data, per participant
+    for (int mode = 0; mode < 3; ++mode) {
+      SCOPED_TRACE(mode == 0 ? "off" : mode == 1 ? "on" : "mixed");
+      std::vector<ExecutorOptions> opts(static_cast<size_t>(n), base);
+      for (int i = 0; i < n; ++i) {
+        opts[static_cast<size_t>(i)].strided_messages = mode == 1 || (mode == 2 && (i + iter) % 2);
+      }
+      RunResult r = RunAllWith(plans, ref, opts, nullptr, 30000);
+      ExpectNewShardsMatch(plans, r, ref);
+      if (::testing::Test::HasFatalFailure()) return;
+      const uint64_t chunk = EffectiveChunkBytes(base, n);
+      const uint64_t bound = std::max<uint64_t>(base.staging_bytes, 2 * (n - 1) * chunk);
+      for (int i = 0; i < n; ++i) {
+        const auto& st = r.stats[static_cast<size_t>(i)];
+        EXPECT_LE(static_cast<uint64_t>(st->staging_peak_bytes), bound);
+        if (!opts[static_cast<size_t>(i)].strided_messages) {
+          EXPECT_EQ(st->messages_strided, 0);
+        }
+        if (mode == 1) strided_total += st->messages_strided;
+      }
+      if (mode == 0) {
+        for (auto& d : r.data) first.push_back(d.new_data);
+      } else {
+        for (size_t p = 0; p < r.data.size(); ++p) ASSERT_EQ(r.data[p].new_data, first[p]);
+      }
+    }
+  }
+  EXPECT_GT(strided_total, 0);
+}
+
+class FailureTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(FailureTest, TransportFailureMidPlanLeavesOldDataIntact) {
   std::vector<TensorInfo> tensors{{"w", DType::kF32, {128, 256}}};
   auto plans = BuildPlans(tensors, {TpLayout(tensors[0], 1, {0, 1, 2, 3})},
                           {TpLayout(tensors[0], 0, {0, 1, 2})}, 4);
   auto ref = Reference(tensors);
   auto hub = std::make_shared<InProcHub>(4);
   hub->InjectFailAfterBytes(20000);
-  RunResult r = RunAll(plans, ref, SmallOptions(), hub);
+  ExecutorOptions opts = SmallOptions();
+  opts.strided_messages = GetParam();
+  RunResult r = RunAll(plans, ref, opts, hub);
   int unavailable = 0;
   for (size_t p = 0; p < plans.size(); ++p) {
     ASSERT_FALSE(r.stats[p].ok()) << "participant " << p;
@@ -168,6 +293,9 @@ TEST(ExecutorTest, TransportFailureMidPlanLeavesOldDataIntact) {
   EXPECT_GE(unavailable, 1);
   EXPECT_LE(hub->bytes_delivered(), 20000);
 }
+
+INSTANTIATE_TEST_SUITE_P(Strided, FailureTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "StridedOn" : "StridedOff"; });
 
 TEST(ExecutorTest, KilledPeerAndAbortAndDeadline) {
   std::vector<TensorInfo> tensors{{"w", DType::kF32, {64, 64}}};

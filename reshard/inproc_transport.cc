@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "reshard/strided_copy.h"
+
 #if MORPH_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -31,10 +33,47 @@ struct Op {
   bool is_send = false;
   char* data = nullptr;
   size_t bytes = 0;
+  // A strided op's layout, converted to bytes (elem_size 1): the message is bytes
+  // [begin, begin + bytes) of `geom`'s source side (send) or destination side (receive).
+  bool strided = false;
+  CopyGeometry geom;
+  int64_t begin = 0;
   OpState state = OpState::kPending;
   Op* partner = nullptr;
   Status result;
 };
+
+// Moves the message of a matched host pair in one pass, whichever side is strided.
+void CopyHost(const Op& send, const Op& recv) {
+  const int64_t n = static_cast<int64_t>(send.bytes);
+  if (!send.strided && !recv.strided) {
+    std::memcpy(recv.data, send.data, send.bytes);
+  } else if (!recv.strided) {  // gather: strided source -> contiguous destination
+    CopyGeometry g = WithDenseDestination(send.geom);
+    g.dst_offset = -send.begin;
+    HostStridedCopy(g, recv.data, send.data, 1, send.begin, send.begin + n);
+  } else if (!send.strided) {  // scatter: contiguous source -> strided destination
+    CopyGeometry g = WithDenseSource(recv.geom);
+    g.src_offset = -recv.begin;
+    HostStridedCopy(g, recv.data, send.data, 1, recv.begin, recv.begin + n);
+  } else {
+    HostStridedTransfer(recv.geom, recv.data, recv.begin, send.geom, send.data, send.begin, 1, n);
+  }
+}
+
+// `layout` in byte units (elem_size 1), so that layouts of different element sizes combine.
+CopyGeometry InBytes(const CopyGeometry& g, int64_t es) {
+  CopyGeometry b = g;
+  for (int k = 0; k < g.outer_rank; ++k) {
+    b.dst_stride[k] *= es;
+    b.src_stride[k] *= es;
+  }
+  b.row *= es;
+  b.dst_offset *= es;
+  b.src_offset *= es;
+  b.num_elements *= es;
+  return b;
+}
 
 struct Group {
   int owner = 0;
@@ -146,10 +185,10 @@ struct InProcHub::State {
                                  cudaGetErrorString(e));
         }
       } else {
-        std::memcpy(recv->data, send->data, send->bytes);
+        CopyHost(*send, *recv);
       }
 #else
-      std::memcpy(recv->data, send->data, send->bytes);
+      CopyHost(*send, *recv);
 #endif
     }
     lock.lock();
@@ -362,13 +401,15 @@ InProcTransport::~InProcTransport() {
 
 int InProcTransport::size() const { return hub_->size(); }
 bool InProcTransport::SupportsDeviceMemory() const { return hub_->device_memory(); }
+bool InProcTransport::SupportsStridedOps() const { return !hub_->device_memory(); }
 
 StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const SendOp> sends,
                                                                 std::span<const RecvOp> recvs) {
   auto& s = *hub_->state_;
   auto group = std::make_unique<Group>();
   group->owner = rank_;
-  auto add = [&](bool is_send, int peer, const void* data, size_t bytes) -> Status {
+  auto add = [&](bool is_send, int peer, const void* data, size_t bytes,
+                 const StridedLayout* layout) -> Status {
     if (peer < 0 || peer >= s.size || peer == rank_) {
       return InvalidArgumentError(std::string(is_send ? "send to" : "receive from") + " peer " +
                                   std::to_string(peer) + " from rank " + std::to_string(rank_) +
@@ -385,11 +426,41 @@ StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const 
     op->is_send = is_send;
     op->data = static_cast<char*>(const_cast<void*>(data));
     op->bytes = bytes;
+    if (layout != nullptr) {
+      const std::string what = std::string(is_send ? "strided send to" : "strided receive from") +
+                               " peer " + std::to_string(peer) + ": ";
+      if (!SupportsStridedOps()) {
+        return InvalidArgumentError(what +
+                                    "this transport moves device memory, which it only "
+                                    "does contiguously (SupportsStridedOps() is false)");
+      }
+      const CopyGeometry* g = layout->geometry;
+      if (g == nullptr || layout->elem_size <= 0 || layout->begin < 0 ||
+          layout->end < layout->begin || layout->end > g->num_elements || g->outer_rank < 0 ||
+          g->outer_rank > kMaxCopyDims || g->row <= 0) {
+        return InvalidArgumentError(what + "malformed layout");
+      }
+      if (static_cast<uint64_t>(layout->end - layout->begin) *
+              static_cast<uint64_t>(layout->elem_size) !=
+          bytes) {
+        return InvalidArgumentError(what + "layout holds " +
+                                    std::to_string(layout->end - layout->begin) + " elements of " +
+                                    std::to_string(layout->elem_size) + " bytes, op says " +
+                                    std::to_string(bytes) + " bytes");
+      }
+      op->strided = true;
+      op->geom = InBytes(*g, layout->elem_size);
+      op->begin = layout->begin * layout->elem_size;
+    }
     group->ops.push_back(std::move(op));
     return Status();
   };
-  for (const SendOp& op : sends) MORPH_RETURN_IF_ERROR(add(true, op.peer, op.data, op.bytes));
-  for (const RecvOp& op : recvs) MORPH_RETURN_IF_ERROR(add(false, op.peer, op.data, op.bytes));
+  for (const SendOp& op : sends) {
+    MORPH_RETURN_IF_ERROR(add(true, op.peer, op.data, op.bytes, op.strided));
+  }
+  for (const RecvOp& op : recvs) {
+    MORPH_RETURN_IF_ERROR(add(false, op.peer, op.data, op.bytes, op.strided));
+  }
 
   std::unique_lock<std::mutex> lock(s.mu);
   const auto& me = s.Rank(rank_);

@@ -2,7 +2,8 @@
 // executor tests and benchmarks, and as a reference for what a Transport must do: real
 // concurrency (a matched transfer is copied by whichever of its two ranks' threads gets to it
 // first in Wait, so copies run beside the callers as a real transport's progress does), in-order
-// matching per (src, dst) pair across groups, size-mismatch detection, Abort from any thread,
+// matching per (src, dst) pair across groups, size-mismatch detection, strided ops (scatter /
+// gather straight between the two ranks' layouts, host memory), Abort from any thread,
 // and fault injection.
 //
 //   auto hub = std::make_shared<InProcHub>(4);
@@ -69,7 +70,11 @@ class InProcTransport final : public Transport {
   int rank() const override { return rank_; }
   int size() const override;
   bool SupportsDeviceMemory() const override;
-  // kInvalidArgument: peer out of range or equal to this rank, or a null buffer with bytes > 0.
+  // True for a host-memory hub: a matched pair is copied in one pass from the sender's layout
+  // to the receiver's (either or both strided).
+  bool SupportsStridedOps() const override;
+  // kInvalidArgument: peer out of range or equal to this rank, a null buffer with bytes > 0, or
+  // a strided op that is malformed or given to a device-memory hub.
   // kFailedPrecondition: this rank is closed (an earlier Wait failed) or aborted.
   StatusOr<std::unique_ptr<TransportWork>> Start(std::span<const SendOp> sends,
                                                  std::span<const RecvOp> recvs) override;

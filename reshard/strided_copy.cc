@@ -127,6 +127,68 @@ void HostStridedCopy(const CopyGeometry& g, void* dst, const void* src, int elem
   }
 }
 
+namespace {
+
+// Row-major strides of the geometry's (outer dims, row) shape.
+void DenseStrides(const CopyGeometry& g, int64_t* strides) {
+  int64_t s = g.row;
+  for (int k = g.outer_rank - 1; k >= 0; --k) {
+    strides[k] = s;
+    s *= g.outer_shape[k];
+  }
+}
+
+}  // namespace
+
+CopyGeometry WithDenseSource(const CopyGeometry& g) {
+  CopyGeometry r = g;
+  DenseStrides(g, r.src_stride);
+  r.src_offset = 0;
+  return r;
+}
+
+CopyGeometry WithDenseDestination(const CopyGeometry& g) {
+  CopyGeometry r = g;
+  DenseStrides(g, r.dst_stride);
+  r.dst_offset = 0;
+  return r;
+}
+
+void HostStridedTransfer(const CopyGeometry& dst_g, void* dst, int64_t dst_begin,
+                         const CopyGeometry& src_g, const void* src, int64_t src_begin,
+                         int elem_size, int64_t count) {
+  if (count <= 0) return;
+  // Walk the source's contiguous runs; each goes to the destination layout with one
+  // HostStridedCopy from a dense source placed at the run.
+  CopyGeometry to_dst = WithDenseSource(dst_g);
+  const auto* s = static_cast<const char*>(src);
+  const int64_t es = elem_size;
+  const int64_t src_end = src_begin + count;
+  int64_t row_index = src_begin / src_g.row;
+  int64_t idx[kMaxCopyDims];
+  int64_t rem = row_index;
+  for (int k = src_g.outer_rank - 1; k >= 0; --k) {
+    idx[k] = rem % src_g.outer_shape[k];
+    rem /= src_g.outer_shape[k];
+  }
+  int64_t pos = src_begin;
+  while (pos < src_end) {
+    int64_t soff = src_g.src_offset;
+    for (int k = 0; k < src_g.outer_rank; ++k) soff += idx[k] * src_g.src_stride[k];
+    const int64_t row_begin = row_index * src_g.row;
+    const int64_t n = std::min(src_end, row_begin + src_g.row) - pos;
+    const int64_t d = dst_begin + (pos - src_begin);  // destination element of this run's first
+    to_dst.src_offset = -d;                           // element d is read at the run's start
+    HostStridedCopy(to_dst, dst, s + (soff + pos - row_begin) * es, elem_size, d, d + n);
+    pos += n;
+    ++row_index;
+    for (int k = src_g.outer_rank - 1; k >= 0; --k) {
+      if (++idx[k] < src_g.outer_shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+}
+
 std::optional<int64_t> ContiguousOffset(const StridedView& view, int64_t begin, int64_t end) {
   if (begin >= end) return view.offset;
   // Element index -> buffer offset; the range is contiguous iff last - first == count - 1

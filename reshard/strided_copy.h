@@ -48,6 +48,19 @@ StatusOr<CopyGeometry> MakeCopyGeometry(const StridedView& dst, const StridedVie
 void HostStridedCopy(const CopyGeometry& g, void* dst, const void* src, int elem_size,
                      int64_t begin, int64_t end);
 
+// `g` with its source (destination) side replaced by the dense row-major layout of the box at
+// offset 0; the other side is kept. Copies between one side of `g` and a contiguous buffer.
+CopyGeometry WithDenseSource(const CopyGeometry& g);
+CopyGeometry WithDenseDestination(const CopyGeometry& g);
+
+// Copies `count` elements in one pass, strided to strided between two different geometries of
+// the same element order: box elements [src_begin, src_begin + count) read from the source side
+// of `src_g` over `src` go to box elements [dst_begin, dst_begin + count) of the destination side
+// of `dst_g` over `dst`. Both ranges must lie within their geometry's num_elements.
+void HostStridedTransfer(const CopyGeometry& dst_g, void* dst, int64_t dst_begin,
+                         const CopyGeometry& src_g, const void* src, int64_t src_begin,
+                         int elem_size, int64_t count);
+
 // If box elements [begin, end) of `view` occupy one contiguous range of its buffer, the element
 // offset of `begin` in it; else nullopt.
 std::optional<int64_t> ContiguousOffset(const StridedView& view, int64_t begin, int64_t end);

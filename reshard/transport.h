@@ -16,6 +16,7 @@
 #define MORPH_RESHARD_TRANSPORT_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 
@@ -24,16 +25,45 @@
 
 namespace morph {
 
+struct CopyGeometry;  // reshard/strided_copy.h
+
+// Where the bytes of a strided message lie in its buffer: elements [begin, end) (row-major
+// linear index over the box) of one side of `geometry`, `elem_size` bytes each. A SendOp reads
+// the message from the geometry's source side (src_offset, src_stride, row) of its `data`; a
+// RecvOp writes it to the destination side (dst_offset, dst_stride, row) of its `data`. Byte k of
+// the message is byte k % elem_size of element begin + k / elem_size.
+//
+// Contract:
+//   - only a transport whose SupportsStridedOps() is true may be given ops with a layout; any
+//     other transport returns kInvalidArgument from Start for such an op;
+//   - either side of a pair may use a layout independently of the other (a strided send may
+//     match a contiguous receive and vice versa): the layout describes only this side's memory;
+//   - `bytes` is still the message size, (end - begin) * elem_size (kInvalidArgument otherwise),
+//     and matching and size checks are on `bytes` only;
+//   - Start reads the layout and the geometry and keeps a copy; only `data` (every element the
+//     layout names) must stay valid until Wait returns;
+//   - host memory only.
+struct StridedLayout {
+  const CopyGeometry* geometry = nullptr;
+  int elem_size = 1;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
 struct SendOp {
   int peer;
   const void* data;
   size_t bytes;
+  // Null: the message is the contiguous `bytes` at `data`.
+  const StridedLayout* strided = nullptr;
 };
 
 struct RecvOp {
   int peer;
   void* data;
   size_t bytes;
+  // Null: the message goes to the contiguous `bytes` at `data`.
+  const StridedLayout* strided = nullptr;
 };
 
 class TransportWork {
@@ -54,12 +84,15 @@ class Transport {
   virtual int size() const = 0;
   // True if buffers may be CUDA device memory (NCCL); false: host memory only.
   virtual bool SupportsDeviceMemory() const = 0;
+  // True if Start accepts ops with a StridedLayout (see there); false: contiguous ops only.
+  virtual bool SupportsStridedOps() const { return false; }
 
   // Starts a group of sends and receives that progress concurrently. Between one pair of
   // ranks, messages match in the order they were posted (the i-th send from a to b matches
   // the i-th receive at b from a, across groups too); sizes of matching ops must be equal, else
   // the group fails with kInternal. Buffers must stay valid until Wait returns. Only the
-  // thread that owns the transport calls Start. kInvalidArgument for a peer out of range.
+  // thread that owns the transport calls Start. kInvalidArgument for a peer out of range, or an
+  // op with a StridedLayout that this transport does not support or that is malformed.
   virtual StatusOr<std::unique_ptr<TransportWork>> Start(std::span<const SendOp> sends,
                                                          std::span<const RecvOp> recvs) = 0;
 
