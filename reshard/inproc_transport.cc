@@ -47,7 +47,7 @@ struct Op {
 void CopyHost(const Op& send, const Op& recv) {
   const int64_t n = static_cast<int64_t>(send.bytes);
   if (!send.strided && !recv.strided) {
-    std::memcpy(recv.data, send.data, send.bytes);
+    BulkCopy(recv.data, send.data, send.bytes);
   } else if (!recv.strided) {  // gather: strided source -> contiguous destination
     CopyGeometry g = WithDenseDestination(send.geom);
     g.dst_offset = -send.begin;

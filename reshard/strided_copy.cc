@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <string>
 
 namespace morph {
@@ -94,9 +97,60 @@ StatusOr<CopyGeometry> MakeCopyGeometry(const StridedView& dst, const StridedVie
   return g;
 }
 
+namespace {
+
+// Non-temporal copy: memcpy up to 16-byte destination alignment, 64-byte streamed blocks, memcpy
+// of the tail. The caller issues the store fence once after all its rows.
+void StreamRow(char* d, const char* s, size_t n) {
+#if defined(__SSE2__)
+  const size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  if (n < head + 64) {
+    std::memcpy(d, s, n);
+    return;
+  }
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  for (; n >= 64; n -= 64, d += 64, s += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+  }
+  std::memcpy(d, s, n);
+#else
+  std::memcpy(d, s, n);
+#endif
+}
+
+void StoreFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+}  // namespace
+
+void BulkCopy(void* dst, const void* src, size_t bytes) {
+  if (bytes < kStreamingCopyMinBytes) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  StreamRow(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
+  StoreFence();
+}
+
 void HostStridedCopy(const CopyGeometry& g, void* dst, const void* src, int elem_size,
                      int64_t begin, int64_t end) {
   if (begin >= end) return;
+  // Large copies stream (rows of any size): the data lands in memory that the copier does
+  // not read again.
+  const bool stream = static_cast<size_t>((end - begin) * elem_size) >= kStreamingCopyMinBytes;
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
   const int64_t es = elem_size;
@@ -117,7 +171,11 @@ void HostStridedCopy(const CopyGeometry& g, void* dst, const void* src, int elem
     const int64_t row_begin = row_index * g.row;
     const int64_t in_row = pos - row_begin;
     const int64_t n = std::min(end, row_begin + g.row) - pos;
-    std::memcpy(d + (doff + in_row) * es, s + (soff + in_row) * es, static_cast<size_t>(n * es));
+    if (stream) {
+      StreamRow(d + (doff + in_row) * es, s + (soff + in_row) * es, static_cast<size_t>(n * es));
+    } else {
+      std::memcpy(d + (doff + in_row) * es, s + (soff + in_row) * es, static_cast<size_t>(n * es));
+    }
     pos += n;
     ++row_index;
     for (int k = g.outer_rank - 1; k >= 0; --k) {
@@ -125,6 +183,7 @@ void HostStridedCopy(const CopyGeometry& g, void* dst, const void* src, int elem
       idx[k] = 0;
     }
   }
+  if (stream) StoreFence();
 }
 
 namespace {

@@ -45,6 +45,12 @@ StatusOr<CopyGeometry> MakeCopyGeometry(const StridedView& dst, const StridedVie
 
 // Copies the box elements with row-major linear index in [begin, end) (0 <= begin <= end <=
 // num_elements) from `src` to `dst` (base pointers of the two buffers; offsets are in g).
+// memcpy for bulk moves: copies of at least kStreamingCopyMinBytes use non-temporal stores on
+// x86-64 (the destination is not read back soon, so it should not evict the cache), like
+// glibc's memcpy does for very large sizes; smaller ones are plain memcpy. Any alignment.
+inline constexpr size_t kStreamingCopyMinBytes = size_t{256} << 10;
+void BulkCopy(void* dst, const void* src, size_t bytes);
+
 void HostStridedCopy(const CopyGeometry& g, void* dst, const void* src, int elem_size,
                      int64_t begin, int64_t end);
 

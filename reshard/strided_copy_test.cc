@@ -148,3 +148,51 @@ TEST(StridedCopyTest, RandomStridedTransferMatchesNaiveCopy) {
 
 }  // namespace
 }  // namespace morph
+
+namespace morph {
+namespace {
+
+// Copies at and above kStreamingCopyMinBytes take the non-temporal path: every alignment of
+// source and destination and every tail length must still copy exactly.
+TEST(BulkCopyTest, StreamingPathIsExactForAnyAlignmentAndTail) {
+  const size_t big = kStreamingCopyMinBytes + 4096;
+  std::vector<unsigned char> src(big + 64), dst(big + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t src_off : {0, 1, 8, 15}) {
+    for (size_t dst_off : {0, 3, 16, 33}) {
+      for (size_t tail : {0, 1, 63, 64, 65}) {
+        const size_t n = kStreamingCopyMinBytes + tail;
+        std::fill(dst.begin(), dst.end(), 0xAB);
+        BulkCopy(dst.data() + dst_off, src.data() + src_off, n);
+        ASSERT_EQ(0, std::memcmp(dst.data() + dst_off, src.data() + src_off, n))
+            << src_off << " " << dst_off << " " << tail;
+        ASSERT_EQ(dst[dst_off + n], 0xAB) << "wrote past the end";
+        if (dst_off > 0) {
+          ASSERT_EQ(dst[dst_off - 1], 0xAB) << "wrote before the start";
+        }
+      }
+    }
+  }
+}
+
+// A strided copy large enough to stream (rows of 3 elements, odd offsets) equals the
+// element-by-element reference.
+TEST(BulkCopyTest, LargeStridedCopyStreamsExactly) {
+  const int64_t rows = 40000, cols = 7, take = 3;  // 40000 x 3 f32 = 480 KB >= threshold
+  std::vector<float> src(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) * 0.5f;
+  StridedView from{.offset = 2, .shape = {rows, take}, .strides = {cols, 1}};
+  StridedView to = ContiguousView({rows, take});
+  MORPH_ASSERT_OK_AND_ASSIGN(CopyGeometry g, MakeCopyGeometry(to, from));
+  std::vector<float> dst(static_cast<size_t>(rows * take), -1.f);
+  ASSERT_GE(dst.size() * sizeof(float), kStreamingCopyMinBytes);
+  HostStridedCopy(g, dst.data(), src.data(), sizeof(float), 0, g.num_elements);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < take; ++c) {
+      ASSERT_EQ(dst[static_cast<size_t>(r * take + c)], src[static_cast<size_t>(r * cols + c + 2)]);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace morph
