@@ -272,8 +272,10 @@ class SaveImpl final : public CheckpointSave {
     thread_ =
         std::thread([this, dir = std::move(dir), rank, num_ranks, step, config = std::move(config),
                      pieces = std::move(pieces), snapshot = std::move(snapshot),
-                     data = std::move(data), block = options.block_bytes]() mutable {
+                     data = std::move(data), block = options.block_bytes,
+                     pool = options.snapshot_pool]() mutable {
           Status s = WriteRank(dir, rank, num_ranks, step, config, pieces, data, block);
+          if (pool && snapshot.size() > 0) pool->Give(std::move(snapshot));
           std::lock_guard<std::mutex> lock(mu_);
           status_ = std::move(s);
           done_ = true;
@@ -310,6 +312,19 @@ int64_t ElementOffset(const StridedView& v, int64_t linear) {
 
 }  // namespace
 
+StatusOr<Buffer> CheckpointSnapshotPool::Take(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (kept_.size() >= bytes && kept_.data() != nullptr) return std::move(kept_);
+  }
+  return HostAllocator()(bytes);
+}
+
+void CheckpointSnapshotPool::Give(Buffer buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (buffer.size() >= kept_.size()) kept_ = std::move(buffer);
+}
+
 StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
     const std::string& dir, int rank, int num_ranks, int64_t step, const nlohmann::json& config,
     const std::vector<CheckpointPiece>& pieces, const CheckpointSaveOptions& options) {
@@ -326,7 +341,11 @@ StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
   if (options.snapshot) {
     size_t total = 0;
     for (const CheckpointPiece& p : pieces) total += PieceBytes(p);
-    MORPH_ASSIGN_OR_RETURN(snapshot, HostAllocator()(total), "checkpoint snapshot");
+    if (options.snapshot_pool) {
+      MORPH_ASSIGN_OR_RETURN(snapshot, options.snapshot_pool->Take(total), "checkpoint snapshot");
+    } else {
+      MORPH_ASSIGN_OR_RETURN(snapshot, HostAllocator()(total), "checkpoint snapshot");
+    }
     size_t off = 0;
     for (const CheckpointPiece& p : pieces) {
       MORPH_RETURN_IF_ERROR(CopyToHost(static_cast<char*>(snapshot.data()) + off, p.data));

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -45,10 +46,30 @@ struct CheckpointPiece {
   ConstBufferView data;
 };
 
+// Keeps the host snapshot buffer of a finished save for the next one. Checkpoints recur, and
+// a fresh buffer's first-touch page faults cost as much as the snapshot copy itself, so a
+// training loop passes the same pool to every save. Holds at most one buffer (memory: one copy
+// of this rank's saved bytes). Thread-safe.
+class CheckpointSnapshotPool {
+ public:
+  // A kept buffer of at least `bytes` (contents undefined), else a fresh host allocation.
+  // kResourceExhausted naming the size if the allocation fails.
+  StatusOr<Buffer> Take(size_t bytes);
+  // Keeps `buffer` for the next Take (replacing a smaller kept one).
+  void Give(Buffer buffer);
+
+ private:
+  std::mutex mu_;
+  Buffer kept_;
+};
+
 struct CheckpointSaveOptions {
   // Copy the pieces into memory owned by the save before returning, so the caller may change
   // its buffers at once. Without it, buffers must stay unchanged until Wait returns.
   bool snapshot = true;
+  // Where the snapshot buffer comes from and goes back to once the write ends; null: a fresh
+  // allocation per save, freed when the write ends.
+  std::shared_ptr<CheckpointSnapshotPool> snapshot_pool;
   // Bytes covered by one checksum; also the read granularity of loads.
   uint64_t block_bytes = uint64_t{1} << 20;
 };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -215,6 +216,62 @@ TEST_F(CheckpointTest, OverlappingOrMissingPiecesAreDataLoss) {
   Save(layouts, 4);
   EXPECT_THAT(CheckpointReader::Open(dir_).status(),
               StatusIs(StatusCode::kDataLoss, HasSubstr("'w1' hold 1440 of its 1920 elements")));
+}
+
+}  // namespace
+}  // namespace morph
+
+namespace morph {
+namespace {
+
+TEST(CheckpointSnapshotPoolTest, KeepsOneBufferAndReusesIt) {
+  CheckpointSnapshotPool pool;
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer a, pool.Take(4096));
+  void* kept = a.data();
+  pool.Give(std::move(a));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer b, pool.Take(1000));  // smaller fits in the kept one
+  EXPECT_EQ(b.data(), kept);
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer c, pool.Take(1000));  // nothing kept now: fresh
+  EXPECT_NE(c.data(), kept);
+  pool.Give(std::move(b));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer d, pool.Take(8192));  // kept one too small: fresh
+  EXPECT_GE(d.size(), 8192u);
+}
+
+// Two saves through one pool: the second reuses the first's snapshot buffer, and both
+// checkpoints load back bitwise.
+TEST(CheckpointSnapshotPoolTest, SuccessiveSavesReuseTheSnapshot) {
+  const std::string root = ::testing::TempDir() + "/morph_ckpt_pool_" + std::to_string(::getpid());
+  std::filesystem::remove_all(root);
+  auto pool = std::make_shared<CheckpointSnapshotPool>();
+  TensorInfo info{"w", DType::kI32, {64, 32}};
+  MORPH_ASSERT_OK_AND_ASSIGN(Shard whole, Shard::Whole(Box::FromShape({64, 32})));
+  std::vector<int32_t> data(64 * 32);
+  for (int step = 1; step <= 2; ++step) {
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<int32_t>(i * 7 + step);
+    CheckpointSaveOptions opts;
+    opts.snapshot_pool = pool;
+    opts.block_bytes = 1024;
+    std::vector<CheckpointPiece> pieces{
+        {info, whole, ConstBufferView(data.data(), data.size() * 4, MemoryKind::kHost)}};
+    const std::string dir = root + "/step-" + std::to_string(step);
+    MORPH_ASSERT_OK_AND_ASSIGN(auto save, SaveCheckpointAsync(dir, 0, 1, step, {}, pieces, opts));
+    std::fill(data.begin(), data.end(), -1);  // the snapshot was taken: buffers may change
+    MORPH_ASSERT_OK(save->Wait(Deadline::AfterMs(30000)));
+    save.reset();
+    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader reader, CheckpointReader::Open(dir));
+    std::vector<int32_t> back(64 * 32, 0);
+    MORPH_ASSERT_OK(reader.Read("w", DType::kI32, whole,
+                                BufferView{back.data(), back.size() * 4, MemoryKind::kHost}));
+    for (size_t i = 0; i < back.size(); ++i) {
+      ASSERT_EQ(back[i], static_cast<int32_t>(i * 7 + step)) << "step " << step << " i " << i;
+    }
+    // The pool now holds the snapshot of this save: the bytes that were written.
+    MORPH_ASSERT_OK_AND_ASSIGN(Buffer kept, pool->Take(back.size() * 4));
+    ASSERT_EQ(std::memcmp(kept.data(), back.data(), back.size() * 4), 0);
+    pool->Give(std::move(kept));
+  }
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
