@@ -26,17 +26,7 @@ ParallelConfig RandomConfig(Rng& rng, int layers, int max_world, int max_dim = 4
                      .tp = Uniform(rng, 1, max_dim),
                      .pp = Uniform(rng, 1, std::min(layers, 3))};
     if (c.world() > max_world) continue;
-    // A random non-decreasing stage map using every stage.
-    std::vector<int> cuts(static_cast<size_t>(layers - 1));
-    std::iota(cuts.begin(), cuts.end(), 1);
-    std::shuffle(cuts.begin(), cuts.end(), rng);
-    cuts.resize(static_cast<size_t>(c.pp - 1));
-    std::sort(cuts.begin(), cuts.end());
-    int stage = 0;
-    for (int l = 0; l < layers; ++l) {
-      if (stage < c.pp - 1 && l == cuts[static_cast<size_t>(stage)]) ++stage;
-      c.stage_of_layer.push_back(stage);
-    }
+    c.stage_of_layer = testutil::RandomStageMap(rng, layers, c.pp);
     c.zero_stage = Uniform(rng, 0, 1);
     return c;
   }

@@ -4,11 +4,27 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "reshard/layout.h"
 
 namespace morph::testutil {
+
+std::vector<int> RandomStageMap(std::mt19937_64& rng, int layers, int pp) {
+  std::vector<int> cuts(static_cast<size_t>(layers - 1));
+  std::iota(cuts.begin(), cuts.end(), 1);
+  std::shuffle(cuts.begin(), cuts.end(), rng);
+  cuts.resize(static_cast<size_t>(pp - 1));
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int> stages;
+  int stage = 0;
+  for (int l = 0; l < layers; ++l) {
+    if (stage < pp - 1 && l == cuts[static_cast<size_t>(stage)]) ++stage;
+    stages.push_back(stage);
+  }
+  return stages;
+}
 namespace {
 
 // Calls fn(index) for every element of `box` in row-major order.

@@ -6,6 +6,7 @@
 #ifndef MORPH_RESHARD_PLAN_TEST_UTIL_H_
 #define MORPH_RESHARD_PLAN_TEST_UTIL_H_
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@
 #include "reshard/plan.h"
 
 namespace morph::testutil {
+
+// A random non-decreasing stage map of `layers` layers that uses every one of `pp` stages
+// (1 <= pp <= layers).
+std::vector<int> RandomStageMap(std::mt19937_64& rng, int layers, int pp);
 
 // Byte `b` of element `linear` (row-major global index) of tensor `tensor` in the reference.
 uint8_t ReferenceByte(int tensor, int64_t linear, int b);

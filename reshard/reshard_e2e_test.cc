@@ -15,6 +15,7 @@
 #include "reshard/executor.h"
 #include "reshard/inproc_transport.h"
 #include "reshard/plan.h"
+#include "reshard/plan_test_util.h"
 #include "reshard/reshard_testutil.h"
 
 namespace morph {
@@ -29,16 +30,7 @@ ParallelConfig RandomConfig(Rng& rng, int layers) {
                      .tp = Uniform(rng, 1, 4),
                      .pp = Uniform(rng, 1, std::min(layers, 3))};
     if (c.world() > 10) continue;
-    std::vector<int> cuts(static_cast<size_t>(layers - 1));
-    std::iota(cuts.begin(), cuts.end(), 1);
-    std::shuffle(cuts.begin(), cuts.end(), rng);
-    cuts.resize(static_cast<size_t>(c.pp - 1));
-    std::sort(cuts.begin(), cuts.end());
-    int stage = 0;
-    for (int l = 0; l < layers; ++l) {
-      if (stage < c.pp - 1 && l == cuts[static_cast<size_t>(stage)]) ++stage;
-      c.stage_of_layer.push_back(stage);
-    }
+    c.stage_of_layer = testutil::RandomStageMap(rng, layers, c.pp);
     return c;
   }
 }
