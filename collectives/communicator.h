@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,11 @@ namespace morph {
 // collectives/ depends on base/ only (comm_transport.h maps between them).
 enum class DataType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8 };
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
+
+// Why a communicator is shrunk (Communicator::Shrink). kPlanned: the leavers left cleanly and
+// this communicator is healthy (NCCL_SHRINK_DEFAULT). kFailure: ranks died; operations in
+// flight are aborted first (NCCL_SHRINK_ABORT).
+enum class ShrinkMode : uint8_t { kPlanned, kFailure };
 
 // MORPH_COLLECTIVE_TIMEOUT_MS as a duration, for callers that pass "the job's default" timeout.
 // kInvalidArgument naming the variable for a bad value. Any thread.
@@ -94,6 +100,12 @@ struct CollectiveOp {
   int root = 0;
   std::vector<P2POp> p2p;
   std::chrono::milliseconds timeout{30000};
+  // A cudaStream_t for backends with device memory: the operation is enqueued on it, after the
+  // work already there (e.g. the backward pass that produced the gradients), and Wait waits
+  // for it only, so other streams' compute overlaps it. Null: the communicator's own stream
+  // (the caller must then have finished writing the buffers). Host-memory backends refuse a
+  // non-null stream (kInvalidArgument).
+  void* stream = nullptr;
 
   static CollectiveOp Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                 std::chrono::milliseconds timeout);
@@ -142,6 +154,19 @@ class Communicator {
   // where capabilities().split (NCCL: ncclCommSplit); elsewhere kUnimplemented. Owning thread.
   virtual StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, std::string name,
                                                         Deadline deadline);
+
+  // Survivors only, collectively (every rank of this communicator not in `exclude`): a new
+  // communicator without the `exclude`d ranks (numbered in this one), over the existing
+  // connections, with no rendezvous; survivors keep their order (new rank = old rank minus
+  // the excluded ranks below it), and the new one belongs to `generation`. This communicator
+  // is released afterwards (later calls: kFailedPrecondition). kInvalidArgument for an empty
+  // `exclude`, a rank out of range or this rank excluded; kFailedPrecondition for kPlanned on
+  // a broken communicator; the backend's errors (kDeadlineExceeded at the deadline). Only
+  // where capabilities().shrink (NCCL: ncclCommShrink); elsewhere kUnimplemented. Owning
+  // thread.
+  virtual StatusOr<std::unique_ptr<Communicator>> Shrink(std::span<const int> exclude,
+                                                         ShrinkMode mode, int64_t generation,
+                                                         Deadline deadline);
 
   // Makes the operation in progress and every later one return kAborted within a second.
   // Any thread, any number of times; never blocks on the network.

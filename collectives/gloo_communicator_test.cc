@@ -73,6 +73,14 @@ TEST(GlooCommunicatorTest, BadArgumentsAreRejectedBeforeAnythingIsSent) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("recv #0: peer 5 out of range")));
   EXPECT_THAT(c.Barrier(milliseconds(0)),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("timeout must be positive")));
+  CollectiveOp on_stream = CollectiveOp::Barrier(kTimeout);
+  on_stream.stream = &x;  // any non-null stream
+  EXPECT_THAT(c.Run(on_stream),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("gloo backend runs on host memory")));
+  const int leave[] = {1};
+  EXPECT_FALSE(c.capabilities().shrink);
+  EXPECT_THAT(c.Shrink(leave, ShrinkMode::kPlanned, 1, Deadline::AfterMs(100)),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("gloo cannot shrink")));
   EXPECT_FALSE(c.broken());
   MemoryStore store(table, 0);
   EXPECT_THAT(GlooCommunicator::Create(store, "x", 2, 2, nullptr, Deadline::AfterMs(100)),
