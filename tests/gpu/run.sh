@@ -71,7 +71,7 @@ run_one() {  # name, command...
   local out rc
   out=$(timeout 300 "$@" 2>&1); rc=$?
   if [ $rc -eq 0 ] && grep -q "SKIPPED" <<< "$out" && ! grep -q "\[  PASSED  \] [1-9]" <<< "$out"; then
-    echo "SKIP $name: $(grep -m1 -i 'no usable gpu' <<< "$out")"
+    echo "SKIP $name: $(grep -m1 -iE 'no usable gpu|no GPU:|two ranks need' <<< "$out")"
   elif [ $rc -eq 0 ]; then
     echo "PASS $name"
   elif [ $rc -eq 77 ]; then
