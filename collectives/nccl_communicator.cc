@@ -496,8 +496,7 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::lock_guard<std::mutex> lock(impl->mu_);
     impl->comm_ = comm;
   }
-  // Any failure from here on: the Impl's destructor releases the half-built communicator
-  // (ncclCommAbort, since it is marked broken).
+  // From here on the Impl owns the communicator: its destructor releases it on any error.
   Status s = impl->Settle(comm, Impl::Watch::kThis, r, "ncclCommInitRankConfig", deadline);
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(impl->mu_);
@@ -552,6 +551,17 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(std::span<const
     if (i > 0 && list[i] == list[i - 1]) {
       return InvalidArgumentError(what + ": rank " + std::to_string(list[i]) + " excluded twice");
     }
+  }
+  // A revoked communicator must be quiescent before management calls (nccl.h).
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu_);
+      if (impl_->state_ != Impl::State::kRevoked || impl_->QuiescentLocked()) break;
+    }
+    if (deadline.Expired()) {
+      return DeadlineExceededError(what + ": the revoked communicator did not quiesce in time");
+    }
+    std::this_thread::sleep_for(kPoll);
   }
   ncclConfig_t config = NonBlockingConfig();
   ncclComm_t next = nullptr;
