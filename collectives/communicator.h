@@ -14,7 +14,9 @@
 // - Every call returns a Status and is bounded by its own timeout: kDeadlineExceeded when it
 //   passes, kUnavailable when a peer failed (closed its connection, NCCL remote error),
 //   kAborted after Abort(), kInvalidArgument for bad arguments (checked before anything is
-//   sent, so no peer is left waiting for this rank's data).
+//   sent, so no peer is left waiting for this rank's data). Failures carry a typed
+//   CollectiveFailure (status.collective_failure(), status.failed_peers(): base/status.h):
+//   the kind and the peers this rank saw fail, where the backend knows them.
 // - After any non-OK result other than kInvalidArgument the communicator is broken: every
 //   later call returns the same error. Build the next generation's communicator instead.
 // - Abort() may be called from any thread, any time: the operation in progress (and every
@@ -127,10 +129,12 @@ class Work {
   virtual ~Work() = default;
   // Blocks until the operation finished (its Status), `deadline` passed (kDeadlineExceeded;
   // the communicator is then aborted, since the peers are out of step), or the communicator
-  // was aborted (kAborted). Returns the same Status when called again. Only the thread that
-  // started the operation calls Wait.
+  // was aborted (kAborted); kFailedPrecondition if the communicator was destroyed first.
+  // When it returns, the backend no longer touches the buffers. Returns the same Status
+  // when called again. Only the thread that started the operation calls Wait.
   virtual Status Wait(Deadline deadline) = 0;
-  // True once Wait would not block. Any thread.
+  // True once Wait would not block. On NCCL only once no kernel can touch the buffers any more
+  // (the op's event completed, or the communicator was stopped and has drained). Any thread.
   virtual bool Done() const = 0;
 };
 

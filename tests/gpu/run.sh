@@ -97,9 +97,9 @@ else
   # Build only what the gpu tests and the benchmark need (the whole tree if ctest's list
   # cannot be read).
   mapfile -t targets < <(cd "$build" && ctest -L gpu -N --show-only=json-v1 2>/dev/null |
-    python3 -c 'import json, os, sys
+    python3 -c 'import json, sys
 for t in json.load(sys.stdin)["tests"]:
-    print(os.path.basename(t["command"][0]))' 2>/dev/null)
+    print(t["name"])' 2>/dev/null)  # a test's name is its target's (morph_cc_test)
   if [ ${#targets[@]} -gt 0 ]; then
     cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" pack_gpu_bench >/dev/null \
       || { echo "FAIL build"; exit 1; }
