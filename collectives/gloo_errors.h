@@ -37,15 +37,14 @@ inline GlooErrorKind ClassifyGlooError(std::string_view what) {
     return GlooErrorKind::kLocal;
   }
   auto contains = [&](std::string_view needle) {
-    return std::search(what.begin(), what.end(), needle.begin(), needle.end(),
-                       [](char a, char b) {
-                         return std::tolower(static_cast<unsigned char>(a)) ==
-                                std::tolower(static_cast<unsigned char>(b));
-                       }) != what.end();
+    return std::search(what.begin(), what.end(), needle.begin(), needle.end(), [](char a, char b) {
+             return std::tolower(static_cast<unsigned char>(a)) ==
+                    std::tolower(static_cast<unsigned char>(b));
+           }) != what.end();
   };
   if (contains("timed out") || contains("timeout")) return GlooErrorKind::kTimeout;
-  for (std::string_view s : {"closed", "reset by peer", "read error", "write error",
-                             "broken pipe", "connection refused"}) {
+  for (std::string_view s : {"closed", "reset by peer", "read error", "write error", "broken pipe",
+                             "connection refused"}) {
     if (contains(s)) return GlooErrorKind::kPeerClosed;
   }
   return GlooErrorKind::kOther;

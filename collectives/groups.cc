@@ -180,13 +180,13 @@ StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Rebuild(std::unique_ptr<GroupS
   }
   const int new_world = old_world - static_cast<int>(gone.size());
   const int new_rank =
-      old_rank - static_cast<int>(std::lower_bound(gone.begin(), gone.end(), old_rank) -
-                                  gone.begin());
+      old_rank -
+      static_cast<int>(std::lower_bound(gone.begin(), gone.end(), old_rank) - gone.begin());
   MORPH_RETURN_IF_ERROR(config.Validate());
   if (new_world < config.world()) {
-    return InvalidArgumentError("group builder: " + std::to_string(new_world) +
-                                " survivors are fewer than dp*tp*pp=" +
-                                std::to_string(config.world()));
+    return InvalidArgumentError(
+        "group builder: " + std::to_string(new_world) +
+        " survivors are fewer than dp*tp*pp=" + std::to_string(config.world()));
   }
   // The subgroups of the old generation go first: after a failure they are aborted so that
   // their release does not wait for peers that are gone.
@@ -219,8 +219,8 @@ StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Rebuild(std::unique_ptr<GroupS
                          std::to_string(new_rank) + "/" + std::to_string(new_world));
   }
   std::vector<Spec> specs = Specs(*set, config, new_rank, new_world);
-  MORPH_RETURN_IF_ERROR(BuildSubgroups(*set, specs, store, config,
-                                       set->world_->capabilities().split, deadline));
+  MORPH_RETURN_IF_ERROR(
+      BuildSubgroups(*set, specs, store, config, set->world_->capabilities().split, deadline));
   return set;
 }
 

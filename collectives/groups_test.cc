@@ -148,9 +148,9 @@ class ShrinkableGloo : public Communicator {
     for (int r : exclude) below += r < rank() ? 1 : 0;
     MemoryStore store(table_, generation);
     MORPH_ASSIGN_OR_RETURN(
-        auto next, GlooCommunicator::Create(store, "shrunk-world", rank() - below,
-                                            size() - static_cast<int>(exclude.size()), device_,
-                                            deadline));
+        auto next,
+        GlooCommunicator::Create(store, "shrunk-world", rank() - below,
+                                 size() - static_cast<int>(exclude.size()), device_, deadline));
     inner_.reset();  // released, as a real Shrink releases its parent
     return std::unique_ptr<Communicator>(
         new ShrinkableGloo(std::move(next), table_, device_, log_));
@@ -172,7 +172,8 @@ void RunLeaveScenario(const CommunicatorFactory& factory, ShrinkMode mode, bool 
   std::vector<std::unique_ptr<GroupSet>> sets(6);
   MORPH_ASSERT_OK(FirstError(RunRankThreads(6, [&](int rank) -> Status {
     MemoryStore store(table, 0);
-    MORPH_ASSIGN_OR_RETURN(sets[rank], builder.Build(store, c0, rank, 6, Deadline::After(kTimeout)));
+    MORPH_ASSIGN_OR_RETURN(sets[rank],
+                           builder.Build(store, c0, rank, 6, Deadline::After(kTimeout)));
     return CheckGroups(*sets[rank], 6);
   })));
   const std::vector<int> leaving = {4, 1};
@@ -199,10 +200,12 @@ TEST(GroupBuilderTest, RebuildShrinksTheWorldWhenTheBackendCanShrink) {
   for (ShrinkMode mode : {ShrinkMode::kPlanned, ShrinkMode::kFailure}) {
     ShrinkLog log;
     CommunicatorFactory gloo = GlooFactory(device);
-    CommunicatorFactory factory = [&](Store& store, std::string_view name, int rank, int size,
-                                      Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
+    CommunicatorFactory factory =
+        [&](Store& store, std::string_view name, int rank, int size,
+            Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
       MORPH_ASSIGN_OR_RETURN(auto inner, gloo(store, name, rank, size, deadline));
-      return std::unique_ptr<Communicator>(new ShrinkableGloo(std::move(inner), table, device, &log));
+      return std::unique_ptr<Communicator>(
+          new ShrinkableGloo(std::move(inner), table, device, &log));
     };
     RunLeaveScenario(factory, mode, /*expect_shrunk=*/true);
     // Every survivor shrank its world once, with the caller's mode and the leavers sorted;
@@ -225,22 +228,22 @@ TEST(GroupBuilderTest, RebuildBadArguments) {
   auto table = std::make_shared<KvTable>();
   MemoryStore store(table, 0);
   GroupBuilder builder(GlooFactory(nullptr));
-  MORPH_ASSERT_OK_AND_ASSIGN(auto set, builder.Build(store, ParallelConfig{}, 0, 1,
-                                                     Deadline::After(kTimeout)));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto set, builder.Build(store, ParallelConfig{}, 0, 1, Deadline::After(kTimeout)));
   const std::vector<int> none, self = {0}, out = {3};
   ParallelConfig one{};
   auto again = [&]() -> std::unique_ptr<GroupSet> {
     return *builder.Build(store, one, 0, 1, Deadline::After(kTimeout));
   };
-  EXPECT_THAT(builder.Rebuild(nullptr, self, ShrinkMode::kPlanned, store, one,
-                              Deadline::AfterMs(100)),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("without a previous group set")));
-  EXPECT_THAT(builder.Rebuild(again(), none, ShrinkMode::kPlanned, store, one,
-                              Deadline::AfterMs(100)),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("no rank leaving")));
-  EXPECT_THAT(builder.Rebuild(again(), self, ShrinkMode::kPlanned, store, one,
-                              Deadline::AfterMs(100)),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("rank 0 is leaving")));
+  EXPECT_THAT(
+      builder.Rebuild(nullptr, self, ShrinkMode::kPlanned, store, one, Deadline::AfterMs(100)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("without a previous group set")));
+  EXPECT_THAT(
+      builder.Rebuild(again(), none, ShrinkMode::kPlanned, store, one, Deadline::AfterMs(100)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("no rank leaving")));
+  EXPECT_THAT(
+      builder.Rebuild(again(), self, ShrinkMode::kPlanned, store, one, Deadline::AfterMs(100)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("rank 0 is leaving")));
   EXPECT_THAT(builder.Rebuild(std::move(set), out, ShrinkMode::kPlanned, store, one,
                               Deadline::AfterMs(100)),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("leaving rank 3 out of range")));

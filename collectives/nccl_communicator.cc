@@ -177,8 +177,7 @@ class NcclCommunicator::Impl {
   // Polls `comm` until it leaves ncclInProgress after a non-blocking call that returned `r`.
   // Takes `mu_` for each poll only, so Abort() (or a failure seen by another thread) reaches
   // it between polls. Errors are returned, not recorded: the caller decides what fails.
-  Status Settle(ncclComm_t comm, Watch watch, ncclResult_t r, const char* what,
-                Deadline deadline) {
+  Status Settle(ncclComm_t comm, Watch watch, ncclResult_t r, const char* what, Deadline deadline) {
     if (r != ncclSuccess && r != ncclInProgress) {
       std::lock_guard<std::mutex> lock(mu_);
       return NcclToStatus(r, what, __FILE__, __LINE__, comm);
@@ -308,8 +307,7 @@ class NcclCommunicator::Impl {
       case CollectiveOp::Kind::kReduceScatter:
         *what = "ncclReduceScatter";
         if (op.count == 0) return ncclSuccess;
-        return ncclReduceScatter(op.send, op.recv, op.count, dt, ToNccl(op.reduce), comm_,
-                                 stream);
+        return ncclReduceScatter(op.send, op.recv, op.count, dt, ToNccl(op.reduce), comm_, stream);
       case CollectiveOp::Kind::kBarrier:
         *what = "barrier (ncclAllReduce of one int)";
         return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream);
@@ -517,8 +515,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 // A child communicator (split or shrink) once `next` exists and its creation settled.
-static StatusOr<std::shared_ptr<NcclCommunicator::Impl>> Adopt(ncclComm_t next,
-                                                               std::string name,
+static StatusOr<std::shared_ptr<NcclCommunicator::Impl>> Adopt(ncclComm_t next, std::string name,
                                                                int64_t generation, int device) {
   int new_rank = 0, new_size = 0;
   Status q = QueryRankAndSize(next, &new_rank, &new_size);
@@ -570,8 +567,9 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(std::span<const
     std::lock_guard<std::mutex> lock(impl_->mu_);
     if (impl_->state_ == Impl::State::kReleased) {
       return FailedPreconditionError(
-          what + ": the communicator was already released (ncclCommAbort after a failure that "
-                 "outlasted the quiesce grace, or an earlier Shrink); build a new one");
+          what +
+          ": the communicator was already released (ncclCommAbort after a failure that "
+          "outlasted the quiesce grace, or an earlier Shrink); build a new one");
     }
     const bool failed = impl_->broken_.load() || impl_->abort_requested_.load();
     if (mode == ShrinkMode::kPlanned && failed) {
@@ -583,10 +581,10 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(std::span<const
     r = ncclCommShrink(impl_->comm_, list.data(), static_cast<int>(list.size()), &next, &config,
                        mode == ShrinkMode::kFailure ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
   }
-  Status s = next == nullptr ? NcclToStatus(r == ncclSuccess ? ncclInternalError : r,
-                                            "ncclCommShrink", __FILE__, __LINE__)
-                             : impl_->Settle(next, Impl::Watch::kChildOfShrink, r, "ncclCommShrink",
-                                              deadline);
+  Status s = next == nullptr
+                 ? NcclToStatus(r == ncclSuccess ? ncclInternalError : r, "ncclCommShrink",
+                                __FILE__, __LINE__)
+                 : impl_->Settle(next, Impl::Watch::kChildOfShrink, r, "ncclCommShrink", deadline);
   {
     // The parent is released with ncclCommAbort, never Destroy (FACTS.md), once the child
     // no longer needs it.
@@ -628,7 +626,8 @@ StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int k
     return s.WithContext(impl_->Describe() + ": split");
   }
   if (color < 0) return std::unique_ptr<Communicator>();
-  MORPH_ASSIGN_OR_RETURN(auto impl, Adopt(next, std::move(name), impl_->generation_, impl_->device_),
+  MORPH_ASSIGN_OR_RETURN(auto impl,
+                         Adopt(next, std::move(name), impl_->generation_, impl_->device_),
                          impl_->Describe() << ": split");
   return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(impl)));
 }

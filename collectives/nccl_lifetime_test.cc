@@ -82,8 +82,8 @@ class NcclLifetimeTest : public ::testing::Test {
     return *std::move(comm);
   }
   CollectiveOp Allreduce(cudaStream_t stream) {
-    CollectiveOp op = CollectiveOp::Allreduce(buf_, kBytes / 4, DataType::kF32, ReduceOp::kSum,
-                                              kTimeout);
+    CollectiveOp op =
+        CollectiveOp::Allreduce(buf_, kBytes / 4, DataType::kF32, ReduceOp::kSum, kTimeout);
     op.stream = stream;
     return op;
   }
@@ -248,9 +248,9 @@ TEST_F(NcclShrinkTest, PlannedShrinkThroughGroupBuilder) {
   builder.SplitFromWorld();
   const std::vector<int> leaving = {1};
   const Clock::time_point t0 = Clock::now();
-  MORPH_ASSERT_OK_AND_ASSIGN(auto next, builder.Rebuild(std::move(sets[0]), leaving,
-                                                        ShrinkMode::kPlanned, store1,
-                                                        ParallelConfig{}, Deadline::After(kTimeout)));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto next, builder.Rebuild(std::move(sets[0]), leaving, ShrinkMode::kPlanned, store1,
+                                 ParallelConfig{}, Deadline::After(kTimeout)));
   std::fprintf(stderr, "planned shrink 2 -> 1 with subgroups: %.3f s\n",
                Seconds(Clock::now() - t0));
   EXPECT_TRUE(next->shrunk());
@@ -265,9 +265,9 @@ TEST_F(NcclShrinkTest, FailureShrinkAfterATimeout) {
   std::vector<std::unique_ptr<NcclCommunicator>> comms(2);
   MORPH_ASSERT_OK(FirstError(RunRankThreads(2, [&](int rank) -> Status {
     MemoryStore store(table_, 0);
-    MORPH_ASSIGN_OR_RETURN(comms[rank], NcclCommunicator::Create(store, "world", rank, 2,
-                                                                 devices_[rank],
-                                                                 Deadline::After(kTimeout)));
+    MORPH_ASSIGN_OR_RETURN(comms[rank],
+                           NcclCommunicator::Create(store, "world", rank, 2, devices_[rank],
+                                                    Deadline::After(kTimeout)));
     return comms[rank]->Barrier(kTimeout);
   })));
   cudaSetDevice(devices_[0]);
