@@ -3,7 +3,8 @@
 // one GPU; two-rank cases need two GPUs, or NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1
 // (NCCL 2.28 refuses two ranks on one GPU: "Duplicate GPU detected").
 //
-// A stream is held back by a host function that waits for a flag (StreamGate): this makes
+// Measurements and skip reasons are printed as "gpu-note: ..." lines (tests/gpu/run.sh shows
+// them). A stream is held back by a host function that waits for a flag (StreamGate): this makes
 // "an operation that cannot finish yet" deterministic on one GPU, without timing.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -129,7 +130,7 @@ TEST_F(NcclLifetimeTest, TeardownOfAHealthyCommunicatorIsQuick) {
   const Clock::time_point t0 = Clock::now();
   comm.reset();
   const double s = Seconds(Clock::now() - t0);
-  std::fprintf(stderr, "teardown of a healthy communicator: %.3f s\n", s);
+  std::fprintf(stderr, "gpu-note: teardown of a healthy communicator: %.3f s\n", s);
   EXPECT_LT(s, 1.0);
 }
 
@@ -173,7 +174,8 @@ TEST_F(NcclLifetimeTest, AbortFromAnotherThreadReachesAnOperationInProgress) {
   EXPECT_EQ(s.collective_failure()->kind, CollectiveFailure::Kind::kAborted);
   // Wait returned only once no NCCL kernel could touch the buffer any more.
   EXPECT_TRUE(work->Done());
-  std::fprintf(stderr, "abort during a held-back allreduce: Wait returned %.3f s after Abort()\n",
+  std::fprintf(stderr,
+               "gpu-note: abort during a held-back allreduce: Wait returned %.3f s after Abort()\n",
                Seconds(returned_at - aborted_at));
   EXPECT_LT(returned_at - aborted_at, std::chrono::seconds(5));
   EXPECT_TRUE(comm->broken());
@@ -190,7 +192,7 @@ TEST_F(NcclLifetimeTest, TeardownWithAnOperationThatCannotFlushDoesNotWaitForIt)
   const Clock::time_point t0 = Clock::now();
   comm.reset();
   const double s = Seconds(Clock::now() - t0);
-  std::fprintf(stderr, "teardown with a held-back operation: %.3f s\n", s);
+  std::fprintf(stderr, "gpu-note: teardown with a held-back operation: %.3f s\n", s);
   EXPECT_LT(s, 3.5);  // before the gate's own 4 s: teardown did not wait for the stream
   EXPECT_TRUE(work->Done());
   gate.Open();
@@ -224,7 +226,10 @@ class NcclShrinkTest : public ::testing::Test {
   void SetUp() override {
     std::string why;
     if (!CudaDeviceAvailable(&why)) GTEST_SKIP() << "no GPU: " << why;
-    if (!TwoRankDevices(devices_, &why)) GTEST_SKIP() << why;
+    if (!TwoRankDevices(devices_, &why)) {
+      std::fprintf(stderr, "gpu-note: skipped: %s\n", why.c_str());
+      GTEST_SKIP() << why;
+    }
   }
   int devices_[2] = {0, 0};
   std::shared_ptr<KvTable> table_ = std::make_shared<KvTable>();
@@ -251,7 +256,7 @@ TEST_F(NcclShrinkTest, PlannedShrinkThroughGroupBuilder) {
   MORPH_ASSERT_OK_AND_ASSIGN(
       auto next, builder.Rebuild(std::move(sets[0]), leaving, ShrinkMode::kPlanned, store1,
                                  ParallelConfig{}, Deadline::After(kTimeout)));
-  std::fprintf(stderr, "planned shrink 2 -> 1 with subgroups: %.3f s\n",
+  std::fprintf(stderr, "gpu-note: planned shrink 2 -> 1 with subgroups: %.3f s\n",
                Seconds(Clock::now() - t0));
   EXPECT_TRUE(next->shrunk());
   EXPECT_EQ(next->world().size(), 1);
@@ -284,7 +289,7 @@ TEST_F(NcclShrinkTest, FailureShrinkAfterATimeout) {
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("use ShrinkMode::kFailure")));
   const Clock::time_point t0 = Clock::now();
   auto smaller = comms[0]->Shrink(dead, ShrinkMode::kFailure, 1, Deadline::After(kTimeout));
-  std::fprintf(stderr, "failure shrink 2 -> 1: %.3f s: %s\n", Seconds(Clock::now() - t0),
+  std::fprintf(stderr, "gpu-note: failure shrink 2 -> 1: %.3f s: %s\n", Seconds(Clock::now() - t0),
                smaller.status().ToString().c_str());
   MORPH_ASSERT_OK(smaller.status());
   EXPECT_EQ((*smaller)->size(), 1);

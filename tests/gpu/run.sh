@@ -7,9 +7,10 @@
 #                               test binaries and benchmark, with the bundled shared libraries
 #                               (for machines that have CUDA but none of our Debian libraries)
 #
-# Prints the NCCL version first, then one line per test (PASS/SKIP/FAIL), then the benchmark's
-# JSON lines. Exit status: 0 if no test failed. Environment: GPU_BENCH_MB (default 512) sizes
-# the benchmark; BUILD_DIR (default build-gpu) for checkout mode.
+# Prints the NCCL version first, then one line per test (PASS/SKIP/FAIL) with the "gpu-note:"
+# lines it printed (measurements, skip reasons), then the benchmark's JSON lines. Exit status:
+# 0 if no test failed. Environment: GPU_BENCH_MB (default 512) sizes the benchmark; BUILD_DIR
+# (default build-gpu) for checkout mode.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 start=$(date +%s)
@@ -70,6 +71,7 @@ run_one() {  # name, command...
   local name=$1; shift
   local out rc
   out=$(timeout 300 "$@" 2>&1); rc=$?
+  grep '^gpu-note:' <<< "$out" | sed 's/^/  /'
   if [ $rc -eq 0 ] && grep -q "SKIPPED" <<< "$out" && ! grep -q "\[  PASSED  \] [1-9]" <<< "$out"; then
     echo "SKIP $name: $(grep -m1 -iE 'no usable gpu|no GPU:|two ranks need' <<< "$out")"
   elif [ $rc -eq 0 ]; then
@@ -107,6 +109,8 @@ for t in json.load(sys.stdin)["tests"]:
     cmake --build "$build" -j "$(nproc)" >/dev/null || { echo "FAIL build"; exit 1; }
   fi
   (cd "$build" && timeout 360 ctest -L gpu --output-on-failure) || failed=1
+  # Measurements and skip reasons the tests print ("gpu-note: ...").
+  grep -h '^gpu-note:' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | sed 's/^/  /'
   bench="$build/bench/pack_gpu_bench"
 fi
 
