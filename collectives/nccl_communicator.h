@@ -77,7 +77,7 @@ class NcclCommunicator : public Communicator {
   // after Abort() or a failure, which only revoked this communicator). kFailedPrecondition if
   // this communicator was already released (ncclCommAbort). No unique id: dead ranks do not
   // block it. This communicator is released with ncclCommAbort afterwards, success or not.
-  // Owning thread.
+  // Abort() does not interrupt a shrink in progress: its deadline bounds it. Owning thread.
   StatusOr<std::unique_ptr<Communicator>> Shrink(std::span<const int> exclude, ShrinkMode mode,
                                                  int64_t generation, Deadline deadline) override;
   // Collective over this communicator: ranks with the same `color` form a new communicator,
