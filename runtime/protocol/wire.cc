@@ -1,0 +1,333 @@
+#include "runtime/protocol/wire.h"
+
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+namespace morph {
+namespace {
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U16(uint16_t v) { Le(v, 2); }
+  void U32(uint32_t v) { Le(v, 4); }
+  void U64(uint64_t v) { Le(v, 8); }
+  void I32(int32_t v) { U32(static_cast<uint32_t>(v)); }
+  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
+  void Str(const std::string& s) {
+    U32(static_cast<uint32_t>(s.size()));
+    out_.append(s);
+  }
+  void Ids(const std::vector<int64_t>& v) {
+    U32(static_cast<uint32_t>(v.size()));
+    for (int64_t x : v) I64(x);
+  }
+  std::string& out() { return out_; }
+
+ private:
+  void Le(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+  std::string out_;
+};
+
+class Reader {
+ public:
+  Reader(std::string_view in, std::string_view what) : in_(in), what_(what) {}
+
+  bool ok() const { return status_.ok(); }
+  const Status& status() const { return status_; }
+  void Fail(std::string_view field, std::string_view why) {
+    if (status_.ok()) {
+      status_ = InvalidArgumentError(std::string(what_) + "." + std::string(field) + ": " +
+                                     std::string(why));
+    }
+  }
+  uint64_t Le(int n, std::string_view field) {
+    if (!ok()) return 0;
+    if (in_.size() - pos_ < static_cast<size_t>(n)) {
+      Fail(field, "truncated");
+      return 0;
+    }
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= uint64_t{static_cast<uint8_t>(in_[pos_ + i])} << (8 * i);
+    pos_ += n;
+    return v;
+  }
+  uint8_t U8(std::string_view f) { return static_cast<uint8_t>(Le(1, f)); }
+  uint32_t U32(std::string_view f) { return static_cast<uint32_t>(Le(4, f)); }
+  uint64_t U64(std::string_view f) { return Le(8, f); }
+  int32_t I32(std::string_view f) { return static_cast<int32_t>(U32(f)); }
+  int64_t I64(std::string_view f) { return static_cast<int64_t>(U64(f)); }
+  // A count of items of `item_bytes` each: never more than the bytes left can hold.
+  uint32_t Count(std::string_view field, size_t item_bytes) {
+    uint32_t n = U32(field);
+    if (ok() && static_cast<uint64_t>(n) * item_bytes > in_.size() - pos_) {
+      Fail(field, "count " + std::to_string(n) + " exceeds the " +
+                      std::to_string(in_.size() - pos_) + " bytes left");
+      return 0;
+    }
+    return ok() ? n : 0;
+  }
+  std::string Str(std::string_view field) {
+    uint32_t n = Count(field, 1);
+    if (!ok()) return {};
+    std::string s(in_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  std::vector<int64_t> Ids(std::string_view field) {
+    uint32_t n = Count(field, 8);
+    std::vector<int64_t> v;
+    v.reserve(n);
+    for (uint32_t i = 0; i < n && ok(); ++i) v.push_back(I64(field));
+    return v;
+  }
+  void End() {
+    if (ok() && pos_ != in_.size()) {
+      Fail("end", std::to_string(in_.size() - pos_) + " trailing bytes");
+    }
+  }
+
+ private:
+  std::string_view in_;
+  std::string_view what_;
+  size_t pos_ = 0;
+  Status status_;
+};
+
+void Put(Writer& w, const ParallelConfig& c) {
+  w.I32(c.dp);
+  w.I32(c.tp);
+  w.I32(c.pp);
+  w.I32(c.zero_stage);
+  w.I32(c.micro_batches);
+  w.U32(static_cast<uint32_t>(c.stage_of_layer.size()));
+  for (int s : c.stage_of_layer) w.I32(s);
+}
+void Get(Reader& r, ParallelConfig& c) {
+  c.dp = r.I32("config.dp");
+  c.tp = r.I32("config.tp");
+  c.pp = r.I32("config.pp");
+  c.zero_stage = r.I32("config.zero_stage");
+  c.micro_batches = r.I32("config.micro_batches");
+  uint32_t n = r.Count("config.stage_of_layer", 4);
+  c.stage_of_layer.clear();
+  c.stage_of_layer.reserve(n);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) c.stage_of_layer.push_back(r.I32("config.stage"));
+  if (r.ok()) {
+    Status s = c.Validate();
+    if (!s.ok()) r.Fail("config", s.message());
+  }
+}
+
+void Put(Writer& w, const Generation& g) {
+  w.I64(g.id);
+  w.I64(g.start_step);
+  Put(w, g.config);
+  w.Ids(g.ranks);
+  w.U64(g.plan_digest);
+}
+void Get(Reader& r, Generation& g) {
+  g.id = r.I64("generation.id");
+  g.start_step = r.I64("generation.start_step");
+  Get(r, g.config);
+  g.ranks = r.Ids("generation.ranks");
+  g.plan_digest = r.U64("generation.plan_digest");
+  if (r.ok() && static_cast<int64_t>(g.ranks.size()) != g.config.world()) {
+    r.Fail("generation.ranks", std::to_string(g.ranks.size()) + " ranks for a world of " +
+                                   std::to_string(g.config.world()));
+  }
+}
+
+void Put(Writer& w, const ChangeParticipants& c) {
+  w.Ids(c.participants);
+  w.Ids(c.leavers);
+  w.Ids(c.exiting);
+  w.Ids(c.lost);
+}
+void Get(Reader& r, ChangeParticipants& c) {
+  c.participants = r.Ids("change.participants");
+  c.leavers = r.Ids("change.leavers");
+  c.exiting = r.Ids("change.exiting");
+  c.lost = r.Ids("change.lost");
+}
+
+void Put(Writer& w, const HelloMsg& m) {
+  w.Str(m.token);
+  w.Str(m.host);
+  w.I64(m.pid);
+  w.U64(m.capabilities);
+  w.I64(m.resume_id);
+}
+void Get(Reader& r, HelloMsg& m) {
+  m.token = r.Str("token");
+  m.host = r.Str("host");
+  m.pid = r.I64("pid");
+  m.capabilities = r.U64("capabilities");
+  m.resume_id = r.I64("resume_id");
+}
+void Put(Writer& w, const WelcomeMsg& m) {
+  w.I64(m.worker);
+  w.I64(m.generation);
+}
+void Get(Reader& r, WelcomeMsg& m) {
+  m.worker = r.I64("worker");
+  m.generation = r.I64("generation");
+}
+void Put(Writer& w, const HeartbeatMsg& m) { w.I64(m.step); }
+void Get(Reader& r, HeartbeatMsg& m) { m.step = r.I64("step"); }
+void Put(Writer& w, const LeaveMsg& m) { w.Str(m.reason); }
+void Get(Reader& r, LeaveMsg& m) { m.reason = r.Str("reason"); }
+void Put(Writer& w, const ErrorMsg& m) {
+  w.I32(m.code);
+  w.Str(m.message);
+}
+void Get(Reader& r, ErrorMsg& m) {
+  m.code = r.I32("code");
+  m.message = r.Str("message");
+  if (r.ok() && (m.code <= 0 || m.code > static_cast<int32_t>(StatusCode::kUnauthenticated))) {
+    r.Fail("code", "not a status code: " + std::to_string(m.code));
+  }
+}
+void Put(Writer& w, const PrepareMsg& m) {
+  Put(w, m.next);
+  w.I64(m.from_generation);
+  Put(w, m.change);
+}
+void Get(Reader& r, PrepareMsg& m) {
+  Get(r, m.next);
+  m.from_generation = r.I64("from_generation");
+  Get(r, m.change);
+}
+void Put(Writer& w, const StepReportMsg& m) {
+  w.I64(m.worker);
+  w.I64(m.generation);
+  w.I64(m.last_free_step);
+}
+void Get(Reader& r, StepReportMsg& m) {
+  m.worker = r.I64("worker");
+  m.generation = r.I64("generation");
+  m.last_free_step = r.I64("last_free_step");
+}
+void Put(Writer& w, const CommitMsg& m) {
+  Put(w, m.next);
+  w.I64(m.from_generation);
+  Put(w, m.change);
+}
+void Get(Reader& r, CommitMsg& m) {
+  Get(r, m.next);
+  m.from_generation = r.I64("from_generation");
+  Get(r, m.change);
+}
+void Put(Writer& w, const AbandonMsg& m) { w.I64(m.generation); }
+void Get(Reader& r, AbandonMsg& m) { m.generation = r.I64("generation"); }
+void Put(Writer& w, const AppliedMsg& m) {
+  w.I64(m.worker);
+  w.I64(m.generation);
+  w.U8(m.ok ? 1 : 0);
+  w.Str(m.error);
+}
+void Get(Reader& r, AppliedMsg& m) {
+  m.worker = r.I64("worker");
+  m.generation = r.I64("generation");
+  uint8_t ok = r.U8("ok");
+  if (r.ok() && ok > 1) r.Fail("ok", "not a boolean");
+  m.ok = ok == 1;
+  m.error = r.Str("error");
+}
+void Put(Writer& w, const OutcomeMsg& m) {
+  w.I64(m.generation);
+  w.U8(m.applied ? 1 : 0);
+}
+void Get(Reader& r, OutcomeMsg& m) {
+  m.generation = r.I64("generation");
+  uint8_t a = r.U8("applied");
+  if (r.ok() && a > 1) r.Fail("applied", "not a boolean");
+  m.applied = a == 1;
+}
+void Put(Writer& w, const ReleaseMsg& m) { w.I64(m.generation); }
+void Get(Reader& r, ReleaseMsg& m) { m.generation = r.I64("generation"); }
+
+template <size_t I = 0>
+StatusOr<WireMessage> DecodeAs(size_t index, std::string_view body) {
+  if constexpr (I < std::variant_size_v<WireMessage>) {
+    if (index == I) {
+      std::variant_alternative_t<I, WireMessage> m;
+      Reader r(body, WireTypeName(static_cast<uint16_t>(I + 1)));
+      Get(r, m);
+      r.End();
+      if (!r.ok()) return r.status();
+      return WireMessage(std::move(m));
+    }
+    return DecodeAs<I + 1>(index, body);
+  } else {
+    return InvalidArgumentError("frame: unknown type");
+  }
+}
+
+}  // namespace
+
+std::string_view WireTypeName(uint16_t type) {
+  static constexpr std::string_view kNames[] = {
+      "?",           "hello",  "welcome", "heartbeat", "leave",   "error",  "prepare",
+      "step_report", "commit", "abandon", "applied",   "outcome", "release"};
+  return type < std::size(kNames) ? kNames[type] : "?";
+}
+
+std::string EncodeFrame(const WireMessage& m) {
+  Writer body;
+  std::visit([&](const auto& msg) { Put(body, msg); }, m);
+  Writer w;
+  w.U32(kWireMagic);
+  w.U16(kWireVersion);
+  w.U16(static_cast<uint16_t>(m.index() + 1));
+  w.U32(static_cast<uint32_t>(body.out().size()));
+  w.out().append(body.out());
+  return std::move(w.out());
+}
+
+StatusOr<FrameHeader> DecodeHeader(std::string_view header) {
+  if (header.size() < kFrameHeaderBytes) {
+    return InvalidArgumentError("frame: header of " + std::to_string(header.size()) +
+                                " bytes, expected 12");
+  }
+  Reader r(header.substr(0, kFrameHeaderBytes), "frame");
+  uint32_t magic = r.U32("magic");
+  FrameHeader h;
+  h.version = static_cast<uint16_t>(r.Le(2, "version"));
+  h.type = static_cast<uint16_t>(r.Le(2, "type"));
+  h.length = r.U32("length");
+  if (magic != kWireMagic) return InvalidArgumentError("frame: bad magic (not a morph peer)");
+  if (h.version != kWireVersion) {
+    return FailedPreconditionError("frame: wire version " + std::to_string(h.version) +
+                                   ", this side speaks " + std::to_string(kWireVersion));
+  }
+  if (h.type == 0 || h.type > std::variant_size_v<WireMessage>) {
+    return InvalidArgumentError("frame: unknown type " + std::to_string(h.type));
+  }
+  uint32_t limit =
+      h.type == static_cast<uint16_t>(WireType::kHello) ? kMaxHelloBody : kMaxFrameBody;
+  if (h.length > limit) {
+    return InvalidArgumentError("frame: " + std::string(WireTypeName(h.type)) + " body of " +
+                                std::to_string(h.length) + " bytes exceeds " +
+                                std::to_string(limit));
+  }
+  return h;
+}
+
+StatusOr<WireMessage> DecodeBody(const FrameHeader& header, std::string_view body) {
+  if (body.size() != header.length) {
+    return InvalidArgumentError("frame: body of " + std::to_string(body.size()) +
+                                " bytes, header says " + std::to_string(header.length));
+  }
+  return DecodeAs(header.type - 1, body);
+}
+
+StatusOr<WireMessage> DecodeFrame(std::string_view frame) {
+  MORPH_ASSIGN_OR_RETURN(FrameHeader h, DecodeHeader(frame));
+  return DecodeBody(h, frame.substr(kFrameHeaderBytes));
+}
+
+}  // namespace morph

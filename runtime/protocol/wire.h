@@ -1,0 +1,113 @@
+// The control channel's wire format: how the messages of messages.h (and registration and
+// heartbeats) travel between a worker's agent and the coordinator over one TCP connection.
+//
+// A frame is a 12-byte header and a body:
+//   magic   u32  0x4850524d ("MRPH" in little-endian byte order)
+//   version u16  kWireVersion; a peer with another version is refused at Hello
+//   type    u16  WireType
+//   length  u32  body bytes, at most kMaxFrameBody (a header announcing more is refused before
+//                anything is allocated)
+// All integers little-endian; a list is a u32 count then its items; a string a u32 length then
+// bytes. Every count is checked against the bytes left in the body before anything is
+// allocated, so a frame of n bytes never makes the decoder allocate more than O(n); trailing
+// bytes are an error.
+//
+//   std::string bytes = EncodeFrame(WireMessage{CommitMsg{...}});
+//   MORPH_ASSIGN_OR_RETURN(FrameHeader h, DecodeHeader(first_12_bytes));
+//   MORPH_ASSIGN_OR_RETURN(WireMessage m, DecodeBody(h, body));
+//
+// Pure functions; any thread.
+#ifndef MORPH_RUNTIME_PROTOCOL_WIRE_H_
+#define MORPH_RUNTIME_PROTOCOL_WIRE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "base/status.h"
+#include "runtime/protocol/messages.h"
+
+namespace morph {
+
+inline constexpr uint32_t kWireMagic = 0x4850524d;
+inline constexpr uint16_t kWireVersion = 1;
+inline constexpr size_t kFrameHeaderBytes = 12;
+// Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
+inline constexpr uint32_t kMaxFrameBody = 32u << 20;
+// Largest Hello: sent before authentication, so it is kept small.
+inline constexpr uint32_t kMaxHelloBody = 4096;
+
+// Worker -> coordinator, first frame: authenticates and registers.
+struct HelloMsg {
+  std::string token;
+  std::string host;
+  int64_t pid = 0;
+  uint64_t capabilities = 0;  // bit 0: CUDA device memory
+  WorkerId resume_id = 0;     // reconnecting worker's id, 0 for a new one
+  friend bool operator==(const HelloMsg&, const HelloMsg&) = default;
+};
+// Coordinator -> worker: registered as `worker`.
+struct WelcomeMsg {
+  WorkerId worker = 0;
+  int64_t generation = 0;  // the current generation (0 before the first)
+  friend bool operator==(const WelcomeMsg&, const WelcomeMsg&) = default;
+};
+struct HeartbeatMsg {
+  int64_t step = 0;  // informational: the last step begun
+  friend bool operator==(const HeartbeatMsg&, const HeartbeatMsg&) = default;
+};
+// Worker -> coordinator: it asks to leave (SIGTERM, Leave()).
+struct LeaveMsg {
+  std::string reason;
+  friend bool operator==(const LeaveMsg&, const LeaveMsg&) = default;
+};
+// Either way: the sender closes the connection after this frame.
+struct ErrorMsg {
+  int32_t code = 0;  // a StatusCode
+  std::string message;
+  friend bool operator==(const ErrorMsg&, const ErrorMsg&) = default;
+};
+
+using WireMessage =
+    std::variant<HelloMsg, WelcomeMsg, HeartbeatMsg, LeaveMsg, ErrorMsg, PrepareMsg, StepReportMsg,
+                 CommitMsg, AbandonMsg, AppliedMsg, OutcomeMsg, ReleaseMsg>;
+// The frame type of each alternative is its index + 1 (0 is never valid).
+enum class WireType : uint16_t {
+  kHello = 1,
+  kWelcome,
+  kHeartbeat,
+  kLeave,
+  kError,
+  kPrepare,
+  kStepReport,
+  kCommit,
+  kAbandon,
+  kApplied,
+  kOutcome,
+  kRelease,
+};
+std::string_view WireTypeName(uint16_t type);
+
+struct FrameHeader {
+  uint16_t version = 0;
+  uint16_t type = 0;
+  uint32_t length = 0;
+};
+
+// The whole frame (header + body) of `m`.
+std::string EncodeFrame(const WireMessage& m);
+
+// kInvalidArgument naming what is wrong: fewer than 12 bytes, bad magic, unknown type, a body
+// longer than kMaxFrameBody (kMaxHelloBody for Hello); kFailedPrecondition for another version.
+StatusOr<FrameHeader> DecodeHeader(std::string_view header);
+// kInvalidArgument naming the message and field: a truncated body, a count larger than the
+// bytes left could hold, an invalid value (a negative count of ranks, an unknown status code),
+// trailing bytes.
+StatusOr<WireMessage> DecodeBody(const FrameHeader& header, std::string_view body);
+// Both, on a complete frame.
+StatusOr<WireMessage> DecodeFrame(std::string_view frame);
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_PROTOCOL_WIRE_H_
