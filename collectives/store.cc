@@ -59,17 +59,19 @@ KvTable::Response KvTable::TimedOutLocked(const Request& request) const {
   return Error(DeadlineExceededError(msg.str()));
 }
 
-std::optional<KvTable::Response> KvTable::TryApply(const Request& request) {
+std::optional<KvTable::Response> KvTable::TryApply(const Request& request,
+                                                   size_t* first_missing) {
   std::optional<Response> r;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    r = TryApplyLocked(request);
+    r = TryApplyLocked(request, first_missing);
   }
   if (r && request.op != Op::kGet && request.op != Op::kWait) changed_.notify_all();
   return r;
 }
 
-std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request) {
+std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request,
+                                                         size_t* first_missing) {
   if (request.generation < min_generation_) {
     return Error(AbortedError("store " + std::string(OpName(request.op)) + ": generation " +
                               std::to_string(request.generation) +
@@ -77,6 +79,13 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request)
                               std::to_string(min_generation_)));
   }
   if (request.op == Op::kAdvance) {
+    if (request.bounded_advance && request.number > min_generation_ &&
+        request.number - min_generation_ > 1) {
+      return Error(PermissionDeniedError(
+          "store advance_generation: generation " + std::to_string(request.number) +
+          " is beyond the store's current generation " + std::to_string(min_generation_) +
+          " + 1; only the store's owner may skip generations"));
+    }
     if (request.number > min_generation_) {
       min_generation_ = request.number;
       keys_.erase(keys_.begin(), keys_.lower_bound(min_generation_));
@@ -95,14 +104,20 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request)
       return Response{};
     case Op::kGet: {
       auto it = keys.find(request.keys[0]);
-      if (it == keys.end()) return std::nullopt;
+      if (it == keys.end()) {
+        if (first_missing != nullptr) *first_missing = 0;
+        return std::nullopt;
+      }
       Response r;
       r.value = it->second;
       return r;
     }
     case Op::kWait:
-      for (const std::string& k : request.keys) {
-        if (!keys.contains(k)) return std::nullopt;
+      for (size_t i = 0; i < request.keys.size(); ++i) {
+        if (!keys.contains(request.keys[i])) {
+          if (first_missing != nullptr) *first_missing = i;
+          return std::nullopt;
+        }
       }
       return Response{};
     case Op::kAdd: {
@@ -157,7 +172,7 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request)
 KvTable::Response KvTable::Apply(const Request& request, Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    std::optional<Response> r = TryApplyLocked(request);
+    std::optional<Response> r = TryApplyLocked(request, nullptr);
     if (r) {
       lock.unlock();
       if (request.op != Op::kGet && request.op != Op::kWait) changed_.notify_all();
