@@ -97,12 +97,13 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request,
                                       ": expected exactly one key, got " +
                                       std::to_string(request.keys.size())));
   }
-  auto& keys = keys_[request.generation];
-  switch (request.op) {
-    case Op::kSet:
-      keys[request.keys[0]] = request.value;
-      return Response{};
-    case Op::kGet: {
+  // Reads do not create a generation's map: a client naming many generations in Gets would
+  // otherwise leave one empty map behind for each.
+  static const std::map<std::string, std::string, std::less<>> kNoKeys;
+  if (request.op == Op::kGet || request.op == Op::kWait) {
+    auto gen = keys_.find(request.generation);
+    const auto& keys = gen == keys_.end() ? kNoKeys : gen->second;
+    if (request.op == Op::kGet) {
       auto it = keys.find(request.keys[0]);
       if (it == keys.end()) {
         if (first_missing != nullptr) *first_missing = 0;
@@ -112,14 +113,22 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request,
       r.value = it->second;
       return r;
     }
-    case Op::kWait:
-      for (size_t i = 0; i < request.keys.size(); ++i) {
-        if (!keys.contains(request.keys[i])) {
-          if (first_missing != nullptr) *first_missing = i;
-          return std::nullopt;
-        }
+    for (size_t i = 0; i < request.keys.size(); ++i) {
+      if (!keys.contains(request.keys[i])) {
+        if (first_missing != nullptr) *first_missing = i;
+        return std::nullopt;
       }
+    }
+    return Response{};
+  }
+  auto& keys = keys_[request.generation];
+  switch (request.op) {
+    case Op::kSet:
+      keys[request.keys[0]] = request.value;
       return Response{};
+    case Op::kGet:
+    case Op::kWait:
+      break;  // above
     case Op::kAdd: {
       const std::string& key = request.keys[0];
       int64_t current = 0;

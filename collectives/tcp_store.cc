@@ -784,6 +784,9 @@ KvTable::Response TcpStoreClient::Execute(KvTable::Request request, Deadline dea
     r.status = s.WithContext("store server " + address_);
     return r;  // the connection is dropped
   }
+  // The server closes the connection after a request it cannot decode or that exceeds its
+  // frame limit (both kInvalidArgument); redial next time rather than reuse it.
+  if (r.status.code() == StatusCode::kInvalidArgument) return r;
   std::lock_guard<std::mutex> lock(mu_);
   idle_.push_back(std::move(conn));
   return r;

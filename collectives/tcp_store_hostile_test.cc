@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -218,6 +219,8 @@ TEST(TcpStoreHostileTest, AuthenticatedStalledBigFrameHoldsOnlyWhatArrived) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_LT(VmRssBytes() - rss_before, int64_t{64} << 20);
+  // What arrived plus at most two read chunks (64 KiB) per connection, not 8 x 60 MiB.
+  EXPECT_LT(server->stats().buffered_bytes, int64_t{8} * (256 << 10));
   ExpectHonestClientServed(*server);
 }
 
@@ -296,7 +299,122 @@ TEST(TcpStoreHostileTest, DisconnectedWaitersAreDropped) {
   }  // all 20 close while their Gets wait
   EXPECT_TRUE(Eventually([&] { return server->connections() == 0; }))
       << server->connections() << " connections left";
+  EXPECT_EQ(server->stats().pending_waits, 0);
   ExpectHonestClientServed(*server);
+}
+
+TEST(TcpStoreHostileTest, ASetWakesOnlyItsOwnWaiters) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  constexpr int kN = 64;
+  std::vector<RawConn> waiters;
+  for (int i = 0; i < kN; ++i) {
+    waiters.emplace_back(server->port());
+    ASSERT_TRUE(waiters.back().Authenticate(kToken));
+    ASSERT_TRUE(
+        waiters.back().Send(Framed(RequestBody(2, 0, 60000, {"k/" + std::to_string(i)}))));
+  }
+  // One more waits for three keys: it is re-examined once per key, not once per set.
+  RawConn multi(server->port());
+  ASSERT_TRUE(multi.Authenticate(kToken));
+  ASSERT_TRUE(multi.Send(Framed(RequestBody(5, 0, 60000, {"k/0", "k/1", "k/2"}))));
+  ASSERT_TRUE(Eventually([&] { return server->stats().pending_waits == kN + 1; }));
+  const int64_t checks_before = server->stats().waiter_checks;
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto writer, TcpStoreClient::Connect(server->address(), kToken, 0, Deadline::AfterMs(5000)));
+  for (int i = 0; i < kN; ++i) {
+    MORPH_ASSERT_OK(writer->Set("k/" + std::to_string(i), "v", Deadline::AfterMs(2000)));
+  }
+  for (RawConn& w : waiters) {
+    std::optional<RawConn::Reply> r = w.ReadReply(5000);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->code, 0) << r->message;
+  }
+  std::optional<RawConn::Reply> r = multi.ReadReply(5000);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->code, 0) << r->message;
+  // kN single-key waiters once each, the three-key waiter three times (before the index:
+  // every set re-examined every waiter, ~kN^2 / 2).
+  EXPECT_EQ(server->stats().waiter_checks - checks_before, kN + 3);
+  EXPECT_EQ(server->stats().pending_waits, 0);
+}
+
+TEST(TcpStoreHostileTest, TheOwnerAdvancesAnyDistanceAndAbortsOlderWaiters) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  RawConn waiter(server->port());
+  ASSERT_TRUE(waiter.Authenticate(kToken));
+  ASSERT_TRUE(waiter.Send(Framed(RequestBody(2, 0, 60000, {"never"}))));
+  ASSERT_TRUE(Eventually([&] { return server->stats().pending_waits == 1; }));
+  server->AdvanceGeneration(7);
+  std::optional<RawConn::Reply> r = waiter.ReadReply(5000);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->code, static_cast<int>(StatusCode::kAborted));
+  EXPECT_THAT(r->message, HasSubstr("current generation 7"));
+  server->AdvanceGeneration(3);  // never backwards
+  EXPECT_EQ(server->table()->min_generation(), 7);
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto g7, TcpStoreClient::Connect(server->address(), kToken, 7, Deadline::AfterMs(5000)));
+  EXPECT_THAT(g7->AdvanceGeneration(9, Deadline::AfterMs(2000)),
+              StatusIs(StatusCode::kPermissionDenied, HasSubstr("current generation 7 + 1")));
+  MORPH_EXPECT_OK(g7->AdvanceGeneration(8, Deadline::AfterMs(2000)));
+}
+
+TEST(TcpStoreHostileTest, OversizedFrameAfterAuthenticationIsRefusedNamingTheLimit) {
+  TcpStoreServerOptions options;
+  options.max_frame_bytes = 1024;
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server,
+                             TcpStoreServer::Start("127.0.0.1", 0, kToken, options));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto client, TcpStoreClient::Connect(server->address(), kToken, 0, Deadline::AfterMs(5000)));
+  EXPECT_THAT(client->Set("big", std::string(4096, 'x'), Deadline::AfterMs(2000)),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("exceeds the limit of 1024")));
+  MORPH_EXPECT_OK(client->Set("small", "x", Deadline::AfterMs(2000)));
+}
+
+// The server in a child whose open-file limit is lowered below its connection cap, so that
+// accept() fails with EMFILE: the accept loop backs off instead of spinning and an honest
+// client is still served (the oldest unauthenticated connection makes room).
+TEST(TcpStoreHostileTest, OutOfDescriptorsBacksOffAndKeepsServing) {
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  ASSERT_EQ(::pipe(to_child), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+    if (!server.ok()) ::_exit(2);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = 48;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
+    uint16_t port = (*server)->port();
+    if (::write(to_parent[1], &port, sizeof(port)) != sizeof(port)) ::_exit(4);
+    char done;
+    if (::read(to_child[0], &done, 1) != 1) ::_exit(5);
+    const TcpStoreServerStats st = (*server)->stats();
+    // ~2 s of EMFILE at one accept per 20 ms back-off; a spinning loop makes 10^5 or more.
+    std::fprintf(stderr, "child: %lld accept errors, %lld refused\n",
+                 static_cast<long long>(st.accept_errors),
+                 static_cast<long long>(st.refused_connections));
+    ::_exit(st.accept_errors > 0 && st.accept_errors < 400 ? 0 : 6);
+  }
+  uint16_t port = 0;
+  ASSERT_EQ(::read(to_parent[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  {
+    std::vector<RawConn> idle;
+    for (int i = 0; i < 80; ++i) idle.emplace_back(port);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    MORPH_ASSERT_OK_AND_ASSIGN(auto client,
+                               TcpStoreClient::Connect("127.0.0.1:" + std::to_string(port), kToken,
+                                                       0, Deadline::AfterMs(10000)));
+    MORPH_EXPECT_OK(client->Set("k", "v", Deadline::AfterMs(5000)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  ASSERT_EQ(::write(to_child[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
 }
 
 TEST(TcpStoreHostileTest, WorkerCannotAdvanceBeyondTheNextGeneration) {
