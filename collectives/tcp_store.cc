@@ -396,8 +396,8 @@ Status TcpStoreServer::Impl::Listen(const std::string& host, uint16_t port) {
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return UnavailableError("store server: cannot listen on " + host + ":" +
-                            std::to_string(port) + ": " + ec.message());
+    return UnavailableError("store server: cannot listen on " + host + ":" + std::to_string(port) +
+                            ": " + ec.message());
   }
   host_ = host;
   port_ = acceptor_.local_endpoint(ec).port();
@@ -449,8 +449,7 @@ void TcpStoreServer::Impl::Accept() {
 }
 
 void TcpStoreServer::Impl::OnAccepted(tcp::socket sock) {
-  if (static_cast<int64_t>(sessions_.size()) >= max_connections_ &&
-      !DropOldestUnauthenticated()) {
+  if (static_cast<int64_t>(sessions_.size()) >= max_connections_ && !DropOldestUnauthenticated()) {
     ++refused_;
     error_code ec;
     sock.close(ec);  // at the cap and everyone authenticated: the newcomer is refused
@@ -549,8 +548,8 @@ StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     return InvalidArgumentError("store server: the job token is empty (set MORPH_TOKEN)");
   }
   if (token.size() + 4 > store_wire::kMaxHelloBytes) {
-    return InvalidArgumentError("store server: the job token has " +
-                                std::to_string(token.size()) + " bytes, more than " +
+    return InvalidArgumentError("store server: the job token has " + std::to_string(token.size()) +
+                                " bytes, more than " +
                                 std::to_string(store_wire::kMaxHelloBytes - 4));
   }
   auto impl = std::make_unique<Impl>(std::move(token), options);
@@ -737,8 +736,7 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::ConnectTo(
 }
 
 TcpStoreClient::TcpStoreClient(std::string address, std::shared_ptr<const Resolved> resolved,
-                               std::string token, int64_t generation,
-                               std::unique_ptr<Conn> conn)
+                               std::string token, int64_t generation, std::unique_ptr<Conn> conn)
     : address_(std::move(address)),
       resolved_(std::move(resolved)),
       token_(std::move(token)),
@@ -791,6 +789,5 @@ KvTable::Response TcpStoreClient::Execute(KvTable::Request request, Deadline dea
   idle_.push_back(std::move(conn));
   return r;
 }
-
 
 }  // namespace morph

@@ -107,8 +107,9 @@ class TcpStoreClient : public KvStore {
   // Connects to "host:port" (an IP address, "[v6]", or a name resolved once, here, by the
   // system resolver) and authenticates with `token`, retrying refused connections until
   // `deadline` (the server may still be starting). kInvalidArgument for a malformed address
-  // or a host name that does not exist, kUnavailable if the resolver fails, kUnauthenticated for a wrong token, kDeadlineExceeded / kUnavailable when the
-  // server cannot be reached in time. Any thread.
+  // or a host name that does not exist, kUnavailable if the resolver fails, kUnauthenticated for a
+  // wrong token, kDeadlineExceeded / kUnavailable when the server cannot be reached in time. Any
+  // thread.
   static StatusOr<std::unique_ptr<TcpStoreClient>> Connect(const std::string& address,
                                                            std::string token, int64_t generation,
                                                            Deadline deadline);

@@ -2,6 +2,7 @@
 // attack from issue 8 §1 with raw sockets and checks that the server stays bounded and keeps
 // serving an honest client.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
@@ -9,8 +10,6 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -213,8 +212,8 @@ TEST(TcpStoreHostileTest, AuthenticatedStalledBigFrameHoldsOnlyWhatArrived) {
     conns.emplace_back(server->port());
     ASSERT_TRUE(conns.back().Authenticate(kToken));
     std::string partial;
-    PutU32(partial, 60u << 20);         // announces 60 MiB ...
-    partial.append(1024, 'x');          // ... sends 1 KiB of it and stalls
+    PutU32(partial, 60u << 20);  // announces 60 MiB ...
+    partial.append(1024, 'x');   // ... sends 1 KiB of it and stalls
     ASSERT_TRUE(conns.back().Send(partial));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -292,8 +291,8 @@ TEST(TcpStoreHostileTest, DisconnectedWaitersAreDropped) {
     for (int i = 0; i < 20; ++i) {
       conns.emplace_back(server->port());
       ASSERT_TRUE(conns.back().Authenticate(kToken));
-      ASSERT_TRUE(conns.back().Send(
-          Framed(RequestBody(2, 0, 60000, {"never/" + std::to_string(i)}))));
+      ASSERT_TRUE(
+          conns.back().Send(Framed(RequestBody(2, 0, 60000, {"never/" + std::to_string(i)}))));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }  // all 20 close while their Gets wait
@@ -310,8 +309,7 @@ TEST(TcpStoreHostileTest, ASetWakesOnlyItsOwnWaiters) {
   for (int i = 0; i < kN; ++i) {
     waiters.emplace_back(server->port());
     ASSERT_TRUE(waiters.back().Authenticate(kToken));
-    ASSERT_TRUE(
-        waiters.back().Send(Framed(RequestBody(2, 0, 60000, {"k/" + std::to_string(i)}))));
+    ASSERT_TRUE(waiters.back().Send(Framed(RequestBody(2, 0, 60000, {"k/" + std::to_string(i)}))));
   }
   // One more waits for three keys: it is re-examined once per key, not once per set.
   RawConn multi(server->port());
@@ -361,13 +359,11 @@ TEST(TcpStoreHostileTest, TheOwnerAdvancesAnyDistanceAndAbortsOlderWaiters) {
 TEST(TcpStoreHostileTest, OversizedFrameAfterAuthenticationIsRefusedNamingTheLimit) {
   TcpStoreServerOptions options;
   options.max_frame_bytes = 1024;
-  MORPH_ASSERT_OK_AND_ASSIGN(auto server,
-                             TcpStoreServer::Start("127.0.0.1", 0, kToken, options));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken, options));
   MORPH_ASSERT_OK_AND_ASSIGN(
       auto client, TcpStoreClient::Connect(server->address(), kToken, 0, Deadline::AfterMs(5000)));
   EXPECT_THAT(client->Set("big", std::string(4096, 'x'), Deadline::AfterMs(2000)),
-              StatusIs(StatusCode::kInvalidArgument,
-                       HasSubstr("exceeds the limit of 1024")));
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("exceeds the limit of 1024")));
   MORPH_EXPECT_OK(client->Set("small", "x", Deadline::AfterMs(2000)));
 }
 
@@ -404,9 +400,9 @@ TEST(TcpStoreHostileTest, OutOfDescriptorsBacksOffAndKeepsServing) {
     std::vector<RawConn> idle;
     for (int i = 0; i < 80; ++i) idle.emplace_back(port);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    MORPH_ASSERT_OK_AND_ASSIGN(auto client,
-                               TcpStoreClient::Connect("127.0.0.1:" + std::to_string(port), kToken,
-                                                       0, Deadline::AfterMs(10000)));
+    MORPH_ASSERT_OK_AND_ASSIGN(
+        auto client, TcpStoreClient::Connect("127.0.0.1:" + std::to_string(port), kToken, 0,
+                                             Deadline::AfterMs(10000)));
     MORPH_EXPECT_OK(client->Set("k", "v", Deadline::AfterMs(5000)));
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
@@ -442,9 +438,9 @@ TEST(TcpStoreHostileTest, HostNamesResolve) {
       auto b, TcpStoreClient::Connect(std::string(host) + ":" + std::to_string(server2->port()),
                                       kToken, 0, Deadline::AfterMs(5000)));
   MORPH_EXPECT_OK(b->Set("k", "v", Deadline::AfterMs(2000)));
-  EXPECT_THAT(TcpStoreClient::Connect("no-such-host.invalid:80", kToken, 0,
-                                      Deadline::AfterMs(2000)),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
+  EXPECT_THAT(
+      TcpStoreClient::Connect("no-such-host.invalid:80", kToken, 0, Deadline::AfterMs(2000)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
 }
 
 }  // namespace
