@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netdb.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -431,16 +432,23 @@ TEST(TcpStoreHostileTest, HostNamesResolve) {
   MORPH_ASSERT_OK_AND_ASSIGN(
       auto a, TcpStoreClient::Connect("localhost:" + port, kToken, 0, Deadline::AfterMs(5000)));
   MORPH_ASSERT_OK(a->Set("k", "v", Deadline::AfterMs(2000)));
+  EXPECT_THAT(
+      TcpStoreClient::Connect("no-such-host.invalid:80", kToken, 0, Deadline::AfterMs(2000)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
+  // The machine's own name, where it resolves (it does in /etc/hosts of most machines and
+  // containers; a bare CI runner may lack it).
   char host[256] = {};
   ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host, nullptr, nullptr, &found) != 0) {
+    GTEST_SKIP() << "this machine's host name '" << host << "' does not resolve";
+  }
+  ::freeaddrinfo(found);
   MORPH_ASSERT_OK_AND_ASSIGN(auto server2, TcpStoreServer::Start(host, 0, kToken));
   MORPH_ASSERT_OK_AND_ASSIGN(
       auto b, TcpStoreClient::Connect(std::string(host) + ":" + std::to_string(server2->port()),
                                       kToken, 0, Deadline::AfterMs(5000)));
   MORPH_EXPECT_OK(b->Set("k", "v", Deadline::AfterMs(2000)));
-  EXPECT_THAT(
-      TcpStoreClient::Connect("no-such-host.invalid:80", kToken, 0, Deadline::AfterMs(2000)),
-      StatusIs(StatusCode::kInvalidArgument, HasSubstr("'no-such-host.invalid'")));
 }
 
 }  // namespace
