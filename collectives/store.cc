@@ -59,8 +59,7 @@ KvTable::Response KvTable::TimedOutLocked(const Request& request) const {
   return Error(DeadlineExceededError(msg.str()));
 }
 
-std::optional<KvTable::Response> KvTable::TryApply(const Request& request,
-                                                   size_t* first_missing) {
+std::optional<KvTable::Response> KvTable::TryApply(const Request& request, size_t* first_missing) {
   std::optional<Response> r;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -113,7 +112,7 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request,
       r.value = it->second;
       return r;
     }
-    for (size_t i = 0; i < request.keys.size(); ++i) {
+    for (size_t i = first_missing != nullptr ? *first_missing : 0; i < request.keys.size(); ++i) {
       if (!keys.contains(request.keys[i])) {
         if (first_missing != nullptr) *first_missing = i;
         return std::nullopt;
@@ -215,7 +214,7 @@ KvTable::Response MemoryStore::Execute(KvTable::Request request, Deadline deadli
 
 Status KvStore::Set(std::string_view key, std::string_view value, Deadline deadline) {
   return Execute({.op = KvTable::Op::kSet, .keys = {std::string(key)}, .value = std::string(value)},
-             deadline)
+                 deadline)
       .status;
 }
 
@@ -233,13 +232,13 @@ StatusOr<int64_t> KvStore::Add(std::string_view key, int64_t delta, Deadline dea
 }
 
 StatusOr<std::string> KvStore::CompareAndSet(std::string_view key,
-                                                 const std::optional<std::string>& expected,
-                                                 std::string_view desired, Deadline deadline) {
+                                             const std::optional<std::string>& expected,
+                                             std::string_view desired, Deadline deadline) {
   KvTable::Response r = Execute({.op = KvTable::Op::kCas,
-                             .keys = {std::string(key)},
-                             .value = std::string(desired),
-                             .expected = expected},
-                            deadline);
+                                 .keys = {std::string(key)},
+                                 .value = std::string(desired),
+                                 .expected = expected},
+                                deadline);
   if (!r.status.ok()) return r.status;
   return std::move(r.value);
 }

@@ -100,7 +100,10 @@ class KvTable {
   };
 
   // Applies `request` now. nullopt when it must wait (kGet/kWait of a missing key); then
-  // `*first_missing` (if given) is the index in request.keys of the first key not set.
+  // `*first_missing` (if given) is the index in request.keys of the first key not set. On
+  // input `*first_missing` says where a kWait resumes: the keys before it were found set by
+  // an earlier call (keys are never removed within a generation), so re-examining a waiting
+  // request costs only the keys it has not seen yet.
   std::optional<Response> TryApply(const Request& request, size_t* first_missing = nullptr);
 
   // Applies `request`, blocking while it must wait, up to `deadline` (kDeadlineExceeded).

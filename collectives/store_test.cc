@@ -214,6 +214,27 @@ TEST_P(StoreTest, BarrierReleasesAllAtOnce) {
 INSTANTIATE_TEST_SUITE_P(MemoryAndTcp, StoreTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Tcp" : "Memory"; });
 
+TEST(KvTableTest, AWaitResumesAtItsFirstMissingKey) {
+  KvTable t;
+  auto set = [&](const char* k) {
+    ASSERT_TRUE(t.TryApply({.op = KvTable::Op::kSet, .keys = {k}}).has_value());
+  };
+  const KvTable::Request wait{.op = KvTable::Op::kWait, .keys = {"a", "b", "c"}};
+  set("a");
+  size_t at = 0;
+  EXPECT_FALSE(t.TryApply(wait, &at).has_value());
+  EXPECT_EQ(at, 1u);
+  set("c");
+  EXPECT_FALSE(t.TryApply(wait, &at).has_value());
+  EXPECT_EQ(at, 1u);  // still waiting for "b"
+  set("b");
+  EXPECT_TRUE(t.TryApply(wait, &at).has_value());
+  // Reads create no per-generation state.
+  EXPECT_FALSE(t.TryApply({.op = KvTable::Op::kGet, .generation = 99, .keys = {"x"}}, &at));
+  EXPECT_EQ(at, 0u);
+  EXPECT_EQ(t.size(), 3u);
+}
+
 TEST(TcpStoreTest, WrongTokenIsRefusedAndDisconnected) {
   MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
   EXPECT_THAT(TcpStoreClient::Connect(server->address(), "wrong", 0, Deadline::AfterMs(2000)),

@@ -290,6 +290,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   // Parks the request: answered by RetryPending or when `timeout_ms` passes.
   void Park(KvTable::Request request, size_t first_missing, int64_t timeout_ms) {
     pending_ = std::move(request);
+    wait_index_ = first_missing;
     ++server_->pending_waits_;
     server_->Register(this, pending_->generation, pending_->keys[first_missing]);
     uint64_t seq = ++timer_seq_;
@@ -306,10 +307,9 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   void RetryPending() {
     if (!pending_ || closed_) return;
     ++server_->waiter_checks_;
-    size_t missing = 0;
-    std::optional<KvTable::Response> r = server_->table_->TryApply(*pending_, &missing);
+    std::optional<KvTable::Response> r = server_->table_->TryApply(*pending_, &wait_index_);
     if (!r) {
-      server_->Register(this, pending_->generation, pending_->keys[missing]);
+      server_->Register(this, pending_->generation, pending_->keys[wait_index_]);
       return;
     }
     DropPending();
@@ -383,6 +383,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   bool busy_ = false;     // a request is being answered (waiting or written)
   std::list<Session*>::iterator unauth_it_;
   std::optional<KvTable::Request> pending_;
+  size_t wait_index_ = 0;  // pending_->keys before it are set
 };
 
 Status TcpStoreServer::Impl::Listen(const std::string& host, uint16_t port) {
