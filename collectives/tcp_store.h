@@ -70,7 +70,8 @@ class TcpStoreServer {
   // Listens on host:port (host: an IP address or a name that resolves; port 0: an ephemeral
   // port) and serves from a thread of its own. kInvalidArgument for a host that does not
   // resolve or an empty token, kUnavailable if it cannot bind. Any thread. The first form
-  // reads its options from the environment (TcpStoreServerOptions::FromEnv).
+  // reads its options from the environment (TcpStoreServerOptions::FromEnv; kInvalidArgument
+  // naming a bad MORPH_STORE_* value). A token longer than 4,092 bytes is kInvalidArgument.
   static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, uint16_t port,
                                                          std::string token);
   static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, uint16_t port,
