@@ -47,3 +47,16 @@ bench-collectives: build
 	$(BUILD_DIR)/bench/collectives_build_bench
 	$(MPIRUN) -np 2 $(BUILD_DIR)/bench/collectives_mpi_bench
 	$(MPIRUN) -np 4 $(BUILD_DIR)/bench/collectives_mpi_bench
+
+# libFuzzer (clang-14) on the store's wire format; ctest runs it 60 s (label fuzz).
+FUZZ_SECONDS ?= 600
+.PHONY: fuzz
+fuzz: deps
+	bash scripts/fuzz.sh $(FUZZ_SECONDS) $(BUILD_DIR)
+
+# Store soak: 1,024 rendezvous clients + 4,096 idle connections, with and without 50 hostile
+# clients. JSON lines.
+.PHONY: bench-store
+bench-store: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target store_soak_bench
+	$(BUILD_DIR)/bench/store_soak_bench

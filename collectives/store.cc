@@ -59,17 +59,18 @@ KvTable::Response KvTable::TimedOutLocked(const Request& request) const {
   return Error(DeadlineExceededError(msg.str()));
 }
 
-std::optional<KvTable::Response> KvTable::TryApply(const Request& request) {
+std::optional<KvTable::Response> KvTable::TryApply(const Request& request, size_t* first_missing) {
   std::optional<Response> r;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    r = TryApplyLocked(request);
+    r = TryApplyLocked(request, first_missing);
   }
   if (r && request.op != Op::kGet && request.op != Op::kWait) changed_.notify_all();
   return r;
 }
 
-std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request) {
+std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request,
+                                                         size_t* first_missing) {
   if (request.generation < min_generation_) {
     return Error(AbortedError("store " + std::string(OpName(request.op)) + ": generation " +
                               std::to_string(request.generation) +
@@ -77,6 +78,13 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request)
                               std::to_string(min_generation_)));
   }
   if (request.op == Op::kAdvance) {
+    if (request.bounded_advance && request.number > min_generation_ &&
+        request.number - min_generation_ > 1) {
+      return Error(PermissionDeniedError(
+          "store advance_generation: generation " + std::to_string(request.number) +
+          " is beyond the store's current generation " + std::to_string(min_generation_) +
+          " + 1; only the store's owner may skip generations"));
+    }
     if (request.number > min_generation_) {
       min_generation_ = request.number;
       keys_.erase(keys_.begin(), keys_.lower_bound(min_generation_));
@@ -88,23 +96,38 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request)
                                       ": expected exactly one key, got " +
                                       std::to_string(request.keys.size())));
   }
+  // Reads do not create a generation's map: a client naming many generations in Gets would
+  // otherwise leave one empty map behind for each.
+  static const std::map<std::string, std::string, std::less<>> kNoKeys;
+  if (request.op == Op::kGet || request.op == Op::kWait) {
+    auto gen = keys_.find(request.generation);
+    const auto& keys = gen == keys_.end() ? kNoKeys : gen->second;
+    if (request.op == Op::kGet) {
+      auto it = keys.find(request.keys[0]);
+      if (it == keys.end()) {
+        if (first_missing != nullptr) *first_missing = 0;
+        return std::nullopt;
+      }
+      Response r;
+      r.value = it->second;
+      return r;
+    }
+    for (size_t i = first_missing != nullptr ? *first_missing : 0; i < request.keys.size(); ++i) {
+      if (!keys.contains(request.keys[i])) {
+        if (first_missing != nullptr) *first_missing = i;
+        return std::nullopt;
+      }
+    }
+    return Response{};
+  }
   auto& keys = keys_[request.generation];
   switch (request.op) {
     case Op::kSet:
       keys[request.keys[0]] = request.value;
       return Response{};
-    case Op::kGet: {
-      auto it = keys.find(request.keys[0]);
-      if (it == keys.end()) return std::nullopt;
-      Response r;
-      r.value = it->second;
-      return r;
-    }
+    case Op::kGet:
     case Op::kWait:
-      for (const std::string& k : request.keys) {
-        if (!keys.contains(k)) return std::nullopt;
-      }
-      return Response{};
+      break;  // above
     case Op::kAdd: {
       const std::string& key = request.keys[0];
       int64_t current = 0;
@@ -157,7 +180,7 @@ std::optional<KvTable::Response> KvTable::TryApplyLocked(const Request& request)
 KvTable::Response KvTable::Apply(const Request& request, Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    std::optional<Response> r = TryApplyLocked(request);
+    std::optional<Response> r = TryApplyLocked(request, nullptr);
     if (r) {
       lock.unlock();
       if (request.op != Op::kGet && request.op != Op::kWait) changed_.notify_all();
@@ -191,7 +214,7 @@ KvTable::Response MemoryStore::Execute(KvTable::Request request, Deadline deadli
 
 Status KvStore::Set(std::string_view key, std::string_view value, Deadline deadline) {
   return Execute({.op = KvTable::Op::kSet, .keys = {std::string(key)}, .value = std::string(value)},
-             deadline)
+                 deadline)
       .status;
 }
 
@@ -209,13 +232,13 @@ StatusOr<int64_t> KvStore::Add(std::string_view key, int64_t delta, Deadline dea
 }
 
 StatusOr<std::string> KvStore::CompareAndSet(std::string_view key,
-                                                 const std::optional<std::string>& expected,
-                                                 std::string_view desired, Deadline deadline) {
+                                             const std::optional<std::string>& expected,
+                                             std::string_view desired, Deadline deadline) {
   KvTable::Response r = Execute({.op = KvTable::Op::kCas,
-                             .keys = {std::string(key)},
-                             .value = std::string(desired),
-                             .expected = expected},
-                            deadline);
+                                 .keys = {std::string(key)},
+                                 .value = std::string(desired),
+                                 .expected = expected},
+                                deadline);
   if (!r.status.ok()) return r.status;
   return std::move(r.value);
 }

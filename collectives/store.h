@@ -67,7 +67,9 @@ class Store {
 
   // Makes `generation` the oldest one the store serves and drops the keys of older ones.
   // Never moves backwards (an older value is ignored). kAborted if this object's own
-  // generation is already too old.
+  // generation is already too old. Over TCP a client may advance only to the store's current
+  // generation + 1 (kPermissionDenied naming both beyond that); the server's owner advances
+  // further with TcpStoreServer::AdvanceGeneration.
   virtual Status AdvanceGeneration(int64_t generation, Deadline deadline) = 0;
 };
 
@@ -87,6 +89,9 @@ class KvTable {
     std::string value;                    // kSet value, kCas desired
     std::optional<std::string> expected;  // kCas
     int64_t number = 0;                   // kAdd delta, kAdvance generation
+    // kAdvance: refuse (kPermissionDenied) a target beyond min_generation() + 1. Set for
+    // requests of TCP clients: only the store's owner may skip generations.
+    bool bounded_advance = false;
   };
   struct Response {
     Status status;
@@ -94,8 +99,12 @@ class KvTable {
     int64_t number = 0;  // kAdd
   };
 
-  // Applies `request` now. nullopt when it must wait (kGet/kWait of a missing key).
-  std::optional<Response> TryApply(const Request& request);
+  // Applies `request` now. nullopt when it must wait (kGet/kWait of a missing key); then
+  // `*first_missing` (if given) is the index in request.keys of the first key not set. On
+  // input `*first_missing` says where a kWait resumes: the keys before it were found set by
+  // an earlier call (keys are never removed within a generation), so re-examining a waiting
+  // request costs only the keys it has not seen yet.
+  std::optional<Response> TryApply(const Request& request, size_t* first_missing = nullptr);
 
   // Applies `request`, blocking while it must wait, up to `deadline` (kDeadlineExceeded).
   Response Apply(const Request& request, Deadline deadline);
@@ -109,7 +118,7 @@ class KvTable {
   size_t size() const;
 
  private:
-  std::optional<Response> TryApplyLocked(const Request& request);
+  std::optional<Response> TryApplyLocked(const Request& request, size_t* first_missing);
   Response TimedOutLocked(const Request& request) const;
 
   mutable std::mutex mu_;

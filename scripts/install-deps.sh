@@ -13,6 +13,7 @@ PACKAGES=(
   nlohmann-json3-dev
   openmpi-bin libopenmpi-dev
   procps
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev
 )
 
 missing=()
