@@ -149,8 +149,9 @@ class Communicator {
   // True after Abort() or after an operation failed.
   virtual bool broken() const = 0;
 
-  // Blocking forms: Start(op) then Wait(now + op.timeout).
-  Status Run(CollectiveOp op);
+  // Blocking forms: Start(op) then Wait(now + op.timeout). A backend may run the operation
+  // on the calling thread instead, with the same results and errors (Gloo does).
+  virtual Status Run(CollectiveOp op);
   Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                    std::chrono::milliseconds timeout) {
     return Run(CollectiveOp::Allreduce(buf, count, dtype, op, timeout));

@@ -1,10 +1,8 @@
 #include "collectives/gloo_communicator.h"
 
 #include <gloo/allgather.h>
-#include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
@@ -17,6 +15,7 @@
 
 #include "base/logging.h"
 #include "base/params.h"
+#include "collectives/gloo_algorithms.h"
 #include "collectives/gloo_support.h"
 
 namespace morph {
@@ -40,19 +39,6 @@ constexpr uint64_t kP2PSlotMask = (uint64_t{1} << 56) - 1;
 constexpr auto kPeerLossGrace = milliseconds(250);
 // How long Wait lets an aborted operation leave Gloo before returning anyway.
 constexpr auto kAbortDrain = milliseconds(900);
-
-template <typename T>
-gloo::AllreduceOptions::Func ReduceFn(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>);
-    case ReduceOp::kMax:
-      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::max<T>);
-    case ReduceOp::kMin:
-      return static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::min<T>);
-  }
-  return nullptr;
-}
 
 }  // namespace
 
@@ -127,7 +113,11 @@ class GlooCommunicator::Impl {
     queue_cv_.notify_all();
     if (thread_.joinable()) thread_.join();
     if (sentinel_thread_.joinable()) {
-      stopping_sentinel_.store(true);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stopping_sentinel_.store(true);
+      }
+      sentinel_cv_.notify_all();
       sentinel_->abortWaitRecv();
       sentinel_thread_.join();
     }
@@ -175,9 +165,18 @@ class GlooCommunicator::Impl {
       if (stopping_sentinel_.load()) return;
       lost = UnavailableError(Describe() + ": a peer connection closed: " + e.what());
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    peer_lost_ = lost;
-    peer_lost_at_ = std::chrono::steady_clock::now();
+    bool running;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      peer_lost_ = lost;
+      peer_lost_at_ = std::chrono::steady_clock::now();
+      // An operation on a caller's thread (RunInline) has no Wait polling for the loss: fail
+      // it from here once the grace period has passed.
+      sentinel_cv_.wait_for(lock, kPeerLossGrace, [&] { return stopping_sentinel_.load(); });
+      if (stopping_sentinel_.load()) return;
+      running = running_;
+    }
+    if (running) FailWith(lost);
   }
 
   // The sentinel's status once a peer has been gone for longer than the grace period.
@@ -250,29 +249,7 @@ class GlooCommunicator::Impl {
         queue_.pop_front();
         running_ = true;
       }
-      Status s;
-      Status broken_status;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        broken_status = error_;
-      }
-      if (!broken_status.ok()) {
-        s = broken_status;
-      } else {
-        s = Execute(task->op);
-        if (!s.ok()) {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (aborted_.load()) {
-            s = error_;  // the abort is the reason, not the error it caused inside Gloo
-          } else if (error_.ok()) {
-            error_ = s;
-            broken_.store(true);
-            // Fail the peers now rather than at their timeouts.
-            SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
-                           " failed: " + std::string(s.message()));
-          }
-        }
-      }
+      Status s = ExecuteChecked(task->op);
       {
         std::lock_guard<std::mutex> lock(mu_);
         running_ = false;
@@ -284,6 +261,49 @@ class GlooCommunicator::Impl {
       }
       task->cv.notify_all();
     }
+  }
+
+  // The blocking forms' fast path: runs `op` on the calling thread when nothing is queued or
+  // running, saving the hand-offs to the op thread and back (each costs a scheduler wake-up,
+  // milliseconds on loaded cores: docs/collectives.md). nullopt when busy: use the queue.
+  std::optional<Status> RunInline(const CollectiveOp& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ || running_ || !queue_.empty()) return std::nullopt;
+      running_ = true;
+    }
+    // A Wait would fail the operation at once for a peer lost past the grace period.
+    if (Status lost = PeerLossPastGrace(); !lost.ok()) FailWith(lost);
+    Status s;
+    {
+      ScopedSigpipeBlock no_sigpipe;  // Gloo writes to its sockets from this thread
+      s = ExecuteChecked(op);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    return s;
+  }
+
+  // Runs `op` unless the communicator is broken; after an error, breaks it and its peers.
+  Status ExecuteChecked(const CollectiveOp& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_.ok()) return error_;
+    }
+    Status s = Execute(op);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_.load()) {
+        s = error_;  // the abort is the reason, not the error it caused inside Gloo
+      } else if (error_.ok()) {
+        error_ = s;
+        broken_.store(true);
+        // Fail the peers now rather than at their timeouts.
+        SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
+                       " failed: " + std::string(s.message()));
+      }
+    }
+    return s;
   }
 
   Status Execute(const CollectiveOp& op) {
@@ -351,13 +371,18 @@ class GlooCommunicator::Impl {
         return Allgather(op.send, op.recv, op.count * esize, op.timeout, tag);
       case CollectiveOp::Kind::kReduceScatter: {
         if (op.count == 0) return Status::Ok();
-        size_t bytes = op.count * esize;
-        std::vector<uint8_t> all(static_cast<const uint8_t*>(op.send),
-                                 static_cast<const uint8_t*>(op.send) + bytes * size_);
-        MORPH_RETURN_IF_ERROR(
-            AllreduceInPlace(all.data(), op.count * size_, op.dtype, op.reduce, op.timeout, tag));
-        std::memcpy(op.recv, all.data() + bytes * rank_, bytes);
-        return Status::Ok();
+        if (size_ == 1) {
+          std::memmove(op.recv, op.send, op.count * esize);
+          return Status::Ok();
+        }
+        gloo_algorithms::Messenger m(context_.get(), tag, Deadline::After(op.timeout),
+                                     Describe() + ": reduce_scatter");
+        if (op.count * esize * size_ <= gloo_algorithms::kOneShotMaxBytes) {
+          return gloo_algorithms::ReduceScatterDirect(m, rank_, size_, op.send, op.recv, op.count,
+                                                      op.dtype, op.reduce);
+        }
+        return gloo_algorithms::ReduceScatterRing(m, rank_, size_, op.send, op.recv, op.count,
+                                                  op.dtype, op.reduce);
       }
       case CollectiveOp::Kind::kBarrier: {
         if (size_ == 1) return Status::Ok();
@@ -388,73 +413,17 @@ class GlooCommunicator::Impl {
     return Status::Ok();
   }
 
+  // Our own algorithms (gloo_algorithms.h) for every type: a fixed, documented reduction
+  // order, f32 partial sums for f16/bf16, one round for small buffers.
   Status AllreduceInPlace(void* buf, size_t count, DataType dtype, ReduceOp reduce,
                           milliseconds timeout, uint32_t tag) {
     if (count == 0 || size_ == 1) return Status::Ok();
-    if (dtype == DataType::kF16 || dtype == DataType::kBF16) {
-      return AllreduceHalf(buf, count, dtype, reduce, timeout, tag);
+    gloo_algorithms::Messenger m(context_.get(), tag, Deadline::After(timeout),
+                                 Describe() + ": allreduce");
+    if (count * DataTypeSize(dtype) <= gloo_algorithms::kOneShotMaxBytes) {
+      return gloo_algorithms::AllreduceOneShot(m, rank_, size_, buf, count, dtype, reduce);
     }
-    gloo::AllreduceOptions opts(context_);
-    switch (dtype) {
-      case DataType::kF32:
-        opts.setOutput(static_cast<float*>(buf), count);
-        opts.setReduceFunction(ReduceFn<float>(reduce));
-        break;
-      case DataType::kF64:
-        opts.setOutput(static_cast<double*>(buf), count);
-        opts.setReduceFunction(ReduceFn<double>(reduce));
-        break;
-      case DataType::kI32:
-        opts.setOutput(static_cast<int32_t*>(buf), count);
-        opts.setReduceFunction(ReduceFn<int32_t>(reduce));
-        break;
-      case DataType::kI64:
-        opts.setOutput(static_cast<int64_t*>(buf), count);
-        opts.setReduceFunction(ReduceFn<int64_t>(reduce));
-        break;
-      case DataType::kU8:
-        opts.setOutput(static_cast<uint8_t*>(buf), count);
-        opts.setReduceFunction(ReduceFn<uint8_t>(reduce));
-        break;
-      default:
-        return InternalError("unreachable dtype");
-    }
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::allreduce(opts);
-    return Status::Ok();
-  }
-
-  // f16/bf16: gather every rank's values, reduce in f32 in rank order, round once. Every rank
-  // computes the same bits, and the result is the correctly rounded f32 reduction.
-  Status AllreduceHalf(void* buf, size_t count, DataType dtype, ReduceOp reduce,
-                       milliseconds timeout, uint32_t tag) {
-    std::vector<uint16_t> all(count * size_);
-    MORPH_RETURN_IF_ERROR(Allgather(buf, all.data(), count * 2, timeout, tag));
-    auto to_f = dtype == DataType::kF16 ? &HalfToFloat : &BFloat16ToFloat;
-    auto from_f = dtype == DataType::kF16 ? &FloatToHalf : &FloatToBFloat16;
-    std::vector<float> acc(count);
-    for (size_t i = 0; i < count; ++i) acc[i] = to_f(all[i]);
-    for (int r = 1; r < size_; ++r) {
-      const uint16_t* piece = all.data() + count * r;
-      for (size_t i = 0; i < count; ++i) {
-        float v = to_f(piece[i]);
-        switch (reduce) {
-          case ReduceOp::kSum:
-            acc[i] += v;
-            break;
-          case ReduceOp::kMax:
-            acc[i] = std::max(acc[i], v);
-            break;
-          case ReduceOp::kMin:
-            acc[i] = std::min(acc[i], v);
-            break;
-        }
-      }
-    }
-    uint16_t* out = static_cast<uint16_t*>(buf);
-    for (size_t i = 0; i < count; ++i) out[i] = from_f(acc[i]);
-    return Status::Ok();
+    return gloo_algorithms::AllreduceRing(m, rank_, size_, buf, count, dtype, reduce);
   }
 
   // Posts one unbound buffer per message (receives first) and waits for all of them.
@@ -570,6 +539,7 @@ class GlooCommunicator::Impl {
   std::unique_ptr<gloo::transport::UnboundBuffer> sentinel_;
   std::vector<char> sentinel_bytes_;
   std::thread sentinel_thread_;
+  std::condition_variable sentinel_cv_;  // with mu_: wakes the sentinel's grace wait
   std::atomic<bool> stopping_sentinel_{false};
   Status peer_lost_;  // under mu_
   std::chrono::steady_clock::time_point peer_lost_at_;
@@ -702,6 +672,12 @@ Capabilities GlooCommunicator::capabilities() const {
                     DataType::kI32, DataType::kI64, DataType::kU8};
   c.reduce_ops = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
   return c;
+}
+
+Status GlooCommunicator::Run(CollectiveOp op) {
+  MORPH_RETURN_IF_ERROR(ValidateOp(op, capabilities())) << impl_->Describe();
+  if (std::optional<Status> s = impl_->RunInline(op)) return *s;
+  return Communicator::Run(std::move(op));
 }
 
 StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(CollectiveOp op) {

@@ -1,0 +1,221 @@
+#include "collectives/gloo_algorithms.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace morph::gloo_algorithms {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Above the slots of Gloo's collectives and of the communicator's point-to-point messages
+// (0xAB..0xAD << 56): prefix, 31-bit collective tag, 16-bit step.
+constexpr uint64_t kSlotBase = uint64_t{0xAE} << 56;
+
+bool IsHalf(DataType t) { return t == DataType::kF16 || t == DataType::kBF16; }
+// Partial results of f16/bf16 are f32.
+size_t AccSize(DataType t) { return IsHalf(t) ? sizeof(float) : DataTypeSize(t); }
+
+// dst (accumulation type) = src (`t`).
+void ToAcc(void* dst, const void* src, size_t n, DataType t) {
+  if (!IsHalf(t)) {
+    if (n != 0) std::memcpy(dst, src, n * DataTypeSize(t));
+    return;
+  }
+  auto to_f = t == DataType::kF16 ? &HalfToFloat : &BFloat16ToFloat;
+  float* d = static_cast<float*>(dst);
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = to_f(s[i]);
+}
+
+// dst (`t`) = src (accumulation type), rounding f32 to nearest even for f16/bf16.
+void FromAcc(void* dst, const void* src, size_t n, DataType t) {
+  if (!IsHalf(t)) {
+    if (n != 0) std::memmove(dst, src, n * DataTypeSize(t));
+    return;
+  }
+  auto from_f = t == DataType::kF16 ? &FloatToHalf : &FloatToBFloat16;
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const float* s = static_cast<const float*>(src);
+  for (size_t i = 0; i < n; ++i) d[i] = from_f(s[i]);
+}
+
+// acc[i] = op(acc[i], x[i]): acc in the accumulation type, x in `t`.
+void Accumulate(void* acc, const void* x, size_t n, DataType t, ReduceOp op,
+                std::vector<float>& scratch) {
+  if (!IsHalf(t)) {
+    ReduceInto(acc, x, n, t, op);
+    return;
+  }
+  scratch.resize(n);
+  ToAcc(scratch.data(), x, n, t);
+  ReduceInto(acc, scratch.data(), n, DataType::kF32, op);
+}
+
+// partial = op(partial, own) for a partial result received from a peer: the partial always
+// comes first (with NaN operands, max/min depend on the argument order).
+void CombinePartial(void* partial, const void* own, size_t n, DataType t, ReduceOp op,
+                    std::vector<float>& scratch) {
+  Accumulate(partial, own, n, t, op, scratch);
+}
+
+int Mod(int k, int n) { return ((k % n) + n) % n; }
+
+// Element offsets of the `size` chunks of `count` elements: chunk c = [off[c], off[c+1]).
+std::vector<size_t> ChunkOffsets(size_t count, int size) {
+  std::vector<size_t> off(size + 1);
+  for (int c = 0; c <= size; ++c) off[c] = count * c / size;
+  return off;
+}
+
+// Ring reduce-scatter over chunks [off[c], off[c+1]) of `in` (elements of `t`); chunk `rank`,
+// reduced, goes to `out` in `t`. Uses steps 0 .. size - 2.
+Status RingReduceScatter(Messenger& m, int rank, int size, const uint8_t* in,
+                         const std::vector<size_t>& off, uint8_t* out, DataType t, ReduceOp op) {
+  const size_t es = DataTypeSize(t), as = AccSize(t);
+  const int right = Mod(rank + 1, size), left = Mod(rank - 1, size);
+  auto len = [&](int c) { return off[c + 1] - off[c]; };
+  size_t max_chunk = 0;
+  for (int c = 0; c < size; ++c) max_chunk = std::max(max_chunk, len(c));
+  // Receive into one buffer while sending the other; they swap after every step.
+  std::vector<uint8_t> a(max_chunk * as), b(max_chunk * as);
+  std::vector<float> scratch;
+  // Step 0 sends this rank's own values of chunk rank - 1 (as f32 for f16/bf16).
+  const int first = Mod(rank - 1, size);
+  const uint8_t* send = in + off[first] * es;
+  if (IsHalf(t)) {
+    ToAcc(b.data(), send, len(first), t);
+    send = b.data();
+  }
+  size_t send_bytes = len(first) * as;
+  uint8_t* recv = a.data();
+  for (int s = 0; s < size - 1; ++s) {
+    const int c = Mod(rank - s - 2, size);  // the chunk arriving at this step
+    m.Recv(left, s, recv, len(c) * as);
+    m.Send(right, s, send, send_bytes);
+    MORPH_RETURN_IF_ERROR(m.WaitAll());
+    CombinePartial(recv, in + off[c] * es, len(c), t, op, scratch);
+    send = recv;
+    send_bytes = len(c) * as;
+    recv = recv == a.data() ? b.data() : a.data();
+  }
+  // After size - 1 steps the last chunk combined is `rank` itself.
+  FromAcc(out, send, len(rank), t);
+  return Status::Ok();
+}
+
+// Ring allgather of byte ranges [off[c] * es, off[c+1] * es) of `buf`; this rank's chunk is
+// in place. Uses steps step0 .. step0 + size - 2.
+Status RingAllgather(Messenger& m, int rank, int size, uint8_t* buf,
+                     const std::vector<size_t>& off, size_t es, uint32_t step0) {
+  const int right = Mod(rank + 1, size), left = Mod(rank - 1, size);
+  for (int s = 0; s < size - 1; ++s) {
+    const int out = Mod(rank - s, size), in = Mod(rank - s - 1, size);
+    m.Recv(left, step0 + s, buf + off[in] * es, (off[in + 1] - off[in]) * es);
+    m.Send(right, step0 + s, buf + off[out] * es, (off[out + 1] - off[out]) * es);
+    MORPH_RETURN_IF_ERROR(m.WaitAll());
+  }
+  return Status::Ok();
+}
+
+// `pieces[p]` = rank p's contribution (count elements of `t`); out = their reduction in rank
+// order, in `t`.
+void ReduceInRankOrder(const std::vector<const uint8_t*>& pieces, size_t count, DataType t,
+                       ReduceOp op, void* out) {
+  std::vector<uint8_t> acc(count * AccSize(t));
+  std::vector<float> scratch;
+  ToAcc(acc.data(), pieces[0], count, t);
+  for (size_t p = 1; p < pieces.size(); ++p) {
+    Accumulate(acc.data(), pieces[p], count, t, op, scratch);
+  }
+  FromAcc(out, acc.data(), count, t);
+}
+
+}  // namespace
+
+uint64_t Messenger::Slot(uint32_t step) const {
+  return kSlotBase | (uint64_t{tag_ & 0x7fffffffu} << 16) | (step & 0xffffu);
+}
+
+void Messenger::Recv(int peer, uint32_t step, void* data, size_t bytes) {
+  if (bytes == 0) return;
+  auto buf = ctx_->createUnboundBuffer(data, bytes);
+  buf->recv(peer, Slot(step));
+  posted_.push_back({std::move(buf), false, peer});
+}
+
+void Messenger::Send(int peer, uint32_t step, const void* data, size_t bytes) {
+  if (bytes == 0) return;
+  auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), bytes);
+  buf->send(peer, Slot(step));
+  posted_.push_back({std::move(buf), true, peer});
+}
+
+Status Messenger::WaitAll() {
+  for (Posted& p : posted_) {
+    milliseconds left =
+        std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline_.Remaining()));
+    bool ok = p.send ? p.buf->waitSend(left) : p.buf->waitRecv(left);
+    if (!ok) {
+      return AbortedError(what_ + ": " + (p.send ? "send to" : "receive from") + " peer " +
+                          std::to_string(p.peer) + " aborted");
+    }
+  }
+  posted_.clear();
+  return Status::Ok();
+}
+
+Status AllreduceOneShot(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
+                        ReduceOp op) {
+  const size_t bytes = count * DataTypeSize(dtype);
+  std::vector<uint8_t> all(bytes * size);
+  std::vector<const uint8_t*> pieces(size);
+  for (int p = 0; p < size; ++p) {
+    pieces[p] = p == rank ? static_cast<const uint8_t*>(buf) : all.data() + bytes * p;
+    if (p != rank) m.Recv(p, 0, all.data() + bytes * p, bytes);
+  }
+  for (int k = 1; k < size; ++k) m.Send(Mod(rank + k, size), 0, buf, bytes);
+  MORPH_RETURN_IF_ERROR(m.WaitAll());
+  ReduceInRankOrder(pieces, count, dtype, op, buf);  // reads buf before it writes it
+  return Status::Ok();
+}
+
+Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
+                     ReduceOp op) {
+  const std::vector<size_t> off = ChunkOffsets(count, size);
+  const size_t es = DataTypeSize(dtype);
+  uint8_t* b = static_cast<uint8_t*>(buf);
+  // The reduced chunk `rank` is written over this rank's input chunk only after the last
+  // step has read it.
+  MORPH_RETURN_IF_ERROR(RingReduceScatter(m, rank, size, b, off, b + off[rank] * es, dtype, op));
+  return RingAllgather(m, rank, size, b, off, es, static_cast<uint32_t>(size - 1));
+}
+
+Status ReduceScatterDirect(Messenger& m, int rank, int size, const void* in, void* out,
+                           size_t count, DataType dtype, ReduceOp op) {
+  const size_t bytes = count * DataTypeSize(dtype);
+  const uint8_t* src = static_cast<const uint8_t*>(in);
+  std::vector<uint8_t> all(bytes * size);
+  std::vector<const uint8_t*> pieces(size);
+  for (int p = 0; p < size; ++p) {
+    pieces[p] = p == rank ? src + bytes * rank : all.data() + bytes * p;
+    if (p != rank) m.Recv(p, 0, all.data() + bytes * p, bytes);
+  }
+  for (int k = 1; k < size; ++k) {
+    const int p = Mod(rank + k, size);
+    m.Send(p, 0, src + bytes * p, bytes);
+  }
+  MORPH_RETURN_IF_ERROR(m.WaitAll());
+  ReduceInRankOrder(pieces, count, dtype, op, out);
+  return Status::Ok();
+}
+
+Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out,
+                         size_t count, DataType dtype, ReduceOp op) {
+  std::vector<size_t> off(size + 1);
+  for (int c = 0; c <= size; ++c) off[c] = count * c;
+  return RingReduceScatter(m, rank, size, static_cast<const uint8_t*>(in), off,
+                           static_cast<uint8_t*>(out), dtype, op);
+}
+
+}  // namespace morph::gloo_algorithms

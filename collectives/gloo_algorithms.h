@@ -1,0 +1,87 @@
+// The reductions the Gloo backend runs itself over Gloo's point-to-point messages (unbound
+// buffers), instead of Gloo's collectives: they fix the reduction order (so results are
+// bitwise reproducible and equal on every rank), keep f16/bf16 partial sums in f32, and take
+// one round trip for small messages. Internal to collectives/ (not installed): only
+// gloo_communicator.cc includes it. docs/collectives.md ("Reduction algorithms") describes
+// the algorithms and the order each one reduces in.
+//
+// Every function is collective over the ranks of `ctx` (all call it with the same tag,
+// count, type and op), runs on the calling thread, and returns OK, kAborted when a wait was
+// aborted, or throws Gloo's exceptions (gloo::IoException on a closed connection or a
+// timeout), which the caller maps to a Status.
+#ifndef MORPH_COLLECTIVES_GLOO_ALGORITHMS_H_
+#define MORPH_COLLECTIVES_GLOO_ALGORITHMS_H_
+
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "collectives/communicator.h"
+
+namespace morph::gloo_algorithms {
+
+// Allreduce (bytes of the buffer) and reduce-scatter (bytes of the whole input) up to this
+// size take the one-round algorithms (every rank sends to every other rank at once, then
+// reduces locally in rank order); larger ones the ring.
+constexpr size_t kOneShotMaxBytes = size_t{64} << 10;
+
+// The messages of one collective: unbound-buffer sends and receives on slots derived from
+// the collective's tag and a step number, so that they never match another operation's.
+class Messenger {
+ public:
+  Messenger(gloo::Context* ctx, uint32_t tag, Deadline deadline, std::string what)
+      : ctx_(ctx), tag_(tag), deadline_(deadline), what_(std::move(what)) {}
+  // Posts a receive / a send of `bytes` (none when 0). Buffers stay valid until WaitAll.
+  void Recv(int peer, uint32_t step, void* data, size_t bytes);
+  void Send(int peer, uint32_t step, const void* data, size_t bytes);
+  // Waits for everything posted (receives first). kAborted naming the peer if a wait was
+  // aborted; Gloo's exception on an error or at the deadline.
+  Status WaitAll();
+
+ private:
+  uint64_t Slot(uint32_t step) const;
+  struct Posted {
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    bool send;
+    int peer;
+  };
+  gloo::Context* ctx_;
+  uint32_t tag_;
+  Deadline deadline_;
+  std::string what_;
+  std::vector<Posted> posted_;
+};
+
+// In place over `count` elements of `buf`. Every rank sends its buffer to every other rank,
+// then reduces the `size` contributions in rank order: ((x0 op x1) op x2) ... op x(size-1),
+// f16/bf16 in f32 with one rounding at the end. (size - 1) x bytes per rank, one round.
+Status AllreduceOneShot(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
+                        ReduceOp op);
+
+// In place over `count` elements of `buf`: a ring reduce-scatter (chunk c = elements
+// [c*count/size, (c+1)*count/size), f16/bf16 partial sums travel as f32), then a ring
+// allgather of the reduced chunks (in the buffer's type). Chunk c is reduced in ring order
+// starting after c: ((x(c+1) op x(c+2)) op ...) op x(c), indices mod size.
+Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
+                     ReduceOp op);
+
+// `in` holds size x count elements, `out` receives this rank's count: piece `rank` of the
+// reduction. Direct: every rank sends piece p to rank p, which reduces in rank order (one
+// round). Ring: size - 1 steps, piece c reduced in ring order starting after c (as above).
+// Both send (size - 1) x count elements per rank (f16/bf16: the ring sends f32 partials,
+// twice the bytes); f16/bf16 reduce in f32 and round once.
+Status ReduceScatterDirect(Messenger& m, int rank, int size, const void* in, void* out,
+                           size_t count, DataType dtype, ReduceOp op);
+Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out,
+                         size_t count, DataType dtype, ReduceOp op);
+
+}  // namespace morph::gloo_algorithms
+
+#endif  // MORPH_COLLECTIVES_GLOO_ALGORITHMS_H_
