@@ -27,11 +27,6 @@
 
 namespace morph::gloo_algorithms {
 
-// Allreduce (bytes of the buffer) and reduce-scatter (bytes of the whole input) up to this
-// size take the one-round algorithms (every rank sends to every other rank at once, then
-// reduces locally in rank order); larger ones the ring.
-constexpr size_t kOneShotMaxBytes = size_t{64} << 10;
-
 // The messages of one collective: unbound-buffer sends and receives on slots derived from
 // the collective's tag and a step number, so that they never match another operation's.
 class Messenger {

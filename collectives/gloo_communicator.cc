@@ -377,7 +377,7 @@ class GlooCommunicator::Impl {
         }
         gloo_algorithms::Messenger m(context_.get(), tag, Deadline::After(op.timeout),
                                      Describe() + ": reduce_scatter");
-        if (op.count * esize * size_ <= gloo_algorithms::kOneShotMaxBytes) {
+        if (op.count * esize * size_ <= GlooCommunicator::kOneShotMaxBytes) {
           return gloo_algorithms::ReduceScatterDirect(m, rank_, size_, op.send, op.recv, op.count,
                                                       op.dtype, op.reduce);
         }
@@ -420,7 +420,7 @@ class GlooCommunicator::Impl {
     if (count == 0 || size_ == 1) return Status::Ok();
     gloo_algorithms::Messenger m(context_.get(), tag, Deadline::After(timeout),
                                  Describe() + ": allreduce");
-    if (count * DataTypeSize(dtype) <= gloo_algorithms::kOneShotMaxBytes) {
+    if (count * DataTypeSize(dtype) <= GlooCommunicator::kOneShotMaxBytes) {
       return gloo_algorithms::AllreduceOneShot(m, rank_, size_, buf, count, dtype, reduce);
     }
     return gloo_algorithms::AllreduceRing(m, rank_, size_, buf, count, dtype, reduce);
