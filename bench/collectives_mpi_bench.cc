@@ -65,8 +65,8 @@ Status Run() {
                                                              nullptr, Deadline::AfterMs(30000)));
   const int rank = boot.rank, world = boot.size;
   // Small messages (the runtime's per-step votes, loss reductions) and large ones (gradients).
-  for (size_t bytes : {size_t{8}, size_t{4} << 10, size_t{64} << 10, size_t{4} << 20,
-                       size_t{64} << 20}) {
+  for (size_t bytes :
+       {size_t{8}, size_t{4} << 10, size_t{64} << 10, size_t{4} << 20, size_t{64} << 20}) {
     const size_t n = bytes / sizeof(float);
     const int reps = bytes >= (size_t{64} << 20) ? 3 : 7;
     const int iters = bytes <= (size_t{64} << 10) ? 50 : 1;
@@ -96,8 +96,8 @@ Status Run() {
     });
     MORPH_RETURN_IF_ERROR(st) << "gloo reduce_scatter";
     mpi = Time(reps, iters, [&] {
-      MPI_Reduce_scatter_block(buf.data(), out.data(), static_cast<int>(piece), MPI_FLOAT,
-                               MPI_SUM, MPI_COMM_WORLD);
+      MPI_Reduce_scatter_block(buf.data(), out.data(), static_cast<int>(piece), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD);
     });
     if (rank == 0) Print("reduce_scatter_f32_sum", world, piece * world * 4, gloo, mpi);
 

@@ -1,6 +1,7 @@
 #include "collectives/gloo_algorithms.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace morph::gloo_algorithms {
@@ -16,16 +17,28 @@ bool IsHalf(DataType t) { return t == DataType::kF16 || t == DataType::kBF16; }
 // Partial results of f16/bf16 are f32.
 size_t AccSize(DataType t) { return IsHalf(t) ? sizeof(float) : DataTypeSize(t); }
 
+// Inline copies of communicator.h's bf16 conversions (same bits), for the hot loops.
+inline float Bf16ToF(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
+inline uint16_t FToBf16(float f) { return FloatToBFloat16(f); }
+
+template <float (*ToF)(uint16_t)>
+void ToAccHalf(float* d, const uint16_t* s, size_t n) {
+  for (size_t i = 0; i < n; ++i) d[i] = ToF(s[i]);
+}
+
 // dst (accumulation type) = src (`t`).
 void ToAcc(void* dst, const void* src, size_t n, DataType t) {
   if (!IsHalf(t)) {
     if (n != 0) std::memcpy(dst, src, n * DataTypeSize(t));
     return;
   }
-  auto to_f = t == DataType::kF16 ? &HalfToFloat : &BFloat16ToFloat;
   float* d = static_cast<float*>(dst);
   const uint16_t* s = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < n; ++i) d[i] = to_f(s[i]);
+  if (t == DataType::kBF16) {
+    ToAccHalf<&Bf16ToF>(d, s, n);
+  } else {
+    ToAccHalf<&HalfToFloat>(d, s, n);
+  }
 }
 
 // dst (`t`) = src (accumulation type), rounding f32 to nearest even for f16/bf16.
@@ -34,29 +47,44 @@ void FromAcc(void* dst, const void* src, size_t n, DataType t) {
     if (n != 0) std::memmove(dst, src, n * DataTypeSize(t));
     return;
   }
-  auto from_f = t == DataType::kF16 ? &FloatToHalf : &FloatToBFloat16;
+  auto from_f = t == DataType::kF16 ? &FloatToHalf : &FToBf16;
   uint16_t* d = static_cast<uint16_t*>(dst);
   const float* s = static_cast<const float*>(src);
   for (size_t i = 0; i < n; ++i) d[i] = from_f(s[i]);
 }
 
-// acc[i] = op(acc[i], x[i]): acc in the accumulation type, x in `t`.
-void Accumulate(void* acc, const void* x, size_t n, DataType t, ReduceOp op,
-                std::vector<float>& scratch) {
+// acc[i] = op(acc[i], f32(x[i])) in f32: what ReduceInto(kF32) computes, fused with the
+// conversion.
+template <float (*ToF)(uint16_t)>
+void AccumulateHalf(float* acc, const uint16_t* x, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + ToF(x[i]);
+      return;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], ToF(x[i]));
+      return;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) acc[i] = std::min(acc[i], ToF(x[i]));
+      return;
+  }
+}
+
+// acc[i] = op(acc[i], x[i]): acc in the accumulation type, x in `t`. For a partial result
+// received from a peer, the partial comes first (with NaN operands, max/min depend on the
+// argument order).
+void Accumulate(void* acc, const void* x, size_t n, DataType t, ReduceOp op) {
   if (!IsHalf(t)) {
     ReduceInto(acc, x, n, t, op);
     return;
   }
-  scratch.resize(n);
-  ToAcc(scratch.data(), x, n, t);
-  ReduceInto(acc, scratch.data(), n, DataType::kF32, op);
-}
-
-// partial = op(partial, own) for a partial result received from a peer: the partial always
-// comes first (with NaN operands, max/min depend on the argument order).
-void CombinePartial(void* partial, const void* own, size_t n, DataType t, ReduceOp op,
-                    std::vector<float>& scratch) {
-  Accumulate(partial, own, n, t, op, scratch);
+  float* a = static_cast<float*>(acc);
+  const uint16_t* h = static_cast<const uint16_t*>(x);
+  if (t == DataType::kBF16) {
+    AccumulateHalf<&Bf16ToF>(a, h, n, op);
+  } else {
+    AccumulateHalf<&HalfToFloat>(a, h, n, op);
+  }
 }
 
 int Mod(int k, int n) { return ((k % n) + n) % n; }
@@ -78,26 +106,26 @@ Status RingReduceScatter(Messenger& m, int rank, int size, const uint8_t* in,
   size_t max_chunk = 0;
   for (int c = 0; c < size; ++c) max_chunk = std::max(max_chunk, len(c));
   // Receive into one buffer while sending the other; they swap after every step.
-  std::vector<uint8_t> a(max_chunk * as), b(max_chunk * as);
-  std::vector<float> scratch;
+  uint8_t* a = m.workspace().Get(0, max_chunk * as);
+  uint8_t* b = m.workspace().Get(1, max_chunk * as);
   // Step 0 sends this rank's own values of chunk rank - 1 (as f32 for f16/bf16).
   const int first = Mod(rank - 1, size);
   const uint8_t* send = in + off[first] * es;
   if (IsHalf(t)) {
-    ToAcc(b.data(), send, len(first), t);
-    send = b.data();
+    ToAcc(b, send, len(first), t);
+    send = b;
   }
   size_t send_bytes = len(first) * as;
-  uint8_t* recv = a.data();
+  uint8_t* recv = a;
   for (int s = 0; s < size - 1; ++s) {
     const int c = Mod(rank - s - 2, size);  // the chunk arriving at this step
     m.Recv(left, s, recv, len(c) * as);
     m.Send(right, s, send, send_bytes);
     MORPH_RETURN_IF_ERROR(m.WaitAll());
-    CombinePartial(recv, in + off[c] * es, len(c), t, op, scratch);
+    Accumulate(recv, in + off[c] * es, len(c), t, op);  // partial first
     send = recv;
     send_bytes = len(c) * as;
-    recv = recv == a.data() ? b.data() : a.data();
+    recv = recv == a ? b : a;
   }
   // After size - 1 steps the last chunk combined is `rank` itself.
   FromAcc(out, send, len(rank), t);
@@ -106,8 +134,8 @@ Status RingReduceScatter(Messenger& m, int rank, int size, const uint8_t* in,
 
 // Ring allgather of byte ranges [off[c] * es, off[c+1] * es) of `buf`; this rank's chunk is
 // in place. Uses steps step0 .. step0 + size - 2.
-Status RingAllgather(Messenger& m, int rank, int size, uint8_t* buf,
-                     const std::vector<size_t>& off, size_t es, uint32_t step0) {
+Status RingAllgather(Messenger& m, int rank, int size, uint8_t* buf, const std::vector<size_t>& off,
+                     size_t es, uint32_t step0) {
   const int right = Mod(rank + 1, size), left = Mod(rank - 1, size);
   for (int s = 0; s < size - 1; ++s) {
     const int out = Mod(rank - s, size), in = Mod(rank - s - 1, size);
@@ -120,15 +148,12 @@ Status RingAllgather(Messenger& m, int rank, int size, uint8_t* buf,
 
 // `pieces[p]` = rank p's contribution (count elements of `t`); out = their reduction in rank
 // order, in `t`.
-void ReduceInRankOrder(const std::vector<const uint8_t*>& pieces, size_t count, DataType t,
-                       ReduceOp op, void* out) {
-  std::vector<uint8_t> acc(count * AccSize(t));
-  std::vector<float> scratch;
-  ToAcc(acc.data(), pieces[0], count, t);
-  for (size_t p = 1; p < pieces.size(); ++p) {
-    Accumulate(acc.data(), pieces[p], count, t, op, scratch);
-  }
-  FromAcc(out, acc.data(), count, t);
+void ReduceInRankOrder(Workspace& ws, const std::vector<const uint8_t*>& pieces, size_t count,
+                       DataType t, ReduceOp op, void* out) {
+  uint8_t* acc = ws.Get(2, count * AccSize(t));
+  ToAcc(acc, pieces[0], count, t);
+  for (size_t p = 1; p < pieces.size(); ++p) Accumulate(acc, pieces[p], count, t, op);
+  FromAcc(out, acc, count, t);
 }
 
 }  // namespace
@@ -168,15 +193,15 @@ Status Messenger::WaitAll() {
 Status AllreduceOneShot(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
                         ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dtype);
-  std::vector<uint8_t> all(bytes * size);
+  uint8_t* all = m.workspace().Get(0, bytes * size);
   std::vector<const uint8_t*> pieces(size);
   for (int p = 0; p < size; ++p) {
-    pieces[p] = p == rank ? static_cast<const uint8_t*>(buf) : all.data() + bytes * p;
-    if (p != rank) m.Recv(p, 0, all.data() + bytes * p, bytes);
+    pieces[p] = p == rank ? static_cast<const uint8_t*>(buf) : all + bytes * p;
+    if (p != rank) m.Recv(p, 0, all + bytes * p, bytes);
   }
   for (int k = 1; k < size; ++k) m.Send(Mod(rank + k, size), 0, buf, bytes);
   MORPH_RETURN_IF_ERROR(m.WaitAll());
-  ReduceInRankOrder(pieces, count, dtype, op, buf);  // reads buf before it writes it
+  ReduceInRankOrder(m.workspace(), pieces, count, dtype, op, buf);  // reads buf before it writes it
   return Status::Ok();
 }
 
@@ -195,23 +220,23 @@ Status ReduceScatterDirect(Messenger& m, int rank, int size, const void* in, voi
                            size_t count, DataType dtype, ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dtype);
   const uint8_t* src = static_cast<const uint8_t*>(in);
-  std::vector<uint8_t> all(bytes * size);
+  uint8_t* all = m.workspace().Get(0, bytes * size);
   std::vector<const uint8_t*> pieces(size);
   for (int p = 0; p < size; ++p) {
-    pieces[p] = p == rank ? src + bytes * rank : all.data() + bytes * p;
-    if (p != rank) m.Recv(p, 0, all.data() + bytes * p, bytes);
+    pieces[p] = p == rank ? src + bytes * rank : all + bytes * p;
+    if (p != rank) m.Recv(p, 0, all + bytes * p, bytes);
   }
   for (int k = 1; k < size; ++k) {
     const int p = Mod(rank + k, size);
     m.Send(p, 0, src + bytes * p, bytes);
   }
   MORPH_RETURN_IF_ERROR(m.WaitAll());
-  ReduceInRankOrder(pieces, count, dtype, op, out);
+  ReduceInRankOrder(m.workspace(), pieces, count, dtype, op, out);
   return Status::Ok();
 }
 
-Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out,
-                         size_t count, DataType dtype, ReduceOp op) {
+Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out, size_t count,
+                         DataType dtype, ReduceOp op) {
   std::vector<size_t> off(size + 1);
   for (int c = 0; c <= size; ++c) off[c] = count * c;
   return RingReduceScatter(m, rank, size, static_cast<const uint8_t*>(in), off,

@@ -27,12 +27,29 @@
 
 namespace morph::gloo_algorithms {
 
+// Scratch buffers kept by a communicator between operations, so that large reductions do not
+// fault in fresh pages on every call (measured: a third of a 64 MiB bf16 allreduce). Used by
+// one operation at a time; holds up to the largest operation's needs until destroyed.
+class Workspace {
+ public:
+  // Buffer `i` (0..2) of at least `bytes`; its contents are unspecified.
+  uint8_t* Get(int i, size_t bytes) {
+    if (bufs_[i].size() < bytes) bufs_[i].resize(bytes);
+    return bufs_[i].data();
+  }
+
+ private:
+  std::vector<uint8_t> bufs_[3];
+};
+
 // The messages of one collective: unbound-buffer sends and receives on slots derived from
 // the collective's tag and a step number, so that they never match another operation's.
 class Messenger {
  public:
-  Messenger(gloo::Context* ctx, uint32_t tag, Deadline deadline, std::string what)
-      : ctx_(ctx), tag_(tag), deadline_(deadline), what_(std::move(what)) {}
+  Messenger(gloo::Context* ctx, Workspace* workspace, uint32_t tag, Deadline deadline,
+            std::string what)
+      : ctx_(ctx), workspace_(workspace), tag_(tag), deadline_(deadline), what_(std::move(what)) {}
+  Workspace& workspace() { return *workspace_; }
   // Posts a receive / a send of `bytes` (none when 0). Buffers stay valid until WaitAll.
   void Recv(int peer, uint32_t step, void* data, size_t bytes);
   void Send(int peer, uint32_t step, const void* data, size_t bytes);
@@ -48,6 +65,7 @@ class Messenger {
     int peer;
   };
   gloo::Context* ctx_;
+  Workspace* workspace_;
   uint32_t tag_;
   Deadline deadline_;
   std::string what_;
@@ -74,8 +92,8 @@ Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, 
 // twice the bytes); f16/bf16 reduce in f32 and round once.
 Status ReduceScatterDirect(Messenger& m, int rank, int size, const void* in, void* out,
                            size_t count, DataType dtype, ReduceOp op);
-Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out,
-                         size_t count, DataType dtype, ReduceOp op);
+Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out, size_t count,
+                         DataType dtype, ReduceOp op);
 
 }  // namespace morph::gloo_algorithms
 
