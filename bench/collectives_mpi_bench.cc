@@ -1,7 +1,7 @@
 // Gloo communicator vs Open MPI on the same ranks, sizes and run: allreduce (f32 sum; bf16
 // against MPI's f32 of the same count), reduce-scatter and point to point, from 8 B (latency)
 // to 64 MiB (bandwidth). Launch under mpirun; rank 0 prints one JSON object per case:
-//   mpirun --allow-run-as-root --oversubscribe -np 4 build/bench/collectives_mpi_bench
+//   mpirun --allow-run-as-root --oversubscribe -np 4 build/bench/collectives_mpi_bench [max_bytes]
 // ratio_vs_mpi = gloo seconds / MPI seconds (lower is better; 1.0 = parity).
 #include <algorithm>
 #include <chrono>
@@ -52,7 +52,7 @@ void Print(const char* name, int world, size_t bytes, double gloo, double mpi) {
   std::fflush(stdout);
 }
 
-Status Run() {
+Status Run(size_t max_bytes) {
   std::unique_ptr<TcpStoreServer> server;
   MORPH_ASSIGN_OR_RETURN(MpiBootstrap boot, MpiBootstrap::Share([&]() -> StatusOr<std::string> {
                            MORPH_ASSIGN_OR_RETURN(server,
@@ -67,6 +67,7 @@ Status Run() {
   // Small messages (the runtime's per-step votes, loss reductions) and large ones (gradients).
   for (size_t bytes :
        {size_t{8}, size_t{4} << 10, size_t{64} << 10, size_t{4} << 20, size_t{64} << 20}) {
+    if (bytes > max_bytes) break;
     const size_t n = bytes / sizeof(float);
     const int reps = bytes >= (size_t{64} << 20) ? 3 : 7;
     const int iters = bytes <= (size_t{64} << 10) ? 50 : 1;
@@ -137,8 +138,10 @@ Status Run() {
 }  // namespace
 }  // namespace morph
 
-int main() {
-  morph::Status s = morph::Run();
+// Optional argument: the largest size to run (bytes), e.g. 65536 for the latency cases only.
+int main(int argc, char** argv) {
+  size_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : SIZE_MAX;
+  morph::Status s = morph::Run(max_bytes);
   if (!s.ok()) {
     std::fprintf(stderr, "collectives_mpi_bench: %s\n", s.ToString().c_str());
     return 1;
