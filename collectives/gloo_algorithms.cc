@@ -12,6 +12,8 @@ using std::chrono::milliseconds;
 // Above the slots of Gloo's collectives and of the communicator's point-to-point messages
 // (0xAB..0xAD << 56): prefix, 31-bit collective tag, 16-bit step.
 constexpr uint64_t kSlotBase = uint64_t{0xAE} << 56;
+// Mailbox rounds: prefix and a 56-bit round number.
+constexpr uint64_t kMailboxSlotBase = uint64_t{0xAF} << 56;
 
 bool IsHalf(DataType t) { return t == DataType::kF16 || t == DataType::kBF16; }
 // Partial results of f16/bf16 are f32.
@@ -170,10 +172,46 @@ void Messenger::Recv(int peer, uint32_t step, void* data, size_t bytes) {
 }
 
 void Messenger::Send(int peer, uint32_t step, const void* data, size_t bytes) {
+  SendToSlot(peer, Slot(step), data, bytes);
+}
+
+void Messenger::SendToSlot(int peer, uint64_t slot, const void* data, size_t bytes) {
   if (bytes == 0) return;
   auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), bytes);
-  buf->send(peer, Slot(step));
+  buf->send(peer, slot);
   posted_.push_back({std::move(buf), true, peer});
+}
+
+Mailboxes::Mailboxes(gloo::Context* ctx, int rank, int size, size_t bytes)
+    : ctx_(ctx), rank_(rank), size_(size), bytes_(bytes), storage_(bytes * size), bufs_(size) {
+  Post();
+}
+
+uint64_t Mailboxes::slot() const { return kMailboxSlotBase | (round_ & ((uint64_t{1} << 56) - 1)); }
+
+void Mailboxes::Post() {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    bufs_[p] = ctx_->createUnboundBuffer(storage_.data() + bytes_ * p, bytes_);
+    bufs_[p]->recv(p, slot());
+  }
+}
+
+void Mailboxes::Next() {
+  ++round_;
+  Post();
+}
+
+Status Mailboxes::WaitAll(Deadline deadline, const std::string& what) {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    milliseconds left =
+        std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
+    if (!bufs_[p]->waitRecv(left)) {
+      return AbortedError(what + ": receive from peer " + std::to_string(p) + " aborted");
+    }
+  }
+  return Status::Ok();
 }
 
 Status Messenger::WaitAll() {
@@ -190,18 +228,18 @@ Status Messenger::WaitAll() {
   return Status::Ok();
 }
 
-Status AllreduceOneShot(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
-                        ReduceOp op) {
+Status AllreduceOneShot(Messenger& m, Mailboxes& mb, int rank, int size, void* buf, size_t count,
+                        DataType dtype, ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dtype);
-  uint8_t* all = m.workspace().Get(0, bytes * size);
+  for (int k = 1; k < size; ++k) m.SendToSlot(Mod(rank + k, size), mb.slot(), buf, bytes);
+  MORPH_RETURN_IF_ERROR(mb.WaitAll(m.deadline(), m.what()));
+  MORPH_RETURN_IF_ERROR(m.WaitAll());  // sends done: buf may be overwritten
   std::vector<const uint8_t*> pieces(size);
   for (int p = 0; p < size; ++p) {
-    pieces[p] = p == rank ? static_cast<const uint8_t*>(buf) : all + bytes * p;
-    if (p != rank) m.Recv(p, 0, all + bytes * p, bytes);
+    pieces[p] = p == rank ? static_cast<const uint8_t*>(buf) : mb.data(p);
   }
-  for (int k = 1; k < size; ++k) m.Send(Mod(rank + k, size), 0, buf, bytes);
-  MORPH_RETURN_IF_ERROR(m.WaitAll());
-  ReduceInRankOrder(m.workspace(), pieces, count, dtype, op, buf);  // reads buf before it writes it
+  ReduceInRankOrder(m.workspace(), pieces, count, dtype, op, buf);  // reads buf, then writes it
+  mb.Next();
   return Status::Ok();
 }
 
@@ -216,22 +254,20 @@ Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, 
   return RingAllgather(m, rank, size, b, off, es, static_cast<uint32_t>(size - 1));
 }
 
-Status ReduceScatterDirect(Messenger& m, int rank, int size, const void* in, void* out,
-                           size_t count, DataType dtype, ReduceOp op) {
+Status ReduceScatterDirect(Messenger& m, Mailboxes& mb, int rank, int size, const void* in,
+                           void* out, size_t count, DataType dtype, ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dtype);
   const uint8_t* src = static_cast<const uint8_t*>(in);
-  uint8_t* all = m.workspace().Get(0, bytes * size);
-  std::vector<const uint8_t*> pieces(size);
-  for (int p = 0; p < size; ++p) {
-    pieces[p] = p == rank ? src + bytes * rank : all + bytes * p;
-    if (p != rank) m.Recv(p, 0, all + bytes * p, bytes);
-  }
   for (int k = 1; k < size; ++k) {
     const int p = Mod(rank + k, size);
-    m.Send(p, 0, src + bytes * p, bytes);
+    m.SendToSlot(p, mb.slot(), src + bytes * p, bytes);
   }
-  MORPH_RETURN_IF_ERROR(m.WaitAll());
+  MORPH_RETURN_IF_ERROR(mb.WaitAll(m.deadline(), m.what()));
+  std::vector<const uint8_t*> pieces(size);
+  for (int p = 0; p < size; ++p) pieces[p] = p == rank ? src + bytes * rank : mb.data(p);
   ReduceInRankOrder(m.workspace(), pieces, count, dtype, op, out);
+  MORPH_RETURN_IF_ERROR(m.WaitAll());
+  mb.Next();
   return Status::Ok();
 }
 

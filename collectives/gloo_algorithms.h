@@ -50,9 +50,13 @@ class Messenger {
             std::string what)
       : ctx_(ctx), workspace_(workspace), tag_(tag), deadline_(deadline), what_(std::move(what)) {}
   Workspace& workspace() { return *workspace_; }
+  Deadline deadline() const { return deadline_; }
+  const std::string& what() const { return what_; }
   // Posts a receive / a send of `bytes` (none when 0). Buffers stay valid until WaitAll.
   void Recv(int peer, uint32_t step, void* data, size_t bytes);
   void Send(int peer, uint32_t step, const void* data, size_t bytes);
+  // A send on an explicit slot (a Mailboxes round).
+  void SendToSlot(int peer, uint64_t slot, const void* data, size_t bytes);
   // Waits for everything posted (receives first). kAborted naming the peer if a wait was
   // aborted; Gloo's exception on an error or at the deadline.
   Status WaitAll();
@@ -72,11 +76,41 @@ class Messenger {
   std::vector<Posted> posted_;
 };
 
+// Receives posted ahead of time, one per peer, for the one-round algorithms. Gloo sends an
+// unbound buffer only once the receiver's "receive posted" notice has reached the sender, so
+// a receive posted when the operation starts costs an extra message hop (two scheduler
+// wake-ups). These are posted one round ahead: at creation, then again as soon as a round's
+// data has been consumed. Rounds are counted per communicator (every rank runs the same
+// one-round operations in the same order). Messages must fit `bytes`.
+class Mailboxes {
+ public:
+  Mailboxes(gloo::Context* ctx, int rank, int size, size_t bytes);
+  // Slot of the current round, for the senders.
+  uint64_t slot() const;
+  // Waits for every peer's message of the current round. kAborted naming the peer if a wait
+  // was aborted; Gloo's exception on an error or at the deadline.
+  Status WaitAll(Deadline deadline, const std::string& what);
+  const uint8_t* data(int peer) const { return storage_.data() + bytes_ * peer; }
+  // Starts the next round: reposts every receive (the current data must have been consumed).
+  void Next();
+
+ private:
+  void Post();
+  gloo::Context* ctx_;
+  int rank_;
+  int size_;
+  size_t bytes_;
+  uint64_t round_ = 0;
+  std::vector<uint8_t> storage_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs_;
+};
+
 // In place over `count` elements of `buf`. Every rank sends its buffer to every other rank,
 // then reduces the `size` contributions in rank order: ((x0 op x1) op x2) ... op x(size-1),
 // f16/bf16 in f32 with one rounding at the end. (size - 1) x bytes per rank, one round.
-Status AllreduceOneShot(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
-                        ReduceOp op);
+// Receives into `mb` (count * element size must fit its mailboxes).
+Status AllreduceOneShot(Messenger& m, Mailboxes& mb, int rank, int size, void* buf, size_t count,
+                        DataType dtype, ReduceOp op);
 
 // In place over `count` elements of `buf`: a ring reduce-scatter (chunk c = elements
 // [c*count/size, (c+1)*count/size), f16/bf16 partial sums travel as f32), then a ring
@@ -90,8 +124,8 @@ Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, 
 // round). Ring: size - 1 steps, piece c reduced in ring order starting after c (as above).
 // Both send (size - 1) x count elements per rank (f16/bf16: the ring sends f32 partials,
 // twice the bytes); f16/bf16 reduce in f32 and round once.
-Status ReduceScatterDirect(Messenger& m, int rank, int size, const void* in, void* out,
-                           size_t count, DataType dtype, ReduceOp op);
+Status ReduceScatterDirect(Messenger& m, Mailboxes& mb, int rank, int size, const void* in,
+                           void* out, size_t count, DataType dtype, ReduceOp op);
 Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out, size_t count,
                          DataType dtype, ReduceOp op);
 

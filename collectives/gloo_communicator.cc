@@ -144,6 +144,7 @@ class GlooCommunicator::Impl {
     }
     std::lock_guard<std::mutex> lock(mu_);
     sentinel_.reset();
+    mailboxes_.reset();
     context_.reset();
   }
 
@@ -153,6 +154,8 @@ class GlooCommunicator::Impl {
       Loop();
     });
     if (size_ > 1) {
+      mailboxes_ = std::make_unique<gloo_algorithms::Mailboxes>(context_.get(), rank_, size_,
+                                                                GlooCommunicator::kOneShotMaxBytes);
       sentinel_bytes_.assign(size_, 0);
       sentinel_ = context_->createUnboundBuffer(sentinel_bytes_.data(), sentinel_bytes_.size());
       for (int peer = 0; peer < size_; ++peer) {
@@ -393,8 +396,8 @@ class GlooCommunicator::Impl {
         gloo_algorithms::Messenger m(context_.get(), &workspace_, tag, Deadline::After(op.timeout),
                                      Describe() + ": reduce_scatter");
         if (op.count * esize * size_ <= GlooCommunicator::kOneShotMaxBytes) {
-          return gloo_algorithms::ReduceScatterDirect(m, rank_, size_, op.send, op.recv, op.count,
-                                                      op.dtype, op.reduce);
+          return gloo_algorithms::ReduceScatterDirect(m, *mailboxes_, rank_, size_, op.send,
+                                                      op.recv, op.count, op.dtype, op.reduce);
         }
         return gloo_algorithms::ReduceScatterRing(m, rank_, size_, op.send, op.recv, op.count,
                                                   op.dtype, op.reduce);
@@ -438,7 +441,8 @@ class GlooCommunicator::Impl {
     gloo_algorithms::Messenger m(context_.get(), &workspace_, tag, Deadline::After(timeout),
                                  Describe() + ": allreduce");
     if (count * DataTypeSize(dtype) <= GlooCommunicator::kOneShotMaxBytes) {
-      return gloo_algorithms::AllreduceOneShot(m, rank_, size_, buf, count, dtype, reduce);
+      return gloo_algorithms::AllreduceOneShot(m, *mailboxes_, rank_, size_, buf, count, dtype,
+                                               reduce);
     }
     gloo::AllreduceOptions opts(context_);
     switch (dtype) {
@@ -592,6 +596,7 @@ class GlooCommunicator::Impl {
 
   // Used by the thread running the operation (the op thread, or the caller in RunInline).
   gloo_algorithms::Workspace workspace_;
+  std::unique_ptr<gloo_algorithms::Mailboxes> mailboxes_;  // null for size 1
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> send_seq_ = std::vector<uint64_t>(size_, 0);
   std::vector<uint64_t> recv_seq_ = std::vector<uint64_t>(size_, 0);
