@@ -128,11 +128,7 @@ class GlooCommunicator::Impl {
     queue_cv_.notify_all();
     if (thread_.joinable()) thread_.join();
     if (sentinel_thread_.joinable()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        stopping_sentinel_.store(true);
-      }
-      sentinel_cv_.notify_all();
+      stopping_sentinel_.store(true);
       sentinel_->abortWaitRecv();
       sentinel_thread_.join();
     }
@@ -183,18 +179,10 @@ class GlooCommunicator::Impl {
       if (stopping_sentinel_.load()) return;
       lost = UnavailableError(Describe() + ": a peer connection closed: " + e.what());
     }
-    bool running;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      peer_lost_ = lost;
-      peer_lost_at_ = std::chrono::steady_clock::now();
-      // An operation on a caller's thread (RunInline) has no Wait polling for the loss: fail
-      // it from here once the grace period has passed.
-      sentinel_cv_.wait_for(lock, kPeerLossGrace, [&] { return stopping_sentinel_.load(); });
-      if (stopping_sentinel_.load()) return;
-      running = running_;
-    }
-    if (running) FailWith(lost);
+    std::lock_guard<std::mutex> lock(mu_);
+    NoteClosedPeersLocked();  // now, before survivors' reactions close more pairs
+    peer_lost_ = lost;
+    peer_lost_at_ = std::chrono::steady_clock::now();
   }
 
   // The sentinel's status once a peer has been gone for longer than the grace period.
@@ -225,17 +213,46 @@ class GlooCommunicator::Impl {
   // Fails the communicator with `error` (unless it already failed) and wakes everything.
   void FailWith(const Status& error) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) error_ = error;
+    if (error_.ok()) error_ = WithFailureLocked(error);
     AbortLocked("failed");
   }
 
   void AbortLocked(std::string_view why) {
     if (aborted_.exchange(true)) return;
     if (error_.ok()) {
-      error_ = AbortedError(Describe() + ": aborted (" + std::string(why) + ")");
+      error_ = WithFailureLocked(AbortedError(Describe() + ": aborted (" + std::string(why) + ")"));
     }
     broken_.store(true);
     SignalAllPairs("morph: communicator aborted");
+  }
+
+  // Remembers which peers' connections had failed when this rank first noticed a failure,
+  // before its own reaction (SignalAllPairs) closes its other pairs and theirs.
+  void NoteClosedPeersLocked() {
+    if (closed_peers_.empty() && context_ != nullptr) {
+      closed_peers_ = gloo_support::PeersWithClosedPairs(*context_);
+    }
+  }
+
+  // `s` with its typed CollectiveFailure: the kind follows the code (the code was chosen by
+  // ClassifyGlooError); the peers are those noted by NoteClosedPeersLocked.
+  Status WithFailureLocked(const Status& s) {
+    CollectiveFailure f;
+    switch (s.code()) {
+      case StatusCode::kUnavailable:
+        f.kind = CollectiveFailure::Kind::kPeerClosed;
+        break;
+      case StatusCode::kDeadlineExceeded:
+        f.kind = CollectiveFailure::Kind::kTimeout;
+        break;
+      case StatusCode::kAborted:
+        return s.WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}});
+      default:
+        return s;
+    }
+    NoteClosedPeersLocked();
+    f.peers = closed_peers_;
+    return s.WithCollectiveFailure(std::move(f));
   }
 
   // Breaks every pair so that Gloo's waits wake now and peers see the connection close.
@@ -267,7 +284,29 @@ class GlooCommunicator::Impl {
         queue_.pop_front();
         running_ = true;
       }
-      Status s = ExecuteChecked(task->op);
+      Status s;
+      Status broken_status;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        broken_status = error_;
+      }
+      if (!broken_status.ok()) {
+        s = broken_status;
+      } else {
+        s = Execute(task->op);
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (aborted_.load()) {
+            s = error_;  // the abort is the reason, not the error it caused inside Gloo
+          } else if (error_.ok()) {
+            error_ = s = WithFailureLocked(s);
+            broken_.store(true);
+            // Fail the peers now rather than at their timeouts.
+            SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
+                           " failed: " + std::string(s.message()));
+          }
+        }
+      }
       {
         std::lock_guard<std::mutex> lock(mu_);
         running_ = false;
@@ -279,49 +318,6 @@ class GlooCommunicator::Impl {
       }
       task->cv.notify_all();
     }
-  }
-
-  // The blocking forms' fast path: runs `op` on the calling thread when nothing is queued or
-  // running, saving the hand-offs to the op thread and back (each costs a scheduler wake-up,
-  // milliseconds on loaded cores: docs/collectives.md). nullopt when busy: use the queue.
-  std::optional<Status> RunInline(const CollectiveOp& op) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ || running_ || !queue_.empty()) return std::nullopt;
-      running_ = true;
-    }
-    // A Wait would fail the operation at once for a peer lost past the grace period.
-    if (Status lost = PeerLossPastGrace(); !lost.ok()) FailWith(lost);
-    Status s;
-    {
-      ScopedSigpipeBlock no_sigpipe;  // Gloo writes to its sockets from this thread
-      s = ExecuteChecked(op);
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
-    return s;
-  }
-
-  // Runs `op` unless the communicator is broken; after an error, breaks it and its peers.
-  Status ExecuteChecked(const CollectiveOp& op) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!error_.ok()) return error_;
-    }
-    Status s = Execute(op);
-    if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_.load()) {
-        s = error_;  // the abort is the reason, not the error it caused inside Gloo
-      } else if (error_.ok()) {
-        error_ = s;
-        broken_.store(true);
-        // Fail the peers now rather than at their timeouts.
-        SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
-                       " failed: " + std::string(s.message()));
-      }
-    }
-    return s;
   }
 
   Status Execute(const CollectiveOp& op) {
@@ -345,10 +341,7 @@ class GlooCommunicator::Impl {
   Status MapIoError(const CollectiveOp& op, std::string_view what) {
     std::string msg = Describe() + ": " + KindName(op) + ": " + std::string(what);
     if (aborted_.load()) return AbortedError(msg);
-    if (what.find("Timed out") != std::string_view::npos ||
-        what.find("timed out") != std::string_view::npos) {
-      return DeadlineExceededError(msg);
-    }
+    if (ClassifyGlooError(what) == GlooErrorKind::kTimeout) return DeadlineExceededError(msg);
     return UnavailableError(msg);
   }
 
@@ -589,12 +582,12 @@ class GlooCommunicator::Impl {
   std::unique_ptr<gloo::transport::UnboundBuffer> sentinel_;
   std::vector<char> sentinel_bytes_;
   std::thread sentinel_thread_;
-  std::condition_variable sentinel_cv_;  // with mu_: wakes the sentinel's grace wait
   std::atomic<bool> stopping_sentinel_{false};
   Status peer_lost_;  // under mu_
+  std::vector<int> closed_peers_;  // under mu_: see NoteClosedPeersLocked
   std::chrono::steady_clock::time_point peer_lost_at_;
 
-  // Used by the thread running the operation (the op thread, or the caller in RunInline).
+  // Used by the op thread only.
   gloo_algorithms::Workspace workspace_;
   std::unique_ptr<gloo_algorithms::Mailboxes> mailboxes_;  // null for size 1
   uint64_t collective_seq_ = 0;
@@ -695,7 +688,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       return adapter.error().WithContext(impl->Describe() + ": rendezvous");
     }
     std::string what = e.what();
-    if (what.find("imed out") != std::string::npos) {
+    if (ClassifyGlooError(what) == GlooErrorKind::kTimeout) {
       return DeadlineExceededError(impl->Describe() + ": connecting: " + what);
     }
     return UnavailableError(impl->Describe() + ": connecting: " + what);
@@ -724,12 +717,6 @@ Capabilities GlooCommunicator::capabilities() const {
                     DataType::kI32, DataType::kI64, DataType::kU8};
   c.reduce_ops = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
   return c;
-}
-
-Status GlooCommunicator::Run(CollectiveOp op) {
-  MORPH_RETURN_IF_ERROR(ValidateOp(op, capabilities())) << impl_->Describe();
-  if (std::optional<Status> s = impl_->RunInline(op)) return *s;
-  return Communicator::Run(std::move(op));
 }
 
 StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(CollectiveOp op) {

@@ -80,9 +80,6 @@ class GlooCommunicator : public Communicator {
   int64_t generation() const override;
   Capabilities capabilities() const override;
   StatusOr<std::unique_ptr<Work>> Start(CollectiveOp op) override;
-  // Runs `op` on the calling thread when no started operation is pending (else Start + Wait):
-  // the same results, errors and Abort() behaviour, without two thread hand-offs.
-  Status Run(CollectiveOp op) override;
   void Abort() override;
   bool broken() const override;
 
