@@ -1,6 +1,7 @@
-// Gloo communicator vs Open MPI on the same ranks, sizes and run: allreduce (f32 sum) and
-// point-to-point bandwidth. Launch under mpirun; rank 0 prints one JSON object per case:
-//   mpirun --allow-run-as-root --oversubscribe -np 4 build/bench/collectives_mpi_bench
+// Gloo communicator vs Open MPI on the same ranks, sizes and run: allreduce (f32 sum; bf16
+// against MPI's f32 of the same count), reduce-scatter and point to point, from 8 B (latency)
+// to 64 MiB (bandwidth). Launch under mpirun; rank 0 prints one JSON object per case:
+//   mpirun --allow-run-as-root --oversubscribe -np 4 build/bench/collectives_mpi_bench [max_bytes]
 // ratio_vs_mpi = gloo seconds / MPI seconds (lower is better; 1.0 = parity).
 #include <algorithm>
 #include <chrono>
@@ -23,15 +24,18 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Median of `reps` timings of fn(), each preceded by an MPI barrier.
+// Seconds per call of fn(): median over `reps` timings of `iters` back-to-back calls, each
+// timing started after an MPI barrier and taken on the slowest rank. Back-to-back calls keep
+// Open MPI's busy-polling (in the barrier and the timing allreduce) from competing for the
+// cores with the Gloo threads of a rank that is still working.
 template <typename Fn>
-double Time(int reps, Fn&& fn) {
+double Time(int reps, int iters, Fn&& fn) {
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = Now();
-    fn();
-    double local = Now() - t0, slowest = 0;
+    for (int k = 0; k < iters; ++k) fn();
+    double local = (Now() - t0) / iters, slowest = 0;
     MPI_Allreduce(&local, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     t.push_back(slowest);
   }
@@ -39,7 +43,16 @@ double Time(int reps, Fn&& fn) {
   return t[t.size() / 2];
 }
 
-Status Run() {
+void Print(const char* name, int world, size_t bytes, double gloo, double mpi) {
+  std::printf(
+      "{\"name\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"seconds\":%.6f,"
+      "\"mpi_seconds\":%.6f,\"ratio_vs_mpi\":%.3f,\"gloo_algbw_GBps\":%.3f,"
+      "\"mpi_algbw_GBps\":%.3f}\n",
+      name, world, bytes, gloo, mpi, gloo / mpi, bytes / gloo / 1e9, bytes / mpi / 1e9);
+  std::fflush(stdout);
+}
+
+Status Run(size_t max_bytes) {
   std::unique_ptr<TcpStoreServer> server;
   MORPH_ASSIGN_OR_RETURN(MpiBootstrap boot, MpiBootstrap::Share([&]() -> StatusOr<std::string> {
                            MORPH_ASSIGN_OR_RETURN(server,
@@ -51,51 +64,70 @@ Status Run() {
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "bench", boot.rank, boot.size,
                                                              nullptr, Deadline::AfterMs(30000)));
   const int rank = boot.rank, world = boot.size;
-  for (size_t bytes : {size_t{64} << 10, size_t{4} << 20, size_t{64} << 20}) {
+  // Small messages (the runtime's per-step votes, loss reductions) and large ones (gradients).
+  for (size_t bytes :
+       {size_t{8}, size_t{4} << 10, size_t{64} << 10, size_t{4} << 20, size_t{64} << 20}) {
+    if (bytes > max_bytes) break;
     const size_t n = bytes / sizeof(float);
+    const int reps = bytes >= (size_t{64} << 20) ? 3 : 7;
+    const int iters = bytes <= (size_t{64} << 10) ? 50 : 1;
     std::vector<float> buf(n, 1.0f);
-    const int reps = bytes >= (size_t{64} << 20) ? 3 : 10;
     Status st;
-    double gloo = Time(reps, [&] {
-      Status s = comm->Allreduce(buf.data(), n, DataType::kF32, ReduceOp::kSum, kTimeout);
+    auto keep = [&](const Status& s) {
       if (st.ok()) st = s;
+    };
+    double gloo = Time(reps, iters, [&] {
+      keep(comm->Allreduce(buf.data(), n, DataType::kF32, ReduceOp::kSum, kTimeout));
     });
     MORPH_RETURN_IF_ERROR(st) << "gloo allreduce";
-    double mpi = Time(reps, [&] {
+    double mpi = Time(reps, iters, [&] {
       MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
                     MPI_COMM_WORLD);
     });
-    if (rank == 0) {
-      std::printf(
-          "{\"name\":\"allreduce_f32_sum\",\"ranks\":%d,\"bytes\":%zu,\"seconds\":%.6f,"
-          "\"mpi_seconds\":%.6f,\"ratio_vs_mpi\":%.3f,\"gloo_algbw_GBps\":%.3f,"
-          "\"mpi_algbw_GBps\":%.3f}\n",
-          world, bytes, gloo, mpi, gloo / mpi, bytes / gloo / 1e9, bytes / mpi / 1e9);
-    }
+    if (rank == 0) Print("allreduce_f32_sum", world, bytes, gloo, mpi);
+    const double mpi_allreduce = mpi;
+
+    // Reduce-scatter: `bytes` of input per rank (at least one element per rank).
+    const size_t piece = std::max<size_t>(1, n / world);
+    if (buf.size() < piece * world) buf.resize(piece * world, 1.0f);
+    std::vector<float> out(piece);
+    gloo = Time(reps, iters, [&] {
+      keep(comm->ReduceScatter(buf.data(), out.data(), piece, DataType::kF32, ReduceOp::kSum,
+                               kTimeout));
+    });
+    MORPH_RETURN_IF_ERROR(st) << "gloo reduce_scatter";
+    mpi = Time(reps, iters, [&] {
+      MPI_Reduce_scatter_block(buf.data(), out.data(), static_cast<int>(piece), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD);
+    });
+    if (rank == 0) Print("reduce_scatter_f32_sum", world, piece * world * 4, gloo, mpi);
+
+    // bf16 on Gloo (reduced in f32) against MPI's f32 allreduce of the same element count:
+    // MPI has no bf16; this shows what the halved bytes buy or cost.
+    std::vector<uint16_t> half(n, FloatToBFloat16(1.0f));
+    gloo = Time(reps, iters, [&] {
+      keep(comm->Allreduce(half.data(), n, DataType::kBF16, ReduceOp::kSum, kTimeout));
+    });
+    MORPH_RETURN_IF_ERROR(st) << "gloo bf16 allreduce";
+    if (rank == 0) Print("allreduce_bf16_sum_vs_mpi_f32", world, bytes / 2, gloo, mpi_allreduce);
+
     // Point to point: rank 0 -> rank 1, the others idle.
     std::vector<uint8_t> p2p(bytes, 7);
-    double gloo_p2p = Time(reps, [&] {
+    double gloo_p2p = Time(reps, iters, [&] {
       Status s;
       if (rank == 0) s = comm->SendRecv({{P2POp::Kind::kSend, 1, p2p.data(), bytes}}, kTimeout);
       if (rank == 1) s = comm->SendRecv({{P2POp::Kind::kRecv, 0, p2p.data(), bytes}}, kTimeout);
-      if (st.ok()) st = s;
+      keep(s);
     });
     MORPH_RETURN_IF_ERROR(st) << "gloo send/recv";
-    double mpi_p2p = Time(reps, [&] {
+    double mpi_p2p = Time(reps, iters, [&] {
       if (rank == 0) MPI_Send(p2p.data(), static_cast<int>(bytes), MPI_BYTE, 1, 0, MPI_COMM_WORLD);
       if (rank == 1) {
         MPI_Recv(p2p.data(), static_cast<int>(bytes), MPI_BYTE, 0, 0, MPI_COMM_WORLD,
                  MPI_STATUS_IGNORE);
       }
     });
-    if (rank == 0) {
-      std::printf(
-          "{\"name\":\"send_recv\",\"ranks\":%d,\"bytes\":%zu,\"seconds\":%.6f,"
-          "\"mpi_seconds\":%.6f,\"ratio_vs_mpi\":%.3f,\"gloo_GBps\":%.3f,\"mpi_GBps\":%.3f}\n",
-          world, bytes, gloo_p2p, mpi_p2p, gloo_p2p / mpi_p2p, bytes / gloo_p2p / 1e9,
-          bytes / mpi_p2p / 1e9);
-      std::fflush(stdout);
-    }
+    if (rank == 0) Print("send_recv", world, bytes, gloo_p2p, mpi_p2p);
   }
   comm.reset();
   MPI_Barrier(MPI_COMM_WORLD);
@@ -106,8 +138,10 @@ Status Run() {
 }  // namespace
 }  // namespace morph
 
-int main() {
-  morph::Status s = morph::Run();
+// Optional argument: the largest size to run (bytes), e.g. 65536 for the latency cases only.
+int main(int argc, char** argv) {
+  size_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : SIZE_MAX;
+  morph::Status s = morph::Run(max_bytes);
   if (!s.ok()) {
     std::fprintf(stderr, "collectives_mpi_bench: %s\n", s.ToString().c_str());
     return 1;

@@ -1,6 +1,7 @@
 #include "collectives/collective_checks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -10,7 +11,7 @@ namespace {
 
 constexpr DataType kTypes[] = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
                                DataType::kI32, DataType::kI64, DataType::kU8};
-constexpr size_t kCounts[] = {0, 1, 7, 1001};
+constexpr size_t kCounts[] = {0, 1, 7, 1001, 20001};
 
 // Small integers: exact in every type, sums included (|sum| <= 252 for 8 ranks).
 double Value(DataType t, int rank, size_t i) {
@@ -84,7 +85,116 @@ Status Mismatch(std::string_view what, DataType t, size_t count, size_t i, doubl
   return InternalError(m.str());
 }
 
+// Values whose sum depends on the order of the additions: mixed signs, magnitudes 2^-8..2^8.
+double OrderSensitiveValue(int rank, size_t i) {
+  uint64_t h = (static_cast<uint64_t>(rank) * 1000003u + i) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 29;
+  double mant = static_cast<double>(static_cast<int64_t>(h % 20001) - 10000) / 1000.0;
+  return std::ldexp(mant, static_cast<int>((h >> 32) % 17) - 8);
+}
+
+// Element j of rank r's input, as stored in type t (rounded), in the accumulation type
+// (double for f64, float otherwise: f16/bf16 are summed in f32).
+double Stored(DataType t, int rank, size_t j) {
+  uint8_t tmp[8];
+  Put(t, tmp, 0, OrderSensitiveValue(rank, j));
+  return Get(t, tmp, 0);
+}
+
+// The sum over ranks `order` of element j, accumulated like the backend, written into
+// element i of `out` (type t).
+void ReferenceSum(DataType t, const std::vector<int>& order, size_t j, void* out, size_t i) {
+  if (t == DataType::kF64) {
+    double acc = Stored(t, order[0], j);
+    for (size_t k = 1; k < order.size(); ++k) acc = acc + Stored(t, order[k], j);
+    Put(t, out, i, acc);
+    return;
+  }
+  float acc = static_cast<float>(Stored(t, order[0], j));
+  for (size_t k = 1; k < order.size(); ++k) acc = acc + static_cast<float>(Stored(t, order[k], j));
+  Put(t, out, i, acc);  // f16/bf16: the one rounding
+}
+
+std::vector<int> RankOrder(int world) {
+  std::vector<int> o(world);
+  for (int r = 0; r < world; ++r) o[r] = r;
+  return o;
+}
+
+// Ring order of chunk c: c+1, c+2, ..., c (mod world).
+std::vector<int> RingOrder(int world, int c) {
+  std::vector<int> o(world);
+  for (int k = 0; k < world; ++k) o[k] = (c + 1 + k) % world;
+  return o;
+}
+
+Status CompareBits(std::string_view what, DataType t, size_t count, const void* got,
+                   const void* want) {
+  const size_t es = DataTypeSize(t);
+  for (size_t i = 0; i < count; ++i) {
+    if (std::memcmp(static_cast<const uint8_t*>(got) + i * es,
+                    static_cast<const uint8_t*>(want) + i * es, es) != 0) {
+      return Mismatch(what, t, count, i, Get(t, got, i), Get(t, want, i));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status CheckReductionOrder(Communicator& comm, size_t one_shot_max_bytes,
+                           std::chrono::milliseconds timeout) {
+  const int rank = comm.rank(), world = comm.size();
+  // Integer sums and max/min do not depend on the order (CheckAllCollectives covers them).
+  for (DataType t : {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16}) {
+    const size_t es = DataTypeSize(t);
+    for (size_t count : kCounts) {
+      // Allreduce.
+      std::vector<uint8_t> buf(std::max<size_t>(1, count * es)), want(buf.size());
+      for (size_t j = 0; j < count; ++j) Put(t, buf.data(), j, OrderSensitiveValue(rank, j));
+      const bool one_shot = count * es <= one_shot_max_bytes;
+      // Above the one-round size f32/f64 take Gloo's own ring: its order is Gloo's, so only
+      // check that every rank holds the same bits.
+      const bool gloo_order = !one_shot && (t == DataType::kF32 || t == DataType::kF64);
+      for (int c = 0; c < world; ++c) {
+        const size_t lo = count * c / world, hi = count * (c + 1) / world;
+        std::vector<int> order = one_shot ? RankOrder(world) : RingOrder(world, c);
+        for (size_t j = lo; j < hi; ++j) ReferenceSum(t, order, j, want.data(), j);
+      }
+      MORPH_RETURN_IF_ERROR(comm.Allreduce(buf.data(), count, t, ReduceOp::kSum, timeout))
+          << "allreduce " << DataTypeName(t) << " count " << count;
+      if (gloo_order) {
+        std::vector<uint8_t> all(std::max<size_t>(1, count * es * world));
+        MORPH_RETURN_IF_ERROR(
+            comm.Allgather(buf.data(), all.data(), count * es, DataType::kU8, timeout));
+        for (int r = 1; r < world; ++r) {
+          MORPH_RETURN_IF_ERROR(
+              CompareBits("allreduce sum (rank " + std::to_string(r) + " against rank 0)", t, count,
+                          all.data() + r * count * es, all.data()));
+        }
+      } else {
+        MORPH_RETURN_IF_ERROR(
+            CompareBits(std::string("allreduce sum (") + (one_shot ? "rank" : "ring") + " order)",
+                        t, count, buf.data(), want.data()));
+      }
+      // Reduce-scatter: this rank's piece of count elements out of count * world.
+      std::vector<uint8_t> in(std::max<size_t>(1, count * es * world));
+      for (size_t j = 0; j < count * world; ++j) Put(t, in.data(), j, OrderSensitiveValue(rank, j));
+      const bool direct = count * es * world <= one_shot_max_bytes;
+      std::vector<int> order = direct ? RankOrder(world) : RingOrder(world, rank);
+      std::vector<uint8_t> out(std::max<size_t>(1, count * es)), want_out(out.size());
+      for (size_t i = 0; i < count; ++i)
+        ReferenceSum(t, order, rank * count + i, want_out.data(), i);
+      MORPH_RETURN_IF_ERROR(
+          comm.ReduceScatter(in.data(), out.data(), count, t, ReduceOp::kSum, timeout))
+          << "reduce_scatter " << DataTypeName(t) << " count " << count;
+      MORPH_RETURN_IF_ERROR(
+          CompareBits(std::string("reduce_scatter sum (") + (direct ? "rank" : "ring") + " order)",
+                      t, count, out.data(), want_out.data()));
+    }
+  }
+  return Status::Ok();
+}
 
 Status CheckAllCollectives(Communicator& comm, std::chrono::milliseconds timeout) {
   const int rank = comm.rank(), world = comm.size();

@@ -285,7 +285,18 @@ template <typename T>
 void ReduceTyped(void* inout, const void* in, size_t n, ReduceOp op) {
   T* a = static_cast<T*>(inout);
   const T* b = static_cast<const T*>(in);
-  for (size_t i = 0; i < n; ++i) a[i] = Combine(a[i], b[i], op);
+  // One loop per op (the switch outside), so that the compiler vectorizes it.
+  switch (op) {
+    case ReduceOp::kSum:
+      for (size_t i = 0; i < n; ++i) a[i] = Combine(a[i], b[i], ReduceOp::kSum);
+      return;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) a[i] = Combine(a[i], b[i], ReduceOp::kMax);
+      return;
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) a[i] = Combine(a[i], b[i], ReduceOp::kMin);
+      return;
+  }
 }
 
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>

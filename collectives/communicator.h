@@ -65,9 +65,9 @@ struct Capabilities {
   bool point_to_point = false;  // kSendRecv groups
   bool shrink = false;          // Shrink() without a new rendezvous
   bool split = false;           // Split() into subgroups without a new rendezvous
-  // Element types allreduce/reduce-scatter accept. On Gloo f16/bf16 are reduced in f32
-  // (allgather + local reduction in rank order, one rounding) so results are identical on
-  // every rank and as exact as f32 allows; this costs world-size times the bytes.
+  // Element types allreduce/reduce-scatter accept. On Gloo f16/bf16 are reduced in f32 in a
+  // fixed order and rounded once, so results are identical on every rank; partial sums travel
+  // as f32 (twice the bytes, not world-size times; docs/collectives.md).
   std::vector<DataType> reduce_types;
   std::vector<ReduceOp> reduce_ops;
 };

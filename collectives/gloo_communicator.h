@@ -56,6 +56,12 @@ class GlooDevice {
 
 class GlooCommunicator : public Communicator {
  public:
+  // Allreduce buffers (bytes) and reduce-scatter inputs (bytes, all pieces) up to this size
+  // take the one-round algorithms, reduced in rank order; larger ones a ring: ours for
+  // reduce-scatter and f16/bf16 allreduce (ring order), Gloo's for other allreduces (Gloo's
+  // order). docs/collectives.md, "Reduction algorithms".
+  static constexpr size_t kOneShotMaxBytes = size_t{64} << 10;
+
   // Collective over `size` ranks: every rank calls it with a store of the same generation and
   // the same `name` (unique within the generation, e.g. "world", "dp/3"). kInvalidArgument for
   // rank/size out of range or an empty name; the store's errors (kAborted for a stale
