@@ -47,6 +47,16 @@ inline int64_t NumEl(const Box& b) {
   return n;
 }
 
+// Row-major index, inside `frame`, of the first (last = false) or last element of box `b`.
+inline int64_t LinearIn(const Box& frame, const Box& b, bool last) {
+  int64_t l = 0;
+  for (int d = 0; d < frame.rank(); ++d) {
+    const int64_t i = last ? b.dim(d).end - 1 : b.dim(d).begin;
+    l = l * frame.dim(d).size() + (i - frame.dim(d).begin);
+  }
+  return l;
+}
+
 // What DP rank d, TP rank t holds of `spec`, assuming its stage holds the tensor.
 Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t);
 
@@ -54,7 +64,8 @@ Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t
 int64_t OverlapCount(const Shard& a, const Shard& b);
 
 // Minimum-cost assignment of every row to a distinct column (rows <= columns): the column of
-// each row. O(rows^2 * columns); exact integer arithmetic, deterministic.
+// each row. O(rows^2 * columns); exact integer arithmetic, deterministic. The dense reference
+// the tests check the planner's sparse assignment (sparse_assign.h) against.
 std::vector<int> Hungarian(const std::vector<std::vector<int64_t>>& cost);
 
 }  // namespace plan_internal
