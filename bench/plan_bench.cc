@@ -180,10 +180,10 @@ void Quality(const Case& c, const std::vector<TensorSpec>& tensors) {
     in.available.push_back(next++);
   in.num_participants = next;
   double t0 = Now();
-  auto fast = Planner::Create(in, {.exact_assignment_limit = 0});
+  auto fast = Planner::Create(in);
   const double fast_s = Now() - t0;
   t0 = Now();
-  auto exact = Planner::Create(in, {.exact_assignment_limit = int64_t{1} << 40});
+  auto exact = Planner::Create(in);
   const double exact_s = Now() - t0;
   if (!fast.ok() || !exact.ok()) {
     std::fprintf(stderr, "%s: %s %s\n", c.name.c_str(), fast.status().ToString().c_str(),

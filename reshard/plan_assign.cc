@@ -42,6 +42,79 @@ int64_t OverlapCount(const Shard& a, const Shard& b) {
   return n;
 }
 
+namespace {
+
+// Rows [r0, r1) of the [outer, split dim, inner] view, each holding in-row positions [x0, x1)
+// (position = split index * inner + inner index).
+struct Piece {
+  int64_t r0, r1, x0, x1;
+};
+
+int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
+  if (r.empty()) return 0;
+  const int64_t row = w * inner, base = c0 * inner;
+  const int64_t a = r.begin / row, b = (r.end - 1) / row;
+  if (a == b) {
+    out[0] = {a, a + 1, base + (r.begin - a * row), base + (r.end - a * row)};
+    return 1;
+  }
+  int n = 0;
+  out[n++] = {a, a + 1, base + (r.begin - a * row), base + row};
+  if (b > a + 1) out[n++] = {a + 1, b, base, base + row};
+  out[n++] = {b, b + 1, base, base + (r.end - b * row)};
+  return n;
+}
+
+struct SplitView {
+  int64_t outer = 1, inner = 1, len = 0;
+  explicit SplitView(const TensorSpec& spec) {
+    const size_t k = static_cast<size_t>(spec.layout.tp_dim());
+    for (size_t i = 0; i < k; ++i) outer *= spec.shape[i];
+    for (size_t i = k + 1; i < spec.shape.size(); ++i) inner *= spec.shape[i];
+    len = spec.shape[k];
+  }
+};
+
+}  // namespace
+
+DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
+                     const ParallelConfig& nc, int tn) {
+  const SplitView v(spec);
+  const int64_t inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  Piece a[3];
+  const int na = Pieces(ZeroRange(v.outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
+  const int64_t lo = wn * tn * inner, hi = lo + wn * inner;  // new frame's in-row positions
+  int64_t first = -1, last = -1;  // flat positions in the new frame
+  for (int i = 0; i < na; ++i) {
+    const int64_t x0 = std::max(a[i].x0, lo), x1 = std::min(a[i].x1, hi);
+    if (x0 >= x1) continue;
+    const int64_t f = a[i].r0 * wn * inner + (x0 - lo);
+    const int64_t l = (a[i].r1 - 1) * wn * inner + (x1 - 1 - lo);
+    if (first < 0 || f < first) first = f;
+    last = std::max(last, l);
+  }
+  if (first < 0) return {};
+  return ZeroRanksOf(v.outer * wn * inner, nc.dp, {first, last + 1});
+}
+
+int64_t ZeroSplitOverlap(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
+                         const ParallelConfig& nc, int dn, int tn) {
+  const SplitView v(spec);
+  const int64_t outer = v.outer, inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  Piece a[3], b[3];
+  const int na = Pieces(ZeroRange(outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
+  const int nb = Pieces(ZeroRange(outer * wn * inner, nc.dp, dn), wn, wn * tn, inner, b);
+  int64_t n = 0;
+  for (int i = 0; i < na; ++i) {
+    for (int j = 0; j < nb; ++j) {
+      const int64_t rows = std::min(a[i].r1, b[j].r1) - std::max(a[i].r0, b[j].r0);
+      const int64_t xs = std::min(a[i].x1, b[j].x1) - std::max(a[i].x0, b[j].x0);
+      if (rows > 0 && xs > 0) n += rows * xs;
+    }
+  }
+  return n;
+}
+
 std::vector<int> Hungarian(const std::vector<std::vector<int64_t>>& cost) {
   // The classic potentials formulation (rows 1..n, columns 1..m, column 0 is a sentinel).
   const int n = static_cast<int>(cost.size());
@@ -169,7 +242,7 @@ class PairWeights {
   int64_t W4(int d, int t, int dn, int tn) const {
     int64_t w = 0;
     for (const auto& [k, bytes] : zero_split_) {
-      w += bytes * OverlapCount(ShardAt(k->rep, oc_, d, t), ShardAt(k->rep, nc_, dn, tn));
+      w += bytes * plan_internal::ZeroSplitOverlap(k->rep, oc_, d, t, nc_, dn, tn);
     }
     return w;
   }
@@ -185,19 +258,7 @@ class PairWeights {
   Span Span4(int d, int t, int tn) const {
     Span s;
     for (const auto& [k, bytes] : zero_split_) {
-      const Shard have = ShardAt(k->rep, oc_, d, t);
-      if (have.empty()) continue;
-      const Box frame = TpBoxOf(k->rep, nc_, tn);
-      const int64_t n = NumEl(frame);
-      if (frame == have.frame) {
-        s.Add(ZeroRanksOf(n, nc_.dp, {have.flat_begin, have.flat_end}));
-        continue;
-      }
-      for (const Box& b : IntersectShard(have, frame)) {
-        s.Add(ZeroRanksOf(n, nc_.dp,
-                          {plan_internal::LinearIn(frame, b, false),
-                           plan_internal::LinearIn(frame, b, true) + 1}));
-      }
+      s.Add(plan_internal::ZeroSplitSpan(k->rep, oc_, d, t, nc_, tn));
     }
     return s;
   }

@@ -5,8 +5,10 @@
 
 #include <cstdlib>
 #include <numeric>
+#include <random>
 
 #include "base/testing.h"
+#include "reshard/plan_internal.h"
 #include "reshard/plan_test_util.h"
 
 namespace morph {
@@ -292,6 +294,29 @@ TEST(PlannerTest, AssignmentIsExactAboveTheOldDenseLimit) {
   MORPH_ASSERT_OK_AND_ASSIGN(PlanSummary s, p.Summarize(plans));
   EXPECT_EQ(s.bytes_moved, 1200);
   MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, p.assignment(), plans));
+}
+
+TEST(PlannerTest, ZeroSplitOverlapMatchesOverlapCount) {
+  std::mt19937_64 rng(11);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int it = 0; it < 3000; ++it) {
+    const int tp_o = uni(1, 4), tp_n = uni(1, 4);
+    const int rank = uni(1, 4), k = uni(0, rank - 1);
+    TensorSpec spec{"z", DType::kF32, {}, Layout::Layer(0).SplitTP(k).ZeroShard()};
+    for (int i = 0; i < rank; ++i) spec.shape.push_back(i == k ? tp_o * tp_n * uni(1, 3) : uni(1, 4));
+    const ParallelConfig oc = Config(uni(1, 9), tp_o, 1, 1), nc = Config(uni(1, 9), tp_n, 1, 1);
+    const int d = uni(0, oc.dp - 1), t = uni(0, tp_o - 1), dn = uni(0, nc.dp - 1),
+              tn = uni(0, tp_n - 1);
+    const int64_t n = plan_internal::OverlapCount(plan_internal::ShardAt(spec, oc, d, t),
+                                                  plan_internal::ShardAt(spec, nc, dn, tn));
+    ASSERT_EQ(plan_internal::ZeroSplitOverlap(spec, oc, d, t, nc, dn, tn), n)
+        << "iteration " << it;
+    const DpSpan span = plan_internal::ZeroSplitSpan(spec, oc, d, t, nc, tn);
+    if (n > 0) {  // the hull holds every overlapping new DP rank
+      ASSERT_LE(span.first, dn) << "iteration " << it;
+      ASSERT_GE(span.last, dn) << "iteration " << it;
+    }
+  }
 }
 
 TEST(PlannerTest, BadInputNamesTheField) {
