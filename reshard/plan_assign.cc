@@ -186,15 +186,6 @@ std::pair<int, int> FractionOverlap(int t, int a, int b) {
   return {static_cast<int>(lo / a), static_cast<int>((hi + a - 1) / a - 1)};
 }
 
-struct Span {
-  int first = std::numeric_limits<int>::max();
-  int last = -1;
-  void Add(DpSpan s) {
-    if (s.first > s.last) return;
-    first = std::min(first, s.first);
-    last = std::max(last, s.last);
-  }
-};
 
 // The resident bytes of one (old stage, new stage) pair, split by what they depend on:
 //   W(q, s) = w1 + w2(t, t') + w3(d, d') + w4(d, t, d', t')
@@ -246,21 +237,24 @@ class PairWeights {
     }
     return w;
   }
-  // New DP ranks whose unsplit ZeRO ranges overlap old DP rank d's (a superset: the hull).
-  Span Span3(int d) const {
-    Span s;
+  // New DP ranks whose unsplit ZeRO ranges overlap old DP rank d's, ascending, each once
+  // (per class a span; classes of different sizes sit at different places).
+  void Span3(int d, std::vector<int>& out) const {
+    out.clear();
     for (const auto& [k, bytes] : zero_unsplit_) {
-      s.Add(ZeroRanksOf(k->elems, nc_.dp, ZeroRange(k->elems, oc_.dp, d)));
+      const DpSpan s = ZeroRanksOf(k->elems, nc_.dp, ZeroRange(k->elems, oc_.dp, d));
+      for (int dn = s.first; dn <= s.last; ++dn) out.push_back(dn);
     }
-    return s;
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
   }
-  // New DP ranks of new TP rank tn whose split ZeRO shards overlap old (d, t)'s (the hull).
-  Span Span4(int d, int t, int tn) const {
-    Span s;
+  // Appends (tn, dn) for the new DP ranks of new TP rank tn that a split ZeRO shard of old
+  // (d, t) touches (per class, a hull of that class's shard; duplicates possible).
+  void Span4(int d, int t, int tn, std::vector<std::pair<int, int>>& out) const {
     for (const auto& [k, bytes] : zero_split_) {
-      s.Add(plan_internal::ZeroSplitSpan(k->rep, oc_, d, t, nc_, tn));
+      const DpSpan s = plan_internal::ZeroSplitSpan(k->rep, oc_, d, t, nc_, tn);
+      for (int dn = s.first; dn <= s.last; ++dn) out.push_back({tn, dn});
     }
-    return s;
   }
 
  private:
@@ -285,16 +279,14 @@ std::vector<Direct> DirectEntries(const PairWeights& pw, const ParallelConfig& o
   std::vector<std::pair<int, int>> cand;  // (tn, dn)
   const auto [t0, t1] = FractionOverlap(t, oc.tp, nc.tp);
   if (pw.HasW2() && pw.HasW3()) {
-    const Span s3 = pw.Span3(d);
+    std::vector<int> s3;
+    pw.Span3(d, s3);
     for (int tn = t0; tn <= t1; ++tn) {
-      for (int dn = s3.first; dn <= s3.last; ++dn) cand.push_back({tn, dn});
+      for (int dn : s3) cand.push_back({tn, dn});
     }
   }
   if (pw.HasW4()) {
-    for (int tn = t0; tn <= t1; ++tn) {
-      const Span s4 = pw.Span4(d, t, tn);
-      for (int dn = s4.first; dn <= s4.last; ++dn) cand.push_back({tn, dn});
-    }
+    for (int tn = t0; tn <= t1; ++tn) pw.Span4(d, t, tn, cand);
   }
   std::sort(cand.begin(), cand.end());
   cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
@@ -425,9 +417,10 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
       for (int pold : olds) {
         const PairWeights& pw = *pw_of(pold);
         if (!pw.HasW3()) continue;
+        std::vector<int> s3;
         for (int d = 0; d < oc.dp; ++d) {
-          const Span sp = pw.Span3(d);
-          for (int dn = sp.first; dn <= sp.last; ++dn) {
+          pw.Span3(d, s3);
+          for (int dn : s3) {
             const int64_t w3 = pw.W3(d, dn);
             if (w3 > 0) {
               per_dn[static_cast<size_t>(dn)].push_back(
