@@ -113,8 +113,8 @@ void AssignmentOnly(const Case& c) {
       "{\"name\": \"%s\", \"ranks_old\": %d, \"ranks_new\": %d, \"bytes\": %lld, "
       "\"seconds\": %.6f, \"assignment_seconds\": %.6f, \"bytes_resident\": %lld, "
       "\"target_assignment_seconds\": 0.5}\n",
-      c.name.c_str(), c.old_config.world(), c.new_config.world(),
-      static_cast<long long>(t.needed), s, s, static_cast<long long>(t.resident));
+      c.name.c_str(), c.old_config.world(), c.new_config.world(), static_cast<long long>(t.needed),
+      s, s, static_cast<long long>(t.resident));
   std::fflush(stdout);
 }
 
@@ -206,11 +206,11 @@ void Run(const Case& c, bool quick, bool optimum) {
       "\"target_seconds\": 0.05, \"target_assignment_seconds\": 0.5}\n",
       c.name.c_str(), c.old_config.world(), c.new_config.world(), in.tensors.size(),
       static_cast<long long>(needed), assign_s + times.back(), assign_s, create_s, times.back(),
-      times[times.size() / 2], times[times.size() * 99 / 100], slowest_rerun, all_s, planned.size(), n, static_cast<long long>(resident),
-      static_cast<long long>(bound.bound), static_cast<long long>(bound.by_rank),
-      static_cast<long long>(bound.by_participant), opt_s.c_str(),
-      bound.bound ? double(resident) / double(bound.bound) : 1.0, static_cast<long long>(moved),
-      static_cast<long long>(moved_bound),
+      times[times.size() / 2], times[times.size() * 99 / 100], slowest_rerun, all_s, planned.size(),
+      n, static_cast<long long>(resident), static_cast<long long>(bound.bound),
+      static_cast<long long>(bound.by_rank), static_cast<long long>(bound.by_participant),
+      opt_s.c_str(), bound.bound ? double(resident) / double(bound.bound) : 1.0,
+      static_cast<long long>(moved), static_cast<long long>(moved_bound),
       static_cast<long long>(needed_planned - resident_planned),
       moved_bound ? double(moved) / double(moved_bound) : 1.0,
       static_cast<long long>(needed - naive),
@@ -251,8 +251,8 @@ int main(int argc, char** argv) {
         {"plan_gpt175b_tp_8to4_" + w, big, Config(dp, tp, pp, 96), Config(dp * 2, tp / 2, pp, 96),
          0},
         // PP 16 -> 8 at the same world: dp doubles.
-        {"plan_gpt175b_pp_16to8_" + w, big, Config(dp, tp, pp, 96),
-         Config(dp * 2, tp, pp / 2, 96), 0},
+        {"plan_gpt175b_pp_16to8_" + w, big, Config(dp, tp, pp, 96), Config(dp * 2, tp, pp / 2, 96),
+         0},
         // Small hidden size (tp 8, pp 8): ZeRO chunks of a few hundred elements drift several
         // ranks when dp changes; the old heuristic missed here (issue 7).
         {"plan_gpt_h1024_dp_shrink_" + w, small, Config(world / 64, 8, 8, 24),

@@ -204,7 +204,8 @@ Reference::Bound Reference::UpperBound() const {
   std::vector<char> whole(static_cast<size_t>(oc.pp), 1);
   for (int r = 0; r < oc.world(); ++r) {
     const int32_t q = in_.old_participant_of_rank[static_cast<size_t>(r)];
-    if (q < 0 || !available_[static_cast<size_t>(q)]) whole[static_cast<size_t>(oc.CoordsOf(r).p)] = 0;
+    if (q < 0 || !available_[static_cast<size_t>(q)])
+      whole[static_cast<size_t>(oc.CoordsOf(r).p)] = 0;
   }
   std::map<std::vector<std::pair<int, int64_t>>, int> sig;
   auto sig_of = [&](int p, int pn) {
@@ -216,8 +217,7 @@ Reference::Bound Reference::UpperBound() const {
     const auto c = nc.CoordsOf(s);
     int64_t best = 0;
     for (int p : old_of_new_[static_cast<size_t>(c.p)]) {
-      const uint64_t key =
-          (uint64_t(sig_of(p, c.p)) << 40) | (uint64_t(c.d) << 20) | uint64_t(c.t);
+      const uint64_t key = (uint64_t(sig_of(p, c.p)) << 40) | (uint64_t(c.d) << 20) | uint64_t(c.t);
       if (whole[static_cast<size_t>(p)]) {
         auto [it, fresh] = memo.try_emplace(key, 0);
         if (fresh) {
@@ -276,7 +276,8 @@ int64_t Reference::Optimum() const {
     while (parent[static_cast<size_t>(x)] != x) x = parent[static_cast<size_t>(x)];
     return x;
   };
-  for (const auto& [st, v] : pairs_) parent[static_cast<size_t>(find(st.first))] = find(po + st.second);
+  for (const auto& [st, v] : pairs_)
+    parent[static_cast<size_t>(find(st.first))] = find(po + st.second);
   int64_t total = 0;
   for (int root = 0; root < po + pn; ++root) {
     std::vector<int> rows;
@@ -290,7 +291,8 @@ int64_t Reference::Optimum() const {
     }
     if (rows.empty() || cols.empty()) continue;
     // Zero columns stand for participants outside the component (weight 0).
-    std::vector<std::vector<int64_t>> w(rows.size(), std::vector<int64_t>(cols.size() + rows.size(), 0));
+    std::vector<std::vector<int64_t>> w(rows.size(),
+                                        std::vector<int64_t>(cols.size() + rows.size(), 0));
     for (size_t i = 0; i < rows.size(); ++i) {
       for (size_t j = 0; j < cols.size(); ++j) w[i][j] = Resident(cols[j], rows[i]);
     }

@@ -121,8 +121,9 @@ StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) 
   MORPH_RETURN_IF_ERROR(input.old_config.Validate()) << "old config";
   MORPH_RETURN_IF_ERROR(input.new_config.Validate()) << "new config";
   // Limits first, so that a huge input is refused before anything grows with it.
-  for (const auto& [what, world] : {std::pair<const char*, int64_t>{"old", input.old_config.world()},
-                                    {"new", input.new_config.world()}}) {
+  for (const auto& [what, world] :
+       {std::pair<const char*, int64_t>{"old", input.old_config.world()},
+        {"new", input.new_config.world()}}) {
     if (world > options.max_world) {
       return BadInput(std::string(what) + " config has world " + std::to_string(world) +
                       ", above the planner's limit of " + std::to_string(options.max_world) +
@@ -245,8 +246,7 @@ void Planner::DeriveNewRanks() {
 
 StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
   MORPH_ASSIGN_OR_RETURN(Planner p, Prepare(std::move(input), options));
-  p.assignment_.participant_of_new_rank.assign(static_cast<size_t>(p.in_->new_config.world()),
-                                               -1);
+  p.assignment_.participant_of_new_rank.assign(static_cast<size_t>(p.in_->new_config.world()), -1);
   MORPH_RETURN_IF_ERROR(p.SolveAssignment(p.assignment_.participant_of_new_rank));
   p.DeriveNewRanks();
   return p;

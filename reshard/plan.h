@@ -60,8 +60,8 @@ struct PlanInput {
 // (kInvalidArgument naming the limit). Within them planning time is bounded: the assignment
 // takes well under a second at 16,384 ranks (docs/reshard-planner.md §5). A caller may lower
 // them; raising them is at the caller's risk (cost grows with world size, see §2.6).
-inline constexpr int32_t kMaxPlanWorld = 65536;         // ranks of either config
-inline constexpr int32_t kMaxPlanTensors = 1 << 20;     // registered tensors
+inline constexpr int32_t kMaxPlanWorld = 65536;      // ranks of either config
+inline constexpr int32_t kMaxPlanTensors = 1 << 20;  // registered tensors
 struct PlanOptions {
   int32_t max_world = kMaxPlanWorld;  // also bounds num_participants (old world + new world)
   int32_t max_tensors = kMaxPlanTensors;

@@ -1,9 +1,9 @@
 // The assignment of participants to new ranks: shard overlap counting, the sparse weight
 // structure of a reconfiguration, and its exact solution (docs/reshard-planner.md §2.5).
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <numeric>
-#include <limits>
 #include <tuple>
 #include <unordered_map>
 
@@ -84,7 +84,7 @@ DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, in
   Piece a[3];
   const int na = Pieces(ZeroRange(v.outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
   const int64_t lo = wn * tn * inner, hi = lo + wn * inner;  // new frame's in-row positions
-  int64_t first = -1, last = -1;  // flat positions in the new frame
+  int64_t first = -1, last = -1;                             // flat positions in the new frame
   for (int i = 0; i < na; ++i) {
     const int64_t x0 = std::max(a[i].x0, lo), x1 = std::min(a[i].x1, hi);
     if (x0 >= x1) continue;
@@ -186,7 +186,6 @@ std::pair<int, int> FractionOverlap(int t, int a, int b) {
   return {static_cast<int>(lo / a), static_cast<int>((hi + a - 1) / a - 1)};
 }
 
-
 // The resident bytes of one (old stage, new stage) pair, split by what they depend on:
 //   W(q, s) = w1 + w2(t, t') + w3(d, d') + w4(d, t, d', t')
 // w1: replicated unsplit classes (constant), w2: replicated TP-split classes, w3: unsplit ZeRO
@@ -225,8 +224,8 @@ class PairWeights {
   int64_t W3(int d, int dn) const {
     int64_t w = 0;
     for (const auto& [k, bytes] : zero_unsplit_) {
-      w += bytes *
-           Intersect(ZeroRange(k->elems, oc_.dp, d), ZeroRange(k->elems, nc_.dp, dn)).size();
+      w +=
+          bytes * Intersect(ZeroRange(k->elems, oc_.dp, d), ZeroRange(k->elems, nc_.dp, dn)).size();
     }
     return w;
   }
@@ -327,7 +326,8 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
     const size_t i = static_cast<size_t>(stages.first) * pn + static_cast<size_t>(stages.second);
     const size_t gid = static_cast<size_t>(cl.group_id[i]);
     if (weights_of_gid.size() <= gid) weights_of_gid.resize(gid + 1);
-    if (!weights_of_gid[gid]) weights_of_gid[gid] = std::make_unique<PairWeights>(cl, oc, nc, group);
+    if (!weights_of_gid[gid])
+      weights_of_gid[gid] = std::make_unique<PairWeights>(cl, oc, nc, group);
     pair[i] = weights_of_gid[gid].get();
     parent[static_cast<size_t>(Find(parent, stages.first))] =
         Find(parent, static_cast<int>(po) + stages.second);
@@ -407,7 +407,8 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
         }
         const int32_t l2 = close_list();
         for (int dn = 0; dn < nc.dp; ++dn) {
-          auto& ls = pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])];
+          auto& ls =
+              pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])];
           ls[0] = l1;
           ls[1] = l2;
         }
@@ -443,8 +444,7 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
     std::vector<std::vector<std::pair<int32_t, int64_t>>> direct(static_cast<size_t>(pb.rows));
     pb.col_group_begin.push_back(0);
     for (size_t j = 0; j < cols.size(); ++j) {
-      const auto o =
-          oc.CoordsOf(assignment_.old_rank_of_participant[static_cast<size_t>(cols[j])]);
+      const auto o = oc.CoordsOf(assignment_.old_rank_of_participant[static_cast<size_t>(cols[j])]);
       for (int32_t g : {g1[size_t(o.p)], g2[size_t(o.p) * size_t(oc.tp) + size_t(o.t)],
                         g3[size_t(o.p) * size_t(oc.dp) + size_t(o.d)]}) {
         if (g >= 0) pb.col_group.push_back(g);
@@ -452,8 +452,8 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
       pb.col_group_begin.push_back(static_cast<int64_t>(pb.col_group.size()));
       for (int pnew : cl.new_stages_of_old[static_cast<size_t>(o.p)]) {
         const size_t pi = static_cast<size_t>(o.p) * pn + static_cast<size_t>(pnew);
-        const uint64_t key = uint64_t(cl.group_id[pi]) * dt_cells + uint64_t(o.d) * uint64_t(oc.tp) +
-                             uint64_t(o.t);
+        const uint64_t key =
+            uint64_t(cl.group_id[pi]) * dt_cells + uint64_t(o.d) * uint64_t(oc.tp) + uint64_t(o.t);
         auto [it, fresh] = direct_memo.try_emplace(key);
         if (fresh) it->second = DirectEntries(*pair[pi], oc, nc, o.d, o.t);
         for (const Direct& e : it->second) {

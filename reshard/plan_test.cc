@@ -127,8 +127,8 @@ TEST(PlannerTest, SendersBalancedForEveryReplicaAndJoinerCount) {
         const int64_t slack = (360 * 4 * 4 + 360 * 2) / k + 4 * 4 + 2;
         for (int q = dead; q < h; ++q) {
           EXPECT_LE(std::abs(s.bytes_sent[static_cast<size_t>(q)] * live - total), slack * live)
-              << "holder " << q << " sent " << s.bytes_sent[static_cast<size_t>(q)]
-              << " of " << total;
+              << "holder " << q << " sent " << s.bytes_sent[static_cast<size_t>(q)] << " of "
+              << total;
         }
       }
     }
@@ -228,9 +228,8 @@ TEST(PlannerTest, ShippedAssignmentIsValidated) {
               StatusIs(StatusCode::kInvalidArgument,
                        "assignment gives new rank 1 to participant 2, which is not available"));
   a.participant_of_new_rank = {3, 3};
-  EXPECT_THAT(Planner::Create(in, a),
-              StatusIs(StatusCode::kInvalidArgument,
-                       "assignment gives participant 3 new ranks 0 and 1"));
+  EXPECT_THAT(Planner::Create(in, a), StatusIs(StatusCode::kInvalidArgument,
+                                               "assignment gives participant 3 new ranks 0 and 1"));
   a.participant_of_new_rank = {3, 1};
   a.new_rank_of_participant = {0, 1, -1, -1};
   EXPECT_THAT(Planner::Create(in, a),
@@ -267,9 +266,9 @@ TEST(PlannerTest, SizeLimitsAreRefusedUpFront) {
                        "num_participants=200000 is above the planner's limit of 131072 "
                        "(2 x max_world)"));
   in.num_participants = 4;
-  EXPECT_THAT(Planner::Create(in, PlanOptions{.max_tensors = 4}),
-              StatusIs(StatusCode::kInvalidArgument,
-                       "5 tensors are above the planner's limit of 4"));
+  EXPECT_THAT(
+      Planner::Create(in, PlanOptions{.max_tensors = 4}),
+      StatusIs(StatusCode::kInvalidArgument, "5 tensors are above the planner's limit of 4"));
   in.tensors = {{"huge", DType::kF64, {int64_t{1} << 30, int64_t{1} << 28}, Layout::Layer(0)}};
   EXPECT_THAT(Planner::Create(in),
               StatusIs(StatusCode::kInvalidArgument,
@@ -303,14 +302,14 @@ TEST(PlannerTest, ZeroSplitOverlapMatchesOverlapCount) {
     const int tp_o = uni(1, 4), tp_n = uni(1, 4);
     const int rank = uni(1, 4), k = uni(0, rank - 1);
     TensorSpec spec{"z", DType::kF32, {}, Layout::Layer(0).SplitTP(k).ZeroShard()};
-    for (int i = 0; i < rank; ++i) spec.shape.push_back(i == k ? tp_o * tp_n * uni(1, 3) : uni(1, 4));
+    for (int i = 0; i < rank; ++i)
+      spec.shape.push_back(i == k ? tp_o * tp_n * uni(1, 3) : uni(1, 4));
     const ParallelConfig oc = Config(uni(1, 9), tp_o, 1, 1), nc = Config(uni(1, 9), tp_n, 1, 1);
     const int d = uni(0, oc.dp - 1), t = uni(0, tp_o - 1), dn = uni(0, nc.dp - 1),
               tn = uni(0, tp_n - 1);
     const int64_t n = plan_internal::OverlapCount(plan_internal::ShardAt(spec, oc, d, t),
                                                   plan_internal::ShardAt(spec, nc, dn, tn));
-    ASSERT_EQ(plan_internal::ZeroSplitOverlap(spec, oc, d, t, nc, dn, tn), n)
-        << "iteration " << it;
+    ASSERT_EQ(plan_internal::ZeroSplitOverlap(spec, oc, d, t, nc, dn, tn), n) << "iteration " << it;
     const DpSpan span = plan_internal::ZeroSplitSpan(spec, oc, d, t, nc, tn);
     if (n > 0) {  // the hull holds every overlapping new DP rank
       ASSERT_LE(span.first, dn) << "iteration " << it;

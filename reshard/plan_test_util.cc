@@ -303,7 +303,8 @@ std::vector<std::vector<int64_t>> BruteResidentMatrix(const PlanInput& in) {
         if (Holds(new_shards[size_t(s)], idx)) news.push_back(s);
       }
       for (int32_t j : olds) {
-        for (int s : news) m[static_cast<size_t>(j)][static_cast<size_t>(s)] += DTypeSize(spec.dtype);
+        for (int s : news)
+          m[static_cast<size_t>(j)][static_cast<size_t>(s)] += DTypeSize(spec.dtype);
       }
     });
   }

@@ -154,9 +154,7 @@ class Solver {
   }
 
   // c(i, j) = -W(i, j), by scanning row i's entries (used for the result only).
-  int64_t Cost(int32_t i, int32_t j) const {
-    return j < pb_.cols ? -SparseWeight(pb_, i, j) : 0;
-  }
+  int64_t Cost(int32_t i, int32_t j) const { return j < pb_.cols ? -SparseWeight(pb_, i, j) : 0; }
 
  private:
   template <typename F>
@@ -242,7 +240,8 @@ class Solver {
          e < pb_.direct_begin[static_cast<size_t>(i) + 1]; ++e) {
       const int32_t j = pb_.direct_col[static_cast<size_t>(e)];
       if (popped_epoch_[static_cast<size_t>(j)] == epoch_) continue;
-      const int64_t nd = di - pb_.direct_w[static_cast<size_t>(e)] - ui - v_[static_cast<size_t>(j)];
+      const int64_t nd =
+          di - pb_.direct_w[static_cast<size_t>(e)] - ui - v_[static_cast<size_t>(j)];
       if (col_epoch_[static_cast<size_t>(j)] == epoch_ && dist_col_[static_cast<size_t>(j)] <= nd)
         continue;
       col_epoch_[static_cast<size_t>(j)] = epoch_;
@@ -306,8 +305,10 @@ class Solver {
       reached_.push_back(r);
       Relax(r);
     }
-    for (int32_t i : reached_) u_[static_cast<size_t>(i)] += big_d - dist_row_[static_cast<size_t>(i)];
-    for (int32_t j : popped_) v_[static_cast<size_t>(j)] -= big_d - dist_col_[static_cast<size_t>(j)];
+    for (int32_t i : reached_)
+      u_[static_cast<size_t>(i)] += big_d - dist_row_[static_cast<size_t>(i)];
+    for (int32_t j : popped_)
+      v_[static_cast<size_t>(j)] -= big_d - dist_col_[static_cast<size_t>(j)];
     for (int32_t j = end;;) {
       const int32_t i = pred_row_[static_cast<size_t>(j)];
       const int32_t prev = col_of_row_[static_cast<size_t>(i)];
