@@ -241,7 +241,6 @@ void Planner::DeriveNewRanks() {
     a.new_rank_of_participant[static_cast<size_t>(a.participant_of_new_rank[s])] =
         static_cast<int32_t>(s);
   }
-  a.exact = true;
 }
 
 StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
@@ -249,6 +248,7 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
   p.assignment_.participant_of_new_rank.assign(static_cast<size_t>(p.in_->new_config.world()), -1);
   MORPH_RETURN_IF_ERROR(p.SolveAssignment(p.assignment_.participant_of_new_rank));
   p.DeriveNewRanks();
+  p.assignment_.exact = true;
   return p;
 }
 
@@ -287,6 +287,7 @@ StatusOr<Planner> Planner::Create(PlanInput input, Assignment assignment,
   }
   p.assignment_.participant_of_new_rank = of;
   p.DeriveNewRanks();
+  p.assignment_.exact = assignment.exact;
   return p;
 }
 

@@ -74,7 +74,8 @@ struct Assignment {
   // must agree).
   std::vector<int32_t> new_rank_of_participant;  // size num_participants, -1: standby/leaving
   std::vector<int32_t> old_rank_of_participant;  // size num_participants, -1: joiner/none
-  // Always true: the assignment maximizes resident bytes (kept for tools that print it).
+  // True when computed by ComputeAssignment (it maximizes resident bytes); Create(input,
+  // assignment) keeps the flag it is given (the caller vouches for it).
   bool exact = true;
 };
 

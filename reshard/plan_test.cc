@@ -208,7 +208,9 @@ TEST(PlannerTest, AssignmentMatchesTheDenseOptimumAndCanBeShipped) {
   // A shipped assignment is adopted as given (here: survivors in id order, not optimal).
   Assignment naive;
   naive.participant_of_new_rank.assign(in.available.begin(), in.available.begin() + 12);
+  naive.exact = false;
   MORPH_ASSERT_OK_AND_ASSIGN(Planner q, Planner::Create(in, naive));
+  EXPECT_FALSE(q.assignment().exact);
   EXPECT_EQ(q.assignment().participant_of_new_rank, naive.participant_of_new_rank);
   EXPECT_LT(q.ComputeTotals().resident, p.ComputeTotals().resident);
   MORPH_ASSERT_OK_AND_ASSIGN(auto naive_plans, q.PlanAll());
