@@ -1,16 +1,24 @@
-// plan_bench: the planner's cost for a GPT-3-175B-like model (96 layers, hidden 12288, 12
-// tensors per layer plus two Adam moments each, ZeRO-1) for DP, TP and PP changes at 1,024,
-// 4,096 and 16,384 ranks. One JSON object per line:
-//   name, bytes (state bytes of the new config), seconds (per-participant plan time: the shared
-//   assignment plus the slowest sampled participant's PlanFor; target < 0.05 at 16,384),
-//   bytes_moved (Σ of every participant's recvs, or of the sampled ones with --quick),
-//   bytes_lower_bound, ratio (moved / lower bound), bytes_moved_naive and ratio_vs_naive (the
-//   lower bound when survivors keep their order instead of the optimized assignment).
+// plan_bench: the planner's cost and the optimality of its assignment for GPT-like models
+// (GPT-3-175B-like: 96 layers, hidden 12288, 12 tensors per layer plus two Adam moments each,
+// ZeRO-1; and a small one: 24 layers, hidden 1024) for DP, TP and PP changes at 1,024, 4,096
+// and 16,384 ranks, plus the adversarial ZeRO case of issue 7. One JSON object per line:
+//   name, bytes (bytes needed by the new config), seconds (what one participant spends: the
+//   assignment, which the coordinator computes once, plus the slowest PlanFor),
+//   assignment_seconds (ComputeAssignment), plan_for_seconds_max / _median over every planned
+//   participant, participants_planned (all of them unless --quick),
+//   bytes_resident (morph's assignment, counted by the independent reference),
+//   resident_upper_bound (independent: min of Σ_rank max_participant and Σ_participant max_rank
+//   resident bytes), resident_optimum (independent dense Hungarian per stage component, where
+//   affordable; null otherwise), resident_vs_bound = bytes_resident / resident_upper_bound,
+//   bytes_moved (Σ of every planned participant's recvs), bytes_moved_bound = bytes − upper
+//   bound (no assignment moves less), ratio = bytes_moved / bytes_moved_bound (1.0 is optimal
+//   when the bound is tight), ratio_vs_naive (moved / moved when survivors keep their order).
 //
-//   plan_bench            every participant planned at 1,024 and 4,096 ranks, sampled above
-//   plan_bench --quick    64 sampled participants everywhere (bytes_moved over the sample)
-// Then (not with --quick) assign_quality_* lines: the structured assignment's resident bytes
-// against the exact (Hungarian) assignment's at 128 ranks: ratio = structured / exact.
+//   plan_bench            every participant planned at every size (~minutes at 16,384)
+//   plan_bench --quick    64 sampled participants (bytes_moved over the sample; the
+//                         resident/bound fields stay global), no optimum above 1,024 ranks
+//   plan_bench --world=N  only that world size; above 16,384 ranks (e.g. the planner's limit,
+//                         65,536) only the assignment is timed, plus a ZeRO drift case
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,18 +26,16 @@
 #include <string>
 #include <vector>
 
+#include "bench/plan_reference.h"
 #include "reshard/plan.h"
 
 namespace morph {
 namespace {
 
-constexpr int64_t kHidden = 12288;
 constexpr int64_t kVocab = 51200;  // 50257 padded to a multiple of 1024
-constexpr int kLayers = 96;
 
-std::vector<TensorSpec> Gpt175B() {
+std::vector<TensorSpec> Gpt(int64_t h, int layers) {
   std::vector<TensorSpec> t;
-  const int64_t h = kHidden;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, int layer, int tp_dim) {
     Layout l = Layout::Layer(layer).SplitTP(tp_dim);
     t.push_back({name, DType::kBF16, shape, l});
@@ -37,7 +43,7 @@ std::vector<TensorSpec> Gpt175B() {
     t.push_back({name + ".adam_v", DType::kF32, shape, l.ZeroShard()});
   };
   add("embed.weight", {kVocab, h}, 0, 0);
-  for (int l = 0; l < kLayers; ++l) {
+  for (int l = 0; l < layers; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     add(p + "attn.qkv.weight", {3 * h, h}, l, 0);
     add(p + "attn.qkv.bias", {3 * h}, l, 0);
@@ -52,13 +58,13 @@ std::vector<TensorSpec> Gpt175B() {
     add(p + "ln2.weight", {h}, l, -1);
     add(p + "ln2.bias", {h}, l, -1);
   }
-  add("final_ln.weight", {h}, kLayers - 1, -1);
+  add("final_ln.weight", {h}, layers - 1, -1);
   return t;
 }
 
-ParallelConfig Config(int dp, int tp, int pp) {
+ParallelConfig Config(int dp, int tp, int pp, int layers) {
   ParallelConfig c{.dp = dp, .tp = tp, .pp = pp, .zero_stage = 1};
-  c.stage_of_layer = *ParallelConfig::EvenStages(kLayers, pp);
+  c.stage_of_layer = *ParallelConfig::EvenStages(layers, pp);
   return c;
 }
 
@@ -68,105 +74,14 @@ double Now() {
 
 struct Case {
   std::string name;
+  std::vector<TensorSpec> tensors;
   ParallelConfig old_config, new_config;
-  int leavers = 0;  // the last `leavers` old ranks leave gracefully
+  int leavers = 0;  // ranks of stage 0, DP rank 0, TP ranks < leavers leave gracefully
 };
 
-void Run(const Case& c, const std::vector<TensorSpec>& tensors, bool quick) {
+PlanInput InputOf(const Case& c) {
   PlanInput in;
-  in.tensors = tensors;
-  in.old_config = c.old_config;
-  in.new_config = c.new_config;
-  const int old_world = c.old_config.world();
-  for (int r = 0; r < old_world; ++r) in.old_participant_of_rank.push_back(r);
-  // A node (8 consecutive ranks = one TP group of stage 0... spread) leaves: the first DP
-  // replica's ranks of stage 0, so the survivors' numbering shifts.
-  for (int r = 0; r < old_world; ++r) {
-    const auto co = c.old_config.CoordsOf(r);
-    const bool leaves = c.leavers > 0 && co.p == 0 && co.d == 0 && co.t < c.leavers;
-    if (!leaves) in.available.push_back(r);
-  }
-  int32_t next = old_world;
-  while (static_cast<int>(in.available.size()) < c.new_config.world())
-    in.available.push_back(next++);
-  in.num_participants = next;
-
-  const double t0 = Now();
-  auto planner = Planner::Create(in);
-  const double create_s = Now() - t0;
-  if (!planner.ok()) {
-    std::fprintf(stderr, "%s: %s\n", c.name.c_str(), planner.status().ToString().c_str());
-    return;
-  }
-  const int n = in.num_participants;
-  const bool all = !quick && old_world <= 4096;
-  std::vector<int32_t> sample;
-  if (all) {
-    for (int q = 0; q < n; ++q) sample.push_back(q);
-  } else {
-    for (int i = 0; i < 64; ++i) sample.push_back(static_cast<int32_t>((int64_t{i} * n) / 64));
-  }
-  double max_s = 0, sum_s = 0;
-  int64_t moved = 0, max_pieces = 0;
-  for (int32_t q : sample) {
-    const double t1 = Now();
-    auto lp = planner->PlanFor(q);
-    const double dt = Now() - t1;
-    if (!lp.ok()) {
-      std::fprintf(stderr, "%s: %s\n", c.name.c_str(), lp.status().ToString().c_str());
-      return;
-    }
-    max_s = std::max(max_s, dt);
-    sum_s += dt;
-    for (const PieceMove& m : lp->recvs) moved += PieceBytes(*lp, m);
-    max_pieces =
-        std::max<int64_t>(max_pieces, static_cast<int64_t>(lp->sends.size() + lp->recvs.size()));
-  }
-  const Planner::Totals totals = planner->ComputeTotals();
-  int64_t lower_bound = totals.needed - totals.resident;
-  if (!all) {  // the lower bound of the sampled participants only
-    lower_bound = 0;
-    for (int32_t q : sample) {
-      const int32_t s = planner->assignment().new_rank_of_participant[static_cast<size_t>(q)];
-      if (s < 0) continue;
-      int64_t need = 0;
-      for (const TensorSpec& t : tensors) {
-        need += ShardOf(t, c.new_config, s)->NumElements() * DTypeSize(t.dtype);
-      }
-      lower_bound += need - planner->ResidentBytes(q, s);
-    }
-  }
-  // Naive baseline: available participants take new ranks in order.
-  std::vector<int32_t> avail = in.available;
-  std::sort(avail.begin(), avail.end());
-  int64_t naive_resident = 0;
-  for (int s = 0; s < c.new_config.world(); ++s) {
-    naive_resident += planner->ResidentBytes(avail[static_cast<size_t>(s)], s);
-  }
-  const int64_t naive = totals.needed - naive_resident;
-  const int64_t full_lb = totals.needed - totals.resident;
-  std::printf(
-      "{\"name\": \"%s\", \"ranks_old\": %d, \"ranks_new\": %d, \"tensors\": %zu, "
-      "\"bytes\": %lld, \"seconds\": %.6f, \"assignment_seconds\": %.6f, "
-      "\"local_plan_seconds_max\": %.6f, \"local_plan_seconds_mean\": %.6f, "
-      "\"participants_planned\": %zu, \"bytes_moved\": %lld, \"bytes_lower_bound\": %lld, "
-      "\"ratio\": %.6f, \"bytes_lower_bound_all\": %lld, \"bytes_moved_naive\": %lld, "
-      "\"ratio_vs_naive\": %.6f, \"assignment_exact\": %s, \"max_pieces\": %lld, "
-      "\"target_seconds\": 0.05}\n",
-      c.name.c_str(), old_world, c.new_config.world(), tensors.size(),
-      static_cast<long long>(totals.needed), create_s + max_s, create_s, max_s,
-      sum_s / static_cast<double>(sample.size()), sample.size(), static_cast<long long>(moved),
-      static_cast<long long>(lower_bound), lower_bound ? double(moved) / double(lower_bound) : 1.0,
-      static_cast<long long>(full_lb), static_cast<long long>(naive),
-      full_lb ? double(full_lb) / double(naive ? naive : 1) : 1.0,
-      planner->assignment().exact ? "true" : "false", static_cast<long long>(max_pieces));
-  std::fflush(stdout);
-}
-
-// The structured assignment against the exact one on a world small enough for Hungarian.
-void Quality(const Case& c, const std::vector<TensorSpec>& tensors) {
-  PlanInput in;
-  in.tensors = tensors;
+  in.tensors = c.tensors;
   in.old_config = c.old_config;
   in.new_config = c.new_config;
   const int old_world = c.old_config.world();
@@ -176,30 +91,131 @@ void Quality(const Case& c, const std::vector<TensorSpec>& tensors) {
     if (!(c.leavers > 0 && co.p == 0 && co.d == 0 && co.t < c.leavers)) in.available.push_back(r);
   }
   int32_t next = old_world;
-  while (static_cast<int>(in.available.size()) < c.new_config.world())
+  while (static_cast<int>(in.available.size()) < c.new_config.world()) {
     in.available.push_back(next++);
+  }
   in.num_participants = next;
-  double t0 = Now();
-  auto fast = Planner::Create(in, {.exact_assignment_limit = 0});
-  const double fast_s = Now() - t0;
-  t0 = Now();
-  auto exact = Planner::Create(in, {.exact_assignment_limit = int64_t{1} << 40});
-  const double exact_s = Now() - t0;
-  if (!fast.ok() || !exact.ok()) {
-    std::fprintf(stderr, "%s: %s %s\n", c.name.c_str(), fast.status().ToString().c_str(),
-                 exact.status().ToString().c_str());
+  return in;
+}
+
+// Above 16,384 ranks only the assignment is timed (the reference's bound costs world^2).
+void AssignmentOnly(const Case& c) {
+  const PlanInput in = InputOf(c);
+  const double t0 = Now();
+  auto planner = Planner::Create(in);
+  const double s = Now() - t0;
+  if (!planner.ok()) {
+    std::fprintf(stderr, "%s: %s\n", c.name.c_str(), planner.status().ToString().c_str());
     return;
   }
-  const Planner::Totals f = fast->ComputeTotals(), e = exact->ComputeTotals();
+  const Planner::Totals t = planner->ComputeTotals();
   std::printf(
       "{\"name\": \"%s\", \"ranks_old\": %d, \"ranks_new\": %d, \"bytes\": %lld, "
-      "\"seconds\": %.6f, \"seconds_exact\": %.6f, \"bytes_resident\": %lld, "
-      "\"bytes_resident_exact\": %lld, \"ratio\": %.6f, \"bytes_lower_bound\": %lld, "
-      "\"bytes_lower_bound_exact\": %lld}\n",
-      c.name.c_str(), old_world, c.new_config.world(), static_cast<long long>(f.needed), fast_s,
-      exact_s, static_cast<long long>(f.resident), static_cast<long long>(e.resident),
-      e.resident ? double(f.resident) / double(e.resident) : 1.0,
-      static_cast<long long>(f.needed - f.resident), static_cast<long long>(e.needed - e.resident));
+      "\"seconds\": %.6f, \"assignment_seconds\": %.6f, \"bytes_resident\": %lld, "
+      "\"target_assignment_seconds\": 0.5}\n",
+      c.name.c_str(), c.old_config.world(), c.new_config.world(), static_cast<long long>(t.needed),
+      s, s, static_cast<long long>(t.resident));
+  std::fflush(stdout);
+}
+
+void Run(const Case& c, bool quick, bool optimum) {
+  if (c.new_config.world() > 16384) return AssignmentOnly(c);
+  const PlanInput in = InputOf(c);
+  double t0 = Now();
+  auto assignment = ComputeAssignment(in);
+  const double assign_s = Now() - t0;
+  if (!assignment.ok()) {
+    std::fprintf(stderr, "%s: %s\n", c.name.c_str(), assignment.status().ToString().c_str());
+    return;
+  }
+  t0 = Now();
+  auto planner = Planner::Create(in, *assignment);
+  const double create_s = Now() - t0;
+  if (!planner.ok()) {
+    std::fprintf(stderr, "%s: %s\n", c.name.c_str(), planner.status().ToString().c_str());
+    return;
+  }
+  const int n = in.num_participants;
+  std::vector<int32_t> planned;
+  if (!quick) {
+    for (int q = 0; q < n; ++q) planned.push_back(q);
+  } else {
+    for (int i = 0; i < 64; ++i) planned.push_back(static_cast<int32_t>((int64_t{i} * n) / 64));
+  }
+  std::vector<double> times;
+  int64_t moved = 0;
+  double slowest = -1;
+  int32_t slowest_q = 0;
+  t0 = Now();
+  for (int32_t q : planned) {
+    const double t1 = Now();
+    auto lp = planner->PlanFor(q);
+    times.push_back(Now() - t1);
+    if (times.back() > slowest) slowest = times.back(), slowest_q = q;
+    if (!lp.ok()) {
+      std::fprintf(stderr, "%s: %s\n", c.name.c_str(), lp.status().ToString().c_str());
+      return;
+    }
+    for (const PieceMove& m : lp->recvs) moved += PieceBytes(*lp, m);
+  }
+  const double all_s = Now() - t0;
+  // The slowest participant again, best of 3: tells a slow plan from a preempted one.
+  double slowest_rerun = 1e9;
+  for (int i = 0; i < 3; ++i) {
+    const double t1 = Now();
+    (void)planner->PlanFor(slowest_q);
+    slowest_rerun = std::min(slowest_rerun, Now() - t1);
+  }
+  std::sort(times.begin(), times.end());
+  // The independent reference: morph's resident bytes, the bound, the optimum.
+  t0 = Now();
+  const benchref::Reference ref(in);
+  int64_t needed = 0, resident = 0, naive = 0, needed_planned = 0, resident_planned = 0;
+  const auto& of = assignment->participant_of_new_rank;
+  for (int s = 0; s < c.new_config.world(); ++s) {
+    needed += ref.Needed(s);
+    resident += ref.Resident(of[static_cast<size_t>(s)], s);
+    naive += ref.Resident(in.available[static_cast<size_t>(s)], s);
+  }
+  for (int32_t q : planned) {
+    const int32_t s = planner->assignment().new_rank_of_participant[static_cast<size_t>(q)];
+    if (s < 0) continue;
+    needed_planned += ref.Needed(s);
+    resident_planned += ref.Resident(q, s);
+  }
+  const benchref::Reference::Bound bound = ref.UpperBound();
+  const int64_t opt = optimum ? ref.Optimum() : -1;
+  const double ref_s = Now() - t0;
+  const Planner::Totals totals = planner->ComputeTotals();
+  const bool consistent = totals.needed == needed && totals.resident == resident;
+  const int64_t moved_bound = needed - bound.bound;
+  const std::string opt_s = opt >= 0 ? std::to_string(opt) : "null";
+  std::printf(
+      "{\"name\": \"%s\", \"ranks_old\": %d, \"ranks_new\": %d, \"tensors\": %zu, "
+      "\"bytes\": %lld, \"seconds\": %.6f, \"assignment_seconds\": %.6f, "
+      "\"create_seconds\": %.6f, \"plan_for_seconds_max\": %.6f, "
+      "\"plan_for_seconds_median\": %.6f, \"plan_for_seconds_p99\": %.6f, "
+      "\"plan_for_slowest_rerun_seconds\": %.6f, \"plan_for_seconds_all\": %.3f, "
+      "\"participants_planned\": %zu, \"participants\": %d, \"bytes_resident\": %lld, "
+      "\"resident_upper_bound\": %lld, \"resident_bound_by_rank\": %lld, "
+      "\"resident_bound_by_participant\": %lld, \"resident_optimum\": %s, "
+      "\"resident_vs_bound\": %.6f, \"bytes_moved\": %lld, \"bytes_moved_bound\": %lld, "
+      "\"bytes_moved_planned_lower_bound\": %lld, \"ratio\": %.6f, "
+      "\"bytes_moved_naive\": %lld, \"ratio_vs_naive\": %.6f, "
+      "\"planner_totals_match_reference\": %s, \"reference_seconds\": %.3f, "
+      "\"target_seconds\": 0.05, \"target_assignment_seconds\": 0.5}\n",
+      c.name.c_str(), c.old_config.world(), c.new_config.world(), in.tensors.size(),
+      static_cast<long long>(needed), assign_s + times.back(), assign_s, create_s, times.back(),
+      times[times.size() / 2], times[times.size() * 99 / 100], slowest_rerun, all_s, planned.size(),
+      n, static_cast<long long>(resident), static_cast<long long>(bound.bound),
+      static_cast<long long>(bound.by_rank), static_cast<long long>(bound.by_participant),
+      opt_s.c_str(), bound.bound ? double(resident) / double(bound.bound) : 1.0,
+      static_cast<long long>(moved), static_cast<long long>(moved_bound),
+      static_cast<long long>(needed_planned - resident_planned),
+      moved_bound ? double(moved) / double(moved_bound) : 1.0,
+      static_cast<long long>(needed - naive),
+      needed - naive ? double(needed - resident) / double(needed - naive) : 1.0,
+      consistent ? "true" : "false", ref_s);
   std::fflush(stdout);
 }
 
@@ -214,29 +230,42 @@ int main(int argc, char** argv) {
     if (!std::strncmp(argv[i], "--world=", 8)) worlds = {std::atoi(argv[i] + 8)};
   }
   using morph::Config;
-  const auto tensors = morph::Gpt175B();
+  using morph::Gpt;
+  const auto big = Gpt(12288, 96), small = Gpt(1024, 24);
+  // Issue 7's adversarial case: one unsplit ZeRO tensor, dp 136 -> 135 (ranges drift).
+  {
+    morph::ParallelConfig a{.dp = 136}, b{.dp = 135};
+    const std::vector<morph::TensorSpec> z = {
+        {"z", morph::DType::kF32, {1088}, morph::Layout::Layer(0).ZeroShard()}};
+    morph::Run({"plan_zero_1088_dp_136to135", z, a, b, 0}, false, true);
+  }
   for (int world : worlds) {
     const int tp = 8, pp = 16, dp = world / (tp * pp);
     const std::string w = std::to_string(world);
+    // The exact optimum costs O(component^3): up to 4,096 ranks (1,024 with --quick).
+    const bool opt = world <= (quick ? 1024 : 4096);
     const morph::Case cases[] = {
         // One node (8 GPUs) leaves: dp shrinks by one, 120 ranks become standby.
-        {"plan_gpt175b_dp_shrink_" + w, Config(dp, tp, pp), Config(dp - 1, tp, pp), 8},
+        {"plan_gpt175b_dp_shrink_" + w, big, Config(dp, tp, pp, 96), Config(dp - 1, tp, pp, 96), 8},
         // TP 8 -> 4 at the same world: dp doubles.
-        {"plan_gpt175b_tp_8to4_" + w, Config(dp, tp, pp), Config(dp * 2, tp / 2, pp), 0},
+        {"plan_gpt175b_tp_8to4_" + w, big, Config(dp, tp, pp, 96), Config(dp * 2, tp / 2, pp, 96),
+         0},
         // PP 16 -> 8 at the same world: dp doubles.
-        {"plan_gpt175b_pp_16to8_" + w, Config(dp, tp, pp), Config(dp * 2, tp, pp / 2), 0},
+        {"plan_gpt175b_pp_16to8_" + w, big, Config(dp, tp, pp, 96), Config(dp * 2, tp, pp / 2, 96),
+         0},
+        // Small hidden size (tp 8, pp 8): ZeRO chunks of a few hundred elements drift several
+        // ranks when dp changes; the old heuristic missed here (issue 7).
+        {"plan_gpt_h1024_dp_shrink_" + w, small, Config(world / 64, 8, 8, 24),
+         Config(world / 64 - 1, 8, 8, 24), 8},
     };
-    for (const auto& c : cases) morph::Run(c, tensors, quick);
-  }
-  // Assignment quality: structured vs exact (Hungarian) at 128 ranks (tp 8, pp 4, dp 4).
-  const morph::Case small[] = {
-      {"assign_quality_dp_shrink_128", Config(4, 8, 4), Config(3, 8, 4), 8},
-      {"assign_quality_tp_8to4_128", Config(4, 8, 4), Config(8, 4, 4), 0},
-      {"assign_quality_pp_4to2_128", Config(4, 8, 4), Config(8, 8, 2), 0},
-      {"assign_quality_dp_grow_96_128", Config(3, 8, 4), Config(4, 8, 4), 0},
-  };
-  if (!quick) {
-    for (const auto& c : small) morph::Quality(c, tensors);
+    for (const auto& c : cases) morph::Run(c, quick, opt);
+    if (world > 16384) {
+      // The drift case at scale: one unsplit ZeRO tensor, dp world -> world - 1.
+      morph::ParallelConfig a{.dp = world}, b{.dp = world - 1};
+      const std::vector<morph::TensorSpec> z = {
+          {"z", morph::DType::kF32, {int64_t{world} * 37}, morph::Layout::Layer(0).ZeroShard()}};
+      morph::Run({"plan_zero_drift_dp_shrink_" + w, z, a, b, 0}, quick, false);
+    }
   }
   return 0;
 }

@@ -9,7 +9,6 @@
 
 namespace morph {
 
-using plan_internal::Hungarian;
 using plan_internal::NumEl;
 using plan_internal::OverlapCount;
 using plan_internal::ShardAt;
@@ -29,14 +28,7 @@ struct Region {
   int t0 = 0, t1 = 0, d0 = 0, d1 = 0;
 };
 
-int64_t LinearIn(const Box& frame, const Box& b, bool last) {
-  int64_t l = 0;
-  for (int d = 0; d < frame.rank(); ++d) {
-    const int64_t i = last ? b.dim(d).end - 1 : b.dim(d).begin;
-    l = l * frame.dim(d).size() + (i - frame.dim(d).begin);
-  }
-  return l;
-}
+using plan_internal::LinearIn;
 
 // Splits `need` (a new shard of `spec`) into regions of constant old holder set, in storage
 // order of the old TP slices, then of the need's boxes, then of DP ranks. Closed form: only
@@ -123,12 +115,32 @@ int ChunkCount(const Box& b, int receivers, int holders) {
 // ---------------------------------------------------------------------------------------------
 // Create: validation and per-class aggregates.
 
-StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
+StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) {
   const int32_t n = input.num_participants;
   if (n < 0) return BadInput("num_participants=" + std::to_string(n) + " must be >= 0");
   MORPH_RETURN_IF_ERROR(input.old_config.Validate()) << "old config";
   MORPH_RETURN_IF_ERROR(input.new_config.Validate()) << "new config";
+  // Limits first, so that a huge input is refused before anything grows with it.
+  for (const auto& [what, world] :
+       {std::pair<const char*, int64_t>{"old", input.old_config.world()},
+        {"new", input.new_config.world()}}) {
+    if (world > options.max_world) {
+      return BadInput(std::string(what) + " config has world " + std::to_string(world) +
+                      ", above the planner's limit of " + std::to_string(options.max_world) +
+                      " ranks");
+    }
+  }
+  if (int64_t{n} > 2 * int64_t{options.max_world}) {
+    return BadInput("num_participants=" + std::to_string(n) + " is above the planner's limit of " +
+                    std::to_string(2 * int64_t{options.max_world}) + " (2 x max_world)");
+  }
+  if (input.tensors.size() > static_cast<size_t>(options.max_tensors)) {
+    return BadInput(std::to_string(input.tensors.size()) +
+                    " tensors are above the planner's limit of " +
+                    std::to_string(options.max_tensors));
+  }
   std::set<std::string_view> names;
+  int64_t model_bytes = 0;
   for (const TensorSpec& t : input.tensors) {
     MORPH_RETURN_IF_ERROR(ValidateTensorSpec(t));
     if (!names.insert(t.name).second) {
@@ -136,6 +148,11 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
     }
     MORPH_RETURN_IF_ERROR(ValidateTensorForConfig(t, input.old_config)) << "old config";
     MORPH_RETURN_IF_ERROR(ValidateTensorForConfig(t, input.new_config)) << "new config";
+    model_bytes += TensorBytes(t);  // each < 2^63 (validated), the running sum < 2^61 below
+    if (model_bytes > (int64_t{1} << 60)) {
+      return BadInput("the tensors' total size exceeds the planner's limit of 2^60 bytes (at '" +
+                      t.name + "')");
+    }
   }
   const ParallelConfig& oc = input.old_config;
   const ParallelConfig& nc = input.new_config;
@@ -214,8 +231,69 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
   }
   p.classes_ = std::move(classes);
   p.in_ = std::make_shared<const PlanInput>(std::move(input));
-  MORPH_RETURN_IF_ERROR(p.ComputeAssignment(options));
   return p;
+}
+
+void Planner::DeriveNewRanks() {
+  Assignment& a = assignment_;
+  a.new_rank_of_participant.assign(static_cast<size_t>(in_->num_participants), -1);
+  for (size_t s = 0; s < a.participant_of_new_rank.size(); ++s) {
+    a.new_rank_of_participant[static_cast<size_t>(a.participant_of_new_rank[s])] =
+        static_cast<int32_t>(s);
+  }
+}
+
+StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
+  MORPH_ASSIGN_OR_RETURN(Planner p, Prepare(std::move(input), options));
+  p.assignment_.participant_of_new_rank.assign(static_cast<size_t>(p.in_->new_config.world()), -1);
+  MORPH_RETURN_IF_ERROR(p.SolveAssignment(p.assignment_.participant_of_new_rank));
+  p.DeriveNewRanks();
+  p.assignment_.exact = true;
+  return p;
+}
+
+StatusOr<Planner> Planner::Create(PlanInput input, Assignment assignment,
+                                  const PlanOptions& options) {
+  MORPH_ASSIGN_OR_RETURN(Planner p, Prepare(std::move(input), options));
+  const PlanInput& in = *p.in_;
+  const std::vector<int32_t>& of = assignment.participant_of_new_rank;
+  if (static_cast<int64_t>(of.size()) != in.new_config.world()) {
+    return BadInput("assignment has " + std::to_string(of.size()) +
+                    " entries in participant_of_new_rank, the new config has world " +
+                    std::to_string(in.new_config.world()));
+  }
+  std::vector<int32_t> rank_of(static_cast<size_t>(in.num_participants), -1);
+  for (size_t s = 0; s < of.size(); ++s) {
+    const int32_t q = of[s];
+    if (!std::binary_search(in.available.begin(), in.available.end(), q)) {
+      return BadInput("assignment gives new rank " + std::to_string(s) + " to participant " +
+                      std::to_string(q) + ", which is not available");
+    }
+    if (rank_of[static_cast<size_t>(q)] >= 0) {
+      return BadInput("assignment gives participant " + std::to_string(q) + " new ranks " +
+                      std::to_string(rank_of[static_cast<size_t>(q)]) + " and " +
+                      std::to_string(s));
+    }
+    rank_of[static_cast<size_t>(q)] = static_cast<int32_t>(s);
+  }
+  if (!assignment.new_rank_of_participant.empty() &&
+      assignment.new_rank_of_participant != rank_of) {
+    return BadInput("assignment's new_rank_of_participant disagrees with participant_of_new_rank");
+  }
+  if (!assignment.old_rank_of_participant.empty() &&
+      assignment.old_rank_of_participant != p.assignment_.old_rank_of_participant) {
+    return BadInput(
+        "assignment's old_rank_of_participant disagrees with the input's old_participant_of_rank");
+  }
+  p.assignment_.participant_of_new_rank = of;
+  p.DeriveNewRanks();
+  p.assignment_.exact = assignment.exact;
+  return p;
+}
+
+StatusOr<Assignment> ComputeAssignment(const PlanInput& input, const PlanOptions& options) {
+  MORPH_ASSIGN_OR_RETURN(Planner p, Planner::Create(input, options));
+  return p.assignment();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -253,36 +331,6 @@ Planner::Totals Planner::ComputeTotals() const {
     t.resident += ResidentBytes(assignment_.participant_of_new_rank[static_cast<size_t>(s)], s);
   }
   return t;
-}
-
-Status Planner::ComputeAssignment(const PlanOptions& options) {
-  const ParallelConfig& nc = in_->new_config;
-  const std::vector<int32_t>& avail = in_->available;
-  Assignment& a = assignment_;
-  const int world = nc.world();
-  a.participant_of_new_rank.assign(static_cast<size_t>(world), -1);
-  const int64_t cells = static_cast<int64_t>(avail.size()) * world;
-  if (cells <= options.exact_assignment_limit) {
-    // Exact: Hungarian on the (new rank x available participant) matrix of resident bytes.
-    std::vector<std::vector<int64_t>> cost(static_cast<size_t>(world),
-                                           std::vector<int64_t>(avail.size(), 0));
-    for (int s = 0; s < world; ++s) {
-      for (size_t j = 0; j < avail.size(); ++j) {
-        cost[static_cast<size_t>(s)][j] = -ResidentBytes(avail[j], s);
-      }
-    }
-    const std::vector<int> col = Hungarian(cost);
-    for (int s = 0; s < world; ++s) {
-      a.participant_of_new_rank[static_cast<size_t>(s)] = avail[static_cast<size_t>(col[s])];
-    }
-    a.exact = true;
-  } else {
-    StructuredAssign(a.participant_of_new_rank);
-  }
-  for (int s = 0; s < world; ++s) {
-    a.new_rank_of_participant[static_cast<size_t>(a.participant_of_new_rank[s])] = s;
-  }
-  return Status();
 }
 
 // ---------------------------------------------------------------------------------------------

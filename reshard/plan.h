@@ -4,8 +4,9 @@
 // Given the old generation (config, which participant held each old rank) and the new one
 // (config, the participants available: survivors plus joiners), the planner
 //   (a) assigns participants to new logical ranks so that the bytes already resident are
-//       maximal (exact on small worlds, a structured greedy on large ones; extra participants
-//       become standby),
+//       maximal: ComputeAssignment is exact at every supported size (an optimal assignment,
+//       proof in docs/reshard-planner.md §2.5); extra participants become standby. The
+//       coordinator computes it once and ships it; every participant passes it to Create,
 //   (b) gives every participant its LocalPlan (sends, recvs, local copies) such that bytes
 //       moved equal the lower bound for that assignment and replicated pieces are served by
 //       balanced senders,
@@ -16,12 +17,15 @@
 //   PlanInput in{.tensors = registry.tensors(), .old_config = old_cfg,
 //                .old_participant_of_rank = {0, 1, 2, 3}, .new_config = new_cfg,
 //                .available = {0, 1, 3}, .num_participants = 4};
-//   MORPH_ASSIGN_OR_RETURN(Planner planner, Planner::Create(std::move(in)));
+//   // coordinator, once:
+//   MORPH_ASSIGN_OR_RETURN(Assignment a, ComputeAssignment(in));
+//   // every participant, with the shipped assignment:
+//   MORPH_ASSIGN_OR_RETURN(Planner planner, Planner::Create(std::move(in), std::move(a)));
 //   int32_t my_new_rank = planner.assignment().new_rank_of_participant[me];   // -1: standby
 //   MORPH_ASSIGN_OR_RETURN(LocalPlan mine, planner.PlanFor(me));
 //
 // Thread-safety: a Planner is immutable after Create; any thread may call its const methods
-// concurrently.
+// concurrently. ComputeAssignment is a pure function; any thread.
 #ifndef MORPH_RESHARD_PLAN_H_
 #define MORPH_RESHARD_PLAN_H_
 
@@ -52,16 +56,27 @@ struct PlanInput {
   int32_t num_participants = 0;
 };
 
+// Size limits, checked up front by ComputeAssignment and both Create overloads
+// (kInvalidArgument naming the limit). Within them planning time is bounded: the assignment
+// takes well under a second at 16,384 ranks (docs/reshard-planner.md §5). A caller may lower
+// them; raising them is at the caller's risk (cost grows with world size, see §2.6).
+inline constexpr int32_t kMaxPlanWorld = 65536;      // ranks of either config
+inline constexpr int32_t kMaxPlanTensors = 1 << 20;  // registered tensors
 struct PlanOptions {
-  // The assignment is exact (Hungarian) when |available| * new world <= this, else structured.
-  int64_t exact_assignment_limit = 16384;  // 128 x 128: ~20 ms
+  int32_t max_world = kMaxPlanWorld;  // also bounds num_participants (old world + new world)
+  int32_t max_tensors = kMaxPlanTensors;
 };
 
 struct Assignment {
+  // The only field ComputeAssignment's consumer must ship: new rank -> participant.
   std::vector<int32_t> participant_of_new_rank;  // size new world
+  // Derived from participant_of_new_rank and the input (Create fills them; if given, they
+  // must agree).
   std::vector<int32_t> new_rank_of_participant;  // size num_participants, -1: standby/leaving
   std::vector<int32_t> old_rank_of_participant;  // size num_participants, -1: joiner/none
-  bool exact = false;                            // computed by the exact method
+  // True when computed by ComputeAssignment (it maximizes resident bytes); Create(input,
+  // assignment) keeps the flag it is given (the caller vouches for it).
+  bool exact = true;
 };
 
 // Global byte counts of a plan (what morph-plan prints).
@@ -88,13 +103,20 @@ int64_t PieceBytes(const LocalPlan& plan, const PieceMove& piece);
 
 class Planner {
  public:
-  // Validates the input and computes the assignment.
+  // Validates the input and computes the assignment (ComputeAssignment below).
   // kInvalidArgument naming the field: a config or tensor that does not validate (message
   // prefixed "old config"/"new config"), a duplicate tensor name, old_participant_of_rank of the
   // wrong size or with a participant out of range or listed twice, `available` with a duplicate
-  // or out-of-range participant, fewer available participants than new ranks.
-  // Any thread; no communication.
+  // or out-of-range participant, fewer available participants than new ranks, a world, a
+  // participant count or a tensor count beyond `options` (the message names the limit), a model
+  // whose total bytes exceed 2^60. Any thread; no communication.
   static StatusOr<Planner> Create(PlanInput input, const PlanOptions& options = {});
+  // Validates the input as above and adopts `assignment` (e.g. the coordinator's, as shipped):
+  // kInvalidArgument, naming what is wrong, if participant_of_new_rank does not have one entry
+  // per new rank, names a participant that is not available, or names one twice, or if the
+  // derived vectors are given and disagree. Resident bytes are whatever that assignment keeps.
+  static StatusOr<Planner> Create(PlanInput input, Assignment assignment,
+                                  const PlanOptions& options = {});
 
   const PlanInput& input() const { return *in_; }
   const Assignment& assignment() const { return assignment_; }
@@ -133,14 +155,24 @@ class Planner {
 
  private:
   Planner() = default;
-  Status ComputeAssignment(const PlanOptions& options);
-  // The structured (large-world) assignment; plan_assign.cc.
-  void StructuredAssign(std::vector<int32_t>& participant_of_new_rank) const;
+  // Validation, per-class aggregates and old_rank_of_participant (plan.cc).
+  static StatusOr<Planner> Prepare(PlanInput input, const PlanOptions& options);
+  // The exact assignment into `participant_of_new_rank` (size new world, all -1); plan_assign.cc.
+  Status SolveAssignment(std::vector<int32_t>& participant_of_new_rank) const;
+  void DeriveNewRanks();
 
   std::shared_ptr<const PlanInput> in_;
   std::shared_ptr<const Classes> classes_;
   Assignment assignment_;
 };
+
+// The assignment maximizing resident bytes: Σ over new ranks s of the bytes of s's new shards
+// that its participant already holds, over every injective map new rank -> available
+// participant (exact: no other assignment keeps more; ties broken deterministically, so every
+// caller computes the same one). Errors: as Planner::Create; kInvalidArgument if the weights
+// are too large for exact 64-bit arithmetic (cannot happen within the limits for models below
+// 2^40 bytes per rank pair). Any thread; no communication.
+StatusOr<Assignment> ComputeAssignment(const PlanInput& input, const PlanOptions& options = {});
 
 }  // namespace morph
 

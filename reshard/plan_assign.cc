@@ -1,13 +1,15 @@
-// The assignment of participants to new ranks: shard overlap counting, the exact method
-// (Hungarian) and the structured greedy for large worlds (docs/reshard-planner.md).
+// The assignment of participants to new ranks: shard overlap counting, the sparse weight
+// structure of a reconfiguration, and its exact solution (docs/reshard-planner.md §2.5).
 #include <algorithm>
-#include <deque>
 #include <limits>
+#include <memory>
+#include <numeric>
 #include <tuple>
 #include <unordered_map>
 
 #include "reshard/plan.h"
 #include "reshard/plan_internal.h"
+#include "reshard/sparse_assign.h"
 
 namespace morph {
 namespace plan_internal {
@@ -36,6 +38,79 @@ int64_t OverlapCount(const Shard& a, const Shard& b) {
   int64_t n = 0;
   for (const Box& x : ShardBoxes(a)) {
     for (const Box& y : bb) n += NumEl(Intersect(x, y));
+  }
+  return n;
+}
+
+namespace {
+
+// Rows [r0, r1) of the [outer, split dim, inner] view, each holding in-row positions [x0, x1)
+// (position = split index * inner + inner index).
+struct Piece {
+  int64_t r0, r1, x0, x1;
+};
+
+int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
+  if (r.empty()) return 0;
+  const int64_t row = w * inner, base = c0 * inner;
+  const int64_t a = r.begin / row, b = (r.end - 1) / row;
+  if (a == b) {
+    out[0] = {a, a + 1, base + (r.begin - a * row), base + (r.end - a * row)};
+    return 1;
+  }
+  int n = 0;
+  out[n++] = {a, a + 1, base + (r.begin - a * row), base + row};
+  if (b > a + 1) out[n++] = {a + 1, b, base, base + row};
+  out[n++] = {b, b + 1, base, base + (r.end - b * row)};
+  return n;
+}
+
+struct SplitView {
+  int64_t outer = 1, inner = 1, len = 0;
+  explicit SplitView(const TensorSpec& spec) {
+    const size_t k = static_cast<size_t>(spec.layout.tp_dim());
+    for (size_t i = 0; i < k; ++i) outer *= spec.shape[i];
+    for (size_t i = k + 1; i < spec.shape.size(); ++i) inner *= spec.shape[i];
+    len = spec.shape[k];
+  }
+};
+
+}  // namespace
+
+DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
+                     const ParallelConfig& nc, int tn) {
+  const SplitView v(spec);
+  const int64_t inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  Piece a[3];
+  const int na = Pieces(ZeroRange(v.outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
+  const int64_t lo = wn * tn * inner, hi = lo + wn * inner;  // new frame's in-row positions
+  int64_t first = -1, last = -1;                             // flat positions in the new frame
+  for (int i = 0; i < na; ++i) {
+    const int64_t x0 = std::max(a[i].x0, lo), x1 = std::min(a[i].x1, hi);
+    if (x0 >= x1) continue;
+    const int64_t f = a[i].r0 * wn * inner + (x0 - lo);
+    const int64_t l = (a[i].r1 - 1) * wn * inner + (x1 - 1 - lo);
+    if (first < 0 || f < first) first = f;
+    last = std::max(last, l);
+  }
+  if (first < 0) return {};
+  return ZeroRanksOf(v.outer * wn * inner, nc.dp, {first, last + 1});
+}
+
+int64_t ZeroSplitOverlap(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
+                         const ParallelConfig& nc, int dn, int tn) {
+  const SplitView v(spec);
+  const int64_t outer = v.outer, inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  Piece a[3], b[3];
+  const int na = Pieces(ZeroRange(outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
+  const int nb = Pieces(ZeroRange(outer * wn * inner, nc.dp, dn), wn, wn * tn, inner, b);
+  int64_t n = 0;
+  for (int i = 0; i < na; ++i) {
+    for (int j = 0; j < nb; ++j) {
+      const int64_t rows = std::min(a[i].r1, b[j].r1) - std::max(a[i].r0, b[j].r0);
+      const int64_t xs = std::min(a[i].x1, b[j].x1) - std::max(a[i].x0, b[j].x0);
+      if (rows > 0 && xs > 0) n += rows * xs;
+    }
   }
   return n;
 }
@@ -100,190 +175,314 @@ std::vector<int> Hungarian(const std::vector<std::vector<int64_t>>& cost) {
 
 namespace {
 
-using Weight = __int128;
+using plan_internal::NumEl;
+using plan_internal::OverlapCount;
+using plan_internal::ShardAt;
+using plan_internal::SparseAssignProblem;
 
-// Resident bytes of old rank `o` at new rank `c`, in closed form per class. Exact for
-// replicated tensors, for ZeRO tensors that are not split (same frame: two ZeroRanges) and for
-// ZeRO tensors split on dimension 0 (the TP-local piece is a contiguous run of the global
-// row-major order, so both shards are global flat ranges). ZeRO tensors split on another
-// dimension are modelled as (TP column overlap) x (overlap of the ZeRO ranges as fractions of
-// the rows), exact when the TP slices coincide, else exact up to partial rows. O(classes)
-// integer arithmetic, no allocation; deterministic.
-Weight ApproxWeight(const Planner::Classes& cl, const ParallelConfig& oc, const ParallelConfig& nc,
-                    ParallelConfig::Coords o, ParallelConfig::Coords c) {
-  const auto* group = cl.Group(o.p, c.p);
-  if (group == nullptr) return 0;
-  auto ovl = [](Weight a0, Weight a1, Weight b0, Weight b1) -> Weight {
-    const Weight lo = a0 > b0 ? a0 : b0, hi = a1 < b1 ? a1 : b1;
-    return hi > lo ? hi - lo : 0;
-  };
-  Weight w = 0;
-  for (const auto& [cls, count] : *group) {
-    const Planner::Classes::Class& k = cl.classes[static_cast<size_t>(cls)];
-    const TensorSpec& spec = k.rep;
-    const int64_t elems = k.elems;
-    if (elems == 0) continue;
-    const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
-    const int64_t n_o = split ? elems / oc.tp : elems, n_n = split ? elems / nc.tp : elems;
-    Weight e;  // elements in common
-    if (!zero) {
-      e = elems;
-      if (split) {
-        const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
-        const int64_t so = len / oc.tp, sn = len / nc.tp;
-        e = Weight(elems / len) *
-            Intersect(Interval{so * o.t, so * (o.t + 1)}, Interval{sn * c.t, sn * (c.t + 1)})
-                .size();
-      }
-    } else {
-      const Interval ro = ZeroRange(n_o, oc.dp, o.d), rn = ZeroRange(n_n, nc.dp, c.d);
-      if (!split) {
-        e = Intersect(ro, rn).size();
-      } else if (spec.layout.tp_dim() == 0) {
-        e = ovl(Weight(o.t) * n_o + ro.begin, Weight(o.t) * n_o + ro.end,
-                Weight(c.t) * n_n + rn.begin, Weight(c.t) * n_n + rn.end);
-      } else {
-        const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
-        const int64_t so = len / oc.tp, sn = len / nc.tp;
-        const int64_t cols =
-            Intersect(Interval{so * o.t, so * (o.t + 1)}, Interval{sn * c.t, sn * (c.t + 1)})
-                .size();
-        // Rows in common (as fractions of all rows) times the common columns x inner size.
-        const Weight rows = ovl(Weight(ro.begin) * n_n, Weight(ro.end) * n_n,
-                                Weight(rn.begin) * n_o, Weight(rn.end) * n_o);
-        e = rows / n_o * (Weight(elems / len) * cols) / n_n;  // no int128 overflow
-      }
-    }
-    w += Weight(count) * k.elem * e;
-  }
-  return w;
+// New TP (or DP) indices whose fraction [t/a, (t+1)/a) overlaps old index t's: [first, last].
+std::pair<int, int> FractionOverlap(int t, int a, int b) {
+  const int64_t lo = int64_t{t} * b, hi = int64_t{t + 1} * b;
+  return {static_cast<int>(lo / a), static_cast<int>((hi + a - 1) / a - 1)};
 }
 
-// New TP ranks whose slice overlaps old TP rank t's: [first, last].
-std::pair<int, int> TpOverlap(int t, int tp_old, int tp_new) {
-  const int64_t a = int64_t{t} * tp_new, b = int64_t{t + 1} * tp_new;
-  return {static_cast<int>(a / tp_old), static_cast<int>((b + tp_old - 1) / tp_old - 1)};
-}
-
-// ApproxWeight memoized on (equal stage group, TP and DP coordinates): stages holding the same
-// tensor classes share their weights. Lookup only (never iterated), so deterministic.
-class WeightCache {
+// The resident bytes of one (old stage, new stage) pair, split by what they depend on:
+//   W(q, s) = w1 + w2(t, t') + w3(d, d') + w4(d, t, d', t')
+// w1: replicated unsplit classes (constant), w2: replicated TP-split classes, w3: unsplit ZeRO
+// classes, w4: TP-split ZeRO classes. Every part is exact integer arithmetic.
+class PairWeights {
  public:
-  WeightCache(const Planner::Classes& cl, const ParallelConfig& oc, const ParallelConfig& nc)
-      : cl_(cl), oc_(oc), nc_(nc) {}
-  Weight operator()(ParallelConfig::Coords o, ParallelConfig::Coords c) {
-    const int g = cl_.group_id[static_cast<size_t>(o.p) * static_cast<size_t>(cl_.new_pp) +
-                               static_cast<size_t>(c.p)];
-    if (g < 0) return 0;
-    const Key key{(uint64_t(uint32_t(g)) << 32) | uint32_t(o.d),
-                  (uint64_t(uint32_t(c.d)) << 32) | uint32_t(o.t), uint32_t(c.t)};
-    auto [it, fresh] = cache_.try_emplace(key, 0);
-    if (fresh) it->second = ApproxWeight(cl_, oc_, nc_, o, c);
-    return it->second;
+  PairWeights(const Planner::Classes& cl, const ParallelConfig& oc, const ParallelConfig& nc,
+              const std::vector<std::pair<int, int64_t>>& group)
+      : cl_(cl), oc_(oc), nc_(nc) {
+    for (const auto& [cls, count] : group) {
+      const auto& k = cl.classes[static_cast<size_t>(cls)];
+      if (k.elems == 0) continue;
+      const bool split = k.rep.layout.tp_split(), zero = k.rep.layout.zero_sharded();
+      const int64_t bytes = count * k.elem;
+      if (!split && !zero) w1_ += bytes * k.elems;
+      if (split && !zero) rep_split_.push_back({&k, bytes});
+      if (!split && zero) zero_unsplit_.push_back({&k, bytes});
+      if (split && zero) zero_split_.push_back({&k, bytes});
+    }
+  }
+  int64_t W1() const { return w1_; }
+  bool HasW2() const { return !rep_split_.empty(); }
+  bool HasW3() const { return !zero_unsplit_.empty(); }
+  bool HasW4() const { return !zero_split_.empty(); }
+
+  int64_t W2(int t, int tn) const {
+    int64_t w = 0;
+    for (const auto& [k, bytes] : rep_split_) {
+      const int64_t len = k->rep.shape[static_cast<size_t>(k->rep.layout.tp_dim())];
+      const int64_t so = len / oc_.tp, sn = len / nc_.tp;
+      w += bytes * (k->elems / len) *
+           Intersect(Interval{so * t, so * (t + 1)}, Interval{sn * tn, sn * (tn + 1)}).size();
+    }
+    return w;
+  }
+  int64_t W3(int d, int dn) const {
+    int64_t w = 0;
+    for (const auto& [k, bytes] : zero_unsplit_) {
+      w +=
+          bytes * Intersect(ZeroRange(k->elems, oc_.dp, d), ZeroRange(k->elems, nc_.dp, dn)).size();
+    }
+    return w;
+  }
+  int64_t W4(int d, int t, int dn, int tn) const {
+    int64_t w = 0;
+    for (const auto& [k, bytes] : zero_split_) {
+      w += bytes * plan_internal::ZeroSplitOverlap(k->rep, oc_, d, t, nc_, dn, tn);
+    }
+    return w;
+  }
+  // New DP ranks whose unsplit ZeRO ranges overlap old DP rank d's, ascending, each once
+  // (per class a span; classes of different sizes sit at different places).
+  void Span3(int d, std::vector<int>& out) const {
+    out.clear();
+    for (const auto& [k, bytes] : zero_unsplit_) {
+      const DpSpan s = ZeroRanksOf(k->elems, nc_.dp, ZeroRange(k->elems, oc_.dp, d));
+      for (int dn = s.first; dn <= s.last; ++dn) out.push_back(dn);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+  }
+  // Appends (tn, dn) for the new DP ranks of new TP rank tn that a split ZeRO shard of old
+  // (d, t) touches (per class, a hull of that class's shard; duplicates possible).
+  void Span4(int d, int t, int tn, std::vector<std::pair<int, int>>& out) const {
+    for (const auto& [k, bytes] : zero_split_) {
+      const DpSpan s = plan_internal::ZeroSplitSpan(k->rep, oc_, d, t, nc_, tn);
+      for (int dn = s.first; dn <= s.last; ++dn) out.push_back({tn, dn});
+    }
   }
 
  private:
-  struct Key {
-    uint64_t a, b, c;
-    bool operator==(const Key&) const = default;
-  };
-  struct Hash {
-    size_t operator()(const Key& k) const {
-      return std::hash<uint64_t>()((k.a * 0x9E3779B97F4A7C15ULL ^ k.b) * 0xBF58476D1CE4E5B9ULL ^
-                                   k.c);
-    }
-  };
+  using Part = std::pair<const Planner::Classes::Class*, int64_t>;  // class, bytes/element
   const Planner::Classes& cl_;
   const ParallelConfig& oc_;
   const ParallelConfig& nc_;
-  std::unordered_map<Key, Weight, Hash> cache_;
+  int64_t w1_ = 0;
+  std::vector<Part> rep_split_, zero_unsplit_, zero_split_;
 };
+
+// One direct entry of an old (d, t) towards a new (d', t') of a stage pair.
+struct Direct {
+  int dn, tn;
+  int64_t w;
+};
+
+// The direct entries of old (d, t) for a stage pair: every new (d', t') where
+// W > w1 + max(w2, w3) (only there does W exceed what the group entries give).
+std::vector<Direct> DirectEntries(const PairWeights& pw, const ParallelConfig& oc,
+                                  const ParallelConfig& nc, int d, int t) {
+  std::vector<std::pair<int, int>> cand;  // (tn, dn)
+  const auto [t0, t1] = FractionOverlap(t, oc.tp, nc.tp);
+  if (pw.HasW2() && pw.HasW3()) {
+    std::vector<int> s3;
+    pw.Span3(d, s3);
+    for (int tn = t0; tn <= t1; ++tn) {
+      for (int dn : s3) cand.push_back({tn, dn});
+    }
+  }
+  if (pw.HasW4()) {
+    for (int tn = t0; tn <= t1; ++tn) pw.Span4(d, t, tn, cand);
+  }
+  std::sort(cand.begin(), cand.end());
+  cand.erase(std::unique(cand.begin(), cand.end()), cand.end());
+  std::vector<Direct> out;
+  for (const auto& [tn, dn] : cand) {
+    const int64_t w2 = pw.HasW2() ? pw.W2(t, tn) : 0, w3 = pw.HasW3() ? pw.W3(d, dn) : 0;
+    const int64_t w4 = pw.HasW4() ? pw.W4(d, t, dn, tn) : 0;
+    if (w2 + w3 + w4 > std::max(w2, w3)) out.push_back({dn, tn, pw.W1() + w2 + w3 + w4});
+  }
+  return out;
+}
+
+int Find(std::vector<int>& parent, int x) {
+  while (parent[static_cast<size_t>(x)] != x) {
+    parent[static_cast<size_t>(x)] = parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
+    x = parent[static_cast<size_t>(x)];
+  }
+  return x;
+}
 
 }  // namespace
 
-void Planner::StructuredAssign(std::vector<int32_t>& out) const {
+Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
   const ParallelConfig& oc = in_->old_config;
   const ParallelConfig& nc = in_->new_config;
   const Classes& cl = *classes_;
   const int world = nc.world();
-  std::vector<char> taken(static_cast<size_t>(in_->num_participants), 0);
-  WeightCache weight_of(cl, oc, nc);
-  std::vector<int32_t> survivors;
-  for (int32_t q : in_->available) {
-    if (assignment_.old_rank_of_participant[static_cast<size_t>(q)] >= 0) survivors.push_back(q);
+  const size_t po = static_cast<size_t>(oc.pp), pn = static_cast<size_t>(nc.pp);
+  // Stage pairs that hold a tensor, their weights (shared by equal groups), and the
+  // components: old stage p and new stage p' are joined when a tensor lives on both. No
+  // positive weight crosses components, so they are solved independently.
+  std::vector<std::unique_ptr<PairWeights>> weights_of_gid;
+  std::vector<const PairWeights*> pair(po * pn, nullptr);
+  std::vector<int> parent(po + pn);
+  std::iota(parent.begin(), parent.end(), 0);
+  std::vector<std::vector<int>> old_stages_of_new(pn);
+  for (const auto& [stages, group] : cl.groups) {
+    const size_t i = static_cast<size_t>(stages.first) * pn + static_cast<size_t>(stages.second);
+    const size_t gid = static_cast<size_t>(cl.group_id[i]);
+    if (weights_of_gid.size() <= gid) weights_of_gid.resize(gid + 1);
+    if (!weights_of_gid[gid])
+      weights_of_gid[gid] = std::make_unique<PairWeights>(cl, oc, nc, group);
+    pair[i] = weights_of_gid[gid].get();
+    parent[static_cast<size_t>(Find(parent, stages.first))] =
+        Find(parent, static_cast<int>(po) + stages.second);
+    old_stages_of_new[static_cast<size_t>(stages.second)].push_back(stages.first);
   }
-  struct Edge {
-    Weight w;
-    int s;
-    int32_t q;
-  };
-  auto by_weight = [](const Edge& a, const Edge& b) {
-    if (a.w != b.w) return a.w > b.w;
-    return std::tie(a.s, a.q) < std::tie(b.s, b.q);
-  };
-  // Phase 1: each survivor's natural targets (overlapping TP slices, fractionally overlapping
-  // DP ranks, its own DP index), greedy by weight: a 1/2-approximation on these edges.
-  std::vector<Edge> edges;
-  for (int32_t q : survivors) {
-    const auto o = oc.CoordsOf(assignment_.old_rank_of_participant[static_cast<size_t>(q)]);
-    const auto [t0, t1] = TpOverlap(o.t, oc.tp, nc.tp);
-    const auto [d0, d1] = TpOverlap(o.d, oc.dp, nc.dp);
-    for (int p : cl.new_stages_of_old[static_cast<size_t>(o.p)]) {
-      for (int t = t0; t <= t1; ++t) {
-        auto add = [&](int d) {
-          const int s = nc.RankOf({p, d, t});
-          const Weight w = weight_of(o, {p, d, t});
-          if (w > 0) edges.push_back({w, s, q});
-        };
-        for (int d = d0; d <= d1; ++d) add(d);
-        if (o.d < nc.dp && (o.d < d0 || o.d > d1)) add(o.d);
-        // ZeRO pieces split on dimension 0: the DP ranks of TP rank t whose ranges cover the
-        // same rows (the TP slice and the ZeRO range cut the same axis).
-        const auto [c0, c1] = TpOverlap(o.t * oc.dp + o.d, oc.tp * oc.dp, nc.tp * nc.dp);
-        for (int x = std::max(c0, t * nc.dp); x <= std::min(c1, t * nc.dp + nc.dp - 1); ++x) {
-          const int d = x - t * nc.dp;
-          if ((d < d0 || d > d1) && d != o.d) add(d);
+  // Columns: available survivors, by component of their old stage (ascending participant id).
+  std::vector<std::vector<int32_t>> cols_of(po + pn);
+  for (int32_t q : in_->available) {
+    const int32_t r = assignment_.old_rank_of_participant[static_cast<size_t>(q)];
+    if (r < 0) continue;
+    cols_of[static_cast<size_t>(Find(parent, oc.CoordsOf(r).p))].push_back(q);
+  }
+  std::vector<std::vector<int>> new_stages_of(po + pn);
+  for (int p = 0; p < nc.pp; ++p) {
+    new_stages_of[static_cast<size_t>(Find(parent, static_cast<int>(po) + p))].push_back(p);
+  }
+  // Group ids per old (p), (p, t), (p, d) and list ids per new (p'), (p', t'), (p', d'): local
+  // to a component, stored in arrays indexed globally (a stage is in one component only).
+  std::vector<int32_t> g1(po, -1), g2(po * static_cast<size_t>(oc.tp), -1),
+      g3(po * static_cast<size_t>(oc.dp), -1);
+  std::vector<int32_t> row_of_rank(static_cast<size_t>(world), -1);
+  // Direct entries memoized by (group id, old d, old t): stages with equal groups share them.
+  std::unordered_map<uint64_t, std::vector<Direct>> direct_memo;
+  const uint64_t dt_cells = uint64_t(oc.dp) * uint64_t(oc.tp);
+
+  for (size_t comp = 0; comp < po + pn; ++comp) {
+    const std::vector<int>& stages = new_stages_of[comp];
+    const std::vector<int32_t>& cols = cols_of[comp];
+    if (stages.empty() || cols.empty()) continue;  // no positive weight: completion below
+    SparseAssignProblem pb;
+    std::vector<int32_t> rank_of_row;
+    for (int p : stages) {
+      for (int s = nc.RankOf({p, 0, 0}); s < nc.RankOf({p + 1, 0, 0}); ++s) {
+        row_of_rank[static_cast<size_t>(s)] = static_cast<int32_t>(rank_of_row.size());
+        rank_of_row.push_back(s);
+      }
+    }
+    pb.rows = static_cast<int32_t>(rank_of_row.size());
+    pb.cols = static_cast<int32_t>(cols.size());
+    // Entry lists of the new cells, and the groups they name.
+    int32_t groups = 0;
+    auto group_id = [&](int32_t& slot) {
+      if (slot < 0) slot = groups++;
+      return slot;
+    };
+    pb.list_begin.push_back(0);
+    auto close_list = [&]() -> int32_t {
+      const int64_t b = pb.list_begin.back();
+      if (static_cast<int64_t>(pb.list_group.size()) == b) return -1;
+      pb.list_begin.push_back(static_cast<int64_t>(pb.list_group.size()));
+      return static_cast<int32_t>(pb.list_begin.size()) - 2;
+    };
+    auto add = [&](int32_t g, int64_t w) {
+      pb.list_group.push_back(g);
+      pb.list_w.push_back(w);
+    };
+    pb.row_lists.assign(static_cast<size_t>(pb.rows), {-1, -1, -1});
+    for (int pnew : stages) {
+      const auto& olds = old_stages_of_new[static_cast<size_t>(pnew)];
+      auto pw_of = [&](int pold) { return pair[static_cast<size_t>(pold) * pn + size_t(pnew)]; };
+      for (int pold : olds) {
+        if (pw_of(pold)->W1() > 0) add(group_id(g1[static_cast<size_t>(pold)]), pw_of(pold)->W1());
+      }
+      const int32_t l1 = close_list();
+      for (int tn = 0; tn < nc.tp; ++tn) {
+        for (int pold : olds) {
+          const PairWeights& pw = *pw_of(pold);
+          if (!pw.HasW2()) continue;
+          const auto [t0, t1] = FractionOverlap(tn, nc.tp, oc.tp);
+          for (int t = t0; t <= t1; ++t) {
+            const int64_t w2 = pw.W2(t, tn);
+            if (w2 > 0) {
+              add(group_id(g2[static_cast<size_t>(pold) * size_t(oc.tp) + size_t(t)]),
+                  pw.W1() + w2);
+            }
+          }
+        }
+        const int32_t l2 = close_list();
+        for (int dn = 0; dn < nc.dp; ++dn) {
+          auto& ls =
+              pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])];
+          ls[0] = l1;
+          ls[1] = l2;
+        }
+      }
+      // Unsplit ZeRO: old (p, d) towards new (p', d'), collected per new d'.
+      std::vector<std::vector<std::pair<int32_t, int64_t>>> per_dn(static_cast<size_t>(nc.dp));
+      for (int pold : olds) {
+        const PairWeights& pw = *pw_of(pold);
+        if (!pw.HasW3()) continue;
+        std::vector<int> s3;
+        for (int d = 0; d < oc.dp; ++d) {
+          pw.Span3(d, s3);
+          for (int dn : s3) {
+            const int64_t w3 = pw.W3(d, dn);
+            if (w3 > 0) {
+              per_dn[static_cast<size_t>(dn)].push_back(
+                  {group_id(g3[static_cast<size_t>(pold) * size_t(oc.dp) + size_t(d)]),
+                   pw.W1() + w3});
+            }
+          }
+        }
+      }
+      for (int dn = 0; dn < nc.dp; ++dn) {
+        for (const auto& [g, w] : per_dn[static_cast<size_t>(dn)]) add(g, w);
+        const int32_t l3 = close_list();
+        for (int tn = 0; tn < nc.tp; ++tn) {
+          pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])][2] = l3;
         }
       }
     }
-  }
-  std::sort(edges.begin(), edges.end(), by_weight);
-  for (const Edge& e : edges) {
-    if (out[static_cast<size_t>(e.s)] >= 0 || taken[static_cast<size_t>(e.q)]) continue;
-    out[static_cast<size_t>(e.s)] = e.q;
-    taken[static_cast<size_t>(e.q)] = 1;
-  }
-  // Phase 2: leftover survivors to leftover ranks of the (stage, TP rank) cells they overlap.
-  std::vector<std::deque<int>> cell(static_cast<size_t>(nc.pp) * nc.tp);
-  for (int s = 0; s < world; ++s) {
-    if (out[static_cast<size_t>(s)] >= 0) continue;
-    const auto c = nc.CoordsOf(s);
-    cell[static_cast<size_t>(c.p) * nc.tp + c.t].push_back(s);
-  }
-  edges.clear();
-  for (int32_t q : survivors) {
-    if (taken[static_cast<size_t>(q)]) continue;
-    const auto o = oc.CoordsOf(assignment_.old_rank_of_participant[static_cast<size_t>(q)]);
-    auto [t0, t1] = TpOverlap(o.t, oc.tp, nc.tp);
-    if (cl.any_unsplit) t0 = 0, t1 = nc.tp - 1;
-    for (int p : cl.new_stages_of_old[static_cast<size_t>(o.p)]) {
-      for (int t = t0; t <= t1; ++t) {
-        const auto& cq = cell[static_cast<size_t>(p) * nc.tp + t];
-        if (cq.empty()) continue;
-        const Weight w = weight_of(o, nc.CoordsOf(cq.front()));
-        if (w > 0) edges.push_back({w, p * nc.tp + t, q});
+    pb.num_groups = groups;
+    // Columns: their groups, and their direct entries (collected per row).
+    std::vector<std::vector<std::pair<int32_t, int64_t>>> direct(static_cast<size_t>(pb.rows));
+    pb.col_group_begin.push_back(0);
+    for (size_t j = 0; j < cols.size(); ++j) {
+      const auto o = oc.CoordsOf(assignment_.old_rank_of_participant[static_cast<size_t>(cols[j])]);
+      for (int32_t g : {g1[size_t(o.p)], g2[size_t(o.p) * size_t(oc.tp) + size_t(o.t)],
+                        g3[size_t(o.p) * size_t(oc.dp) + size_t(o.d)]}) {
+        if (g >= 0) pb.col_group.push_back(g);
+      }
+      pb.col_group_begin.push_back(static_cast<int64_t>(pb.col_group.size()));
+      for (int pnew : cl.new_stages_of_old[static_cast<size_t>(o.p)]) {
+        const size_t pi = static_cast<size_t>(o.p) * pn + static_cast<size_t>(pnew);
+        const uint64_t key =
+            uint64_t(cl.group_id[pi]) * dt_cells + uint64_t(o.d) * uint64_t(oc.tp) + uint64_t(o.t);
+        auto [it, fresh] = direct_memo.try_emplace(key);
+        if (fresh) it->second = DirectEntries(*pair[pi], oc, nc, o.d, o.t);
+        for (const Direct& e : it->second) {
+          const int32_t row = row_of_rank[static_cast<size_t>(nc.RankOf({pnew, e.dn, e.tn}))];
+          direct[static_cast<size_t>(row)].push_back({static_cast<int32_t>(j), e.w});
+        }
       }
     }
+    pb.direct_begin.push_back(0);
+    for (const auto& es : direct) {  // columns ascending already (j increases)
+      for (const auto& [j, w] : es) {
+        pb.direct_col.push_back(j);
+        pb.direct_w.push_back(w);
+      }
+      pb.direct_begin.push_back(static_cast<int64_t>(pb.direct_col.size()));
+    }
+    MORPH_ASSIGN_OR_RETURN(plan_internal::SparseAssignResult res,
+                           plan_internal::SolveSparseAssignment(pb));
+    for (size_t i = 0; i < rank_of_row.size(); ++i) {
+      const int32_t j = res.col_of_row[i];
+      if (j != plan_internal::kDummy) out[static_cast<size_t>(rank_of_row[i])] = cols[size_t(j)];
+    }
   }
-  std::sort(edges.begin(), edges.end(), by_weight);
-  for (const Edge& e : edges) {
-    auto& cq = cell[static_cast<size_t>(e.s)];
-    if (cq.empty() || taken[static_cast<size_t>(e.q)]) continue;
-    out[static_cast<size_t>(cq.front())] = e.q;
-    cq.pop_front();
-    taken[static_cast<size_t>(e.q)] = 1;
+  // Completion: ranks with no positive-weight partner take the unused participants in id
+  // order (weight 0 either way: a positive pair left unmatched would contradict optimality).
+  std::vector<char> taken(static_cast<size_t>(in_->num_participants), 0);
+  for (int32_t q : out) {
+    if (q >= 0) taken[static_cast<size_t>(q)] = 1;
   }
-  // Phase 3: the rest, in order.
   size_t next = 0;
   for (int s = 0; s < world; ++s) {
     if (out[static_cast<size_t>(s)] >= 0) continue;
@@ -291,38 +490,7 @@ void Planner::StructuredAssign(std::vector<int32_t>& out) const {
     out[static_cast<size_t>(s)] = in_->available[next];
     taken[static_cast<size_t>(in_->available[next])] = 1;
   }
-  // Phase 4: local improvement. Neighbouring DP ranks of a new (stage, TP rank) cell swap
-  // participants when that keeps more bytes resident (greedy ties and phase 2 can leave ZeRO
-  // ranges crossed; interval overlaps favour the order-preserving matching). A few passes,
-  // O(world * classes) each.
-  auto weight = [&](int32_t q, int s) -> Weight {
-    const int32_t r = assignment_.old_rank_of_participant[static_cast<size_t>(q)];
-    if (r < 0) return 0;
-    return weight_of(oc.CoordsOf(r), nc.CoordsOf(s));
-  };
-  std::vector<Weight> cur(static_cast<size_t>(world));
-  for (int s = 0; s < world; ++s)
-    cur[static_cast<size_t>(s)] = weight(out[static_cast<size_t>(s)], s);
-  for (int pass = 0; pass < 4; ++pass) {
-    bool changed = false;
-    for (int p = 0; p < nc.pp; ++p) {
-      for (int t = 0; t < nc.tp; ++t) {
-        for (int d = 0; d + 1 < nc.dp; ++d) {
-          const int s1 = nc.RankOf({p, d, t}), s2 = nc.RankOf({p, d + 1, t});
-          int32_t& q1 = out[static_cast<size_t>(s1)];
-          int32_t& q2 = out[static_cast<size_t>(s2)];
-          const Weight a = weight(q1, s2), b = weight(q2, s1);
-          if (a + b > cur[static_cast<size_t>(s1)] + cur[static_cast<size_t>(s2)]) {
-            std::swap(q1, q2);
-            cur[static_cast<size_t>(s1)] = b;
-            cur[static_cast<size_t>(s2)] = a;
-            changed = true;
-          }
-        }
-      }
-    }
-    if (!changed) break;
-  }
+  return Status();
 }
 
 }  // namespace morph

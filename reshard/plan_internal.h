@@ -47,14 +47,35 @@ inline int64_t NumEl(const Box& b) {
   return n;
 }
 
+// Row-major index, inside `frame`, of the first (last = false) or last element of box `b`.
+inline int64_t LinearIn(const Box& frame, const Box& b, bool last) {
+  int64_t l = 0;
+  for (int d = 0; d < frame.rank(); ++d) {
+    const int64_t i = last ? b.dim(d).end - 1 : b.dim(d).begin;
+    l = l * frame.dim(d).size() + (i - frame.dim(d).begin);
+  }
+  return l;
+}
+
 // What DP rank d, TP rank t holds of `spec`, assuming its stage holds the tensor.
 Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t);
 
 // Number of elements two shards of the same tensor have in common.
 int64_t OverlapCount(const Shard& a, const Shard& b);
 
+// OverlapCount(ShardAt(spec, oc, d, t), ShardAt(spec, nc, dn, tn)) for a TP-split ZeRO tensor,
+// in closed form without allocating: each shard is at most three (row range x in-row interval)
+// pieces of the [outer, split dim, inner] view of the tensor.
+int64_t ZeroSplitOverlap(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
+                         const ParallelConfig& nc, int dn, int tn);
+// The new DP ranks of new TP rank tn whose ZeRO ranges the same old shard touches: a hull
+// (every dn with ZeroSplitOverlap > 0 is inside it). Empty span if none.
+DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
+                     const ParallelConfig& nc, int tn);
+
 // Minimum-cost assignment of every row to a distinct column (rows <= columns): the column of
-// each row. O(rows^2 * columns); exact integer arithmetic, deterministic.
+// each row. O(rows^2 * columns); exact integer arithmetic, deterministic. The dense reference
+// the tests check the planner's sparse assignment (sparse_assign.h) against.
 std::vector<int> Hungarian(const std::vector<std::vector<int64_t>>& cost);
 
 }  // namespace plan_internal

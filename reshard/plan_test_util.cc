@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "reshard/layout.h"
+#include "reshard/plan_internal.h"
 
 namespace morph::testutil {
 
@@ -275,28 +276,52 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
 std::vector<std::vector<int64_t>> BruteResidentMatrix(const PlanInput& in) {
   std::vector<int32_t> avail = in.available;
   std::sort(avail.begin(), avail.end());
-  std::vector<int32_t> old_rank(static_cast<size_t>(in.num_participants), -1);
-  for (size_t r = 0; r < in.old_participant_of_rank.size(); ++r) {
-    if (in.old_participant_of_rank[r] >= 0) {
-      old_rank[static_cast<size_t>(in.old_participant_of_rank[r])] = static_cast<int32_t>(r);
-    }
-  }
+  std::vector<int32_t> column(static_cast<size_t>(in.num_participants), -1);
+  for (size_t j = 0; j < avail.size(); ++j) column[static_cast<size_t>(avail[j])] = int32_t(j);
   const int world = in.new_config.world();
   std::vector<std::vector<int64_t>> m(avail.size(), std::vector<int64_t>(world, 0));
-  for (size_t j = 0; j < avail.size(); ++j) {
-    const int32_t r = old_rank[static_cast<size_t>(avail[j])];
-    if (r < 0) continue;
-    for (int s = 0; s < world; ++s) {
-      for (const TensorSpec& spec : in.tensors) {
-        const Shard a = *ShardOf(spec, in.old_config, r);
-        const Shard b = *ShardOf(spec, in.new_config, s);
-        ForEach(Box::FromShape(spec.shape), [&](const std::vector<int64_t>& idx) {
-          if (Holds(a, idx) && Holds(b, idx)) m[j][static_cast<size_t>(s)] += DTypeSize(spec.dtype);
-        });
-      }
+  // Element by element: the available participants whose old rank holds it, times the new
+  // ranks that hold it.
+  std::vector<int32_t> olds;
+  std::vector<int> news;
+  for (const TensorSpec& spec : in.tensors) {
+    std::vector<Shard> old_shards, new_shards;
+    for (int r = 0; r < in.old_config.world(); ++r) {
+      old_shards.push_back(*ShardOf(spec, in.old_config, r));
     }
+    for (int s = 0; s < world; ++s) new_shards.push_back(*ShardOf(spec, in.new_config, s));
+    ForEach(Box::FromShape(spec.shape), [&](const std::vector<int64_t>& idx) {
+      olds.clear();
+      news.clear();
+      for (int r = 0; r < in.old_config.world(); ++r) {
+        const int32_t q = in.old_participant_of_rank[static_cast<size_t>(r)];
+        if (q >= 0 && column[static_cast<size_t>(q)] >= 0 && Holds(old_shards[size_t(r)], idx)) {
+          olds.push_back(column[static_cast<size_t>(q)]);
+        }
+      }
+      for (int s = 0; s < world; ++s) {
+        if (Holds(new_shards[size_t(s)], idx)) news.push_back(s);
+      }
+      for (int32_t j : olds) {
+        for (int s : news)
+          m[static_cast<size_t>(j)][static_cast<size_t>(s)] += DTypeSize(spec.dtype);
+      }
+    });
   }
   return m;
+}
+
+int64_t DenseBestResident(const std::vector<std::vector<int64_t>>& resident) {
+  if (resident.empty()) return 0;
+  const size_t world = resident[0].size();
+  std::vector<std::vector<int64_t>> cost(world, std::vector<int64_t>(resident.size()));
+  for (size_t j = 0; j < resident.size(); ++j) {
+    for (size_t s = 0; s < world; ++s) cost[s][j] = -resident[j][s];
+  }
+  const std::vector<int> col = plan_internal::Hungarian(cost);
+  int64_t best = 0;
+  for (size_t s = 0; s < world; ++s) best += resident[static_cast<size_t>(col[s])][s];
+  return best;
 }
 
 int64_t BruteBestResident(const std::vector<std::vector<int64_t>>& resident) {

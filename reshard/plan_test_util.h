@@ -40,8 +40,10 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
 // resident[j][s]: bytes of new rank s's shards that available participant in.available[j]
 // (sorted) already holds, counted element by element.
 std::vector<std::vector<int64_t>> BruteResidentMatrix(const PlanInput& in);
-// The largest total over every injective map new rank -> available participant.
+// The largest total over every injective map new rank -> available participant: by trying
+// every map (Brute, tiny worlds only) and by the dense Hungarian (Dense, O(world^2 * |avail|)).
 int64_t BruteBestResident(const std::vector<std::vector<int64_t>>& resident);
+int64_t DenseBestResident(const std::vector<std::vector<int64_t>>& resident);
 
 // One line per move; for comparing plans.
 std::string PlanToString(const LocalPlan& plan);
