@@ -12,6 +12,7 @@
 
 #include "base/logging.h"
 #include "base/params.h"
+#include "reshard/coverage.h"
 #include "reshard/strided_copy.h"
 
 #if MORPH_WITH_CUDA
@@ -362,8 +363,7 @@ class Execution {
       host_memory_ = true;
     }
 
-    // Resolve pieces; new shards must be covered exactly (by element count).
-    std::vector<int64_t> covered(nt, 0);
+    // Resolve pieces: each inside its shard, with a valid peer.
     auto resolve = [&](const PieceMove& m, const char* list, size_t k, bool from_old,
                        bool to_new) -> StatusOr<Piece> {
       if (m.tensor < 0 || m.tensor >= static_cast<int>(nt)) {
@@ -396,7 +396,6 @@ class Execution {
         }
         MORPH_ASSIGN_OR_RETURN(new_view, ViewOf(*plan_.new_shards[t], m.box),
                                PieceName(plan_, m, list, k));
-        covered[t] += p.elements;
       }
       const StridedView dense = ContiguousView(m.box.shape());
       if (local) {
@@ -434,13 +433,32 @@ class Execution {
       stats_.bytes_copied += p.elements * p.elem_size;
       locals_.push_back(std::move(p));
     }
-    for (size_t t = 0; t < nt; ++t) {
-      const int64_t want = plan_.new_shards[t] ? plan_.new_shards[t]->NumElements() : 0;
-      if (covered[t] != want) {
-        return InvalidArgumentError("recvs and local_copies give " + std::to_string(covered[t]) +
-                                    " elements of tensor '" + plan_.tensors[t].name +
-                                    "', its new shard holds " + std::to_string(want));
+    // Every new shard must be covered exactly once by recvs + local_copies + lost: disjoint
+    // pieces inside the shard whose total is the shard's (coverage.h; cost in the pieces).
+    for (size_t k = 0; k < plan_.lost.size(); ++k) {
+      const PieceMove& m = plan_.lost[k];
+      if (m.tensor < 0 || m.tensor >= static_cast<int>(nt)) {
+        return InvalidArgumentError(PieceName(plan_, m, "lost", k) + ": no such tensor index");
       }
+      if (!plan_.new_shards[static_cast<size_t>(m.tensor)]) {
+        return InvalidArgumentError(PieceName(plan_, m, "lost", k) + ": no new shard here");
+      }
+    }
+    std::vector<std::vector<CoveragePiece>> cover(nt);
+    auto add = [&](const std::vector<PieceMove>& list, const char* name) {
+      for (size_t k = 0; k < list.size(); ++k) {
+        const PieceMove& m = list[k];
+        cover[static_cast<size_t>(m.tensor)].push_back(
+            {m.box, std::string(name) + "[" + std::to_string(k) + "] (peer " +
+                        std::to_string(m.peer) + ")"});
+      }
+    };
+    add(plan_.recvs, "recvs");
+    add(plan_.local_copies, "local_copies");
+    add(plan_.lost, "lost");
+    for (size_t t = 0; t < nt; ++t) {
+      if (!plan_.new_shards[t]) continue;  // pieces into a missing shard were rejected above
+      MORPH_RETURN_IF_ERROR(ValidateCoverage(plan_.tensors[t].name, *plan_.new_shards[t], cover[t]));
     }
     return Status();
   }

@@ -408,7 +408,8 @@ TEST_F(ValidationTest, PieceOutsideShard) {
 TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
   LocalPlan p = plans_[0];
   p.local_copies.pop_back();
-  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("its new shard holds 8")));
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("tensor 'b'"), HasSubstr("not covered"))));
   p = plans_[0];
   p.recvs[0].peer = 7;
   EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("bad peer")));
@@ -420,6 +421,63 @@ TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
   p = plans_[0];
   p.recvs[0].tensor = 9;
   EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor index")));
+}
+
+// Issue 7: plans whose element counts match but that write some elements twice and others never
+// used to pass and return OK with half the new shard left as the allocator's fill.
+TEST(ExecutorTest, CoverageIsExactNotByCount) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans =
+      BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})}, {ReplicatedLayout(tensors[0], {0})}, 1);
+  ASSERT_EQ(plans[0].local_copies.size(), 1u);
+  LocalPlan p = plans[0];
+  p.local_copies = {{0, 0, Box({{0, 4}, {0, 8}})}, {0, 0, Box({{0, 4}, {0, 8}})}};
+  auto ref = Reference(tensors);
+  ParticipantData d = MakeParticipantData(p, ref);
+  auto hub = std::make_shared<InProcHub>(1);
+  InProcTransport t(hub, 0);
+  EXPECT_THAT(Reshard(p, d.olds, t, HostAllocator(), SmallOptions(), Deadline::AfterMs(1000)),
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("tensor 'w'"), HasSubstr("local_copies[0] (peer 0) box [0,4)x[0,8)"),
+                             HasSubstr("overlap"))));
+}
+
+TEST_F(ValidationTest, ReceivingAPieceTwiceIsRejected) {
+  // Participant 0 keeps rows 0-3 of its new columns and receives rows 4-7 from participant 1;
+  // here it "receives" rows 0-3 instead: counts match, rows 4-7 would never be written.
+  LocalPlan p = plans_[0];
+  ASSERT_EQ(p.recvs[0].tensor, 0);
+  ASSERT_EQ(p.recvs[0].box, Box({{4, 8}, {0, 4}}));
+  p.recvs[0].box = Box({{0, 4}, {0, 4}});
+  p.sends.clear();  // nothing must be exchanged: validation fails first
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("tensor 'w'"), HasSubstr("recvs[0] (peer 1) box [0,4)x[0,4)"),
+                                     HasSubstr("overlap"))));
+}
+
+TEST_F(ValidationTest, LostPiecesCountTowardsCoverage) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans =
+      BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})}, {ReplicatedLayout(tensors[0], {0})}, 1);
+  LocalPlan p = plans[0];
+  auto ref = Reference(tensors);
+  ParticipantData d = MakeParticipantData(p, ref);
+  // Rows 4-7 are lost: the executor leaves them alone and the plan still validates.
+  p.local_copies = {{0, 0, Box({{0, 4}, {0, 8}})}};
+  p.lost = {{0, -1, Box({{4, 8}, {0, 8}})}};
+  auto hub = std::make_shared<InProcHub>(1);
+  InProcTransport t(hub, 0);
+  std::vector<char> before = d.new_data[0];
+  MORPH_ASSERT_OK(
+      ExecutePlan(p, d.olds, d.news, t, SmallOptions(), Deadline::AfterMs(1000)).status());
+  EXPECT_EQ(std::memcmp(d.new_data[0].data(), ref[0].data(), 128), 0);
+  EXPECT_EQ(std::memcmp(d.new_data[0].data() + 128, before.data() + 128, 128), 0);
+  p.lost.push_back({0, -1, Box({{7, 8}, {0, 1}})});
+  auto hub2 = std::make_shared<InProcHub>(1);
+  InProcTransport t2(hub2, 0);
+  EXPECT_THAT(ExecutePlan(p, d.olds, d.news, t2, SmallOptions(), Deadline::AfterMs(1000)),
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("lost[0]"), HasSubstr("lost[1]"), HasSubstr("overlap"))));
 }
 
 TEST(ExecutorTest, ReshardAllocatesNewBuffers) {

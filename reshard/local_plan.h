@@ -49,8 +49,12 @@ struct LocalPlan {
   std::vector<PieceMove> sends;
   std::vector<PieceMove> recvs;
   // Pieces copied from this participant's old storage into its new storage (peer == self).
-  // Together with `recvs`, they cover every element of every new shard exactly once.
   std::vector<PieceMove> local_copies;
+  // Pieces of new shards that no surviving participant holds (peer -1): the executor leaves
+  // them unwritten and the caller fills them (e.g. from a checkpoint). recvs + local_copies +
+  // lost cover every element of every new shard exactly once; the executor rejects a plan
+  // where they do not (kInvalidArgument naming tensor and box).
+  std::vector<PieceMove> lost;
 };
 
 }  // namespace morph

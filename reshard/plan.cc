@@ -461,6 +461,7 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
   if (lost != nullptr) {
     SortMoves(lost_here);
     lost->insert(lost->end(), lost_here.begin(), lost_here.end());
+    lp.lost = std::move(lost_here);  // the executor checks recvs + local_copies + lost cover
   }
   return lp;
 }
