@@ -19,6 +19,7 @@
 
 #include "reshard/box.h"
 #include "reshard/dtype.h"
+#include "reshard/plan_digest.h"
 #include "reshard/shard.h"
 
 namespace morph {
@@ -40,6 +41,9 @@ struct PieceMove {
 struct LocalPlan {
   int32_t participant = 0;
   int32_t num_participants = 0;
+  // What the plan was derived from (set by the Planner; unknown, all 0, for a hand-built plan).
+  // The executor proves every peer it exchanges with runs a plan of the same digest.
+  PlanDigest digest;
   std::vector<TensorInfo> tensors;
   // Indexed like `tensors`: what this participant holds before and after. nullopt (or an
   // empty shard) = nothing.

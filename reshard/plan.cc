@@ -215,6 +215,7 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
   p.classes_ = std::move(classes);
   p.in_ = std::make_shared<const PlanInput>(std::move(input));
   MORPH_RETURN_IF_ERROR(p.ComputeAssignment(options));
+  p.digest_ = DigestPlanInput(*p.in_, options, p.assignment_.participant_of_new_rank);
   return p;
 }
 
@@ -342,6 +343,7 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
   LocalPlan lp;
   lp.participant = q;
   lp.num_participants = in.num_participants;
+  lp.digest = digest_;
   const size_t nt = in.tensors.size();
   lp.tensors.reserve(nt);
   for (const TensorSpec& t : in.tensors) lp.tensors.push_back({t.name, t.dtype, t.shape});

@@ -98,6 +98,9 @@ class Planner {
 
   const PlanInput& input() const { return *in_; }
   const Assignment& assignment() const { return assignment_; }
+  // Digest of the input, options and assignment (plan_digest.h); copied into every LocalPlan.
+  // A field added to PlanInput, TensorSpec or PlanOptions must be added to DigestPlanInput.
+  const PlanDigest& digest() const { return digest_; }
 
   // The participant's part of the plan. kInvalidArgument if `participant` is out of range.
   // When an element the participant needs has no surviving holder: with `lost` == nullptr,
@@ -140,6 +143,7 @@ class Planner {
   std::shared_ptr<const PlanInput> in_;
   std::shared_ptr<const Classes> classes_;
   Assignment assignment_;
+  PlanDigest digest_;
 };
 
 }  // namespace morph
