@@ -120,6 +120,7 @@ class Planner {
   struct Totals {
     int64_t needed = 0;
     int64_t resident = 0;
+    bool overflow = false;  // needed does not fit int64 (then needed/resident are meaningless)
   };
   Totals ComputeTotals() const;
   // Exact resident bytes if `participant` took new rank `new_rank` (0 for joiners). Both must
@@ -128,7 +129,8 @@ class Planner {
 
   // Byte counts of a whole plan (every participant's LocalPlan, in participant order, and the
   // lost pieces PlanAll reported, if any). kInvalidArgument if `plans` or `lost` has the wrong
-  // size; kInternal if the plans disagree (bytes sent != bytes received).
+  // size or a byte total overflows int64 (message starts "bytes needed" when the new shards'
+  // total does); kInternal if the plans disagree (bytes sent != bytes received).
   StatusOr<PlanSummary> Summarize(const std::vector<LocalPlan>& plans,
                                   const std::vector<std::vector<PieceMove>>* lost = nullptr) const;
 
