@@ -459,5 +459,68 @@ TEST(ReshardGlooTest, DisagreeingPlansFailTheHandshake) {
   EXPECT_NE(r[3].message.find("executor message layout"), std::string::npos) << r[3].message;
 }
 
+// Buffer lifetime (executor.h): a peer SIGKILLed in the middle of the data exchange. The
+// survivors run Reshard, which frees the new buffers it allocated (and the executor its staging)
+// as soon as ExecutePlan failed; the transport must no longer touch them by then. Run under
+// ASan (make test SANITIZE=address,undefined) a late Gloo write into freed memory is a
+// heap-use-after-free report and a failed child; survivors linger 1.5 s after the failure so that
+// a late write would happen while the test still watches.
+TEST(ReshardGlooTest, PeerKilledMidTransferReleasesBuffersBeforeReshardReturns) {
+  constexpr int kVictim = 2;
+  PlanInput in = MergeInput();
+  const int n = in.num_participants;
+  ForkedRanks ranks = ForkedRanks::Fork(n, [&](int me, const std::string& address) {
+    Status s = [&]() -> Status {
+      MORPH_ASSIGN_OR_RETURN(Planner planner, Planner::Create(in));
+      MORPH_ASSIGN_OR_RETURN(LocalPlan plan, planner.PlanFor(me));
+      const std::vector<std::vector<char>> ref = References(plan);
+      testutil::ParticipantData data = testutil::MakeParticipantData(plan, ref);
+      MORPH_ASSIGN_OR_RETURN(auto store,
+                             TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+      MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, n));
+      CommTransport transport(comm.get(), std::chrono::seconds(5));
+      ExecutorOptions o = SmallChunks();
+      o.chunk_bytes = 8 << 10;  // many rounds: the kill lands mid-exchange
+      MORPH_RETURN_IF_ERROR(
+          store->Set("started/" + std::to_string(me), "1", Deadline::AfterMs(5000)));
+      const auto start = Clock::now();
+      StatusOr<ReshardResult> r =
+          Reshard(plan, data.olds, transport, HostAllocator(), o, Deadline::AfterMs(10000));
+      const double seconds = SecondsSince(start);
+      if (me == kVictim) {
+        std::this_thread::sleep_for(std::chrono::seconds(30));  // killed long before
+        return InternalError("the victim was not killed");
+      }
+      std::fprintf(stderr, "survivor %d: Reshard returned after %.3f s: %s\n", me, seconds,
+                   r.status().ToString().c_str());
+      const StatusCode code = r.status().code();
+      if (code != StatusCode::kUnavailable && code != StatusCode::kAborted &&
+          code != StatusCode::kDeadlineExceeded) {
+        return InternalError("Reshard returned " + r.status().ToString());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return CheckOldIntact(plan, data, ref);
+    }();
+    return ExitCode(me, s);
+  });
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  ranks.Release(server->address());
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coordinator, TcpStoreClient::Connect(server->address(), kToken, 0,
+                                                                       Deadline::AfterMs(5000)));
+  std::vector<std::string> started;
+  for (int r = 0; r < n; ++r) started.push_back("started/" + std::to_string(r));
+  MORPH_ASSERT_OK(coordinator->Wait(started, Deadline::AfterMs(30000)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the handshake
+  ranks.Kill(kVictim);
+  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+  for (int r = 0; r < n; ++r) {
+    if (r == kVictim) {
+      EXPECT_EQ(codes[r], 128 + SIGKILL);
+    } else {
+      EXPECT_EQ(codes[r], 0) << "participant " << r;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace morph
