@@ -123,8 +123,8 @@ StatusOr<std::unique_ptr<TransportWork>> CommTransport::Start(std::span<const Se
   ops.reserve(sends.size() + recvs.size() + out_peers.size() + in_peers.size());
   for (size_t i = 0; i < out_peers.size(); ++i) {
     to[static_cast<size_t>(out_peers[i])].Store(out.data() + i * kTagRecordBytes);
-    ops.push_back({P2POp::Kind::kSend, out_peers[i], out.data() + i * kTagRecordBytes,
-                   kTagRecordBytes});
+    ops.push_back(
+        {P2POp::Kind::kSend, out_peers[i], out.data() + i * kTagRecordBytes, kTagRecordBytes});
   }
   for (size_t i = 0; i < in_peers.size(); ++i) {
     ops.push_back(

@@ -65,8 +65,10 @@ TEST(FindOverlapTest, ManyDisjointPiecesAreFast) {
 
 TEST(ValidateCoverageTest, ExactCoverIsOk) {
   MORPH_ASSERT_OK_AND_ASSIGN(Shard s, Shard::Whole(Box::FromShape({8, 8})));
-  std::vector<CoveragePiece> p{{Box({{0, 4}, {0, 8}}), "a"}, {Box({{4, 8}, {0, 3}}), "b"},
-                               {Box({{4, 8}, {3, 8}}), "c"}, {Box({{2, 2}, {0, 8}}), "empty"}};
+  std::vector<CoveragePiece> p{{Box({{0, 4}, {0, 8}}), "a"},
+                               {Box({{4, 8}, {0, 3}}), "b"},
+                               {Box({{4, 8}, {3, 8}}), "c"},
+                               {Box({{2, 2}, {0, 8}}), "empty"}};
   MORPH_EXPECT_OK(ValidateCoverage("w", s, p));
   // A flat (ZeRO) shard: elements 5..16 of a 4x6 frame.
   Shard flat{Box::FromShape({4, 6}), 5, 17};
@@ -86,10 +88,10 @@ TEST(ValidateCoverageTest, TwiceNeverAndOutsideAreNamed) {
                              HasSubstr("local_copies[1]"), HasSubstr("overlap"))));
   std::vector<CoveragePiece> missing{{Box({{0, 4}, {0, 8}}), "recvs[0]"}};
   EXPECT_THAT(ValidateCoverage("w", s, missing),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("tensor 'w'"), HasSubstr("32 of the 64 elements of box "
-                                                                "[0,8)x[0,8)"),
-                             HasSubstr("not covered"))));
+              StatusIs(StatusCode::kInvalidArgument, AllOf(HasSubstr("tensor 'w'"),
+                                                           HasSubstr("32 of the 64 elements of box "
+                                                                     "[0,8)x[0,8)"),
+                                                           HasSubstr("not covered"))));
   Shard flat{Box::FromShape({4, 6}), 5, 17};
   std::vector<CoveragePiece> outside{{Box({{0, 1}, {0, 6}}), "recvs[3]"}};
   EXPECT_THAT(ValidateCoverage("m", flat, outside),

@@ -560,9 +560,9 @@ class Execution {
     auto add = [&](const std::vector<PieceMove>& list, const char* name) {
       for (size_t k = 0; k < list.size(); ++k) {
         const PieceMove& m = list[k];
-        cover[static_cast<size_t>(m.tensor)].push_back(
-            {m.box, std::string(name) + "[" + std::to_string(k) + "] (peer " +
-                        std::to_string(m.peer) + ")"});
+        cover[static_cast<size_t>(m.tensor)].push_back({m.box, std::string(name) + "[" +
+                                                                   std::to_string(k) + "] (peer " +
+                                                                   std::to_string(m.peer) + ")"});
       }
     };
     add(plan_.recvs, "recvs");
@@ -570,7 +570,8 @@ class Execution {
     add(plan_.lost, "lost");
     for (size_t t = 0; t < nt; ++t) {
       if (!plan_.new_shards[t]) continue;  // pieces into a missing shard were rejected above
-      MORPH_RETURN_IF_ERROR(ValidateCoverage(plan_.tensors[t].name, *plan_.new_shards[t], cover[t]));
+      MORPH_RETURN_IF_ERROR(
+          ValidateCoverage(plan_.tensors[t].name, *plan_.new_shards[t], cover[t]));
     }
     return Status();
   }

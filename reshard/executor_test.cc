@@ -334,7 +334,8 @@ struct PairRun {
   ParticipantData d[2];
 };
 PairRun RunPair(const LocalPlan& p0, const LocalPlan& p1, const std::vector<std::vector<char>>& ref,
-                std::shared_ptr<InProcHub> hub, std::function<void(ParticipantData&, int)> tweak = {},
+                std::shared_ptr<InProcHub> hub,
+                std::function<void(ParticipantData&, int)> tweak = {},
                 ExecutorOptions o1 = SmallOptions(), int delay_ms[2] = nullptr) {
   PairRun r;
   r.d[0] = MakeParticipantData(p0, ref);
@@ -350,8 +351,7 @@ PairRun RunPair(const LocalPlan& p0, const LocalPlan& p1, const std::vector<std:
       r.s[i] = ExecutePlan(*plans[i], r.d[i].olds, r.d[i].news, t, i == 1 ? o1 : SmallOptions(),
                            Deadline::AfterMs(30000))
                    .status();
-      r.seconds[i] =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     });
   }
   for (auto& t : ts) t.join();
@@ -412,10 +412,11 @@ TEST(ExecutorTest, DigestMismatchNamesTheDifferingPart) {
   plans[1].digest.parts[PlanDigest::kNewConfig] = 7;
   PairRun r = RunPair(plans[0], plans[1], ref, std::make_shared<InProcHub>(2));
   for (int i = 0; i < 2; ++i) {
-    EXPECT_THAT(r.s[i], StatusIs(StatusCode::kFailedPrecondition,
-                                 AllOf(HasSubstr("participant " + std::to_string(1 - i) +
-                                                 " runs a different plan"),
-                                       HasSubstr("differ in new config ("))));
+    EXPECT_THAT(
+        r.s[i],
+        StatusIs(StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr("participant " + std::to_string(1 - i) + " runs a different plan"),
+                       HasSubstr("differ in new config ("))));
   }
   // Executor options that cut messages differently are part of the agreement too.
   plans[1].digest = plans[0].digest;
@@ -469,9 +470,10 @@ TEST(ExecutorTest, LocalValidationFailureFailsPeersFast) {
   PairRun q = RunPair(plans[0], plans[1], ref, std::make_shared<InProcHub>(2), shrink1,
                       SmallOptions(), late);
   EXPECT_THAT(q.s[0], StatusIs(StatusCode::kUnavailable, HasSubstr("peer 1 aborted")));
-  std::printf("peer of a failed participant: failed %.1f ms after it started (waiting, includes "
-              "the 50 ms start delay) / %.1f ms (arriving late); deadline 30000 ms\n",
-              r.seconds[0] * 1000, q.seconds[0] * 1000);
+  std::printf(
+      "peer of a failed participant: failed %.1f ms after it started (waiting, includes "
+      "the 50 ms start delay) / %.1f ms (arriving late); deadline 30000 ms\n",
+      r.seconds[0] * 1000, q.seconds[0] * 1000);
   EXPECT_LT(r.seconds[0], 1.0);
   EXPECT_LT(q.seconds[0], 1.0);
 }
@@ -552,8 +554,8 @@ TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
 // used to pass and return OK with half the new shard left as the allocator's fill.
 TEST(ExecutorTest, CoverageIsExactNotByCount) {
   std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
-  auto plans =
-      BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})}, {ReplicatedLayout(tensors[0], {0})}, 1);
+  auto plans = BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})},
+                          {ReplicatedLayout(tensors[0], {0})}, 1);
   ASSERT_EQ(plans[0].local_copies.size(), 1u);
   LocalPlan p = plans[0];
   p.local_copies = {{0, 0, Box({{0, 4}, {0, 8}})}, {0, 0, Box({{0, 4}, {0, 8}})}};
@@ -561,10 +563,11 @@ TEST(ExecutorTest, CoverageIsExactNotByCount) {
   ParticipantData d = MakeParticipantData(p, ref);
   auto hub = std::make_shared<InProcHub>(1);
   InProcTransport t(hub, 0);
-  EXPECT_THAT(Reshard(p, d.olds, t, HostAllocator(), SmallOptions(), Deadline::AfterMs(1000)),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("tensor 'w'"), HasSubstr("local_copies[0] (peer 0) box [0,4)x[0,8)"),
-                             HasSubstr("overlap"))));
+  EXPECT_THAT(
+      Reshard(p, d.olds, t, HostAllocator(), SmallOptions(), Deadline::AfterMs(1000)),
+      StatusIs(StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("tensor 'w'"), HasSubstr("local_copies[0] (peer 0) box [0,4)x[0,8)"),
+                     HasSubstr("overlap"))));
 }
 
 TEST_F(ValidationTest, ReceivingAPieceTwiceIsRejected) {
@@ -576,14 +579,15 @@ TEST_F(ValidationTest, ReceivingAPieceTwiceIsRejected) {
   p.recvs[0].box = Box({{0, 4}, {0, 4}});
   p.sends.clear();  // nothing must be exchanged: validation fails first
   EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
-                               AllOf(HasSubstr("tensor 'w'"), HasSubstr("recvs[0] (peer 1) box [0,4)x[0,4)"),
+                               AllOf(HasSubstr("tensor 'w'"),
+                                     HasSubstr("recvs[0] (peer 1) box [0,4)x[0,4)"),
                                      HasSubstr("overlap"))));
 }
 
 TEST_F(ValidationTest, LostPiecesCountTowardsCoverage) {
   std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
-  auto plans =
-      BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})}, {ReplicatedLayout(tensors[0], {0})}, 1);
+  auto plans = BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})},
+                          {ReplicatedLayout(tensors[0], {0})}, 1);
   LocalPlan p = plans[0];
   auto ref = Reference(tensors);
   ParticipantData d = MakeParticipantData(p, ref);

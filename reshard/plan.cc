@@ -501,13 +501,16 @@ StatusOr<PlanSummary> Planner::Summarize(const std::vector<LocalPlan>& plans,
   }
   const Totals t = ComputeTotals();
   if (t.overflow) {
-    return BadInput("bytes needed: the new shards of all ranks hold more than 2^63-1 bytes in "
-                    "total (int64 overflow); no plan can move that");
+    return BadInput(
+        "bytes needed: the new shards of all ranks hold more than 2^63-1 bytes in "
+        "total (int64 overflow); no plan can move that");
   }
   // Every other sum is bounded by bytes needed for consistent plans; checked anyway, since the
   // plans are an argument.
   bool overflow = false;
-  auto add = [&overflow](int64_t& acc, int64_t b) { overflow |= __builtin_add_overflow(acc, b, &acc); };
+  auto add = [&overflow](int64_t& acc, int64_t b) {
+    overflow |= __builtin_add_overflow(acc, b, &acc);
+  };
   for (size_t q = 0; lost != nullptr && q < n; ++q) {
     for (const PieceMove& m : (*lost)[q]) add(sum.bytes_lost, PieceBytes(plans[q], m));
   }

@@ -43,14 +43,14 @@ class DigestHasher {
 
 struct PlanDigest {
   enum Part : int {
-    kTensors = 0,        // names, dtypes, shapes, layouts, in order
-    kOldConfig,          // old ParallelConfig
-    kOldParticipants,    // old rank -> participant
-    kNewConfig,          // new ParallelConfig
-    kParticipants,       // available participants (sorted) and num_participants
-    kAssignment,         // new rank -> participant (the planner's, or the one it was given)
-    kPlanOptions,        // PlanOptions
-    kMessageLayout,      // executor options that cut messages (WithMessageLayout)
+    kTensors = 0,      // names, dtypes, shapes, layouts, in order
+    kOldConfig,        // old ParallelConfig
+    kOldParticipants,  // old rank -> participant
+    kNewConfig,        // new ParallelConfig
+    kParticipants,     // available participants (sorted) and num_participants
+    kAssignment,       // new rank -> participant (the planner's, or the one it was given)
+    kPlanOptions,      // PlanOptions
+    kMessageLayout,    // executor options that cut messages (WithMessageLayout)
     kNumParts
   };
   std::array<uint64_t, kNumParts> parts{};

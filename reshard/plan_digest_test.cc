@@ -113,7 +113,8 @@ TEST(PlanSummaryTest, ByteTotalsThatOverflowAreAnError) {
                .available = {0},
                .num_participants = 1};
   for (const char* name : {"a", "b", "c", "d"}) {
-    in.tensors.push_back({name, DType::kF64, {int64_t{1} << 30, int64_t{1} << 29}, Layout::Layer(0)});
+    in.tensors.push_back(
+        {name, DType::kF64, {int64_t{1} << 30, int64_t{1} << 29}, Layout::Layer(0)});
   }
   MORPH_ASSERT_OK_AND_ASSIGN(Planner p, Planner::Create(in));
   EXPECT_TRUE(p.ComputeTotals().overflow);

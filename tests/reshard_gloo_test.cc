@@ -357,9 +357,9 @@ std::vector<ForkedResult> RunTweaked(const PlanInput& in, const Tweak& tweak) {
       MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, n));
       CommTransport transport(comm.get(), std::chrono::seconds(15));
       const auto start = Clock::now();
-      Status r = ExecutePlan(plan, data.olds, data.news, transport, options,
-                             Deadline::AfterMs(20000))
-                     .status();
+      Status r =
+          ExecutePlan(plan, data.olds, data.news, transport, options, Deadline::AfterMs(20000))
+              .status();
       const double seconds = SecondsSince(start);
       std::fprintf(stderr, "participant %d: executor returned after %.3f s: %s\n", me, seconds,
                    r.ToString().c_str());
@@ -415,9 +415,8 @@ PlanInput MergeInput() {
 // fails within milliseconds, and those that exchange with it name it and its reason.
 TEST(ReshardGlooTest, InvalidPlanOnOneParticipantFailsEveryPeerFast) {
   constexpr int kBad = 1;
-  std::vector<ForkedResult> r =
-      RunTweaked(MergeInput(), [](int me, LocalPlan&, testutil::ParticipantData& d,
-                                  ExecutorOptions&) {
+  std::vector<ForkedResult> r = RunTweaked(
+      MergeInput(), [](int me, LocalPlan&, testutil::ParticipantData& d, ExecutorOptions&) {
         if (me == kBad) d.news[0].data.bytes -= 2;
       });
   EXPECT_EQ(r[kBad].code, StatusCode::kInvalidArgument) << r[kBad].message;

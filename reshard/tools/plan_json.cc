@@ -196,8 +196,8 @@ class DuplicateKeyCheck {
         Frame& f = frames_.back();
         f.key = parsed.get<std::string>();
         if (!f.keys.insert(f.key).second && error_.ok()) {
-          error_ = Bad(f.path + "." + f.key,
-                       "duplicate key (a JSON object may name each field once)");
+          error_ =
+              Bad(f.path + "." + f.key, "duplicate key (a JSON object may name each field once)");
         }
         break;
       }
