@@ -1,11 +1,13 @@
 #include "reshard/executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -252,7 +254,7 @@ constexpr uint64_t kHelloMagic = 0x3148534850524f4dull;  // "MORPHSH1"
 constexpr uint64_t kHelloTag = 0x6d6f727068656c6full;    // handshake messages' transport tag
 constexpr uint64_t kHelloFailed = 1;
 constexpr size_t kHelloBytes = 512;
-constexpr size_t kHelloReasonAt = 32 + 8 * PlanDigest::kNumParts + 40;
+constexpr size_t kHelloReasonAt = 32 + 8 * PlanDigest::kNumParts + 48;
 static_assert(kHelloReasonAt < kHelloBytes);
 
 struct Hello {
@@ -264,6 +266,9 @@ struct Hello {
   uint64_t recvs_hash = 0;  // the pieces the sender receives from the receiver
   uint64_t sends_count = 0;
   uint64_t recvs_count = 0;
+  // Fresh per execution: the pair's message tags depend on both sides' nonces, so a message left
+  // over from an earlier execution of the same plan on the same transport fails too.
+  uint64_t nonce = 0;
   std::string reason;  // when kHelloFailed
 
   void Encode(char* out) const {
@@ -281,6 +286,7 @@ struct Hello {
     put(recvs_hash);
     put(sends_count);
     put(recvs_count);
+    put(nonce);
     const size_t n = std::min(reason.size(), kHelloBytes - kHelloReasonAt - 1);
     put(n);
     std::memcpy(out + at, reason.data(), n);
@@ -302,6 +308,7 @@ struct Hello {
     recvs_hash = get();
     sends_count = get();
     recvs_count = get();
+    nonce = get();
     const uint64_t n = get();
     if (n > kHelloBytes - kHelloReasonAt - 1) return false;
     reason.assign(in + at, static_cast<size_t>(n));
@@ -327,10 +334,21 @@ class PairHasher {
   uint64_t count_ = 0;
 };
 
-// The transport tag of message `index` from `src` to `dst` of the reshard `session`.
-uint64_t MessageTag(uint64_t session, int src, int dst, int64_t index) {
+// The transport tag of message `index` from `src` to `dst` of the reshard `session`, whose
+// executions on the two sides drew the nonces `src_nonce` and `dst_nonce`.
+uint64_t MessageTag(uint64_t session, int src, int dst, uint64_t src_nonce, uint64_t dst_nonce,
+                    int64_t index) {
   DigestHasher h;
-  h.Add(session).Add(src).Add(dst).Add(index);
+  h.Add(session).Add(src).Add(dst).Add(src_nonce).Add(dst_nonce).Add(index);
+  return h.value();
+}
+
+uint64_t FreshNonce() {
+  static std::atomic<uint64_t> counter{0};
+  std::random_device rd;
+  DigestHasher h;
+  h.Add((uint64_t{rd()} << 32) ^ rd()).Add(++counter);
+  h.Add(static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
   return h.value();
 }
 
@@ -637,6 +655,8 @@ class Execution {
     const std::vector<int> peers = PlanPeers();
     if (peers.empty()) return Status();
     const int n = plan_.num_participants;
+    nonce_ = FreshNonce();
+    peer_nonce_.assign(static_cast<size_t>(n), 0);
     std::vector<PairHasher> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
     for (const PieceMove& m : plan_.sends) to[static_cast<size_t>(m.peer)].Add(plan_, m);
     for (const PieceMove& m : plan_.recvs) from[static_cast<size_t>(m.peer)].Add(plan_, m);
@@ -646,6 +666,7 @@ class Execution {
       h.participant = plan_.participant;
       h.num_participants = n;
       h.digest = digest_;
+      h.nonce = nonce_;
       const auto& t = to[static_cast<size_t>(peers[i])];
       const auto& f = from[static_cast<size_t>(peers[i])];
       h.sends_hash = t.value();
@@ -672,6 +693,7 @@ class Execution {
             who + " runs a different plan: they differ in " + digest_.Differences(h.digest) +
             " (plan digest " + digest_.ToString() + " here, " + h.digest.ToString() + " there)");
       }
+      peer_nonce_[static_cast<size_t>(peers[i])] = h.nonce;
       const Hello& m = mine[i];
       if (h.sends_hash != m.recvs_hash || h.sends_count != m.recvs_count) {
         return FailedPreconditionError(
@@ -687,6 +709,15 @@ class Execution {
       }
     }
     return Status();
+  }
+
+  uint64_t SendTag(int peer, int64_t index) const {
+    return MessageTag(session_, plan_.participant, peer, nonce_,
+                      peer_nonce_[static_cast<size_t>(peer)], index);
+  }
+  uint64_t RecvTag(int peer, int64_t index) const {
+    return MessageTag(session_, peer, plan_.participant, peer_nonce_[static_cast<size_t>(peer)],
+                      nonce_, index);
   }
 
   // Local copies are cut into chunk-sized slices that run while rounds are in flight, so that
@@ -743,7 +774,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_sent;
         sops.push_back({m.peer, sends_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, sends_), MessageTag(session_, plan_.participant, m.peer, r)});
+                        layout_of(m, sends_), SendTag(m.peer, r)});
         continue;
       }
       char* data = m.direct;
@@ -762,7 +793,7 @@ class Execution {
       }
       ++stats_.messages_sent;
       sops.push_back(
-          {m.peer, data, m.bytes, nullptr, MessageTag(session_, plan_.participant, m.peer, r)});
+          {m.peer, data, m.bytes, nullptr, SendTag(m.peer, r)});
     }
     MORPH_RETURN_IF_ERROR(engine_->Sync());
     stats_.pack_seconds += Since(t);
@@ -772,7 +803,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_received;
         rops.push_back({m.peer, recvs_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, recvs_), MessageTag(session_, m.peer, plan_.participant, r)});
+                        layout_of(m, recvs_), RecvTag(m.peer, r)});
         continue;
       }
       char* data = m.direct;
@@ -785,7 +816,7 @@ class Execution {
       }
       ++stats_.messages_received;
       rops.push_back(
-          {m.peer, data, m.bytes, nullptr, MessageTag(session_, m.peer, plan_.participant, r)});
+          {m.peer, data, m.bytes, nullptr, RecvTag(m.peer, r)});
     }
     auto work = transport_.Start(sops, rops);
     if (!work.ok()) {
@@ -893,6 +924,8 @@ class Execution {
   Transport& transport_;
   PlanDigest digest_;     // plan_.digest with the message layout
   uint64_t session_ = 0;  // digest_.combined(): seeds the message tags
+  uint64_t nonce_ = 0;    // this execution's, sent in the handshake
+  std::vector<uint64_t> peer_nonce_;
   const ExecutorOptions options_;
   const Deadline deadline_;
   std::unique_ptr<CopyEngine> engine_;

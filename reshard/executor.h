@@ -27,8 +27,9 @@
 // MessageLayoutDigest, see WithMessageLayout) and a hash of the pieces listed for the pair in
 // each direction. A mismatch is kFailedPrecondition naming the differing digest part (or the
 // pair's piece lists) and the peer, and nothing else moves. Every data message then carries a
-// transport tag derived from the digest, the pair and the message index (transport.h), so a
-// stray message (another plan, another reshard, another position) fails the receiving group.
+// transport tag derived from the digest, the pair, both sides' per-execution nonces (swapped in
+// the handshake) and the message index (transport.h), so a stray message (another plan, an
+// earlier execution, another position) fails the receiving group.
 // A pair whose plans do not even agree that they exchange anything is not detected here (one
 // side waits for a handshake that never comes, until its deadline); the runtime's commit digest
 // covers that case.
@@ -71,10 +72,12 @@
 namespace morph {
 
 struct ExecutorOptions {
-  // Largest message to one peer. Must be equal on all participants.
+  // Largest message to one peer. Must be equal on all participants (checked: it is part of the
+  // digest every pair compares before the exchange, see "Agreement").
   uint64_t chunk_bytes = uint64_t{4} << 20;
   // Bound on this participant's staging memory (send and receive staging together; one round
-  // is always allowed, see EffectiveChunkBytes). Must be equal on all participants.
+  // is always allowed, see EffectiveChunkBytes). Must be equal on all participants (checked
+  // like chunk_bytes).
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Rounds posted but not yet completed. Deeper pipelines only add staging memory (which is
   // first-touched, i.e. slow, when fresh); may differ between participants.

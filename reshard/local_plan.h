@@ -9,6 +9,9 @@
 // tensor index, then by box origin). The executor may pack consecutive pieces to one peer
 // into one message and split large pieces, but both sides derive message boundaries only
 // from these lists and from ExecutorOptions fields that must be equal on all participants.
+// The executor checks both before any data moves (a per-pair handshake of list hashes and of
+// the plan digest, executor.h "Agreement"), and checks that recvs + local_copies + lost cover
+// every new shard exactly once (reshard/coverage.h).
 #ifndef MORPH_RESHARD_LOCAL_PLAN_H_
 #define MORPH_RESHARD_LOCAL_PLAN_H_
 
