@@ -1,13 +1,11 @@
 #include "reshard/executor.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -16,6 +14,7 @@
 #include "base/logging.h"
 #include "base/params.h"
 #include "reshard/coverage.h"
+#include "reshard/plan_handshake.h"
 #include "reshard/strided_copy.h"
 
 #if MORPH_WITH_CUDA
@@ -246,112 +245,6 @@ std::string PieceName(const LocalPlan& plan, const PieceMove& m, const char* lis
   return os.str();
 }
 
-// The handshake: before the first data byte, every pair that exchanges pieces swaps one Hello
-// in each direction (a fixed-size, little-endian record), proving that both run the same plan
-// (digest parts) and list the same pieces for this pair; a participant that failed before the
-// exchange sends its reason instead, so peers fail at once and know why.
-constexpr uint64_t kHelloMagic = 0x3148534850524f4dull;  // "MORPHSH1"
-constexpr uint64_t kHelloTag = 0x6d6f727068656c6full;    // handshake messages' transport tag
-constexpr uint64_t kHelloFailed = 1;
-constexpr size_t kHelloBytes = 512;
-constexpr size_t kHelloReasonAt = 32 + 8 * PlanDigest::kNumParts + 48;
-static_assert(kHelloReasonAt < kHelloBytes);
-
-struct Hello {
-  uint64_t flags = 0;
-  int64_t participant = 0;
-  int64_t num_participants = 0;
-  PlanDigest digest;
-  uint64_t sends_hash = 0;  // the pieces the sender sends to the receiver
-  uint64_t recvs_hash = 0;  // the pieces the sender receives from the receiver
-  uint64_t sends_count = 0;
-  uint64_t recvs_count = 0;
-  // Fresh per execution: the pair's message tags depend on both sides' nonces, so a message left
-  // over from an earlier execution of the same plan on the same transport fails too.
-  uint64_t nonce = 0;
-  std::string reason;  // when kHelloFailed
-
-  void Encode(char* out) const {
-    std::memset(out, 0, kHelloBytes);
-    size_t at = 0;
-    auto put = [&](uint64_t v) {
-      for (int i = 0; i < 8; ++i) out[at++] = static_cast<char>((v >> (8 * i)) & 0xff);
-    };
-    put(kHelloMagic);
-    put(flags);
-    put(static_cast<uint64_t>(participant));
-    put(static_cast<uint64_t>(num_participants));
-    for (uint64_t p : digest.parts) put(p);
-    put(sends_hash);
-    put(recvs_hash);
-    put(sends_count);
-    put(recvs_count);
-    put(nonce);
-    const size_t n = std::min(reason.size(), kHelloBytes - kHelloReasonAt - 1);
-    put(n);
-    std::memcpy(out + at, reason.data(), n);
-  }
-  // False if the record is not a Hello (a stray or corrupt message).
-  bool Decode(const char* in) {
-    size_t at = 0;
-    auto get = [&] {
-      uint64_t v = 0;
-      for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(in[at++])} << (8 * i);
-      return v;
-    };
-    if (get() != kHelloMagic) return false;
-    flags = get();
-    participant = static_cast<int64_t>(get());
-    num_participants = static_cast<int64_t>(get());
-    for (uint64_t& p : digest.parts) p = get();
-    sends_hash = get();
-    recvs_hash = get();
-    sends_count = get();
-    recvs_count = get();
-    nonce = get();
-    const uint64_t n = get();
-    if (n > kHelloBytes - kHelloReasonAt - 1) return false;
-    reason.assign(in + at, static_cast<size_t>(n));
-    return true;
-  }
-};
-
-// Hash of the pieces one side lists for one direction of a pair, in plan order.
-class PairHasher {
- public:
-  void Add(const LocalPlan& plan, const PieceMove& m) {
-    const TensorInfo& t = plan.tensors[static_cast<size_t>(m.tensor)];
-    h_.Add(std::string_view(t.name)).Add(static_cast<int>(t.dtype));
-    h_.Add(m.box.rank());
-    for (const Interval& d : m.box.dims()) h_.Add(d.begin).Add(d.end);
-    ++count_;
-  }
-  uint64_t value() const { return h_.value(); }
-  uint64_t count() const { return count_; }
-
- private:
-  DigestHasher h_;
-  uint64_t count_ = 0;
-};
-
-// The transport tag of message `index` from `src` to `dst` of the reshard `session`, whose
-// executions on the two sides drew the nonces `src_nonce` and `dst_nonce`.
-uint64_t MessageTag(uint64_t session, int src, int dst, uint64_t src_nonce, uint64_t dst_nonce,
-                    int64_t index) {
-  DigestHasher h;
-  h.Add(session).Add(src).Add(dst).Add(src_nonce).Add(dst_nonce).Add(index);
-  return h.value();
-}
-
-uint64_t FreshNonce() {
-  static std::atomic<uint64_t> counter{0};
-  std::random_device rd;
-  DigestHasher h;
-  h.Add((uint64_t{rd()} << 32) ^ rd()).Add(++counter);
-  h.Add(static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
-  return h.value();
-}
-
 class Execution {
  public:
   Execution(const LocalPlan& plan, Transport& transport, const ExecutorOptions& options,
@@ -363,10 +256,21 @@ class Execution {
     const auto t0 = Clock::now();
     Status s = Validate(olds, news);
     if (!s.ok()) {
-      NotifyFailure(s);
+      // Tell the peers why, if they are waiting, before the abort below makes them fail.
+      if (transport_.rank() == plan_.participant && transport_.size() == plan_.num_participants) {
+        PlanHandshake::NotifyFailure(plan_, transport_, s,
+                                     Min(deadline_, Deadline::AfterMs(kNoticeMs)));
+      }
     } else {
-      s = Handshake();
-      if (s.ok()) s = Exchange();
+      auto hs = PlanHandshake::Run(
+          plan_, WithMessageLayout(plan_.digest, options_, plan_.num_participants), transport_,
+          deadline_);
+      if (hs.ok()) {
+        handshake_ = std::move(hs).value();
+        s = Exchange();
+      } else {
+        s = hs.status();
+      }
     }
     if (!s.ok()) {
       // Peers must not wait for us until their deadline: abort the transport, so that every
@@ -594,132 +498,6 @@ class Execution {
     return Status();
   }
 
-  // The peers this plan exchanges pieces with (any validity), in increasing order.
-  std::vector<int> PlanPeers() const {
-    std::vector<int> peers;
-    for (const auto* list : {&plan_.sends, &plan_.recvs}) {
-      for (const PieceMove& m : *list) {
-        if (m.peer >= 0 && m.peer < plan_.num_participants && m.peer != plan_.participant)
-          peers.push_back(m.peer);
-      }
-    }
-    std::sort(peers.begin(), peers.end());
-    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
-    return peers;
-  }
-
-  // Swaps Hellos with `peers`: ours (`mine[i]` to peers[i]) out, theirs into `theirs`.
-  Status SwapHellos(const std::vector<int>& peers, const std::vector<Hello>& mine,
-                    std::vector<Hello>& theirs, Deadline deadline) {
-    std::vector<char> out(peers.size() * kHelloBytes), in(peers.size() * kHelloBytes);
-    std::vector<SendOp> sops;
-    std::vector<RecvOp> rops;
-    for (size_t i = 0; i < peers.size(); ++i) {
-      mine[i].Encode(out.data() + i * kHelloBytes);
-      sops.push_back({peers[i], out.data() + i * kHelloBytes, kHelloBytes, nullptr, kHelloTag});
-      rops.push_back({peers[i], in.data() + i * kHelloBytes, kHelloBytes, nullptr, kHelloTag});
-    }
-    MORPH_ASSIGN_OR_RETURN(auto work, transport_.Start(sops, rops), "starting the handshake");
-    MORPH_RETURN_IF_ERROR(work->Wait(deadline)) << "plan handshake";
-    theirs.resize(peers.size());
-    for (size_t i = 0; i < peers.size(); ++i) {
-      if (!theirs[i].Decode(in.data() + i * kHelloBytes)) {
-        return FailedPreconditionError("plan handshake: participant " + std::to_string(peers[i]) +
-                                       " sent something that is not a reshard handshake");
-      }
-    }
-    return Status();
-  }
-
-  // Tells the peers the (possibly invalid) plan names that this participant failed and why, if
-  // they are there within a short window; the transport is aborted afterwards regardless.
-  void NotifyFailure(const Status& why) {
-    if (transport_.rank() != plan_.participant || transport_.size() != plan_.num_participants)
-      return;  // the transport is not this plan's: do not talk to anyone on it
-    const std::vector<int> peers = PlanPeers();
-    if (peers.empty()) return;
-    Hello h;
-    h.flags = kHelloFailed;
-    h.participant = plan_.participant;
-    h.num_participants = plan_.num_participants;
-    h.reason = why.ToString();
-    std::vector<Hello> mine(peers.size(), h), theirs;
-    (void)SwapHellos(peers, mine, theirs, Min(deadline_, Deadline::AfterMs(kNoticeMs)));
-  }
-
-  // Proves that every peer runs the same plan before a data byte moves: equal digest parts
-  // (including the message layout) and equal piece lists for the pair in both directions.
-  Status Handshake() {
-    digest_ = WithMessageLayout(plan_.digest, options_, plan_.num_participants);
-    session_ = digest_.combined();
-    const std::vector<int> peers = PlanPeers();
-    if (peers.empty()) return Status();
-    const int n = plan_.num_participants;
-    nonce_ = FreshNonce();
-    peer_nonce_.assign(static_cast<size_t>(n), 0);
-    std::vector<PairHasher> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
-    for (const PieceMove& m : plan_.sends) to[static_cast<size_t>(m.peer)].Add(plan_, m);
-    for (const PieceMove& m : plan_.recvs) from[static_cast<size_t>(m.peer)].Add(plan_, m);
-    std::vector<Hello> mine(peers.size()), theirs;
-    for (size_t i = 0; i < peers.size(); ++i) {
-      Hello& h = mine[i];
-      h.participant = plan_.participant;
-      h.num_participants = n;
-      h.digest = digest_;
-      h.nonce = nonce_;
-      const auto& t = to[static_cast<size_t>(peers[i])];
-      const auto& f = from[static_cast<size_t>(peers[i])];
-      h.sends_hash = t.value();
-      h.sends_count = t.count();
-      h.recvs_hash = f.value();
-      h.recvs_count = f.count();
-    }
-    MORPH_RETURN_IF_ERROR(SwapHellos(peers, mine, theirs, deadline_));
-    for (size_t i = 0; i < peers.size(); ++i) {
-      const Hello& h = theirs[i];
-      const std::string who = "participant " + std::to_string(peers[i]);
-      if (h.flags & kHelloFailed) {
-        return AbortedError(who + " failed before the exchange: " + h.reason);
-      }
-      if (h.participant != peers[i] || h.num_participants != n) {
-        return FailedPreconditionError(
-            "plan handshake: the peer at transport rank " + std::to_string(peers[i]) +
-            " runs the plan of participant " + std::to_string(h.participant) + " of " +
-            std::to_string(h.num_participants) + ", this one is participant " +
-            std::to_string(plan_.participant) + " of " + std::to_string(n));
-      }
-      if (h.digest != digest_) {
-        return FailedPreconditionError(
-            who + " runs a different plan: they differ in " + digest_.Differences(h.digest) +
-            " (plan digest " + digest_.ToString() + " here, " + h.digest.ToString() + " there)");
-      }
-      peer_nonce_[static_cast<size_t>(peers[i])] = h.nonce;
-      const Hello& m = mine[i];
-      if (h.sends_hash != m.recvs_hash || h.sends_count != m.recvs_count) {
-        return FailedPreconditionError(
-            "plans disagree: the " + std::to_string(h.sends_count) + " pieces " + who +
-            " sends to participant " + std::to_string(plan_.participant) + " are not the " +
-            std::to_string(m.recvs_count) + " pieces (in that order) this participant expects");
-      }
-      if (h.recvs_hash != m.sends_hash || h.recvs_count != m.sends_count) {
-        return FailedPreconditionError(
-            "plans disagree: the " + std::to_string(m.sends_count) + " pieces participant " +
-            std::to_string(plan_.participant) + " sends to " + who + " are not the " +
-            std::to_string(h.recvs_count) + " pieces (in that order) it expects");
-      }
-    }
-    return Status();
-  }
-
-  uint64_t SendTag(int peer, int64_t index) const {
-    return MessageTag(session_, plan_.participant, peer, nonce_,
-                      peer_nonce_[static_cast<size_t>(peer)], index);
-  }
-  uint64_t RecvTag(int peer, int64_t index) const {
-    return MessageTag(session_, peer, plan_.participant, peer_nonce_[static_cast<size_t>(peer)],
-                      nonce_, index);
-  }
-
   // Local copies are cut into chunk-sized slices that run while rounds are in flight, so that
   // this participant keeps posting rounds (and peers keep progressing) between them.
   void SliceLocalCopies() {
@@ -774,7 +552,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_sent;
         sops.push_back({m.peer, sends_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, sends_), SendTag(m.peer, r)});
+                        layout_of(m, sends_), handshake_.SendTag(m.peer, r)});
         continue;
       }
       char* data = m.direct;
@@ -792,8 +570,7 @@ class Execution {
         ++stats_.messages_zero_copy;
       }
       ++stats_.messages_sent;
-      sops.push_back(
-          {m.peer, data, m.bytes, nullptr, SendTag(m.peer, r)});
+      sops.push_back({m.peer, data, m.bytes, nullptr, handshake_.SendTag(m.peer, r)});
     }
     MORPH_RETURN_IF_ERROR(engine_->Sync());
     stats_.pack_seconds += Since(t);
@@ -803,7 +580,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_received;
         rops.push_back({m.peer, recvs_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, recvs_), RecvTag(m.peer, r)});
+                        layout_of(m, recvs_), handshake_.RecvTag(m.peer, r)});
         continue;
       }
       char* data = m.direct;
@@ -815,8 +592,7 @@ class Execution {
         ++stats_.messages_zero_copy;
       }
       ++stats_.messages_received;
-      rops.push_back(
-          {m.peer, data, m.bytes, nullptr, RecvTag(m.peer, r)});
+      rops.push_back({m.peer, data, m.bytes, nullptr, handshake_.RecvTag(m.peer, r)});
     }
     auto work = transport_.Start(sops, rops);
     if (!work.ok()) {
@@ -922,10 +698,7 @@ class Execution {
 
   const LocalPlan& plan_;
   Transport& transport_;
-  PlanDigest digest_;     // plan_.digest with the message layout
-  uint64_t session_ = 0;  // digest_.combined(): seeds the message tags
-  uint64_t nonce_ = 0;    // this execution's, sent in the handshake
-  std::vector<uint64_t> peer_nonce_;
+  PlanHandshake handshake_;  // agreement with the peers; the message tags
   const ExecutorOptions options_;
   const Deadline deadline_;
   std::unique_ptr<CopyEngine> engine_;
