@@ -28,7 +28,10 @@ class CommTransport : public Transport {
 
   // kInvalidArgument naming the op for a peer out of range or equal to this rank, or for a
   // strided op (SupportsStridedOps() is false). A group
-  // whose message counts or sizes differ from its peers' fails with kInternal.
+  // whose message counts or sizes differ from its peers' fails with kInternal. Tags
+  // (transport.h): each group carries, per direction and peer, one 16-byte record of its
+  // messages' tags ahead of the payload; Wait returns kFailedPrecondition naming the peer and
+  // both tag hashes when the tags it received differ from those of the receives posted here.
   StatusOr<std::unique_ptr<TransportWork>> Start(std::span<const SendOp> sends,
                                                  std::span<const RecvOp> recvs) override;
   void Abort() override { comm_->Abort(); }

@@ -18,6 +18,10 @@ uint8_t Byte(int from, int to, int group, size_t i) {
   return static_cast<uint8_t>(from * 97 + to * 31 + group * 7 + i * 13);
 }
 
+uint64_t Tag(int from, int to, int group) {
+  return (uint64_t{0x7a} << 56) | (uint64_t(from) << 32) | (uint64_t(to) << 16) | uint64_t(group);
+}
+
 Status Exchange(const std::string& address, int rank, int world) {
   MORPH_ASSIGN_OR_RETURN(auto store,
                          TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
@@ -38,8 +42,9 @@ Status Exchange(const std::string& address, int rank, int world) {
       out[peer].resize(bytes(rank, peer));
       for (size_t i = 0; i < out[peer].size(); ++i) out[peer][i] = Byte(rank, peer, group, i);
       in[peer].assign(bytes(peer, rank), 0);
-      sends.push_back({peer, out[peer].data(), out[peer].size()});
-      recvs.push_back({peer, in[peer].data(), in[peer].size()});
+      // Tags (transport.h) travel with the group and must match.
+      sends.push_back({peer, out[peer].data(), out[peer].size(), nullptr, Tag(rank, peer, group)});
+      recvs.push_back({peer, in[peer].data(), in[peer].size(), nullptr, Tag(peer, rank, group)});
     }
     MORPH_ASSIGN_OR_RETURN(auto work, transport.Start(sends, recvs));
     MORPH_RETURN_IF_ERROR(work->Wait(Deadline::AfterMs(20000)));
@@ -50,6 +55,24 @@ Status Exchange(const std::string& address, int rank, int world) {
                                " byte " + std::to_string(i));
         }
       }
+    }
+  }
+  {
+    // A ring (rank r sends to r+1) where rank 2 expects the wrong tag from rank 1.
+    std::vector<char> out(64, 'a'), in(64);
+    const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    std::vector<SendOp> s1{{next, out.data(), out.size(), nullptr, Tag(rank, next, 9)}};
+    const uint64_t want = rank == 2 && prev == 1 ? 12345 : Tag(prev, rank, 9);
+    std::vector<RecvOp> r1{{prev, in.data(), in.size(), nullptr, want}};
+    MORPH_ASSIGN_OR_RETURN(auto work, transport.Start(s1, r1));
+    Status st = work->Wait(Deadline::AfterMs(20000));
+    if (rank == 2) {
+      if (st.code() != StatusCode::kFailedPrecondition ||
+          std::string(st.message()).find("tag mismatch: peer 1") == std::string::npos) {
+        return InternalError("tag mismatch not detected: " + st.ToString());
+      }
+    } else {
+      MORPH_RETURN_IF_ERROR(st) << "tagged ring";
     }
   }
   std::vector<SendOp> bad{{world, nullptr, 0}};

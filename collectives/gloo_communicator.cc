@@ -224,6 +224,11 @@ class GlooCommunicator::Impl {
     }
     broken_.store(true);
     SignalAllPairs("morph: communicator aborted");
+    // A wait on a pair that already failed is not always woken by the signal; these are.
+    for (gloo::transport::UnboundBuffer* b : inflight_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
   }
 
   // Remembers which peers' connections had failed when this rank first noticed a failure,
@@ -485,10 +490,24 @@ class GlooCommunicator::Impl {
     };
     std::vector<Posted> posted;
     posted.reserve(messages.size());
+    // The posted buffers are visible to Abort (which wakes their waits) while they exist.
+    struct Unregister {
+      Impl* impl;
+      ~Unregister() {
+        std::lock_guard<std::mutex> lock(impl->mu_);
+        impl->inflight_.clear();
+      }
+    } unregister{this};
     for (int pass = 0; pass < 2; ++pass) {
       for (const Message& m : messages) {
         if ((pass == 0) == m.send || m.bytes == 0) continue;
-        auto buf = context_->createUnboundBuffer(m.data, m.bytes);
+        posted.push_back({context_->createUnboundBuffer(m.data, m.bytes), m.send, m.peer});
+        gloo::transport::UnboundBuffer* buf = posted.back().buf.get();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          inflight_.push_back(buf);
+          if (aborted_.load()) buf->abortWaitRecv(), buf->abortWaitSend();
+        }
         uint64_t& seq = m.send ? send_seq[m.peer] : recv_seq[m.peer];
         uint64_t slot = slot_base | (seq++ & kP2PSlotMask);
         if (m.send) {
@@ -496,7 +515,6 @@ class GlooCommunicator::Impl {
         } else {
           buf->recv(m.peer, slot);
         }
-        posted.push_back({std::move(buf), m.send, m.peer});
       }
     }
     for (Posted& p : posted) {
@@ -585,6 +603,7 @@ class GlooCommunicator::Impl {
   std::atomic<bool> stopping_sentinel_{false};
   Status peer_lost_;  // under mu_
   std::vector<int> closed_peers_;  // under mu_: see NoteClosedPeersLocked
+  std::vector<gloo::transport::UnboundBuffer*> inflight_;  // the op thread's posted buffers; mu_
   std::chrono::steady_clock::time_point peer_lost_at_;
 
   // Used by the op thread only.
@@ -637,9 +656,13 @@ class GlooWork : public Work {
       // The peers are out of step now: the communicator cannot be used again.
       comm_->FailWith(why);
     }
-    // Give Gloo a moment to leave the buffers (the abort woke its waits).
+    // The buffers are the caller's again only once the op thread has left them (Work::Wait's
+    // contract; the reshard executor frees them right after). The abort woke Gloo's waits, so
+    // this is quick; and those waits end at the op's own timeout anyway, which bounds it.
     lock.lock();
-    task_->cv.wait_for(lock, kAbortDrain, [&] { return task_->done; });
+    if (!task_->cv.wait_for(lock, kAbortDrain, [&] { return task_->done; })) {
+      task_->cv.wait_for(lock, task_->op.timeout, [&] { return task_->done; });
+    }
     result_ = why;
     return why;
   }

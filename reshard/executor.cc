@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -12,6 +13,8 @@
 
 #include "base/logging.h"
 #include "base/params.h"
+#include "reshard/coverage.h"
+#include "reshard/plan_handshake.h"
 #include "reshard/strided_copy.h"
 
 #if MORPH_WITH_CUDA
@@ -33,6 +36,20 @@ uint64_t EffectiveChunkBytes(const ExecutorOptions& options, int num_participant
   uint64_t c = std::min<uint64_t>(options.chunk_bytes, options.staging_bytes / (4 * peers));
   c = std::max<uint64_t>(c, 4096);
   return c / 64 * 64;
+}
+
+uint64_t MessageLayoutDigest(const ExecutorOptions& options, int num_participants) {
+  DigestHasher h;
+  h.Add(std::string_view("message cuts v1"));  // bump when CutMessages' rule changes
+  h.Add(options.chunk_bytes).Add(options.staging_bytes);
+  h.Add(EffectiveChunkBytes(options, num_participants));
+  return h.value();
+}
+
+PlanDigest WithMessageLayout(PlanDigest digest, const ExecutorOptions& options,
+                             int num_participants) {
+  digest.parts[PlanDigest::kMessageLayout] = MessageLayoutDigest(options, num_participants);
+  return digest;
 }
 
 std::string ExecutorStats::ToString() const {
@@ -237,11 +254,29 @@ class Execution {
   StatusOr<ExecutorStats> Run(std::span<const OldShardData> olds,
                               std::span<const NewShardData> news) {
     const auto t0 = Clock::now();
-    MORPH_RETURN_IF_ERROR(Validate(olds, news));
-    Status s = Exchange();
+    Status s = Validate(olds, news);
     if (!s.ok()) {
-      // Peers must not wait for us until their deadline; and the transport must release our
-      // buffers before we free them.
+      // Tell the peers why, if they are waiting, before the abort below makes them fail.
+      if (transport_.rank() == plan_.participant && transport_.size() == plan_.num_participants) {
+        PlanHandshake::NotifyFailure(plan_, transport_, s,
+                                     Min(deadline_, Deadline::AfterMs(kNoticeMs)));
+      }
+    } else {
+      auto hs = PlanHandshake::Run(
+          plan_, WithMessageLayout(plan_.digest, options_, plan_.num_participants), transport_,
+          deadline_);
+      if (hs.ok()) {
+        handshake_ = std::move(hs).value();
+        s = Exchange();
+      } else {
+        s = hs.status();
+      }
+    }
+    if (!s.ok()) {
+      // Peers must not wait for us until their deadline: abort the transport, so that every
+      // peer still exchanging with us fails now (and aborts in turn). And the transport must
+      // release our buffers before we free them: Wait returns only once it no longer touches
+      // them (transport.h), so every group we started is waited for before we return.
       transport_.Abort();
       for (Round& r : in_flight_) (void)r.work->Wait(Deadline::AfterMs(5000));
       in_flight_.clear();
@@ -362,8 +397,7 @@ class Execution {
       host_memory_ = true;
     }
 
-    // Resolve pieces; new shards must be covered exactly (by element count).
-    std::vector<int64_t> covered(nt, 0);
+    // Resolve pieces: each inside its shard, with a valid peer.
     auto resolve = [&](const PieceMove& m, const char* list, size_t k, bool from_old,
                        bool to_new) -> StatusOr<Piece> {
       if (m.tensor < 0 || m.tensor >= static_cast<int>(nt)) {
@@ -396,7 +430,6 @@ class Execution {
         }
         MORPH_ASSIGN_OR_RETURN(new_view, ViewOf(*plan_.new_shards[t], m.box),
                                PieceName(plan_, m, list, k));
-        covered[t] += p.elements;
       }
       const StridedView dense = ContiguousView(m.box.shape());
       if (local) {
@@ -434,13 +467,33 @@ class Execution {
       stats_.bytes_copied += p.elements * p.elem_size;
       locals_.push_back(std::move(p));
     }
-    for (size_t t = 0; t < nt; ++t) {
-      const int64_t want = plan_.new_shards[t] ? plan_.new_shards[t]->NumElements() : 0;
-      if (covered[t] != want) {
-        return InvalidArgumentError("recvs and local_copies give " + std::to_string(covered[t]) +
-                                    " elements of tensor '" + plan_.tensors[t].name +
-                                    "', its new shard holds " + std::to_string(want));
+    // Every new shard must be covered exactly once by recvs + local_copies + lost: disjoint
+    // pieces inside the shard whose total is the shard's (coverage.h; cost in the pieces).
+    for (size_t k = 0; k < plan_.lost.size(); ++k) {
+      const PieceMove& m = plan_.lost[k];
+      if (m.tensor < 0 || m.tensor >= static_cast<int>(nt)) {
+        return InvalidArgumentError(PieceName(plan_, m, "lost", k) + ": no such tensor index");
       }
+      if (!plan_.new_shards[static_cast<size_t>(m.tensor)]) {
+        return InvalidArgumentError(PieceName(plan_, m, "lost", k) + ": no new shard here");
+      }
+    }
+    std::vector<std::vector<CoveragePiece>> cover(nt);
+    auto add = [&](const std::vector<PieceMove>& list, const char* name) {
+      for (size_t k = 0; k < list.size(); ++k) {
+        const PieceMove& m = list[k];
+        cover[static_cast<size_t>(m.tensor)].push_back({m.box, std::string(name) + "[" +
+                                                                   std::to_string(k) + "] (peer " +
+                                                                   std::to_string(m.peer) + ")"});
+      }
+    };
+    add(plan_.recvs, "recvs");
+    add(plan_.local_copies, "local_copies");
+    add(plan_.lost, "lost");
+    for (size_t t = 0; t < nt; ++t) {
+      if (!plan_.new_shards[t]) continue;  // pieces into a missing shard were rejected above
+      MORPH_RETURN_IF_ERROR(
+          ValidateCoverage(plan_.tensors[t].name, *plan_.new_shards[t], cover[t]));
     }
     return Status();
   }
@@ -499,7 +552,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_sent;
         sops.push_back({m.peer, sends_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, sends_)});
+                        layout_of(m, sends_), handshake_.SendTag(m.peer, r)});
         continue;
       }
       char* data = m.direct;
@@ -517,7 +570,7 @@ class Execution {
         ++stats_.messages_zero_copy;
       }
       ++stats_.messages_sent;
-      sops.push_back({m.peer, data, m.bytes});
+      sops.push_back({m.peer, data, m.bytes, nullptr, handshake_.SendTag(m.peer, r)});
     }
     MORPH_RETURN_IF_ERROR(engine_->Sync());
     stats_.pack_seconds += Since(t);
@@ -527,7 +580,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_received;
         rops.push_back({m.peer, recvs_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, recvs_)});
+                        layout_of(m, recvs_), handshake_.RecvTag(m.peer, r)});
         continue;
       }
       char* data = m.direct;
@@ -539,7 +592,7 @@ class Execution {
         ++stats_.messages_zero_copy;
       }
       ++stats_.messages_received;
-      rops.push_back({m.peer, data, m.bytes});
+      rops.push_back({m.peer, data, m.bytes, nullptr, handshake_.RecvTag(m.peer, r)});
     }
     auto work = transport_.Start(sops, rops);
     if (!work.ok()) {
@@ -640,8 +693,12 @@ class Execution {
     return Status();
   }
 
+  // How long a participant that failed validation waits for its peers to take its notice.
+  static constexpr int64_t kNoticeMs = 250;
+
   const LocalPlan& plan_;
   Transport& transport_;
+  PlanHandshake handshake_;  // agreement with the peers; the message tags
   const ExecutorOptions options_;
   const Deadline deadline_;
   std::unique_ptr<CopyEngine> engine_;

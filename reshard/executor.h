@@ -22,10 +22,31 @@
 // layout (ExecutorOptions::strided_messages). Which messages go strided is decided by each side
 // alone and does not change the cuts.
 //
-// Failure: a transport error, a peer that is gone, an abort or the deadline stop the execution;
-// the executor then aborts the transport (so peers fail promptly too), waits for its in-flight
-// groups to be released, and returns the error. Old buffers are never written, so the old
-// local data stays intact; new buffers hold partial data and must be discarded.
+// Agreement. Before the first data byte, each pair of participants that exchanges pieces swaps
+// one fixed-size handshake message per direction: the plan digest (LocalPlan::digest plus
+// MessageLayoutDigest, see WithMessageLayout) and a hash of the pieces listed for the pair in
+// each direction. A mismatch is kFailedPrecondition naming the differing digest part (or the
+// pair's piece lists) and the peer, and nothing else moves. Every data message then carries a
+// transport tag derived from the digest, the pair, both sides' per-execution nonces (swapped in
+// the handshake) and the message index (transport.h), so a stray message (another plan, an
+// earlier execution, another position) fails the receiving group.
+// A pair whose plans do not even agree that they exchange anything is not detected here (one
+// side waits for a handshake that never comes, until its deadline); the runtime's commit digest
+// covers that case.
+//
+// Failure: any error of this participant (validation included, before anything moved), a
+// transport error, a peer that is gone, an abort or the deadline stop the execution; the
+// executor then aborts the transport, so that peers fail promptly too (they see kUnavailable /
+// kAborted naming this participant). A participant whose validation failed first offers its
+// reason to the peers its plan names in a failed handshake (for up to 250 ms), so peers that are
+// already waiting fail at once with kAborted "participant P failed before the exchange: why".
+// The transport cannot be used after a failure. Old buffers are never written, so the old local
+// data stays intact; new buffers hold partial data and must be discarded.
+//
+// Buffer lifetime: ExecutePlan returns only after every transport group it started has been
+// waited for, and a transport's Wait returns only once it no longer touches that group's
+// buffers (transport.h). So when ExecutePlan returns — OK or not — no buffer it handed to the
+// transport (old, new, staging) is in use, and Reshard may free its new buffers on error.
 //
 // Completion: success here means this participant's part is done, not that the reshard is.
 // Peers may still be exchanging over the same communicator, and a Gloo peer that closes its
@@ -51,10 +72,12 @@
 namespace morph {
 
 struct ExecutorOptions {
-  // Largest message to one peer. Must be equal on all participants.
+  // Largest message to one peer. Must be equal on all participants (checked: it is part of the
+  // digest every pair compares before the exchange, see "Agreement").
   uint64_t chunk_bytes = uint64_t{4} << 20;
   // Bound on this participant's staging memory (send and receive staging together; one round
-  // is always allowed, see EffectiveChunkBytes). Must be equal on all participants.
+  // is always allowed, see EffectiveChunkBytes). Must be equal on all participants (checked
+  // like chunk_bytes).
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Rounds posted but not yet completed. Deeper pipelines only add staging memory (which is
   // first-touched, i.e. slow, when fresh); may differ between participants.
@@ -75,6 +98,15 @@ struct ExecutorOptions {
 // size one round (a message to and from every peer) takes at most half the staging bound, so
 // two rounds overlap.
 uint64_t EffectiveChunkBytes(const ExecutorOptions& options, int num_participants);
+
+// The options that cut messages (chunk_bytes, staging_bytes, the effective chunk for `n`
+// participants and the cutting rule's version) as a digest part: participants whose values are
+// equal cut alike. Never 0.
+uint64_t MessageLayoutDigest(const ExecutorOptions& options, int num_participants);
+// `digest` with its kMessageLayout part set: the whole agreement a reshard depends on, what
+// ExecutePlan checks with every peer and what a coordinator can put in its commit.
+PlanDigest WithMessageLayout(PlanDigest digest, const ExecutorOptions& options,
+                             int num_participants);
 
 // A tensor's old local shard, as the caller holds it.
 struct OldShardData {
@@ -113,8 +145,13 @@ struct ExecutorStats {
 // Returns:
 //   kInvalidArgument  plan and buffers disagree (unknown or duplicate tensor name, dtype
 //                     mismatch, buffer size differs from the shard's, a piece outside its shard,
-//                     new shards not covered exactly, peer out of range, transport rank/size
-//                     not the plan's); nothing was sent or received;
+//                     new shards not covered exactly once by recvs + local_copies + lost,
+//                     naming tensor and box; peer out of range, transport rank/size not the
+//                     plan's); no data was sent or received, and the transport was aborted;
+//   kFailedPrecondition a peer runs a different plan (digest part or the pair's piece lists
+//                     differ; names the part and the peer), or a message's tag was not its
+//                     receive's (transport);
+//   kAborted          also: a peer failed before the exchange (names it and its reason);
 //   kFailedPrecondition device buffers with a host-only transport or a build without CUDA;
 //   kDeadlineExceeded / kAborted / kUnavailable / kInternal  from the transport (deadline,
 //                     abort, peer gone, size mismatch between peers' plans), with context.

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -15,6 +17,7 @@ namespace morph {
 namespace {
 
 using ::morph::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using namespace ::morph::testutil;  // NOLINT
@@ -318,37 +321,161 @@ TEST(ExecutorTest, KilledPeerAndAbortAndDeadline) {
     side.join();
     const StatusCode want[] = {StatusCode::kUnavailable, StatusCode::kAborted,
                                StatusCode::kDeadlineExceeded};
-    EXPECT_THAT(s, StatusIs(want[mode], HasSubstr("round 0")));
+    EXPECT_THAT(s, StatusIs(want[mode], HasSubstr("plan handshake")));
     EXPECT_EQ(d.old_data[0], ExtractShard(tensors[0], *plans[0].old_shards[0], ref[0]));
   }
 }
 
-TEST(ExecutorTest, InconsistentPlansAreSizeMismatch) {
+// Runs two participants' plans concurrently over one hub (participant 1 starting `delay1_ms`
+// later); returns their statuses and each one's elapsed seconds.
+struct PairRun {
+  Status s[2];
+  double seconds[2] = {0, 0};
+  ParticipantData d[2];
+};
+PairRun RunPair(const LocalPlan& p0, const LocalPlan& p1, const std::vector<std::vector<char>>& ref,
+                std::shared_ptr<InProcHub> hub,
+                std::function<void(ParticipantData&, int)> tweak = {},
+                ExecutorOptions o1 = SmallOptions(), int delay_ms[2] = nullptr) {
+  PairRun r;
+  r.d[0] = MakeParticipantData(p0, ref);
+  r.d[1] = MakeParticipantData(p1, ref);
+  if (tweak) tweak(r.d[0], 0), tweak(r.d[1], 1);
+  const LocalPlan* plans[2] = {&p0, &p1};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; ++i) {
+    ts.emplace_back([&, i] {
+      if (delay_ms != nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms[i]));
+      InProcTransport t(hub, i);
+      const auto t0 = std::chrono::steady_clock::now();
+      r.s[i] = ExecutePlan(*plans[i], r.d[i].olds, r.d[i].news, t, i == 1 ? o1 : SmallOptions(),
+                           Deadline::AfterMs(30000))
+                   .status();
+      r.seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  }
+  for (auto& t : ts) t.join();
+  return r;
+}
+
+// Two hand-built plans, 8x8 f32 moving from participant 0 to participant 1 in two pieces.
+std::vector<LocalPlan> TwoPiecePlans(const std::vector<TensorInfo>& tensors) {
+  auto whole = *Shard::Whole(Box::FromShape(tensors[0].shape));
+  std::vector<LocalPlan> plans(2);
+  for (int i = 0; i < 2; ++i) {
+    plans[i].participant = i;
+    plans[i].num_participants = 2;
+    plans[i].tensors = tensors;
+    plans[i].old_shards.resize(1);
+    plans[i].new_shards.resize(1);
+  }
+  plans[0].old_shards[0] = whole;
+  plans[1].new_shards[0] = whole;
+  const Box top({{0, 4}, {0, 8}}), bottom({{4, 8}, {0, 8}});
+  plans[0].sends = {{0, 1, top}, {0, 1, bottom}};
+  plans[1].recvs = {{0, 0, top}, {0, 0, bottom}};
+  return plans;
+}
+
+// Issue 7: participant 0 sends rows {0-3, 4-7}, participant 1 expects {4-7, 0-3}; sizes match,
+// and before the handshake both returned OK with every element participant 1 got wrong.
+TEST(ExecutorTest, DisagreeingPieceOrderFailsBeforeAnyDataMoves) {
   std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
-  auto plans =
-      BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1})}, {FlatLayout(tensors[0], {1, 0})}, 2);
-  // Participant 1 believes the tensor is f64: its receives are twice as large.
-  plans[1].tensors[0].dtype = DType::kF64;
+  auto plans = TwoPiecePlans(tensors);
+  std::swap(plans[1].recvs[0], plans[1].recvs[1]);
   auto ref = Reference(tensors);
-  auto ref1 = ref;
-  ref1[0] = ReferenceTensor(plans[1].tensors[0], 0);
   auto hub = std::make_shared<InProcHub>(2);
-  ParticipantData d0 = MakeParticipantData(plans[0], ref), d1 = MakeParticipantData(plans[1], ref1);
-  Status s0, s1;
-  std::thread a([&] {
-    InProcTransport t(hub, 0);
-    s0 = ExecutePlan(plans[0], d0.olds, d0.news, t, SmallOptions(), Deadline::AfterMs(30000))
-             .status();
-  });
-  std::thread b([&] {
-    InProcTransport t(hub, 1);
-    s1 = ExecutePlan(plans[1], d1.olds, d1.news, t, SmallOptions(), Deadline::AfterMs(30000))
-             .status();
-  });
-  a.join();
-  b.join();
-  EXPECT_THAT(s0, StatusIs(StatusCode::kInternal, HasSubstr("size mismatch")));
-  EXPECT_THAT(s1, StatusIs(StatusCode::kInternal, HasSubstr("size mismatch")));
+  PairRun r = RunPair(plans[0], plans[1], ref, hub);
+  EXPECT_THAT(r.s[0], StatusIs(StatusCode::kFailedPrecondition,
+                               AllOf(HasSubstr("plans disagree"),
+                                     HasSubstr("participant 0 sends to participant 1"))));
+  EXPECT_THAT(r.s[1], StatusIs(StatusCode::kFailedPrecondition,
+                               AllOf(HasSubstr("plans disagree"),
+                                     HasSubstr("pieces participant 0 sends to participant 1"))));
+  EXPECT_EQ(hub->bytes_delivered(), 2 * 512) << "only the handshake may move";
+  // And the agreeing order works.
+  auto good = TwoPiecePlans(tensors);
+  PairRun ok = RunPair(good[0], good[1], ref, std::make_shared<InProcHub>(2));
+  MORPH_EXPECT_OK(ok.s[0]);
+  MORPH_EXPECT_OK(ok.s[1]);
+  EXPECT_EQ(ok.d[1].new_data[0], ref[0]);
+}
+
+TEST(ExecutorTest, DigestMismatchNamesTheDifferingPart) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans = TwoPiecePlans(tensors);
+  auto ref = Reference(tensors);
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < PlanDigest::kMessageLayout; ++k)
+      plans[static_cast<size_t>(i)].digest.parts[static_cast<size_t>(k)] = 100 + k;
+  }
+  plans[1].digest.parts[PlanDigest::kNewConfig] = 7;
+  PairRun r = RunPair(plans[0], plans[1], ref, std::make_shared<InProcHub>(2));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_THAT(
+        r.s[i],
+        StatusIs(StatusCode::kFailedPrecondition,
+                 AllOf(HasSubstr("participant " + std::to_string(1 - i) + " runs a different plan"),
+                       HasSubstr("differ in new config ("))));
+  }
+  // Executor options that cut messages differently are part of the agreement too.
+  plans[1].digest = plans[0].digest;
+  ExecutorOptions other = SmallOptions();
+  other.chunk_bytes *= 2;
+  r = RunPair(plans[0], plans[1], ref, std::make_shared<InProcHub>(2), {}, other);
+  EXPECT_THAT(r.s[0], StatusIs(StatusCode::kFailedPrecondition,
+                               HasSubstr("differ in executor message layout")));
+  EXPECT_NE(MessageLayoutDigest(SmallOptions(), 2), MessageLayoutDigest(other, 2));
+  EXPECT_EQ(WithMessageLayout(plans[0].digest, other, 2).parts[PlanDigest::kMessageLayout],
+            MessageLayoutDigest(other, 2));
+}
+
+TEST(ExecutorTest, StrayMessageFailsLoudly) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans = TwoPiecePlans(tensors);
+  auto ref = Reference(tensors);
+  auto hub = std::make_shared<InProcHub>(2);
+  // A leftover from something else on the same pair, of the handshake's size.
+  // Posted, never waited for (so rank 0 stays open while participant 1 matches it).
+  std::vector<char> junk(512, 'x');
+  InProcTransport t0(hub, 0);
+  std::vector<SendOp> ops{{1, junk.data(), junk.size(), nullptr, 42}};
+  auto w = t0.Start(ops, {});
+  ASSERT_TRUE(w.ok());
+  ParticipantData d = MakeParticipantData(plans[1], ref);
+  InProcTransport t(hub, 1);
+  auto s = ExecutePlan(plans[1], d.olds, d.news, t, SmallOptions(), Deadline::AfterMs(5000));
+  EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition, HasSubstr("tag mismatch")));
+}
+
+// Issue 7 §3: a participant whose plan fails validation used to return without aborting, and its
+// peers waited out their whole deadline (5 s measured). Now they fail at once and know why.
+TEST(ExecutorTest, LocalValidationFailureFailsPeersFast) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans = TwoPiecePlans(tensors);
+  auto ref = Reference(tensors);
+  auto shrink1 = [](ParticipantData& d, int i) {
+    if (i == 1) d.news[0].data.bytes -= 4;  // participant 1's buffer is wrong
+  };
+  // Participant 0 already waiting: it gets participant 1's reason.
+  int delays[2] = {0, 50};
+  PairRun r = RunPair(plans[0], plans[1], ref, std::make_shared<InProcHub>(2), shrink1,
+                      SmallOptions(), delays);
+  EXPECT_THAT(r.s[1], StatusIs(StatusCode::kInvalidArgument, HasSubstr("has 252 bytes")));
+  EXPECT_THAT(r.s[0], StatusIs(StatusCode::kAborted,
+                               AllOf(HasSubstr("participant 1 failed before the exchange"),
+                                     HasSubstr("has 252 bytes"))));
+  // Participant 0 arriving after participant 1 gave up: the transport says who aborted.
+  int late[2] = {600, 0};
+  PairRun q = RunPair(plans[0], plans[1], ref, std::make_shared<InProcHub>(2), shrink1,
+                      SmallOptions(), late);
+  EXPECT_THAT(q.s[0], StatusIs(StatusCode::kUnavailable, HasSubstr("peer 1 aborted")));
+  std::printf(
+      "peer of a failed participant: failed %.1f ms after it started (waiting, includes "
+      "the 50 ms start delay) / %.1f ms (arriving late); deadline 30000 ms\n",
+      r.seconds[0] * 1000, q.seconds[0] * 1000);
+  EXPECT_LT(r.seconds[0], 1.0);
+  EXPECT_LT(q.seconds[0], 1.0);
 }
 
 class ValidationTest : public ::testing::Test {
@@ -408,7 +535,8 @@ TEST_F(ValidationTest, PieceOutsideShard) {
 TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
   LocalPlan p = plans_[0];
   p.local_copies.pop_back();
-  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("its new shard holds 8")));
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("tensor 'b'"), HasSubstr("not covered"))));
   p = plans_[0];
   p.recvs[0].peer = 7;
   EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("bad peer")));
@@ -420,6 +548,65 @@ TEST_F(ValidationTest, CoverageAndPeersAndRanks) {
   p = plans_[0];
   p.recvs[0].tensor = 9;
   EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor index")));
+}
+
+// Issue 7: plans whose element counts match but that write some elements twice and others never
+// used to pass and return OK with half the new shard left as the allocator's fill.
+TEST(ExecutorTest, CoverageIsExactNotByCount) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans = BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})},
+                          {ReplicatedLayout(tensors[0], {0})}, 1);
+  ASSERT_EQ(plans[0].local_copies.size(), 1u);
+  LocalPlan p = plans[0];
+  p.local_copies = {{0, 0, Box({{0, 4}, {0, 8}})}, {0, 0, Box({{0, 4}, {0, 8}})}};
+  auto ref = Reference(tensors);
+  ParticipantData d = MakeParticipantData(p, ref);
+  auto hub = std::make_shared<InProcHub>(1);
+  InProcTransport t(hub, 0);
+  EXPECT_THAT(
+      Reshard(p, d.olds, t, HostAllocator(), SmallOptions(), Deadline::AfterMs(1000)),
+      StatusIs(StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("tensor 'w'"), HasSubstr("local_copies[0] (peer 0) box [0,4)x[0,8)"),
+                     HasSubstr("overlap"))));
+}
+
+TEST_F(ValidationTest, ReceivingAPieceTwiceIsRejected) {
+  // Participant 0 keeps rows 0-3 of its new columns and receives rows 4-7 from participant 1;
+  // here it "receives" rows 0-3 instead: counts match, rows 4-7 would never be written.
+  LocalPlan p = plans_[0];
+  ASSERT_EQ(p.recvs[0].tensor, 0);
+  ASSERT_EQ(p.recvs[0].box, Box({{4, 8}, {0, 4}}));
+  p.recvs[0].box = Box({{0, 4}, {0, 4}});
+  p.sends.clear();  // nothing must be exchanged: validation fails first
+  EXPECT_THAT(Run(p), StatusIs(StatusCode::kInvalidArgument,
+                               AllOf(HasSubstr("tensor 'w'"),
+                                     HasSubstr("recvs[0] (peer 1) box [0,4)x[0,4)"),
+                                     HasSubstr("overlap"))));
+}
+
+TEST_F(ValidationTest, LostPiecesCountTowardsCoverage) {
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {8, 8}}};
+  auto plans = BuildPlans(tensors, {ReplicatedLayout(tensors[0], {0})},
+                          {ReplicatedLayout(tensors[0], {0})}, 1);
+  LocalPlan p = plans[0];
+  auto ref = Reference(tensors);
+  ParticipantData d = MakeParticipantData(p, ref);
+  // Rows 4-7 are lost: the executor leaves them alone and the plan still validates.
+  p.local_copies = {{0, 0, Box({{0, 4}, {0, 8}})}};
+  p.lost = {{0, -1, Box({{4, 8}, {0, 8}})}};
+  auto hub = std::make_shared<InProcHub>(1);
+  InProcTransport t(hub, 0);
+  std::vector<char> before = d.new_data[0];
+  MORPH_ASSERT_OK(
+      ExecutePlan(p, d.olds, d.news, t, SmallOptions(), Deadline::AfterMs(1000)).status());
+  EXPECT_EQ(std::memcmp(d.new_data[0].data(), ref[0].data(), 128), 0);
+  EXPECT_EQ(std::memcmp(d.new_data[0].data() + 128, before.data() + 128, 128), 0);
+  p.lost.push_back({0, -1, Box({{7, 8}, {0, 1}})});
+  auto hub2 = std::make_shared<InProcHub>(1);
+  InProcTransport t2(hub2, 0);
+  EXPECT_THAT(ExecutePlan(p, d.olds, d.news, t2, SmallOptions(), Deadline::AfterMs(1000)),
+              StatusIs(StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("lost[0]"), HasSubstr("lost[1]"), HasSubstr("overlap"))));
 }
 
 TEST(ExecutorTest, ReshardAllocatesNewBuffers) {

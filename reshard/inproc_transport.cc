@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -33,6 +34,7 @@ struct Op {
   bool is_send = false;
   char* data = nullptr;
   size_t bytes = 0;
+  uint64_t tag = 0;
   // A strided op's layout, converted to bytes (elem_size 1): the message is bytes
   // [begin, begin + bytes) of `geom`'s source side (send) or destination side (receive).
   bool strided = false;
@@ -42,6 +44,12 @@ struct Op {
   Op* partner = nullptr;
   Status result;
 };
+
+std::string Hex(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 // Moves the message of a matched host pair in one pass, whichever side is strided.
 void CopyHost(const Op& send, const Op& recv) {
@@ -140,6 +148,13 @@ struct InProcHub::State {
                               std::to_string(recv->bytes);
       Finish(send, InternalError(msg));
       Finish(recv, InternalError(msg));
+    } else if (send->tag != recv->tag) {
+      const std::string msg = "message tag mismatch: rank " + std::to_string(send->owner) +
+                              " sends a message tagged " + Hex(send->tag) + " to rank " +
+                              std::to_string(recv->owner) + ", whose receive is tagged " +
+                              Hex(recv->tag) + " (the two sides run different plans or steps)";
+      Finish(send, FailedPreconditionError(msg));
+      Finish(recv, FailedPreconditionError(msg));
     } else {
       send->state = OpState::kMatched;
       recv->state = OpState::kMatched;
@@ -409,7 +424,7 @@ StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const 
   auto group = std::make_unique<Group>();
   group->owner = rank_;
   auto add = [&](bool is_send, int peer, const void* data, size_t bytes,
-                 const StridedLayout* layout) -> Status {
+                 const StridedLayout* layout, uint64_t tag) -> Status {
     if (peer < 0 || peer >= s.size || peer == rank_) {
       return InvalidArgumentError(std::string(is_send ? "send to" : "receive from") + " peer " +
                                   std::to_string(peer) + " from rank " + std::to_string(rank_) +
@@ -426,6 +441,7 @@ StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const 
     op->is_send = is_send;
     op->data = static_cast<char*>(const_cast<void*>(data));
     op->bytes = bytes;
+    op->tag = tag;
     if (layout != nullptr) {
       const std::string what = std::string(is_send ? "strided send to" : "strided receive from") +
                                " peer " + std::to_string(peer) + ": ";
@@ -456,10 +472,10 @@ StatusOr<std::unique_ptr<TransportWork>> InProcTransport::Start(std::span<const 
     return Status();
   };
   for (const SendOp& op : sends) {
-    MORPH_RETURN_IF_ERROR(add(true, op.peer, op.data, op.bytes, op.strided));
+    MORPH_RETURN_IF_ERROR(add(true, op.peer, op.data, op.bytes, op.strided, op.tag));
   }
   for (const RecvOp& op : recvs) {
-    MORPH_RETURN_IF_ERROR(add(false, op.peer, op.data, op.bytes, op.strided));
+    MORPH_RETURN_IF_ERROR(add(false, op.peer, op.data, op.bytes, op.strided, op.tag));
   }
 
   std::unique_lock<std::mutex> lock(s.mu);

@@ -14,6 +14,9 @@
 //   });
 //   hub->InjectFailAfterBytes(1 << 20);   // every op fails once 1 MiB has been delivered
 //
+// Tags (transport.h): a matched pair whose tags differ fails on both sides with
+// kFailedPrecondition naming both tags; nothing is copied.
+//
 // Failure semantics (the contract other transports follow):
 //   - a Wait that fails (deadline, abort, size mismatch, injected fault) closes its rank: its
 //     pending ops are withdrawn (no thread touches their buffers once Wait returns), later Starts

@@ -13,6 +13,7 @@ namespace morph {
 namespace {
 
 using ::morph::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(InProcTransportTest, MatchesInOrderAcrossGroups) {
@@ -63,6 +64,31 @@ TEST(InProcTransportTest, SizeMismatchIsInternalOnBothSides) {
   EXPECT_THAT(
       s0, StatusIs(StatusCode::kInternal, HasSubstr("sends 16 bytes to rank 1, which expects 8")));
   EXPECT_THAT(s1, StatusIs(StatusCode::kInternal, HasSubstr("size mismatch")));
+}
+
+TEST(InProcTransportTest, TagMismatchFailsBothSidesAndCopiesNothing) {
+  auto hub = std::make_shared<InProcHub>(2);
+  char buf[16] = {1, 2, 3};
+  char out[16] = {};
+  Status s0, s1;
+  std::thread t0([&] {
+    InProcTransport t(hub, 0);
+    std::vector<SendOp> s{{1, buf, 16, nullptr, /*tag=*/0xabc}};
+    s0 = (*t.Start(s, {}))->Wait(Deadline::AfterMs(10000));
+  });
+  std::thread t1([&] {
+    InProcTransport t(hub, 1);
+    std::vector<RecvOp> r{{0, out, 16, nullptr, /*tag=*/0xdef}};
+    s1 = (*t.Start({}, r))->Wait(Deadline::AfterMs(10000));
+  });
+  t0.join();
+  t1.join();
+  for (const Status& s : {s0, s1}) {
+    EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition,
+                            AllOf(HasSubstr("tag mismatch"), HasSubstr("0x0000000000000abc"),
+                                  HasSubstr("0x0000000000000def"))));
+  }
+  EXPECT_EQ(out[0], 0);
 }
 
 TEST(InProcTransportTest, AbortWakesPendingWait) {

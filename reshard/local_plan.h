@@ -9,6 +9,9 @@
 // tensor index, then by box origin). The executor may pack consecutive pieces to one peer
 // into one message and split large pieces, but both sides derive message boundaries only
 // from these lists and from ExecutorOptions fields that must be equal on all participants.
+// The executor checks both before any data moves (a per-pair handshake of list hashes and of
+// the plan digest, executor.h "Agreement"), and checks that recvs + local_copies + lost cover
+// every new shard exactly once (reshard/coverage.h).
 #ifndef MORPH_RESHARD_LOCAL_PLAN_H_
 #define MORPH_RESHARD_LOCAL_PLAN_H_
 
@@ -19,6 +22,7 @@
 
 #include "reshard/box.h"
 #include "reshard/dtype.h"
+#include "reshard/plan_digest.h"
 #include "reshard/shard.h"
 
 namespace morph {
@@ -40,6 +44,9 @@ struct PieceMove {
 struct LocalPlan {
   int32_t participant = 0;
   int32_t num_participants = 0;
+  // What the plan was derived from (set by the Planner; unknown, all 0, for a hand-built plan).
+  // The executor proves every peer it exchanges with runs a plan of the same digest.
+  PlanDigest digest;
   std::vector<TensorInfo> tensors;
   // Indexed like `tensors`: what this participant holds before and after. nullopt (or an
   // empty shard) = nothing.
@@ -49,8 +56,12 @@ struct LocalPlan {
   std::vector<PieceMove> sends;
   std::vector<PieceMove> recvs;
   // Pieces copied from this participant's old storage into its new storage (peer == self).
-  // Together with `recvs`, they cover every element of every new shard exactly once.
   std::vector<PieceMove> local_copies;
+  // Pieces of new shards that no surviving participant holds (peer -1): the executor leaves
+  // them unwritten and the caller fills them (e.g. from a checkpoint). recvs + local_copies +
+  // lost cover every element of every new shard exactly once; the executor rejects a plan
+  // where they do not (kInvalidArgument naming tensor and box).
+  std::vector<PieceMove> lost;
 };
 
 }  // namespace morph

@@ -249,6 +249,7 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
   MORPH_RETURN_IF_ERROR(p.SolveAssignment(p.assignment_.participant_of_new_rank));
   p.DeriveNewRanks();
   p.assignment_.exact = true;
+  p.digest_ = DigestPlanInput(*p.in_, options, p.assignment_.participant_of_new_rank);
   return p;
 }
 
@@ -288,6 +289,7 @@ StatusOr<Planner> Planner::Create(PlanInput input, Assignment assignment,
   p.assignment_.participant_of_new_rank = of;
   p.DeriveNewRanks();
   p.assignment_.exact = assignment.exact;
+  p.digest_ = DigestPlanInput(*p.in_, options, p.assignment_.participant_of_new_rank);
   return p;
 }
 
@@ -325,9 +327,15 @@ Planner::Totals Planner::ComputeTotals() const {
       if (stages.second != c.p) continue;
       for (const auto& [cls, count] : group) {
         const auto& k = classes_->classes[static_cast<size_t>(cls)];
-        t.needed += count * k.elem * ShardAt(k.rep, nc, c.d, c.t).NumElements();
+        // Checked: per-tensor sizes fit int64, their sum need not. resident <= needed, so a
+        // needed total that fits means every resident sum fits too.
+        int64_t b = 0;
+        t.overflow |= __builtin_mul_overflow(count, k.elem, &b) ||
+                      __builtin_mul_overflow(b, ShardAt(k.rep, nc, c.d, c.t).NumElements(), &b) ||
+                      __builtin_add_overflow(t.needed, b, &t.needed);
       }
     }
+    if (t.overflow) return t;
     t.resident += ResidentBytes(assignment_.participant_of_new_rank[static_cast<size_t>(s)], s);
   }
   return t;
@@ -390,6 +398,7 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
   LocalPlan lp;
   lp.participant = q;
   lp.num_participants = in.num_participants;
+  lp.digest = digest_;
   const size_t nt = in.tensors.size();
   lp.tensors.reserve(nt);
   for (const TensorSpec& t : in.tensors) lp.tensors.push_back({t.name, t.dtype, t.shape});
@@ -509,6 +518,7 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
   if (lost != nullptr) {
     SortMoves(lost_here);
     lost->insert(lost->end(), lost_here.begin(), lost_here.end());
+    lp.lost = std::move(lost_here);  // the executor checks recvs + local_copies + lost cover
   }
   return lp;
 }
@@ -538,10 +548,21 @@ StatusOr<PlanSummary> Planner::Summarize(const std::vector<LocalPlan>& plans,
     return BadInput("Summarize got " + std::to_string(lost->size()) + " lost lists for " +
                     std::to_string(n) + " participants");
   }
-  for (size_t q = 0; lost != nullptr && q < n; ++q) {
-    for (const PieceMove& m : (*lost)[q]) sum.bytes_lost += PieceBytes(plans[q], m);
-  }
   const Totals t = ComputeTotals();
+  if (t.overflow) {
+    return BadInput(
+        "bytes needed: the new shards of all ranks hold more than 2^63-1 bytes in "
+        "total (int64 overflow); no plan can move that");
+  }
+  // Every other sum is bounded by bytes needed for consistent plans; checked anyway, since the
+  // plans are an argument.
+  bool overflow = false;
+  auto add = [&overflow](int64_t& acc, int64_t b) {
+    overflow |= __builtin_add_overflow(acc, b, &acc);
+  };
+  for (size_t q = 0; lost != nullptr && q < n; ++q) {
+    for (const PieceMove& m : (*lost)[q]) add(sum.bytes_lost, PieceBytes(plans[q], m));
+  }
   sum.bytes_needed = t.needed;
   sum.bytes_resident = t.resident;
   sum.bytes_lower_bound = t.needed - t.resident;
@@ -552,17 +573,18 @@ StatusOr<PlanSummary> Planner::Summarize(const std::vector<LocalPlan>& plans,
   for (const LocalPlan& lp : plans) {
     for (const PieceMove& m : lp.sends) {
       const int64_t b = PieceBytes(lp, m);
-      sum.bytes_sent[static_cast<size_t>(lp.participant)] += b;
-      links[{lp.participant, m.peer}] += b;
-      sent_total += b;
+      add(sum.bytes_sent[static_cast<size_t>(lp.participant)], b);
+      add(links[{lp.participant, m.peer}], b);
+      add(sent_total, b);
       ++sum.num_sends;
     }
     for (const PieceMove& m : lp.recvs) {
       const int64_t b = PieceBytes(lp, m);
-      sum.bytes_received[static_cast<size_t>(lp.participant)] += b;
-      sum.bytes_moved += b;
+      add(sum.bytes_received[static_cast<size_t>(lp.participant)], b);
+      add(sum.bytes_moved, b);
     }
   }
+  if (overflow) return BadInput("the plans' byte totals overflow int64");
   if (sent_total != sum.bytes_moved) {
     return InternalError("plans disagree: " + std::to_string(sent_total) + " bytes sent, " +
                          std::to_string(sum.bytes_moved) + " received");

@@ -120,6 +120,9 @@ class Planner {
 
   const PlanInput& input() const { return *in_; }
   const Assignment& assignment() const { return assignment_; }
+  // Digest of the input, options and assignment (plan_digest.h); copied into every LocalPlan.
+  // A field added to PlanInput, TensorSpec or PlanOptions must be added to DigestPlanInput.
+  const PlanDigest& digest() const { return digest_; }
 
   // The participant's part of the plan. kInvalidArgument if `participant` is out of range.
   // When an element the participant needs has no surviving holder: with `lost` == nullptr,
@@ -139,6 +142,7 @@ class Planner {
   struct Totals {
     int64_t needed = 0;
     int64_t resident = 0;
+    bool overflow = false;  // needed does not fit int64 (then needed/resident are meaningless)
   };
   Totals ComputeTotals() const;
   // Exact resident bytes if `participant` took new rank `new_rank` (0 for joiners). Both must
@@ -147,7 +151,8 @@ class Planner {
 
   // Byte counts of a whole plan (every participant's LocalPlan, in participant order, and the
   // lost pieces PlanAll reported, if any). kInvalidArgument if `plans` or `lost` has the wrong
-  // size; kInternal if the plans disagree (bytes sent != bytes received).
+  // size or a byte total overflows int64 (message starts "bytes needed" when the new shards'
+  // total does); kInternal if the plans disagree (bytes sent != bytes received).
   StatusOr<PlanSummary> Summarize(const std::vector<LocalPlan>& plans,
                                   const std::vector<std::vector<PieceMove>>* lost = nullptr) const;
 
@@ -164,6 +169,7 @@ class Planner {
   std::shared_ptr<const PlanInput> in_;
   std::shared_ptr<const Classes> classes_;
   Assignment assignment_;
+  PlanDigest digest_;
 };
 
 // The assignment maximizing resident bytes: Σ over new ranks s of the bytes of s's new shards

@@ -50,12 +50,24 @@ struct StridedLayout {
   int64_t end = 0;
 };
 
+// Message identity (tags). Every op carries a 64-bit tag; the executor derives it from the plan
+// digest, the pair and the message index (so a message from another plan, another reshard or
+// another position fails instead of landing in the wrong place). Contract for every transport:
+//   - a send and the receive it matches (by pair and posting order, see Start) must carry equal
+//     tags; if they do not, the group fails on the receiving side (and on the sending side where
+//     the transport can tell) with kFailedPrecondition naming both tags and the pair, and the
+//     received bytes must be treated as garbage (the receiver's Wait does not return OK);
+//   - a transport checks tags with its own bookkeeping (InProcTransport compares them when it
+//     matches the pair; CommTransport sends the tags of each group ahead of its payload, one
+//     16-byte message per direction and peer, and checks them before Wait returns OK);
+//   - 0 is an ordinary tag (ops of callers that do not tag match each other).
 struct SendOp {
   int peer;
   const void* data;
   size_t bytes;
   // Null: the message is the contiguous `bytes` at `data`.
   const StridedLayout* strided = nullptr;
+  uint64_t tag = 0;
 };
 
 struct RecvOp {
@@ -64,6 +76,7 @@ struct RecvOp {
   size_t bytes;
   // Null: the message goes to the contiguous `bytes` at `data`.
   const StridedLayout* strided = nullptr;
+  uint64_t tag = 0;
 };
 
 class TransportWork {
@@ -71,8 +84,14 @@ class TransportWork {
   virtual ~TransportWork() = default;
   // Blocks until every op of the group completed (OK), the deadline passed
   // (kDeadlineExceeded), the transport was aborted (kAborted), or a peer failed
-  // (kUnavailable / kAborted). After a non-OK result the buffers may have been partly
-  // written; the transport must not be used again except to Abort it.
+  // (kUnavailable / kAborted; the message names the peer where the transport knows it), or a
+  // received message's tag differed from its receive's (kFailedPrecondition). After a non-OK
+  // result the buffers may have been partly written; the transport must not be used again
+  // except to Abort it.
+  // Buffer lifetime: when Wait returns, with any status, the transport no longer reads or
+  // writes the group's buffers (it withdrew or drained the ops), so the caller may free them.
+  // A transport that cannot drain in time must keep blocking (after Abort, at most a few
+  // seconds) rather than return early; the executor relies on this (executor.h).
   virtual Status Wait(Deadline deadline) = 0;
 };
 

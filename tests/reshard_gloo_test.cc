@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -318,6 +319,200 @@ TEST(ReshardGlooTest, ParticipantKilledBeforeTheExchangeFailsTheOthersPromptly) 
   }
   ASSERT_TRUE(IsZombie(ranks.pid(kVictim))) << "the victim did not die";
   MORPH_ASSERT_OK(coordinator->Set("victim_dead", "1", Deadline::AfterMs(5000)));
+  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+  for (int r = 0; r < n; ++r) {
+    if (r == kVictim) {
+      EXPECT_EQ(codes[r], 128 + SIGKILL);
+    } else {
+      EXPECT_EQ(codes[r], 0) << "participant " << r;
+    }
+  }
+}
+
+// Issue 7 §1 and §3 over real processes. Each participant plans with the Planner, then
+// `tweak(me, plan, data, options)` may break its own part; every participant runs ExecutePlan
+// over Gloo and reports its status and elapsed seconds to the parent through the store
+// ("result/<me>" = "<code> <seconds> <message>"). A failed participant keeps its process and
+// communicator alive for 3 s afterwards, as a runtime would: its peers must not depend on its
+// exit to notice.
+struct ForkedResult {
+  StatusCode code = StatusCode::kUnknown;
+  double seconds = -1;
+  std::string message;
+};
+using Tweak = std::function<void(int, LocalPlan&, testutil::ParticipantData&, ExecutorOptions&)>;
+
+std::vector<ForkedResult> RunTweaked(const PlanInput& in, const Tweak& tweak) {
+  const int n = in.num_participants;
+  ForkedRanks ranks = ForkedRanks::Fork(n, [&](int me, const std::string& address) {
+    Status s = [&]() -> Status {
+      MORPH_ASSIGN_OR_RETURN(Planner planner, Planner::Create(in));
+      MORPH_ASSIGN_OR_RETURN(LocalPlan plan, planner.PlanFor(me));
+      const std::vector<std::vector<char>> ref = References(plan);
+      testutil::ParticipantData data = testutil::MakeParticipantData(plan, ref);
+      ExecutorOptions options = SmallChunks();
+      tweak(me, plan, data, options);
+      MORPH_ASSIGN_OR_RETURN(auto store,
+                             TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+      MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, n));
+      CommTransport transport(comm.get(), std::chrono::seconds(15));
+      const auto start = Clock::now();
+      Status r =
+          ExecutePlan(plan, data.olds, data.news, transport, options, Deadline::AfterMs(20000))
+              .status();
+      const double seconds = SecondsSince(start);
+      std::fprintf(stderr, "participant %d: executor returned after %.3f s: %s\n", me, seconds,
+                   r.ToString().c_str());
+      char head[64];
+      std::snprintf(head, sizeof(head), "%d %.6f ", static_cast<int>(r.code()), seconds);
+      MORPH_RETURN_IF_ERROR(store->Set("result/" + std::to_string(me),
+                                       head + std::string(r.message()), Deadline::AfterMs(5000)));
+      if (!r.ok()) std::this_thread::sleep_for(std::chrono::seconds(3));
+      return CheckOldIntact(plan, data, ref);
+    }();
+    return ExitCode(me, s);
+  });
+  std::vector<ForkedResult> results(static_cast<size_t>(n));
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  if (!server.ok()) {
+    ADD_FAILURE() << server.status();
+    return results;
+  }
+  ranks.Release((*server)->address());
+  auto client = TcpStoreClient::Connect((*server)->address(), kToken, 0, Deadline::AfterMs(5000));
+  if (!client.ok()) {
+    ADD_FAILURE() << client.status();
+    return results;
+  }
+  for (int r = 0; r < n; ++r) {
+    auto v = (*client)->Get("result/" + std::to_string(r), Deadline::AfterMs(40000));
+    if (!v.ok()) {
+      ADD_FAILURE() << "participant " << r << ": " << v.status();
+      continue;
+    }
+    int code = 0;
+    double seconds = 0;
+    int used = 0;
+    std::sscanf(v->c_str(), "%d %lf %n", &code, &seconds, &used);
+    results[static_cast<size_t>(r)] = {static_cast<StatusCode>(code), seconds, v->substr(used)};
+  }
+  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+  for (int r = 0; r < n; ++r) EXPECT_EQ(codes[r], 0) << "participant " << r;
+  return results;
+}
+
+PlanInput MergeInput() {
+  return PlanInput{.tensors = BlockTensors(),
+                   .old_config = Config(2, 2),
+                   .old_participant_of_rank = {0, 1, 2, 3},
+                   .new_config = Config(4, 1),
+                   .available = {0, 1, 2, 3},
+                   .num_participants = 4};
+}
+
+// A participant whose plan fails validation used to return kInvalidArgument without aborting
+// the transport, so its peers waited out their whole deadline (5.0 s measured). Now every peer
+// fails within milliseconds, and those that exchange with it name it and its reason.
+TEST(ReshardGlooTest, InvalidPlanOnOneParticipantFailsEveryPeerFast) {
+  constexpr int kBad = 1;
+  std::vector<ForkedResult> r = RunTweaked(
+      MergeInput(), [](int me, LocalPlan&, testutil::ParticipantData& d, ExecutorOptions&) {
+        if (me == kBad) d.news[0].data.bytes -= 2;
+      });
+  EXPECT_EQ(r[kBad].code, StatusCode::kInvalidArgument) << r[kBad].message;
+  int named = 0;
+  for (int p = 0; p < 4; ++p) {
+    if (p == kBad) continue;
+    const ForkedResult& x = r[static_cast<size_t>(p)];
+    EXPECT_TRUE(x.code == StatusCode::kAborted || x.code == StatusCode::kUnavailable)
+        << "participant " << p << ": " << x.message;
+    EXPECT_LT(x.seconds, 1.0) << "participant " << p << ": " << x.message;
+    if (x.message.find("participant 1 failed before the exchange") != std::string::npos &&
+        x.message.find("bytes") != std::string::npos) {
+      ++named;
+    }
+    std::fprintf(stderr, "peer %d of the invalid participant failed after %.1f ms\n", p,
+                 x.seconds * 1000);
+  }
+  EXPECT_GE(named, 1) << "no peer learned who failed and why";
+}
+
+// Participant 1 lists its pieces from participant 0 in another order (sizes may match, data
+// would land in the wrong place): both sides fail before any data moves, naming the pair.
+TEST(ReshardGlooTest, DisagreeingPlansFailTheHandshake) {
+  std::vector<ForkedResult> r = RunTweaked(
+      MergeInput(), [](int me, LocalPlan& plan, testutil::ParticipantData&, ExecutorOptions& o) {
+        if (me == 1) {
+          std::vector<size_t> from0;
+          for (size_t i = 0; i < plan.recvs.size(); ++i) {
+            if (plan.recvs[i].peer == 0) from0.push_back(i);
+          }
+          if (from0.size() >= 2) std::swap(plan.recvs[from0.front()], plan.recvs[from0.back()]);
+        }
+        if (me == 3) o.chunk_bytes *= 2;  // cuts messages differently
+      });
+  EXPECT_EQ(r[0].code, StatusCode::kFailedPrecondition) << r[0].message;
+  EXPECT_EQ(r[1].code, StatusCode::kFailedPrecondition) << r[1].message;
+  EXPECT_NE(r[1].message.find("plans disagree"), std::string::npos) << r[1].message;
+  EXPECT_EQ(r[3].code, StatusCode::kFailedPrecondition) << r[3].message;
+  EXPECT_NE(r[3].message.find("executor message layout"), std::string::npos) << r[3].message;
+}
+
+// Buffer lifetime (executor.h): a peer SIGKILLed in the middle of the data exchange. The
+// survivors run Reshard, which frees the new buffers it allocated (and the executor its staging)
+// as soon as ExecutePlan failed; the transport must no longer touch them by then. Run under
+// ASan (make test SANITIZE=address,undefined) a late Gloo write into freed memory is a
+// heap-use-after-free report and a failed child; survivors linger 1.5 s after the failure so that
+// a late write would happen while the test still watches.
+TEST(ReshardGlooTest, PeerKilledMidTransferReleasesBuffersBeforeReshardReturns) {
+  constexpr int kVictim = 2;
+  PlanInput in = MergeInput();
+  const int n = in.num_participants;
+  ForkedRanks ranks = ForkedRanks::Fork(n, [&](int me, const std::string& address) {
+    Status s = [&]() -> Status {
+      MORPH_ASSIGN_OR_RETURN(Planner planner, Planner::Create(in));
+      MORPH_ASSIGN_OR_RETURN(LocalPlan plan, planner.PlanFor(me));
+      const std::vector<std::vector<char>> ref = References(plan);
+      testutil::ParticipantData data = testutil::MakeParticipantData(plan, ref);
+      MORPH_ASSIGN_OR_RETURN(auto store,
+                             TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+      MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, n));
+      CommTransport transport(comm.get(), std::chrono::seconds(5));
+      ExecutorOptions o = SmallChunks();
+      o.chunk_bytes = 8 << 10;  // many rounds: the kill lands mid-exchange
+      MORPH_RETURN_IF_ERROR(
+          store->Set("started/" + std::to_string(me), "1", Deadline::AfterMs(5000)));
+      const auto start = Clock::now();
+      StatusOr<ReshardResult> r =
+          Reshard(plan, data.olds, transport, HostAllocator(), o, Deadline::AfterMs(10000));
+      const double seconds = SecondsSince(start);
+      if (me == kVictim) {
+        std::this_thread::sleep_for(std::chrono::seconds(30));  // killed long before
+        return InternalError("the victim was not killed");
+      }
+      std::fprintf(stderr, "survivor %d: Reshard returned after %.3f s: %s\n", me, seconds,
+                   r.status().ToString().c_str());
+      const StatusCode code = r.status().code();
+      if (code != StatusCode::kUnavailable && code != StatusCode::kAborted &&
+          code != StatusCode::kDeadlineExceeded) {
+        return InternalError("Reshard returned " + r.status().ToString());
+      }
+      // Fast too: the abort must wake the transport's waits, not leave them to the 5 s timeout.
+      if (seconds > 2.5) return InternalError("Reshard took " + std::to_string(seconds) + " s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return CheckOldIntact(plan, data, ref);
+    }();
+    return ExitCode(me, s);
+  });
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  ranks.Release(server->address());
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coordinator, TcpStoreClient::Connect(server->address(), kToken, 0,
+                                                                       Deadline::AfterMs(5000)));
+  std::vector<std::string> started;
+  for (int r = 0; r < n; ++r) started.push_back("started/" + std::to_string(r));
+  MORPH_ASSERT_OK(coordinator->Wait(started, Deadline::AfterMs(30000)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the handshake
+  ranks.Kill(kVictim);
   std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
   for (int r = 0; r < n; ++r) {
     if (r == kVictim) {

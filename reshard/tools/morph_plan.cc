@@ -10,8 +10,11 @@
 // Exit codes: 0 plan printed; 2 bad or inconsistent input (the message names the JSON path);
 // 3 data loss (an element has no surviving holder: restore from a checkpoint; --allow-lost
 // prints the plan and the lost bytes instead); 1 other errors.
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -72,13 +75,22 @@ int main(int argc, char** argv) {
   if (file == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   } else {
+    std::error_code ec;
+    if (std::filesystem::is_directory(file, ec)) {
+      std::fprintf(stderr, "morph-plan: %s is a directory, not a JSON file\n", file.c_str());
+      return 2;
+    }
     std::ifstream f(file);
     if (!f) {
-      std::fprintf(stderr, "morph-plan: cannot open %s\n", file.c_str());
+      std::fprintf(stderr, "morph-plan: cannot open %s: %s\n", file.c_str(), std::strerror(errno));
       return 2;
     }
     std::stringstream ss;
     ss << f.rdbuf();
+    if (f.bad()) {
+      std::fprintf(stderr, "morph-plan: cannot read %s: %s\n", file.c_str(), std::strerror(errno));
+      return 2;
+    }
     text = ss.str();
   }
   auto req = morph::ParsePlanRequest(text);

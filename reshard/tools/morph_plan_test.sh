@@ -54,6 +54,26 @@ expect 2 '$.tensors[0]: give either "layer" or "layers", not both' "$TMP/both.js
 printf '{"tensors": [' >"$TMP/broken.json"
 expect 2 '$: not valid JSON' "$TMP/broken.json"
 expect 2 'cannot open' "$TMP/missing.json"
+# Issue 7: valid per-tensor sizes whose sum is not: four f64 tensors of 2^30 x 2^29 (2^62 bytes
+# each). morph-plan printed "bytes needed: 0" (or a negative total) and exited 0.
+cat >"$TMP/overflow.json" <<'JSON'
+{"tensors": [
+  {"name": "a", "layer": 0, "dtype": "f64", "shape": [1073741824, 536870912]},
+  {"name": "b", "layer": 0, "dtype": "f64", "shape": [1073741824, 536870912]},
+  {"name": "c", "layer": 0, "dtype": "f64", "shape": [1073741824, 536870912]},
+  {"name": "d", "layer": 0, "dtype": "f64", "shape": [1073741824, 536870912]}],
+ "old": {"dp": 1, "tp": 1, "pp": 1}, "new": {"dp": 1, "tp": 1, "pp": 1}}
+JSON
+expect 2 "bytes needed" "$TMP/overflow.json"
+expect 2 "overflow" "$TMP/overflow.json"
+# Duplicate keys (nlohmann keeps the last one silently), empty worker names, a directory.
+mk '0,/"dtype": "bf16"/s//"dtype": "bf16", "dtype": "f32"/' dupkey
+expect 2 '$.tensors[0].dtype: duplicate key' "$TMP/dupkey.json"
+mk '0,/"dp": 4/s//"dp": 4, "dp": 2/' dupkey2
+expect 2 '$.old.dp: duplicate key' "$TMP/dupkey2.json"
+mk '0,/"gpu3"/s//""/' emptyname
+expect 2 '$.workers.old[3]: worker name is empty' "$TMP/emptyname.json"
+expect 2 'is a directory' "$TMP"
 # A dead worker whose ZeRO shard has no replica: data loss, exit 3.
 mk 's/"dead": \[\]/"dead": ["gpu1"]/; s/"join": \[\]/"join": ["new0"]/' dead
 expect 3 "DATA_LOSS" "$TMP/dead.json"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -146,7 +147,9 @@ StatusOr<std::vector<std::string>> Names(const json& j, const std::string& path)
   std::vector<std::string> v;
   if (!j.is_array()) return Bad(path, "must be an array of worker names");
   for (size_t i = 0; i < j.size(); ++i) {
-    MORPH_ASSIGN_OR_RETURN(std::string s, Str(j[i], path + "[" + std::to_string(i) + "]"));
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    MORPH_ASSIGN_OR_RETURN(std::string s, Str(j[i], at));
+    if (s.empty()) return Bad(at, "worker name is empty");
     v.push_back(std::move(s));
   }
   return v;
@@ -173,13 +176,69 @@ json BoxJson(const Box& b) {
 
 }  // namespace
 
+namespace {
+
+// Rejects duplicate object keys while parsing (nlohmann keeps the last one silently), naming the
+// key's JSON path. Tracks the path with a stack of open containers.
+class DuplicateKeyCheck {
+ public:
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        frames_.push_back({event == json::parse_event_t::object_start, ChildPath(), {}, {}, 0});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!frames_.empty()) frames_.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        Frame& f = frames_.back();
+        f.key = parsed.get<std::string>();
+        if (!f.keys.insert(f.key).second && error_.ok()) {
+          error_ =
+              Bad(f.path + "." + f.key, "duplicate key (a JSON object may name each field once)");
+        }
+        break;
+      }
+      case json::parse_event_t::value:
+        if (!frames_.empty() && !frames_.back().is_object) ++frames_.back().index;
+        break;
+    }
+    return true;
+  }
+  const Status& error() const { return error_; }
+
+ private:
+  struct Frame {
+    bool is_object = false;
+    std::string path;
+    std::set<std::string> keys;
+    std::string key;   // the object's current key
+    size_t index = 0;  // the array's next element
+  };
+  // The path of a container starting now (and, in an array, count it as an element).
+  std::string ChildPath() {
+    if (frames_.empty()) return "$";
+    Frame& f = frames_.back();
+    if (f.is_object) return f.path + "." + f.key;
+    return f.path + "[" + std::to_string(f.index++) + "]";
+  }
+  std::vector<Frame> frames_;
+  Status error_;
+};
+
+}  // namespace
+
 StatusOr<PlanRequest> ParsePlanRequest(std::string_view text) {
   json root;
+  DuplicateKeyCheck dup;
   try {
-    root = json::parse(text);
+    root = json::parse(text, std::ref(dup));
   } catch (const json::exception& e) {
     return InvalidArgumentError(std::string("$: not valid JSON: ") + e.what());
   }
+  MORPH_RETURN_IF_ERROR(dup.error());
   MORPH_RETURN_IF_ERROR(OnlyKeys(root, "$", {"num_layers", "tensors", "old", "new", "workers"}));
   if (!root.contains("tensors") || !root["tensors"].is_array()) {
     return Bad("$.tensors", "is required and must be an array");

@@ -1,0 +1,58 @@
+// PlanHandshake: the reshard executor's agreement step (executor.h, "Agreement"). Before the
+// first data byte, every pair of participants that exchanges pieces swaps one fixed-size record
+// per direction over the Transport: the plan digest (all parts, message layout included), a hash
+// and count of the pieces each side lists for the pair in each direction, and a fresh nonce.
+// Equal records prove the pair runs the same plan; the nonces and the digest then seed the
+// transport tag of every data message (transport.h), so a stray message fails loudly.
+//
+//   MORPH_ASSIGN_OR_RETURN(PlanHandshake hs, PlanHandshake::Run(plan, digest, transport, dl));
+//   SendOp op{peer, data, bytes, nullptr, hs.SendTag(peer, message_index)};
+//
+// Internal to the executor (not installed). Called by the thread that owns the transport.
+#ifndef MORPH_RESHARD_PLAN_HANDSHAKE_H_
+#define MORPH_RESHARD_PLAN_HANDSHAKE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "reshard/local_plan.h"
+#include "reshard/transport.h"
+
+namespace morph {
+
+class PlanHandshake {
+ public:
+  PlanHandshake() = default;
+
+  // Swaps records with every peer `plan` (already validated) exchanges pieces with.
+  //   kFailedPrecondition  a peer's digest differs (names the parts and both digests), or its
+  //                        piece lists for the pair differ from ours, or it is another
+  //                        participant / has another participant count, or it sent garbage;
+  //   kAborted             a peer failed before the exchange (names it and its reason);
+  //   the transport's status otherwise (deadline, peer gone, abort, tag mismatch).
+  static StatusOr<PlanHandshake> Run(const LocalPlan& plan, const PlanDigest& digest,
+                                     Transport& transport, Deadline deadline);
+
+  // Best effort, for a participant whose plan failed validation: offers `why` to the peers its
+  // plan names (as failed records) until `deadline`, so that peers waiting in Run fail at once
+  // with kAborted naming this participant and the reason. The plan's peers out of range are
+  // skipped; the transport must be the plan's (rank and size).
+  static void NotifyFailure(const LocalPlan& plan, Transport& transport, const Status& why,
+                            Deadline deadline);
+
+  // Transport tags of message `index` to / from `peer` (a peer Run swapped records with).
+  uint64_t SendTag(int peer, int64_t index) const;
+  uint64_t RecvTag(int peer, int64_t index) const;
+
+ private:
+  int me_ = 0;
+  uint64_t session_ = 0;  // the digest's combined value
+  uint64_t nonce_ = 0;    // this execution's
+  std::vector<uint64_t> peer_nonce_;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RESHARD_PLAN_HANDSHAKE_H_
