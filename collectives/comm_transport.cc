@@ -19,7 +19,8 @@ struct Bounce {
 
 class CommTransportWork : public TransportWork {
  public:
-  CommTransportWork(CommTransport::Pool* pool, ShmChannel* shm) : pool_(pool), shm_(shm) {}
+  CommTransportWork(CommTransport::Pool* pool, ShmChannel* shm, Communicator* comm)
+      : pool_(pool), shm_(shm), comm_(comm) {}
   ~CommTransportWork() override {
     for (Bounce& b : bounces_) pool_->Put(std::move(b.buf), b.bytes);
   }
@@ -31,7 +32,15 @@ class CommTransportWork : public TransportWork {
     // not wait behind this rank's TCP traffic (which progresses on the backend's thread anyway).
     if (shm_ != nullptr && (!shm_sends_.empty() || !shm_recvs_.empty())) {
       status_ = shm_->Wait(shm_sends_, shm_recvs_, deadline);
-      if (!status_.ok()) return status_;
+      if (!status_.ok()) {
+        // The backend may still be using this group's buffers (the bounce buffers freed with
+        // this object among them): fail it and let it let go before returning.
+        if (work_ != nullptr) {
+          comm_->Abort();
+          (void)work_->Wait(Deadline::AfterMs(5000));
+        }
+        return status_;
+      }
     }
     if (work_ != nullptr) {
       status_ = work_->Wait(deadline);
@@ -54,6 +63,7 @@ class CommTransportWork : public TransportWork {
  private:
   CommTransport::Pool* pool_;
   ShmChannel* shm_;
+  Communicator* comm_;
   bool done_ = false;
   Status status_;
 };
@@ -162,7 +172,7 @@ StatusOr<std::unique_ptr<TransportWork>> CommTransport::Start(std::span<const Se
     }
   }
 
-  auto work = std::make_unique<CommTransportWork>(&pool_, shm_.get());
+  auto work = std::make_unique<CommTransportWork>(&pool_, shm_.get(), comm_);
   std::vector<P2POp> ops;
   for (const SendOp& s : sends) {
     if (IsSharedMemoryPeer(s.peer)) {
