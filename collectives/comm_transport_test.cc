@@ -124,14 +124,11 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
                          TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "strided", rank, world,
                                                              nullptr, Deadline::AfterMs(20000)));
-  std::unique_ptr<CommTransport> transport;
-  if (shm) {
-    MORPH_ASSIGN_OR_RETURN(transport,
-                           CommTransport::Create(comm.get(), std::chrono::seconds(20),
-                                                 CommTransportOptions{}, Deadline::AfterMs(20000)));
-  } else {
-    transport = std::make_unique<CommTransport>(comm.get(), std::chrono::seconds(20));
-  }
+  // TCP: Create with shared memory off (no handshake), as MORPH_RESHARD_SHM=0 does.
+  MORPH_ASSIGN_OR_RETURN(auto transport,
+                         CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                                               CommTransportOptions{.shared_memory = shm},
+                                               Deadline::AfterMs(20000)));
   for (int peer = 0; peer < world; ++peer) {
     if (peer == rank) continue;
     if (transport->IsSharedMemoryPeer(peer) != (shm && ShmExpected())) {
@@ -217,7 +214,9 @@ Status PeerGone(const std::string& address, int rank, bool kill) {
   MORPH_ASSIGN_OR_RETURN(auto transport,
                          CommTransport::Create(comm.get(), std::chrono::seconds(20),
                                                CommTransportOptions{}, Deadline::AfterMs(20000)));
-  if (!transport->IsSharedMemoryPeer((rank + 1) % 3)) return Status::Ok();  // nothing to test
+  if (!transport->IsSharedMemoryPeer((rank + 1) % 3)) {
+    return ShmExpected() ? InternalError("no shared-memory peer") : Status::Ok();
+  }
   std::vector<char> buf(1 << 20, 'x');
   if (rank == 1) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are waiting
@@ -240,6 +239,46 @@ Status PeerGone(const std::string& address, int rank, bool kill) {
   }
   if (seconds > 3) return InternalError("took " + std::to_string(seconds) + " s to fail");
   return Status::Ok();
+}
+
+// Over shared memory, a receive of another size than the send: the receiver fails with
+// kInternal naming both sizes, and the sender (whose receiver raised its abort flag) with
+// kAborted naming the receiver.
+Status SizeMismatch(const std::string& address, int rank) {
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "mismatch", rank, 2, nullptr,
+                                                             Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto transport,
+                         CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                                               CommTransportOptions{}, Deadline::AfterMs(20000)));
+  if (!transport->IsSharedMemoryPeer(1 - rank)) {
+    return ShmExpected() ? InternalError("no shared-memory peer") : Status::Ok();
+  }
+  std::vector<char> buf(200, 'x');
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  if (rank == 0) sends.push_back({1, buf.data(), 100});
+  if (rank == 1) recvs.push_back({0, buf.data(), 200});
+  MORPH_ASSIGN_OR_RETURN(auto work, transport->Start(sends, recvs));
+  Status s = work->Wait(Deadline::AfterMs(20000));
+  const bool ok = rank == 1 ? s.code() == StatusCode::kInternal &&
+                                  s.message().find("peer sends 100 bytes, this rank receives 200") !=
+                                      std::string::npos
+                            : s.code() == StatusCode::kAborted &&
+                                  s.message().find("peer rank 1 aborted") != std::string::npos;
+  return ok ? Status::Ok() : InternalError("rank " + std::to_string(rank) + " got " + s.ToString());
+}
+
+TEST(CommTransportTest, SharedMemorySizeMismatchIsInternal) {
+  ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) {
+    return ExitCode(rank, SizeMismatch(address, rank));
+  });
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  ranks.Release(server->address());
+  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
 }
 
 TEST(CommTransportTest, SharedMemoryPeerKilledOrAbortedFailsOthersPromptly) {

@@ -24,6 +24,9 @@
 // discards what it read (it checks the flag after every read) — a failed sender may free its
 // buffer as soon as its Wait returned.
 //
+// Mailbox names (/dev/shm/morph-shm-<pid>-<random>) are unlinked as soon as every peer has
+// opened them, at the end of Create; only a process killed inside Create leaves one behind.
+//
 // Thread-safety: one owner thread calls Post*/Wait; Abort() from any thread.
 #ifndef MORPH_COLLECTIVES_SHM_CHANNEL_H_
 #define MORPH_COLLECTIVES_SHM_CHANNEL_H_

@@ -56,8 +56,8 @@ namespace morph {
 struct ExecutorOptions {
   // Largest message to one peer. Must be equal on all participants.
   uint64_t chunk_bytes = uint64_t{4} << 20;
-  // Bound on this participant's staging memory (send and receive staging together; one round
-  // is always allowed, see EffectiveChunkBytes). Must be equal on all participants.
+  // Bound on this participant's staging memory (send and receive staging together; one group
+  // is always allowed, see PeersPerGroup). Must be equal on all participants.
   uint64_t staging_bytes = uint64_t{256} << 20;
   // Groups (rounds) posted but not yet completed. Deeper pipelines only add staging memory
   // (which is first-touched, i.e. slow, when fresh); may differ between participants.
