@@ -211,8 +211,8 @@ int main(int argc, char** argv) {
     return v[v.size() / 2];
   };
   const double load = median(loads), base_read = median(bases), ratio = median(ratios);
-  const double amplification =
-      static_cast<double>(reader->bytes_read() - read_before) / kLoadReps / static_cast<double>(total);
+  const double amplification = static_cast<double>(reader->bytes_read() - read_before) / kLoadReps /
+                               static_cast<double>(total);
   std::printf(
       "{\"name\":\"checkpoint/load_tp4_to_tp2_other_dim\",\"bytes\":%lld,\"seconds\":%.6f,"
       "\"gbps\":%.3f,\"baseline_seconds\":%.6f,\"baseline_gbps\":%.3f,\"ratio\":%.3f,"

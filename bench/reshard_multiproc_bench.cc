@@ -131,8 +131,10 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
   MORPH_ASSIGN_OR_RETURN(ExecutorOptions opts, ExecutorOptions::FromEnv());
   // Bytes per peer, as the plan moves them: the raw baseline sends the same.
   std::vector<size_t> to(kRanks, 0), from(kRanks, 0);
-  for (const PieceMove& p : plan.sends) to[static_cast<size_t>(p.peer)] += static_cast<size_t>(PieceBytes(plan, p));
-  for (const PieceMove& p : plan.recvs) from[static_cast<size_t>(p.peer)] += static_cast<size_t>(PieceBytes(plan, p));
+  for (const PieceMove& p : plan.sends)
+    to[static_cast<size_t>(p.peer)] += static_cast<size_t>(PieceBytes(plan, p));
+  for (const PieceMove& p : plan.recvs)
+    from[static_cast<size_t>(p.peer)] += static_cast<size_t>(PieceBytes(plan, p));
   size_t landing = 0;
   for (const PieceMove& p : plan.recvs) landing += static_cast<size_t>(PieceBytes(plan, p));
   for (const PieceMove& p : plan.local_copies) landing += static_cast<size_t>(PieceBytes(plan, p));
@@ -142,10 +144,11 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
     CommTransport& transport = mode == 0 ? tcp : shm;
     ExecutorStats stats;
     MORPH_ASSIGN_OR_RETURN(double seconds, Timed(comm, reps, [&]() -> Status {
-      MORPH_ASSIGN_OR_RETURN(stats, ExecutePlan(plan, old_views, new_views, transport, opts,
-                                                Deadline::After(kTimeout)));
-      return Status::Ok();
-    }));
+                             MORPH_ASSIGN_OR_RETURN(
+                                 stats, ExecutePlan(plan, old_views, new_views, transport, opts,
+                                                    Deadline::After(kTimeout)));
+                             return Status::Ok();
+                           }));
     if (mode == 0) tcp_seconds = seconds;
     if (std::getenv("BENCH_DEBUG")) {
       std::fprintf(stderr, "%s %s rank %d: %s\n", s.name.c_str(), mode == 0 ? "tcp" : "shm", me,
@@ -163,25 +166,25 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
         if (to[i] > 0) ops.push_back({P2POp::Kind::kSend, p, out[i].data(), to[i]});
         if (from[i] > 0) ops.push_back({P2POp::Kind::kRecv, p, in[i].data(), from[i]});
       }
-      MORPH_ASSIGN_OR_RETURN(baseline, Timed(comm, reps, [&]() -> Status {
-        return comm.SendRecv(ops, kTimeout);
-      }));
+      MORPH_ASSIGN_OR_RETURN(
+          baseline, Timed(comm, reps, [&]() -> Status { return comm.SendRecv(ops, kTimeout); }));
     } else {
       std::vector<char> src(landing, 1), dst(landing, 0);
       MORPH_ASSIGN_OR_RETURN(baseline, Timed(comm, reps, [&]() -> Status {
-        if (landing > 0) std::memcpy(dst.data(), src.data(), landing);
-        return Status::Ok();
-      }));
+                               if (landing > 0) std::memcpy(dst.data(), src.data(), landing);
+                               return Status::Ok();
+                             }));
     }
     // Over TCP: the bytes on the wire (each counted once, at its receiver); shm: what lands.
     const double moved_here =
         mode == 0 ? static_cast<double>(stats.bytes_received) : static_cast<double>(landing);
     MORPH_ASSIGN_OR_RETURN(double bytes, Sum(comm, moved_here));
     MORPH_ASSIGN_OR_RETURN(double strided, Sum(comm, static_cast<double>(stats.messages_strided)));
-    MORPH_ASSIGN_OR_RETURN(double messages,
-                           Sum(comm, static_cast<double>(stats.messages_sent +
-                                                         stats.messages_received)));
-    MORPH_ASSIGN_OR_RETURN(double staging, Max(comm, static_cast<double>(stats.staging_peak_bytes)));
+    MORPH_ASSIGN_OR_RETURN(
+        double messages,
+        Sum(comm, static_cast<double>(stats.messages_sent + stats.messages_received)));
+    MORPH_ASSIGN_OR_RETURN(double staging,
+                           Max(comm, static_cast<double>(stats.staging_peak_bytes)));
     if (me == 0) {
       std::printf(
           "{\"name\":\"%s/%s\",\"bytes\":%.0f,\"seconds\":%.6f,\"gbps\":%.3f,"
@@ -204,9 +207,9 @@ Status Child(const std::string& address, int me, int64_t mb, int reps) {
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "bench", me, kRanks, nullptr,
                                                              Deadline::AfterMs(30000)));
   CommTransport tcp(comm.get(), kTimeout);
-  MORPH_ASSIGN_OR_RETURN(auto shm, CommTransport::Create(comm.get(), kTimeout,
-                                                         CommTransportOptions{},
-                                                         Deadline::AfterMs(30000)));
+  MORPH_ASSIGN_OR_RETURN(auto shm,
+                         CommTransport::Create(comm.get(), kTimeout, CommTransportOptions{},
+                                               Deadline::AfterMs(30000)));
   const char* only = std::getenv("BENCH_ONLY");
   for (const Scenario& s : Scenarios(mb)) {
     if (only != nullptr && s.name.find(only) == std::string::npos) continue;

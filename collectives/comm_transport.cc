@@ -50,8 +50,7 @@ class CommTransportWork : public TransportWork {
       if (b.recv == nullptr) continue;
       CopyGeometry g = WithDenseSource(b.geometry);
       g.src_offset -= b.layout.begin;  // the message's first element is at buf[0]
-      HostStridedCopy(g, b.recv, b.buf.get(), b.layout.elem_size, b.layout.begin,
-                      b.layout.end);
+      HostStridedCopy(g, b.recv, b.buf.get(), b.layout.elem_size, b.layout.begin, b.layout.end);
     }
     return status_;
   }
@@ -112,14 +111,14 @@ CommTransport::CommTransport(Communicator* comm, std::chrono::milliseconds timeo
 
 CommTransport::~CommTransport() = default;
 
-StatusOr<std::unique_ptr<CommTransport>> CommTransport::Create(
-    Communicator* comm, std::chrono::milliseconds timeout, const CommTransportOptions& options,
-    Deadline deadline) {
+StatusOr<std::unique_ptr<CommTransport>> CommTransport::Create(Communicator* comm,
+                                                               std::chrono::milliseconds timeout,
+                                                               const CommTransportOptions& options,
+                                                               Deadline deadline) {
   auto t = std::make_unique<CommTransport>(comm, timeout);
   MORPH_ASSIGN_OR_RETURN(
-      t->shm_,
-      ShmChannel::Create(*comm, options.shared_memory && comm->capabilities().host_memory,
-                         deadline));
+      t->shm_, ShmChannel::Create(*comm, options.shared_memory && comm->capabilities().host_memory,
+                                  deadline));
   return t;
 }
 
@@ -213,9 +212,8 @@ StatusOr<std::unique_ptr<TransportWork>> CommTransport::Start(std::span<const Se
   }
   // An empty group still goes through the communicator, which reports a broken one.
   if (!ops.empty() || (work->shm_sends_.empty() && work->shm_recvs_.empty())) {
-    MORPH_ASSIGN_OR_RETURN(work->work_,
-                           comm_->Start(CollectiveOp::SendRecv(std::move(ops), timeout_)),
-                           "transport");
+    MORPH_ASSIGN_OR_RETURN(
+        work->work_, comm_->Start(CollectiveOp::SendRecv(std::move(ops), timeout_)), "transport");
   }
   return std::unique_ptr<TransportWork>(std::move(work));
 }

@@ -68,8 +68,8 @@ Status Exchange(const std::string& address, int rank, int world) {
   StridedLayout no_geometry{nullptr, 1, 0, 1};
   std::vector<SendOp> strided_send{{(rank + 1) % world, &byte, 1, &no_geometry}};
   Status s = transport.Start(strided_send, {}).status();
-  if (s.code() != StatusCode::kInvalidArgument || s.message().find("without geometry") ==
-                                                       std::string::npos) {
+  if (s.code() != StatusCode::kInvalidArgument ||
+      s.message().find("without geometry") == std::string::npos) {
     return InternalError("strided send without geometry: " + s.ToString());
   }
   CopyGeometry g;
@@ -100,7 +100,6 @@ TEST(CommTransportTest, ExchangeBetweenForkedRanks) {
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-
 // Cross-memory attach is expected to work here unless Yama restricts ptrace.
 bool ShmExpected() {
   std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
@@ -125,10 +124,10 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "strided", rank, world,
                                                              nullptr, Deadline::AfterMs(20000)));
   // TCP: Create with shared memory off (no handshake), as MORPH_RESHARD_SHM=0 does.
-  MORPH_ASSIGN_OR_RETURN(auto transport,
-                         CommTransport::Create(comm.get(), std::chrono::seconds(20),
-                                               CommTransportOptions{.shared_memory = shm},
-                                               Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(
+      auto transport,
+      CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                            CommTransportOptions{.shared_memory = shm}, Deadline::AfterMs(20000)));
   for (int peer = 0; peer < world; ++peer) {
     if (peer == rank) continue;
     if (transport->IsSharedMemoryPeer(peer) != (shm && ShmExpected())) {
@@ -148,8 +147,8 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
     MORPH_ASSIGN_OR_RETURN(send_g[peer],
                            MakeCopyGeometry(dense, StridedView{peer * W, {R, W}, {src_stride, 1}}));
     MORPH_ASSIGN_OR_RETURN(
-        recv_g[peer], MakeCopyGeometry(StridedView{peer * R * dst_stride, {R, W}, {dst_stride, 1}},
-                                       dense));
+        recv_g[peer],
+        MakeCopyGeometry(StridedView{peer * R * dst_stride, {R, W}, {dst_stride, 1}}, dense));
     packed[peer].resize(static_cast<size_t>(R * W));
     HostStridedCopy(send_g[peer], packed[peer].data(), src.data(), 2, 0, R * W);
   }
@@ -180,8 +179,8 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
       for (int64_t j = 0; j < dst_stride; ++j) {
         const uint16_t want = s == rank || j >= W ? 0xEEEE : Elem(s, i, rank * W + j);
         if (dst[static_cast<size_t>((s * R + i) * dst_stride + j)] != want) {
-          return InternalError("from rank " + std::to_string(s) + " element (" +
-                               std::to_string(i) + ", " + std::to_string(j) + ") wrong");
+          return InternalError("from rank " + std::to_string(s) + " element (" + std::to_string(i) +
+                               ", " + std::to_string(j) + ") wrong");
         }
       }
     }
@@ -262,11 +261,12 @@ Status SizeMismatch(const std::string& address, int rank) {
   if (rank == 1) recvs.push_back({0, buf.data(), 200});
   MORPH_ASSIGN_OR_RETURN(auto work, transport->Start(sends, recvs));
   Status s = work->Wait(Deadline::AfterMs(20000));
-  const bool ok = rank == 1 ? s.code() == StatusCode::kInternal &&
-                                  s.message().find("peer sends 100 bytes, this rank receives 200") !=
-                                      std::string::npos
-                            : s.code() == StatusCode::kAborted &&
-                                  s.message().find("peer rank 1 aborted") != std::string::npos;
+  const bool ok = rank == 1
+                      ? s.code() == StatusCode::kInternal &&
+                            s.message().find("peer sends 100 bytes, this rank receives 200") !=
+                                std::string::npos
+                      : s.code() == StatusCode::kAborted &&
+                            s.message().find("peer rank 1 aborted") != std::string::npos;
   return ok ? Status::Ok() : InternalError("rank " + std::to_string(rank) + " got " + s.ToString());
 }
 

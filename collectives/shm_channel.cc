@@ -23,9 +23,9 @@ namespace morph {
 namespace {
 
 constexpr uint64_t kMagic = 0x316d7368'70726f6dull;  // "morphsm1"
-constexpr uint64_t kRing = 16;                          // descriptors in flight per direction
-constexpr int kMaxIov = 1024;                           // IOV_MAX
-constexpr size_t kMaxBatchBytes = size_t{64} << 20;     // per process_vm_readv call
+constexpr uint64_t kRing = 16;                       // descriptors in flight per direction
+constexpr int kMaxIov = 1024;                        // IOV_MAX
+constexpr size_t kMaxBatchBytes = size_t{64} << 20;  // per process_vm_readv call
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
 // A message as the sender describes it to the receiver (lives in the sender's mailbox).
@@ -89,8 +89,14 @@ class Runs {
  public:
   Runs(uint64_t base, size_t bytes, bool strided, const CopyGeometry& g, bool src_side, int es,
        int64_t begin, int64_t end)
-      : base_(base), bytes_(bytes), strided_(strided), g_(g), src_(src_side), es_(es),
-        pos_(begin), end_(end) {
+      : base_(base),
+        bytes_(bytes),
+        strided_(strided),
+        g_(g),
+        src_(src_side),
+        es_(es),
+        pos_(begin),
+        end_(end) {
     if (!strided_) return;
     row_index_ = begin / std::max<int64_t>(1, g_.row);
     int64_t rem = row_index_;
@@ -110,7 +116,8 @@ class Runs {
     }
     if (pos_ >= end_) return false;
     int64_t off = src_ ? g_.src_offset : g_.dst_offset;
-    for (int k = 0; k < g_.outer_rank; ++k) off += idx_[k] * (src_ ? g_.src_stride : g_.dst_stride)[k];
+    for (int k = 0; k < g_.outer_rank; ++k)
+      off += idx_[k] * (src_ ? g_.src_stride : g_.dst_stride)[k];
     const int64_t row_begin = row_index_ * g_.row;
     const int64_t n = std::min(end_, row_begin + g_.row) - pos_;
     *addr = base_ + static_cast<uint64_t>((off + pos_ - row_begin) * es_);
@@ -147,9 +154,7 @@ struct ShmChannel::Mailbox {
   alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) char rings_start[1];  // Ring rings[num_rings] from here (Ring is 64-aligned)
 
-  ::morph::Ring* ring(int i) {
-    return reinterpret_cast<::morph::Ring*>(rings_start) + i;
-  }
+  ::morph::Ring* ring(int i) { return reinterpret_cast<::morph::Ring*>(rings_start) + i; }
   static size_t SizeFor(int rings) {
     return offsetof(Mailbox, rings_start) + sizeof(::morph::Ring) * static_cast<size_t>(rings);
   }
@@ -402,8 +407,8 @@ void ShmChannel::Abort() {
 Status ShmChannel::ReceiveNext(Peer& p) {
   const MessageRegion& r = p.recvs.front();
   const Descriptor d = p.in->slots[p.received % kRing];
-  const std::string what = name_ + ": message " + std::to_string(p.received) + " from rank " +
-                           std::to_string(p.rank);
+  const std::string what =
+      name_ + ": message " + std::to_string(p.received) + " from rank " + std::to_string(p.rank);
   if (d.seq != p.received) {
     return InternalError(what + ": descriptor carries sequence " + std::to_string(d.seq));
   }
@@ -417,8 +422,8 @@ Status ShmChannel::ReceiveNext(Peer& p) {
   }
   Runs local(reinterpret_cast<uint64_t>(r.base), r.bytes, r.strided, r.geometry,
              /*src_side=*/false, r.elem_size, r.begin, r.end);
-  Runs remote(d.base, d.bytes, d.strided != 0, d.geometry, /*src_side=*/true, d.elem_size,
-              d.begin, d.end);
+  Runs remote(d.base, d.bytes, d.strided != 0, d.geometry, /*src_side=*/true, d.elem_size, d.begin,
+              d.end);
   iovec liov[kMaxIov], riov[kMaxIov];
   uint64_t lp = 0, rp = 0;
   size_t ll = 0, rl = 0, done = 0;
@@ -429,10 +434,10 @@ Status ShmChannel::ReceiveNext(Peer& p) {
       if (ll == 0 && !local.Next(&lp, &ll)) break;
       if (rl == 0 && !remote.Next(&rp, &rl)) break;
       const size_t t = std::min({ll, rl, kMaxBatchBytes - batch});
-      const bool l_ext = ln > 0 && reinterpret_cast<uint64_t>(liov[ln - 1].iov_base) +
-                                           liov[ln - 1].iov_len == lp;
-      const bool r_ext = rn > 0 && reinterpret_cast<uint64_t>(riov[rn - 1].iov_base) +
-                                           riov[rn - 1].iov_len == rp;
+      const bool l_ext =
+          ln > 0 && reinterpret_cast<uint64_t>(liov[ln - 1].iov_base) + liov[ln - 1].iov_len == lp;
+      const bool r_ext =
+          rn > 0 && reinterpret_cast<uint64_t>(riov[rn - 1].iov_base) + riov[rn - 1].iov_len == rp;
       if ((!l_ext && ln == kMaxIov) || (!r_ext && rn == kMaxIov)) break;
       if (l_ext) {
         liov[ln - 1].iov_len += t;

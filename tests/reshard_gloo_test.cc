@@ -125,9 +125,9 @@ Status Participate(const std::string& address, const PlanInput& input, int me, b
   MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, input.num_participants));
   std::unique_ptr<CommTransport> owned;
   if (shm) {
-    MORPH_ASSIGN_OR_RETURN(owned, CommTransport::Create(comm.get(), std::chrono::seconds(15),
-                                                        CommTransportOptions{},
-                                                        Deadline::AfterMs(20000)));
+    MORPH_ASSIGN_OR_RETURN(
+        owned, CommTransport::Create(comm.get(), std::chrono::seconds(15), CommTransportOptions{},
+                                     Deadline::AfterMs(20000)));
   } else {
     owned = std::make_unique<CommTransport>(comm.get(), std::chrono::seconds(15));
   }
@@ -181,9 +181,8 @@ std::vector<int> RunForked(const PlanInput& input, bool use_reshard, const Execu
   const int n = input.num_participants;
   // Fork first, start the server's thread after (see ForkedRanks::Fork).
   ForkedRanks ranks = ForkedRanks::Fork(n, [&](int me, const std::string& address) {
-    return ExitCode(
-        me, Participate(address, input, me, use_reshard, options, me == straggler ? delay_ms : 0,
-                        shm));
+    return ExitCode(me, Participate(address, input, me, use_reshard, options,
+                                    me == straggler ? delay_ms : 0, shm));
   });
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   if (!server.ok()) {
