@@ -502,6 +502,17 @@ Status ShmChannel::Wait(std::span<const ShmHandle> sends, std::span<const ShmHan
     }
     if (done) return Status::Ok();
     if (progress) continue;
+    // Nothing of these handles can move yet: copy in what later groups already can, rather than
+    // sleep (their senders then finish sooner; the copies would be done here anyway).
+    for (auto& p : local_) {
+      if (!p->recvs.empty() && p->in->posted.load(std::memory_order_acquire) > p->received) {
+        Status s = ReceiveNext(*p);
+        if (!s.ok()) return Fail(std::move(s));
+        progress = true;
+        break;
+      }
+    }
+    if (progress) continue;
     for (const auto* list : {&sends, &recvs}) {
       for (const ShmHandle& h : *list) {
         Status s = PeerFailure(*local_[static_cast<size_t>(slot_of_[static_cast<size_t>(h.peer)])]);
