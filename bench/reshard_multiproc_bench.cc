@@ -6,13 +6,14 @@
 //   - "shm": CommTransport::Create, same-host peers by cross-memory attach, next to memcpy of
 //     the bytes landing in each process's new shards, by all 4 processes at once:
 //     ratio_vs_memcpy = memcpy_seconds / seconds, and speedup_vs_tcp = gloo_tcp seconds / seconds.
-// Times are the slowest process's, between two barriers; best of --reps. One JSON object per
-// line from rank 0:
+// Times are the slowest process's, between two barriers; after an untimed pass of each, --reps
+// interleaved pairs (reshard, baseline) in alternating order; seconds are medians and the ratio
+// is the median pair's. One JSON object per line from rank 0:
 //   {"name":"reshard_mp/tp4to2/gloo_tcp","bytes":<bytes received over the transport>,
 //    "seconds":...,"raw_seconds":...,"ratio_vs_raw":..., ...}
 //   {"name":"reshard_mp/tp4to2/shm","bytes":<landing in new shards>,"seconds":...,
 //    "memcpy_seconds":...,"ratio_vs_memcpy":..., ...}
-// Usage: reshard_multiproc_bench [--mb=1024] [--reps=3]. BENCH_ONLY=<substring> picks
+// Usage: reshard_multiproc_bench [--mb=1024] [--reps=5]. BENCH_ONLY=<substring> picks
 // scenarios; BENCH_DEBUG=1 prints per-process executor stats. Exchanges use
 // ExecutorOptions::FromEnv() (MORPH_RESHARD_*).
 #include <algorithm>
@@ -90,6 +91,11 @@ StatusOr<double> Sum(Communicator& comm, double v) {
   return v;
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // Times fn between two barriers; the slowest process's seconds, best of `reps`.
 template <typename Fn>
 StatusOr<double> Timed(Communicator& comm, int reps, Fn fn) {
@@ -143,22 +149,17 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
   for (int mode = 0; mode < 2; ++mode) {
     CommTransport& transport = mode == 0 ? tcp : shm;
     ExecutorStats stats;
-    MORPH_ASSIGN_OR_RETURN(double seconds, Timed(comm, reps, [&]() -> Status {
-                             MORPH_ASSIGN_OR_RETURN(
-                                 stats, ExecutePlan(plan, old_views, new_views, transport, opts,
-                                                    Deadline::After(kTimeout)));
-                             return Status::Ok();
-                           }));
-    if (mode == 0) tcp_seconds = seconds;
-    if (std::getenv("BENCH_DEBUG")) {
-      std::fprintf(stderr, "%s %s rank %d: %s\n", s.name.c_str(), mode == 0 ? "tcp" : "shm", me,
-                   stats.ToString().c_str());
-    }
-    double baseline = 0;
+    auto reshard = [&]() -> Status {
+      MORPH_ASSIGN_OR_RETURN(stats, ExecutePlan(plan, old_views, new_views, transport, opts,
+                                                Deadline::After(kTimeout)));
+      return Status::Ok();
+    };
+    // Baselines. Raw Gloo p2p: the same bytes per pair, one contiguous message each way, one
+    // group. memcpy: the bytes landing here, by every process at once.
+    std::vector<std::vector<char>> out(kRanks), in(kRanks);
+    std::vector<P2POp> ops;
+    std::vector<char> src, dst;
     if (mode == 0) {
-      // Raw Gloo p2p: the same bytes per pair, one contiguous message each way, one group.
-      std::vector<std::vector<char>> out(kRanks), in(kRanks);
-      std::vector<P2POp> ops;
       for (int p = 0; p < kRanks; ++p) {
         const size_t i = static_cast<size_t>(p);
         out[i].assign(to[i], 1);
@@ -166,14 +167,38 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
         if (to[i] > 0) ops.push_back({P2POp::Kind::kSend, p, out[i].data(), to[i]});
         if (from[i] > 0) ops.push_back({P2POp::Kind::kRecv, p, in[i].data(), from[i]});
       }
-      MORPH_ASSIGN_OR_RETURN(
-          baseline, Timed(comm, reps, [&]() -> Status { return comm.SendRecv(ops, kTimeout); }));
     } else {
-      std::vector<char> src(landing, 1), dst(landing, 0);
-      MORPH_ASSIGN_OR_RETURN(baseline, Timed(comm, reps, [&]() -> Status {
-                               if (landing > 0) std::memcpy(dst.data(), src.data(), landing);
-                               return Status::Ok();
-                             }));
+      src.assign(landing, 1);
+      dst.assign(landing, 0);
+    }
+    auto base = [&]() -> Status {
+      if (mode == 0) return comm.SendRecv(ops, kTimeout);
+      if (landing > 0) std::memcpy(dst.data(), src.data(), landing);
+      return Status::Ok();
+    };
+    // Interleaved pairs in alternating order after one untimed pass of each; medians count
+    // (the ratio is the median pair's).
+    MORPH_RETURN_IF_ERROR(reshard());
+    MORPH_RETURN_IF_ERROR(base());
+    std::vector<double> xs, bs, ratios;
+    for (int rep = 0; rep < reps; ++rep) {
+      double x = 0, b = 0;
+      if (rep % 2 == 0) {
+        MORPH_ASSIGN_OR_RETURN(x, Timed(comm, 1, reshard));
+        MORPH_ASSIGN_OR_RETURN(b, Timed(comm, 1, base));
+      } else {
+        MORPH_ASSIGN_OR_RETURN(b, Timed(comm, 1, base));
+        MORPH_ASSIGN_OR_RETURN(x, Timed(comm, 1, reshard));
+      }
+      xs.push_back(x);
+      bs.push_back(b);
+      ratios.push_back(b / x);
+    }
+    const double seconds = Median(xs), baseline = Median(bs), ratio = Median(ratios);
+    if (mode == 0) tcp_seconds = seconds;
+    if (std::getenv("BENCH_DEBUG")) {
+      std::fprintf(stderr, "%s %s rank %d: %s\n", s.name.c_str(), mode == 0 ? "tcp" : "shm", me,
+                   stats.ToString().c_str());
     }
     // Over TCP: the bytes on the wire (each counted once, at its receiver); shm: what lands.
     const double moved_here =
@@ -193,8 +218,8 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
           "\"processes\":%d}\n",
           s.name.c_str(), mode == 0 ? "gloo_tcp" : "shm", bytes, seconds, bytes / seconds / 1e9,
           mode == 0 ? "raw" : "memcpy", baseline, mode == 0 ? "raw" : "memcpy",
-          bytes / baseline / 1e9, mode == 0 ? "raw" : "memcpy", baseline / seconds, messages,
-          strided, staging, tcp_seconds / seconds, kRanks);
+          bytes / baseline / 1e9, mode == 0 ? "raw" : "memcpy", ratio, messages, strided, staging,
+          tcp_seconds / seconds, kRanks);
       std::fflush(stdout);
     }
   }
@@ -224,14 +249,14 @@ Status Child(const std::string& address, int me, int64_t mb, int reps) {
 int main(int argc, char** argv) {
   morph::InitLogging(argv[0]);
   int64_t mb = 1024;
-  int reps = 3;
+  int reps = 5;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--mb=", 5) == 0) {
       mb = std::atoll(argv[i] + 5);
     } else if (std::strncmp(argv[i], "--reps=", 7) == 0) {
       reps = std::atoi(argv[i] + 7);
     } else {
-      std::fprintf(stderr, "usage: %s [--mb=1024] [--reps=3]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--mb=1024] [--reps=5]\n", argv[0]);
       return 2;
     }
   }
