@@ -40,6 +40,12 @@ int PeersPerGroup(const ExecutorOptions& options, int num_participants) {
   return static_cast<int>(std::min<uint64_t>(fit, std::max(1, num_participants - 1)));
 }
 
+int MessagesPerGroup(const ExecutorOptions& options, int num_participants) {
+  const uint64_t c = EffectiveChunkBytes(options, num_participants);
+  const uint64_t p = static_cast<uint64_t>(PeersPerGroup(options, num_participants));
+  return static_cast<int>(std::clamp<uint64_t>(options.staging_bytes / (4 * c * p), 1, 1024));
+}
+
 std::string ExecutorStats::ToString() const {
   std::ostringstream os;
   os << "sent " << bytes_sent << " B in " << messages_sent << " messages, received "
@@ -216,20 +222,20 @@ class StagingPool {
   size_t peak_ = 0;
 };
 
-// The messages of one transport group (see "Message boundaries" in executor.h): at most one
-// per peer and direction.
+// The messages of one transport group (see "Message boundaries" in executor.h): at most
+// MessagesPerGroup per peer and direction, consecutive in that pair's order.
 struct Group {
   std::vector<const Message*> sends, recvs;
   size_t staged = 0;  // staging it needs, bytes
 };
 
-// Groups of messages in the order every participant posts them: by (message index k, block of
-// peer offsets). Message k from a to b has offset s = (b - a) mod n at both ends, so both put it
-// into the group with the same key; posting in key order is what makes the exchange
+// Groups of messages in the order every participant posts them: by (block of message indices
+// k, block of peer offsets). Message k from a to b has offset s = (b - a) mod n at both ends, so
+// both put it into the group with the same key; posting in key order is what makes the exchange
 // deadlock-free (docs/reshard-executor.md). Groups without messages here are left out.
 std::vector<Group> GroupMessages(const std::vector<std::vector<Message>>& send_msgs,
                                  const std::vector<std::vector<Message>>& recv_msgs, int me, int n,
-                                 int peers_per_group, size_t chunk) {
+                                 int peers_per_group, int messages_per_group, size_t chunk) {
   std::map<std::pair<int64_t, int>, Group> by_key;
   for (int dir = 0; dir < 2; ++dir) {
     const auto& lists = dir == 0 ? send_msgs : recv_msgs;
@@ -237,7 +243,7 @@ std::vector<Group> GroupMessages(const std::vector<std::vector<Message>>& send_m
       const int p = static_cast<int>(peer);
       const int offset = dir == 0 ? (p - me + n) % n : (me - p + n) % n;
       for (const Message& m : lists[peer]) {
-        Group& g = by_key[{m.index, (offset - 1) / peers_per_group}];
+        Group& g = by_key[{m.index / messages_per_group, (offset - 1) / peers_per_group}];
         (dir == 0 ? g.sends : g.recvs).push_back(&m);
         if (m.direct == nullptr && !m.strided) g.staged += chunk;
       }
@@ -523,7 +529,8 @@ class Execution {
     // Layouts of strided ops: Start copies them, they only need to outlive the call. Reserved
     // so that the pointers handed out stay valid.
     std::vector<StridedLayout> layouts;
-    layouts.reserve(send_msgs_.size() + recv_msgs_.size());
+    layouts.reserve(groups_[static_cast<size_t>(r)].sends.size() +
+                    groups_[static_cast<size_t>(r)].recvs.size());
     auto layout_of = [&](const Message& m, const std::vector<Piece>& pieces) {
       const Segment& s = m.segments[0];
       const Piece& p = pieces[static_cast<size_t>(s.piece)];
@@ -634,7 +641,7 @@ class Execution {
       }
     }
     groups_ = GroupMessages(send_msgs_, recv_msgs_, plan_.participant, n,
-                            PeersPerGroup(options_, n), chunk_);
+                            PeersPerGroup(options_, n), MessagesPerGroup(options_, n), chunk_);
     num_rounds_ = static_cast<int64_t>(groups_.size());
     stats_.rounds = num_rounds_;
     pool_ = std::make_unique<StagingPool>(engine_->StagingAllocator(), chunk_);

@@ -16,9 +16,9 @@
 // messages. Both sides derive the same cuts from the
 // plan lists, the tensors' dtypes and the options, which must be equal on all participants (per
 // local_plan.h). Message k from participant a to b (offset s = (b - a) mod n) belongs to group
-// (k, (s - 1) / PeersPerGroup): one grouped Transport::Start, posted in (k, block) order and
-// skipped where this participant has nothing in it; both ends of a message put it in the same
-// group, and a group holds at most one message per peer and direction. A message that is a single contiguous range of the old (new) buffer is sent from
+// (k / MessagesPerGroup, (s - 1) / PeersPerGroup): one grouped Transport::Start, posted in key
+// order and skipped where this participant has nothing in it; both ends of a message put it in
+// the same group, which holds the same consecutive messages of each pair on both sides. A message that is a single contiguous range of the old (new) buffer is sent from
 // (received into) place, without staging. With a transport that SupportsStridedOps() and host
 // buffers, so is a message that is a single segment of one strided piece: it is posted as a
 // strided op and the transport copies straight between the sender's old and the receiver's new
@@ -79,9 +79,13 @@ struct ExecutorOptions {
 uint64_t EffectiveChunkBytes(const ExecutorOptions& options, int num_participants);
 
 // How many peer offsets one transport group spans: min(n - 1, staging_bytes / (4 C)), at
-// least 1, with C = EffectiveChunkBytes. A group then stages at most one send and one receive
-// per offset, 2 * PeersPerGroup * C <= staging_bytes / 2, so two groups overlap.
+// least 1, with C = EffectiveChunkBytes; and how many consecutive messages of each pair it
+// holds: staging_bytes / (4 C PeersPerGroup), 1 to 1024. A group then stages at most
+// 2 * PeersPerGroup * MessagesPerGroup * C <= staging_bytes / 2 (or one send and one receive),
+// so two groups overlap; with few participants and small pieces, fewer groups (each a round
+// trip between the peers on Gloo) carry the same messages.
 int PeersPerGroup(const ExecutorOptions& options, int num_participants);
+int MessagesPerGroup(const ExecutorOptions& options, int num_participants);
 
 // A tensor's old local shard, as the caller holds it.
 struct OldShardData {

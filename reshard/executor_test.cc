@@ -502,6 +502,10 @@ TEST(ExecutorTest, OptionsFromEnvAndEffectiveChunk) {
   o.chunk_bytes = 16 << 10;
   EXPECT_EQ(PeersPerGroup(o, 1 << 20), 16);
   EXPECT_EQ(PeersPerGroup(o, 5), 4);
+  EXPECT_EQ(MessagesPerGroup(o, 1 << 20), 1);
+  EXPECT_EQ(MessagesPerGroup(o, 5), 4);  // 1 MiB / (4 * 16 KiB * 4 peers)
+  o.chunk_bytes = 512 << 10;
+  EXPECT_EQ(MessagesPerGroup(o, 2), 1);
   setenv("MORPH_RESHARD_STAGING_BYTES", "lots", 1);
   EXPECT_THAT(ExecutorOptions::FromEnv().status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_RESHARD_STAGING_BYTES")));
