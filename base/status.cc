@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+
 namespace morph {
 
 std::string_view StatusCodeName(StatusCode code) {
@@ -29,9 +31,19 @@ std::string_view StatusCodeName(StatusCode code) {
 
 std::ostream& operator<<(std::ostream& os, StatusCode code) { return os << StatusCodeName(code); }
 
+std::string_view CollectiveFailureKindName(CollectiveFailure::Kind kind) {
+  switch (kind) {
+    case CollectiveFailure::Kind::kPeerClosed: return "peer_closed";
+    case CollectiveFailure::Kind::kTimeout: return "timeout";
+    case CollectiveFailure::Kind::kRemoteError: return "remote_error";
+    case CollectiveFailure::Kind::kAborted: return "aborted";
+  }
+  return "unknown";
+}
+
 Status::Status(StatusCode code, std::string_view message) {
   if (code != StatusCode::kOk) {
-    rep_ = std::make_shared<const Rep>(Rep{code, std::string(message)});
+    rep_ = std::make_shared<const Rep>(Rep{code, std::string(message), nullptr});
   }
 }
 
@@ -52,11 +64,24 @@ Status Status::WithContext(std::string_view context) const& {
     msg += ": ";
     msg += rep_->message;
   }
-  return Status(code(), msg);
+  Status out;
+  out.rep_ = std::make_shared<const Rep>(Rep{rep_->code, std::move(msg), rep_->failure});
+  return out;
 }
 
 Status Status::WithContext(std::string_view context) && {
   return static_cast<const Status&>(*this).WithContext(context);
+}
+
+Status Status::WithCollectiveFailure(CollectiveFailure failure) const {
+  if (ok()) return *this;
+  std::sort(failure.peers.begin(), failure.peers.end());
+  failure.peers.erase(std::unique(failure.peers.begin(), failure.peers.end()),
+                      failure.peers.end());
+  Status out;
+  out.rep_ = std::make_shared<const Rep>(
+      Rep{rep_->code, rep_->message, std::make_shared<const CollectiveFailure>(std::move(failure))});
+  return out;
 }
 
 void Status::CheckOk(std::string_view what) const {

@@ -16,6 +16,12 @@
 //   MORPH_ASSIGN_OR_RETURN(Plan plan, MakePlan(a, b));
 //   MORPH_ASSIGN_OR_RETURN(auto bytes, ReadAll(fd), "reading " << path);
 //
+// A failed collective can carry a typed CollectiveFailure (which peers, what kind), so the
+// runtime reacts to it without parsing messages; WithContext and copies keep it:
+//
+//   Status s = comm->Allreduce(...);
+//   for (int peer : s.failed_peers()) suspects.insert(peer);
+//
 // Thread-safety: Status and StatusOr are values; distinct objects may be used concurrently.
 #ifndef MORPH_BASE_STATUS_H_
 #define MORPH_BASE_STATUS_H_
@@ -24,11 +30,13 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace morph {
 
@@ -56,6 +64,24 @@ enum class StatusCode : int {
 std::string_view StatusCodeName(StatusCode code);
 std::ostream& operator<<(std::ostream& os, StatusCode code);
 
+// What a failed collective knows about its cause. Set by the communicator backends
+// (collectives/) on the Status they return; read by whoever decides what to do next.
+struct CollectiveFailure {
+  enum class Kind : uint8_t {
+    kPeerClosed,   // a peer's connection closed or reset (Gloo): `peers` says whose
+    kTimeout,      // the operation's deadline passed; `peers` usually unknown (empty)
+    kRemoteError,  // NCCL reported a remote or system error; it does not say which peer
+    kAborted,      // Abort() was called on this rank's communicator
+  };
+  Kind kind = Kind::kPeerClosed;
+  // Ranks, numbered in the communicator that failed, whose connection this rank saw fail.
+  // Empty when unknown. A suspect list, not a verdict: a survivor that closed its own
+  // connections in reaction to a failure can appear too. The coordinator's membership
+  // decides who is dead.
+  std::vector<int> peers;
+};
+std::string_view CollectiveFailureKindName(CollectiveFailure::Kind kind);  // "peer_closed", ...
+
 class [[nodiscard]] Status {
  public:
   // OK.
@@ -76,10 +102,23 @@ class [[nodiscard]] Status {
   Status WithContext(std::string_view context) const&;
   Status WithContext(std::string_view context) &&;
 
+  // This status carrying `failure` (peers sorted, duplicates dropped). OK stays OK.
+  Status WithCollectiveFailure(CollectiveFailure failure) const;
+  // The failure a collective attached, null if none.
+  const CollectiveFailure* collective_failure() const {
+    return rep_ && rep_->failure ? rep_->failure.get() : nullptr;
+  }
+  // collective_failure()->peers, or empty.
+  std::span<const int> failed_peers() const {
+    const CollectiveFailure* f = collective_failure();
+    return f ? std::span<const int>(f->peers) : std::span<const int>();
+  }
+
   // Aborts the process (LOG(FATAL)) with `what` and the status if not OK. Only for
   // broken internal invariants, never for what a peer or user can cause.
   void CheckOk(std::string_view what = "") const;
 
+  // Code and message only: the payload is extra detail.
   friend bool operator==(const Status& a, const Status& b) {
     return a.code() == b.code() && a.message() == b.message();
   }
@@ -88,6 +127,7 @@ class [[nodiscard]] Status {
   struct Rep {
     StatusCode code;
     std::string message;
+    std::shared_ptr<const CollectiveFailure> failure;  // may be null
   };
   // Shared and immutable: copying a Status is a refcount bump.
   std::shared_ptr<const Rep> rep_;

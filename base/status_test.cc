@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "base/testing.h"
 
@@ -149,6 +150,55 @@ TEST(StatusOrTest, ValueOr) {
 TEST(StatusOrDeathTest, ValueOnErrorAborts) {
   StatusOr<int> s = UnavailableError("peer gone");
   EXPECT_DEATH((void)s.value(), "UNAVAILABLE: peer gone");
+}
+
+TEST(StatusPayloadTest, CollectiveFailureRoundTripsAndSurvivesContext) {
+  Status plain = UnavailableError("peer gone");
+  EXPECT_EQ(plain.collective_failure(), nullptr);
+  EXPECT_TRUE(plain.failed_peers().empty());
+
+  Status s = plain.WithCollectiveFailure({CollectiveFailure::Kind::kPeerClosed, {3, 1}});
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(), "peer gone");
+  ASSERT_NE(s.collective_failure(), nullptr);
+  EXPECT_EQ(s.collective_failure()->kind, CollectiveFailure::Kind::kPeerClosed);
+  EXPECT_EQ(std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()),
+            (std::vector<int>{1, 3}));  // sorted, deduplicated
+  // The original is unchanged (Status is a value).
+  EXPECT_EQ(plain.collective_failure(), nullptr);
+
+  // Context, copies, moves and the macros keep it.
+  Status wrapped = s.WithContext("generation 4").WithContext("step 9");
+  EXPECT_EQ(wrapped.message(), "step 9: generation 4: peer gone");
+  ASSERT_NE(wrapped.collective_failure(), nullptr);
+  EXPECT_EQ(std::vector<int>(wrapped.failed_peers().begin(), wrapped.failed_peers().end()),
+            (std::vector<int>{1, 3}));
+  auto via_macro = [&]() -> Status {
+    MORPH_RETURN_IF_ERROR(s) << "allreduce of " << 7 << " floats";
+    return Status::Ok();
+  };
+  Status m = via_macro();
+  EXPECT_EQ(m.message(), "allreduce of 7 floats: peer gone");
+  EXPECT_EQ(m.failed_peers().size(), 2u);
+  StatusOr<int> so = m;
+  EXPECT_EQ(so.status().failed_peers().size(), 2u);
+  Status moved = std::move(m).WithContext("x");
+  EXPECT_EQ(moved.failed_peers().size(), 2u);
+
+  // Timeouts and remote errors with unknown peers: a kind, no peers.
+  Status t = DeadlineExceededError("late").WithCollectiveFailure(
+      {CollectiveFailure::Kind::kTimeout, {}});
+  ASSERT_NE(t.collective_failure(), nullptr);
+  EXPECT_EQ(t.collective_failure()->kind, CollectiveFailure::Kind::kTimeout);
+  EXPECT_TRUE(t.failed_peers().empty());
+  EXPECT_EQ(CollectiveFailureKindName(CollectiveFailure::Kind::kRemoteError), "remote_error");
+  // OK stays OK and carries nothing.
+  Status ok = Status::Ok().WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {1}});
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(ok.collective_failure(), nullptr);
+  // The payload does not change equality or the text.
+  EXPECT_EQ(s, plain);
+  EXPECT_EQ(s.ToString(), "UNAVAILABLE: peer gone");
 }
 
 }  // namespace

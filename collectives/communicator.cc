@@ -144,11 +144,23 @@ Status Communicator::Run(CollectiveOp op) {
   return work->Wait(deadline);
 }
 
+StatusOr<std::unique_ptr<Communicator>> Communicator::Shrink(std::span<const int> /*exclude*/,
+                                                             ShrinkMode /*mode*/,
+                                                             int64_t /*generation*/,
+                                                             Deadline /*deadline*/) {
+  return UnimplementedError(capabilities().backend +
+                            " cannot shrink a communicator: build the next one with a rendezvous");
+}
+
 Status Communicator::ValidateOp(const CollectiveOp& op, const Capabilities& caps) const {
   using Kind = CollectiveOp::Kind;
   if (op.timeout.count() <= 0) {
     return InvalidArgumentError("timeout must be positive, got " +
                                 std::to_string(op.timeout.count()) + " ms");
+  }
+  if (op.stream != nullptr && !caps.device_memory) {
+    return InvalidArgumentError("a CUDA stream was given, but the " + caps.backend +
+                                " backend runs on host memory and takes none");
   }
   auto has = [](const auto& v, auto x) { return std::find(v.begin(), v.end(), x) != v.end(); };
   if (op.kind == Kind::kAllreduce || op.kind == Kind::kReduceScatter) {

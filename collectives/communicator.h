@@ -14,7 +14,9 @@
 // - Every call returns a Status and is bounded by its own timeout: kDeadlineExceeded when it
 //   passes, kUnavailable when a peer failed (closed its connection, NCCL remote error),
 //   kAborted after Abort(), kInvalidArgument for bad arguments (checked before anything is
-//   sent, so no peer is left waiting for this rank's data).
+//   sent, so no peer is left waiting for this rank's data). Failures carry a typed
+//   CollectiveFailure (status.collective_failure(), status.failed_peers(): base/status.h):
+//   the kind and the peers this rank saw fail, where the backend knows them.
 // - After any non-OK result other than kInvalidArgument the communicator is broken: every
 //   later call returns the same error. Build the next generation's communicator instead.
 // - Abort() may be called from any thread, any time: the operation in progress (and every
@@ -27,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +43,11 @@ namespace morph {
 // collectives/ depends on base/ only (comm_transport.h maps between them).
 enum class DataType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8 };
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
+
+// Why a communicator is shrunk (Communicator::Shrink). kPlanned: the leavers left cleanly and
+// this communicator is healthy (NCCL_SHRINK_DEFAULT). kFailure: ranks died; operations in
+// flight are aborted first (NCCL_SHRINK_ABORT).
+enum class ShrinkMode : uint8_t { kPlanned, kFailure };
 
 // MORPH_COLLECTIVE_TIMEOUT_MS as a duration, for callers that pass "the job's default" timeout.
 // kInvalidArgument naming the variable for a bad value. Any thread.
@@ -94,6 +102,12 @@ struct CollectiveOp {
   int root = 0;
   std::vector<P2POp> p2p;
   std::chrono::milliseconds timeout{30000};
+  // A cudaStream_t for backends with device memory: the operation is enqueued on it, after the
+  // work already there (e.g. the backward pass that produced the gradients), and Wait waits
+  // for it only, so other streams' compute overlaps it. Null: the communicator's own stream
+  // (the caller must then have finished writing the buffers). Host-memory backends refuse a
+  // non-null stream (kInvalidArgument).
+  void* stream = nullptr;
 
   static CollectiveOp Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                 std::chrono::milliseconds timeout);
@@ -115,10 +129,12 @@ class Work {
   virtual ~Work() = default;
   // Blocks until the operation finished (its Status), `deadline` passed (kDeadlineExceeded;
   // the communicator is then aborted, since the peers are out of step), or the communicator
-  // was aborted (kAborted). Returns the same Status when called again. Only the thread that
-  // started the operation calls Wait.
+  // was aborted (kAborted); kFailedPrecondition if the communicator was destroyed first.
+  // When it returns, the backend no longer touches the buffers. Returns the same Status
+  // when called again. Only the thread that started the operation calls Wait.
   virtual Status Wait(Deadline deadline) = 0;
-  // True once Wait would not block. Any thread.
+  // True once Wait would not block. On NCCL only once no kernel can touch the buffers any more
+  // (the op's event completed, or the communicator was stopped and has drained). Any thread.
   virtual bool Done() const = 0;
 };
 
@@ -142,6 +158,19 @@ class Communicator {
   // where capabilities().split (NCCL: ncclCommSplit); elsewhere kUnimplemented. Owning thread.
   virtual StatusOr<std::unique_ptr<Communicator>> Split(int color, int key, std::string name,
                                                         Deadline deadline);
+
+  // Survivors only, collectively (every rank of this communicator not in `exclude`): a new
+  // communicator without the `exclude`d ranks (numbered in this one), over the existing
+  // connections, with no rendezvous; survivors keep their order (new rank = old rank minus
+  // the excluded ranks below it), and the new one belongs to `generation`. This communicator
+  // is released afterwards (later calls: kFailedPrecondition). kInvalidArgument for an empty
+  // `exclude`, a rank out of range or this rank excluded; kFailedPrecondition for kPlanned on
+  // a broken communicator; the backend's errors (kDeadlineExceeded at the deadline). Only
+  // where capabilities().shrink (NCCL: ncclCommShrink); elsewhere kUnimplemented. Owning
+  // thread.
+  virtual StatusOr<std::unique_ptr<Communicator>> Shrink(std::span<const int> exclude,
+                                                         ShrinkMode mode, int64_t generation,
+                                                         Deadline deadline);
 
   // Makes the operation in progress and every later one return kAborted within a second.
   // Any thread, any number of times; never blocks on the network.

@@ -176,6 +176,7 @@ class GlooCommunicator::Impl {
       lost = UnavailableError(Describe() + ": a peer connection closed: " + e.what());
     }
     std::lock_guard<std::mutex> lock(mu_);
+    NoteClosedPeersLocked();  // now, before survivors' reactions close more pairs
     peer_lost_ = lost;
     peer_lost_at_ = std::chrono::steady_clock::now();
   }
@@ -208,17 +209,46 @@ class GlooCommunicator::Impl {
   // Fails the communicator with `error` (unless it already failed) and wakes everything.
   void FailWith(const Status& error) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) error_ = error;
+    if (error_.ok()) error_ = WithFailureLocked(error);
     AbortLocked("failed");
   }
 
   void AbortLocked(std::string_view why) {
     if (aborted_.exchange(true)) return;
     if (error_.ok()) {
-      error_ = AbortedError(Describe() + ": aborted (" + std::string(why) + ")");
+      error_ = WithFailureLocked(AbortedError(Describe() + ": aborted (" + std::string(why) + ")"));
     }
     broken_.store(true);
     SignalAllPairs("morph: communicator aborted");
+  }
+
+  // Remembers which peers' connections had failed when this rank first noticed a failure,
+  // before its own reaction (SignalAllPairs) closes its other pairs and theirs.
+  void NoteClosedPeersLocked() {
+    if (closed_peers_.empty() && context_ != nullptr) {
+      closed_peers_ = gloo_support::PeersWithClosedPairs(*context_);
+    }
+  }
+
+  // `s` with its typed CollectiveFailure: the kind follows the code (the code was chosen by
+  // ClassifyGlooError); the peers are those noted by NoteClosedPeersLocked.
+  Status WithFailureLocked(const Status& s) {
+    CollectiveFailure f;
+    switch (s.code()) {
+      case StatusCode::kUnavailable:
+        f.kind = CollectiveFailure::Kind::kPeerClosed;
+        break;
+      case StatusCode::kDeadlineExceeded:
+        f.kind = CollectiveFailure::Kind::kTimeout;
+        break;
+      case StatusCode::kAborted:
+        return s.WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}});
+      default:
+        return s;
+    }
+    NoteClosedPeersLocked();
+    f.peers = closed_peers_;
+    return s.WithCollectiveFailure(std::move(f));
   }
 
   // Breaks every pair so that Gloo's waits wake now and peers see the connection close.
@@ -265,7 +295,7 @@ class GlooCommunicator::Impl {
           if (aborted_.load()) {
             s = error_;  // the abort is the reason, not the error it caused inside Gloo
           } else if (error_.ok()) {
-            error_ = s;
+            error_ = s = WithFailureLocked(s);
             broken_.store(true);
             // Fail the peers now rather than at their timeouts.
             SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
@@ -307,10 +337,7 @@ class GlooCommunicator::Impl {
   Status MapIoError(const CollectiveOp& op, std::string_view what) {
     std::string msg = Describe() + ": " + KindName(op) + ": " + std::string(what);
     if (aborted_.load()) return AbortedError(msg);
-    if (what.find("Timed out") != std::string_view::npos ||
-        what.find("timed out") != std::string_view::npos) {
-      return DeadlineExceededError(msg);
-    }
+    if (ClassifyGlooError(what) == GlooErrorKind::kTimeout) return DeadlineExceededError(msg);
     return UnavailableError(msg);
   }
 
@@ -572,6 +599,7 @@ class GlooCommunicator::Impl {
   std::thread sentinel_thread_;
   std::atomic<bool> stopping_sentinel_{false};
   Status peer_lost_;  // under mu_
+  std::vector<int> closed_peers_;  // under mu_: see NoteClosedPeersLocked
   std::chrono::steady_clock::time_point peer_lost_at_;
 
   // Used by the op thread only.
@@ -673,7 +701,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       return adapter.error().WithContext(impl->Describe() + ": rendezvous");
     }
     std::string what = e.what();
-    if (what.find("imed out") != std::string::npos) {
+    if (ClassifyGlooError(what) == GlooErrorKind::kTimeout) {
       return DeadlineExceededError(impl->Describe() + ": connecting: " + what);
     }
     return UnavailableError(impl->Describe() + ": connecting: " + what);

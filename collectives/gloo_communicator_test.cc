@@ -10,6 +10,7 @@
 
 #include "base/testing.h"
 #include "collectives/collective_checks.h"
+#include "collectives/gloo_errors.h"
 #include "collectives/rank_harness.h"
 
 namespace morph {
@@ -72,6 +73,14 @@ TEST(GlooCommunicatorTest, BadArgumentsAreRejectedBeforeAnythingIsSent) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("recv #0: peer 5 out of range")));
   EXPECT_THAT(c.Barrier(milliseconds(0)),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("timeout must be positive")));
+  CollectiveOp on_stream = CollectiveOp::Barrier(kTimeout);
+  on_stream.stream = &x;  // any non-null stream
+  EXPECT_THAT(c.Run(on_stream),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("gloo backend runs on host memory")));
+  const int leave[] = {1};
+  EXPECT_FALSE(c.capabilities().shrink);
+  EXPECT_THAT(c.Shrink(leave, ShrinkMode::kPlanned, 1, Deadline::AfterMs(100)),
+              StatusIs(StatusCode::kUnimplemented, HasSubstr("gloo cannot shrink")));
   EXPECT_FALSE(c.broken());
   MemoryStore store(table, 0);
   EXPECT_THAT(GlooCommunicator::Create(store, "x", 2, 2, nullptr, Deadline::AfterMs(100)),
@@ -94,6 +103,9 @@ TEST(GlooCommunicatorTest, AbortFromAnotherThreadEndsABlockedOperationWithinASec
   auto returned_at = std::chrono::steady_clock::now();
   aborter.join();
   EXPECT_THAT(s, StatusIs(StatusCode::kAborted, HasSubstr("Abort() called")));
+  ASSERT_NE(s.collective_failure(), nullptr) << s;
+  EXPECT_EQ(s.collective_failure()->kind, CollectiveFailure::Kind::kAborted);
+  EXPECT_TRUE(s.failed_peers().empty());
   EXPECT_LT(returned_at - aborted_at, std::chrono::seconds(1));
   EXPECT_TRUE(comms[0]->broken());
   // Every later operation fails the same way; aborting again is harmless.
@@ -136,6 +148,15 @@ TEST(GlooCommunicatorTest, LosingAnotherPeerFailsAWaitOnAHealthyPair) {
   closer.join();
   EXPECT_THAT(s, StatusIs(StatusCode::kUnavailable, HasSubstr("a peer connection closed")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  // The typed field names the peer that went away, not the silent healthy one.
+  ASSERT_NE(s.collective_failure(), nullptr) << s;
+  EXPECT_EQ(s.collective_failure()->kind, CollectiveFailure::Kind::kPeerClosed);
+  EXPECT_EQ(std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()),
+            std::vector<int>{2});
+  // Later calls return the same error with the same payload.
+  Status again = comms[0]->Barrier(kTimeout);
+  EXPECT_EQ(std::vector<int>(again.failed_peers().begin(), again.failed_peers().end()),
+            std::vector<int>{2});
 }
 
 TEST(GlooCommunicatorTest, TimeoutBreaksTheCommunicator) {
@@ -147,8 +168,34 @@ TEST(GlooCommunicatorTest, TimeoutBreaksTheCommunicator) {
               StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("allreduce")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_TRUE(comms[0]->broken());
-  EXPECT_THAT(comms[0]->Barrier(kTimeout),
-              StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("allreduce")));
+  Status later = comms[0]->Barrier(kTimeout);
+  EXPECT_THAT(later, StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("allreduce")));
+  ASSERT_NE(later.collective_failure(), nullptr) << later;
+  EXPECT_EQ(later.collective_failure()->kind, CollectiveFailure::Kind::kTimeout);
+  EXPECT_TRUE(later.failed_peers().empty());
+}
+
+// Gloo reports timeouts in several wordings ("Timed out waiting", "Connect timeout", "Read
+// timeout", "Wait timeout for key(s)", "Application timeout caused pair closure"): one
+// classifier decides, for rendezvous and operations alike.
+TEST(GlooErrorsTest, OneClassifierForGlooTexts) {
+  using K = GlooErrorKind;
+  EXPECT_EQ(ClassifyGlooError("[enforce fail at pair.cc:589] Timed out waiting 200ms for recv "
+                              "operation to complete"),
+            K::kTimeout);
+  EXPECT_EQ(ClassifyGlooError("Connect timeout [127.0.0.1]:4242"), K::kTimeout);
+  EXPECT_EQ(ClassifyGlooError("Read timeout [127.0.0.1]:4242"), K::kTimeout);
+  EXPECT_EQ(ClassifyGlooError("Wait timeout for key(s): [gloo/world/1]"), K::kTimeout);
+  EXPECT_EQ(ClassifyGlooError("Application timeout caused pair closure"), K::kTimeout);
+  EXPECT_EQ(ClassifyGlooError("Connection closed by peer [127.0.0.1]:4242"), K::kPeerClosed);
+  EXPECT_EQ(ClassifyGlooError("Read error [127.0.0.1]:4242: Connection reset by peer"),
+            K::kPeerClosed);
+  EXPECT_EQ(ClassifyGlooError("Socket unexpectedly closed [127.0.0.1]:4242"), K::kPeerClosed);
+  // What this rank raised itself on its own pairs (Abort, or its own failure) is not a peer's.
+  EXPECT_EQ(ClassifyGlooError("morph: communicator aborted"), K::kLocal);
+  EXPECT_EQ(ClassifyGlooError("morph: peer rank 1 failed: allreduce: Timed out waiting"),
+            K::kLocal);
+  EXPECT_EQ(ClassifyGlooError("something else"), K::kOther);
 }
 
 TEST(GlooCommunicatorTest, AsyncWorkOverlapsAndCompletesInOrder) {

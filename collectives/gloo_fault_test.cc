@@ -1,10 +1,13 @@
 // Kill -9 one rank during an allreduce (label fault): the survivors' allreduce returns
 // kUnavailable or kAborted within its timeout (never hangs); the coordinator (here: the test)
 // advances the store to the next generation; the survivors build communicators without the
-// dead rank and their collectives succeed.
+// dead rank and their collectives succeed. Each survivor's failure names the dead rank in its
+// typed failed_peers().
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <span>
 #include <thread>
 
 #include "base/testing.h"
@@ -52,6 +55,17 @@ Status Survive(const std::string& address, int rank, int world, int victim) {
     return InternalError("failure noticed only after the timeout");
   }
   if (!comm->broken()) return InternalError("communicator not marked broken");
+  // The typed field names the killed rank, so the runtime need not parse the message.
+  std::span<const int> peers = failure.failed_peers();
+  if (failure.collective_failure() == nullptr ||
+      std::find(peers.begin(), peers.end(), victim) == peers.end()) {
+    return InternalError("failure does not name the killed rank " + std::to_string(victim) +
+                         " in failed_peers (" + std::to_string(peers.size()) +
+                         " peers): " + failure.ToString());
+  }
+  std::string names;
+  for (int p : peers) names += " " + std::to_string(p);
+  std::fprintf(stderr, "rank %d: failed_peers:%s\n", rank, names.c_str());
   comm.reset();
 
   // Generation 1: survivors renumbered densely.

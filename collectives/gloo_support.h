@@ -6,6 +6,7 @@
 #define MORPH_COLLECTIVES_GLOO_SUPPORT_H_
 
 #include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/pair.h>
 #include <pthread.h>
@@ -17,6 +18,7 @@
 
 #include "base/deadline.h"
 #include "base/status.h"
+#include "collectives/gloo_errors.h"
 #include "collectives/store.h"
 
 namespace morph::gloo_support {
@@ -68,7 +70,41 @@ struct PairAccess : gloo::transport::tcp::Pair {
     auto fn = &PairAccess::signalExceptionExternal;
     return (pair->*fn)(msg);
   }
+  // The error Gloo recorded on the pair ("Connection closed by peer ..."), "" if none.
+  static std::string Error(gloo::transport::tcp::Pair* pair) {
+    std::mutex& mu = pair->*(&PairAccess::m_);
+    std::exception_ptr ex;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ex = pair->*(&PairAccess::ex_);
+    }
+    if (ex == nullptr) return "";
+    try {
+      std::rethrow_exception(ex);
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "unknown error";
+    }
+  }
 };
+
+// The peers whose pair in `context` holds an error that a peer caused (its connection closed
+// or failed), leaving out what this rank raised itself (kGlooLocalSignalPrefix) and timeouts.
+// The caller must keep `context` alive; takes each pair's own lock briefly.
+inline std::vector<int> PeersWithClosedPairs(gloo::rendezvous::Context& context) {
+  std::vector<int> peers;
+  for (int i = 0; i < context.size; ++i) {
+    if (i == context.rank) continue;
+    auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(context.getPair(i).get());
+    if (tcp == nullptr) continue;
+    std::string what = PairAccess::Error(tcp);
+    if (!what.empty() && ClassifyGlooError(what) == GlooErrorKind::kPeerClosed) {
+      peers.push_back(i);
+    }
+  }
+  return peers;
+}
 
 // Gloo writes to its sockets with writev, which raises SIGPIPE when the peer died; that
 // would kill the process (Python, Gloo's usual host, ignores SIGPIPE; we must not install a

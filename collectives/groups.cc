@@ -30,6 +30,79 @@ GroupSet::~GroupSet() {
   world_.reset();
 }
 
+struct GroupBuilder::Spec {
+  std::string name;
+  int rank;
+  int size;
+  std::unique_ptr<Communicator>* out;
+  Status status;
+};
+
+std::vector<GroupBuilder::Spec> GroupBuilder::Specs(GroupSet& set, const ParallelConfig& config,
+                                                    int rank, int world_size) {
+  std::vector<Spec> specs;
+  specs.push_back({"world", rank, world_size, &set.world_, Status::Ok()});
+  if (rank < config.world()) {  // standby workers join the world group only
+    auto position = [&](const std::vector<int>& group) {
+      return static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
+    };
+    ParallelConfig::Coords c = config.CoordsOf(rank);
+    const std::vector<int> dp = config.DpGroup(rank), tp = config.TpGroup(rank),
+                           pp = config.PpGroup(rank);
+    specs.push_back({"dp/p" + std::to_string(c.p) + "t" + std::to_string(c.t), position(dp),
+                     static_cast<int>(dp.size()), &set.dp_, Status::Ok()});
+    specs.push_back({"tp/p" + std::to_string(c.p) + "d" + std::to_string(c.d), position(tp),
+                     static_cast<int>(tp.size()), &set.tp_, Status::Ok()});
+    specs.push_back({"pp/d" + std::to_string(c.d) + "t" + std::to_string(c.t), position(pp),
+                     static_cast<int>(pp.size()), &set.pp_, Status::Ok()});
+  }
+  return specs;
+}
+
+Status GroupBuilder::BuildSubgroups(GroupSet& set, std::vector<Spec>& specs, Store& store,
+                                    const ParallelConfig& config, bool split,
+                                    Deadline deadline) const {
+  const int rank = set.rank_;
+  // Backends that split (NCCL) derive the subgroups from the world communicator, collectively
+  // and in the same order on every rank; standby workers opt out of all three.
+  if (split) {
+    const bool member = rank < config.world();
+    ParallelConfig::Coords c = member ? config.CoordsOf(rank) : ParallelConfig::Coords{};
+    struct SplitSpec {
+      int color;
+      int key;
+      size_t spec;
+    } splits[] = {{c.p * config.tp + c.t, c.d, 1},
+                  {c.p * config.dp + c.d, c.t, 2},
+                  {c.d * config.tp + c.t, c.p, 3}};
+    for (const SplitSpec& sp : splits) {
+      const std::string name = member ? specs[sp.spec].name : "standby";
+      MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub,
+                             set.world_->Split(member ? sp.color : -1, sp.key, name, deadline),
+                             "splitting group " << name << " of generation " << store.generation());
+      if (member) *specs[sp.spec].out = std::move(sub);
+    }
+    return Status::Ok();
+  }
+  auto build = [&](Spec& s) {
+    StatusOr<std::unique_ptr<Communicator>> c = factory_(store, s.name, s.rank, s.size, deadline);
+    if (c.ok()) {
+      *s.out = *std::move(c);
+    } else {
+      s.status = c.status();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t i = 1; i + 1 < specs.size(); ++i) threads.emplace_back(build, std::ref(specs[i]));
+  if (specs.size() > 1) build(specs.back());
+  for (auto& t : threads) t.join();
+  for (size_t i = 1; i < specs.size(); ++i) {
+    MORPH_RETURN_IF_ERROR(specs[i].status)
+        << "building group " << specs[i].name << " of generation " << store.generation();
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Build(Store& store, const ParallelConfig& config,
                                                         int rank, int world_size,
                                                         Deadline deadline) const {
@@ -46,31 +119,7 @@ StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Build(Store& store, const Para
   set->generation_ = store.generation();
   set->config_ = config;
   set->rank_ = rank;
-  struct Spec {
-    std::string name;
-    int rank;
-    int size;
-    std::unique_ptr<Communicator>* out;
-    Status status;
-  };
-  std::vector<Spec> specs;
-  specs.push_back({"world", rank, world_size, &set->world_, Status::Ok()});
-  if (rank < config.world()) {  // standby workers join the world group only
-    auto position = [&](const std::vector<int>& group) {
-      return static_cast<int>(std::find(group.begin(), group.end(), rank) - group.begin());
-    };
-    ParallelConfig::Coords c = config.CoordsOf(rank);
-    const std::vector<int> dp = config.DpGroup(rank), tp = config.TpGroup(rank),
-                           pp = config.PpGroup(rank);
-    specs.push_back({"dp/p" + std::to_string(c.p) + "t" + std::to_string(c.t), position(dp),
-                     static_cast<int>(dp.size()), &set->dp_, Status::Ok()});
-    specs.push_back({"tp/p" + std::to_string(c.p) + "d" + std::to_string(c.d), position(tp),
-                     static_cast<int>(tp.size()), &set->tp_, Status::Ok()});
-    specs.push_back({"pp/d" + std::to_string(c.d) + "t" + std::to_string(c.t), position(pp),
-                     static_cast<int>(pp.size()), &set->pp_, Status::Ok()});
-  }
-  // Backends that split (NCCL) derive the subgroups from the world communicator, collectively
-  // and in the same order on every rank; standby workers opt out of all three.
+  std::vector<Spec> specs = Specs(*set, config, rank, world_size);
   if (split_) {
     MORPH_ASSIGN_OR_RETURN(set->world_, factory_(store, "world", rank, world_size, deadline),
                            "building world group of generation " << store.generation());
@@ -78,43 +127,100 @@ StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Build(Store& store, const Para
       return InvalidArgumentError("group builder: " + set->world_->capabilities().backend +
                                   " cannot split; build without GroupBuilder::SplitFromWorld");
     }
-    const bool member = rank < config.world();
-    ParallelConfig::Coords c = member ? config.CoordsOf(rank) : ParallelConfig::Coords{};
-    struct SplitSpec {
-      int color;
-      int key;
-      size_t spec;
-    } splits[] = {{c.p * config.tp + c.t, c.d, 1},
-                  {c.p * config.dp + c.d, c.t, 2},
-                  {c.d * config.tp + c.t, c.p, 3}};
-    for (const SplitSpec& sp : splits) {
-      const std::string name = member ? specs[sp.spec].name : "standby";
-      MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> sub,
-                             set->world_->Split(member ? sp.color : -1, sp.key, name, deadline),
-                             "splitting group " << name << " of generation " << store.generation());
-      if (member) *specs[sp.spec].out = std::move(sub);
-    }
+    MORPH_RETURN_IF_ERROR(BuildSubgroups(*set, specs, store, config, true, deadline));
     return set;
   }
   // The groups rendezvous concurrently: each under its own name, so they cannot deadlock on
   // each other, and a generation costs about one rendezvous instead of four.
-  auto build = [&](Spec& s) {
-    StatusOr<std::unique_ptr<Communicator>> c = factory_(store, s.name, s.rank, s.size, deadline);
+  Status world_status;
+  std::thread world_thread([&] {
+    StatusOr<std::unique_ptr<Communicator>> c =
+        factory_(store, "world", rank, world_size, deadline);
     if (c.ok()) {
-      *s.out = *std::move(c);
+      set->world_ = *std::move(c);
     } else {
-      s.status = c.status();
+      world_status = c.status();
     }
-  };
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < specs.size(); ++i) threads.emplace_back(build, std::ref(specs[i]));
-  build(specs[0]);
-  for (auto& t : threads) t.join();
-  for (const Spec& s : specs) {
-    MORPH_RETURN_IF_ERROR(s.status)
-        << "building " << (s.name == "world" ? "world group" : "group " + s.name)
-        << " of generation " << store.generation();
+  });
+  Status sub_status = BuildSubgroups(*set, specs, store, config, false, deadline);
+  world_thread.join();
+  MORPH_RETURN_IF_ERROR(world_status)
+      << "building world group of generation " << store.generation();
+  MORPH_RETURN_IF_ERROR(sub_status);
+  return set;
+}
+
+StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Rebuild(std::unique_ptr<GroupSet> previous,
+                                                          std::span<const int> leaving,
+                                                          ShrinkMode mode, Store& store,
+                                                          const ParallelConfig& config,
+                                                          Deadline deadline) const {
+  if (previous == nullptr || previous->world_ == nullptr) {
+    return InvalidArgumentError("group builder: rebuild without a previous group set");
   }
+  if (leaving.empty()) {
+    return InvalidArgumentError("group builder: rebuild with no rank leaving; use Build");
+  }
+  const int old_world = previous->world_->size(), old_rank = previous->rank_;
+  std::vector<int> gone(leaving.begin(), leaving.end());
+  std::sort(gone.begin(), gone.end());
+  for (size_t i = 0; i < gone.size(); ++i) {
+    if (gone[i] < 0 || gone[i] >= old_world) {
+      return InvalidArgumentError("group builder: leaving rank " + std::to_string(gone[i]) +
+                                  " out of range [0, " + std::to_string(old_world) + ")");
+    }
+    if (i > 0 && gone[i] == gone[i - 1]) {
+      return InvalidArgumentError("group builder: leaving rank " + std::to_string(gone[i]) +
+                                  " listed twice");
+    }
+    if (gone[i] == old_rank) {
+      return InvalidArgumentError("group builder: rank " + std::to_string(old_rank) +
+                                  " is leaving; only survivors rebuild");
+    }
+  }
+  const int new_world = old_world - static_cast<int>(gone.size());
+  const int new_rank =
+      old_rank -
+      static_cast<int>(std::lower_bound(gone.begin(), gone.end(), old_rank) - gone.begin());
+  MORPH_RETURN_IF_ERROR(config.Validate());
+  if (new_world < config.world()) {
+    return InvalidArgumentError(
+        "group builder: " + std::to_string(new_world) +
+        " survivors are fewer than dp*tp*pp=" + std::to_string(config.world()));
+  }
+  // The subgroups of the old generation go first: after a failure they are aborted so that
+  // their release does not wait for peers that are gone.
+  if (mode == ShrinkMode::kFailure) {
+    for (auto* c : {previous->dp_.get(), previous->tp_.get(), previous->pp_.get()}) {
+      if (c != nullptr) c->Abort();
+    }
+  }
+  previous->pp_.reset();
+  previous->tp_.reset();
+  previous->dp_.reset();
+  if (!previous->world_->capabilities().shrink) {
+    if (mode == ShrinkMode::kFailure) previous->world_->Abort();
+    previous.reset();
+    return Build(store, config, new_rank, new_world, deadline);
+  }
+  auto set = std::unique_ptr<GroupSet>(new GroupSet());
+  set->generation_ = store.generation();
+  set->config_ = config;
+  set->rank_ = new_rank;
+  set->shrunk_ = true;
+  MORPH_ASSIGN_OR_RETURN(set->world_,
+                         previous->world_->Shrink(gone, mode, store.generation(), deadline),
+                         "shrinking world group to generation " << store.generation());
+  previous.reset();
+  if (set->world_->rank() != new_rank || set->world_->size() != new_world) {
+    return InternalError("group builder: shrunk world is rank " +
+                         std::to_string(set->world_->rank()) + "/" +
+                         std::to_string(set->world_->size()) + ", expected " +
+                         std::to_string(new_rank) + "/" + std::to_string(new_world));
+  }
+  std::vector<Spec> specs = Specs(*set, config, new_rank, new_world);
+  MORPH_RETURN_IF_ERROR(
+      BuildSubgroups(*set, specs, store, config, set->world_->capabilities().split, deadline));
   return set;
 }
 

@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -44,6 +45,9 @@ class GroupSet {
   const ParallelConfig& config() const { return config_; }
   int rank() const { return rank_; }
   bool standby() const { return dp_ == nullptr; }
+  // True when world() came from Communicator::Shrink of the previous generation's world
+  // (GroupBuilder::Rebuild) rather than from a rendezvous.
+  bool shrunk() const { return shrunk_; }
 
   // The groups. dp()/tp()/pp() must not be called on a standby worker.
   Communicator& world() { return *world_; }
@@ -60,6 +64,7 @@ class GroupSet {
   int64_t generation_ = 0;
   ParallelConfig config_;
   int rank_ = 0;
+  bool shrunk_ = false;
   std::unique_ptr<Communicator> world_, dp_, tp_, pp_;
 };
 
@@ -81,7 +86,33 @@ class GroupBuilder {
   StatusOr<std::unique_ptr<GroupSet>> Build(Store& store, const ParallelConfig& config, int rank,
                                             int world_size, Deadline deadline) const;
 
+  // The next generation when ranks only leave: `leaving` are ranks of previous->world() that
+  // are gone (planned leavers: kPlanned; dead: kFailure). Collective over the survivors, who
+  // keep their order: this rank's new rank is its old one minus the leavers below it
+  // (GroupSet::rank()), in a world of previous size minus the leavers. When the previous
+  // world can shrink (capabilities().shrink, NCCL) it is shrunk — no rendezvous, dead ranks
+  // do not block it — and DP/TP/PP are split from it (or built through `store` when the
+  // backend cannot split); otherwise (Gloo) every group is built through `store` as Build
+  // does. `previous` is released first either way (its subgroups aborted first in kFailure
+  // mode). kInvalidArgument for a null `previous`, an empty `leaving`, a leaver out of range
+  // or repeated, this rank among the leavers, or a config that does not fit; otherwise as
+  // Build (and Shrink's errors, naming the world group). Any thread; every survivor calls it
+  // with the same arguments apart from `previous`.
+  StatusOr<std::unique_ptr<GroupSet>> Rebuild(std::unique_ptr<GroupSet> previous,
+                                              std::span<const int> leaving, ShrinkMode mode,
+                                              Store& store, const ParallelConfig& config,
+                                              Deadline deadline) const;
+
  private:
+  struct Spec;
+  // Specs of this rank's groups: world first, then DP/TP/PP unless standby.
+  static std::vector<Spec> Specs(GroupSet& set, const ParallelConfig& config, int rank,
+                                 int world_size);
+  // Builds DP/TP/PP (specs[1..]) once set.world_ exists: by splitting it where `split`, else
+  // through the store (concurrently).
+  Status BuildSubgroups(GroupSet& set, std::vector<Spec>& specs, Store& store,
+                        const ParallelConfig& config, bool split, Deadline deadline) const;
+
   CommunicatorFactory factory_;
   bool split_ = false;
 };

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <mutex>
+#include <span>
+
 #include "base/testing.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rank_harness.h"
@@ -104,6 +107,146 @@ TEST(GroupBuilderTest, BadArguments) {
   // A missing member: the error names the group.
   EXPECT_THAT(builder.Build(store, ParallelConfig{.dp = 2}, 0, 2, Deadline::AfterMs(200)),
               StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("world group of generation 0")));
+}
+
+// A test double: a Gloo communicator whose capabilities say it can shrink. Its Shrink builds
+// the smaller world by a Gloo rendezvous under "shrunk-world" in the new generation and
+// records the call, so the test sees which path GroupBuilder::Rebuild took.
+struct ShrinkLog {
+  std::mutex mu;
+  std::vector<ShrinkMode> modes;
+  std::vector<std::vector<int>> excluded;
+};
+
+class ShrinkableGloo : public Communicator {
+ public:
+  ShrinkableGloo(std::unique_ptr<Communicator> inner, std::shared_ptr<KvTable> table,
+                 std::shared_ptr<GlooDevice> device, ShrinkLog* log)
+      : inner_(std::move(inner)), table_(std::move(table)), device_(device), log_(log) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  int64_t generation() const override { return inner_->generation(); }
+  Capabilities capabilities() const override {
+    Capabilities c = inner_->capabilities();
+    c.backend = "shrinkable-gloo";
+    c.shrink = true;
+    return c;
+  }
+  StatusOr<std::unique_ptr<Work>> Start(CollectiveOp op) override {
+    return inner_->Start(std::move(op));
+  }
+  void Abort() override { inner_->Abort(); }
+  bool broken() const override { return inner_->broken(); }
+  StatusOr<std::unique_ptr<Communicator>> Shrink(std::span<const int> exclude, ShrinkMode mode,
+                                                 int64_t generation, Deadline deadline) override {
+    {
+      std::lock_guard<std::mutex> lock(log_->mu);
+      log_->modes.push_back(mode);
+      log_->excluded.emplace_back(exclude.begin(), exclude.end());
+    }
+    int below = 0;
+    for (int r : exclude) below += r < rank() ? 1 : 0;
+    MemoryStore store(table_, generation);
+    MORPH_ASSIGN_OR_RETURN(
+        auto next,
+        GlooCommunicator::Create(store, "shrunk-world", rank() - below,
+                                 size() - static_cast<int>(exclude.size()), device_, deadline));
+    inner_.reset();  // released, as a real Shrink releases its parent
+    return std::unique_ptr<Communicator>(
+        new ShrinkableGloo(std::move(next), table_, device_, log_));
+  }
+
+ private:
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<KvTable> table_;
+  std::shared_ptr<GlooDevice> device_;
+  ShrinkLog* log_;
+};
+
+// Generation 0: 6 ranks, dp=3 tp=2; ranks 4 and 1 leave (listed unsorted).
+// Generation 1: 4 survivors, dp=2 tp=2, renumbered in order (0,2,3,5 -> 0,1,2,3).
+void RunLeaveScenario(const CommunicatorFactory& factory, ShrinkMode mode, bool expect_shrunk) {
+  auto table = std::make_shared<KvTable>();
+  GroupBuilder builder(factory);
+  ParallelConfig c0{.dp = 3, .tp = 2};
+  std::vector<std::unique_ptr<GroupSet>> sets(6);
+  MORPH_ASSERT_OK(FirstError(RunRankThreads(6, [&](int rank) -> Status {
+    MemoryStore store(table, 0);
+    MORPH_ASSIGN_OR_RETURN(sets[rank],
+                           builder.Build(store, c0, rank, 6, Deadline::After(kTimeout)));
+    return CheckGroups(*sets[rank], 6);
+  })));
+  const std::vector<int> leaving = {4, 1};
+  sets[1].reset();  // the leavers are gone
+  sets[4].reset();
+  MORPH_ASSERT_OK(MemoryStore(table, 1).AdvanceGeneration(1, Deadline::AfterMs(100)));
+  const std::vector<int> survivors = {0, 2, 3, 5};
+  ParallelConfig c1{.dp = 2, .tp = 2};
+  std::vector<std::unique_ptr<GroupSet>> next(4);
+  MORPH_ASSERT_OK(FirstError(RunRankThreads(4, [&](int i) -> Status {
+    MemoryStore store(table, 1);
+    MORPH_ASSIGN_OR_RETURN(next[i], builder.Rebuild(std::move(sets[survivors[i]]), leaving, mode,
+                                                    store, c1, Deadline::After(kTimeout)));
+    if (next[i]->rank() != i) return InternalError("new rank " + std::to_string(next[i]->rank()));
+    if (next[i]->generation() != 1) return InternalError("generation");
+    return CheckGroups(*next[i], 4);
+  })));
+  for (auto& g : next) EXPECT_EQ(g->shrunk(), expect_shrunk);
+}
+
+TEST(GroupBuilderTest, RebuildShrinksTheWorldWhenTheBackendCanShrink) {
+  auto table = std::make_shared<KvTable>();  // the double's own rendezvous space
+  auto device = *GlooDevice::Create(GlooOptions{});
+  for (ShrinkMode mode : {ShrinkMode::kPlanned, ShrinkMode::kFailure}) {
+    ShrinkLog log;
+    CommunicatorFactory gloo = GlooFactory(device);
+    CommunicatorFactory factory =
+        [&](Store& store, std::string_view name, int rank, int size,
+            Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
+      MORPH_ASSIGN_OR_RETURN(auto inner, gloo(store, name, rank, size, deadline));
+      return std::unique_ptr<Communicator>(
+          new ShrinkableGloo(std::move(inner), table, device, &log));
+    };
+    RunLeaveScenario(factory, mode, /*expect_shrunk=*/true);
+    // Every survivor shrank its world once, with the caller's mode and the leavers sorted;
+    // DP/TP/PP were built through the store (the double cannot split).
+    ASSERT_EQ(log.modes.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(log.modes[i], mode);
+      EXPECT_EQ(log.excluded[i], (std::vector<int>{1, 4}));
+    }
+    table = std::make_shared<KvTable>();
+  }
+}
+
+TEST(GroupBuilderTest, RebuildRendezvousesWhenTheBackendCannotShrink) {
+  auto device = *GlooDevice::Create(GlooOptions{});
+  RunLeaveScenario(GlooFactory(device), ShrinkMode::kFailure, /*expect_shrunk=*/false);
+}
+
+TEST(GroupBuilderTest, RebuildBadArguments) {
+  auto table = std::make_shared<KvTable>();
+  MemoryStore store(table, 0);
+  GroupBuilder builder(GlooFactory(nullptr));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto set, builder.Build(store, ParallelConfig{}, 0, 1, Deadline::After(kTimeout)));
+  const std::vector<int> none, self = {0}, out = {3};
+  ParallelConfig one{};
+  auto again = [&]() -> std::unique_ptr<GroupSet> {
+    return *builder.Build(store, one, 0, 1, Deadline::After(kTimeout));
+  };
+  EXPECT_THAT(
+      builder.Rebuild(nullptr, self, ShrinkMode::kPlanned, store, one, Deadline::AfterMs(100)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("without a previous group set")));
+  EXPECT_THAT(
+      builder.Rebuild(again(), none, ShrinkMode::kPlanned, store, one, Deadline::AfterMs(100)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("no rank leaving")));
+  EXPECT_THAT(
+      builder.Rebuild(again(), self, ShrinkMode::kPlanned, store, one, Deadline::AfterMs(100)),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("rank 0 is leaving")));
+  EXPECT_THAT(builder.Rebuild(std::move(set), out, ShrinkMode::kPlanned, store, one,
+                              Deadline::AfterMs(100)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("leaving rank 3 out of range")));
 }
 
 }  // namespace

@@ -3,11 +3,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "base/cuda_check.h"
 #include "base/nccl_check.h"
@@ -55,26 +58,12 @@ ncclConfig_t NonBlockingConfig() {
   return config;
 }
 
-// Waits until `comm` leaves ncclInProgress after a non-blocking call that returned `r`.
-// kAborted when `abort` is raised meanwhile, kDeadlineExceeded at the deadline; in both cases
-// the caller must ncclCommAbort the communicator.
-Status Settle(ncclComm_t comm, ncclResult_t r, const char* what, Deadline deadline,
-              const std::atomic<bool>* abort) {
-  if (r != ncclSuccess && r != ncclInProgress) {
-    return NcclToStatus(r, what, __FILE__, __LINE__, comm);
-  }
-  while (true) {
-    ncclResult_t state = ncclSuccess;
-    ncclResult_t q = ncclCommGetAsyncError(comm, &state);
-    if (q != ncclSuccess) return NcclToStatus(q, "ncclCommGetAsyncError", __FILE__, __LINE__, comm);
-    if (state == ncclSuccess) return Status::Ok();
-    if (state != ncclInProgress) return NcclToStatus(state, what, __FILE__, __LINE__, comm);
-    if (abort != nullptr && abort->load()) return AbortedError(std::string(what) + ": aborted");
-    if (deadline.Expired())
-      return DeadlineExceededError(std::string(what) + ": did not finish in time");
-    std::this_thread::sleep_for(kPoll);
-  }
-}
+// How long the destructor of a healthy communicator lets ncclCommFinalize flush before it
+// aborts instead: teardown must not block the caller for a finalize timeout.
+constexpr auto kFinalizeGrace = std::chrono::milliseconds(200);
+// How long Wait, after a failure or Abort(), lets the revoked communicator's kernels leave
+// the buffers before it releases the communicator with ncclCommAbort.
+constexpr auto kQuiesceGrace = std::chrono::milliseconds(500);
 
 }  // namespace
 
@@ -93,8 +82,18 @@ bool CudaDeviceAvailable(std::string* why) {
   return true;
 }
 
+// The state shared by a communicator and its Works. Every NCCL call on `comm_` is made with
+// `mu_` held (the owner mutex), and every such call is non-blocking (returns at once or with
+// ncclInProgress), so `mu_` is only ever held briefly: Abort() from any thread takes it,
+// which is what lets it act on an operation in progress without racing another NCCL call.
 class NcclCommunicator::Impl {
  public:
+  enum class State : uint8_t {
+    kLive,      // usable
+    kRevoked,   // failed or aborted: ncclCommRevoke stops its kernels; kept for Shrink
+    kReleased,  // ncclCommAbort or ncclCommDestroy returned: no kernel of it runs any more
+  };
+
   Impl(std::string name, int rank, int size, int64_t generation, int device)
       : name_(std::move(name)),
         rank_(rank),
@@ -102,66 +101,153 @@ class NcclCommunicator::Impl {
         generation_(generation),
         device_(device) {}
 
-  ~Impl() { Release(); }
+  ~Impl() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReleaseLocked();
+    FreeResources();
+  }
 
   std::string Describe() const {
     return "nccl communicator '" + name_ + "' generation " + std::to_string(generation_) +
            " rank " + std::to_string(rank_) + "/" + std::to_string(size_);
   }
 
-  // Owning thread only: releases the NCCL communicator with ncclCommAbort (never Destroy
-  // after a failure) and remembers why.
-  void AbortNow(const Status& why) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (error_.ok()) error_ = why;
-    }
+  // Records `why` (the first error wins) and stops the communicator: ncclCommRevoke, so that
+  // its kernels exit while the communicator stays valid for Shrink(kFailure); ncclCommAbort if
+  // revoking fails. Returns the communicator's error.
+  const Status& FailLocked(const Status& why) {
+    if (error_.ok()) error_ = why;
     broken_.store(true);
-    if (comm_ != nullptr && !comm_released_) {
+    if (state_ == State::kLive && comm_ != nullptr) {
       cudaSetDevice(device_);
-      ncclCommAbort(comm_);
-      comm_released_ = true;
+      ncclResult_t r = ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+      if (r == ncclSuccess || r == ncclInProgress) {
+        state_ = State::kRevoked;
+      } else {
+        AbortCommLocked();
+      }
     }
-  }
-
-  Status error() const {
-    std::lock_guard<std::mutex> lock(mu_);
     return error_;
   }
 
-  // Turns a pending Abort() request into ncclCommAbort. Owning thread.
-  Status CheckAbort() {
-    if (abort_requested_.load() && !comm_released_) {
-      AbortNow(AbortedError(Describe() + ": aborted (Abort() called)"));
+  // ncclCommAbort: kernels exit, resources go. Never ncclCommDestroy after a failure.
+  void AbortCommLocked() {
+    if (state_ != State::kReleased && comm_ != nullptr) {
+      cudaSetDevice(device_);
+      ncclCommAbort(comm_);
     }
-    if (broken_.load()) return error();
+    state_ = State::kReleased;
+    broken_.store(true);
+  }
+
+  // True once no kernel of this communicator can still touch a buffer: released, or revoked
+  // and quiescent (its async state back to ncclSuccess).
+  bool QuiescentLocked() {
+    if (state_ == State::kReleased) return true;
+    if (state_ == State::kLive) return false;
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t q = ncclCommGetAsyncError(comm_, &st);
+    if (q == ncclSuccess && st == ncclSuccess) return true;
+    if (q == ncclSuccess && st == ncclInProgress) return false;
+    AbortCommLocked();  // cannot tell: make sure
+    return true;
+  }
+
+  // The error a call must return now, or OK: "destroyed" once the NcclCommunicator is gone, a
+  // pending Abort() turned into a failure, or the first error.
+  Status CheckLocked() {
+    if (destroyed_) {
+      return FailedPreconditionError(Describe() + ": communicator destroyed");
+    }
+    if (abort_requested_.load() && error_.ok()) {
+      FailLocked(AbortedError(Describe() + ": aborted (Abort() called)")
+                     .WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}}));
+    }
+    if (broken_.load()) return error_;
     return Status::Ok();
   }
 
-  void Release() {
-    if (comm_ != nullptr && !comm_released_) {
-      cudaSetDevice(device_);
-      bool clean = !broken_.load() && !abort_requested_.load();
-      if (clean) {
-        clean = Settle(comm_, ncclCommFinalize(comm_), "ncclCommFinalize", Deadline::AfterMs(10000),
-                       nullptr)
-                    .ok();
+  // What Settle watches besides `comm`'s own state.
+  enum class Watch : uint8_t {
+    kThis,          // `comm` is comm_: its failure or a pending Abort() ends the wait
+    kChild,         // a child being split from comm_: a pending Abort() ends the wait
+    kChildOfShrink  // a shrunk child: nothing (the parent is failed or aborted by design)
+  };
+
+  // Polls `comm` until it leaves ncclInProgress after a non-blocking call that returned `r`.
+  // Takes `mu_` for each poll only, so Abort() (or a failure seen by another thread) reaches
+  // it between polls. Errors are returned, not recorded: the caller decides what fails.
+  Status Settle(ncclComm_t comm, Watch watch, ncclResult_t r, const char* what, Deadline deadline) {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return NcclToStatus(r, what, __FILE__, __LINE__, comm);
+    }
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (watch == Watch::kThis) {
+          MORPH_RETURN_IF_ERROR(CheckLocked());
+        }
+        if (watch == Watch::kChild && abort_requested_.load()) {
+          return AbortedError(std::string(what) + ": aborted (Abort() called)")
+              .WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}});
+        }
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+        if (q != ncclSuccess) {
+          return NcclToStatus(q, "ncclCommGetAsyncError", __FILE__, __LINE__, comm);
+        }
+        if (state == ncclSuccess) return Status::Ok();
+        if (state != ncclInProgress) return RemoteFailure(state, what, comm);
       }
-      if (clean) {
+      if (deadline.Expired()) {
+        return DeadlineExceededError(std::string(what) + ": did not finish in time")
+            .WithCollectiveFailure({CollectiveFailure::Kind::kTimeout, {}});
+      }
+      std::this_thread::sleep_for(kPoll);
+    }
+  }
+
+  // An NCCL async error as Status, typed: NCCL does not say which peer failed.
+  static Status RemoteFailure(ncclResult_t state, const char* what, ncclComm_t comm) {
+    Status s = NcclToStatus(state, what, __FILE__, __LINE__, comm);
+    if (s.code() != StatusCode::kUnavailable) return s;
+    return s.WithCollectiveFailure({CollectiveFailure::Kind::kRemoteError, {}});
+  }
+
+  // Teardown. A healthy communicator: ncclCommFinalize (non-blocking), polled for at most
+  // kFinalizeGrace, then ncclCommDestroy; if the flush takes longer (operations still
+  // waiting for peers), ncclCommAbort instead, so the caller never waits for a finalize
+  // timeout. A revoked or failed one: ncclCommAbort.
+  void ReleaseLocked() {
+    if (comm_ == nullptr || state_ == State::kReleased) {
+      state_ = State::kReleased;
+      return;
+    }
+    cudaSetDevice(device_);
+    if (state_ == State::kLive && !broken_.load() && !abort_requested_.load()) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      bool flushed = r == ncclSuccess;
+      if (r == ncclInProgress) {
+        Deadline grace = Deadline::After(kFinalizeGrace);
+        while (true) {
+          ncclResult_t st = ncclInProgress;
+          if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess) break;
+          if (st == ncclSuccess) {
+            flushed = true;
+            break;
+          }
+          if (st != ncclInProgress || grace.Expired()) break;
+          std::this_thread::sleep_for(kPoll);
+        }
+      }
+      if (flushed) {
         ncclCommDestroy(comm_);
-      } else {
-        ncclCommAbort(comm_);
+        state_ = State::kReleased;
+        return;
       }
-      comm_released_ = true;
     }
-    if (scratch_ != nullptr) {
-      cudaFree(scratch_);
-      scratch_ = nullptr;
-    }
-    if (stream_ != nullptr) {
-      cudaStreamDestroy(stream_);
-      stream_ = nullptr;
-    }
+    AbortCommLocked();
   }
 
   // After the NCCL communicator exists: stream and scratch space for barriers.
@@ -170,6 +256,19 @@ class NcclCommunicator::Impl {
     MORPH_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     MORPH_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch_, sizeof(int32_t)));
     return Status::Ok();
+  }
+
+  // Only once no kernel of the communicator runs (state kReleased).
+  void FreeResources() {
+    cudaSetDevice(device_);
+    if (scratch_ != nullptr) {
+      cudaFree(scratch_);
+      scratch_ = nullptr;
+    }
+    if (stream_ != nullptr) {
+      cudaStreamDestroy(stream_);
+      stream_ = nullptr;
+    }
   }
 
   Status CheckDeviceBuffer(const void* p, std::string_view what) {
@@ -187,57 +286,54 @@ class NcclCommunicator::Impl {
     return Status::Ok();
   }
 
-  // Enqueues `op` on the stream. Owning thread.
-  Status Enqueue(const CollectiveOp& op) {
+  // Enqueues `op` on `stream` with `mu_` held (the calls return at once: non-blocking
+  // communicator). ncclInProgress is left to Settle.
+  ncclResult_t EnqueueLocked(const CollectiveOp& op, cudaStream_t stream, const char** what,
+                             Status* early) {
     const ncclDataType_t dt = ToNccl(op.dtype);
-    Deadline deadline = Deadline::After(op.timeout);
-    ncclResult_t r = ncclSuccess;
-    const char* what = "";
     switch (op.kind) {
       case CollectiveOp::Kind::kAllreduce:
-        if (op.count == 0) return Status::Ok();
-        what = "ncclAllReduce";
-        r = ncclAllReduce(op.recv, op.recv, op.count, dt, ToNccl(op.reduce), comm_, stream_);
-        break;
+        *what = "ncclAllReduce";
+        if (op.count == 0) return ncclSuccess;
+        return ncclAllReduce(op.recv, op.recv, op.count, dt, ToNccl(op.reduce), comm_, stream);
       case CollectiveOp::Kind::kBroadcast:
-        if (op.count == 0) return Status::Ok();
-        what = "ncclBroadcast";
-        r = ncclBroadcast(op.recv, op.recv, op.count, dt, op.root, comm_, stream_);
-        break;
+        *what = "ncclBroadcast";
+        if (op.count == 0) return ncclSuccess;
+        return ncclBroadcast(op.recv, op.recv, op.count, dt, op.root, comm_, stream);
       case CollectiveOp::Kind::kAllgather:
-        if (op.count == 0) return Status::Ok();
-        what = "ncclAllGather";
-        r = ncclAllGather(op.send, op.recv, op.count, dt, comm_, stream_);
-        break;
+        *what = "ncclAllGather";
+        if (op.count == 0) return ncclSuccess;
+        return ncclAllGather(op.send, op.recv, op.count, dt, comm_, stream);
       case CollectiveOp::Kind::kReduceScatter:
-        if (op.count == 0) return Status::Ok();
-        what = "ncclReduceScatter";
-        r = ncclReduceScatter(op.send, op.recv, op.count, dt, ToNccl(op.reduce), comm_, stream_);
-        break;
+        *what = "ncclReduceScatter";
+        if (op.count == 0) return ncclSuccess;
+        return ncclReduceScatter(op.send, op.recv, op.count, dt, ToNccl(op.reduce), comm_, stream);
       case CollectiveOp::Kind::kBarrier:
-        what = "barrier (ncclAllReduce of one int)";
-        r = ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
-        break;
+        *what = "barrier (ncclAllReduce of one int)";
+        return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream);
       case CollectiveOp::Kind::kSendRecv: {
-        what = "ncclGroupEnd (send/recv)";
+        *what = "ncclGroupEnd (send/recv)";
         ncclResult_t g = ncclGroupStart();
-        if (g != ncclSuccess) return NcclToStatus(g, "ncclGroupStart", __FILE__, __LINE__, comm_);
+        if (g != ncclSuccess) {
+          *early = NcclToStatus(g, "ncclGroupStart", __FILE__, __LINE__, comm_);
+          return g;
+        }
         for (const P2POp& p : op.p2p) {
           if (p.bytes == 0) continue;
           ncclResult_t e = p.kind == P2POp::Kind::kSend
-                               ? ncclSend(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_)
-                               : ncclRecv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream_);
+                               ? ncclSend(p.data, p.bytes, ncclUint8, p.peer, comm_, stream)
+                               : ncclRecv(p.data, p.bytes, ncclUint8, p.peer, comm_, stream);
           if (e != ncclSuccess && e != ncclInProgress) {
+            *early = NcclToStatus(e, p.kind == P2POp::Kind::kSend ? "ncclSend" : "ncclRecv",
+                                  __FILE__, __LINE__, comm_);
             ncclGroupEnd();
-            return NcclToStatus(e, p.kind == P2POp::Kind::kSend ? "ncclSend" : "ncclRecv", __FILE__,
-                                __LINE__, comm_);
+            return e;
           }
         }
-        r = ncclGroupEnd();
-        break;
+        return ncclGroupEnd();
       }
     }
-    return Settle(comm_, r, what, deadline, &abort_requested_);
+    return ncclSuccess;
   }
 
   const std::string name_;
@@ -245,14 +341,16 @@ class NcclCommunicator::Impl {
   const int size_;
   const int64_t generation_;
   const int device_;
-  ncclComm_t comm_ = nullptr;
-  bool comm_released_ = false;  // owning thread
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   std::atomic<bool> abort_requested_{false};
-  std::atomic<bool> broken_{false};
-  mutable std::mutex mu_;
-  Status error_;
+  std::atomic<bool> broken_{false};  // written under mu_; read anywhere
+
+  std::mutex mu_;  // the owner mutex: every NCCL call on comm_, and the fields below
+  ncclComm_t comm_ = nullptr;
+  State state_ = State::kLive;
+  bool destroyed_ = false;  // the NcclCommunicator is gone; Works may still exist
+  Status error_;            // the first error; every later call returns it
 };
 
 namespace {
@@ -271,34 +369,71 @@ class NcclWork : public Work {
     return *result_;
   }
 
+  // True once the operation's event completed, or the communicator is released (ncclCommAbort
+  // or ncclCommDestroy returned) or revoked and quiescent: no kernel touches the buffers.
   bool Done() const override {
-    if (result_ || comm_->broken_.load() || comm_->abort_requested_.load()) return true;
-    return event_ == nullptr || cudaEventQuery(event_) == cudaSuccess;
+    if (result_) return true;
+    if (event_ == nullptr || cudaEventQuery(event_) == cudaSuccess) return true;
+    std::lock_guard<std::mutex> lock(comm_->mu_);
+    return comm_->QuiescentLocked();
   }
 
  private:
   Status Poll(Deadline deadline) {
-    cudaSetDevice(comm_->device_);
     while (true) {
-      MORPH_RETURN_IF_ERROR(comm_->CheckAbort());
-      cudaError_t e = event_ == nullptr ? cudaSuccess : cudaEventQuery(event_);
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_->comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) {
-        comm_->AbortNow(NcclToStatus(state, "NCCL async error", __FILE__, __LINE__, comm_->comm_)
-                            .WithContext(comm_->Describe()));
-        return comm_->error();
+      Status failed;
+      {
+        std::lock_guard<std::mutex> lock(comm_->mu_);
+        if (comm_->destroyed_) {
+          return FailedPreconditionError(comm_->Describe() +
+                                         ": communicator destroyed before Wait");
+        }
+        failed = comm_->CheckLocked();
+        if (failed.ok()) {
+          ncclResult_t state = ncclSuccess;
+          ncclResult_t q = ncclCommGetAsyncError(comm_->comm_, &state);
+          if (q != ncclSuccess) {
+            failed = comm_->FailLocked(
+                NcclToStatus(q, "ncclCommGetAsyncError", __FILE__, __LINE__, comm_->comm_)
+                    .WithContext(comm_->Describe()));
+          } else if (state != ncclSuccess && state != ncclInProgress) {
+            failed = comm_->FailLocked(
+                NcclCommunicator::Impl::RemoteFailure(state, "NCCL async error", comm_->comm_)
+                    .WithContext(comm_->Describe()));
+          }
+        }
       }
+      if (!failed.ok()) return AfterFailure(failed);
+      cudaError_t e = event_ == nullptr ? cudaSuccess : cudaEventQuery(event_);
       if (e == cudaSuccess) return Status::Ok();
       if (e != cudaErrorNotReady) {
-        comm_->AbortNow(
+        std::lock_guard<std::mutex> lock(comm_->mu_);
+        failed = comm_->FailLocked(
             CudaToStatus(e, "cudaEventQuery", __FILE__, __LINE__).WithContext(comm_->Describe()));
-        return comm_->error();
+      } else if (deadline.Expired()) {
+        std::lock_guard<std::mutex> lock(comm_->mu_);
+        failed = comm_->FailLocked(
+            DeadlineExceededError(comm_->Describe() + ": operation did not finish in time")
+                .WithCollectiveFailure({CollectiveFailure::Kind::kTimeout, {}}));
       }
-      if (deadline.Expired()) {
-        comm_->AbortNow(
-            DeadlineExceededError(comm_->Describe() + ": operation did not finish in time"));
-        return comm_->error();
+      if (!failed.ok()) return AfterFailure(failed);
+      std::this_thread::sleep_for(kPoll);
+    }
+  }
+
+  // The buffers must be free of NCCL's kernels before Wait returns (the caller may free them):
+  // waits for the revoked communicator to quiesce, then releases it with ncclCommAbort.
+  Status AfterFailure(const Status& failed) {
+    Deadline grace = Deadline::After(kQuiesceGrace);
+    while (true) {
+      if (event_ == nullptr || cudaEventQuery(event_) == cudaSuccess) return failed;
+      {
+        std::lock_guard<std::mutex> lock(comm_->mu_);
+        if (comm_->QuiescentLocked()) return failed;
+        if (grace.Expired()) {
+          comm_->AbortCommLocked();
+          return failed;
+        }
       }
       std::this_thread::sleep_for(kPoll);
     }
@@ -308,6 +443,13 @@ class NcclWork : public Work {
   cudaEvent_t event_;
   std::optional<Status> result_;
 };
+
+// Rank and size of a new NCCL communicator, checked.
+Status QueryRankAndSize(ncclComm_t comm, int* rank, int* size) {
+  MORPH_NCCL_RETURN_IF_ERROR(ncclCommUserRank(comm, rank));
+  MORPH_NCCL_RETURN_IF_ERROR(ncclCommCount(comm, size));
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -341,15 +483,22 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     std::memcpy(id.internal, bytes.data(), bytes.size());
   }
   ncclConfig_t config = NonBlockingConfig();
-  ncclResult_t r = ncclCommInitRankConfig(&impl->comm_, size, id, rank, &config);
-  if (impl->comm_ == nullptr) {
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  if (comm == nullptr) {
     return NcclToStatus(r == ncclSuccess ? ncclInternalError : r, "ncclCommInitRankConfig",
                         __FILE__, __LINE__)
         .WithContext(impl->Describe());
   }
-  Status s = Settle(impl->comm_, r, "ncclCommInitRankConfig", deadline, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(impl->mu_);
+    impl->comm_ = comm;
+  }
+  // From here on the Impl owns the communicator: its destructor releases it on any error.
+  Status s = impl->Settle(comm, Impl::Watch::kThis, r, "ncclCommInitRankConfig", deadline);
   if (!s.ok()) {
-    impl->AbortNow(s);
+    std::lock_guard<std::mutex> lock(impl->mu_);
+    impl->AbortCommLocked();
     return s.WithContext(impl->Describe());
   }
   MORPH_RETURN_IF_ERROR(impl->InitResources()) << impl->Describe();
@@ -357,75 +506,129 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
-NcclCommunicator::~NcclCommunicator() { impl_->Release(); }
 
-StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(std::span<const int> exclude,
-                                                                     int64_t generation,
-                                                                     Deadline deadline) {
-  for (int r : exclude) {
-    if (r < 0 || r >= size()) {
-      return InvalidArgumentError(impl_->Describe() + ": shrink: excluded rank " +
-                                  std::to_string(r) + " out of range");
-    }
-    if (r == rank()) {
-      return InvalidArgumentError(impl_->Describe() + ": shrink: this rank is excluded");
-    }
+NcclCommunicator::~NcclCommunicator() {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  impl_->destroyed_ = true;
+  impl_->ReleaseLocked();
+  impl_->FreeResources();
+}
+
+// A child communicator (split or shrink) once `next` exists and its creation settled.
+static StatusOr<std::shared_ptr<NcclCommunicator::Impl>> Adopt(ncclComm_t next, std::string name,
+                                                               int64_t generation, int device) {
+  int new_rank = 0, new_size = 0;
+  Status q = QueryRankAndSize(next, &new_rank, &new_size);
+  auto impl = std::make_shared<NcclCommunicator::Impl>(std::move(name), new_rank, new_size,
+                                                       generation, device);
+  {
+    std::lock_guard<std::mutex> lock(impl->mu_);
+    impl->comm_ = next;  // the Impl releases it from here on, also on the errors below
+    if (!q.ok()) impl->FailLocked(q);
   }
-  if (impl_->comm_released_) {
-    return FailedPreconditionError(impl_->Describe() +
-                                   ": shrink: the communicator was already released");
-  }
-  cudaSetDevice(impl_->device_);
+  MORPH_RETURN_IF_ERROR(q) << impl->Describe();
+  MORPH_RETURN_IF_ERROR(impl->InitResources()) << impl->Describe();
+  return impl;
+}
+
+StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(std::span<const int> exclude,
+                                                                 ShrinkMode mode,
+                                                                 int64_t generation,
+                                                                 Deadline deadline) {
+  const std::string what = impl_->Describe() + ": shrink";
+  if (exclude.empty()) return InvalidArgumentError(what + ": no rank to exclude");
   std::vector<int> list(exclude.begin(), exclude.end());
+  std::sort(list.begin(), list.end());
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i] < 0 || list[i] >= size()) {
+      return InvalidArgumentError(what + ": excluded rank " + std::to_string(list[i]) +
+                                  " out of range");
+    }
+    if (list[i] == rank()) return InvalidArgumentError(what + ": this rank is excluded");
+    if (i > 0 && list[i] == list[i - 1]) {
+      return InvalidArgumentError(what + ": rank " + std::to_string(list[i]) + " excluded twice");
+    }
+  }
+  // A revoked communicator must be quiescent before management calls (nccl.h).
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu_);
+      if (impl_->state_ != Impl::State::kRevoked || impl_->QuiescentLocked()) break;
+    }
+    if (deadline.Expired()) {
+      return DeadlineExceededError(what + ": the revoked communicator did not quiesce in time");
+    }
+    std::this_thread::sleep_for(kPoll);
+  }
   ncclConfig_t config = NonBlockingConfig();
   ncclComm_t next = nullptr;
-  int flags = impl_->broken_.load() || impl_->abort_requested_.load() ? NCCL_SHRINK_ABORT
-                                                                      : NCCL_SHRINK_DEFAULT;
-  ncclResult_t r = ncclCommShrink(impl_->comm_, list.data(), static_cast<int>(list.size()), &next,
-                                  &config, flags);
-  Status s = next == nullptr ? NcclToStatus(r == ncclSuccess ? ncclInternalError : r,
-                                            "ncclCommShrink", __FILE__, __LINE__, impl_->comm_)
-                             : Settle(next, r, "ncclCommShrink", deadline, nullptr);
-  // The parent is released with ncclCommAbort, never Destroy (FACTS.md).
-  impl_->AbortNow(AbortedError(impl_->Describe() + ": replaced by a shrunk communicator"));
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    if (impl_->state_ == Impl::State::kReleased) {
+      return FailedPreconditionError(
+          what +
+          ": the communicator was already released (ncclCommAbort after a failure that "
+          "outlasted the quiesce grace, or an earlier Shrink); build a new one");
+    }
+    const bool failed = impl_->broken_.load() || impl_->abort_requested_.load();
+    if (mode == ShrinkMode::kPlanned && failed) {
+      return FailedPreconditionError(what + ": a planned shrink needs a healthy communicator (" +
+                                     std::string(impl_->error_.message()) +
+                                     "); use ShrinkMode::kFailure");
+    }
+    cudaSetDevice(impl_->device_);
+    r = ncclCommShrink(impl_->comm_, list.data(), static_cast<int>(list.size()), &next, &config,
+                       mode == ShrinkMode::kFailure ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+  }
+  Status s = next == nullptr
+                 ? NcclToStatus(r == ncclSuccess ? ncclInternalError : r, "ncclCommShrink",
+                                __FILE__, __LINE__)
+                 : impl_->Settle(next, Impl::Watch::kChildOfShrink, r, "ncclCommShrink", deadline);
+  {
+    // The parent is released with ncclCommAbort, never Destroy (FACTS.md), once the child
+    // no longer needs it.
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    if (impl_->error_.ok()) {
+      impl_->error_ = FailedPreconditionError(impl_->Describe() + ": released by Shrink");
+    }
+    impl_->AbortCommLocked();
+  }
   if (!s.ok()) {
     if (next != nullptr) ncclCommAbort(next);
-    return s.WithContext(impl_->Describe() + ": shrink");
+    return s.WithContext(what);
   }
-  int new_rank = 0, new_size = 0;
-  ncclCommUserRank(next, &new_rank);
-  ncclCommCount(next, &new_size);
-  auto impl = std::make_shared<Impl>(impl_->name_, new_rank, new_size, generation, impl_->device_);
-  impl->comm_ = next;
-  MORPH_RETURN_IF_ERROR(impl->InitResources()) << impl->Describe();
-  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(std::move(impl)));
+  MORPH_ASSIGN_OR_RETURN(auto impl, Adopt(next, impl_->name_, generation, impl_->device_), what);
+  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(impl)));
 }
 
 StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key,
                                                                 std::string name,
                                                                 Deadline deadline) {
-  MORPH_RETURN_IF_ERROR(impl_->CheckAbort());
-  cudaSetDevice(impl_->device_);
   ncclConfig_t config = NonBlockingConfig();
   ncclComm_t next = nullptr;
-  ncclResult_t r =
-      ncclCommSplit(impl_->comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &next, &config);
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    MORPH_RETURN_IF_ERROR(impl_->CheckLocked());
+    cudaSetDevice(impl_->device_);
+    r = ncclCommSplit(impl_->comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &next, &config);
+  }
   // The split is collective over the parent: wait for the parent, then for the child.
-  Status s = Settle(impl_->comm_, r, "ncclCommSplit", deadline, &impl_->abort_requested_);
-  if (s.ok() && next != nullptr) s = Settle(next, ncclSuccess, "ncclCommSplit", deadline, nullptr);
+  Status s = impl_->Settle(impl_->comm_, Impl::Watch::kThis, r, "ncclCommSplit", deadline);
+  if (s.ok() && next != nullptr) {
+    s = impl_->Settle(next, Impl::Watch::kChild, ncclSuccess, "ncclCommSplit", deadline);
+  }
   if (!s.ok()) {
     if (next != nullptr) ncclCommAbort(next);
-    impl_->AbortNow(s);
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    impl_->FailLocked(s.WithContext(impl_->Describe() + ": split"));
     return s.WithContext(impl_->Describe() + ": split");
   }
   if (color < 0) return std::unique_ptr<Communicator>();
-  int new_rank = 0, new_size = 0;
-  ncclCommUserRank(next, &new_rank);
-  ncclCommCount(next, &new_size);
-  auto impl = std::make_shared<Impl>(std::move(name), new_rank, new_size, impl_->generation_,
-                                     impl_->device_);
-  impl->comm_ = next;
-  MORPH_RETURN_IF_ERROR(impl->InitResources()) << impl->Describe();
+  MORPH_ASSIGN_OR_RETURN(auto impl,
+                         Adopt(next, std::move(name), impl_->generation_, impl_->device_),
+                         impl_->Describe() << ": split");
   return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(impl)));
 }
 
@@ -454,24 +657,50 @@ StatusOr<std::unique_ptr<Work>> NcclCommunicator::Start(CollectiveOp op) {
     MORPH_RETURN_IF_ERROR(impl_->CheckDeviceBuffer(p.data, "send/recv buffer"))
         << impl_->Describe();
   }
-  MORPH_RETURN_IF_ERROR(impl_->CheckAbort());
   MORPH_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device_));
-  Status s = impl_->Enqueue(op);
-  if (!s.ok()) {
-    if (s.code() != StatusCode::kInvalidArgument) impl_->AbortNow(s.WithContext(impl_->Describe()));
-    return s.WithContext(impl_->Describe());
-  }
+  cudaStream_t stream =
+      op.stream != nullptr ? static_cast<cudaStream_t>(op.stream) : impl_->stream_;
   cudaEvent_t event = nullptr;
   MORPH_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  cudaError_t e = cudaEventRecord(event, impl_->stream_);
-  if (e != cudaSuccess) {
+  auto fail = [&](Status s) -> Status {
     cudaEventDestroy(event);
-    return CudaToStatus(e, "cudaEventRecord", __FILE__, __LINE__).WithContext(impl_->Describe());
+    return s;
+  };
+  const char* what = "";
+  ncclResult_t r = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    if (Status s = impl_->CheckLocked(); !s.ok()) return fail(s);
+    Status early;
+    r = impl_->EnqueueLocked(op, stream, &what, &early);
+    if (!early.ok() || (r != ncclSuccess && r != ncclInProgress)) {
+      Status s = early.ok() ? NcclToStatus(r, what, __FILE__, __LINE__, impl_->comm_) : early;
+      s = s.WithContext(impl_->Describe());
+      if (s.code() != StatusCode::kInvalidArgument) impl_->FailLocked(s);
+      return fail(s);
+    }
+  }
+  Status s = impl_->Settle(impl_->comm_, Impl::Watch::kThis, r, what, Deadline::After(op.timeout));
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    return fail(impl_->FailLocked(s.WithContext(impl_->Describe())));
+  }
+  cudaError_t e = cudaEventRecord(event, stream);
+  if (e != cudaSuccess) {
+    return fail(
+        CudaToStatus(e, "cudaEventRecord", __FILE__, __LINE__).WithContext(impl_->Describe()));
   }
   return std::unique_ptr<Work>(new NcclWork(impl_, event));
 }
 
-void NcclCommunicator::Abort() { impl_->abort_requested_.store(true); }
+void NcclCommunicator::Abort() {
+  impl_->abort_requested_.store(true);
+  // Every holder of mu_ is inside a non-blocking NCCL call or between polls, so this waits
+  // briefly; the revoke then reaches an operation in progress on any thread.
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  (void)impl_->CheckLocked();
+}
+
 bool NcclCommunicator::broken() const {
   return impl_->broken_.load() || impl_->abort_requested_.load();
 }

@@ -8,14 +8,20 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${BUILD_DIR:-$root/build}"
 out="$root/.gpu-bundle"
 cmake -S "$root" -B "$build" -G Ninja -DMORPH_WITH_CUDA=ON >/dev/null
-# The gpu-labelled tests, from ctest's own list.
-mapfile -t tests < <(cd "$build" && ctest -L gpu -N --show-only=json-v1 | python3 -c '
+# The gpu-labelled tests, from ctest's own list. A test's name is its target's (morph_cc_test);
+# ctest lists a command only once the binary exists, so build first, then ask for the paths.
+gpu_tests() {  # field: name | command
+  (cd "$build" && ctest -L gpu -N --show-only=json-v1) | python3 -c '
 import json, sys
 for t in json.load(sys.stdin)["tests"]:
-    print(t["command"][0])')
-targets=()
-for t in "${tests[@]}"; do targets+=("$(basename "$t")"); done
+    if sys.argv[1] == "name":
+        print(t["name"])
+    elif t.get("command"):
+        print(t["command"][0])' "$1"
+}
+mapfile -t targets < <(gpu_tests name)
 ninja -C "$build" -j2 "${targets[@]}" pack_gpu_bench
+mapfile -t tests < <(gpu_tests command)
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 for b in "${tests[@]}" "$build/bench/pack_gpu_bench"; do

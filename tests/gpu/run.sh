@@ -7,9 +7,10 @@
 #                               test binaries and benchmark, with the bundled shared libraries
 #                               (for machines that have CUDA but none of our Debian libraries)
 #
-# Prints the NCCL version first, then one line per test (PASS/SKIP/FAIL), then the benchmark's
-# JSON lines. Exit status: 0 if no test failed. Environment: GPU_BENCH_MB (default 512) sizes
-# the benchmark; BUILD_DIR (default build-gpu) for checkout mode.
+# Prints the NCCL version first, then one line per test (PASS/SKIP/FAIL) with the "gpu-note:"
+# lines it printed (measurements, skip reasons), then the benchmark's JSON lines. Exit status:
+# 0 if no test failed. Environment: GPU_BENCH_MB (default 512) sizes the benchmark; BUILD_DIR
+# (default build-gpu) for checkout mode.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 start=$(date +%s)
@@ -70,8 +71,9 @@ run_one() {  # name, command...
   local name=$1; shift
   local out rc
   out=$(timeout 300 "$@" 2>&1); rc=$?
+  grep '^gpu-note:' <<< "$out" | sed 's/^/  /'
   if [ $rc -eq 0 ] && grep -q "SKIPPED" <<< "$out" && ! grep -q "\[  PASSED  \] [1-9]" <<< "$out"; then
-    echo "SKIP $name: $(grep -m1 -i 'no usable gpu' <<< "$out")"
+    echo "SKIP $name: $(grep -m1 -iE 'no usable gpu|no GPU:|two ranks need' <<< "$out")"
   elif [ $rc -eq 0 ]; then
     echo "PASS $name"
   elif [ $rc -eq 77 ]; then
@@ -97,9 +99,9 @@ else
   # Build only what the gpu tests and the benchmark need (the whole tree if ctest's list
   # cannot be read).
   mapfile -t targets < <(cd "$build" && ctest -L gpu -N --show-only=json-v1 2>/dev/null |
-    python3 -c 'import json, os, sys
+    python3 -c 'import json, sys
 for t in json.load(sys.stdin)["tests"]:
-    print(os.path.basename(t["command"][0]))' 2>/dev/null)
+    print(t["name"])' 2>/dev/null)  # a test's name is its target's (morph_cc_test)
   if [ ${#targets[@]} -gt 0 ]; then
     cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" pack_gpu_bench >/dev/null \
       || { echo "FAIL build"; exit 1; }
@@ -107,6 +109,8 @@ for t in json.load(sys.stdin)["tests"]:
     cmake --build "$build" -j "$(nproc)" >/dev/null || { echo "FAIL build"; exit 1; }
   fi
   (cd "$build" && timeout 360 ctest -L gpu --output-on-failure) || failed=1
+  # Measurements and skip reasons the tests print ("gpu-note: ...").
+  grep -h '^gpu-note:' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | sed 's/^/  /'
   bench="$build/bench/pack_gpu_bench"
 fi
 

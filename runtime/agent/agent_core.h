@@ -1,0 +1,89 @@
+// AgentCore: the worker's side of the change protocol as a pure state machine (the decider's
+// counterpart, runtime/coordinator/decider.h). The agent's control thread feeds it the
+// coordinator's messages; the training thread asks it, at BeginStep, whether to proceed, wait or
+// switch generations. No I/O, no clock, no thread of its own: the real agent wraps it in a mutex
+// and an atomic "something pending" flag (so BeginStep costs one atomic load when nothing is),
+// and the simulation test drives it directly.
+//
+// Rules it enforces:
+//   - on Prepare(g+1) while in g it promises the highest step it may begin without a decision
+//     (the next step the training thread will begin, read by the caller): StepReport;
+//   - it never lets a step past that begin until Commit(g+1, S) or Abandon(g+1);
+//   - at step S it tells the training thread to switch; a worker without a rank (a joiner, a
+//     spare) waits until a commit gives it one and starts at S;
+//   - messages are idempotent: duplicates, stale generations and reordered arrivals (a commit
+//     before its prepare, an abandon before its prepare) are harmless.
+//
+// Thread-compatible: the caller serializes calls (one mutex).
+#ifndef MORPH_RUNTIME_AGENT_AGENT_CORE_H_
+#define MORPH_RUNTIME_AGENT_AGENT_CORE_H_
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "runtime/protocol/messages.h"
+
+namespace morph {
+
+class AgentCore {
+ public:
+  static constexpr int64_t kNoGate = std::numeric_limits<int64_t>::max();
+
+  explicit AgentCore(WorkerId me) : me_(me) {}
+
+  // Coordinator messages. `next_step` is the step the training thread will begin next (read
+  // with the ordering the caller documents). Returns the report to send, if any.
+  std::optional<StepReportMsg> OnPrepare(const PrepareMsg& m, int64_t next_step);
+  void OnCommit(const CommitMsg& m);
+  void OnAbandon(const AbandonMsg& m);
+  void OnOutcome(const OutcomeMsg& m);
+  void OnRelease(const ReleaseMsg& m);
+
+  enum class Action {
+    kProceed,  // begin the step in the current generation
+    kWait,     // block until the next coordinator message, then ask again
+    kSwitch,   // apply pending_commit() now; the step it starts is its start_step
+    kFinished  // this worker is done: Finished() is true
+  };
+  // The training thread at BeginStep(step). A worker without a generation passes any step.
+  Action AtStep(int64_t step) const;
+
+  // The training thread finished applying pending_commit(): `ok` if its closing barrier passed.
+  // Returns the Applied message to send. On ok the worker is in the new generation (or done,
+  // if it holds no rank there and exits); otherwise it waits for the Outcome.
+  AppliedMsg SwitchDone(bool ok, std::string error = "");
+
+  bool has_generation() const { return gen_.id != 0; }
+  const Generation& generation() const { return gen_; }
+  int rank() const { return gen_.RankOf(me_); }
+  const std::optional<CommitMsg>& pending_commit() const { return commit_; }
+  int64_t gate() const { return gate_; }
+  bool finished() const { return finished_; }
+  // After a failed switch, the Outcome said applied = false: the caller restores the old state
+  // and the training thread resumes the old generation at the step it stopped at.
+  bool reverted() const { return reverted_; }
+  WorkerId me() const { return me_; }
+
+ private:
+  bool Participates(const ChangeParticipants& c) const;
+  bool Exits(const ChangeParticipants& c) const;
+
+  WorkerId me_;
+  Generation gen_;
+  int64_t gate_ = kNoGate;
+  int64_t prepared_ = 0;  // the proposal this worker reported for (0: none)
+  int64_t reported_ = 0;  // what it reported for it
+  // Highest proposal id that is settled here (abandoned, or its outcome known): messages about
+  // it or an older one are stale copies.
+  int64_t closed_ = 0;
+  std::optional<CommitMsg> commit_;
+  bool switch_failed_ = false;  // SwitchDone(!ok) for commit_, waiting for the Outcome
+  bool finished_ = false;
+  bool reverted_ = false;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_AGENT_AGENT_CORE_H_

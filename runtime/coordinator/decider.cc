@@ -1,0 +1,480 @@
+#include "runtime/coordinator/decider.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+namespace morph {
+
+int Generation::RankOf(WorkerId w) const {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r] == w) return static_cast<int>(r);
+  }
+  return -1;
+}
+
+std::string_view DeciderPhaseName(Decider::Phase phase) {
+  switch (phase) {
+    case Decider::Phase::kStarting:
+      return "starting";
+    case Decider::Phase::kStable:
+      return "stable";
+    case Decider::Phase::kPlanning:
+      return "planning";
+    case Decider::Phase::kPreparing:
+      return "preparing";
+    case Decider::Phase::kCommitted:
+      return "committed";
+    case Decider::Phase::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+Decider::Decider(DeciderOptions options) : options_(options) {}
+
+std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::Any event) {
+  Out out;
+  if (phase_ == Phase::kFailed) return out;
+  // Any message from a worker proves it alive.
+  auto touch = [&](WorkerId w) {
+    auto it = workers_.find(w);
+    if (it != workers_.end()) it->second.last_seen_ms = now_ms;
+  };
+  std::visit(
+      [&](auto& e) {
+        using E = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<E, DeciderEvent::Join>) {
+          if (!workers_.count(e.worker) && !lost_.count(e.worker)) {
+            workers_[e.worker] = Worker{.host = e.host, .last_seen_ms = now_ms};
+            OnJoin(e, out);
+          }
+        } else if constexpr (std::is_same_v<E, DeciderEvent::LeaveRequest>) {
+          touch(e.worker);
+          OnLeave(e.worker, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::Lost>) {
+          OnLost(e.worker, e.reason, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::Heartbeat>) {
+          touch(e.worker);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::Resize>) {
+          OnResize(e.request, out);
+        } else if constexpr (std::is_same_v<E, StepReportMsg>) {
+          touch(e.worker);
+          OnReport(e, out);
+        } else if constexpr (std::is_same_v<E, AppliedMsg>) {
+          touch(e.worker);
+          OnApplied(e, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::PlanReady>) {
+          OnPlanReady(e, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::Tick>) {
+          OnTick(now_ms, out);
+        }
+      },
+      event);
+  return out;
+}
+
+std::vector<WorkerId> Decider::standby() const {
+  std::vector<WorkerId> out;
+  for (const auto& [id, w] : workers_) {
+    if (!w.leaving && current_.RankOf(id) < 0) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<WorkerId> Decider::Candidates() const {
+  std::vector<WorkerId> out;
+  for (const auto& [id, w] : workers_) {
+    if (!w.leaving) out.push_back(id);
+  }
+  return out;
+}
+
+int Decider::TargetWorld(size_t candidates) const {
+  int64_t t = std::min<int64_t>(static_cast<int64_t>(candidates), options_.max_world);
+  if (desired_world_) t = std::min<int64_t>(t, *desired_world_);
+  return static_cast<int>(t);
+}
+
+std::vector<WorkerId> Decider::OldRanksAlive() const {
+  std::vector<WorkerId> out;
+  for (WorkerId w : current_.ranks) {
+    if (!lost_.count(w)) out.push_back(w);
+  }
+  return out;
+}
+
+bool Decider::IsParticipant(WorkerId w) const {
+  const auto& p = pending_change_.participants;
+  return std::find(p.begin(), p.end(), w) != p.end();
+}
+
+bool Decider::ChangeNeeded() const {
+  std::vector<WorkerId> cand = Candidates();
+  if (phase_ == Phase::kStarting) {
+    return static_cast<int>(cand.size()) >= options_.initial_world;
+  }
+  if (phase_ != Phase::kStable) return false;
+  for (WorkerId w : current_.ranks) {
+    if (lost_.count(w)) return true;
+    auto it = workers_.find(w);
+    if (it != workers_.end() && it->second.leaving) return true;
+  }
+  // Growing toward a scheduler's world size: wait for the launched workers to arrive.
+  if (desired_world_ && static_cast<int>(cand.size()) < *desired_world_ &&
+      launch_outstanding_ > 0) {
+    return false;
+  }
+  int target = TargetWorld(cand.size());
+  if (target == current_.config.world()) return false;
+  if (noop_ && noop_->first == cand && noop_->second == target) return false;
+  return true;
+}
+
+void Decider::MaybePropose(Out& out) {
+  // One change at a time: whatever happens during a change is looked at once it is done.
+  if (phase_ != Phase::kStable && phase_ != Phase::kStarting) return;
+  if (!ChangeNeeded()) {
+    if (phase_ == Phase::kStable && launch_outstanding_ == 0) resize_active_ = false;
+    return;
+  }
+  if (Candidates().empty()) {
+    phase_ = Phase::kFailed;
+    out.push_back(DeciderAction::JobFailed{FailedPreconditionError(
+        "every worker is leaving or lost: no worker remains to take the state of generation " +
+        std::to_string(current_.id))});
+    return;
+  }
+  PlanRequest req;
+  req.generation = ++last_id_;
+  req.from = current_;
+  req.candidates = Candidates();
+  for (WorkerId w : current_.ranks) {
+    if (lost_.count(w)) req.lost.push_back(w);
+  }
+  req.target_world = TargetWorld(req.candidates.size());
+  pending_ = Generation{.id = req.generation};
+  pending_change_ = ChangeParticipants{.lost = req.lost};
+  reports_.clear();
+  applied_.clear();
+  ok_count_ = 0;
+  lost_during_commit_.clear();
+  replan_ = false;
+  phase_ = Phase::kPlanning;
+  out.push_back(DeciderAction::ComputePlan{std::move(req)});
+}
+
+void Decider::OnJoin(const DeciderEvent::Join&, Out& out) {
+  if (launch_outstanding_ > 0) --launch_outstanding_;
+  MaybePropose(out);  // during a change, the joiner waits for the next one
+}
+
+void Decider::OnLeave(WorkerId w, Out& out) {
+  auto it = workers_.find(w);
+  if (it == workers_.end() || it->second.leaving) return;
+  it->second.leaving = true;
+  bool ranked = current_.RankOf(w) >= 0;
+  bool involved = pending_ && (IsParticipant(w) || phase_ == Phase::kPlanning);
+  if (!ranked && !involved) {
+    // A spare or a joiner holds no state: it may go at once.
+    workers_.erase(it);
+    out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
+    if (phase_ == Phase::kPlanning) replan_ = true;
+    return;
+  }
+  if (phase_ == Phase::kPlanning) replan_ = true;
+  MaybePropose(out);  // folded into the change in progress' successor if there is one
+}
+
+void Decider::OnLost(WorkerId w, const std::string&, Out& out) {
+  auto it = workers_.find(w);
+  if (it == workers_.end()) return;  // duplicate, or released
+  workers_.erase(it);
+  bool ranked = current_.RankOf(w) >= 0;
+  if (ranked) lost_.insert(w);
+  switch (phase_) {
+    case Phase::kPlanning:
+      replan_ = true;
+      break;
+    case Phase::kPreparing:
+      if (IsParticipant(w)) {
+        AbandonPending(out);
+        MaybePropose(out);
+      }
+      break;
+    case Phase::kCommitted:
+      if (IsParticipant(w)) {
+        lost_during_commit_.insert(w);
+        MaybeFinishChange(out);
+      }
+      break;
+    default:
+      MaybePropose(out);
+  }
+}
+
+void Decider::OnResize(const ResizeRequest& r, Out& out) {
+  auto answer = [&](Status s) {
+    out.push_back(DeciderAction::AnswerResize{r.request_id, std::move(s)});
+  };
+  if (r.world_size && (r.add != 0 || !r.remove.empty())) {
+    return answer(InvalidArgumentError("world_size: cannot be combined with add or remove"));
+  }
+  if (!r.world_size && r.add == 0 && r.remove.empty()) {
+    return answer(InvalidArgumentError("world_size: missing (or give add / remove)"));
+  }
+  if (r.world_size && *r.world_size < 1) {
+    return answer(InvalidArgumentError("world_size: must be at least 1, got " +
+                                       std::to_string(*r.world_size)));
+  }
+  if (r.world_size && *r.world_size > options_.max_world) {
+    return answer(InvalidArgumentError("world_size: at most " + std::to_string(options_.max_world) +
+                                       ", got " + std::to_string(*r.world_size)));
+  }
+  if (r.add < 0 || r.add > options_.max_world) {
+    return answer(InvalidArgumentError("add: must be in [0, " + std::to_string(options_.max_world) +
+                                       "], got " + std::to_string(r.add)));
+  }
+  std::set<WorkerId> seen;
+  for (WorkerId w : r.remove) {
+    if (!seen.insert(w).second) {
+      return answer(InvalidArgumentError("remove: worker " + std::to_string(w) + " listed twice"));
+    }
+    auto it = workers_.find(w);
+    if (it == workers_.end()) {
+      return answer(InvalidArgumentError("remove: no worker " + std::to_string(w) + " in the job"));
+    }
+  }
+  if (phase_ == Phase::kStarting) {
+    return answer(FailedPreconditionError("the job has not started (no generation yet)"));
+  }
+  if (resize_active_ && phase_ != Phase::kStable) {
+    return answer(FailedPreconditionError("a resize is in progress (generation " +
+                                          std::to_string(pending_ ? pending_->id : 0) + " is " +
+                                          std::string(DeciderPhaseName(phase_)) + ")"));
+  }
+  // After a resize the job should have `want` workers (ranks plus spares).
+  int64_t have = static_cast<int64_t>(Candidates().size());
+  for (WorkerId w : r.remove) have -= workers_.at(w).leaving ? 0 : 1;
+  int64_t want = r.world_size ? *r.world_size : have + r.add;
+  if (want > options_.max_world) {
+    return answer(
+        InvalidArgumentError("add: the world would exceed " + std::to_string(options_.max_world)));
+  }
+  if (want < 1) return answer(InvalidArgumentError("remove: would leave no worker"));
+  for (WorkerId w : r.remove) workers_.at(w).leaving = true;
+  desired_world_ = static_cast<int>(want);
+  int64_t missing = want - have - launch_outstanding_;
+  if (missing > 0) {
+    launch_outstanding_ += static_cast<int>(missing);
+    out.push_back(DeciderAction::LaunchWorkers{static_cast<int>(missing)});
+  } else if (want <= have) {
+    launch_outstanding_ = 0;  // workers still on their way become spares or are released
+  }
+  resize_active_ = true;
+  noop_.reset();
+  answer(Status::Ok());
+  // Removed standby workers hold no state: release them now.
+  for (WorkerId w : r.remove) {
+    if (current_.RankOf(w) < 0 && !(pending_ && IsParticipant(w))) {
+      workers_.erase(w);
+      out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
+    }
+  }
+  if (phase_ == Phase::kPlanning) replan_ = true;
+  MaybePropose(out);
+}
+
+void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
+  if (phase_ != Phase::kPlanning || !pending_ || e.generation != pending_->id) return;
+  Phase idle = current_.id == 0 ? Phase::kStarting : Phase::kStable;
+  if (replan_) {
+    // A worker was lost or asked to leave while the plan was computed: this id is skipped.
+    pending_.reset();
+    phase_ = idle;
+    MaybePropose(out);
+    return;
+  }
+  std::vector<WorkerId> cand = Candidates();
+  bool must_change = !pending_change_.lost.empty();
+  for (WorkerId w : current_.ranks) {
+    auto it = workers_.find(w);
+    if (it != workers_.end() && it->second.leaving) must_change = true;
+  }
+  if (!e.plan.ok()) {
+    pending_.reset();
+    phase_ = idle;
+    if (must_change || current_.id == 0) {
+      phase_ = Phase::kFailed;
+      out.push_back(DeciderAction::JobFailed{e.plan.status().WithContext(
+          "no configuration for generation " + std::to_string(e.generation))});
+      return;
+    }
+    // A growth that no configuration fits: stay as we are until something changes.
+    noop_ = std::make_pair(cand, TargetWorld(cand.size()));
+    resize_active_ = false;
+    return;
+  }
+  PlannedChange& plan = *e.plan;
+  std::set<WorkerId> ranked;
+  bool valid = plan.config.Validate().ok() && !plan.ranks.empty() &&
+               static_cast<int>(plan.ranks.size()) == plan.config.world() &&
+               plan.config.world() <= TargetWorld(cand.size());
+  for (WorkerId w : plan.ranks) {
+    valid = valid && std::binary_search(cand.begin(), cand.end(), w) && ranked.insert(w).second;
+  }
+  if (!valid) {
+    phase_ = Phase::kFailed;
+    pending_.reset();
+    out.push_back(DeciderAction::JobFailed{InternalError(
+        "the config planner's plan for generation " + std::to_string(e.generation) +
+        " is not an assignment of at most " + std::to_string(TargetWorld(cand.size())) +
+        " candidates to " + plan.config.ToString())});
+    return;
+  }
+  if (!must_change && current_.id != 0 && plan.config == current_.config &&
+      plan.ranks == current_.ranks) {
+    pending_.reset();
+    phase_ = Phase::kStable;
+    noop_ = std::make_pair(cand, TargetWorld(cand.size()));
+    if (launch_outstanding_ == 0) resize_active_ = false;
+    return;
+  }
+  pending_->config = plan.config;
+  pending_->ranks = plan.ranks;
+  pending_->plan_digest = plan.plan_digest;
+  last_explanation_ = plan.explanation;
+
+  ChangeParticipants& change = pending_change_;
+  change.participants = OldRanksAlive();
+  std::vector<WorkerId> fresh;
+  for (WorkerId w : plan.ranks) {
+    if (current_.RankOf(w) < 0) fresh.push_back(w);
+  }
+  std::sort(fresh.begin(), fresh.end());
+  change.participants.insert(change.participants.end(), fresh.begin(), fresh.end());
+  for (WorkerId w : OldRanksAlive()) {
+    if (!ranked.count(w)) change.leavers.push_back(w);
+  }
+  // Who leaves the job: those that asked, and spares beyond the scheduler's world size (the
+  // lowest ids stay, so the choice is deterministic).
+  size_t keep = desired_world_ ? static_cast<size_t>(*desired_world_) : cand.size();
+  size_t kept = ranked.size();
+  {
+    std::vector<WorkerId> spares;
+    for (WorkerId w : cand) {
+      if (!ranked.count(w)) spares.push_back(w);
+    }
+    size_t room = keep > kept ? keep - kept : 0;
+    for (size_t i = room; i < spares.size(); ++i) workers_.at(spares[i]).leaving = true;
+  }
+  std::vector<WorkerId> release_now;
+  for (auto& [w, info] : workers_) {
+    if (!info.leaving || ranked.count(w)) continue;
+    if (current_.RankOf(w) >= 0 && !lost_.count(w)) {
+      change.exiting.push_back(w);  // sends its old state first
+    } else {
+      release_now.push_back(w);  // holds nothing
+    }
+  }
+  for (WorkerId w : release_now) {
+    workers_.erase(w);
+    out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
+  }
+  out.push_back(DeciderAction::AdvanceStore{pending_->id});
+  if (current_.id == 0 || OldRanksAlive().empty()) {
+    Commit(out);
+    return;
+  }
+  phase_ = Phase::kPreparing;
+  out.push_back(DeciderAction::SendPrepare{
+      change.participants,
+      PrepareMsg{.next = *pending_, .from_generation = current_.id, .change = change}});
+}
+
+void Decider::OnReport(const StepReportMsg& m, Out& out) {
+  if (phase_ != Phase::kPreparing || !pending_ || m.generation != pending_->id) return;
+  if (current_.RankOf(m.worker) < 0 || lost_.count(m.worker)) return;
+  reports_.emplace(m.worker, m.last_free_step);  // a duplicate keeps the first answer
+  if (reports_.size() == OldRanksAlive().size()) Commit(out);
+}
+
+void Decider::Commit(Out& out) {
+  int64_t s = current_.id == 0 ? 0 : current_.start_step;
+  for (const auto& [w, b] : reports_) s = std::max(s, b + 1);
+  pending_->start_step = s;
+  phase_ = Phase::kCommitted;
+  out.push_back(DeciderAction::SendCommit{
+      pending_change_.participants,
+      CommitMsg{.next = *pending_, .from_generation = current_.id, .change = pending_change_}});
+}
+
+void Decider::OnApplied(const AppliedMsg& m, Out& out) {
+  if (phase_ != Phase::kCommitted || !pending_ || m.generation != pending_->id) return;
+  if (!IsParticipant(m.worker) || lost_during_commit_.count(m.worker)) return;
+  if (!applied_.insert(m.worker).second) return;  // duplicate
+  ok_count_ += m.ok ? 1 : 0;
+  MaybeFinishChange(out);
+}
+
+void Decider::MaybeFinishChange(Out& out) {
+  const auto& parts = pending_change_.participants;
+  for (WorkerId w : parts) {
+    if (!applied_.count(w) && !lost_during_commit_.count(w)) return;
+  }
+  // Applied iff some participant passed the closing barrier: then every participant had entered
+  // it, i.e. finished its exchange, and one that reports a failure failed only at the barrier
+  // and holds the complete new state. With no ok answer nobody passed it, and every participant
+  // kept its old state (the executor never writes old buffers).
+  bool applied = ok_count_ > 0;
+  std::vector<WorkerId> survivors;
+  for (WorkerId w : parts) {
+    if (!lost_during_commit_.count(w)) survivors.push_back(w);
+  }
+  Generation next = *pending_;
+  ChangeParticipants change = pending_change_;
+  pending_.reset();
+  ok_count_ = 0;
+  if (!survivors.empty()) {
+    out.push_back(DeciderAction::SendOutcome{survivors, OutcomeMsg{next.id, applied}});
+  }
+  if (applied) {
+    current_ = next;
+    // The old generation's lost ranks are replaced now; workers lost during the change that
+    // hold a new rank are the new generation's losses.
+    lost_.clear();
+    for (WorkerId w : lost_during_commit_) {
+      if (current_.RankOf(w) >= 0) lost_.insert(w);
+    }
+    for (WorkerId w : change.exiting) workers_.erase(w);  // done: they exit on the outcome
+  }
+  // Not applied: the old generation stands; its ranks lost meanwhile are already in lost_, and
+  // the leaving workers are still leaving, so the next proposal takes them out again.
+  lost_during_commit_.clear();
+  phase_ = Phase::kStable;
+  noop_.reset();
+  MaybePropose(out);
+}
+
+void Decider::AbandonPending(Out& out) {
+  out.push_back(DeciderAction::SendAbandon{pending_change_.participants, AbandonMsg{pending_->id}});
+  pending_.reset();
+  phase_ = current_.id == 0 ? Phase::kStarting : Phase::kStable;
+}
+
+void Decider::OnTick(int64_t now_ms, Out& out) {
+  if (options_.heartbeat_timeout_ms <= 0) return;
+  std::vector<WorkerId> silent;
+  for (const auto& [id, w] : workers_) {
+    if (now_ms - w.last_seen_ms > options_.heartbeat_timeout_ms) silent.push_back(id);
+  }
+  for (WorkerId w : silent) {
+    std::string reason =
+        "no heartbeat for more than " + std::to_string(options_.heartbeat_timeout_ms) + " ms";
+    out.push_back(DeciderAction::Disconnect{w, reason});
+    OnLost(w, reason, out);
+  }
+}
+
+}  // namespace morph

@@ -1,0 +1,240 @@
+// Decider: the coordinator's decisions as a pure state machine (docs/design.md §9, "One
+// decider"). Events in (a worker joined, asked to leave, was lost, reported its step, applied a
+// generation; a resize request; a plan computed; a clock tick), actions out (messages to send,
+// a plan to compute, a resize answer, workers to launch). It does no I/O, reads no clock and
+// owns no thread: the coordinator's Asio shell feeds it and carries out its actions, and a
+// deterministic simulation (decider_sim_test.cc) drives it through thousands of seeded
+// schedules with delays, reorderings and duplicated messages.
+//
+//   Decider d(DeciderOptions{.initial_world = 4});
+//   std::vector<DeciderAction> out = d.Handle(now_ms, DeciderEvent::Join{.worker = 7});
+//   for (auto& a : out) shell.Execute(a);   // sends, starts plan computations, answers HTTP
+//
+// Protocol for a change (generation g -> g+1):
+//   1. a trigger (join, leave, loss, resize) while stable: ComputePlan (the shell runs the
+//      config planner and the exact assignment off the I/O thread) -> PlanReady;
+//   2. Prepare(g+1) to every participant; each old rank answers StepReport(b_i): it may begin
+//      steps up to b_i in generation g and waits in BeginStep before b_i + 1;
+//   3. when every old rank reported: S = max(b_i) + 1 (at least g's start step), Commit(g+1, S).
+//      No worker has begun a step >= S in g (each stopped at b_i < S), and every worker can
+//      reach S (nothing waits on anything but the commit), so all switch at S;
+//   4. every participant answers Applied(g+1) after its closing barrier (or a failure); then
+//      Outcome(g+1, applied) to all: applied if any passed the barrier. Leavers are then done.
+// One change at a time: triggers during a change are folded into the next one, proposed from
+// the state once the current change is done. A participant lost before the commit abandons the
+// proposal (Abandon, then a new proposal with a new generation id); one lost after the commit
+// is a failure of the committed generation, handled once the change completes.
+//
+// Thread-compatible: one thread (the coordinator's I/O thread) calls Handle.
+#ifndef MORPH_RUNTIME_COORDINATOR_DECIDER_H_
+#define MORPH_RUNTIME_COORDINATOR_DECIDER_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "base/parallel_config.h"
+#include "base/status.h"
+#include "runtime/protocol/messages.h"
+
+namespace morph {
+
+struct DeciderOptions {
+  // Workers that must have joined before the first generation is proposed.
+  int initial_world = 1;
+  // Largest world a resize may ask for.
+  int max_world = 1 << 16;
+  // A worker silent for longer is lost (MORPH_HEARTBEAT_TIMEOUT_MS); 0: never.
+  int64_t heartbeat_timeout_ms = 0;
+};
+
+// What the shell must compute for a proposal: a configuration and an assignment of candidates
+// to ranks (runtime/coordinator/config_planner.h and reshard's exact assignment).
+struct PlanRequest {
+  int64_t generation = 0;  // the proposed generation's id
+  // The generation the change starts from; id 0 (empty) for the first one.
+  Generation from;
+  // Workers that may take a rank: surviving old ranks, standby spares, joiners (id order).
+  std::vector<WorkerId> candidates;
+  std::vector<WorkerId> lost;  // old ranks whose state is gone
+  // The most ranks the new generation may have (a resize's world size, the candidates).
+  int target_world = 0;
+};
+struct PlannedChange {
+  ParallelConfig config;
+  std::vector<WorkerId> ranks;  // worker of each new rank, all from the request's candidates
+  uint64_t plan_digest = 0;
+  std::string explanation;  // why this config (one log line, /v1/status)
+};
+
+// A resize request from the scheduler API. Either world_size, or add/remove.
+struct ResizeRequest {
+  int64_t request_id = 0;
+  std::optional<int> world_size;
+  int add = 0;                   // workers to launch and take in
+  std::vector<WorkerId> remove;  // workers to let go gracefully
+  std::string reason;
+};
+
+struct DeciderEvent {
+  struct Join {
+    WorkerId worker = 0;
+    std::string host;
+  };
+  struct LeaveRequest {  // the worker asks to go (SIGTERM: preemption notice; Leave())
+    WorkerId worker = 0;
+  };
+  struct Lost {  // connection dropped, or a collective failure reported against it
+    WorkerId worker = 0;
+    std::string reason;
+  };
+  struct Heartbeat {
+    WorkerId worker = 0;
+  };
+  struct Resize {
+    ResizeRequest request;
+  };
+  struct PlanReady {
+    int64_t generation = 0;
+    StatusOr<PlannedChange> plan = InternalError("unset");
+  };
+  struct Tick {};
+  using Any = std::variant<Join, LeaveRequest, Lost, Heartbeat, Resize, StepReportMsg, AppliedMsg,
+                           PlanReady, Tick>;
+};
+
+struct DeciderAction {
+  struct ComputePlan {
+    PlanRequest request;
+  };
+  struct SendPrepare {
+    std::vector<WorkerId> to;
+    PrepareMsg msg;
+  };
+  struct SendCommit {
+    std::vector<WorkerId> to;
+    CommitMsg msg;
+  };
+  struct SendAbandon {
+    std::vector<WorkerId> to;
+    AbandonMsg msg;
+  };
+  struct SendOutcome {
+    std::vector<WorkerId> to;
+    OutcomeMsg msg;
+  };
+  struct SendRelease {
+    WorkerId to = 0;
+    ReleaseMsg msg;
+  };
+  // The store's generation moves to `generation` (only the coordinator advances it).
+  struct AdvanceStore {
+    int64_t generation = 0;
+  };
+  struct AnswerResize {
+    int64_t request_id = 0;
+    Status status;  // OK: accepted (the change runs asynchronously)
+  };
+  // Ask the launcher (morphrun, Slurm, the scheduler) for `count` more workers.
+  struct LaunchWorkers {
+    int count = 0;
+  };
+  // Close a worker's control connection (declared lost by heartbeat timeout).
+  struct Disconnect {
+    WorkerId worker = 0;
+    std::string reason;
+  };
+  // The job cannot continue (e.g. no configuration fits the surviving workers).
+  struct JobFailed {
+    Status status;
+  };
+  using Any =
+      std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome, SendRelease,
+                   AdvanceStore, AnswerResize, LaunchWorkers, Disconnect, JobFailed>;
+};
+
+class Decider {
+ public:
+  enum class Phase { kStarting, kStable, kPlanning, kPreparing, kCommitted, kFailed };
+
+  explicit Decider(DeciderOptions options);
+
+  // Feeds one event; returns what to do, in order. `now_ms` is the shell's monotonic clock.
+  std::vector<DeciderAction::Any> Handle(int64_t now_ms, DeciderEvent::Any event);
+
+  Phase phase() const { return phase_; }
+  // The last committed generation whose change completed (id 0 before the first).
+  const Generation& current() const { return current_; }
+  // The proposal or committed change in progress, if any.
+  const std::optional<Generation>& pending() const { return pending_; }
+  // Workers connected and not leaving that hold no rank.
+  std::vector<WorkerId> standby() const;
+  // Workers connected and not leaving (they may take a rank), id order.
+  std::vector<WorkerId> candidates() const { return Candidates(); }
+  bool resize_in_progress() const { return resize_active_; }
+  // The config planner's explanation of the last committed configuration.
+  const std::string& last_explanation() const { return last_explanation_; }
+  int64_t last_generation_id() const { return last_id_; }
+
+ private:
+  struct Worker {
+    std::string host;
+    int64_t last_seen_ms = 0;
+    bool leaving = false;   // asked to leave (or removed by a resize)
+    bool released = false;  // sent Release: no longer part of the job
+  };
+  using Out = std::vector<DeciderAction::Any>;
+
+  void OnJoin(const DeciderEvent::Join& e, Out& out);
+  void OnLeave(WorkerId w, Out& out);
+  void OnLost(WorkerId w, const std::string& reason, Out& out);
+  void OnResize(const ResizeRequest& r, Out& out);
+  void OnReport(const StepReportMsg& m, Out& out);
+  void OnApplied(const AppliedMsg& m, Out& out);
+  void OnPlanReady(DeciderEvent::PlanReady& e, Out& out);
+  void OnTick(int64_t now_ms, Out& out);
+
+  // Proposes the next change if the state calls for one (only when stable or starting).
+  void MaybePropose(Out& out);
+  std::vector<WorkerId> Candidates() const;  // connected, not leaving; id order
+  int TargetWorld(size_t candidates) const;
+  bool ChangeNeeded() const;
+  void Commit(Out& out);
+  void MaybeFinishChange(Out& out);
+  void AbandonPending(Out& out);
+  bool IsParticipant(WorkerId w) const;
+  std::vector<WorkerId> OldRanksAlive() const;  // current_'s ranks not lost, rank order
+
+  DeciderOptions options_;
+  Phase phase_ = Phase::kStarting;
+  std::map<WorkerId, Worker> workers_;  // connected (or leaving) workers
+  std::set<WorkerId> lost_;             // lost old ranks of `current_` not yet replaced
+  Generation current_;
+  int64_t last_id_ = 0;
+  std::optional<int> desired_world_;  // the scheduler's last world size
+  int launch_outstanding_ = 0;        // workers asked of the launcher, not yet joined
+  bool resize_active_ = false;        // a resize was accepted and its change is not done
+  // A proposal whose plan came back unchanged (same ranks and config): not proposed again
+  // until the candidates or the target change.
+  std::optional<std::pair<std::vector<WorkerId>, int>> noop_;
+  bool replan_ = false;  // the state changed while a plan was computed: discard it
+  std::string last_explanation_;
+
+  // The change in progress.
+  std::optional<Generation> pending_;
+  ChangeParticipants pending_change_;
+  std::map<WorkerId, int64_t> reports_;  // old rank -> last_free_step
+  std::set<WorkerId> applied_;
+  int ok_count_ = 0;  // Applied answers with ok
+  std::set<WorkerId> lost_during_commit_;
+};
+
+std::string_view DeciderPhaseName(Decider::Phase phase);
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_COORDINATOR_DECIDER_H_

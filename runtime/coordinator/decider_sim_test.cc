@@ -1,0 +1,531 @@
+// Deterministic simulation of the change protocol: one Decider, a dozen AgentCores, a simulated
+// network with random delays and late duplicates (per-connection FIFO, as TCP, plus stale
+// copies delivered out of order), random joins, leave requests, resizes and deaths of workers
+// that hold no rank, and training threads coupled by their collectives (a step completes only
+// when every rank of its generation began it). After every event the invariants are checked:
+//   - every step number is trained in one generation only, by every worker that trains it
+//     (all workers switch at the same step boundary);
+//   - each worker's steps are consecutive and a generation's first step is its start step;
+//   - one change at a time; a generation never changes once committed; store generations rise;
+// and at the end the job is live: stable, everybody in the last generation, training.
+// MORPH_TEST_SEED=<n> runs one seed (printed on failure); MORPH_SIM_RUNS overrides the count.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <queue>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <typeinfo>
+#include <variant>
+#include <vector>
+
+#include "runtime/agent/agent_core.h"
+#include "runtime/coordinator/decider.h"
+
+namespace morph {
+namespace {
+
+using ToWorker = std::variant<PrepareMsg, CommitMsg, AbandonMsg, OutcomeMsg, ReleaseMsg>;
+
+struct SimWorker {
+  explicit SimWorker(WorkerId id) : core(id) {}
+  AgentCore core;
+  bool alive = true;
+  bool connected = false;  // Join delivered
+  int64_t next_step = 0;
+  bool in_step = false;  // began next_step - 1, waiting for its collectives
+  int64_t in_step_gen = 0;
+  int64_t last_step = -1;  // last step begun, -1: none
+  int64_t last_step_gen = 0;
+  int64_t arrived_for = 0;  // generation whose closing barrier it waits at
+  bool reported_exit = false;
+  bool poked = false;
+};
+
+class Sim {
+ public:
+  explicit Sim(uint64_t seed)
+      : rng_(seed), decider_(DeciderOptions{.initial_world = 0, .max_world = 12}) {}
+
+  // Returns "" or the first violated invariant.
+  std::string Run() {
+    std::uniform_int_distribution<int> n0(1, 4);
+    int initial = n0(rng_);
+    decider_ = Decider(DeciderOptions{.initial_world = initial, .max_world = 12});
+    for (int i = 0; i < initial; ++i) SpawnWorker(Rand(0, 20));
+    const int64_t chaos_until = 3000;
+    for (int64_t t = Rand(20, 80); t < chaos_until; t += Rand(20, 150)) {
+      Schedule(t, [this] { Chaos(); });
+    }
+    while (!queue_.empty() && error_.empty() && !ended_) {
+      auto ev = queue_.top();
+      queue_.pop();
+      now_ = ev.time;
+      ev.fn();
+      CheckInvariants();
+      if (now_ > chaos_until && Quiescent()) break;
+      if (now_ > chaos_until + 200000)
+        error_ = "not live: no quiescence by t=" + std::to_string(now_);
+    }
+    if (error_.empty() && !ended_ && !Quiescent()) error_ = "not live: the event queue ran dry";
+    if (!error_.empty()) error_ += "\n" + Describe();
+    return error_;
+  }
+
+  int64_t commits() const { return static_cast<int64_t>(commits_.size()); }
+  bool ended() const { return ended_; }
+
+ private:
+  struct Event {
+    int64_t time;
+    int64_t seq;
+    std::function<void()> fn;
+    bool operator<(const Event& o) const { return time != o.time ? time > o.time : seq > o.seq; }
+  };
+
+  SimWorker& W(WorkerId id) {
+    auto it = workers_.find(id);
+    if (it == workers_.end()) {
+      Fail("unknown worker " + std::to_string(id));
+      static SimWorker ghost(-1);
+      ghost.alive = false;
+      return ghost;
+    }
+    return it->second;
+  }
+
+  int64_t Rand(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+  bool Chance(double p) { return std::bernoulli_distribution(p)(rng_); }
+  void Schedule(int64_t t, std::function<void()> fn) { queue_.push({t, seq_++, std::move(fn)}); }
+
+  // Per-connection FIFO with random delay; sometimes a stale duplicate arrives much later.
+  int64_t ChannelTime(int64_t from, int64_t to) {
+    int64_t& last = channel_[{from, to}];
+    last = std::max(last, now_ + Rand(1, 30));
+    return last;
+  }
+  void ToCoordinator(WorkerId from, DeciderEvent::Any e) {
+    Schedule(ChannelTime(from, -1), [this, e] { Feed(e); });
+    if (Chance(0.05)) Schedule(now_ + Rand(30, 400), [this, e] { Feed(e); });
+  }
+  void ToWorkerMsg(WorkerId to, ToWorker m) {
+    Schedule(ChannelTime(-1, to), [this, to, m] { Deliver(to, m); });
+    if (Chance(0.05)) Schedule(now_ + Rand(30, 400), [this, to, m] { Deliver(to, m); });
+  }
+
+  void SpawnWorker(int64_t delay) {
+    WorkerId id = next_id_++;
+    workers_.emplace(id, SimWorker(id));
+    Schedule(now_ + delay, [this, id] {
+      SimWorker& w = W(id);
+      if (!w.alive) return;
+      w.connected = true;
+      Feed(DeciderEvent::Join{.worker = id, .host = "h"});
+      Poke(id);
+    });
+  }
+
+  void Chaos() {
+    // The job starts once its initial workers joined; the schedules disturb it after that.
+    if (decider_.current().id == 0) return;
+    int kind = static_cast<int>(Rand(0, 9));
+    std::vector<WorkerId> live, unranked_live, nonleaving;
+    for (auto& [id, w] : workers_) {
+      if (!w.alive || !w.connected || w.core.finished()) continue;
+      live.push_back(id);
+      if (w.core.rank() < 0) unranked_live.push_back(id);
+    }
+    // The last worker that may hold the state never leaves (that would end the job).
+    for (WorkerId id : decider_.candidates()) {
+      if (!leave_asked_.count(id) && W(id).alive) nonleaving.push_back(id);
+    }
+    if (kind <= 2 && live.size() < 10) {
+      SpawnWorker(Rand(1, 50));
+    } else if (kind <= 4 && nonleaving.size() > 1) {
+      WorkerId w = nonleaving[Rand(0, nonleaving.size() - 1)];
+      leave_asked_.insert(w);
+      ToCoordinator(w, DeciderEvent::LeaveRequest{.worker = w});
+    } else if (kind <= 7) {
+      ResizeRequest r{.request_id = next_request_++};
+      if (Chance(0.7) || nonleaving.size() < 2) {
+        r.world_size = static_cast<int>(Rand(0, 9));  // 0 is refused
+      } else if (Chance(0.5)) {
+        r.add = static_cast<int>(Rand(1, 3));
+      } else {
+        r.remove = {nonleaving[Rand(0, nonleaving.size() - 1)]};
+        leave_asked_.insert(r.remove[0]);  // if refused (a change in flight) it stays; fine
+      }
+      requests_.insert(r.request_id);
+      Feed(DeciderEvent::Resize{r});
+    } else if (!unranked_live.empty() && live.size() > 1) {
+      // A worker with no rank dies (a joiner mid-change, a spare): its peers in the change's
+      // exchange fail, the change does not apply, the job goes on.
+      WorkerId id = unranked_live[Rand(0, unranked_live.size() - 1)];
+      Kill(id);
+    }
+  }
+
+  void Kill(WorkerId id) {
+    SimWorker& w = W(id);
+    w.alive = false;
+    // Its connection drops: the coordinator notices after a delay.
+    Schedule(now_ + Rand(1, 40),
+             [this, id] { Feed(DeciderEvent::Lost{.worker = id, .reason = "killed"}); });
+    // Any closing barrier it was part of fails.
+    for (auto& [gid, parts] : barrier_parts_) {
+      if (parts.count(id) && !barrier_done_.count(gid)) FailBarrier(gid);
+    }
+  }
+
+  void Feed(DeciderEvent::Any e) {
+    if (std::getenv("MORPH_SIM_TRACE")) {
+      std::visit(
+          [&](auto& x) {
+            using E = std::decay_t<decltype(x)>;
+            std::string n = typeid(E).name();
+            if constexpr (requires { x.worker; }) n += " worker " + std::to_string(x.worker);
+            if constexpr (std::is_same_v<E, StepReportMsg>) {
+              n += " g" + std::to_string(x.generation) + " b " + std::to_string(x.last_free_step);
+            }
+            if constexpr (std::is_same_v<E, DeciderEvent::Resize>) {
+              n += " ws " + std::to_string(x.request.world_size.value_or(-1)) + " add " +
+                   std::to_string(x.request.add) + " rm " +
+                   std::to_string(x.request.remove.empty() ? -1 : x.request.remove[0]);
+            }
+            fprintf(stderr, "t=%ld %s (phase %s)\n", static_cast<long>(now_), n.c_str(),
+                    std::string(DeciderPhaseName(decider_.phase())).c_str());
+          },
+          e);
+    }
+    for (auto& a : decider_.Handle(now_, std::move(e))) Execute(a);
+  }
+
+  void Execute(DeciderAction::Any& action) {
+    std::visit(
+        [&](auto& a) {
+          using A = std::decay_t<decltype(a)>;
+          if constexpr (std::is_same_v<A, DeciderAction::ComputePlan>) {
+            PlanRequest req = a.request;
+            Schedule(now_ + Rand(1, 60), [this, req] {
+              Feed(DeciderEvent::PlanReady{.generation = req.generation, .plan = Plan(req)});
+            });
+          } else if constexpr (std::is_same_v<A, DeciderAction::SendPrepare>) {
+            CheckOneChange(a.msg.next.id);
+            for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
+          } else if constexpr (std::is_same_v<A, DeciderAction::SendCommit>) {
+            CheckOneChange(a.msg.next.id);
+            auto [it, fresh] = commits_.emplace(a.msg.next.id, a.msg);
+            if (!fresh && !(it->second == a.msg)) Fail("generation changed after its commit");
+            open_commit_ = a.msg.next.id;
+            barrier_parts_[a.msg.next.id] = std::set<WorkerId>(a.msg.change.participants.begin(),
+                                                               a.msg.change.participants.end());
+            for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
+          } else if constexpr (std::is_same_v<A, DeciderAction::SendAbandon>) {
+            if (open_commit_ == a.msg.generation) Fail("abandoned a committed generation");
+            for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
+          } else if constexpr (std::is_same_v<A, DeciderAction::SendOutcome>) {
+            if (open_commit_ != a.msg.generation) Fail("outcome for a generation not committed");
+            open_commit_ = 0;
+            for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
+          } else if constexpr (std::is_same_v<A, DeciderAction::SendRelease>) {
+            ToWorkerMsg(a.to, a.msg);
+          } else if constexpr (std::is_same_v<A, DeciderAction::AdvanceStore>) {
+            if (a.generation <= store_gen_) Fail("store generation did not rise");
+            store_gen_ = a.generation;
+          } else if constexpr (std::is_same_v<A, DeciderAction::AnswerResize>) {
+            if (!requests_.erase(a.request_id)) Fail("resize answered twice or never asked");
+          } else if constexpr (std::is_same_v<A, DeciderAction::LaunchWorkers>) {
+            for (int i = 0; i < a.count; ++i) SpawnWorker(Rand(5, 200));
+          } else if constexpr (std::is_same_v<A, DeciderAction::Disconnect>) {
+            Fail("no heartbeats are simulated, yet a worker was disconnected");
+          } else if constexpr (std::is_same_v<A, DeciderAction::JobFailed>) {
+            // A scheduler's shrink racing with the last workers' preemption notices ends the
+            // job: a legitimate end, as long as nobody was left to take the state.
+            if (a.status.code() == StatusCode::kFailedPrecondition &&
+                a.status.message().starts_with("every worker is leaving") &&
+                decider_.candidates().empty()) {
+              ended_ = true;
+            } else {
+              Fail("job failed: " + a.status.ToString());
+            }
+          }
+        },
+        action);
+  }
+
+  // A config planner: keep old ranks where they are, fill with the others; sometimes a smaller
+  // world than allowed (the policy leaves spares), sometimes a shuffled assignment.
+  StatusOr<PlannedChange> Plan(const PlanRequest& req) {
+    int world = req.target_world;
+    if (world > 1 && Chance(0.15)) world -= 1;
+    if (world < 1) return InvalidArgumentError("no candidates");
+    std::vector<WorkerId> order;
+    std::set<WorkerId> cand(req.candidates.begin(), req.candidates.end());
+    for (WorkerId w : req.from.ranks) {
+      if (cand.count(w)) order.push_back(w);
+    }
+    for (WorkerId w : req.candidates) {
+      if (std::find(order.begin(), order.end(), w) == order.end()) order.push_back(w);
+    }
+    order.resize(world);
+    if (Chance(0.2)) std::shuffle(order.begin(), order.end(), rng_);
+    PlannedChange p;
+    p.config.dp = world;
+    p.ranks = order;
+    p.plan_digest = 1000 + req.generation;
+    p.explanation = "dp=" + std::to_string(world);
+    return p;
+  }
+
+  void Deliver(WorkerId to, const ToWorker& m) {
+    SimWorker& w = W(to);
+    if (std::getenv("MORPH_SIM_TRACE")) {
+      fprintf(stderr, "t=%ld -> worker %ld: msg %zu next_step %ld g%ld\n", static_cast<long>(now_),
+              static_cast<long>(to), m.index(), static_cast<long>(w.next_step),
+              static_cast<long>(w.core.generation().id));
+    }
+    if (!w.alive || w.core.finished()) return;
+    std::visit(
+        [&](auto& msg) {
+          using M = std::decay_t<decltype(msg)>;
+          if constexpr (std::is_same_v<M, PrepareMsg>) {
+            auto report = w.core.OnPrepare(msg, w.next_step);
+            if (report) ToCoordinator(to, *report);
+          } else if constexpr (std::is_same_v<M, CommitMsg>) {
+            w.core.OnCommit(msg);
+          } else if constexpr (std::is_same_v<M, AbandonMsg>) {
+            w.core.OnAbandon(msg);
+          } else if constexpr (std::is_same_v<M, OutcomeMsg>) {
+            w.core.OnOutcome(msg);
+          } else if constexpr (std::is_same_v<M, ReleaseMsg>) {
+            w.core.OnRelease(msg);
+          }
+        },
+        m);
+    Poke(to);
+  }
+
+  // The training thread makes progress at random times.
+  void Poke(WorkerId id) {
+    SimWorker& w = W(id);
+    if (w.poked) return;  // one wake-up pending is enough
+    w.poked = true;
+    Schedule(now_ + Rand(1, 15), [this, id] { Progress(id); });
+  }
+
+  void Progress(WorkerId id) {
+    SimWorker& w = W(id);
+    w.poked = false;
+    if (!w.alive || !w.connected) return;
+    if (w.in_step) {
+      // The step's collectives complete once every rank of its generation began it.
+      const Generation& g = GenOf(w.in_step_gen);
+      for (WorkerId r : g.ranks) {
+        if (!began_[{w.in_step_gen, w.next_step - 1}].count(r)) return;  // poked by r
+      }
+      w.in_step = false;
+    }
+    if (w.arrived_for) return;  // at a closing barrier
+    switch (w.core.AtStep(w.next_step)) {
+      case AgentCore::Action::kProceed:
+        BeginStep(w);
+        Poke(id);
+        break;
+      case AgentCore::Action::kWait:
+        break;  // a message pokes it again
+      case AgentCore::Action::kSwitch:
+        ArriveAtBarrier(w);
+        break;
+      case AgentCore::Action::kFinished:
+        if (!w.reported_exit) {
+          w.reported_exit = true;
+          Schedule(now_ + Rand(1, 20),
+                   [this, id] { Feed(DeciderEvent::Lost{.worker = id, .reason = "exited"}); });
+        }
+        break;
+    }
+  }
+
+  const Generation& GenOf(int64_t id) {
+    auto it = commits_.find(id);
+    if (it == commits_.end()) {
+      Fail("unknown generation " + std::to_string(id));
+      static Generation empty;
+      return empty;
+    }
+    return it->second.next;
+  }
+
+  void BeginStep(SimWorker& w) {
+    const Generation& g = w.core.generation();
+    int64_t step = w.next_step;
+    std::ostringstream who;
+    who << "worker " << w.core.me() << " step " << step << " gen " << g.id;
+    auto [it, fresh] = step_gen_.emplace(step, g.id);
+    if (!fresh && it->second != g.id) {
+      Fail(who.str() + ": step already trained in generation " + std::to_string(it->second));
+    }
+    if (w.last_step >= 0 && w.last_step_gen == g.id && step != w.last_step + 1) {
+      Fail(who.str() + ": not consecutive after " + std::to_string(w.last_step));
+    }
+    if (w.last_step_gen != g.id && step != g.start_step && w.last_step >= 0 &&
+        step != w.last_step + 1) {
+      Fail(who.str() + ": first step of the generation is not its start step");
+    }
+    if (step < g.start_step) Fail(who.str() + ": before the generation's start step");
+    if (w.core.rank() < 0) Fail(who.str() + ": trains without a rank");
+    auto& began = began_[{g.id, step}];
+    began.insert(w.core.me());
+    if (began.size() == g.ranks.size()) {
+      for (WorkerId r : g.ranks) Poke(r);  // the step's collectives complete
+    }
+    w.last_step = step;
+    w.last_step_gen = g.id;
+    w.in_step = true;
+    w.in_step_gen = g.id;
+    ++w.next_step;
+  }
+
+  void ArriveAtBarrier(SimWorker& w) {
+    const CommitMsg c = *w.core.pending_commit();  // a copy: FinishSwitch resets it
+    int64_t gid = c.next.id;
+    w.arrived_for = gid;
+    arrived_[gid].insert(w.core.me());
+    if (barrier_failed_.count(gid)) return FinishSwitch(w, false);
+    for (WorkerId p : c.change.participants) {
+      if (!W(p).alive) return FailBarrier(gid);
+    }
+    for (WorkerId p : c.change.participants) {
+      if (!arrived_[gid].count(p)) return;  // wait for the others
+    }
+    barrier_done_.insert(gid);
+    for (WorkerId p : c.change.participants) FinishSwitch(W(p), true);
+  }
+
+  void FailBarrier(int64_t gid) {
+    barrier_failed_.insert(gid);
+    for (WorkerId p : arrived_[gid]) {
+      SimWorker& w = W(p);
+      if (w.alive && w.arrived_for == gid) FinishSwitch(w, false);
+    }
+  }
+
+  void FinishSwitch(SimWorker& w, bool ok) {
+    int64_t start = w.core.pending_commit()->next.start_step;
+    w.arrived_for = 0;
+    AppliedMsg m = w.core.SwitchDone(ok, ok ? "" : "peer gone");
+    if (ok && w.core.rank() >= 0) w.next_step = start;
+    ToCoordinator(w.core.me(), m);
+    Poke(w.core.me());
+  }
+
+  void CheckOneChange(int64_t id) {
+    if (open_commit_ != 0 && open_commit_ != id) {
+      Fail("generation " + std::to_string(id) + " proposed while " + std::to_string(open_commit_) +
+           " is committed without an outcome");
+    }
+  }
+
+  void CheckInvariants() {
+    const Generation& cur = decider_.current();
+    if (cur.id != 0) {
+      auto it = commits_.find(cur.id);
+      if (it == commits_.end() || !(it->second.next == cur)) {
+        Fail("the decider's current generation differs from its commit");
+      }
+    }
+  }
+
+  bool Quiescent() {
+    if (decider_.phase() != Decider::Phase::kStable) return false;
+    if (!requests_.empty()) return false;
+    const Generation& cur = decider_.current();
+    for (auto& [id, w] : workers_) {
+      if (!w.alive || !w.connected || w.core.finished()) continue;
+      bool ranked = cur.RankOf(id) >= 0;
+      if (ranked && (w.core.generation().id != cur.id || w.last_step < cur.start_step + 5)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::string Describe() {
+    std::ostringstream os;
+    const Generation& cur = decider_.current();
+    os << "decider: phase " << DeciderPhaseName(decider_.phase()) << ", current g" << cur.id
+       << " S=" << cur.start_step << " ranks";
+    for (WorkerId w : cur.ranks) os << " " << w;
+    if (decider_.pending()) os << ", pending g" << decider_.pending()->id;
+    os << ", resize " << decider_.resize_in_progress() << ", open requests " << requests_.size()
+       << "\n";
+    for (auto& [id, w] : workers_) {
+      os << "  worker " << id << ": alive " << w.alive << " connected " << w.connected
+         << " finished " << w.core.finished() << " g" << w.core.generation().id << " rank "
+         << w.core.rank() << " next_step " << w.next_step << " in_step " << w.in_step << " last "
+         << w.last_step << " gate " << w.core.gate() << " commit "
+         << (w.core.pending_commit() ? w.core.pending_commit()->next.id : 0) << " barrier "
+         << w.arrived_for << "\n";
+    }
+    return os.str();
+  }
+
+  void Fail(const std::string& what) {
+    if (error_.empty()) error_ = "t=" + std::to_string(now_) + ": " + what;
+  }
+
+  std::mt19937_64 rng_;
+  Decider decider_;
+  std::priority_queue<Event> queue_;
+  int64_t now_ = 0;
+  int64_t seq_ = 0;
+  std::map<std::pair<int64_t, int64_t>, int64_t> channel_;
+  std::map<WorkerId, SimWorker> workers_;
+  WorkerId next_id_ = 1;
+  int64_t next_request_ = 1;
+  std::set<int64_t> requests_;
+  std::set<WorkerId> leave_asked_;
+  std::map<int64_t, CommitMsg> commits_;
+  int64_t open_commit_ = 0;
+  int64_t store_gen_ = 0;
+  std::map<int64_t, std::set<WorkerId>> barrier_parts_, arrived_;
+  std::set<int64_t> barrier_done_, barrier_failed_;
+  std::map<int64_t, int64_t> step_gen_;
+  std::map<std::pair<int64_t, int64_t>, std::set<WorkerId>> began_;
+  std::string error_;
+  bool ended_ = false;
+};
+
+TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
+  int runs = 10000;
+  uint64_t first = 1;
+  if (const char* s = std::getenv("MORPH_TEST_SEED")) {
+    first = std::strtoull(s, nullptr, 10);
+    runs = 1;
+  }
+  if (const char* r = std::getenv("MORPH_SIM_RUNS")) runs = std::atoi(r);
+  int64_t commits = 0, ended = 0;
+  for (int i = 0; i < runs; ++i) {
+    uint64_t seed = first + i;
+    Sim sim(seed);
+    std::string err = sim.Run();
+    ASSERT_EQ(err, "") << "seed " << seed << " (MORPH_TEST_SEED=" << seed << ")";
+    commits += sim.commits();
+    ended += sim.ended() ? 1 : 0;
+  }
+  // Few schedules end with every worker gone; most run to a live, quiescent job.
+  EXPECT_LE(ended * 10, runs) << ended << " of " << runs << " runs ended";
+  // The schedules exercise changes, not just the first generation.
+  EXPECT_GT(commits, 3 * runs);
+}
+
+}  // namespace
+}  // namespace morph
