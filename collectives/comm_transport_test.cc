@@ -3,11 +3,17 @@
 #include "collectives/comm_transport.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
 
 #include "base/testing.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rank_harness.h"
 #include "collectives/tcp_store.h"
+#include "reshard/strided_copy.h"
 
 namespace morph {
 namespace {
@@ -79,15 +85,24 @@ Status Exchange(const std::string& address, int rank, int world) {
   if (transport.Start(bad, {}).status().code() != StatusCode::kInvalidArgument) {
     return InternalError("peer out of range accepted");
   }
-  // No strided ops (SupportsStridedOps() is false): rejected before anything is posted.
-  if (transport.SupportsStridedOps()) return InternalError("claims strided ops");
+  // Strided ops on host memory; a malformed layout is rejected before anything is posted.
+  if (!transport.SupportsStridedOps()) return InternalError("no strided ops over Gloo");
   char byte = 0;
-  StridedLayout layout{nullptr, 1, 0, 1};
-  std::vector<SendOp> strided_send{{(rank + 1) % world, &byte, 1, &layout}};
-  std::vector<RecvOp> strided_recv{{(rank + 1) % world, &byte, 1, &layout}};
-  if (transport.Start(strided_send, {}).status().code() != StatusCode::kInvalidArgument ||
-      transport.Start({}, strided_recv).status().code() != StatusCode::kInvalidArgument) {
-    return InternalError("strided op accepted");
+  StridedLayout no_geometry{nullptr, 1, 0, 1};
+  std::vector<SendOp> strided_send{{(rank + 1) % world, &byte, 1, &no_geometry}};
+  Status s = transport.Start(strided_send, {}).status();
+  if (s.code() != StatusCode::kInvalidArgument ||
+      s.message().find("without geometry") == std::string::npos) {
+    return InternalError("strided send without geometry: " + s.ToString());
+  }
+  CopyGeometry g;
+  g.num_elements = 4;
+  StridedLayout too_long{&g, 2, 0, 4};  // 8 bytes, op says 1
+  std::vector<RecvOp> strided_recv{{(rank + 1) % world, &byte, 1, &too_long}};
+  s = transport.Start({}, strided_recv).status();
+  if (s.code() != StatusCode::kInvalidArgument ||
+      s.message().find("1 bytes but the layout holds 8") == std::string::npos) {
+    return InternalError("strided receive of the wrong size: " + s.ToString());
   }
   transport.Abort();
   MORPH_ASSIGN_OR_RETURN(auto after, transport.Start({}, {}));
@@ -106,6 +121,202 @@ TEST(CommTransportTest, ExchangeBetweenForkedRanks) {
   ranks.Release(server->address());
   std::vector<int> codes = ranks.Wait(Deadline::AfterMs(60000));
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// Cross-memory attach is expected to work here unless Yama restricts ptrace.
+bool ShmExpected() {
+  std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  return !(f >> scope) || scope == 0;
+}
+
+uint16_t Elem(int from, int64_t i, int64_t j) {
+  return static_cast<uint16_t>(from * 4099 + i * 131 + j * 7 + 1);
+}
+
+// Every rank holds a [R, K] u16 matrix (row stride K + 3) and sends column block d (W wide) to
+// rank d; rank d lands sender s's block at rows [s R, (s + 1) R) of a [world R, W] matrix (row
+// stride W + 5). Both sides strided, each message split in two (elements [0, h) and [h, R W)) over
+// two groups; pairs with (s + d) % 3 == 0 send contiguously from a packed copy instead. Padding
+// must stay untouched.
+Status StridedExchange(const std::string& address, int rank, int world, bool shm) {
+  constexpr int64_t R = 37, W = 53;
+  const int64_t K = W * world, src_stride = K + 3, dst_stride = W + 5;
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "strided", rank, world,
+                                                             nullptr, Deadline::AfterMs(20000)));
+  // TCP: Create with shared memory off (no handshake), as MORPH_RESHARD_SHM=0 does.
+  MORPH_ASSIGN_OR_RETURN(
+      auto transport,
+      CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                            CommTransportOptions{.shared_memory = shm}, Deadline::AfterMs(20000)));
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == rank) continue;
+    if (transport->IsSharedMemoryPeer(peer) != (shm && ShmExpected())) {
+      return InternalError("peer " + std::to_string(peer) + " shared memory: " +
+                           std::to_string(transport->IsSharedMemoryPeer(peer)));
+    }
+  }
+  std::vector<uint16_t> src(static_cast<size_t>(R * src_stride), 0xEEEE);
+  for (int64_t i = 0; i < R; ++i) {
+    for (int64_t j = 0; j < K; ++j) src[static_cast<size_t>(i * src_stride + j)] = Elem(rank, i, j);
+  }
+  std::vector<uint16_t> dst(static_cast<size_t>(world * R * dst_stride), 0xEEEE);
+  const StridedView dense = ContiguousView({R, W});
+  std::vector<CopyGeometry> send_g(world), recv_g(world);
+  std::vector<std::vector<uint16_t>> packed(world);
+  for (int peer = 0; peer < world; ++peer) {
+    MORPH_ASSIGN_OR_RETURN(send_g[peer],
+                           MakeCopyGeometry(dense, StridedView{peer * W, {R, W}, {src_stride, 1}}));
+    MORPH_ASSIGN_OR_RETURN(
+        recv_g[peer],
+        MakeCopyGeometry(StridedView{peer * R * dst_stride, {R, W}, {dst_stride, 1}}, dense));
+    packed[peer].resize(static_cast<size_t>(R * W));
+    HostStridedCopy(send_g[peer], packed[peer].data(), src.data(), 2, 0, R * W);
+  }
+  const int64_t half = R * W / 2 + 3;
+  for (int group = 0; group < 2; ++group) {
+    const int64_t b = group == 0 ? 0 : half, e = group == 0 ? half : R * W;
+    const size_t bytes = static_cast<size_t>((e - b) * 2);
+    std::vector<StridedLayout> layouts;
+    layouts.reserve(2 * world);
+    std::vector<SendOp> sends;
+    std::vector<RecvOp> recvs;
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == rank) continue;
+      if ((rank + peer) % 3 == 0) {
+        sends.push_back({peer, packed[peer].data() + b, bytes});
+      } else {
+        layouts.push_back({&send_g[peer], 2, b, e});
+        sends.push_back({peer, src.data(), bytes, &layouts.back()});
+      }
+      layouts.push_back({&recv_g[peer], 2, b, e});
+      recvs.push_back({peer, dst.data(), bytes, &layouts.back()});
+    }
+    MORPH_ASSIGN_OR_RETURN(auto work, transport->Start(sends, recvs));
+    MORPH_RETURN_IF_ERROR(work->Wait(Deadline::AfterMs(20000)));
+  }
+  for (int s = 0; s < world; ++s) {
+    for (int64_t i = 0; i < R; ++i) {
+      for (int64_t j = 0; j < dst_stride; ++j) {
+        const uint16_t want = s == rank || j >= W ? 0xEEEE : Elem(s, i, rank * W + j);
+        if (dst[static_cast<size_t>((s * R + i) * dst_stride + j)] != want) {
+          return InternalError("from rank " + std::to_string(s) + " element (" + std::to_string(i) +
+                               ", " + std::to_string(j) + ") wrong");
+        }
+      }
+    }
+  }
+  return comm->Barrier(std::chrono::seconds(20));
+}
+
+void RunStrided(bool shm) {
+  constexpr int kWorld = 4;
+  ForkedRanks ranks = ForkedRanks::Fork(kWorld, [&](int rank, const std::string& address) {
+    return ExitCode(rank, StridedExchange(address, rank, kWorld, shm));
+  });
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  ranks.Release(server->address());
+  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(60000));
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+TEST(CommTransportTest, StridedOpsOverTcpBitwise) { RunStrided(false); }
+TEST(CommTransportTest, StridedOpsOverSharedMemoryBitwise) { RunStrided(true); }
+
+// Over shared memory, rank 1 dies (SIGKILL) or aborts while rank 0 waits to send to it and
+// rank 2 waits to receive from it: both fail promptly (not at the 20 s deadline) with
+// kUnavailable / kAborted naming rank 1.
+Status PeerGone(const std::string& address, int rank, bool kill) {
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "gone", rank, 3, nullptr,
+                                                             Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto transport,
+                         CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                                               CommTransportOptions{}, Deadline::AfterMs(20000)));
+  if (!transport->IsSharedMemoryPeer((rank + 1) % 3)) {
+    return ShmExpected() ? InternalError("no shared-memory peer") : Status::Ok();
+  }
+  std::vector<char> buf(1 << 20, 'x');
+  if (rank == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are waiting
+    if (kill) raise(SIGKILL);
+    transport->Abort();
+    return Status::Ok();
+  }
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  if (rank == 0) sends.push_back({1, buf.data(), buf.size()});
+  if (rank == 2) recvs.push_back({1, buf.data(), buf.size()});
+  MORPH_ASSIGN_OR_RETURN(auto work, transport->Start(sends, recvs));
+  const auto start = std::chrono::steady_clock::now();
+  Status s = work->Wait(Deadline::AfterMs(20000));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const StatusCode want = kill ? StatusCode::kUnavailable : StatusCode::kAborted;
+  if (s.code() != want || s.message().find("peer rank 1") == std::string::npos) {
+    return InternalError("rank " + std::to_string(rank) + " got " + s.ToString());
+  }
+  if (seconds > 3) return InternalError("took " + std::to_string(seconds) + " s to fail");
+  return Status::Ok();
+}
+
+// Over shared memory, a receive of another size than the send: the receiver fails with
+// kInternal naming both sizes, and the sender (whose receiver raised its abort flag) with
+// kAborted naming the receiver.
+Status SizeMismatch(const std::string& address, int rank) {
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "mismatch", rank, 2, nullptr,
+                                                             Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto transport,
+                         CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                                               CommTransportOptions{}, Deadline::AfterMs(20000)));
+  if (!transport->IsSharedMemoryPeer(1 - rank)) {
+    return ShmExpected() ? InternalError("no shared-memory peer") : Status::Ok();
+  }
+  std::vector<char> buf(200, 'x');
+  std::vector<SendOp> sends;
+  std::vector<RecvOp> recvs;
+  if (rank == 0) sends.push_back({1, buf.data(), 100});
+  if (rank == 1) recvs.push_back({0, buf.data(), 200});
+  MORPH_ASSIGN_OR_RETURN(auto work, transport->Start(sends, recvs));
+  Status s = work->Wait(Deadline::AfterMs(20000));
+  const bool ok = rank == 1
+                      ? s.code() == StatusCode::kInternal &&
+                            s.message().find("peer sends 100 bytes, this rank receives 200") !=
+                                std::string::npos
+                      : s.code() == StatusCode::kAborted &&
+                            s.message().find("peer rank 1 aborted") != std::string::npos;
+  return ok ? Status::Ok() : InternalError("rank " + std::to_string(rank) + " got " + s.ToString());
+}
+
+TEST(CommTransportTest, SharedMemorySizeMismatchIsInternal) {
+  ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) {
+    return ExitCode(rank, SizeMismatch(address, rank));
+  });
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  ranks.Release(server->address());
+  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+TEST(CommTransportTest, SharedMemoryPeerKilledOrAbortedFailsOthersPromptly) {
+  for (bool kill : {true, false}) {
+    SCOPED_TRACE(kill ? "killed" : "aborted");
+    ForkedRanks ranks = ForkedRanks::Fork(3, [&](int rank, const std::string& address) {
+      return ExitCode(rank, PeerGone(address, rank, kill));
+    });
+    MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+    ranks.Release(server->address());
+    std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+    EXPECT_EQ(codes[0], 0);
+    EXPECT_EQ(codes[1], kill ? 128 + SIGKILL : 0);
+    EXPECT_EQ(codes[2], 0);
+  }
 }
 
 }  // namespace

@@ -31,16 +31,15 @@ StatusOr<ExecutorOptions> ExecutorOptions::FromEnv() {
   return o;
 }
 
-uint64_t EffectiveChunkBytes(const ExecutorOptions& options, int num_participants) {
-  const uint64_t peers = static_cast<uint64_t>(std::max(1, num_participants - 1));
-  uint64_t c = std::min<uint64_t>(options.chunk_bytes, options.staging_bytes / (4 * peers));
+uint64_t EffectiveChunkBytes(const ExecutorOptions& options, int /*num_participants*/) {
+  uint64_t c = std::min<uint64_t>(options.chunk_bytes, options.staging_bytes / 4);
   c = std::max<uint64_t>(c, 4096);
   return c / 64 * 64;
 }
 
 uint64_t MessageLayoutDigest(const ExecutorOptions& options, int num_participants) {
   DigestHasher h;
-  h.Add(std::string_view("message cuts v1"));  // bump when CutMessages' rule changes
+  h.Add(std::string_view("message cuts v2"));  // bump when CutMessages' rule changes
   h.Add(options.chunk_bytes).Add(options.staging_bytes);
   h.Add(EffectiveChunkBytes(options, num_participants));
   return h.value();
@@ -50,6 +49,18 @@ PlanDigest WithMessageLayout(PlanDigest digest, const ExecutorOptions& options,
                              int num_participants) {
   digest.parts[PlanDigest::kMessageLayout] = MessageLayoutDigest(options, num_participants);
   return digest;
+}
+
+int PeersPerGroup(const ExecutorOptions& options, int num_participants) {
+  const uint64_t c = EffectiveChunkBytes(options, num_participants);
+  const uint64_t fit = std::max<uint64_t>(1, options.staging_bytes / (4 * c));
+  return static_cast<int>(std::min<uint64_t>(fit, std::max(1, num_participants - 1)));
+}
+
+int MessagesPerGroup(const ExecutorOptions& options, int num_participants) {
+  const uint64_t c = EffectiveChunkBytes(options, num_participants);
+  const uint64_t p = static_cast<uint64_t>(PeersPerGroup(options, num_participants));
+  return static_cast<int>(std::clamp<uint64_t>(options.staging_bytes / (4 * c * p), 1, 1024));
 }
 
 std::string ExecutorStats::ToString() const {
@@ -91,6 +102,7 @@ struct Segment {
 
 struct Message {
   int peer = 0;
+  int64_t index = 0;  // k: the k-th message between this pair in this direction
   size_t bytes = 0;
   std::vector<Segment> segments;
   char* direct = nullptr;  // set when the message is one contiguous range of the shard buffer
@@ -131,6 +143,7 @@ std::vector<std::vector<Message>> CutMessages(const std::vector<Piece>& pieces, 
   }
   for (auto& msgs : by_peer) {
     std::erase_if(msgs, [](const Message& m) { return m.segments.empty(); });
+    for (size_t k = 0; k < msgs.size(); ++k) msgs[k].index = static_cast<int64_t>(k);
     for (Message& m : msgs) {
       if (m.segments.size() != 1) continue;
       const Segment& s = m.segments[0];
@@ -225,6 +238,39 @@ class StagingPool {
   size_t in_use_ = 0;
   size_t peak_ = 0;
 };
+
+// The messages of one transport group (see "Message boundaries" in executor.h): at most
+// MessagesPerGroup per peer and direction, consecutive in that pair's order.
+struct Group {
+  std::vector<const Message*> sends, recvs;
+  size_t staged = 0;  // staging it needs, bytes
+};
+
+// Groups of messages in the order every participant posts them: by (block of message indices
+// k, block of peer offsets). Message k from a to b has offset s = (b - a) mod n at both ends, so
+// both put it into the group with the same key; posting in key order is what makes the exchange
+// deadlock-free (docs/reshard-executor.md). Groups without messages here are left out.
+std::vector<Group> GroupMessages(const std::vector<std::vector<Message>>& send_msgs,
+                                 const std::vector<std::vector<Message>>& recv_msgs, int me, int n,
+                                 int peers_per_group, int messages_per_group, size_t chunk) {
+  std::map<std::pair<int64_t, int>, Group> by_key;
+  for (int dir = 0; dir < 2; ++dir) {
+    const auto& lists = dir == 0 ? send_msgs : recv_msgs;
+    for (size_t peer = 0; peer < lists.size(); ++peer) {
+      const int p = static_cast<int>(peer);
+      const int offset = dir == 0 ? (p - me + n) % n : (me - p + n) % n;
+      for (const Message& m : lists[peer]) {
+        Group& g = by_key[{m.index / messages_per_group, (offset - 1) / peers_per_group}];
+        (dir == 0 ? g.sends : g.recvs).push_back(&m);
+        if (m.direct == nullptr && !m.strided) g.staged += chunk;
+      }
+    }
+  }
+  std::vector<Group> groups;
+  groups.reserve(by_key.size());
+  for (auto& [key, g] : by_key) groups.push_back(std::move(g));
+  return groups;
+}
 
 struct Round {
   int64_t index = 0;
@@ -536,7 +582,8 @@ class Execution {
     // Layouts of strided ops: Start copies them, they only need to outlive the call. Reserved
     // so that the pointers handed out stay valid.
     std::vector<StridedLayout> layouts;
-    layouts.reserve(send_msgs_.size() + recv_msgs_.size());
+    layouts.reserve(groups_[static_cast<size_t>(r)].sends.size() +
+                    groups_[static_cast<size_t>(r)].recvs.size());
     auto layout_of = [&](const Message& m, const std::vector<Piece>& pieces) {
       const Segment& s = m.segments[0];
       const Piece& p = pieces[static_cast<size_t>(s.piece)];
@@ -546,9 +593,8 @@ class Execution {
       return &layouts.back();
     };
     const auto t = Clock::now();
-    for (auto& msgs : send_msgs_) {
-      if (r >= static_cast<int64_t>(msgs.size())) continue;
-      const Message& m = msgs[static_cast<size_t>(r)];
+    for (const Message* mp : groups_[static_cast<size_t>(r)].sends) {
+      const Message& m = *mp;
       if (m.strided) {
         ++stats_.messages_sent;
         sops.push_back({m.peer, sends_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
@@ -574,9 +620,8 @@ class Execution {
     }
     MORPH_RETURN_IF_ERROR(engine_->Sync());
     stats_.pack_seconds += Since(t);
-    for (auto& msgs : recv_msgs_) {
-      if (r >= static_cast<int64_t>(msgs.size())) continue;
-      const Message& m = msgs[static_cast<size_t>(r)];
+    for (const Message* mp : groups_[static_cast<size_t>(r)].recvs) {
+      const Message& m = *mp;
       if (m.strided) {
         ++stats_.messages_received;
         rops.push_back({m.peer, recvs_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
@@ -633,17 +678,7 @@ class Execution {
     return Status();
   }
 
-  size_t RoundNeed(int64_t r) const {
-    size_t need = 0;
-    for (const auto* list : {&send_msgs_, &recv_msgs_}) {
-      for (const auto& msgs : *list) {
-        if (r >= static_cast<int64_t>(msgs.size())) continue;
-        const Message& m = msgs[static_cast<size_t>(r)];
-        if (m.direct == nullptr && !m.strided) need += chunk_;
-      }
-    }
-    return need;
-  }
+  size_t RoundNeed(int64_t r) const { return groups_[static_cast<size_t>(r)].staged; }
 
   Status Exchange() {
     const int n = plan_.num_participants;
@@ -658,10 +693,9 @@ class Execution {
         }
       }
     }
-    num_rounds_ = 0;
-    for (const auto* list : {&send_msgs_, &recv_msgs_}) {
-      for (const auto& msgs : *list) num_rounds_ = std::max<int64_t>(num_rounds_, msgs.size());
-    }
+    groups_ = GroupMessages(send_msgs_, recv_msgs_, plan_.participant, n,
+                            PeersPerGroup(options_, n), MessagesPerGroup(options_, n), chunk_);
+    num_rounds_ = static_cast<int64_t>(groups_.size());
     stats_.rounds = num_rounds_;
     pool_ = std::make_unique<StagingPool>(engine_->StagingAllocator(), chunk_);
     SliceLocalCopies();
@@ -708,6 +742,7 @@ class Execution {
   std::vector<Segment> local_slices_;
   size_t next_local_ = 0;
   std::vector<std::vector<Message>> send_msgs_, recv_msgs_;
+  std::vector<Group> groups_;  // a "round" below is one of these
   size_t chunk_ = 0;
   int64_t num_rounds_ = 0;
   std::unique_ptr<StagingPool> pool_;

@@ -13,9 +13,12 @@
 // Message boundaries. For each peer, the pieces exchanged with it (in plan order) are cut into
 // messages of at most EffectiveChunkBytes(options, n) bytes, at element boundaries; a piece of at
 // least 1/8 of that size starts a fresh message and ends its last one, smaller pieces share
-// messages. Message k of every pair belongs to round k. Both sides derive the same cuts from the
+// messages. Both sides derive the same cuts from the
 // plan lists, the tensors' dtypes and the options, which must be equal on all participants (per
-// local_plan.h). A message that is a single contiguous range of the old (new) buffer is sent from
+// local_plan.h). Message k from participant a to b (offset s = (b - a) mod n) belongs to group
+// (k / MessagesPerGroup, (s - 1) / PeersPerGroup): one grouped Transport::Start, posted in key
+// order and skipped where this participant has nothing in it; both ends of a message put it in
+// the same group, which holds the same consecutive messages of each pair on both sides. A message that is a single contiguous range of the old (new) buffer is sent from
 // (received into) place, without staging. With a transport that SupportsStridedOps() and host
 // buffers, so is a message that is a single segment of one strided piece: it is posted as a
 // strided op and the transport copies straight between the sender's old and the receiver's new
@@ -75,12 +78,12 @@ struct ExecutorOptions {
   // Largest message to one peer. Must be equal on all participants (checked: it is part of the
   // digest every pair compares before the exchange, see "Agreement").
   uint64_t chunk_bytes = uint64_t{4} << 20;
-  // Bound on this participant's staging memory (send and receive staging together; one round
-  // is always allowed, see EffectiveChunkBytes). Must be equal on all participants (checked
-  // like chunk_bytes).
+  // Bound on this participant's staging memory (send and receive staging together; one group
+  // is always allowed, see PeersPerGroup). Must be equal on all participants (checked like
+  // chunk_bytes).
   uint64_t staging_bytes = uint64_t{256} << 20;
-  // Rounds posted but not yet completed. Deeper pipelines only add staging memory (which is
-  // first-touched, i.e. slow, when fresh); may differ between participants.
+  // Groups (rounds) posted but not yet completed. Deeper pipelines only add staging memory
+  // (which is first-touched, i.e. slow, when fresh); may differ between participants.
   int max_rounds_in_flight = 3;
   // With a transport that SupportsStridedOps() and host buffers, a message that is one segment
   // of one strided piece is sent from (received into) the shard buffer in place as a strided op
@@ -93,10 +96,9 @@ struct ExecutorOptions {
   static StatusOr<ExecutorOptions> FromEnv();
 };
 
-// The message size actually used with `num_participants` participants:
-// min(chunk_bytes, staging_bytes / (4 * (n - 1))), at least 4 KiB, a multiple of 64. With this
-// size one round (a message to and from every peer) takes at most half the staging bound, so
-// two rounds overlap.
+// The message size actually used: min(chunk_bytes, staging_bytes / 4), at least 4 KiB, a
+// multiple of 64. Independent of the number of participants (the argument is ignored; kept so
+// that callers need not change): the staging bound is kept by grouping, see PeersPerGroup.
 uint64_t EffectiveChunkBytes(const ExecutorOptions& options, int num_participants);
 
 // The options that cut messages (chunk_bytes, staging_bytes, the effective chunk for `n`
@@ -107,6 +109,14 @@ uint64_t MessageLayoutDigest(const ExecutorOptions& options, int num_participant
 // ExecutePlan checks with every peer and what a coordinator can put in its commit.
 PlanDigest WithMessageLayout(PlanDigest digest, const ExecutorOptions& options,
                              int num_participants);
+// How many peer offsets one transport group spans: min(n - 1, staging_bytes / (4 C)), at
+// least 1, with C = EffectiveChunkBytes; and how many consecutive messages of each pair it
+// holds: staging_bytes / (4 C PeersPerGroup), 1 to 1024. A group then stages at most
+// 2 * PeersPerGroup * MessagesPerGroup * C <= staging_bytes / 2 (or one send and one receive),
+// so two groups overlap; with few participants and small pieces, fewer groups (each a round
+// trip between the peers on Gloo) carry the same messages.
+int PeersPerGroup(const ExecutorOptions& options, int num_participants);
+int MessagesPerGroup(const ExecutorOptions& options, int num_participants);
 
 // A tensor's old local shard, as the caller holds it.
 struct OldShardData {
@@ -129,7 +139,7 @@ struct ExecutorStats {
   int64_t messages_received = 0;
   int64_t messages_zero_copy = 0;  // sent or received without staging (includes strided)
   int64_t messages_strided = 0;    // of those, sent or received as strided ops
-  int64_t rounds = 0;
+  int64_t rounds = 0;  // transport groups posted (see "Message boundaries")
   int64_t staging_peak_bytes = 0;
   double copy_seconds = 0;  // local copies
   double pack_seconds = 0;

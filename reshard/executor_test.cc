@@ -118,6 +118,54 @@ ExecutorOptions SmallOptions() {
   return o;
 }
 
+// Message size does not shrink with the world size: 48 participants that each talk to one
+// peer (a ZeRO range shifted by one) exchange messages of min(chunk, staging / 4), as with 2.
+TEST(ExecutorTest, MessageSizeIndependentOfWorldSize) {
+  const int n = 48;
+  std::vector<TensorInfo> tensors{{"m", DType::kF32, {n * (256 << 10)}}};
+  std::vector<int> old_holders, new_holders;
+  for (int i = 0; i < n; ++i) {
+    old_holders.push_back(i);
+    new_holders.push_back((i + 1) % n);
+  }
+  auto plans = BuildPlans(tensors, {FlatLayout(tensors[0], old_holders)},
+                          {FlatLayout(tensors[0], new_holders)}, n);
+  auto ref = Reference(tensors);
+  ExecutorOptions o;
+  o.chunk_bytes = 512 << 10;
+  o.staging_bytes = 1 << 20;
+  RunResult r = RunAll(plans, ref, o);
+  ExpectNewShardsMatch(plans, r, ref);
+  for (int i = 0; i < n; ++i) {
+    // 1 MiB per participant in 256 KiB messages (it was 5,568 B: staging / (4 (n - 1))).
+    EXPECT_EQ(r.stats[static_cast<size_t>(i)]->messages_sent, 4) << "participant " << i;
+  }
+}
+
+// Many participants, each with peers at many offsets, staged (strided messages off): bitwise
+// right, and staging stays within staging_bytes although one round would need more.
+TEST(ExecutorTest, ManyParticipantsStagingBound) {
+  const int n = 37;
+  std::vector<TensorInfo> tensors{{"w", DType::kF32, {16, n * 40}}};
+  std::vector<int> old_holders, new_holders{0, 7, 14, 21, 28};
+  for (int i = 0; i < n; ++i) old_holders.push_back(i);
+  auto plans = BuildPlans(tensors, {TpLayout(tensors[0], 1, old_holders)},
+                          {TpLayout(tensors[0], 1, new_holders)}, n);
+  auto ref = Reference(tensors);
+  ExecutorOptions o;
+  o.chunk_bytes = 4096;
+  o.staging_bytes = 24 << 10;  // groups of one peer offset; a round has up to 8 receives
+  o.strided_messages = false;
+  RunResult r = RunAll(plans, ref, o);
+  ExpectNewShardsMatch(plans, r, ref);
+  int64_t staged = 0;
+  for (const auto& st : r.stats) {
+    EXPECT_LE(st->staging_peak_bytes, int64_t{24} << 10);
+    staged += st->staging_peak_bytes;
+  }
+  EXPECT_GT(staged, 0);
+}
+
 TEST(ExecutorTest, TensorParallel4To2) {
   std::vector<TensorInfo> tensors{{"w1", DType::kF32, {64, 96}}, {"w2", DType::kBF16, {96, 64}}};
   std::vector<RegionLayout> old_l{TpLayout(tensors[0], 1, {0, 1, 2, 3}),
@@ -203,9 +251,9 @@ TEST(ExecutorTest, RandomizedPlansMatchReference) {
     SCOPED_TRACE("iteration " + std::to_string(iter));
     ExpectNewShardsMatch(plans, r, ref);
     if (::testing::Test::HasFatalFailure()) return;
-    // The staging bound: staging_bytes, or one round (a message to and from every peer).
+    // The staging bound: staging_bytes, or one group of one send and one receive.
     const uint64_t chunk = EffectiveChunkBytes(opts, n);
-    const uint64_t bound = std::max<uint64_t>(opts.staging_bytes, 2 * (n - 1) * chunk);
+    const uint64_t bound = std::max<uint64_t>(opts.staging_bytes, 2 * chunk);
     for (const auto& st : r.stats) {
       EXPECT_LE(static_cast<uint64_t>(st->staging_peak_bytes), bound);
     }
@@ -252,7 +300,7 @@ TEST(ExecutorTest, RandomizedPlansStridedOnOffMixedAgree) {
       ExpectNewShardsMatch(plans, r, ref);
       if (::testing::Test::HasFatalFailure()) return;
       const uint64_t chunk = EffectiveChunkBytes(base, n);
-      const uint64_t bound = std::max<uint64_t>(base.staging_bytes, 2 * (n - 1) * chunk);
+      const uint64_t bound = std::max<uint64_t>(base.staging_bytes, 2 * chunk);
       for (int i = 0; i < n; ++i) {
         const auto& st = r.stats[static_cast<size_t>(i)];
         EXPECT_LE(static_cast<uint64_t>(st->staging_peak_bytes), bound);
@@ -633,7 +681,18 @@ TEST(ExecutorTest, OptionsFromEnvAndEffectiveChunk) {
   EXPECT_EQ(o.staging_bytes, 1u << 20);
   EXPECT_EQ(o.chunk_bytes, 512u << 10);
   EXPECT_EQ(EffectiveChunkBytes(o, 2), 256u << 10);
-  EXPECT_EQ(EffectiveChunkBytes(o, 1 << 20), 4096u);
+  // Independent of the world size: staging is bounded by grouping peers, not by shrinking
+  // messages.
+  EXPECT_EQ(EffectiveChunkBytes(o, 1 << 20), 256u << 10);
+  EXPECT_EQ(PeersPerGroup(o, 2), 1);
+  EXPECT_EQ(PeersPerGroup(o, 1 << 20), 1);
+  o.chunk_bytes = 16 << 10;
+  EXPECT_EQ(PeersPerGroup(o, 1 << 20), 16);
+  EXPECT_EQ(PeersPerGroup(o, 5), 4);
+  EXPECT_EQ(MessagesPerGroup(o, 1 << 20), 1);
+  EXPECT_EQ(MessagesPerGroup(o, 5), 4);  // 1 MiB / (4 * 16 KiB * 4 peers)
+  o.chunk_bytes = 512 << 10;
+  EXPECT_EQ(MessagesPerGroup(o, 2), 1);
   setenv("MORPH_RESHARD_STAGING_BYTES", "lots", 1);
   EXPECT_THAT(ExecutorOptions::FromEnv().status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_RESHARD_STAGING_BYTES")));

@@ -111,8 +111,10 @@ StatusOr<std::unique_ptr<GlooCommunicator>> Connect(TcpStoreClient& store, int m
 // One participant of a reshard that should succeed. `use_reshard`: allocate the new shards
 // with Reshard() instead of running ExecutePlan into caller-owned buffers. `delay_ms`: how
 // long this participant arrives late at the exchange.
+// `shm`: the transport comes from CommTransport::Create, so same-host peers (all of them here)
+// exchange by cross-memory attach; else the plain constructor (Gloo TCP for every peer).
 Status Participate(const std::string& address, const PlanInput& input, int me, bool use_reshard,
-                   const ExecutorOptions& options, int delay_ms) {
+                   const ExecutorOptions& options, int delay_ms, bool shm) {
   MORPH_ASSIGN_OR_RETURN(Planner planner, Planner::Create(input));
   MORPH_ASSIGN_OR_RETURN(LocalPlan plan, planner.PlanFor(me));
   MORPH_RETURN_IF_ERROR(CheckShardsMatchLayouts(planner, plan, me));
@@ -122,7 +124,15 @@ Status Participate(const std::string& address, const PlanInput& input, int me, b
   MORPH_ASSIGN_OR_RETURN(auto store,
                          TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
   MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, input.num_participants));
-  CommTransport transport(comm.get(), std::chrono::seconds(15));
+  std::unique_ptr<CommTransport> owned;
+  if (shm) {
+    MORPH_ASSIGN_OR_RETURN(
+        owned, CommTransport::Create(comm.get(), std::chrono::seconds(15), CommTransportOptions{},
+                                     Deadline::AfterMs(20000)));
+  } else {
+    owned = std::make_unique<CommTransport>(comm.get(), std::chrono::seconds(15));
+  }
+  CommTransport& transport = *owned;
   std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
 
   const auto start = Clock::now();
@@ -168,12 +178,12 @@ Status Participate(const std::string& address, const PlanInput& input, int me, b
 // Runs every participant in its own process, `straggler` (if any) arriving `delay_ms` late;
 // returns their exit codes.
 std::vector<int> RunForked(const PlanInput& input, bool use_reshard, const ExecutorOptions& options,
-                           int straggler = -1, int delay_ms = 0) {
+                           int straggler = -1, int delay_ms = 0, bool shm = false) {
   const int n = input.num_participants;
   // Fork first, start the server's thread after (see ForkedRanks::Fork).
   ForkedRanks ranks = ForkedRanks::Fork(n, [&](int me, const std::string& address) {
-    return ExitCode(
-        me, Participate(address, input, me, use_reshard, options, me == straggler ? delay_ms : 0));
+    return ExitCode(me, Participate(address, input, me, use_reshard, options,
+                                    me == straggler ? delay_ms : 0, shm));
   });
   auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
   if (!server.ok()) {
@@ -214,6 +224,20 @@ TEST(ReshardGlooTest, TpMergeAndDpGrowOnTheSameFourProcesses) {
   std::vector<int> codes = RunForked(in, /*use_reshard=*/false, SmallChunks());
   for (int r = 0; r < in.num_participants; ++r) EXPECT_EQ(codes[r], 0) << "participant " << r;
   std::fprintf(stderr, "tp merge + dp grow: %.3f s\n", SecondsSince(start));
+}
+
+// The same over shared memory (cross-memory attach between the four processes): strided on
+// both sides, many rounds, bitwise.
+TEST(ReshardGlooTest, TpMergeAndDpGrowOverSharedMemory) {
+  PlanInput in{.tensors = BlockTensors(),
+               .old_config = Config(2, 2),
+               .old_participant_of_rank = {0, 1, 2, 3},
+               .new_config = Config(4, 1),
+               .available = {0, 1, 2, 3},
+               .num_participants = 4};
+  std::vector<int> codes = RunForked(in, /*use_reshard=*/false, SmallChunks(), -1, 0,
+                                     /*shm=*/true);
+  for (int r = 0; r < in.num_participants; ++r) EXPECT_EQ(codes[r], 0) << "participant " << r;
 }
 
 // Shrink 4 -> 3: participant 1 leaves. It takes part in the transport (its old shards are

@@ -1,0 +1,278 @@
+// Reshard between 4 forked processes (TCP store, one Gloo communicator), planned by the real
+// planner: TP 4 -> 2 and DP 4 -> 3 (ZeRO) of one model state, each over
+//   - "gloo_tcp": CommTransport's plain constructor, every peer over Gloo TCP (loopback), next to
+//     raw Gloo p2p of the same bytes per pair (one message per pair and direction, one group) in
+//     the same run: ratio_vs_raw = raw_seconds / seconds;
+//   - "shm": CommTransport::Create, same-host peers by cross-memory attach, next to memcpy of
+//     the bytes landing in each process's new shards, by all 4 processes at once:
+//     ratio_vs_memcpy = memcpy_seconds / seconds, and speedup_vs_tcp = gloo_tcp seconds / seconds.
+// Times are the slowest process's, between two barriers; after an untimed pass of each, --reps
+// interleaved pairs (reshard, baseline) in alternating order; seconds are medians and the ratio
+// is the median pair's. One JSON object per line from rank 0:
+//   {"name":"reshard_mp/tp4to2/gloo_tcp","bytes":<bytes received over the transport>,
+//    "seconds":...,"raw_seconds":...,"ratio_vs_raw":..., ...}
+//   {"name":"reshard_mp/tp4to2/shm","bytes":<landing in new shards>,"seconds":...,
+//    "memcpy_seconds":...,"ratio_vs_memcpy":..., ...}
+// Usage: reshard_multiproc_bench [--mb=1024] [--reps=5]. BENCH_ONLY=<substring> picks
+// scenarios; BENCH_DEBUG=1 prints per-process executor stats. Exchanges use
+// ExecutorOptions::FromEnv() (MORPH_RESHARD_*).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/logging.h"
+#include "collectives/comm_transport.h"
+#include "collectives/gloo_communicator.h"
+#include "collectives/rank_harness.h"
+#include "collectives/tcp_store.h"
+#include "reshard/executor.h"
+#include "reshard/plan.h"
+
+namespace morph {
+namespace {
+
+constexpr char kToken[] = "reshard-mp-bench";
+constexpr int kRanks = 4;
+using Clock = std::chrono::steady_clock;
+constexpr auto kTimeout = std::chrono::seconds(120);
+
+struct Scenario {
+  std::string name;
+  PlanInput in;
+};
+
+// f32 matrices of 2048 x 2048 (16 MiB), column- and row-parallel alternating.
+std::vector<TensorSpec> Model(int64_t mb, bool zero) {
+  std::vector<TensorSpec> t;
+  const int64_t n = std::max<int64_t>(4, mb / 16) / 4 * 4;
+  for (int64_t i = 0; i < n; ++i) {
+    Layout l = Layout::Layer(static_cast<int>(i / 4)).SplitTP(static_cast<int>(i % 2));
+    t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4),
+                 DType::kF32,
+                 {2048, 2048},
+                 l.ZeroShard(zero)});
+  }
+  return t;
+}
+
+std::vector<Scenario> Scenarios(int64_t mb) {
+  const int layers = static_cast<int>(std::max<int64_t>(4, mb / 16) / 4);
+  auto config = [&](int dp, int tp) {
+    ParallelConfig c{.dp = dp, .tp = tp, .pp = 1};
+    c.stage_of_layer = *ParallelConfig::EvenStages(layers, 1);
+    return c;
+  };
+  auto make = [&](std::string name, bool zero, ParallelConfig from, ParallelConfig to,
+                  std::vector<int32_t> available) {
+    Scenario s{std::move(name), {}};
+    s.in.tensors = Model(mb, zero);
+    s.in.old_config = from;
+    s.in.new_config = to;
+    s.in.old_participant_of_rank = {0, 1, 2, 3};
+    s.in.available = std::move(available);
+    s.in.num_participants = kRanks;
+    return s;
+  };
+  return {make("reshard_mp/tp4to2", false, config(1, 4), config(1, 2), {0, 1}),
+          make("reshard_mp/dp4to3_zero", true, config(4, 1), config(3, 1), {0, 1, 2})};
+}
+
+// The slowest process's value.
+StatusOr<double> Max(Communicator& comm, double v) {
+  MORPH_RETURN_IF_ERROR(comm.Allreduce(&v, 1, DataType::kF64, ReduceOp::kMax, kTimeout));
+  return v;
+}
+StatusOr<double> Sum(Communicator& comm, double v) {
+  MORPH_RETURN_IF_ERROR(comm.Allreduce(&v, 1, DataType::kF64, ReduceOp::kSum, kTimeout));
+  return v;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times fn between two barriers; the slowest process's seconds, best of `reps`.
+template <typename Fn>
+StatusOr<double> Timed(Communicator& comm, int reps, Fn fn) {
+  double best = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    MORPH_RETURN_IF_ERROR(comm.Barrier(kTimeout));
+    const auto t0 = Clock::now();
+    MORPH_RETURN_IF_ERROR(fn());
+    const double mine = std::chrono::duration<double>(Clock::now() - t0).count();
+    MORPH_RETURN_IF_ERROR(comm.Barrier(kTimeout));
+    MORPH_ASSIGN_OR_RETURN(double slowest, Max(comm, mine));
+    best = std::min(best, slowest);
+  }
+  return best;
+}
+
+Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, CommTransport& shm,
+                   int me, int reps) {
+  MORPH_ASSIGN_OR_RETURN(Planner planner, Planner::Create(s.in));
+  MORPH_ASSIGN_OR_RETURN(LocalPlan plan, planner.PlanFor(me));
+  std::vector<std::vector<char>> olds(plan.tensors.size()), news(plan.tensors.size());
+  std::vector<OldShardData> old_views;
+  std::vector<NewShardData> new_views;
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    const TensorInfo& info = plan.tensors[t];
+    const size_t es = static_cast<size_t>(DTypeSize(info.dtype));
+    if (plan.old_shards[t]) {
+      olds[t].assign(static_cast<size_t>(plan.old_shards[t]->NumElements()) * es,
+                     static_cast<char>(me + t));
+      old_views.push_back({info.name, info.dtype,
+                           ConstBufferView(olds[t].data(), olds[t].size(), MemoryKind::kHost)});
+    }
+    if (plan.new_shards[t]) {
+      news[t].assign(static_cast<size_t>(plan.new_shards[t]->NumElements()) * es, 0);  // touched
+      new_views.push_back(
+          {info.name, info.dtype, BufferView{news[t].data(), news[t].size(), MemoryKind::kHost}});
+    }
+  }
+  MORPH_ASSIGN_OR_RETURN(ExecutorOptions opts, ExecutorOptions::FromEnv());
+  // Bytes per peer, as the plan moves them: the raw baseline sends the same.
+  std::vector<size_t> to(kRanks, 0), from(kRanks, 0);
+  for (const PieceMove& p : plan.sends)
+    to[static_cast<size_t>(p.peer)] += static_cast<size_t>(PieceBytes(plan, p));
+  for (const PieceMove& p : plan.recvs)
+    from[static_cast<size_t>(p.peer)] += static_cast<size_t>(PieceBytes(plan, p));
+  size_t landing = 0;
+  for (const PieceMove& p : plan.recvs) landing += static_cast<size_t>(PieceBytes(plan, p));
+  for (const PieceMove& p : plan.local_copies) landing += static_cast<size_t>(PieceBytes(plan, p));
+
+  double tcp_seconds = 0;
+  for (int mode = 0; mode < 2; ++mode) {
+    CommTransport& transport = mode == 0 ? tcp : shm;
+    ExecutorStats stats;
+    auto reshard = [&]() -> Status {
+      MORPH_ASSIGN_OR_RETURN(stats, ExecutePlan(plan, old_views, new_views, transport, opts,
+                                                Deadline::After(kTimeout)));
+      return Status::Ok();
+    };
+    // Baselines. Raw Gloo p2p: the same bytes per pair, one contiguous message each way, one
+    // group. memcpy: the bytes landing here, by every process at once.
+    std::vector<std::vector<char>> out(kRanks), in(kRanks);
+    std::vector<P2POp> ops;
+    std::vector<char> src, dst;
+    if (mode == 0) {
+      for (int p = 0; p < kRanks; ++p) {
+        const size_t i = static_cast<size_t>(p);
+        out[i].assign(to[i], 1);
+        in[i].assign(from[i], 0);
+        if (to[i] > 0) ops.push_back({P2POp::Kind::kSend, p, out[i].data(), to[i]});
+        if (from[i] > 0) ops.push_back({P2POp::Kind::kRecv, p, in[i].data(), from[i]});
+      }
+    } else {
+      src.assign(landing, 1);
+      dst.assign(landing, 0);
+    }
+    auto base = [&]() -> Status {
+      if (mode == 0) return comm.SendRecv(ops, kTimeout);
+      if (landing > 0) std::memcpy(dst.data(), src.data(), landing);
+      return Status::Ok();
+    };
+    // Interleaved pairs in alternating order after one untimed pass of each; medians count
+    // (the ratio is the median pair's).
+    MORPH_RETURN_IF_ERROR(reshard());
+    MORPH_RETURN_IF_ERROR(base());
+    std::vector<double> xs, bs, ratios;
+    for (int rep = 0; rep < reps; ++rep) {
+      double x = 0, b = 0;
+      if (rep % 2 == 0) {
+        MORPH_ASSIGN_OR_RETURN(x, Timed(comm, 1, reshard));
+        MORPH_ASSIGN_OR_RETURN(b, Timed(comm, 1, base));
+      } else {
+        MORPH_ASSIGN_OR_RETURN(b, Timed(comm, 1, base));
+        MORPH_ASSIGN_OR_RETURN(x, Timed(comm, 1, reshard));
+      }
+      xs.push_back(x);
+      bs.push_back(b);
+      ratios.push_back(b / x);
+    }
+    const double seconds = Median(xs), baseline = Median(bs), ratio = Median(ratios);
+    if (mode == 0) tcp_seconds = seconds;
+    if (std::getenv("BENCH_DEBUG")) {
+      std::fprintf(stderr, "%s %s rank %d: %s\n", s.name.c_str(), mode == 0 ? "tcp" : "shm", me,
+                   stats.ToString().c_str());
+    }
+    // Over TCP: the bytes on the wire (each counted once, at its receiver); shm: what lands.
+    const double moved_here =
+        mode == 0 ? static_cast<double>(stats.bytes_received) : static_cast<double>(landing);
+    MORPH_ASSIGN_OR_RETURN(double bytes, Sum(comm, moved_here));
+    MORPH_ASSIGN_OR_RETURN(double strided, Sum(comm, static_cast<double>(stats.messages_strided)));
+    MORPH_ASSIGN_OR_RETURN(
+        double messages,
+        Sum(comm, static_cast<double>(stats.messages_sent + stats.messages_received)));
+    MORPH_ASSIGN_OR_RETURN(double staging,
+                           Max(comm, static_cast<double>(stats.staging_peak_bytes)));
+    if (me == 0) {
+      std::printf(
+          "{\"name\":\"%s/%s\",\"bytes\":%.0f,\"seconds\":%.6f,\"gbps\":%.3f,"
+          "\"%s_seconds\":%.6f,\"%s_gbps\":%.3f,\"ratio_vs_%s\":%.3f,\"messages\":%.0f,"
+          "\"strided_messages\":%.0f,\"staging_peak_bytes\":%.0f,\"speedup_vs_tcp\":%.3f,"
+          "\"processes\":%d}\n",
+          s.name.c_str(), mode == 0 ? "gloo_tcp" : "shm", bytes, seconds, bytes / seconds / 1e9,
+          mode == 0 ? "raw" : "memcpy", baseline, mode == 0 ? "raw" : "memcpy",
+          bytes / baseline / 1e9, mode == 0 ? "raw" : "memcpy", ratio, messages, strided, staging,
+          tcp_seconds / seconds, kRanks);
+      std::fflush(stdout);
+    }
+  }
+  return Status::Ok();
+}
+
+Status Child(const std::string& address, int me, int64_t mb, int reps) {
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(30000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "bench", me, kRanks, nullptr,
+                                                             Deadline::AfterMs(30000)));
+  CommTransport tcp(comm.get(), kTimeout);
+  MORPH_ASSIGN_OR_RETURN(auto shm,
+                         CommTransport::Create(comm.get(), kTimeout, CommTransportOptions{},
+                                               Deadline::AfterMs(30000)));
+  const char* only = std::getenv("BENCH_ONLY");
+  for (const Scenario& s : Scenarios(mb)) {
+    if (only != nullptr && s.name.find(only) == std::string::npos) continue;
+    MORPH_RETURN_IF_ERROR(RunScenario(s, *comm, tcp, *shm, me, reps)) << s.name;
+  }
+  return comm->Barrier(kTimeout);
+}
+
+}  // namespace
+}  // namespace morph
+
+int main(int argc, char** argv) {
+  morph::InitLogging(argv[0]);
+  int64_t mb = 1024;
+  int reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--mb=", 5) == 0) {
+      mb = std::atoll(argv[i] + 5);
+    } else if (std::strncmp(argv[i], "--reps=", 7) == 0) {
+      reps = std::atoi(argv[i] + 7);
+    } else {
+      std::fprintf(stderr, "usage: %s [--mb=1024] [--reps=5]\n", argv[0]);
+      return 2;
+    }
+  }
+  morph::ForkedRanks ranks =
+      morph::ForkedRanks::Fork(morph::kRanks, [&](int rank, const std::string& address) {
+        return morph::ExitCode(rank, morph::Child(address, rank, mb, reps));
+      });
+  auto server = morph::TcpStoreServer::Start("127.0.0.1", 0, morph::kToken);
+  if (!server.ok()) {
+    std::fprintf(stderr, "store: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  ranks.Release((*server)->address());
+  std::vector<int> codes = ranks.Wait(morph::Deadline::AfterMs(600000));
+  for (int c : codes) {
+    if (c != 0) return 1;
+  }
+  return 0;
+}
