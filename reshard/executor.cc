@@ -598,7 +598,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_sent;
         sops.push_back({m.peer, sends_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, sends_), handshake_.SendTag(m.peer, r)});
+                        layout_of(m, sends_), handshake_.SendTag(m.peer, m.index)});
         continue;
       }
       char* data = m.direct;
@@ -616,7 +616,7 @@ class Execution {
         ++stats_.messages_zero_copy;
       }
       ++stats_.messages_sent;
-      sops.push_back({m.peer, data, m.bytes, nullptr, handshake_.SendTag(m.peer, r)});
+      sops.push_back({m.peer, data, m.bytes, nullptr, handshake_.SendTag(m.peer, m.index)});
     }
     MORPH_RETURN_IF_ERROR(engine_->Sync());
     stats_.pack_seconds += Since(t);
@@ -625,7 +625,7 @@ class Execution {
       if (m.strided) {
         ++stats_.messages_received;
         rops.push_back({m.peer, recvs_[static_cast<size_t>(m.segments[0].piece)].base, m.bytes,
-                        layout_of(m, recvs_), handshake_.RecvTag(m.peer, r)});
+                        layout_of(m, recvs_), handshake_.RecvTag(m.peer, m.index)});
         continue;
       }
       char* data = m.direct;
@@ -637,7 +637,7 @@ class Execution {
         ++stats_.messages_zero_copy;
       }
       ++stats_.messages_received;
-      rops.push_back({m.peer, data, m.bytes, nullptr, handshake_.RecvTag(m.peer, r)});
+      rops.push_back({m.peer, data, m.bytes, nullptr, handshake_.RecvTag(m.peer, m.index)});
     }
     auto work = transport_.Start(sops, rops);
     if (!work.ok()) {

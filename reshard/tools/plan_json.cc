@@ -357,7 +357,7 @@ std::string FormatPlanSummary(const PlanRequest& req, const Planner& planner, co
   os << "old: " << in.old_config.ToString() << " (" << in.old_config.world() << " ranks)\n"
      << "new: " << in.new_config.ToString() << " (" << in.new_config.world() << " ranks)\n"
      << "tensors: " << in.tensors.size() << ", workers: " << names.size()
-     << ", assignment: " << (a.exact ? "exact (Hungarian)" : "structured (greedy)") << "\n\n"
+     << ", assignment: " << (a.exact ? "exact" : "shipped (not verified optimal)") << "\n\n"
      << "new rank  worker  old rank  resident bytes\n";
   for (int r = 0; r < in.new_config.world(); ++r) {
     const int32_t q = a.participant_of_new_rank[static_cast<size_t>(r)];
