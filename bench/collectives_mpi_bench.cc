@@ -77,7 +77,7 @@ Status Run(size_t max_bytes) {
       if (st.ok()) st = s;
     };
     double gloo = Time(reps, iters, [&] {
-      keep(comm->Allreduce(buf.data(), n, DataType::kF32, ReduceOp::kSum, kTimeout));
+      keep(comm->Allreduce(buf.data(), n, DType::kF32, ReduceOp::kSum, kTimeout));
     });
     MORPH_RETURN_IF_ERROR(st) << "gloo allreduce";
     double mpi = Time(reps, iters, [&] {
@@ -92,7 +92,7 @@ Status Run(size_t max_bytes) {
     if (buf.size() < piece * world) buf.resize(piece * world, 1.0f);
     std::vector<float> out(piece);
     gloo = Time(reps, iters, [&] {
-      keep(comm->ReduceScatter(buf.data(), out.data(), piece, DataType::kF32, ReduceOp::kSum,
+      keep(comm->ReduceScatter(buf.data(), out.data(), piece, DType::kF32, ReduceOp::kSum,
                                kTimeout));
     });
     MORPH_RETURN_IF_ERROR(st) << "gloo reduce_scatter";
@@ -106,7 +106,7 @@ Status Run(size_t max_bytes) {
     // MPI has no bf16; this shows what the halved bytes buy or cost.
     std::vector<uint16_t> half(n, FloatToBFloat16(1.0f));
     gloo = Time(reps, iters, [&] {
-      keep(comm->Allreduce(half.data(), n, DataType::kBF16, ReduceOp::kSum, kTimeout));
+      keep(comm->Allreduce(half.data(), n, DType::kBF16, ReduceOp::kSum, kTimeout));
     });
     MORPH_RETURN_IF_ERROR(st) << "gloo bf16 allreduce";
     if (rank == 0) Print("allreduce_bf16_sum_vs_mpi_f32", world, bytes / 2, gloo, mpi_allreduce);

@@ -83,11 +83,11 @@ std::vector<Scenario> Scenarios(int64_t mb) {
 
 // The slowest process's value.
 StatusOr<double> Max(Communicator& comm, double v) {
-  MORPH_RETURN_IF_ERROR(comm.Allreduce(&v, 1, DataType::kF64, ReduceOp::kMax, kTimeout));
+  MORPH_RETURN_IF_ERROR(comm.Allreduce(&v, 1, DType::kF64, ReduceOp::kMax, kTimeout));
   return v;
 }
 StatusOr<double> Sum(Communicator& comm, double v) {
-  MORPH_RETURN_IF_ERROR(comm.Allreduce(&v, 1, DataType::kF64, ReduceOp::kSum, kTimeout));
+  MORPH_RETURN_IF_ERROR(comm.Allreduce(&v, 1, DType::kF64, ReduceOp::kSum, kTimeout));
   return v;
 }
 

@@ -9,64 +9,71 @@
 namespace morph {
 namespace {
 
-constexpr DataType kTypes[] = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
-                               DataType::kI32, DataType::kI64, DataType::kU8};
+constexpr DType kTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
+                            DType::kI32, DType::kI64, DType::kU8, DType::kI8};
 constexpr size_t kCounts[] = {0, 1, 7, 1001, 20001};
 
-// Small integers: exact in every type, sums included (|sum| <= 252 for 8 ranks).
-double Value(DataType t, int rank, size_t i) {
+// Small integers: exact in every type, sums included (|sum| <= 252 for 8 ranks; for i8 the
+// values are -1, 0, 1, so |sum| <= 8).
+double Value(DType t, int rank, size_t i) {
+  if (t == DType::kI8) return static_cast<double>((static_cast<size_t>(rank) + i) % 3) - 1;
   double v = (rank + 1) * static_cast<double>(i % 7 + 1);
-  if (t != DataType::kU8 && i % 2 == 1) v = -v;
+  if (t != DType::kU8 && i % 2 == 1) v = -v;
   return v;
 }
 
-void Put(DataType t, void* buf, size_t i, double v) {
+void Put(DType t, void* buf, size_t i, double v) {
   switch (t) {
-    case DataType::kF32:
+    case DType::kF32:
       static_cast<float*>(buf)[i] = static_cast<float>(v);
       break;
-    case DataType::kF64:
+    case DType::kF64:
       static_cast<double*>(buf)[i] = v;
       break;
-    case DataType::kF16:
+    case DType::kF16:
       static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v));
       break;
-    case DataType::kBF16:
+    case DType::kBF16:
       static_cast<uint16_t*>(buf)[i] = FloatToBFloat16(static_cast<float>(v));
       break;
-    case DataType::kI32:
+    case DType::kI32:
       static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
       break;
-    case DataType::kI64:
+    case DType::kI64:
       static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
       break;
-    case DataType::kU8:
+    case DType::kU8:
       static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(v);
+      break;
+    case DType::kI8:
+      static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(v);
       break;
   }
 }
 
-double Get(DataType t, const void* buf, size_t i) {
+double Get(DType t, const void* buf, size_t i) {
   switch (t) {
-    case DataType::kF32:
+    case DType::kF32:
       return static_cast<const float*>(buf)[i];
-    case DataType::kF64:
+    case DType::kF64:
       return static_cast<const double*>(buf)[i];
-    case DataType::kF16:
+    case DType::kF16:
       return HalfToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kBF16:
+    case DType::kBF16:
       return BFloat16ToFloat(static_cast<const uint16_t*>(buf)[i]);
-    case DataType::kI32:
+    case DType::kI32:
       return static_cast<const int32_t*>(buf)[i];
-    case DataType::kI64:
+    case DType::kI64:
       return static_cast<double>(static_cast<const int64_t*>(buf)[i]);
-    case DataType::kU8:
+    case DType::kU8:
       return static_cast<const uint8_t*>(buf)[i];
+    case DType::kI8:
+      return static_cast<const int8_t*>(buf)[i];
   }
   return 0;
 }
 
-double Reduce(DataType t, ReduceOp op, int world, size_t i) {
+double Reduce(DType t, ReduceOp op, int world, size_t i) {
   double acc = Value(t, 0, i);
   for (int r = 1; r < world; ++r) {
     double v = Value(t, r, i);
@@ -77,10 +84,10 @@ double Reduce(DataType t, ReduceOp op, int world, size_t i) {
   return acc;
 }
 
-Status Mismatch(std::string_view what, DataType t, size_t count, size_t i, double got,
+Status Mismatch(std::string_view what, DType t, size_t count, size_t i, double got,
                 double want) {
   std::ostringstream m;
-  m << what << " " << DataTypeName(t) << " count " << count << ": element " << i << " is " << got
+  m << what << " " << DTypeName(t) << " count " << count << ": element " << i << " is " << got
     << ", expected " << want;
   return InternalError(m.str());
 }
@@ -95,7 +102,7 @@ double OrderSensitiveValue(int rank, size_t i) {
 
 // Element j of rank r's input, as stored in type t (rounded), in the accumulation type
 // (double for f64, float otherwise: f16/bf16 are summed in f32).
-double Stored(DataType t, int rank, size_t j) {
+double Stored(DType t, int rank, size_t j) {
   uint8_t tmp[8];
   Put(t, tmp, 0, OrderSensitiveValue(rank, j));
   return Get(t, tmp, 0);
@@ -103,8 +110,8 @@ double Stored(DataType t, int rank, size_t j) {
 
 // The sum over ranks `order` of element j, accumulated like the backend, written into
 // element i of `out` (type t).
-void ReferenceSum(DataType t, const std::vector<int>& order, size_t j, void* out, size_t i) {
-  if (t == DataType::kF64) {
+void ReferenceSum(DType t, const std::vector<int>& order, size_t j, void* out, size_t i) {
+  if (t == DType::kF64) {
     double acc = Stored(t, order[0], j);
     for (size_t k = 1; k < order.size(); ++k) acc = acc + Stored(t, order[k], j);
     Put(t, out, i, acc);
@@ -128,9 +135,9 @@ std::vector<int> RingOrder(int world, int c) {
   return o;
 }
 
-Status CompareBits(std::string_view what, DataType t, size_t count, const void* got,
+Status CompareBits(std::string_view what, DType t, size_t count, const void* got,
                    const void* want) {
-  const size_t es = DataTypeSize(t);
+  const size_t es = DTypeSize(t);
   for (size_t i = 0; i < count; ++i) {
     if (std::memcmp(static_cast<const uint8_t*>(got) + i * es,
                     static_cast<const uint8_t*>(want) + i * es, es) != 0) {
@@ -146,8 +153,8 @@ Status CheckReductionOrder(Communicator& comm, size_t one_shot_max_bytes,
                            std::chrono::milliseconds timeout) {
   const int rank = comm.rank(), world = comm.size();
   // Integer sums and max/min do not depend on the order (CheckAllCollectives covers them).
-  for (DataType t : {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16}) {
-    const size_t es = DataTypeSize(t);
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16}) {
+    const size_t es = DTypeSize(t);
     for (size_t count : kCounts) {
       // Allreduce.
       std::vector<uint8_t> buf(std::max<size_t>(1, count * es)), want(buf.size());
@@ -155,18 +162,18 @@ Status CheckReductionOrder(Communicator& comm, size_t one_shot_max_bytes,
       const bool one_shot = count * es <= one_shot_max_bytes;
       // Above the one-round size f32/f64 take Gloo's own ring: its order is Gloo's, so only
       // check that every rank holds the same bits.
-      const bool gloo_order = !one_shot && (t == DataType::kF32 || t == DataType::kF64);
+      const bool gloo_order = !one_shot && (t == DType::kF32 || t == DType::kF64);
       for (int c = 0; c < world; ++c) {
         const size_t lo = count * c / world, hi = count * (c + 1) / world;
         std::vector<int> order = one_shot ? RankOrder(world) : RingOrder(world, c);
         for (size_t j = lo; j < hi; ++j) ReferenceSum(t, order, j, want.data(), j);
       }
       MORPH_RETURN_IF_ERROR(comm.Allreduce(buf.data(), count, t, ReduceOp::kSum, timeout))
-          << "allreduce " << DataTypeName(t) << " count " << count;
+          << "allreduce " << DTypeName(t) << " count " << count;
       if (gloo_order) {
         std::vector<uint8_t> all(std::max<size_t>(1, count * es * world));
         MORPH_RETURN_IF_ERROR(
-            comm.Allgather(buf.data(), all.data(), count * es, DataType::kU8, timeout));
+            comm.Allgather(buf.data(), all.data(), count * es, DType::kU8, timeout));
         for (int r = 1; r < world; ++r) {
           MORPH_RETURN_IF_ERROR(
               CompareBits("allreduce sum (rank " + std::to_string(r) + " against rank 0)", t, count,
@@ -187,7 +194,7 @@ Status CheckReductionOrder(Communicator& comm, size_t one_shot_max_bytes,
         ReferenceSum(t, order, rank * count + i, want_out.data(), i);
       MORPH_RETURN_IF_ERROR(
           comm.ReduceScatter(in.data(), out.data(), count, t, ReduceOp::kSum, timeout))
-          << "reduce_scatter " << DataTypeName(t) << " count " << count;
+          << "reduce_scatter " << DTypeName(t) << " count " << count;
       MORPH_RETURN_IF_ERROR(
           CompareBits(std::string("reduce_scatter sum (") + (direct ? "rank" : "ring") + " order)",
                       t, count, out.data(), want_out.data()));
@@ -198,14 +205,14 @@ Status CheckReductionOrder(Communicator& comm, size_t one_shot_max_bytes,
 
 Status CheckAllCollectives(Communicator& comm, std::chrono::milliseconds timeout) {
   const int rank = comm.rank(), world = comm.size();
-  for (DataType t : kTypes) {
-    const size_t es = DataTypeSize(t);
+  for (DType t : kTypes) {
+    const size_t es = DTypeSize(t);
     for (size_t count : kCounts) {
       std::vector<uint8_t> buf(std::max<size_t>(1, count * es));
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
         for (size_t i = 0; i < count; ++i) Put(t, buf.data(), i, Value(t, rank, i));
         MORPH_RETURN_IF_ERROR(comm.Allreduce(buf.data(), count, t, op, timeout))
-            << "allreduce " << ReduceOpName(op) << " " << DataTypeName(t) << " count " << count;
+            << "allreduce " << ReduceOpName(op) << " " << DTypeName(t) << " count " << count;
         for (size_t i = 0; i < count; ++i) {
           double want = Reduce(t, op, world, i), got = Get(t, buf.data(), i);
           if (got != want) {
@@ -216,7 +223,7 @@ Status CheckAllCollectives(Communicator& comm, std::chrono::milliseconds timeout
       for (int root : {0, world - 1}) {
         for (size_t i = 0; i < count; ++i) Put(t, buf.data(), i, Value(t, rank, i));
         MORPH_RETURN_IF_ERROR(comm.Broadcast(buf.data(), count, t, root, timeout))
-            << "broadcast " << DataTypeName(t) << " count " << count;
+            << "broadcast " << DTypeName(t) << " count " << count;
         for (size_t i = 0; i < count; ++i) {
           double want = Value(t, root, i), got = Get(t, buf.data(), i);
           if (got != want) return Mismatch("broadcast", t, count, i, got, want);
@@ -226,7 +233,7 @@ Status CheckAllCollectives(Communicator& comm, std::chrono::milliseconds timeout
         std::vector<uint8_t> out(std::max<size_t>(1, count * es * world));
         for (size_t i = 0; i < count; ++i) Put(t, buf.data(), i, Value(t, rank, i));
         MORPH_RETURN_IF_ERROR(comm.Allgather(buf.data(), out.data(), count, t, timeout))
-            << "allgather " << DataTypeName(t) << " count " << count;
+            << "allgather " << DTypeName(t) << " count " << count;
         for (int r = 0; r < world; ++r) {
           for (size_t i = 0; i < count; ++i) {
             double want = Value(t, r, i), got = Get(t, out.data(), r * count + i);
@@ -241,7 +248,7 @@ Status CheckAllCollectives(Communicator& comm, std::chrono::milliseconds timeout
         std::vector<uint8_t> out(std::max<size_t>(1, count * es));
         MORPH_RETURN_IF_ERROR(
             comm.ReduceScatter(in.data(), out.data(), count, t, ReduceOp::kSum, timeout))
-            << "reduce_scatter " << DataTypeName(t) << " count " << count;
+            << "reduce_scatter " << DTypeName(t) << " count " << count;
         for (size_t i = 0; i < count; ++i) {
           double want = Reduce(t, ReduceOp::kSum, world, rank * count + i);
           double got = Get(t, out.data(), i);

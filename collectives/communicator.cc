@@ -15,45 +15,6 @@ StatusOr<std::chrono::milliseconds> CollectiveTimeoutFromEnv() {
   return std::chrono::milliseconds(ms);
 }
 
-int DataTypeSize(DataType dtype) {
-  switch (dtype) {
-    case DataType::kF32:
-      return 4;
-    case DataType::kF64:
-      return 8;
-    case DataType::kF16:
-      return 2;
-    case DataType::kBF16:
-      return 2;
-    case DataType::kI32:
-      return 4;
-    case DataType::kI64:
-      return 8;
-    case DataType::kU8:
-      return 1;
-  }
-  return 0;
-}
-
-std::string_view DataTypeName(DataType dtype) {
-  switch (dtype) {
-    case DataType::kF32:
-      return "f32";
-    case DataType::kF64:
-      return "f64";
-    case DataType::kF16:
-      return "f16";
-    case DataType::kBF16:
-      return "bf16";
-    case DataType::kI32:
-      return "i32";
-    case DataType::kI64:
-      return "i64";
-    case DataType::kU8:
-      return "u8";
-  }
-  return "?";
-}
 
 std::string_view ReduceOpName(ReduceOp op) {
   switch (op) {
@@ -67,7 +28,7 @@ std::string_view ReduceOpName(ReduceOp op) {
   return "?";
 }
 
-CollectiveOp CollectiveOp::Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+CollectiveOp CollectiveOp::Allreduce(void* buf, size_t count, DType dtype, ReduceOp op,
                                      std::chrono::milliseconds timeout) {
   CollectiveOp c;
   c.kind = Kind::kAllreduce;
@@ -79,7 +40,7 @@ CollectiveOp CollectiveOp::Allreduce(void* buf, size_t count, DataType dtype, Re
   return c;
 }
 
-CollectiveOp CollectiveOp::Broadcast(void* buf, size_t count, DataType dtype, int root,
+CollectiveOp CollectiveOp::Broadcast(void* buf, size_t count, DType dtype, int root,
                                      std::chrono::milliseconds timeout) {
   CollectiveOp c;
   c.kind = Kind::kBroadcast;
@@ -91,7 +52,7 @@ CollectiveOp CollectiveOp::Broadcast(void* buf, size_t count, DataType dtype, in
   return c;
 }
 
-CollectiveOp CollectiveOp::Allgather(const void* send, void* recv, size_t count, DataType dtype,
+CollectiveOp CollectiveOp::Allgather(const void* send, void* recv, size_t count, DType dtype,
                                      std::chrono::milliseconds timeout) {
   CollectiveOp c;
   c.kind = Kind::kAllgather;
@@ -103,7 +64,7 @@ CollectiveOp CollectiveOp::Allgather(const void* send, void* recv, size_t count,
   return c;
 }
 
-CollectiveOp CollectiveOp::ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+CollectiveOp CollectiveOp::ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
                                          ReduceOp op, std::chrono::milliseconds timeout) {
   CollectiveOp c;
   c.kind = Kind::kReduceScatter;
@@ -166,7 +127,7 @@ Status Communicator::ValidateOp(const CollectiveOp& op, const Capabilities& caps
   if (op.kind == Kind::kAllreduce || op.kind == Kind::kReduceScatter) {
     if (!has(caps.reduce_types, op.dtype)) {
       return InvalidArgumentError(caps.backend + " cannot reduce " +
-                                  std::string(DataTypeName(op.dtype)));
+                                  std::string(DTypeName(op.dtype)));
     }
     if (!has(caps.reduce_ops, op.reduce)) {
       return InvalidArgumentError(caps.backend + " has no " + std::string(ReduceOpName(op.reduce)) +
@@ -308,21 +269,23 @@ void ReduceHalf(void* inout, const void* in, size_t n, ReduceOp op) {
 
 }  // namespace
 
-void ReduceInto(void* inout, const void* in, size_t n, DataType dtype, ReduceOp op) {
+void ReduceInto(void* inout, const void* in, size_t n, DType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::kF32:
+    case DType::kF32:
       return ReduceTyped<float>(inout, in, n, op);
-    case DataType::kF64:
+    case DType::kF64:
       return ReduceTyped<double>(inout, in, n, op);
-    case DataType::kI32:
+    case DType::kI32:
       return ReduceTyped<int32_t>(inout, in, n, op);
-    case DataType::kI64:
+    case DType::kI64:
       return ReduceTyped<int64_t>(inout, in, n, op);
-    case DataType::kU8:
+    case DType::kU8:
       return ReduceTyped<uint8_t>(inout, in, n, op);
-    case DataType::kF16:
+    case DType::kI8:
+      return ReduceTyped<int8_t>(inout, in, n, op);
+    case DType::kF16:
       return ReduceHalf<HalfToFloat, FloatToHalf>(inout, in, n, op);
-    case DataType::kBF16:
+    case DType::kBF16:
       return ReduceHalf<BFloat16ToFloat, FloatToBFloat16>(inout, in, n, op);
   }
 }

@@ -3,7 +3,7 @@
 // gloo_communicator.h) and NCCL (CUDA; nccl_communicator.h).
 //
 //   std::unique_ptr<Communicator> comm = ...;            // from a backend or GroupBuilder
-//   MORPH_RETURN_IF_ERROR(comm->Allreduce(grad, n, DataType::kF32, ReduceOp::kSum,
+//   MORPH_RETURN_IF_ERROR(comm->Allreduce(grad, n, DType::kF32, ReduceOp::kSum,
 //                                         std::chrono::seconds(30)));
 //   MORPH_ASSIGN_OR_RETURN(auto work, comm->Start(CollectiveOp::Broadcast(buf, n, dt, 0, t)));
 //   ...                                                   // overlap
@@ -35,13 +35,11 @@
 #include <vector>
 
 #include "base/deadline.h"
+#include "base/dtype.h"
 #include "base/status.h"
 
 namespace morph {
 
-// Element types of collectives. Same names as reshard's DType, kept here so that
-// collectives/ depends on base/ only (comm_transport.h maps between them).
-enum class DataType : uint8_t { kF32, kF64, kF16, kBF16, kI32, kI64, kU8 };
 enum class ReduceOp : uint8_t { kSum, kMax, kMin };
 
 // Why a communicator is shrunk (Communicator::Shrink). kPlanned: the leavers left cleanly and
@@ -53,8 +51,6 @@ enum class ShrinkMode : uint8_t { kPlanned, kFailure };
 // kInvalidArgument naming the variable for a bad value. Any thread.
 StatusOr<std::chrono::milliseconds> CollectiveTimeoutFromEnv();
 
-int DataTypeSize(DataType dtype);
-std::string_view DataTypeName(DataType dtype);  // "f32", "bf16", ...
 std::string_view ReduceOpName(ReduceOp op);     // "sum", "max", "min"
 
 // What a backend supports, so callers decide before calling rather than on a failure.
@@ -68,7 +64,7 @@ struct Capabilities {
   // Element types allreduce/reduce-scatter accept. On Gloo f16/bf16 are reduced in f32 in a
   // fixed order and rounded once, so results are identical on every rank; partial sums travel
   // as f32 (twice the bytes, not world-size times; docs/collectives.md).
-  std::vector<DataType> reduce_types;
+  std::vector<DType> reduce_types;
   std::vector<ReduceOp> reduce_ops;
 };
 
@@ -97,7 +93,7 @@ struct CollectiveOp {
   // Elements: of the buffer (allreduce, broadcast), of each rank's piece (allgather input,
   // reduce-scatter output). Allgather output and reduce-scatter input hold count * size.
   size_t count = 0;
-  DataType dtype = DataType::kU8;
+  DType dtype = DType::kU8;
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
   std::vector<P2POp> p2p;
@@ -109,13 +105,13 @@ struct CollectiveOp {
   // non-null stream (kInvalidArgument).
   void* stream = nullptr;
 
-  static CollectiveOp Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+  static CollectiveOp Allreduce(void* buf, size_t count, DType dtype, ReduceOp op,
                                 std::chrono::milliseconds timeout);
-  static CollectiveOp Broadcast(void* buf, size_t count, DataType dtype, int root,
+  static CollectiveOp Broadcast(void* buf, size_t count, DType dtype, int root,
                                 std::chrono::milliseconds timeout);
-  static CollectiveOp Allgather(const void* send, void* recv, size_t count, DataType dtype,
+  static CollectiveOp Allgather(const void* send, void* recv, size_t count, DType dtype,
                                 std::chrono::milliseconds timeout);
-  static CollectiveOp ReduceScatter(const void* send, void* recv, size_t count, DataType dtype,
+  static CollectiveOp ReduceScatter(const void* send, void* recv, size_t count, DType dtype,
                                     ReduceOp op, std::chrono::milliseconds timeout);
   static CollectiveOp Barrier(std::chrono::milliseconds timeout);
   // Sends and receives that progress together. Between a pair of ranks, the i-th send from a
@@ -180,19 +176,19 @@ class Communicator {
 
   // Blocking forms: Start(op) then Wait(now + op.timeout).
   Status Run(CollectiveOp op);
-  Status Allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+  Status Allreduce(void* buf, size_t count, DType dtype, ReduceOp op,
                    std::chrono::milliseconds timeout) {
     return Run(CollectiveOp::Allreduce(buf, count, dtype, op, timeout));
   }
-  Status Broadcast(void* buf, size_t count, DataType dtype, int root,
+  Status Broadcast(void* buf, size_t count, DType dtype, int root,
                    std::chrono::milliseconds timeout) {
     return Run(CollectiveOp::Broadcast(buf, count, dtype, root, timeout));
   }
-  Status Allgather(const void* send, void* recv, size_t count, DataType dtype,
+  Status Allgather(const void* send, void* recv, size_t count, DType dtype,
                    std::chrono::milliseconds timeout) {
     return Run(CollectiveOp::Allgather(send, recv, count, dtype, timeout));
   }
-  Status ReduceScatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+  Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                        std::chrono::milliseconds timeout) {
     return Run(CollectiveOp::ReduceScatter(send, recv, count, dtype, op, timeout));
   }
@@ -208,7 +204,7 @@ class Communicator {
 
 // Reduces `n` elements of `in` into `inout` (inout[i] = op(inout[i], in[i])) on the host.
 // f16/bf16 are converted to f32, combined and rounded back (round to nearest even).
-void ReduceInto(void* inout, const void* in, size_t n, DataType dtype, ReduceOp op);
+void ReduceInto(void* inout, const void* in, size_t n, DType dtype, ReduceOp op);
 
 // f32 <-> f16/bf16, round to nearest even; NaN stays NaN.
 float HalfToFloat(uint16_t h);

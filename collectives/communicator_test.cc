@@ -65,19 +65,19 @@ TEST(TimeoutsTest, FromEnvironment) {
 
 TEST(ReduceIntoTest, EveryTypeAndOp) {
   int32_t a[3] = {1, -5, 7}, b[3] = {2, 3, -9};
-  ReduceInto(a, b, 3, DataType::kI32, ReduceOp::kSum);
+  ReduceInto(a, b, 3, DType::kI32, ReduceOp::kSum);
   EXPECT_EQ(a[0], 3);
   EXPECT_EQ(a[1], -2);
   EXPECT_EQ(a[2], -2);
   double c[2] = {1.5, -2}, d[2] = {0.5, 4};
-  ReduceInto(c, d, 2, DataType::kF64, ReduceOp::kMax);
+  ReduceInto(c, d, 2, DType::kF64, ReduceOp::kMax);
   EXPECT_EQ(c[0], 1.5);
   EXPECT_EQ(c[1], 4);
   uint16_t h[1] = {FloatToBFloat16(3)}, k[1] = {FloatToBFloat16(-4)};
-  ReduceInto(h, k, 1, DataType::kBF16, ReduceOp::kMin);
+  ReduceInto(h, k, 1, DType::kBF16, ReduceOp::kMin);
   EXPECT_EQ(BFloat16ToFloat(h[0]), -4);
-  EXPECT_EQ(DataTypeSize(DataType::kBF16), 2);
-  EXPECT_EQ(DataTypeName(DataType::kI64), "i64");
+  EXPECT_EQ(DTypeSize(DType::kBF16), 2);
+  EXPECT_EQ(DTypeName(DType::kI64), "i64");
   EXPECT_EQ(ReduceOpName(ReduceOp::kMin), "min");
 }
 

@@ -15,9 +15,9 @@ constexpr uint64_t kSlotBase = uint64_t{0xAE} << 56;
 // Mailbox rounds: prefix and a 56-bit round number.
 constexpr uint64_t kMailboxSlotBase = uint64_t{0xAF} << 56;
 
-bool IsHalf(DataType t) { return t == DataType::kF16 || t == DataType::kBF16; }
+bool IsHalf(DType t) { return t == DType::kF16 || t == DType::kBF16; }
 // Partial results of f16/bf16 are f32.
-size_t AccSize(DataType t) { return IsHalf(t) ? sizeof(float) : DataTypeSize(t); }
+size_t AccSize(DType t) { return IsHalf(t) ? sizeof(float) : DTypeSize(t); }
 
 // Inline copies of communicator.h's bf16 conversions (same bits), for the hot loops.
 inline float Bf16ToF(uint16_t b) { return std::bit_cast<float>(uint32_t{b} << 16); }
@@ -29,14 +29,14 @@ void ToAccHalf(float* d, const uint16_t* s, size_t n) {
 }
 
 // dst (accumulation type) = src (`t`).
-void ToAcc(void* dst, const void* src, size_t n, DataType t) {
+void ToAcc(void* dst, const void* src, size_t n, DType t) {
   if (!IsHalf(t)) {
-    if (n != 0) std::memcpy(dst, src, n * DataTypeSize(t));
+    if (n != 0) std::memcpy(dst, src, n * DTypeSize(t));
     return;
   }
   float* d = static_cast<float*>(dst);
   const uint16_t* s = static_cast<const uint16_t*>(src);
-  if (t == DataType::kBF16) {
+  if (t == DType::kBF16) {
     ToAccHalf<&Bf16ToF>(d, s, n);
   } else {
     ToAccHalf<&HalfToFloat>(d, s, n);
@@ -44,12 +44,12 @@ void ToAcc(void* dst, const void* src, size_t n, DataType t) {
 }
 
 // dst (`t`) = src (accumulation type), rounding f32 to nearest even for f16/bf16.
-void FromAcc(void* dst, const void* src, size_t n, DataType t) {
+void FromAcc(void* dst, const void* src, size_t n, DType t) {
   if (!IsHalf(t)) {
-    if (n != 0) std::memmove(dst, src, n * DataTypeSize(t));
+    if (n != 0) std::memmove(dst, src, n * DTypeSize(t));
     return;
   }
-  auto from_f = t == DataType::kF16 ? &FloatToHalf : &FToBf16;
+  auto from_f = t == DType::kF16 ? &FloatToHalf : &FToBf16;
   uint16_t* d = static_cast<uint16_t*>(dst);
   const float* s = static_cast<const float*>(src);
   for (size_t i = 0; i < n; ++i) d[i] = from_f(s[i]);
@@ -75,14 +75,14 @@ void AccumulateHalf(float* acc, const uint16_t* x, size_t n, ReduceOp op) {
 // acc[i] = op(acc[i], x[i]): acc in the accumulation type, x in `t`. For a partial result
 // received from a peer, the partial comes first (with NaN operands, max/min depend on the
 // argument order).
-void Accumulate(void* acc, const void* x, size_t n, DataType t, ReduceOp op) {
+void Accumulate(void* acc, const void* x, size_t n, DType t, ReduceOp op) {
   if (!IsHalf(t)) {
     ReduceInto(acc, x, n, t, op);
     return;
   }
   float* a = static_cast<float*>(acc);
   const uint16_t* h = static_cast<const uint16_t*>(x);
-  if (t == DataType::kBF16) {
+  if (t == DType::kBF16) {
     AccumulateHalf<&Bf16ToF>(a, h, n, op);
   } else {
     AccumulateHalf<&HalfToFloat>(a, h, n, op);
@@ -101,8 +101,8 @@ std::vector<size_t> ChunkOffsets(size_t count, int size) {
 // Ring reduce-scatter over chunks [off[c], off[c+1]) of `in` (elements of `t`); chunk `rank`,
 // reduced, goes to `out` in `t`. Uses steps 0 .. size - 2.
 Status RingReduceScatter(Messenger& m, int rank, int size, const uint8_t* in,
-                         const std::vector<size_t>& off, uint8_t* out, DataType t, ReduceOp op) {
-  const size_t es = DataTypeSize(t), as = AccSize(t);
+                         const std::vector<size_t>& off, uint8_t* out, DType t, ReduceOp op) {
+  const size_t es = DTypeSize(t), as = AccSize(t);
   const int right = Mod(rank + 1, size), left = Mod(rank - 1, size);
   auto len = [&](int c) { return off[c + 1] - off[c]; };
   size_t max_chunk = 0;
@@ -151,7 +151,7 @@ Status RingAllgather(Messenger& m, int rank, int size, uint8_t* buf, const std::
 // `pieces[p]` = rank p's contribution (count elements of `t`); out = their reduction in rank
 // order, in `t`.
 void ReduceInRankOrder(Workspace& ws, const std::vector<const uint8_t*>& pieces, size_t count,
-                       DataType t, ReduceOp op, void* out) {
+                       DType t, ReduceOp op, void* out) {
   uint8_t* acc = ws.Get(2, count * AccSize(t));
   ToAcc(acc, pieces[0], count, t);
   for (size_t p = 1; p < pieces.size(); ++p) Accumulate(acc, pieces[p], count, t, op);
@@ -229,8 +229,8 @@ Status Messenger::WaitAll() {
 }
 
 Status AllreduceOneShot(Messenger& m, Mailboxes& mb, int rank, int size, void* buf, size_t count,
-                        DataType dtype, ReduceOp op) {
-  const size_t bytes = count * DataTypeSize(dtype);
+                        DType dtype, ReduceOp op) {
+  const size_t bytes = count * DTypeSize(dtype);
   for (int k = 1; k < size; ++k) m.SendToSlot(Mod(rank + k, size), mb.slot(), buf, bytes);
   MORPH_RETURN_IF_ERROR(mb.WaitAll(m.deadline(), m.what()));
   MORPH_RETURN_IF_ERROR(m.WaitAll());  // sends done: buf may be overwritten
@@ -243,10 +243,10 @@ Status AllreduceOneShot(Messenger& m, Mailboxes& mb, int rank, int size, void* b
   return Status::Ok();
 }
 
-Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
+Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, DType dtype,
                      ReduceOp op) {
   const std::vector<size_t> off = ChunkOffsets(count, size);
-  const size_t es = DataTypeSize(dtype);
+  const size_t es = DTypeSize(dtype);
   uint8_t* b = static_cast<uint8_t*>(buf);
   // The reduced chunk `rank` is written over this rank's input chunk only after the last
   // step has read it.
@@ -255,8 +255,8 @@ Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, 
 }
 
 Status ReduceScatterDirect(Messenger& m, Mailboxes& mb, int rank, int size, const void* in,
-                           void* out, size_t count, DataType dtype, ReduceOp op) {
-  const size_t bytes = count * DataTypeSize(dtype);
+                           void* out, size_t count, DType dtype, ReduceOp op) {
+  const size_t bytes = count * DTypeSize(dtype);
   const uint8_t* src = static_cast<const uint8_t*>(in);
   for (int k = 1; k < size; ++k) {
     const int p = Mod(rank + k, size);
@@ -272,7 +272,7 @@ Status ReduceScatterDirect(Messenger& m, Mailboxes& mb, int rank, int size, cons
 }
 
 Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out, size_t count,
-                         DataType dtype, ReduceOp op) {
+                         DType dtype, ReduceOp op) {
   std::vector<size_t> off(size + 1);
   for (int c = 0; c <= size; ++c) off[c] = count * c;
   return RingReduceScatter(m, rank, size, static_cast<const uint8_t*>(in), off,

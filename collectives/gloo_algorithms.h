@@ -110,13 +110,13 @@ class Mailboxes {
 // f16/bf16 in f32 with one rounding at the end. (size - 1) x bytes per rank, one round.
 // Receives into `mb` (count * element size must fit its mailboxes).
 Status AllreduceOneShot(Messenger& m, Mailboxes& mb, int rank, int size, void* buf, size_t count,
-                        DataType dtype, ReduceOp op);
+                        DType dtype, ReduceOp op);
 
 // In place over `count` elements of `buf`: a ring reduce-scatter (chunk c = elements
 // [c*count/size, (c+1)*count/size), f16/bf16 partial sums travel as f32), then a ring
 // allgather of the reduced chunks (in the buffer's type). Chunk c is reduced in ring order
 // starting after c: ((x(c+1) op x(c+2)) op ...) op x(c), indices mod size.
-Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, DataType dtype,
+Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, DType dtype,
                      ReduceOp op);
 
 // `in` holds size x count elements, `out` receives this rank's count: piece `rank` of the
@@ -125,9 +125,9 @@ Status AllreduceRing(Messenger& m, int rank, int size, void* buf, size_t count, 
 // Both send (size - 1) x count elements per rank (f16/bf16: the ring sends f32 partials,
 // twice the bytes); f16/bf16 reduce in f32 and round once.
 Status ReduceScatterDirect(Messenger& m, Mailboxes& mb, int rank, int size, const void* in,
-                           void* out, size_t count, DataType dtype, ReduceOp op);
+                           void* out, size_t count, DType dtype, ReduceOp op);
 Status ReduceScatterRing(Messenger& m, int rank, int size, const void* in, void* out, size_t count,
-                         DataType dtype, ReduceOp op);
+                         DType dtype, ReduceOp op);
 
 }  // namespace morph::gloo_algorithms
 

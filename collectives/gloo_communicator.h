@@ -8,7 +8,7 @@
 //   MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(GlooOptions::FromEnv()));
 //   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, "world", rank, world,
 //                                                              device, Deadline::AfterMs(30000)));
-//   MORPH_RETURN_IF_ERROR(comm->Allreduce(buf, n, DataType::kF32, ReduceOp::kSum, 30s));
+//   MORPH_RETURN_IF_ERROR(comm->Allreduce(buf, n, DType::kF32, ReduceOp::kSum, 30s));
 //
 // Operations run in order on one thread per communicator, so Start returns at once and
 // Abort() (any thread) can fail the operation in progress: it raises an error on every pair

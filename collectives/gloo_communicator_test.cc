@@ -66,9 +66,9 @@ TEST(GlooCommunicatorTest, BadArgumentsAreRejectedBeforeAnythingIsSent) {
   auto comms = Build(table, 0, 2, "args", Device());
   GlooCommunicator& c = *comms[0];
   int32_t x = 0;
-  EXPECT_THAT(c.Broadcast(&x, 1, DataType::kI32, 2, kTimeout),
+  EXPECT_THAT(c.Broadcast(&x, 1, DType::kI32, 2, kTimeout),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("broadcast root 2 out of range")));
-  EXPECT_THAT(c.Allreduce(nullptr, 4, DataType::kF32, ReduceOp::kSum, kTimeout),
+  EXPECT_THAT(c.Allreduce(nullptr, 4, DType::kF32, ReduceOp::kSum, kTimeout),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("null buffer for 4 elements")));
   EXPECT_THAT(c.SendRecv({{P2POp::Kind::kSend, 0, &x, 4}}, kTimeout),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("send #0: peer 0 is this rank")));
@@ -167,7 +167,7 @@ TEST(GlooCommunicatorTest, TimeoutBreaksTheCommunicator) {
   auto comms = Build(table, 0, 2, "timeout", Device());
   float v = 1;
   auto start = std::chrono::steady_clock::now();
-  EXPECT_THAT(comms[0]->Allreduce(&v, 1, DataType::kF32, ReduceOp::kSum, milliseconds(200)),
+  EXPECT_THAT(comms[0]->Allreduce(&v, 1, DType::kF32, ReduceOp::kSum, milliseconds(200)),
               StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("allreduce")));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_TRUE(comms[0]->broken());
@@ -207,10 +207,10 @@ TEST(GlooCommunicatorTest, AsyncWorkOverlapsAndCompletesInOrder) {
   MORPH_EXPECT_OK(FirstError(RunRankThreads(3, [&](int rank) -> Status {
     std::vector<int64_t> a(100, rank), b(100, rank * 10);
     MORPH_ASSIGN_OR_RETURN(
-        auto w1, comms[rank]->Start(CollectiveOp::Allreduce(a.data(), a.size(), DataType::kI64,
+        auto w1, comms[rank]->Start(CollectiveOp::Allreduce(a.data(), a.size(), DType::kI64,
                                                             ReduceOp::kSum, kTimeout)));
     MORPH_ASSIGN_OR_RETURN(
-        auto w2, comms[rank]->Start(CollectiveOp::Allreduce(b.data(), b.size(), DataType::kI64,
+        auto w2, comms[rank]->Start(CollectiveOp::Allreduce(b.data(), b.size(), DType::kI64,
                                                             ReduceOp::kMax, kTimeout)));
     MORPH_RETURN_IF_ERROR(w2->Wait(Deadline::After(kTimeout)));
     if (!w1->Done()) return InternalError("second op finished before the first");
@@ -234,7 +234,7 @@ TEST(GlooCommunicatorTest, SendRecvAmongSomeRanksThenACollective) {
       MORPH_RETURN_IF_ERROR(s);
     }
     std::vector<float> v(1 << 20, 1.0f);
-    MORPH_RETURN_IF_ERROR(comms[rank]->Allreduce(v.data(), v.size(), DataType::kF32, ReduceOp::kSum,
+    MORPH_RETURN_IF_ERROR(comms[rank]->Allreduce(v.data(), v.size(), DType::kF32, ReduceOp::kSum,
                                                  milliseconds(10000)));
     if (v.back() != 3.0f) return InternalError("wrong sum");
     return Status::Ok();
@@ -287,7 +287,7 @@ TEST(GlooCommunicatorTest, TwoHundredRebuildsKeepFdsThreadsAndMemoryFlat) {
     ASSERT_EQ(FirstError(RunRankThreads(kWorld,
                                         [&](int rank) {
                                           float v = static_cast<float>(rank + g);
-                                          return comms[rank]->Allreduce(&v, 1, DataType::kF32,
+                                          return comms[rank]->Allreduce(&v, 1, DType::kF32,
                                                                         ReduceOp::kSum, kTimeout);
                                         })),
               Status::Ok());

@@ -39,7 +39,7 @@ Status Survive(const std::string& address, int rank, int world, int victim) {
       store->Set("looping/" + std::to_string(rank), "1", Deadline::AfterMs(5000)));
   Status failure;
   for (int i = 0; i < 100000 && failure.ok(); ++i) {
-    failure = comm->Allreduce(data.data(), data.size(), DataType::kF32, ReduceOp::kSum, kOpTimeout);
+    failure = comm->Allreduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum, kOpTimeout);
   }
   if (rank == victim) return InternalError("the victim was not killed");
   if (failure.code() != StatusCode::kUnavailable && failure.code() != StatusCode::kAborted) {
@@ -74,7 +74,7 @@ Status Survive(const std::string& address, int rank, int world, int victim) {
                                                               nullptr, Deadline::AfterMs(20000)));
   std::vector<int64_t> v(1001, new_rank + 1);
   MORPH_RETURN_IF_ERROR(
-      comm1->Allreduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum, kOpTimeout));
+      comm1->Allreduce(v.data(), v.size(), DType::kI64, ReduceOp::kSum, kOpTimeout));
   int64_t want = int64_t{new_world} * (new_world + 1) / 2;
   for (int64_t x : v) {
     if (x != want) return InternalError("generation 1 allreduce: " + std::to_string(x));

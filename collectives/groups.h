@@ -4,7 +4,7 @@
 //   GroupBuilder builder(GlooFactory(device));
 //   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<GroupSet> groups,
 //       builder.Build(store_g3, config, rank, /*world_size=*/config.world(), deadline));
-//   groups->dp().Allreduce(grads, n, DataType::kF32, ReduceOp::kSum, timeout);
+//   groups->dp().Allreduce(grads, n, DType::kF32, ReduceOp::kSum, timeout);
 //   ...
 //   // Next generation: build the new set, then drop the old one (aborting anything left).
 //   MORPH_ASSIGN_OR_RETURN(groups, builder.Build(store_g4, next_config, new_rank, n, deadline));

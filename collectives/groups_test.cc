@@ -25,7 +25,7 @@ Status CheckGroups(GroupSet& g, int world_size) {
     return s;
   };
   int64_t x = g.rank();
-  MORPH_RETURN_IF_ERROR(g.world().Allreduce(&x, 1, DataType::kI64, ReduceOp::kSum, kTimeout));
+  MORPH_RETURN_IF_ERROR(g.world().Allreduce(&x, 1, DType::kI64, ReduceOp::kSum, kTimeout));
   if (x != int64_t{world_size} * (world_size - 1) / 2) return InternalError("world sum");
   if (g.standby()) return Status::Ok();
   const ParallelConfig& c = g.config();
@@ -38,7 +38,7 @@ Status CheckGroups(GroupSet& g, int world_size) {
                 {&g.pp(), c.PpGroup(g.rank()), "pp"}};
   for (auto& grp : groups) {
     int64_t v = g.rank();
-    MORPH_RETURN_IF_ERROR(grp.comm->Allreduce(&v, 1, DataType::kI64, ReduceOp::kSum, kTimeout));
+    MORPH_RETURN_IF_ERROR(grp.comm->Allreduce(&v, 1, DType::kI64, ReduceOp::kSum, kTimeout));
     if (v != sum_of(grp.members)) {
       return InternalError(std::string(grp.name) + " group sum " + std::to_string(v) +
                            " != " + std::to_string(sum_of(grp.members)));

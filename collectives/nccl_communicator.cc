@@ -20,22 +20,24 @@ namespace {
 
 constexpr auto kPoll = std::chrono::microseconds(100);
 
-ncclDataType_t ToNccl(DataType t) {
+ncclDataType_t ToNccl(DType t) {
   switch (t) {
-    case DataType::kF32:
+    case DType::kF32:
       return ncclFloat32;
-    case DataType::kF64:
+    case DType::kF64:
       return ncclFloat64;
-    case DataType::kF16:
+    case DType::kF16:
       return ncclFloat16;
-    case DataType::kBF16:
+    case DType::kBF16:
       return ncclBfloat16;
-    case DataType::kI32:
+    case DType::kI32:
       return ncclInt32;
-    case DataType::kI64:
+    case DType::kI64:
       return ncclInt64;
-    case DataType::kU8:
+    case DType::kU8:
       return ncclUint8;
+    case DType::kI8:
+      return ncclInt8;
   }
   return ncclUint8;
 }
@@ -643,8 +645,8 @@ Capabilities NcclCommunicator::capabilities() const {
   c.point_to_point = true;
   c.shrink = true;
   c.split = true;
-  c.reduce_types = {DataType::kF32, DataType::kF64, DataType::kF16, DataType::kBF16,
-                    DataType::kI32, DataType::kI64, DataType::kU8};
+  c.reduce_types = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
+                    DType::kI32, DType::kI64, DType::kU8, DType::kI8};
   c.reduce_ops = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
   return c;
 }

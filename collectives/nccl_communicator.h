@@ -3,7 +3,7 @@
 //   MORPH_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::Create(store, "world", rank, n,
 //                                                              /*cuda_device=*/local_rank,
 //                                                              Deadline::AfterMs(60000)));
-//   CollectiveOp op = CollectiveOp::Allreduce(grads, n, DataType::kBF16, ReduceOp::kSum, 30s);
+//   CollectiveOp op = CollectiveOp::Allreduce(grads, n, DType::kBF16, ReduceOp::kSum, 30s);
 //   op.stream = backward_stream;           // after the backward pass, overlapping the rest
 //   MORPH_ASSIGN_OR_RETURN(auto work, comm->Start(op));
 //   ...

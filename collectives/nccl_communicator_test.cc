@@ -46,24 +46,24 @@ TEST_F(NcclTest, SingleRankInitAllreduceSplitAbortReinit) {
   std::vector<float> f = {1.5f, -2.0f, 3.25f};
   EXPECT_EQ(
       RoundTrip(*comm, f,
-                CollectiveOp::Allreduce(nullptr, 3, DataType::kF32, ReduceOp::kSum, kTimeout)),
+                CollectiveOp::Allreduce(nullptr, 3, DType::kF32, ReduceOp::kSum, kTimeout)),
       f);
   std::vector<uint16_t> b = {FloatToBFloat16(1), FloatToBFloat16(-7)};
   EXPECT_EQ(
       RoundTrip(*comm, b,
-                CollectiveOp::Allreduce(nullptr, 2, DataType::kBF16, ReduceOp::kMax, kTimeout)),
+                CollectiveOp::Allreduce(nullptr, 2, DType::kBF16, ReduceOp::kMax, kTimeout)),
       b);
   MORPH_EXPECT_OK(comm->Barrier(kTimeout));
   // Host memory is refused up front.
   float host = 0;
-  EXPECT_THAT(comm->Allreduce(&host, 1, DataType::kF32, ReduceOp::kSum, kTimeout),
+  EXPECT_THAT(comm->Allreduce(&host, 1, DType::kF32, ReduceOp::kSum, kTimeout),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("host memory")));
 
   MORPH_ASSERT_OK_AND_ASSIGN(auto sub, comm->Split(0, 0, "sub", Deadline::After(kTimeout)));
   ASSERT_NE(sub, nullptr);
   EXPECT_EQ(sub->size(), 1);
   std::vector<int64_t> i = {4, 5};
-  EXPECT_EQ(RoundTrip(*sub, i, CollectiveOp::Broadcast(nullptr, 2, DataType::kI64, 0, kTimeout)),
+  EXPECT_EQ(RoundTrip(*sub, i, CollectiveOp::Broadcast(nullptr, 2, DType::kI64, 0, kTimeout)),
             i);
 
   // Abort from another thread: the next call returns kAborted; nothing hangs.

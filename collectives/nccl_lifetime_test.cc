@@ -84,7 +84,7 @@ class NcclLifetimeTest : public ::testing::Test {
   }
   CollectiveOp Allreduce(cudaStream_t stream) {
     CollectiveOp op =
-        CollectiveOp::Allreduce(buf_, kBytes / 4, DataType::kF32, ReduceOp::kSum, kTimeout);
+        CollectiveOp::Allreduce(buf_, kBytes / 4, DType::kF32, ReduceOp::kSum, kTimeout);
     op.stream = stream;
     return op;
   }
@@ -279,7 +279,7 @@ TEST_F(NcclShrinkTest, FailureShrinkAfterATimeout) {
   void* buf = nullptr;
   ASSERT_EQ(cudaMalloc(&buf, 4096), cudaSuccess);
   // Rank 1 never joins: rank 0 fails by deadline.
-  Status s = comms[0]->Allreduce(buf, 1024, DataType::kF32, ReduceOp::kSum,
+  Status s = comms[0]->Allreduce(buf, 1024, DType::kF32, ReduceOp::kSum,
                                  std::chrono::milliseconds(1000));
   EXPECT_THAT(s, StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("did not finish in time")));
   ASSERT_NE(s.collective_failure(), nullptr);
@@ -294,7 +294,7 @@ TEST_F(NcclShrinkTest, FailureShrinkAfterATimeout) {
   MORPH_ASSERT_OK(smaller.status());
   EXPECT_EQ((*smaller)->size(), 1);
   EXPECT_EQ((*smaller)->rank(), 0);
-  MORPH_EXPECT_OK((*smaller)->Allreduce(buf, 1024, DataType::kF32, ReduceOp::kSum, kTimeout));
+  MORPH_EXPECT_OK((*smaller)->Allreduce(buf, 1024, DType::kF32, ReduceOp::kSum, kTimeout));
   // The parent is released: its later calls say so.
   EXPECT_THAT(comms[0]->Barrier(kTimeout),
               StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("did not finish in time")));

@@ -208,7 +208,7 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(Communicator& comm, boo
   Identity mine{HostIdentity(), getpid()};
   std::vector<Identity> ids(static_cast<size_t>(n));
   MORPH_RETURN_IF_ERROR(
-      comm.Allgather(&mine, ids.data(), sizeof(Identity), DataType::kU8, timeout()))
+      comm.Allgather(&mine, ids.data(), sizeof(Identity), DType::kU8, timeout()))
       << "shm channel: exchanging host identities";
   std::vector<int> group;  // same-host ranks, this one included, ascending
   for (int r = 0; r < n; ++r) {
@@ -258,7 +258,7 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(Communicator& comm, boo
     }
   }
   std::vector<Address> addrs(static_cast<size_t>(n));
-  Status s = comm.Allgather(&my_addr, addrs.data(), sizeof(Address), DataType::kU8, timeout());
+  Status s = comm.Allgather(&my_addr, addrs.data(), sizeof(Address), DType::kU8, timeout());
   if (!s.ok() && my_addr.name[0] != '\0') shm_unlink(my_addr.name);
   MORPH_RETURN_IF_ERROR(s) << "shm channel: exchanging mailbox names";
 
@@ -305,7 +305,7 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(Communicator& comm, boo
     peers.push_back(std::move(p));
   }
   std::vector<uint8_t> oks(static_cast<size_t>(n));
-  s = comm.Allgather(&ok, oks.data(), 1, DataType::kU8, timeout());
+  s = comm.Allgather(&ok, oks.data(), 1, DType::kU8, timeout());
   // Every peer has opened this mailbox (or given up): the name can go.
   if (my_addr.name[0] != '\0') shm_unlink(my_addr.name);
   MORPH_RETURN_IF_ERROR(s) << "shm channel: agreeing on local peers";

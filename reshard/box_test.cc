@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "base/testing.h"
-#include "reshard/dtype.h"
+#include "base/dtype.h"
 
 namespace morph {
 namespace {

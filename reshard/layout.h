@@ -30,7 +30,7 @@
 #include "base/parallel_config.h"
 #include "base/status.h"
 #include "reshard/box.h"
-#include "reshard/dtype.h"
+#include "base/dtype.h"
 #include "reshard/shard.h"
 
 namespace morph {

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "reshard/box.h"
-#include "reshard/dtype.h"
+#include "base/dtype.h"
 #include "reshard/plan_digest.h"
 #include "reshard/shard.h"
 

@@ -1,4 +1,4 @@
-#include "reshard/dtype.h"
+#include "base/dtype.h"
 
 #include <string>
 

@@ -1,6 +1,6 @@
-// Element types of registered tensors.
-#ifndef MORPH_RESHARD_DTYPE_H_
-#define MORPH_RESHARD_DTYPE_H_
+// Element types: of registered tensors (reshard) and of collectives (one enum for both).
+#ifndef MORPH_BASE_DTYPE_H_
+#define MORPH_BASE_DTYPE_H_
 
 #include <cstdint>
 #include <string_view>
@@ -21,4 +21,4 @@ StatusOr<DType> ParseDType(std::string_view text);
 
 }  // namespace morph
 
-#endif  // MORPH_RESHARD_DTYPE_H_
+#endif  // MORPH_BASE_DTYPE_H_
