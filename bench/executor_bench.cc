@@ -37,20 +37,6 @@ struct Scenario {
   PlanInput in;
 };
 
-std::vector<TensorSpec> Model(int64_t mb, bool zero) {
-  std::vector<TensorSpec> t;
-  const int64_t n = std::max<int64_t>(4, mb / 16) / 4 * 4;
-  for (int64_t i = 0; i < n; ++i) {
-    // Column- and row-parallel matrices alternate; 4 per layer.
-    Layout l = Layout::Layer(static_cast<int>(i / 4)).SplitTP(static_cast<int>(i % 2));
-    t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4),
-                 DType::kF32,
-                 {2048, 2048},
-                 l.ZeroShard(zero)});
-  }
-  return t;
-}
-
 ParallelConfig Config(int dp, int tp, int pp, int layers) {
   ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
   c.stage_of_layer = *ParallelConfig::EvenStages(layers, pp);
@@ -60,7 +46,7 @@ ParallelConfig Config(int dp, int tp, int pp, int layers) {
 Scenario Make(std::string name, int64_t mb, bool zero, ParallelConfig from, ParallelConfig to,
               std::vector<int32_t> available) {
   Scenario s{std::move(name), {}};
-  s.in.tensors = Model(mb, zero);
+  s.in.tensors = testutil::MatrixModel(mb, zero);
   s.in.old_config = from;
   s.in.new_config = to;
   s.in.old_participant_of_rank = {0, 1, 2, 3};

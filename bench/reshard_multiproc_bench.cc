@@ -31,6 +31,7 @@
 #include "collectives/tcp_store.h"
 #include "reshard/executor.h"
 #include "reshard/plan.h"
+#include "reshard/reshard_testutil.h"
 
 namespace morph {
 namespace {
@@ -45,20 +46,6 @@ struct Scenario {
   PlanInput in;
 };
 
-// f32 matrices of 2048 x 2048 (16 MiB), column- and row-parallel alternating.
-std::vector<TensorSpec> Model(int64_t mb, bool zero) {
-  std::vector<TensorSpec> t;
-  const int64_t n = std::max<int64_t>(4, mb / 16) / 4 * 4;
-  for (int64_t i = 0; i < n; ++i) {
-    Layout l = Layout::Layer(static_cast<int>(i / 4)).SplitTP(static_cast<int>(i % 2));
-    t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4),
-                 DType::kF32,
-                 {2048, 2048},
-                 l.ZeroShard(zero)});
-  }
-  return t;
-}
-
 std::vector<Scenario> Scenarios(int64_t mb) {
   const int layers = static_cast<int>(std::max<int64_t>(4, mb / 16) / 4);
   auto config = [&](int dp, int tp) {
@@ -69,7 +56,7 @@ std::vector<Scenario> Scenarios(int64_t mb) {
   auto make = [&](std::string name, bool zero, ParallelConfig from, ParallelConfig to,
                   std::vector<int32_t> available) {
     Scenario s{std::move(name), {}};
-    s.in.tensors = Model(mb, zero);
+    s.in.tensors = testutil::MatrixModel(mb, zero);
     s.in.old_config = from;
     s.in.new_config = to;
     s.in.old_participant_of_rank = {0, 1, 2, 3};

@@ -4,10 +4,24 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include "reshard/strided_copy.h"
 
 namespace morph::testutil {
+
+std::vector<TensorSpec> MatrixModel(int64_t mb, bool zero) {
+  std::vector<TensorSpec> t;
+  const int64_t n = std::max<int64_t>(4, mb / 16) / 4 * 4;
+  for (int64_t i = 0; i < n; ++i) {
+    Layout l = Layout::Layer(static_cast<int>(i / 4)).SplitTP(static_cast<int>(i % 2));
+    t.push_back({"layers." + std::to_string(i / 4) + ".w" + std::to_string(i % 4),
+                 DType::kF32,
+                 {2048, 2048},
+                 l.ZeroShard(zero)});
+  }
+  return t;
+}
 namespace {
 
 int64_t Total(const TensorInfo& t) {

@@ -15,6 +15,7 @@
 
 #include "reshard/buffer.h"
 #include "reshard/executor.h"
+#include "reshard/layout.h"
 #include "reshard/local_plan.h"
 
 namespace morph::testutil {
@@ -26,6 +27,10 @@ struct Region {
   std::vector<int> holders;
 };
 using RegionLayout = std::vector<Region>;
+
+// The benchmarks' model: about `mb` MiB of f32 2048 x 2048 matrices, 4 per layer, column- and
+// row-parallel alternating (SplitTP(0), SplitTP(1)), ZeRO-sharded when `zero`.
+std::vector<TensorSpec> MatrixModel(int64_t mb, bool zero);
 
 // Split along `dim` into holders.size() equal parts (the last takes the remainder).
 RegionLayout TpLayout(const TensorInfo& t, int dim, const std::vector<int>& holders);

@@ -191,12 +191,17 @@ void Get(Reader& r, ErrorMsg& m) {
     r.Fail("code", "not a status code: " + std::to_string(m.code));
   }
 }
-void Put(Writer& w, const PrepareMsg& m) {
+// Prepare and Commit carry the same fields (a commit's start step is set).
+template <typename M>
+requires std::is_same_v<M, PrepareMsg> || std::is_same_v<M, CommitMsg>
+void Put(Writer& w, const M& m) {
   Put(w, m.next);
   w.I64(m.from_generation);
   Put(w, m.change);
 }
-void Get(Reader& r, PrepareMsg& m) {
+template <typename M>
+requires std::is_same_v<M, PrepareMsg> || std::is_same_v<M, CommitMsg>
+void Get(Reader& r, M& m) {
   Get(r, m.next);
   m.from_generation = r.I64("from_generation");
   Get(r, m.change);
@@ -210,16 +215,6 @@ void Get(Reader& r, StepReportMsg& m) {
   m.worker = r.I64("worker");
   m.generation = r.I64("generation");
   m.last_free_step = r.I64("last_free_step");
-}
-void Put(Writer& w, const CommitMsg& m) {
-  Put(w, m.next);
-  w.I64(m.from_generation);
-  Put(w, m.change);
-}
-void Get(Reader& r, CommitMsg& m) {
-  Get(r, m.next);
-  m.from_generation = r.I64("from_generation");
-  Get(r, m.change);
 }
 void Put(Writer& w, const AbandonMsg& m) { w.I64(m.generation); }
 void Get(Reader& r, AbandonMsg& m) { m.generation = r.I64("generation"); }
