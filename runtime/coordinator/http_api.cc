@@ -3,11 +3,12 @@
 #include <array>
 #include <cstdio>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include "collectives/store_protocol.h"
 
 namespace morph {
 namespace {
@@ -150,8 +151,8 @@ StatusOr<ResizeCall> ParseResizeBody(std::string_view body, int max_world) {
     }
   }
   if (auto it = doc.find("deadline_ms"); it != doc.end()) {
-    MORPH_ASSIGN_OR_RETURN(int64_t d, IntegerField(*it, "deadline_ms", 0,
-                                                   std::numeric_limits<int64_t>::max()));
+    MORPH_ASSIGN_OR_RETURN(
+        int64_t d, IntegerField(*it, "deadline_ms", 0, std::numeric_limits<int64_t>::max()));
     call.deadline_ms = d;
   }
   if (auto it = doc.find("reason"); it != doc.end()) {
@@ -176,22 +177,10 @@ StatusOr<ResizeCall> ParseResizeBody(std::string_view body, int max_world) {
 bool TokenMatches(std::string_view authorization, std::string_view token) {
   constexpr std::string_view kBearer = "Bearer ";
   if (token.empty()) return false;
-  if (authorization.size() < kBearer.size() ||
-      authorization.substr(0, kBearer.size()) != kBearer) {
+  if (authorization.size() < kBearer.size() || authorization.substr(0, kBearer.size()) != kBearer) {
     return false;
   }
-  std::string_view given = authorization.substr(kBearer.size());
-  // Touch every byte of the longer string so the time depends on lengths only.
-  size_t n = std::max(given.size(), token.size());
-  unsigned diff = given.size() == token.size() ? 0u : 1u;
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char a = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-    unsigned char b = i < token.size() ? static_cast<unsigned char>(token[i]) : 0;
-    diff |= static_cast<unsigned>(a ^ b);
-  }
-  // Keep the compiler from turning the loop into an early-exit comparison.
-  volatile unsigned sink = diff;
-  return sink == 0;
+  return store_wire::TokensEqual(authorization.substr(kBearer.size()), token);
 }
 
 int HttpStatusFor(StatusCode code) {
@@ -306,20 +295,19 @@ std::string RenderStatusJson(const CoordinatorSnapshot& s) {
   j["reconfigurations"] = s.reconfigurations;
   if (s.last_reconfiguration) {
     const ReconfigurationRecord& r = *s.last_reconfiguration;
-    j["last_reconfiguration"] = {
-        {"from_generation", r.from_generation},
-        {"to_generation", r.to_generation},
-        {"from_world", r.from_world},
-        {"to_world", r.to_world},
-        {"phases_ms",
-         {{"agree", r.agree_ms},
-          {"communicators", r.communicators_ms},
-          {"plan", r.plan_ms},
-          {"transfer", r.transfer_ms},
-          {"resume", r.resume_ms}}},
-        {"total_ms", r.total_ms},
-        {"stall_ms", r.stall_ms},
-        {"explanation", r.explanation}};
+    j["last_reconfiguration"] = {{"from_generation", r.from_generation},
+                                 {"to_generation", r.to_generation},
+                                 {"from_world", r.from_world},
+                                 {"to_world", r.to_world},
+                                 {"phases_ms",
+                                  {{"agree", r.agree_ms},
+                                   {"communicators", r.communicators_ms},
+                                   {"plan", r.plan_ms},
+                                   {"transfer", r.transfer_ms},
+                                   {"resume", r.resume_ms}}},
+                                 {"total_ms", r.total_ms},
+                                 {"stall_ms", r.stall_ms},
+                                 {"explanation", r.explanation}};
   } else {
     j["last_reconfiguration"] = nullptr;
   }
@@ -372,9 +360,9 @@ std::string RenderMetrics(const CoordinatorSnapshot& s) {
   if (s.last_reconfiguration) {
     const ReconfigurationRecord& r = *s.last_reconfiguration;
     const std::pair<std::string_view, double> phases[] = {
-        {"agree", r.agree_ms},         {"communicators", r.communicators_ms},
-        {"plan", r.plan_ms},           {"transfer", r.transfer_ms},
-        {"resume", r.resume_ms},       {"total", r.total_ms},
+        {"agree", r.agree_ms},   {"communicators", r.communicators_ms},
+        {"plan", r.plan_ms},     {"transfer", r.transfer_ms},
+        {"resume", r.resume_ms}, {"total", r.total_ms},
         {"stall", r.stall_ms}};
     for (const auto& [phase, ms] : phases) {
       sample("morph_last_reconfiguration_seconds", "{phase=\"" + std::string(phase) + "\"}",

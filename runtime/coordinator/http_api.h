@@ -43,8 +43,8 @@ struct ResizeCall {
 StatusOr<ResizeCall> ParseResizeBody(std::string_view body, int max_world);
 
 // True when `authorization` is "Bearer <token>" with exactly `token`. The comparison takes
-// the same time whatever the position of the first difference. Always false for an empty
-// `token` (no token configured: nothing is authorized).
+// the same time whatever the position of the first difference (the store's TokensEqual). Always
+// false for an empty `token` (no token configured: nothing is authorized).
 bool TokenMatches(std::string_view authorization, std::string_view token);
 
 // An HTTP reply, before framing.

@@ -1,21 +1,10 @@
 // The scheduler API: the pure request layer, and a real Beast client against HttpServer on
 // loopback (status codes, messages naming the field, limits, slowloris, the decider glue).
-#include <sys/wait.h>
+#include "runtime/coordinator/http_api.h"
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <deque>
-#include <filesystem>
-#include <fstream>
-#include <future>
-#include <map>
-#include <regex>
-#include <set>
-#include <sstream>
-#include <string>
-#include <thread>
-#include <vector>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -25,12 +14,23 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "runtime/coordinator/decider.h"
-#include "runtime/coordinator/http_api.h"
 #include "runtime/coordinator/http_server.h"
 
 namespace morph {
@@ -261,7 +261,8 @@ TEST(RenderMetrics, IsValidExposition) {
   EXPECT_THAT(text, HasSubstr("\nmorph_standby_workers 1\n"));
   EXPECT_THAT(text, HasSubstr("# TYPE morph_reconfigurations_total counter\n"));
   EXPECT_THAT(text, HasSubstr("\nmorph_reconfigurations_total 2\n"));
-  EXPECT_THAT(text, HasSubstr("\nmorph_last_reconfiguration_seconds{phase=\"transfer\"} 0.410000\n"));
+  EXPECT_THAT(text,
+              HasSubstr("\nmorph_last_reconfiguration_seconds{phase=\"transfer\"} 0.410000\n"));
   EXPECT_THAT(text, HasSubstr("\nmorph_last_reconfiguration_seconds{phase=\"stall\"} 0.450000\n"));
   // The checker itself rejects what promtool rejects.
   EXPECT_NE(CheckExposition("# HELP x_total a\n# TYPE x_total gauge\nx_total 1\n"), "");
@@ -439,19 +440,50 @@ TEST_F(ServerTest, ResizeWhileOneIsInProgressIs409) {
   EXPECT_EQ(r.Json()["code"], "FAILED_PRECONDITION");
 }
 
-TEST_F(ServerTest, NoTokenConfiguredRefusesMutations) {
+TEST(HttpServerOptions, FromEnv) {
+  ::setenv("MORPH_API_ADDR", "0.0.0.0", 1);
+  ::setenv("MORPH_API_PORT", "8123", 1);
+  ::setenv("MORPH_TOKEN", "tok", 1);
+  auto o = HttpServerOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->address, "0.0.0.0");
+  EXPECT_EQ(o->port, 8123);
+  EXPECT_EQ(o->token, "tok");
+  EXPECT_FALSE(o->token_for_reads);
+  ::setenv("MORPH_API_PORT", "70000", 1);
+  auto bad = HttpServerOptions::FromEnv();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("MORPH_API_PORT"));
+  ::unsetenv("MORPH_API_ADDR");
+  ::unsetenv("MORPH_API_PORT");
+  ::unsetenv("MORPH_TOKEN");
+  auto def = HttpServerOptions::FromEnv();
+  ASSERT_TRUE(def.ok()) << def.status();
+  EXPECT_EQ(def->address, "127.0.0.1");
+  EXPECT_EQ(def->port, 0);
+  EXPECT_EQ(def->token, "");
+}
+
+TEST(HttpServer, BadAddressIsInvalidArgument) {
+  asio::io_context io;
   HttpServerOptions o;
-  o.token = "x";
-  StartServer(o);
-  // A fresh server with no token: build it by hand (StartServer fills in the test token).
+  o.address = "not-an-ip";
+  HttpServer s(io, o,
+               {.resize = [](ResizeCall, HttpServer::Answer) {}, .snapshot = SampleSnapshot});
+  Status st = s.Start();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("MORPH_API_ADDR"));
+}
+
+TEST(HttpServer, NoTokenConfiguredRefusesMutations) {
   asio::io_context io2;
   HttpServer bare(io2, HttpServerOptions{},
                   {.resize = [](ResizeCall, HttpServer::Answer a) { a(Status::Ok()); },
                    .snapshot = SampleSnapshot});
   ASSERT_TRUE(bare.Start().ok());
   std::thread t([&] { io2.run_for(std::chrono::seconds(3)); });
-  Response r = Send(bare.port(), http::verb::post, "/v1/resize", R"({"world_size": 2})",
-                    "Bearer ");
+  Response r = Send(bare.port(), http::verb::post, "/v1/resize", R"({"world_size": 2})", "Bearer ");
   ExpectError(r, 403, "Authorization", "no job token");
   asio::post(io2, [&] { bare.Stop(); });
   io2.stop();
@@ -477,8 +509,7 @@ TEST_F(ServerTest, TokenForReadsGuardsGets) {
   HttpServerOptions o;
   o.token_for_reads = true;
   StartServer(o);
-  ExpectError(Send(port(), http::verb::get, "/v1/status", "", ""), 401, "Authorization",
-              "missing");
+  ExpectError(Send(port(), http::verb::get, "/v1/status", "", ""), 401, "Authorization", "missing");
   EXPECT_EQ(Send(port(), http::verb::get, "/v1/status").status, 200);
 }
 
@@ -521,8 +552,8 @@ TEST_F(ServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
   int served = 0;
   std::function<void()> next = [&] {
     if (served == 3) return;
-    auto req = std::make_shared<http::request<http::string_body>>(http::verb::get, "/v1/status",
-                                                                  11);
+    auto req =
+        std::make_shared<http::request<http::string_body>>(http::verb::get, "/v1/status", 11);
     req->set(http::field::host, "x");
     auto buf = std::make_shared<beast::flat_buffer>();
     auto res = std::make_shared<http::response<http::string_body>>();
@@ -585,7 +616,8 @@ TEST_F(ServerTest, UnansweredResizeTimesOutWith504) {
 // a resize POST reaches it and its AnswerResize reaches the HTTP client.
 class DeciderShell {
  public:
-  explicit DeciderShell(int world) : decider_(DeciderOptions{.initial_world = world, .max_world = 64}) {}
+  explicit DeciderShell(int world)
+      : decider_(DeciderOptions{.initial_world = world, .max_world = 64}) {}
 
   void Feed(DeciderEvent::Any e) {
     std::deque<DeciderEvent::Any> queue{std::move(e)};
@@ -631,7 +663,9 @@ class DeciderShell {
 
 TEST_F(ServerTest, DeciderAnswersReachTheClient) {
   DeciderShell shell(2);
-  on_resize_ = [&](ResizeCall c, HttpServer::Answer a) { shell.Resize(std::move(c), std::move(a)); };
+  on_resize_ = [&](ResizeCall c, HttpServer::Answer a) {
+    shell.Resize(std::move(c), std::move(a));
+  };
   snapshot_ = [&] { return SnapshotOf(shell.decider()); };
   StartServer();
   // Before the first generation the decider refuses: 409 with its message.

@@ -1,17 +1,20 @@
 #include "runtime/coordinator/http_server.h"
 
-#include <atomic>
-#include <map>
-#include <optional>
-#include <string>
-#include <utility>
+#include <glog/logging.h>
 
+#include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <glog/logging.h>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "base/params.h"
+#include "collectives/tcp_store.h"
 
 namespace morph {
 namespace {
@@ -93,10 +96,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       return Close();
     }
     if (ec == http::error::body_limit) {
-      return Reply(ReplyForStatus(ResourceExhaustedError(
-                       "body: larger than " + std::to_string(core_->options.max_body_bytes) +
-                       " bytes")),
-                   /*keep_alive=*/false);
+      return Reply(
+          ReplyForStatus(ResourceExhaustedError(
+              "body: larger than " + std::to_string(core_->options.max_body_bytes) + " bytes")),
+          /*keep_alive=*/false);
     }
     if (ec == http::error::header_limit) {
       ApiReply r = ReplyForStatus(InvalidArgumentError(
@@ -164,10 +167,10 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     answer_timer_.expires_after(o.answer_timeout);
     answer_timer_.async_wait([self = shared_from_this(), seq, id](error_code ec) {
       if (ec) return;
-      self->OnAnswer(seq, id,
-                     DeadlineExceededError("the coordinator did not answer resize request " +
-                                           std::to_string(id) +
-                                           " in time; it may still be carried out"));
+      self->OnAnswer(
+          seq, id,
+          DeadlineExceededError("the coordinator did not answer resize request " +
+                                std::to_string(id) + " in time; it may still be carried out"));
     });
     std::weak_ptr<HttpSession> weak = weak_from_this();
     auto once = std::make_shared<std::atomic<bool>>(false);
@@ -256,6 +259,21 @@ void HttpServer::Core::Accept() {
   });
 }
 
+StatusOr<HttpServerOptions> HttpServerOptions::FromEnv() {
+  HttpServerOptions o;
+  MORPH_ASSIGN_OR_RETURN(o.address, params::ApiAddr());
+  MORPH_ASSIGN_OR_RETURN(int64_t port, params::ApiPort());
+  o.port = static_cast<uint16_t>(port);
+  MORPH_ASSIGN_OR_RETURN(o.token_for_reads, params::ApiTokenForReads());
+  StatusOr<std::string> token = JobTokenFromEnv();
+  if (token.ok()) {
+    o.token = *std::move(token);
+  } else if (token.status().code() != StatusCode::kFailedPrecondition) {  // not "none set"
+    return token.status();
+  }
+  return o;
+}
+
 HttpServer::HttpServer(asio::io_context& io, HttpServerOptions options, Callbacks callbacks)
     : core_(std::make_shared<Core>(io, std::move(options), std::move(callbacks))) {}
 
@@ -277,8 +295,8 @@ Status HttpServer::Start() {
   auto fail = [&](std::string_view what) {
     error_code ignored;
     c.acceptor.close(ignored);
-    return UnavailableError("scheduler API: " + std::string(what) + " " + c.options.address +
-                            ":" + std::to_string(c.options.port) + ": " + ec.message());
+    return UnavailableError("scheduler API: " + std::string(what) + " " + c.options.address + ":" +
+                            std::to_string(c.options.port) + ": " + ec.message());
   };
   if (c.acceptor.open(ep.protocol(), ec)) return fail("open");
   if (c.acceptor.set_option(tcp::acceptor::reuse_address(true), ec)) return fail("reuse_address");

@@ -24,13 +24,12 @@
 #ifndef MORPH_RUNTIME_COORDINATOR_HTTP_SERVER_H_
 #define MORPH_RUNTIME_COORDINATOR_HTTP_SERVER_H_
 
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
 
 #include "base/status.h"
 #include "runtime/coordinator/http_api.h"
@@ -40,7 +39,7 @@ namespace morph {
 class HttpSession;
 
 struct HttpServerOptions {
-  std::string address = "127.0.0.1";  // MORPH_API_ADDR
+  std::string address = "127.0.0.1";   // MORPH_API_ADDR
   uint16_t port = 0;                   // MORPH_API_PORT; 0: the kernel picks one (see port())
   std::string token;                   // the job token; empty: mutating calls are refused (403)
   bool token_for_reads = false;        // also require the token on GET endpoints
@@ -54,6 +53,12 @@ struct HttpServerOptions {
   // A resize callback that has not answered by then gets 504 (the request stays submitted).
   std::chrono::milliseconds answer_timeout{30000};
   int max_connections = 64;  // further connections are closed as soon as accepted
+
+  // address, port and token_for_reads from MORPH_API_ADDR, MORPH_API_PORT and
+  // MORPH_API_TOKEN_FOR_READS; the token from MORPH_TOKEN / MORPH_TOKEN_FILE (empty when
+  // neither is set). kInvalidArgument naming the variable for a value that does not parse,
+  // kNotFound / kPermissionDenied for an unreadable token file.
+  static StatusOr<HttpServerOptions> FromEnv();
 };
 
 class HttpServer {
