@@ -420,6 +420,10 @@ TEST_F(ServerTest, BadRequestsGet4xxNamingTheFieldAndReachNoCallback) {
               401, "Authorization", "not \"Bearer <job token>\"");
   ExpectError(Send(port(), http::verb::post, "/v1/resize", std::string(70 * 1024, ' ')), 413,
               "body", "larger than 65536 bytes");
+  // Far beyond the socket buffers: the server drains what it will not read before closing,
+  // so the client still gets its 413 rather than a reset.
+  ExpectError(Send(port(), http::verb::post, "/v1/resize", std::string(4 << 20, ' ')), 413, "body",
+              "larger than 65536 bytes");
   ExpectError(Send(port(), http::verb::get, "/v1/nothing"), 404, "", "no endpoint /v1/nothing");
   Response wrong = Send(port(), http::verb::get, "/v1/resize");
   ExpectError(wrong, 405, "", "method GET not allowed on /v1/resize");
@@ -539,6 +543,36 @@ TEST_F(ServerTest, SlowlorisIsDroppedWhileAnHonestClientIsServed) {
   EXPECT_LT(waited, 4.0);
   EXPECT_GE(OnIo([this] { return server_->stats().timeouts; }), 1);
   EXPECT_EQ(Send(port(), http::verb::get, "/v1/status", "", "").status, 200);
+}
+
+TEST_F(ServerTest, TricklingClientIsDroppedAtTheRequestTimeout) {
+  // One byte every 50 ms never stalls a single read, but the request as a whole must arrive
+  // within the read timeout.
+  HttpServerOptions o;
+  o.read_timeout = std::chrono::milliseconds(300);
+  StartServer(o);
+  asio::io_context cio;
+  tcp::socket slow(cio);
+  error_code ec;
+  slow.connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port()), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  std::string header = "GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(200, 'a');
+  auto start = std::chrono::steady_clock::now();
+  size_t sent = 0;
+  for (; sent < header.size(); ++sent) {
+    asio::write(slow, asio::buffer(&header[sent], 1), ec);
+    if (ec) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5)) break;
+  }
+  // The server closed it long before the header was complete (200 bytes take 10 s).
+  char byte;
+  bool closed = false;
+  slow.async_read_some(asio::buffer(&byte, 1), [&](error_code e, size_t) { closed = !!e; });
+  cio.run_for(std::chrono::seconds(2));
+  EXPECT_TRUE(closed);
+  EXPECT_LT(sent, header.size());
+  EXPECT_GE(OnIo([this] { return server_->stats().timeouts; }), 1);
 }
 
 TEST_F(ServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {

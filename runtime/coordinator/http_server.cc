@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -210,14 +211,32 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         if (ec == beast::error::timeout) ++self->core_->stats.timeouts;
         return self->Close();
       }
-      if (!self->res_.keep_alive()) {
-        error_code ignored;
-        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-        return self->Close();
-      }
+      if (!self->res_.keep_alive()) return self->LingeringClose();
       self->Read();
     });
   }
+
+  // After a reply that ends the connection (413, a parse error, Connection: close): stop
+  // sending, then read and discard what the client still sends, for a bounded time and
+  // amount. Closing with unread bytes would make the kernel send a reset, and the client
+  // could lose our reply before reading it.
+  void LingeringClose() {
+    error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(kLingerTime);
+    Drain();
+  }
+  void Drain() {
+    if (closed_) return;
+    stream_.async_read_some(asio::buffer(drain_),
+                            [self = shared_from_this()](error_code ec, size_t n) {
+                              self->drained_ += n;
+                              if (ec || self->drained_ > kLingerBytes) return self->Close();
+                              self->Drain();
+                            });
+  }
+  static constexpr std::chrono::milliseconds kLingerTime{1000};
+  static constexpr size_t kLingerBytes = 16 << 20;
 
   std::shared_ptr<HttpServer::Core> core_;
   beast::tcp_stream stream_;
@@ -230,6 +249,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool awaiting_ = false;
   bool keep_alive_ = true;
   bool closed_ = false;
+  std::array<char, 16 * 1024> drain_;
+  size_t drained_ = 0;
 };
 
 void HttpServer::Core::Accept() {
