@@ -28,7 +28,9 @@ std::string FieldOf(std::string_view message) {
   for (std::string_view f : kResizeFields) {
     if (head == f) return std::string(f);
   }
-  if (head == "body" || head == "Authorization") return std::string(head);
+  if (head == "body" || head == "Authorization" || head == "request" || head == "headers") {
+    return std::string(head);
+  }
   return "";
 }
 
