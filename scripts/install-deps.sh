@@ -13,6 +13,7 @@ PACKAGES=(
   nlohmann-json3-dev
   openmpi-bin libopenmpi-dev
   procps
+  prometheus  # promtool, for http_api_test (checks /metrics); 19 MB download
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
 )
 
