@@ -6,6 +6,8 @@
 #                 [ARGS ...] [ENV K=V ...] [NO_GTEST_MAIN] [NO_LEAK_CHECK])
 #     -> gtest binary registered with ctest (label defaults to unit; exit 77 = skipped).
 #   morph_cc_binary(NAME morph-plan SRCS main.cc DEPS morph::reshard [INSTALL])
+#   morph_cc_test_library(NAME morph_foo_testing SRCS h.cc DEPS morph::foo)
+#     -> a static library for tests and benchmarks: not installed, same warnings and sanitizers.
 
 # GCC 12 warns on designated initializers that omit members with default initializers.
 set(MORPH_WARNINGS -Wall -Wextra -Werror -Wno-missing-field-initializers)
@@ -94,4 +96,11 @@ endfunction()
 # Installs a folder's public headers under include/morph/<folder>/.
 function(morph_install_headers folder)
   install(FILES ${ARGN} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/morph/${folder})
+endfunction()
+
+function(morph_cc_test_library)
+  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS" ${ARGN})
+  add_library(${A_NAME} STATIC ${A_SRCS})
+  target_link_libraries(${A_NAME} PUBLIC ${A_DEPS})
+  _morph_common_flags(${A_NAME})
 endfunction()

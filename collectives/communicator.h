@@ -47,6 +47,10 @@ enum class ReduceOp : uint8_t { kSum, kMax, kMin };
 // flight are aborted first (NCCL_SHRINK_ABORT).
 enum class ShrinkMode : uint8_t { kPlanned, kFailure };
 
+// The default timeout of a collective (5 minutes: a first step, a checkpoint barrier or a slow
+// joiner can take long; a failed peer is noticed sooner through its closed connection).
+inline constexpr std::chrono::milliseconds kDefaultCollectiveTimeout{300000};
+
 // MORPH_COLLECTIVE_TIMEOUT_MS as a duration, for callers that pass "the job's default" timeout.
 // kInvalidArgument naming the variable for a bad value. Any thread.
 StatusOr<std::chrono::milliseconds> CollectiveTimeoutFromEnv();
@@ -97,7 +101,8 @@ struct CollectiveOp {
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;
   std::vector<P2POp> p2p;
-  std::chrono::milliseconds timeout{30000};
+  // The one default: equal to MORPH_COLLECTIVE_TIMEOUT_MS's default (communicator_test checks).
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
   // A cudaStream_t for backends with device memory: the operation is enqueued on it, after the
   // work already there (e.g. the backward pass that produced the gradients), and Wait waits
   // for it only, so other streams' compute overlaps it. Null: the communicator's own stream

@@ -48,6 +48,9 @@ TEST(BFloat16Test, RoundTripsAndRounds) {
 TEST(TimeoutsTest, FromEnvironment) {
   ::unsetenv("MORPH_COLLECTIVE_TIMEOUT_MS");
   EXPECT_EQ(*CollectiveTimeoutFromEnv(), std::chrono::milliseconds(300000));
+  // One default collective timeout: the op's and the parameter's are the same.
+  EXPECT_EQ(*CollectiveTimeoutFromEnv(), CollectiveOp{}.timeout);
+  EXPECT_EQ(CollectiveOp::Barrier(kDefaultCollectiveTimeout).timeout, CollectiveOp{}.timeout);
   ::setenv("MORPH_COLLECTIVE_TIMEOUT_MS", "1500", 1);
   EXPECT_EQ(*CollectiveTimeoutFromEnv(), std::chrono::milliseconds(1500));
   ::setenv("MORPH_COLLECTIVE_TIMEOUT_MS", "soon", 1);
