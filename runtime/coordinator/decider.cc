@@ -390,7 +390,7 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
   phase_ = Phase::kPreparing;
   out.push_back(DeciderAction::SendPrepare{
       change.participants,
-      PrepareMsg{.next = *pending_, .from_generation = current_.id, .change = change}});
+      PrepareMsg{.next = *pending_, .from_generation = current_.id, .from = current_, .change = change}});
 }
 
 void Decider::OnReport(const StepReportMsg& m, Out& out) {
@@ -407,7 +407,8 @@ void Decider::Commit(Out& out) {
   phase_ = Phase::kCommitted;
   out.push_back(DeciderAction::SendCommit{
       pending_change_.participants,
-      CommitMsg{.next = *pending_, .from_generation = current_.id, .change = pending_change_}});
+      CommitMsg{.next = *pending_, .from_generation = current_.id, .from = current_,
+                .change = pending_change_}});
 }
 
 void Decider::OnApplied(const AppliedMsg& m, Out& out) {

@@ -56,6 +56,9 @@ struct ChangeParticipants {
 struct PrepareMsg {
   Generation next;  // start_step not decided yet (0)
   int64_t from_generation = 0;
+  // The generation the change starts from, whole (from.id == from_generation): joiners derive
+  // the reshard plan from it.
+  Generation from;
   ChangeParticipants change;
   friend bool operator==(const PrepareMsg&, const PrepareMsg&) = default;
 };
@@ -73,6 +76,7 @@ struct StepReportMsg {
 struct CommitMsg {
   Generation next;
   int64_t from_generation = 0;
+  Generation from;  // as in PrepareMsg
   ChangeParticipants change;
   friend bool operator==(const CommitMsg&, const CommitMsg&) = default;
 };

@@ -135,7 +135,9 @@ void Get(Reader& r, Generation& g) {
   Get(r, g.config);
   g.ranks = r.Ids("generation.ranks");
   g.plan_digest = r.U64("generation.plan_digest");
-  if (r.ok() && static_cast<int64_t>(g.ranks.size()) != g.config.world()) {
+  // Generation 0 (none yet: a change from nothing) has no ranks.
+  if (r.ok() && !(g.id == 0 && g.ranks.empty()) &&
+      static_cast<int64_t>(g.ranks.size()) != g.config.world()) {
     r.Fail("generation.ranks", std::to_string(g.ranks.size()) + " ranks for a world of " +
                                    std::to_string(g.config.world()));
   }
@@ -197,6 +199,7 @@ requires std::is_same_v<M, PrepareMsg> || std::is_same_v<M, CommitMsg>
 void Put(Writer& w, const M& m) {
   Put(w, m.next);
   w.I64(m.from_generation);
+  Put(w, m.from);
   Put(w, m.change);
 }
 template <typename M>
@@ -204,6 +207,11 @@ requires std::is_same_v<M, PrepareMsg> || std::is_same_v<M, CommitMsg>
 void Get(Reader& r, M& m) {
   Get(r, m.next);
   m.from_generation = r.I64("from_generation");
+  Get(r, m.from);
+  if (r.ok() && m.from.id != m.from_generation) {
+    r.Fail("from", "generation " + std::to_string(m.from.id) + " is not from_generation " +
+                       std::to_string(m.from_generation));
+  }
   Get(r, m.change);
 }
 void Put(Writer& w, const StepReportMsg& m) {

@@ -14,9 +14,9 @@ namespace {
 using ::morph::testing::StatusIs;
 using ::testing::HasSubstr;
 
-Generation Gen() {
+Generation Gen(int64_t id = 7) {
   Generation g;
-  g.id = 7;
+  g.id = id;
   g.start_step = 1234;
   g.config = ParallelConfig{
       .dp = 2, .tp = 2, .pp = 1, .stage_of_layer = {0, 0, 0}, .zero_stage = 1, .micro_batches = 4};
@@ -35,9 +35,9 @@ std::vector<WireMessage> Samples() {
       LeaveMsg{.reason = "SIGTERM"},
       ErrorMsg{.code = static_cast<int32_t>(StatusCode::kUnauthenticated),
                .message = "wrong token"},
-      PrepareMsg{.next = Gen(), .from_generation = 6, .change = c},
+      PrepareMsg{.next = Gen(), .from_generation = 6, .from = Gen(6), .change = c},
       StepReportMsg{.worker = 12, .generation = 7, .last_free_step = 1233},
-      CommitMsg{.next = Gen(), .from_generation = 6, .change = c},
+      CommitMsg{.next = Gen(), .from_generation = 6, .from = Gen(6), .change = c},
       AbandonMsg{.generation = 7},
       AppliedMsg{.worker = 13, .generation = 7, .ok = false, .error = "peer 2 gone"},
       OutcomeMsg{.generation = 7, .applied = true},
@@ -47,6 +47,7 @@ std::vector<WireMessage> Samples() {
 TEST(WireTest, EveryMessageRoundTrips) {
   std::vector<WireMessage> all = Samples();
   ASSERT_EQ(all.size(), std::variant_size_v<WireMessage>);
+  all.push_back(CommitMsg{.next = Gen(1), .from_generation = 0});  // from nothing: no ranks
   for (const WireMessage& m : all) {
     std::string frame = EncodeFrame(m);
     MORPH_ASSERT_OK_AND_ASSIGN(WireMessage back, DecodeFrame(frame));
@@ -145,6 +146,15 @@ TEST(WireTest, RandomCorruptionNeverCrashesAndNeverLies) {
       ASSERT_EQ(EncodeFrame(*r), frame);
     }
   }
+}
+
+TEST(WireTest, CommitFromMustBeItsFromGeneration) {
+  CommitMsg m{.next = Gen(), .from_generation = 5, .from = Gen(6)};
+  StatusOr<WireMessage> d = DecodeFrame(EncodeFrame(m));
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(d.status().message().find("generation 6 is not from_generation 5"), std::string::npos)
+      << d.status().message();
 }
 
 }  // namespace
