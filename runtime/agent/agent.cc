@@ -1,0 +1,179 @@
+#include "runtime/agent/agent.h"
+
+#include <glog/logging.h>
+
+#include <utility>
+
+namespace morph {
+
+StatusOr<std::unique_ptr<Agent>> Agent::Connect(const std::string& address,
+                                                const HelloMsg& hello, const RegisterMsg& reg,
+                                                AgentOptions options, Deadline deadline) {
+  MORPH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> client,
+                         ControlClient::Connect(address, hello, reg, deadline));
+  std::unique_ptr<Agent> agent(new Agent(std::move(client), std::move(options)));
+  agent->thread_ = std::thread([a = agent.get()] { a->Run(); });
+  return agent;
+}
+
+Agent::Agent(std::unique_ptr<ControlClient> client, AgentOptions options)
+    : client_(std::move(client)),
+      options_(std::move(options)),
+      welcome_(client_->welcome()),
+      core_(welcome_.worker) {
+  std::lock_guard<std::mutex> l(mu_);
+  UpdatePendingLocked();  // no generation yet: BeginStep must ask
+}
+
+Agent::~Agent() { Close(); }
+
+void Agent::Close() {
+  stop_.store(true);
+  client_->Close();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+void Agent::UpdatePendingLocked() {
+  bool p = !connection_.ok() || core_.finished() || core_.pending_commit().has_value() ||
+           core_.gate() != AgentCore::kNoGate || core_.rank() < 0;
+  pending_.store(p, std::memory_order_seq_cst);
+}
+
+void Agent::Run() {
+  auto next_beat = std::chrono::steady_clock::now();
+  const auto beat = std::chrono::milliseconds(options_.heartbeat_ms);
+  while (!stop_.load()) {
+    auto now = std::chrono::steady_clock::now();
+    if (now >= next_beat) {
+      Status s = client_->Send(HeartbeatMsg{.step = begun_.load()});
+      if (!s.ok() && !stop_.load()) {
+        std::lock_guard<std::mutex> l(mu_);
+        connection_ = s;
+        UpdatePendingLocked();
+        cv_.notify_all();
+        return;
+      }
+      next_beat = now + beat;
+    }
+    // Short waits so that a leave request from a signal handler goes out promptly.
+    Deadline d(std::min(next_beat, now + std::chrono::milliseconds(50)));
+    StatusOr<WireMessage> m = client_->Receive(d);
+    if (!m.ok()) {
+      if (m.status().code() == StatusCode::kDeadlineExceeded) continue;
+      if (stop_.load()) return;
+      std::lock_guard<std::mutex> l(mu_);
+      if (!core_.finished()) {
+        connection_ = UnavailableError("connection to the coordinator lost: " +
+                                       std::string(m.status().message()));
+        LOG(WARNING) << "worker " << id() << ": " << connection_.message();
+      }
+      UpdatePendingLocked();
+      cv_.notify_all();
+      return;
+    }
+    Handle(std::move(*m));
+  }
+}
+
+void Agent::Handle(WireMessage m) {
+  std::optional<StepReportMsg> report;
+  std::optional<PrepareMsg> prepared;
+  std::optional<int64_t> abandoned;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (auto* p = std::get_if<PrepareMsg>(&m)) {
+      // Dekker with NoteBegin: raise the flag, then read the step (see agent.h).
+      pending_.store(true, std::memory_order_seq_cst);
+      int64_t next = begun_.load(std::memory_order_seq_cst) + 1;
+      report = core_.OnPrepare(*p, next);
+      const auto& parts = p->change.participants;
+      if (std::find(parts.begin(), parts.end(), id()) != parts.end() && p->next.id > core_.generation().id) {
+        prepared = *p;
+      }
+    } else if (auto* c = std::get_if<CommitMsg>(&m)) {
+      core_.OnCommit(*c);
+    } else if (auto* a = std::get_if<AbandonMsg>(&m)) {
+      core_.OnAbandon(*a);
+      abandoned = a->generation;
+    } else if (auto* o = std::get_if<OutcomeMsg>(&m)) {
+      bool waiting = core_.pending_commit().has_value();
+      core_.OnOutcome(*o);
+      if (waiting && !core_.pending_commit()) outcome_ = o->applied;
+    } else if (auto* r = std::get_if<ReleaseMsg>(&m)) {
+      core_.OnRelease(*r);
+    } else if (auto* e = std::get_if<ErrorMsg>(&m)) {
+      connection_ = Status(static_cast<StatusCode>(e->code), "coordinator: " + e->message);
+    } else {
+      LOG(WARNING) << "worker " << id() << ": unexpected message type " << m.index() + 1
+                   << " from the coordinator; ignored";
+    }
+    UpdatePendingLocked();
+    cv_.notify_all();
+  }
+  if (report) {
+    Status s = client_->Send(*report);
+    if (!s.ok()) LOG(WARNING) << "worker " << id() << ": step report not sent: " << s;
+  }
+  if (prepared && options_.on_prepare) options_.on_prepare(*prepared);
+  if (abandoned && options_.on_abandon) options_.on_abandon(*abandoned);
+}
+
+StatusOr<Agent::Decision> Agent::Decide(int64_t step, Deadline deadline) {
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    AgentCore::Action a = core_.AtStep(step);
+    if (a == AgentCore::Action::kFinished) return Decision{.action = a};
+    if (a == AgentCore::Action::kSwitch) {
+      return Decision{.action = a, .commit = *core_.pending_commit()};
+    }
+    if (!connection_.ok()) return connection_;
+    if (a == AgentCore::Action::kProceed) return Decision{.action = a};
+    if (cv_.wait_until(l, deadline.when()) == std::cv_status::timeout &&
+        core_.AtStep(step) == AgentCore::Action::kWait) {
+      return DeadlineExceededError("step " + std::to_string(step) +
+                                   ": no decision from the coordinator in time (worker " +
+                                   std::to_string(id()) + ", generation " +
+                                   std::to_string(core_.generation().id) + ")");
+    }
+  }
+}
+
+Status Agent::SwitchDone(bool ok, const std::string& error) {
+  AppliedMsg applied;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    outcome_.reset();
+    applied = core_.SwitchDone(ok, error);
+    UpdatePendingLocked();
+  }
+  return client_->Send(applied);
+}
+
+StatusOr<bool> Agent::AwaitOutcome(Deadline deadline) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!cv_.wait_until(l, deadline.when(), [&] { return outcome_.has_value() || !connection_.ok(); })) {
+    return DeadlineExceededError("no outcome from the coordinator in time");
+  }
+  if (outcome_) return *outcome_;
+  return connection_;
+}
+
+Generation Agent::generation() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return core_.generation();
+}
+
+bool Agent::finished() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return core_.finished();
+}
+
+void Agent::RequestLeave(const std::string& reason) {
+  if (leave_sent_.exchange(true)) return;
+  Status s = client_->Send(LeaveMsg{.reason = reason});
+  if (!s.ok()) LOG(WARNING) << "worker " << id() << ": leave request not sent: " << s;
+}
+
+Status Agent::SendDone() { return client_->Send(DoneMsg{}); }
+
+}  // namespace morph

@@ -1,0 +1,114 @@
+// Agent: the worker's side of the control channel (docs/design.md §9, runtime/agent/). It holds
+// the connection to the coordinator (runtime/protocol/control_client.h), sends heartbeats,
+// feeds the coordinator's messages to the pure AgentCore (agent_core.h) and answers prepares
+// with the step the training thread may reach, all on a control thread of its own. The training
+// thread asks it at each step boundary whether to proceed:
+//
+//   agent->NoteBegin(step);                    // every BeginStep: one store, one load
+//   if (agent->pending()) {                    // a change is in the air: the slow path
+//     Agent::Decision d = agent->Decide(step, deadline);
+//     ...  // kSwitch: apply d.commit, then agent->SwitchDone(ok)
+//   }
+//
+// Ordering: NoteBegin stores the step and then loads the pending flag; the control thread sets
+// the flag and then loads the step (both sequentially consistent). So either the training thread
+// sees the flag at this boundary, or the control thread sees this step and promises at least
+// the next one: a worker never begins a step beyond its promise (the gate) without the decision.
+//
+// Threads: NoteBegin, pending, Decide, SwitchDone belong to the training thread; RequestLeave,
+// SendDone, Close and the accessors are for any thread. The callbacks run on the control thread.
+#ifndef MORPH_RUNTIME_AGENT_AGENT_H_
+#define MORPH_RUNTIME_AGENT_AGENT_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "runtime/agent/agent_core.h"
+#include "runtime/protocol/control_client.h"
+#include "runtime/protocol/wire.h"
+
+namespace morph {
+
+struct AgentOptions {
+  int64_t heartbeat_ms = 1000;
+  // Called on the control thread when a prepare names this worker as a participant (old rank
+  // or joiner): the runtime starts building the new generation beside the running one.
+  std::function<void(const PrepareMsg&)> on_prepare;
+  // Called on the control thread for an abandon: drop what was built for that generation.
+  std::function<void(int64_t generation)> on_abandon;
+};
+
+class Agent {
+ public:
+  // Connects and registers (ControlClient::Connect's errors), then starts the control thread.
+  static StatusOr<std::unique_ptr<Agent>> Connect(const std::string& address,
+                                                  const HelloMsg& hello, const RegisterMsg& reg,
+                                                  AgentOptions options, Deadline deadline);
+  ~Agent();  // Close()
+
+  WorkerId id() const { return welcome_.worker; }
+  const WelcomeMsg& welcome() const { return welcome_; }
+
+  // The training thread is about to begin `step`.
+  void NoteBegin(int64_t step) { begun_.store(step, std::memory_order_seq_cst); }
+  // Something the training thread must look at (a prepare, a commit, a release, a lost
+  // connection). One sequentially consistent load.
+  bool pending() const { return pending_.load(std::memory_order_seq_cst); }
+
+  struct Decision {
+    AgentCore::Action action = AgentCore::Action::kProceed;
+    std::optional<CommitMsg> commit;  // kSwitch: the change to apply now
+  };
+  // Blocks until the core lets `step` proceed, tells it to switch or that it is finished.
+  // kUnavailable when the coordinator connection is gone (its reason), kDeadlineExceeded.
+  StatusOr<Decision> Decide(int64_t step, Deadline deadline);
+  // Reports the switch's result (sends Applied). After ok the core is in the new generation.
+  Status SwitchDone(bool ok, const std::string& error = "");
+  // After a failed switch: waits for the coordinator's outcome (true: applied elsewhere).
+  StatusOr<bool> AwaitOutcome(Deadline deadline);
+
+  // The committed generation this worker is in (a copy; id 0 before the first).
+  Generation generation() const;
+  bool finished() const;
+
+  // Sends Leave (once). Any thread.
+  void RequestLeave(const std::string& reason);
+  // Sends Done: this worker's training ended normally. Any thread.
+  Status SendDone();
+  // Closes the connection and joins the control thread. Idempotent.
+  void Close();
+
+ private:
+  Agent(std::unique_ptr<ControlClient> client, AgentOptions options);
+  void Run();  // the control thread
+  void Handle(WireMessage m);
+  void UpdatePendingLocked();
+
+  std::unique_ptr<ControlClient> client_;
+  AgentOptions options_;
+  WelcomeMsg welcome_;
+  std::atomic<int64_t> begun_{-1};
+  std::atomic<bool> pending_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> leave_sent_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  AgentCore core_;
+  Status connection_;  // not OK once the connection is gone
+  std::optional<bool> outcome_;  // after a failed switch
+  std::thread thread_;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_AGENT_AGENT_H_

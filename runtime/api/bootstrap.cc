@@ -1,0 +1,161 @@
+#include "runtime/api/bootstrap.h"
+
+#include <glog/logging.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "runtime/coordinator/coordinator.h"
+#if MORPH_WITH_MPI
+#include "collectives/mpi_bootstrap.h"
+#endif
+
+namespace morph {
+namespace {
+
+constexpr uint16_t kSlurmDefaultPort = 29400;
+
+StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
+                                            const std::string& bind, uint16_t port,
+                                            const std::string& token) {
+  CoordinatorOptions c;
+  c.address = bind;
+  c.port = port;
+  c.token = token;
+  c.initial_world = initial_world;
+  c.max_world = o.max_world;
+  c.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
+  MORPH_ASSIGN_OR_RETURN(c.http, HttpServerOptions::FromEnv());
+  c.http.token = token;
+  c.http.max_world = o.max_world;
+  return Coordinator::Start(std::move(c));
+}
+
+}  // namespace
+
+StatusOr<std::string> RandomToken() {
+  std::ifstream in("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16];
+  if (!in.read(reinterpret_cast<char*>(bytes), sizeof(bytes))) {
+    return UnavailableError("cannot read /dev/urandom for a job token");
+  }
+  std::string out;
+  char hex[3];
+  for (unsigned char b : bytes) {
+    std::snprintf(hex, sizeof(hex), "%02x", b);
+    out += hex;
+  }
+  return out;
+}
+
+StatusOr<std::string> FirstSlurmHost(const std::string& nodelist) {
+  if (nodelist.empty()) return InvalidArgumentError("SLURM_STEP_NODELIST is empty");
+  size_t end = nodelist.find_first_of(",[");
+  if (end == std::string::npos || nodelist[end] == ',') {
+    std::string host = nodelist.substr(0, end);
+    if (host.empty()) return InvalidArgumentError("SLURM_STEP_NODELIST=" + nodelist + ": no host");
+    return host;
+  }
+  // prefix[range,...]: the first number of the first range keeps its zero padding.
+  std::string prefix = nodelist.substr(0, end);
+  size_t close = nodelist.find(']', end);
+  if (close == std::string::npos) {
+    return InvalidArgumentError("SLURM_STEP_NODELIST=" + nodelist + ": '[' without ']'");
+  }
+  std::string inside = nodelist.substr(end + 1, close - end - 1);
+  size_t stop = inside.find_first_of(",-");
+  std::string first = inside.substr(0, stop);
+  if (first.empty() || first.find_first_not_of("0123456789") != std::string::npos) {
+    return InvalidArgumentError("SLURM_STEP_NODELIST=" + nodelist + ": range '" + inside +
+                                "' does not start with a number");
+  }
+  // A suffix after ']' (rare: "n[1-2]-ib") belongs to every host.
+  size_t suffix_end = nodelist.find(',', close);
+  return prefix + first + nodelist.substr(close + 1, suffix_end - close - 1);
+}
+
+StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) {
+  BootstrapResult r;
+  r.token = o.token;
+  r.data_hostname = o.data_hostname;
+  Bootstrap mode = o.bootstrap;
+  if (mode == Bootstrap::kAuto) {
+    if (!o.coordinator.empty()) {
+      mode = Bootstrap::kJoin;
+    } else if (o.launcher_size > 0 && o.slurm_nodelist.empty()) {
+      mode = Bootstrap::kMpi;
+    } else if (o.launcher_size > 0) {
+      mode = Bootstrap::kSlurm;
+    } else {
+      mode = Bootstrap::kHost;
+    }
+  }
+  r.mode = mode;
+  switch (mode) {
+    case Bootstrap::kAuto:
+    case Bootstrap::kJoin:
+      if (o.coordinator.empty()) {
+        return FailedPreconditionError("joining a job needs its coordinator: set "
+                                       "MORPH_COORDINATOR=host:port (Options::coordinator)");
+      }
+      if (r.token.empty()) {
+        return FailedPreconditionError("joining " + o.coordinator +
+                                       " needs the job token: set MORPH_TOKEN or "
+                                       "MORPH_TOKEN_FILE (Options::token)");
+      }
+      r.coordinator_address = o.coordinator;
+      return r;
+    case Bootstrap::kHost: {
+      if (r.token.empty()) MORPH_ASSIGN_OR_RETURN(r.token, RandomToken());
+      MORPH_ASSIGN_OR_RETURN(r.coordinator, Host(o, o.initial_world, o.coordinator_bind,
+                                                 o.coordinator_port, r.token));
+      r.coordinator_address = r.coordinator->control_address();
+      LOG(INFO) << "hosting the coordinator at " << r.coordinator_address << " for "
+                << o.initial_world << " worker(s)";
+      return r;
+    }
+    case Bootstrap::kMpi: {
+#if MORPH_WITH_MPI
+      std::unique_ptr<Coordinator> hosted;
+      MORPH_ASSIGN_OR_RETURN(MpiBootstrap boot,
+                             MpiBootstrap::Share([&]() -> StatusOr<std::string> {
+        std::string token = o.token;
+        if (token.empty()) MORPH_ASSIGN_OR_RETURN(token, RandomToken());
+        MORPH_ASSIGN_OR_RETURN(hosted, Host(o, o.launcher_size, o.coordinator_bind,
+                                            o.coordinator_port, token));
+        return hosted->control_address() + "\n" + token;
+      }));
+      size_t nl = boot.blob.find('\n');
+      if (nl == std::string::npos) return InternalError("mpi bootstrap: malformed blob");
+      r.coordinator_address = boot.blob.substr(0, nl);
+      r.token = boot.blob.substr(nl + 1);
+      r.coordinator = std::move(hosted);
+      return r;
+#else
+      return FailedPreconditionError(
+          "launched by mpirun (OMPI_COMM_WORLD_SIZE is set) but morph was built without MPI; "
+          "set MORPH_COORDINATOR to join a coordinator instead");
+#endif
+    }
+    case Bootstrap::kSlurm: {
+      if (r.token.empty()) {
+        return FailedPreconditionError(
+            "under Slurm every task needs the same job token: export MORPH_TOKEN (or "
+            "MORPH_TOKEN_FILE) in the batch script");
+      }
+      MORPH_ASSIGN_OR_RETURN(std::string first, FirstSlurmHost(o.slurm_nodelist));
+      uint16_t port = o.coordinator_port ? o.coordinator_port : kSlurmDefaultPort;
+      if (r.data_hostname.empty() || r.data_hostname == "127.0.0.1") r.data_hostname = o.host;
+      if (o.launcher_rank == 0) {
+        std::string bind = o.coordinator_bind == "127.0.0.1" ? "0.0.0.0" : o.coordinator_bind;
+        MORPH_ASSIGN_OR_RETURN(r.coordinator, Host(o, o.launcher_size, bind, port, r.token));
+      }
+      r.coordinator_address = first + ":" + std::to_string(port);
+      (void)deadline;  // the agent retries refused connections until the start deadline
+      return r;
+    }
+  }
+  return InternalError("unknown bootstrap mode");
+}
+
+}  // namespace morph

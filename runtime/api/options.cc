@@ -1,0 +1,93 @@
+#include "runtime/api/options.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+
+#include "base/params.h"
+#include "collectives/tcp_store.h"
+
+namespace morph {
+
+StatusOr<Options> Options::FromEnv() {
+  Options o;
+  MORPH_ASSIGN_OR_RETURN(o.coordinator, params::Coordinator());
+  MORPH_ASSIGN_OR_RETURN(int64_t port, params::CoordinatorPort());
+  o.coordinator_port = static_cast<uint16_t>(port);
+  MORPH_ASSIGN_OR_RETURN(o.coordinator_bind, params::CoordinatorBind());
+  MORPH_ASSIGN_OR_RETURN(int64_t initial, params::InitialWorld());
+  o.initial_world = static_cast<int>(initial);
+  MORPH_ASSIGN_OR_RETURN(o.heartbeat_ms, params::HeartbeatMs());
+  MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
+  MORPH_ASSIGN_OR_RETURN(o.start_timeout_ms, params::StartTimeoutMs());
+  MORPH_ASSIGN_OR_RETURN(o.change_timeout_ms, params::ChangeTimeoutMs());
+  MORPH_ASSIGN_OR_RETURN(o.leave_deadline_ms, params::LeaveDeadlineMs());
+  MORPH_ASSIGN_OR_RETURN(o.handle_sigterm, params::HandleSigterm());
+  MORPH_ASSIGN_OR_RETURN(o.chunk_bytes, params::ReshardChunkBytes());
+  MORPH_ASSIGN_OR_RETURN(o.staging_bytes, params::ReshardStagingBytes());
+  MORPH_ASSIGN_OR_RETURN(o.batch_bytes, params::ReshardBatchBytes());
+  MORPH_ASSIGN_OR_RETURN(o.shared_memory, params::ReshardShm());
+  MORPH_ASSIGN_OR_RETURN(std::string token, params::Token());
+  MORPH_ASSIGN_OR_RETURN(std::string token_file, params::TokenFile());
+  if (!token.empty() || !token_file.empty()) {
+    MORPH_ASSIGN_OR_RETURN(o.token, JobTokenFromEnv());
+  }
+  MORPH_ASSIGN_OR_RETURN(o.data_hostname, params::GlooHostname());
+  // The launcher's view (read here, once: nothing later reads the environment).
+  auto env_int = [](const char* name) -> StatusOr<int> {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == 0) return -1;
+    MORPH_ASSIGN_OR_RETURN(int64_t n, params::ParseInt64(name, v, 0, INT32_MAX));
+    return static_cast<int>(n);
+  };
+  MORPH_ASSIGN_OR_RETURN(int ompi_size, env_int("OMPI_COMM_WORLD_SIZE"));
+  MORPH_ASSIGN_OR_RETURN(int slurm_size, env_int("SLURM_NTASKS"));
+  if (ompi_size > 0) {
+    o.launcher_size = ompi_size;
+    MORPH_ASSIGN_OR_RETURN(o.launcher_rank, env_int("OMPI_COMM_WORLD_RANK"));
+  } else if (slurm_size > 0 && std::getenv("SLURM_PROCID") != nullptr) {
+    o.launcher_size = slurm_size;
+    MORPH_ASSIGN_OR_RETURN(o.launcher_rank, env_int("SLURM_PROCID"));
+    const char* nodes = std::getenv("SLURM_STEP_NODELIST");
+    if (nodes == nullptr) nodes = std::getenv("SLURM_JOB_NODELIST");
+    o.slurm_nodelist = nodes ? nodes : "";
+    if (o.slurm_nodelist.empty()) {
+      return InvalidArgumentError("SLURM_PROCID is set but SLURM_STEP_NODELIST is not");
+    }
+  }
+  if (o.launcher_size > 0) o.initial_world = o.launcher_size;
+  char host[HOST_NAME_MAX + 1] = {};
+  if (gethostname(host, sizeof(host)) == 0) o.host = host;
+  return o;
+}
+
+Status Options::Validate() const {
+  if (micro_batch < 1) {
+    return InvalidArgumentError("micro_batch: must be at least 1, got " +
+                                std::to_string(micro_batch));
+  }
+  if (max_world < 1) return InvalidArgumentError("max_world: must be at least 1");
+  if (initial_world < 1 || initial_world > max_world) {
+    return InvalidArgumentError("initial_world: " + std::to_string(initial_world) +
+                                " is outside [1, max_world=" + std::to_string(max_world) + "]");
+  }
+  if (heartbeat_ms < 1) return InvalidArgumentError("heartbeat_ms: must be at least 1");
+  for (auto [name, v] : {std::pair{"heartbeat_timeout_ms", heartbeat_timeout_ms},
+                         std::pair{"start_timeout_ms", start_timeout_ms},
+                         std::pair{"change_timeout_ms", change_timeout_ms},
+                         std::pair{"leave_deadline_ms", leave_deadline_ms}}) {
+    if (v < 1) return InvalidArgumentError(std::string(name) + ": must be at least 1 ms");
+  }
+  if (dataset_samples < 1) {
+    return InvalidArgumentError("dataset_samples: must be at least 1, got " +
+                                std::to_string(dataset_samples));
+  }
+  if (model.global_batch < 1) {
+    return InvalidArgumentError("model.global_batch: must be at least 1, got " +
+                                std::to_string(model.global_batch));
+  }
+  return Status();
+}
+
+}  // namespace morph

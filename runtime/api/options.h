@@ -1,0 +1,91 @@
+// Options: how a training process joins an elastic job (docs/design.md §3 and §4 "Start";
+// docs/operations.md lists every variable). Read from the environment once, by FromEnv; fields
+// set explicitly afterwards override it. Nothing in the runtime reads the environment later.
+//
+//   MORPH_ASSIGN_OR_RETURN(morph::Options opts, morph::Options::FromEnv());
+//   opts.model = {.num_layers = 24, .tp_candidates = {1, 2, 4}, .global_batch = 512};
+//   opts.dataset_samples = 1 << 20;
+//   MORPH_ASSIGN_OR_RETURN(auto rt, morph::Runtime::Start(opts, [&](morph::State& s) {
+//     return s.AddTensor("w", {1024, 1024}, morph::DType::kF32, morph::Layout::Layer(0));
+//   }));
+//
+// Bootstrap, the first that applies:
+//   1. `coordinator` (MORPH_COORDINATOR=host:port): join that job's coordinator;
+//   2. mpirun (OMPI_COMM_WORLD_RANK/SIZE): rank 0 hosts the coordinator and hands its address to
+//      every rank through MPI (nothing else uses MPI);
+//   3. Slurm (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID): task 0 hosts the coordinator on the
+//      first node of SLURM_STEP_NODELIST at `coordinator_port`; the others dial it;
+//   4. otherwise this process hosts a coordinator for a job of `initial_world` workers (1 by
+//      default: a single-process job that others may join through its address).
+//
+// Plain value; thread-compatible.
+#ifndef MORPH_RUNTIME_API_OPTIONS_H_
+#define MORPH_RUNTIME_API_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "runtime/protocol/manifest.h"
+
+namespace morph {
+
+enum class Bootstrap { kAuto, kJoin, kMpi, kSlurm, kHost };
+
+struct Options {
+  // --- the model and its data (equal on every worker; checked at registration) ---
+  ModelShape model;
+  int64_t dataset_samples = 1;  // N of the dataset cursor
+  uint64_t dataset_seed = 0;
+  bool dataset_shuffle = true;
+  // Samples per micro-batch on one DP rank; gradient accumulation (micro-batches per step)
+  // follows from the global batch and dp.
+  int64_t micro_batch = 1;
+
+  // --- how to find the job ---
+  Bootstrap bootstrap = Bootstrap::kAuto;
+  std::string coordinator;  // MORPH_COORDINATOR
+  // Port the hosting process's coordinator listens on (0: any; under Slurm a fixed one is
+  // needed so that other tasks can dial it: MORPH_COORDINATOR_PORT, default 29400 there).
+  uint16_t coordinator_port = 0;
+  // Address the hosted coordinator binds (MORPH_COORDINATOR_BIND): loopback unless told;
+  // multi-host jobs set 0.0.0.0.
+  std::string coordinator_bind = "127.0.0.1";
+  int initial_world = 1;  // workers before generation 1 (MORPH_INITIAL_WORLD; mpirun/Slurm size)
+  int max_world = 1 << 16;
+  std::string token;  // MORPH_TOKEN / MORPH_TOKEN_FILE; generated when this process hosts
+  std::string host;   // this worker's host name (default: gethostname)
+  // What the launcher says (FromEnv: OMPI_COMM_WORLD_RANK/SIZE, SLURM_PROCID/NTASKS and
+  // SLURM_STEP_NODELIST); -1 / empty when not launched that way.
+  int launcher_rank = -1;
+  int launcher_size = -1;
+  std::string slurm_nodelist;
+  // Address Gloo listens on for this worker's data plane (MORPH_GLOO_HOSTNAME; default
+  // 127.0.0.1, or the host name under Slurm).
+  std::string data_hostname;
+
+  // --- timing ---
+  int64_t heartbeat_ms = 1000;           // MORPH_HEARTBEAT_MS
+  int64_t heartbeat_timeout_ms = 10000;  // MORPH_HEARTBEAT_TIMEOUT_MS (hosted coordinator)
+  int64_t start_timeout_ms = 300000;     // MORPH_START_TIMEOUT_MS: Start's whole wait
+  int64_t change_timeout_ms = 300000;    // MORPH_CHANGE_TIMEOUT_MS: one reconfiguration
+  int64_t leave_deadline_ms = 30000;     // MORPH_LEAVE_DEADLINE_MS: SIGTERM -> state moved away
+  bool handle_sigterm = true;            // MORPH_HANDLE_SIGTERM: SIGTERM = preemption notice
+
+  // --- reshard (equal on all workers) ---
+  uint64_t chunk_bytes = uint64_t{4} << 20;      // MORPH_RESHARD_CHUNK_BYTES
+  uint64_t staging_bytes = uint64_t{256} << 20;  // MORPH_RESHARD_STAGING_BYTES
+  uint64_t batch_bytes = uint64_t{64} << 20;     // MORPH_RESHARD_BATCH_BYTES
+  bool shared_memory = true;                     // MORPH_RESHARD_SHM
+
+  // Reads every variable above once. kInvalidArgument naming the variable for a value that
+  // does not parse; kNotFound / kPermissionDenied for an unreadable MORPH_TOKEN_FILE.
+  static StatusOr<Options> FromEnv();
+  // kInvalidArgument naming the field: micro_batch < 1, initial_world < 1 or > max_world,
+  // heartbeat_ms < 1, a timeout < 1, ValidateManifest's errors for the model.
+  Status Validate() const;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_API_OPTIONS_H_

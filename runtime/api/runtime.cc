@@ -1,0 +1,438 @@
+#include "runtime/api/runtime.h"
+
+#include <glog/logging.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "collectives/gloo_communicator.h"
+#include "collectives/groups.h"
+#include "collectives/tcp_store.h"
+#include "runtime/agent/agent.h"
+#include "runtime/agent/switch.h"
+#include "runtime/api/bootstrap.h"
+#include "runtime/coordinator/coordinator.h"
+#include "runtime/protocol/plan_input.h"
+
+namespace morph {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double SecondsSince(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+// The one runtime of this process that SIGTERM asks to leave.
+std::atomic<bool> g_leave_requested{false};
+
+void OnSigterm(int) { Runtime::RequestLeaveFromSignal(); }
+
+PrepareMsg AsPrepare(const CommitMsg& c) {
+  return PrepareMsg{.next = c.next, .from_generation = c.from_generation, .from = c.from,
+                    .change = c.change};
+}
+
+}  // namespace
+
+struct StepAccess {
+  static void Fill(Step& s, bool done, bool reconfigured, int64_t index, const Generation& g,
+                   int rank, int64_t micro_batch, GroupSet* groups, const DatasetCursor* cursor) {
+    s.done_ = done;
+    s.reconfigured_ = reconfigured;
+    s.index_ = index;
+    s.generation_ = g.id;
+    s.config_ = &g.config;
+    s.rank_ = rank;
+    s.micro_batch_ = micro_batch;
+    s.groups_ = groups;
+    s.cursor_ = cursor;
+    s.batch_ready_ = false;
+  }
+};
+
+struct Runtime::Impl {
+  Options opts;
+  JobManifest manifest;
+  State state;
+  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<Agent> agent;
+  std::unique_ptr<TcpStoreClient> store;  // the job's store, generation of the last change
+  std::shared_ptr<GlooDevice> device;
+  CommunicatorFactory factory;
+  std::unique_ptr<GroupSet> groups;
+  Generation gen;
+  std::optional<DatasetCursor> cursor;
+  int64_t next_step = 0;
+  bool in_step = false;
+  bool fresh = false;
+  bool finished = false;
+  bool done_sent = false;
+  std::function<void(const Reconfiguration&)> on_reconfigure;
+
+  // The new generation built beside the running one, between its prepare and its switch step.
+  struct Prepared {
+    int64_t generation = 0;
+    std::unique_ptr<TcpStoreClient> store;
+    std::thread thread;
+    StatusOr<std::unique_ptr<PreparedSwitch>> result = InternalError("not built yet");
+  };
+  std::mutex prep_mu;
+  std::unique_ptr<Prepared> prep;                  // the latest prepare
+  std::vector<std::unique_ptr<Prepared>> stale;    // abandoned ones, joined by the training thread
+
+  SwitchOptions SwitchOpts() const {
+    SwitchOptions s;
+    s.batch_bytes = opts.batch_bytes;
+    s.executor.chunk_bytes = manifest.chunk_bytes;
+    s.executor.staging_bytes = manifest.staging_bytes;
+    s.transport.shared_memory = opts.shared_memory;
+    return s;
+  }
+
+  // Control thread: a prepare for a generation this worker takes part in.
+  void StartPrepare(const PrepareMsg& p) {
+    std::lock_guard<std::mutex> l(prep_mu);
+    if (prep && prep->generation >= p.next.id) return;  // a duplicate
+    if (prep) stale.push_back(std::move(prep));
+    auto job = std::make_unique<Prepared>();
+    job->generation = p.next.id;
+    Prepared* raw = job.get();
+    WorkerId me = agent->id();
+    job->thread = std::thread([this, raw, p, me] {
+      Deadline deadline = Deadline::AfterMs(opts.change_timeout_ms);
+      StatusOr<std::unique_ptr<TcpStoreClient>> s = store->ForGeneration(p.next.id, deadline);
+      if (!s.ok()) {
+        raw->result = s.status();
+        return;
+      }
+      raw->store = std::move(*s);
+      raw->result = PrepareSwitch(manifest, me, p, *raw->store, factory, SwitchOpts(), deadline);
+    });
+    prep = std::move(job);
+  }
+
+  void AbandonPrepare(int64_t generation) {
+    std::lock_guard<std::mutex> l(prep_mu);
+    if (prep && prep->generation == generation) stale.push_back(std::move(prep));
+  }
+
+  void JoinStale() {
+    std::vector<std::unique_ptr<Prepared>> done;
+    {
+      std::lock_guard<std::mutex> l(prep_mu);
+      done.swap(stale);
+    }
+    for (auto& p : done) {
+      if (p->thread.joinable()) p->thread.join();
+    }
+  }
+
+  // The prepared switch for `generation`, built now if the prepare never came (the first
+  // change of a joiner that registered after the prepare, or a commit without a prepare).
+  StatusOr<std::unique_ptr<Prepared>> TakePrepared(const CommitMsg& c, Deadline deadline) {
+    std::unique_ptr<Prepared> mine;
+    {
+      std::lock_guard<std::mutex> l(prep_mu);
+      if (prep && prep->generation == c.next.id) mine = std::move(prep);
+    }
+    if (mine) {
+      if (mine->thread.joinable()) mine->thread.join();
+      return mine;
+    }
+    mine = std::make_unique<Prepared>();
+    mine->generation = c.next.id;
+    MORPH_ASSIGN_OR_RETURN(mine->store, store->ForGeneration(c.next.id, deadline));
+    mine->result =
+        PrepareSwitch(manifest, agent->id(), AsPrepare(c), *mine->store, factory, SwitchOpts(),
+                      deadline);
+    return mine;
+  }
+
+  // The training thread applies `c` (its switch step, or a joiner's first generation).
+  Status Switch(const CommitMsg& c, SteadyClock::time_point entered) {
+    Deadline deadline = Deadline::AfterMs(opts.change_timeout_ms);
+    Reconfiguration r{.from_generation = gen.id,
+                      .generation = c.next.id,
+                      .step = c.next.start_step,
+                      .old_config = gen.config,
+                      .config = c.next.config,
+                      .old_rank = gen.RankOf(agent->id()),
+                      .rank = c.next.RankOf(agent->id())};
+    Status st;
+    if (c.from.id == 0) {
+      st = FirstGeneration(c, deadline, r);
+    } else {
+      st = Reshard(c, deadline, r);
+    }
+    if (!st.ok()) {
+      LOG(ERROR) << "worker " << agent->id() << ": switch to generation " << c.next.id
+                 << " failed: " << st;
+      Status sent = agent->SwitchDone(false, std::string(st.message()));
+      if (!sent.ok()) LOG(WARNING) << "applied(failed) not sent: " << sent;
+      return st;
+    }
+    MORPH_RETURN_IF_ERROR(agent->SwitchDone(true));
+    gen = c.next;
+    next_step = c.next.start_step;
+    r.stall_seconds = SecondsSince(entered);
+    LOG(INFO) << "worker " << agent->id() << ": generation " << c.next.id << " ("
+              << c.next.config.ToString() << ") rank " << r.rank << " from step " << r.step
+              << "; switch " << r.stall_seconds << " s (communicators "
+              << r.communicators_seconds << ", plan " << r.plan_seconds << ", transfer "
+              << r.transfer_seconds << ", resume " << r.resume_seconds << ")";
+    if (on_reconfigure && r.rank >= 0) on_reconfigure(r);
+    return Status();
+  }
+
+  Status FirstGeneration(const CommitMsg& c, Deadline deadline, Reconfiguration& r) {
+    const int rank = c.next.RankOf(agent->id());
+    MORPH_ASSIGN_OR_RETURN(ChangePlan plan, PlanForChange(manifest, c.from, c.next, c.change));
+    if (plan.digest != c.next.plan_digest) {
+      return FailedPreconditionError("plan digest mismatch: coordinator " +
+                                     DigestHex(c.next.plan_digest) + ", computed " +
+                                     DigestHex(plan.digest) + " (first generation)");
+    }
+    if (rank < 0) return Status();  // a spare: nothing to hold
+    auto t = SteadyClock::now();
+    MORPH_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> s,
+                           store->ForGeneration(c.next.id, deadline));
+    GroupBuilder builder(factory);
+    MORPH_ASSIGN_OR_RETURN(groups,
+                           builder.Build(*s, c.next.config, rank, c.next.config.world(), deadline));
+    store = std::move(s);
+    r.communicators_seconds = SecondsSince(t);
+    t = SteadyClock::now();
+    MORPH_RETURN_IF_ERROR(state.Materialize(c.next.config, rank));
+    r.resume_seconds = SecondsSince(t);
+    fresh = true;
+    return Status();
+  }
+
+  Status Reshard(const CommitMsg& c, Deadline deadline, Reconfiguration& r) {
+    MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Prepared> p, TakePrepared(c, deadline));
+    if (!p->result.ok()) return p->result.status();
+    PreparedSwitch& prepared = **p->result;
+    MORPH_ASSIGN_OR_RETURN(SwitchStats stats, ExecuteSwitch(prepared, c, state, deadline));
+    std::unique_ptr<GroupSet> next = TakeGroups(prepared);
+    groups.reset();  // the old generation's communicators: the closing barrier passed
+    groups = std::move(next);
+    if (p->store) store = std::move(p->store);
+    r.communicators_seconds = stats.seconds.communicators;
+    r.plan_seconds = stats.seconds.plan;
+    r.transfer_seconds = stats.seconds.transfer;
+    r.resume_seconds = stats.seconds.resume;
+    r.bytes_sent = stats.bytes_sent;
+    r.bytes_received = stats.bytes_received;
+    return Status();
+  }
+
+  // Waits for and applies decisions until step `next_step` may begin (or this worker is done).
+  StatusOr<bool> SlowPath(bool& reconfigured) {
+    auto entered = SteadyClock::now();
+    JoinStale();
+    while (true) {
+      if (g_leave_requested.exchange(false)) agent->RequestLeave("SIGTERM (preemption notice)");
+      // A worker without a rank (a spare, a joiner) waits as long as the job runs.
+      bool ranked = gen.RankOf(agent->id()) >= 0;
+      Deadline d = Deadline::AfterMs(ranked ? opts.change_timeout_ms : opts.heartbeat_ms * 10);
+      StatusOr<Agent::Decision> dec = agent->Decide(next_step, d);
+      if (!dec.ok()) {
+        if (!ranked && dec.status().code() == StatusCode::kDeadlineExceeded) continue;
+        return dec.status();
+      }
+      switch (dec->action) {
+        case AgentCore::Action::kProceed:
+          return false;
+        case AgentCore::Action::kFinished:
+          finished = true;
+          return true;
+        case AgentCore::Action::kSwitch:
+          MORPH_RETURN_IF_ERROR(Switch(*dec->commit, entered));
+          reconfigured = true;
+          agent->NoteBegin(next_step);
+          break;
+        case AgentCore::Action::kWait:
+          break;
+      }
+    }
+  }
+
+  Status Bootstrap();
+};
+
+StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare& declare) {
+  MORPH_RETURN_IF_ERROR(options.Validate());
+  auto impl = std::make_unique<Impl>();
+  impl->opts = std::move(options);
+  const Options& o = impl->opts;
+  if (declare) MORPH_RETURN_IF_ERROR(declare(impl->state));
+  impl->state.Seal();
+  JobManifest& m = impl->manifest;
+  m.model = o.model;
+  impl->state.FillManifest(m);
+  m.dataset_samples = o.dataset_samples;
+  m.dataset_seed = o.dataset_seed;
+  m.dataset_shuffle = o.dataset_shuffle;
+  m.chunk_bytes = o.chunk_bytes;
+  m.staging_bytes = o.staging_bytes;
+  MORPH_RETURN_IF_ERROR(ValidateManifest(m));
+  MORPH_ASSIGN_OR_RETURN(DatasetCursor cursor,
+                         DatasetCursor::Create({.num_samples = o.dataset_samples,
+                                                .global_batch = o.model.global_batch,
+                                                .seed = o.dataset_seed,
+                                                .shuffle = o.dataset_shuffle}));
+  impl->cursor.emplace(std::move(cursor));
+  MORPH_RETURN_IF_ERROR(impl->Bootstrap());
+  std::unique_ptr<Runtime> rt(new Runtime(std::move(impl)));
+  if (rt->impl_->opts.handle_sigterm) {
+    struct sigaction sa = {};
+    sa.sa_handler = OnSigterm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+  }
+  return rt;
+}
+
+Status Runtime::Impl::Bootstrap() {
+  Deadline deadline = Deadline::AfterMs(opts.start_timeout_ms);
+  MORPH_ASSIGN_OR_RETURN(BootstrapResult boot, ResolveBootstrap(opts, deadline));
+  coordinator = std::move(boot.coordinator);
+  opts.token = boot.token;
+  MORPH_ASSIGN_OR_RETURN(GlooOptions gloo, GlooOptions::FromEnv());
+  if (!boot.gloo_hostname.empty()) gloo.hostname = boot.gloo_hostname;
+  MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(gloo));
+  factory = GlooFactory(device);
+
+  AgentOptions ao;
+  ao.heartbeat_ms = opts.heartbeat_ms;
+  ao.on_prepare = [this](const PrepareMsg& p) { StartPrepare(p); };
+  ao.on_abandon = [this](int64_t g) { AbandonPrepare(g); };
+  HelloMsg hello{.token = opts.token, .host = opts.host, .pid = getpid(), .capabilities = 0};
+  MORPH_ASSIGN_OR_RETURN(agent, Agent::Connect(boot.coordinator_address, hello,
+                                               RegisterMsg{.manifest = manifest}, ao, deadline));
+  const WelcomeMsg& w = agent->welcome();
+  MORPH_ASSIGN_OR_RETURN(store, TcpStoreClient::Connect(w.store_address, opts.token,
+                                                        w.current.id, deadline));
+  LOG(INFO) << "worker " << w.worker << " registered with " << boot.coordinator_address
+            << " (job generation " << w.current.id << ")";
+  // Until this worker holds a rank: the first generation, or a change that takes it in.
+  while (gen.RankOf(agent->id()) < 0) {
+    agent->NoteBegin(next_step);
+    Deadline d = Min(deadline, Deadline::AfterMs(opts.heartbeat_ms * 10));
+    StatusOr<Agent::Decision> dec = agent->Decide(next_step, d);
+    if (!dec.ok()) {
+      if (dec.status().code() == StatusCode::kDeadlineExceeded && !deadline.Expired()) continue;
+      return dec.status();
+    }
+    if (dec->action == AgentCore::Action::kFinished) {
+      finished = true;
+      return Status();  // released before it was ever needed
+    }
+    if (dec->action == AgentCore::Action::kSwitch) {
+      MORPH_RETURN_IF_ERROR(Switch(*dec->commit, SteadyClock::now()));
+    }
+  }
+  return Status();
+}
+
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Runtime::~Runtime() {
+  Status s = Finish();
+  if (!s.ok()) LOG(WARNING) << "Runtime: " << s;
+  if (impl_->agent) impl_->agent->Close();
+  {
+    std::lock_guard<std::mutex> l(impl_->prep_mu);
+    if (impl_->prep) impl_->stale.push_back(std::move(impl_->prep));
+  }
+  impl_->JoinStale();
+  impl_->groups.reset();
+  if (impl_->coordinator) impl_->coordinator->Stop();
+}
+
+State& Runtime::state() { return impl_->state; }
+bool Runtime::fresh_start() const { return impl_->fresh; }
+
+void Runtime::OnReconfigure(std::function<void(const Reconfiguration&)> callback) {
+  impl_->on_reconfigure = std::move(callback);
+}
+
+StatusOr<Step> Runtime::BeginStep() {
+  Impl& m = *impl_;
+  if (m.in_step) {
+    return FailedPreconditionError("BeginStep: step " + std::to_string(m.next_step) +
+                                   " is still open (call EndStep first)");
+  }
+  Step step;
+  bool reconfigured = false;
+  if (!m.finished) {
+    m.agent->NoteBegin(m.next_step);
+    if (m.agent->pending() || g_leave_requested.load(std::memory_order_relaxed)) {
+      MORPH_ASSIGN_OR_RETURN(bool done, m.SlowPath(reconfigured));
+      if (done) m.finished = true;
+    }
+  }
+  if (m.finished) {
+    StepAccess::Fill(step, true, false, m.next_step, m.gen, -1, m.opts.micro_batch, nullptr,
+                     &*m.cursor);
+    return step;
+  }
+  StepAccess::Fill(step, false, reconfigured, m.next_step, m.gen, m.gen.RankOf(m.agent->id()),
+                   m.opts.micro_batch, m.groups.get(), &*m.cursor);
+  m.in_step = true;
+  return step;
+}
+
+Status Runtime::EndStep() {
+  if (!impl_->in_step) return FailedPreconditionError("EndStep: no step is open");
+  impl_->in_step = false;
+  ++impl_->next_step;
+  return Status();
+}
+
+bool Runtime::Finished() const { return impl_->finished; }
+
+void Runtime::Leave(std::string reason) {
+  if (impl_->agent) impl_->agent->RequestLeave(reason);
+}
+
+void Runtime::RequestLeaveFromSignal() { g_leave_requested.store(true); }
+
+Status Runtime::Finish(int64_t timeout_ms) {
+  Impl& m = *impl_;
+  if (!m.done_sent && m.agent) {
+    m.done_sent = true;
+    if (!m.finished) {
+      Status s = m.agent->SendDone();
+      if (!s.ok()) LOG(WARNING) << "done not sent: " << s;
+    }
+  }
+  if (m.coordinator) {
+    Status s = m.coordinator->Wait(Deadline::AfterMs(timeout_ms));
+    m.coordinator->Stop();
+    m.coordinator.reset();
+    return s;
+  }
+  return Status();
+}
+
+WorkerId Runtime::worker_id() const { return impl_->agent ? impl_->agent->id() : 0; }
+const Generation& Runtime::generation() const { return impl_->gen; }
+int Runtime::rank() const { return impl_->gen.RankOf(worker_id()); }
+int64_t Runtime::next_step() const { return impl_->next_step; }
+std::string Runtime::coordinator_address() const {
+  return impl_->coordinator ? impl_->coordinator->control_address() : impl_->opts.coordinator;
+}
+std::string Runtime::api_address() const {
+  if (!impl_->coordinator || impl_->coordinator->http_port() == 0) return "";
+  return "127.0.0.1:" + std::to_string(impl_->coordinator->http_port());
+}
+Coordinator* Runtime::hosted_coordinator() { return impl_->coordinator.get(); }
+
+}  // namespace morph

@@ -1,0 +1,138 @@
+// Runtime: what a training binary links to become elastic (docs/design.md §3). It joins the job
+// (options.h: bootstrap), registers the job's state, and at each step boundary applies a
+// committed change of the allocation in place: new communicators, the state resharded between
+// the survivors and joiners, the dataset cursor and scalar state moved, OnReconfigure called.
+//
+//   MORPH_ASSIGN_OR_RETURN(morph::Options opts, morph::Options::FromEnv());
+//   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<morph::Runtime> rt,
+//       morph::Runtime::Start(opts, [](morph::State& s) -> morph::Status {
+//         MORPH_RETURN_IF_ERROR(s.AddTensor("w", {4096, 4096}, morph::DType::kF32,
+//                                           morph::Layout::Layer(0).SplitTP(1)));
+//         return s.AddScalar("rng", 16);
+//       }));
+//   if (rt->fresh_start()) InitWeights(rt->state());    // else the state came from peers
+//   rt->OnReconfigure([&](const morph::Reconfiguration& r) { RebuildViews(rt->state()); });
+//   while (true) {
+//     MORPH_ASSIGN_OR_RETURN(morph::Step step, rt->BeginStep());
+//     if (step.done()) break;                           // this worker left the job
+//     Train(step);                                      // step.dp(), step.samples(), ...
+//     MORPH_RETURN_IF_ERROR(rt->EndStep());
+//     if (step.index() + 1 == total_steps) break;
+//   }
+//   return rt->Finish();                                // tells the coordinator; waits if hosting
+//
+// Threads: Start, BeginStep, EndStep, Leave, Finish and the callbacks belong to the training
+// thread (the one that called Start); state() is the training thread's. The runtime runs one
+// control thread of its own (the connection to the coordinator, heartbeats) and, between a
+// change's prepare and its switch step, one thread building the new communicators.
+// RequestLeave is async-signal-safe (the SIGTERM handler calls it).
+#ifndef MORPH_RUNTIME_API_RUNTIME_H_
+#define MORPH_RUNTIME_API_RUNTIME_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "runtime/api/options.h"
+#include "runtime/api/state.h"
+#include "runtime/api/step.h"
+#include "runtime/protocol/messages.h"
+
+namespace morph {
+
+class Coordinator;
+
+// What a change did, handed to OnReconfigure after the state was moved.
+struct Reconfiguration {
+  int64_t from_generation = 0;
+  int64_t generation = 0;
+  int64_t step = 0;  // the first step of the new generation
+  ParallelConfig old_config;
+  ParallelConfig config;
+  int old_rank = -1;  // -1: joined in this change
+  int rank = -1;
+  // Seconds of each phase on this worker (the switch step's stall is transfer + resume).
+  double communicators_seconds = 0;
+  double plan_seconds = 0;
+  double transfer_seconds = 0;
+  double resume_seconds = 0;
+  double stall_seconds = 0;  // BeginStep(S) entry to return
+  int64_t bytes_sent = 0;
+  int64_t bytes_received = 0;
+};
+
+class Runtime {
+ public:
+  using Declare = std::function<Status(State&)>;
+
+  // Joins the job, registers the state `declare` adds, and returns once this worker holds a
+  // rank in a committed generation with its state in place: freshly allocated (zero-filled) in
+  // the job's first generation (fresh_start()), or received from peers when joining a running
+  // job. A worker that the job does not need yet (a standby spare) waits here until a change
+  // gives it a rank, or until Start's timeout.
+  // Errors: Options::Validate's and `declare`'s; kFailedPrecondition "registration differs from
+  // the job's: <the first difference>" when this worker registered other tensors, shapes, dtypes
+  // or layouts than the job; kUnauthenticated for a wrong token; kUnavailable /
+  // kDeadlineExceeded when the coordinator cannot be reached or the job did not start in time.
+  static StatusOr<std::unique_ptr<Runtime>> Start(Options options, const Declare& declare);
+
+  ~Runtime();  // Finish() if not called: the job treats this worker as done (or lost)
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  State& state();
+  bool fresh_start() const;  // the state was allocated here, not received: initialize it
+
+  // Called on the training thread at the switch step, after the state moved and before
+  // BeginStep returns.
+  void OnReconfigure(std::function<void(const Reconfiguration&)> callback);
+
+  // The step boundary. Steady state: one atomic load. When a change is committed for this step,
+  // applies it first (the stall). When a change is being prepared and this worker promised not
+  // to go further, waits for the decision. Returns the step to train; step.done() when this
+  // worker left the job in the change (then Finished() is true).
+  // Errors: kAborted / kUnavailable / kDeadlineExceeded naming the peer or phase when a change
+  // failed on this worker (its state is then as switch.h describes) or the coordinator is gone.
+  StatusOr<Step> BeginStep();
+  // The end of the step begun last. kFailedPrecondition if no step is open.
+  Status EndStep();
+
+  // True once this worker left the job (its state moved away) or was released.
+  bool Finished() const;
+
+  // Asks to leave gracefully (preemption): the coordinator plans a change without this worker,
+  // its unique state moves to the others, then BeginStep returns done(). Any thread.
+  void Leave(std::string reason = "Leave()");
+  // Async-signal-safe form of Leave (what the SIGTERM handler calls).
+  static void RequestLeaveFromSignal();
+
+  // Ends this worker's part of the job normally: tells the coordinator, and when this process
+  // hosts the coordinator, waits (up to `timeout_ms`) until every worker finished, so that the
+  // others keep their coordinator to the end. Idempotent.
+  Status Finish(int64_t timeout_ms = 60000);
+
+  // This worker's identity and the current generation.
+  WorkerId worker_id() const;
+  const Generation& generation() const;
+  int rank() const;  // -1 when it holds none
+  // The step BeginStep will begin next.
+  int64_t next_step() const;
+  // "host:port" of the coordinator (for others to join: MORPH_COORDINATOR), and of its
+  // scheduler API when this process hosts it ("" otherwise).
+  std::string coordinator_address() const;
+  std::string api_address() const;
+  // The hosted coordinator, or null.
+  Coordinator* hosted_coordinator();
+
+  struct Impl;
+
+ private:
+  explicit Runtime(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_API_RUNTIME_H_

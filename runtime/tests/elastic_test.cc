@@ -1,0 +1,259 @@
+// Multi-process tests of the runtime (issue 9): real worker processes (elastic_worker) launched
+// by the Launcher that morphrun is, on CPU over Gloo, through grow, shrink, tp/pp changes,
+// several changes at once, spares and SIGTERM. Each worker checks at every step that its shards
+// are bitwise the expected slice and its scalar state is right (it exits 3 otherwise); this test
+// checks that every worker exited 0, the job completed, and that the samples consumed, step by
+// step, are the fixed global order: every step once, each epoch a permutation of the dataset.
+//
+// Bounded: every job has a deadline, the Launcher's destructor kills what is left.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "runtime/cursor/dataset_cursor.h"
+#include "runtime/tools/launcher.h"
+
+namespace morph {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kSteps = 24;
+constexpr int64_t kBatch = 12;
+constexpr int64_t kSamples = 48;
+
+std::string WorkerPath() { return std::string(MORPH_ELASTIC_WORKER); }
+
+ParallelConfig Config(int dp, int tp, int pp) {
+  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
+  c.stage_of_layer = *ParallelConfig::EvenStages(4, pp);
+  return c;
+}
+
+struct Job {
+  fs::path dir;
+  std::unique_ptr<Launcher> launcher;
+};
+
+// Starts `workers` workers; `configs` maps a world size to the config to use (the policy).
+Job StartJob(const std::string& name, int workers, std::map<int, ParallelConfig> configs,
+             int64_t steps = kSteps, int64_t step_ms = 40) {
+  Job job;
+  job.dir = fs::temp_directory_path() / ("morph-elastic-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(job.dir);
+  fs::create_directories(job.dir);
+  LauncherOptions o;
+  o.workers = workers;
+  o.argv = {WorkerPath(), "--steps", std::to_string(steps), "--out", job.dir.string(),
+            "--step-ms", std::to_string(step_ms)};
+  o.log_dir = job.dir.string();
+  o.kill_grace_ms = 3000;
+  o.env = {{"MORPH_HEARTBEAT_MS", "50"}, {"MORPH_CHANGE_TIMEOUT_MS", "60000"},
+           {"MORPH_START_TIMEOUT_MS", "60000"}, {"MORPH_RESHARD_SHM", "1"}};
+  o.coordinator.serve_http = false;
+  o.coordinator.heartbeat_timeout_ms = 20000;
+  o.coordinator.policy = [configs](int n, const ParallelConfig*,
+                                   const ModelConstraints&) -> std::optional<ParallelConfig> {
+    auto it = configs.upper_bound(n);
+    if (it == configs.begin()) return std::nullopt;
+    return std::prev(it)->second;  // the largest listed world that fits
+  };
+  StatusOr<std::unique_ptr<Launcher>> l = Launcher::Start(std::move(o));
+  EXPECT_TRUE(l.ok()) << l.status();
+  if (l.ok()) job.launcher = std::move(*l);
+  return job;
+}
+
+// The latest step any worker reported.
+int64_t StepOf(Job& job) { return job.launcher->coordinator().Snapshot().step; }
+
+bool WaitForStep(Job& job, int64_t step, int64_t timeout_ms = 60000) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    if (StepOf(job) >= step) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+bool WaitForGeneration(Job& job, int64_t generation, int64_t timeout_ms = 60000) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    CoordinatorSnapshot s = job.launcher->coordinator().Snapshot();
+    if (s.generation >= generation && !s.pending_generation) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+std::string Logs(const Job& job) {
+  std::string out;
+  for (const auto& e : fs::directory_iterator(job.dir)) {
+    if (e.path().extension() != ".log") continue;
+    std::ifstream in(e.path());
+    std::stringstream s;
+    s << in.rdbuf();
+    std::string text = s.str();
+    if (text.size() > 4000) text = "..." + text.substr(text.size() - 4000);
+    out += "---- " + e.path().filename().string() + "\n" + text;
+  }
+  return out;
+}
+
+// The samples each step consumed, from every DP rank's log: every step 0..steps-1 exactly once
+// per DP rank, the DP slices disjoint, each step's union the global order's next batch, each
+// epoch a permutation of the dataset.
+void CheckSamples(const Job& job, int64_t steps) {
+  std::map<int64_t, std::map<int, std::vector<int64_t>>> by_step;  // step -> dp rank -> samples
+  std::map<int64_t, int> dp_of_step;
+  for (const auto& e : fs::directory_iterator(job.dir)) {
+    if (e.path().extension() != ".samples") continue;
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream l(line);
+      int64_t s, g, dp, d;
+      l >> s >> g >> dp >> d;
+      std::vector<int64_t> xs;
+      for (int64_t x; l >> x;) xs.push_back(x);
+      ASSERT_FALSE(by_step[s].count(static_cast<int>(d)))
+          << "step " << s << " dp rank " << d << " trained twice";
+      by_step[s][static_cast<int>(d)] = xs;
+      if (dp_of_step.count(s)) ASSERT_EQ(dp_of_step[s], dp) << "step " << s;
+      dp_of_step[s] = static_cast<int>(dp);
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(by_step.size()), steps) << Logs(job);
+  std::vector<int64_t> stream;
+  for (auto& [s, ranks] : by_step) {
+    ASSERT_EQ(static_cast<int>(ranks.size()), dp_of_step[s]) << "step " << s;
+    for (auto& [d, xs] : ranks) stream.insert(stream.end(), xs.begin(), xs.end());
+  }
+  ASSERT_EQ(static_cast<int64_t>(stream.size()), steps * kBatch);
+  for (size_t e = 0; e + kSamples <= stream.size(); e += kSamples) {
+    std::set<int64_t> epoch(stream.begin() + e, stream.begin() + e + kSamples);
+    EXPECT_EQ(static_cast<int64_t>(epoch.size()), kSamples) << "epoch at " << e;
+    EXPECT_EQ(*epoch.begin(), 0);
+    EXPECT_EQ(*epoch.rbegin(), kSamples - 1);
+  }
+  StatusOr<DatasetCursor> cursor =
+      DatasetCursor::Create({.num_samples = kSamples, .global_batch = kBatch, .seed = 7});
+  ASSERT_TRUE(cursor.ok());
+  for (size_t p = 0; p < stream.size(); ++p) {
+    ASSERT_EQ(stream[p], cursor->SampleAt(static_cast<int64_t>(p))) << "position " << p;
+  }
+}
+
+void Finish(Job& job, int64_t steps = kSteps) {
+  StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(120000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(job);
+  EXPECT_EQ(*code, 0) << Logs(job);
+  for (const ChildInfo& c : job.launcher->children()) {
+    EXPECT_FALSE(c.running);
+    EXPECT_EQ(c.exit_code, 0) << "worker " << c.index << "\n" << Logs(job);
+  }
+  CheckSamples(job, steps);
+  job.launcher.reset();
+  fs::remove_all(job.dir);
+}
+
+Status Resize(Job& job, std::optional<int> world, int add = 0, std::vector<WorkerId> remove = {}) {
+  ResizeRequest r;
+  r.world_size = world;
+  r.add = add;
+  r.remove = std::move(remove);
+  r.reason = "test";
+  return job.launcher->coordinator().Resize(r, Deadline::AfterMs(10000));
+}
+
+TEST(ElasticTest, Grow2To4To8) {
+  Job job = StartJob("grow", 2, {{1, Config(1, 1, 1)}, {2, Config(2, 1, 1)}, {4, Config(4, 1, 1)},
+                                 {8, Config(8, 1, 1)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 3));
+  ASSERT_TRUE(Resize(job, std::nullopt, 2).ok());
+  ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
+  ASSERT_TRUE(WaitForStep(job, 10));
+  ASSERT_TRUE(Resize(job, 8).ok());
+  Finish(job);
+}
+
+TEST(ElasticTest, Shrink8To3) {
+  Job job = StartJob("shrink", 8, {{3, Config(3, 1, 1)}, {8, Config(4, 2, 1)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 4));
+  ASSERT_TRUE(Resize(job, 3).ok());
+  Finish(job);
+}
+
+TEST(ElasticTest, Tp2To1To2) {
+  Job job = StartJob("tp", 4, {{2, Config(2, 1, 1)}, {4, Config(2, 2, 1)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 3));
+  ASSERT_TRUE(Resize(job, 2).ok());
+  ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
+  ASSERT_TRUE(WaitForStep(job, 10));
+  ASSERT_TRUE(Resize(job, 4).ok());
+  Finish(job);
+}
+
+TEST(ElasticTest, Pp2To1AndDpWithPpAtOnce) {
+  Job job = StartJob("pp", 4, {{2, Config(2, 1, 1)}, {3, Config(3, 1, 1)}, {4, Config(2, 1, 2)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 3));
+  ASSERT_TRUE(Resize(job, 3).ok());  // dp 2 -> 3 and pp 2 -> 1 at once
+  ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
+  ASSERT_TRUE(WaitForStep(job, 10));
+  ASSERT_TRUE(Resize(job, 2).ok());
+  Finish(job);
+}
+
+TEST(ElasticTest, TwoResizesInQuickSuccessionAndSpares) {
+  Job job = StartJob("quick", 4, {{2, Config(2, 1, 1)}, {3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 3));
+  ASSERT_TRUE(Resize(job, 3).ok());
+  // The second arrives while the first is in progress: refused (409) or folded in, never lost.
+  Status second = Resize(job, 2);
+  if (!second.ok()) {
+    EXPECT_EQ(second.code(), StatusCode::kFailedPrecondition) << second;
+    ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
+    ASSERT_TRUE(Resize(job, 2).ok());
+  }
+  Finish(job);
+}
+
+TEST(ElasticTest, SigtermIsAPreemptionNotice) {
+  Job job = StartJob("sigterm", 4, {{3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 4));
+  std::vector<ChildInfo> kids = job.launcher->children();
+  ASSERT_EQ(kids.size(), 4u);
+  auto sent = std::chrono::steady_clock::now();
+  kill(kids[1].pid, SIGTERM);
+  // It leaves (exit 0) within its deadline, after its state moved to the others.
+  bool gone = false;
+  while (std::chrono::steady_clock::now() - sent < std::chrono::seconds(30)) {
+    for (const ChildInfo& c : job.launcher->children()) {
+      if (c.pid == kids[1].pid && !c.running) gone = true;
+    }
+    if (gone) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    (void)job.launcher->Wait(Deadline::AfterMs(1));  // reaps
+  }
+  EXPECT_TRUE(gone) << Logs(job);
+  Finish(job);
+}
+
+}  // namespace
+}  // namespace morph

@@ -1,0 +1,196 @@
+// The worker program of the multi-process runtime tests (elastic_test.cc) and of morphrun's
+// tests: registers tensors whose every element is a known function of its global index and of
+// the steps trained, trains by adding 1 to every element each step, and checks at every step
+// that its shards hold exactly the expected slice, that the scalar state equals the step, and
+// that the world communicator spans the generation. It logs the samples it consumed so the test
+// can check the sequence against the fixed global order.
+//
+//   elastic_worker --steps N --out DIR [--step-ms MS] [--exit-at-step K]
+//
+// Exit codes: 0 done (or left the job), 2 usage, 3 wrong data, 4 runtime error.
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "runtime/api/runtime.h"
+
+namespace {
+
+using morph::DType;
+using morph::Layout;
+
+struct TensorDef {
+  const char* name;
+  std::vector<int64_t> shape;
+  Layout layout;
+};
+
+std::vector<TensorDef> Tensors() {
+  return {
+      {"l0.w", {8, 12}, Layout::Layer(0).SplitTP(1)},
+      {"l0.adam_m", {8, 12}, Layout::Layer(0).SplitTP(1).ZeroShard()},
+      {"l1.w", {12, 8}, Layout::Layer(1).SplitTP(0)},
+      {"l1.b", {8}, Layout::Layer(1)},
+      {"l1.adam_v", {12, 8}, Layout::Layer(1).SplitTP(0).ZeroShard()},
+      {"l3.w", {6, 10}, Layout::Layer(3).SplitTP(0).ZeroShard()},
+  };
+}
+
+// Value of global flat element `i` of tensor `k` after `steps` steps.
+float Expected(size_t k, int64_t i, int64_t steps) {
+  return static_cast<float>(static_cast<int64_t>(k) * 1000 + i + steps);
+}
+
+// Calls fn(local index, global flat index) for every element of the shard.
+template <typename Fn>
+void ForEach(const morph::State::TensorRef& t, Fn fn) {
+  const morph::Box& frame = t.shard.frame;
+  const std::vector<int64_t>& shape = t.spec->shape;
+  const int rank = frame.rank();
+  std::vector<int64_t> extent(rank);
+  for (int d = 0; d < rank; ++d) extent[d] = frame.dim(d).size();
+  for (int64_t j = 0; j < t.shard.NumElements(); ++j) {
+    int64_t f = t.shard.flat_begin + j;  // row-major within the frame
+    int64_t global = 0;
+    int64_t rest = f;
+    std::vector<int64_t> idx(rank);
+    for (int d = rank - 1; d >= 0; --d) {
+      idx[d] = rest % extent[d] + frame.dim(d).begin;
+      rest /= extent[d];
+    }
+    for (int d = 0; d < rank; ++d) global = global * shape[d] + idx[d];
+    fn(j, global);
+  }
+}
+
+int Fail(int code, const std::string& why) {
+  std::fprintf(stderr, "elastic_worker %d: %s\n", getpid(), why.c_str());
+  std::fflush(stderr);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  int64_t steps = 20, step_ms = 20, exit_at = -1;
+  std::string out = ".";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i];
+    if (a == "--steps") steps = std::atoll(argv[i + 1]);
+    else if (a == "--out") out = argv[i + 1];
+    else if (a == "--step-ms") step_ms = std::atoll(argv[i + 1]);
+    else if (a == "--exit-at-step") exit_at = std::atoll(argv[i + 1]);
+    else return Fail(2, "unknown flag " + a);
+  }
+  auto opts = morph::Options::FromEnv();
+  if (!opts.ok()) return Fail(4, std::string(opts.status().message()));
+  opts->model = {.num_layers = 4, .num_heads = 0, .tp_candidates = {1, 2}, .pp_candidates = {1, 2},
+                 .global_batch = 12, .micro_batches = 1};
+  opts->dataset_samples = 48;  // an epoch every 4 steps
+  opts->dataset_seed = 7;
+  opts->micro_batch = 2;
+  std::vector<TensorDef> defs = Tensors();
+  auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {
+    for (const TensorDef& d : defs) {
+      MORPH_RETURN_IF_ERROR(s.AddTensor(d.name, d.shape, DType::kF32, d.layout));
+    }
+    return s.AddScalar("counter", sizeof(int64_t));
+  });
+  if (!rt.ok()) return Fail(4, "Start: " + std::string(rt.status().message()));
+  morph::Runtime& r = **rt;
+  morph::State& state = r.state();
+  auto fill = [&](int64_t done_steps) {
+    for (size_t k = 0; k < defs.size(); ++k) {
+      auto t = state.tensor(defs[k].name);
+      if (!t.ok()) return false;
+      float* p = static_cast<float*>(t->data.data);
+      ForEach(*t, [&](int64_t j, int64_t g) { p[j] = Expected(k, g, done_steps); });
+    }
+    auto c = state.scalar("counter");
+    if (!c.ok()) return false;
+    std::memcpy(c->data(), &done_steps, sizeof(done_steps));
+    return true;
+  };
+  if (r.fresh_start() && !fill(r.next_step())) return Fail(4, "cannot fill the state");
+  std::ofstream log(out + "/worker-" + std::to_string(r.worker_id()) + ".samples");
+  int64_t generations = 0;
+  r.OnReconfigure([&](const morph::Reconfiguration& c) {
+    ++generations;
+    std::fprintf(stderr, "elastic_worker %ld: gen %ld rank %d %s at step %ld stall %.3f s\n",
+                 static_cast<long>(r.worker_id()), static_cast<long>(c.generation), c.rank,
+                 c.config.ToString().c_str(), static_cast<long>(c.step), c.stall_seconds);
+  });
+  while (true) {
+    auto step = r.BeginStep();
+    if (!step.ok()) return Fail(4, "BeginStep: " + std::string(step.status().message()));
+    if (step->done()) break;
+    const int64_t s = step->index();
+    if (s >= steps) {
+      (void)r.EndStep();
+      break;
+    }
+    // The state is exactly the slice of the step's values.
+    for (size_t k = 0; k < defs.size(); ++k) {
+      auto t = state.tensor(defs[k].name);
+      if (!t.ok()) return Fail(3, std::string(t.status().message()));
+      const float* p = static_cast<const float*>(t->data.data);
+      std::string bad;
+      ForEach(*t, [&](int64_t j, int64_t g) {
+        if (bad.empty() && p[j] != Expected(k, g, s)) {
+          bad = std::string(defs[k].name) + " element " + std::to_string(g) + " = " +
+                std::to_string(p[j]) + ", expected " + std::to_string(Expected(k, g, s));
+        }
+      });
+      if (!bad.empty()) return Fail(3, "step " + std::to_string(s) + ": " + bad);
+    }
+    auto c = state.scalar("counter");
+    int64_t counter = 0;
+    std::memcpy(&counter, c->data(), sizeof(counter));
+    if (counter != s) {
+      return Fail(3, "step " + std::to_string(s) + ": scalar counter " + std::to_string(counter));
+    }
+    // The world spans the generation; every rank is at the same step.
+    int64_t vals[2] = {1, s};
+    morph::Status st = step->world().Allreduce(vals, 2, DType::kI64, morph::ReduceOp::kSum,
+                                               std::chrono::milliseconds(60000));
+    if (!st.ok()) return Fail(4, "allreduce: " + std::string(st.message()));
+    if (vals[0] != step->world_size() || vals[1] != s * step->world_size()) {
+      return Fail(3, "step " + std::to_string(s) + ": world allreduce " + std::to_string(vals[0]) +
+                         "/" + std::to_string(vals[1]));
+    }
+    auto coords = step->coords();
+    if (coords.t == 0 && coords.p == 0) {
+      log << s << " " << step->generation() << " " << step->config().dp << " " << coords.d;
+      for (int64_t x : step->samples()) log << " " << x;
+      log << "\n";
+      log.flush();
+    }
+    // "Train": every element and the counter advance by one.
+    for (size_t k = 0; k < defs.size(); ++k) {
+      auto t = state.tensor(defs[k].name);
+      float* p = static_cast<float*>(t->data.data);
+      for (int64_t j = 0; j < t->shard.NumElements(); ++j) p[j] += 1;
+    }
+    ++counter;
+    std::memcpy(c->data(), &counter, sizeof(counter));
+    if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    if (exit_at >= 0 && s == exit_at) _exit(9);  // dies without a word (the failures tests)
+    morph::Status e = r.EndStep();
+    if (!e.ok()) return Fail(4, std::string(e.message()));
+  }
+  morph::Status f = r.Finish();
+  if (!f.ok()) return Fail(4, "Finish: " + std::string(f.message()));
+  std::fprintf(stderr, "elastic_worker %ld: finished at step %ld after %ld reconfigurations\n",
+               static_cast<long>(r.worker_id()), static_cast<long>(r.next_step()),
+               static_cast<long>(generations));
+  return 0;
+}

@@ -1,0 +1,190 @@
+#include "runtime/tools/launcher.h"
+
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "runtime/api/bootstrap.h"
+
+extern char** environ;
+
+namespace morph {
+
+StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
+  if (options.argv.empty()) return InvalidArgumentError("no worker program given");
+  if (options.workers < 1) {
+    return InvalidArgumentError("workers: must be at least 1, got " +
+                                std::to_string(options.workers));
+  }
+  std::unique_ptr<Launcher> l(new Launcher());
+  l->options_ = std::move(options);
+  CoordinatorOptions& c = l->options_.coordinator;
+  if (c.token.empty()) MORPH_ASSIGN_OR_RETURN(c.token, RandomToken());
+  c.http.token = c.token;
+  c.initial_world = l->options_.workers;
+  c.max_world = l->options_.max_workers;
+  Launcher* raw = l.get();
+  c.launch_workers = [raw](int count) {
+    int n = raw->Spawn(count);
+    LOG(INFO) << "morphrun: started " << n << " of " << count << " requested worker(s)";
+  };
+  MORPH_ASSIGN_OR_RETURN(l->coordinator_, Coordinator::Start(c));
+  for (int i = 0; i < l->options_.workers; ++i) MORPH_RETURN_IF_ERROR(l->SpawnOne());
+  return l;
+}
+
+Launcher::~Launcher() {
+  Reap();
+  Signal(SIGTERM);
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.kill_grace_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    Reap();
+    bool any = false;
+    for (const ChildInfo& c : children()) any |= c.running;
+    if (!any) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Signal(SIGKILL);
+  for (const ChildInfo& c : children()) {
+    if (c.running) waitpid(c.pid, nullptr, 0);
+  }
+  if (coordinator_) coordinator_->Stop();
+}
+
+Status Launcher::SpawnOne() {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv = *e;
+    std::string key = kv.substr(0, kv.find('='));
+    if (key == "MORPH_COORDINATOR" || key == "MORPH_TOKEN" || key == "MORPH_TOKEN_FILE" ||
+        options_.env.count(key)) {
+      continue;
+    }
+    env_strings.push_back(std::move(kv));
+  }
+  for (const auto& [k, v] : options_.env) env_strings.push_back(k + "=" + v);
+  env_strings.push_back("MORPH_COORDINATOR=" + coordinator_->control_address());
+  env_strings.push_back("MORPH_TOKEN=" + options_.coordinator.token);
+  int index;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    index = static_cast<int>(children_.size());
+  }
+  env_strings.push_back("MORPH_LAUNCH_INDEX=" + std::to_string(index));
+  std::string log_path;
+  if (!options_.log_dir.empty()) {
+    log_path = options_.log_dir + "/worker-" + std::to_string(index) + ".log";
+  }
+  // Everything the child needs is built before fork (no allocation after it).
+  std::vector<char*> argv, envp;
+  for (std::string& a : options_.argv) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return InternalError(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    // Its own process group, so that a terminal's Ctrl-C reaches morphrun, which forwards it.
+    setpgid(0, 0);
+    if (!log_path.empty()) {
+      int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+    }
+    execvpe(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  children_.push_back(ChildInfo{.index = index, .pid = pid});
+  LOG(INFO) << "morphrun: worker " << index << " started (pid " << pid << ")";
+  return Status();
+}
+
+int Launcher::Spawn(int count) {
+  int started = 0;
+  for (int i = 0; i < count; ++i) {
+    Status s = SpawnOne();
+    if (!s.ok()) {
+      LOG(ERROR) << "morphrun: " << s;
+      break;
+    }
+    ++started;
+  }
+  return started;
+}
+
+void Launcher::Signal(int sig) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const ChildInfo& c : children_) {
+    if (c.running) kill(c.pid, sig);
+  }
+}
+
+std::vector<ChildInfo> Launcher::children() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return children_;
+}
+
+void Launcher::Reap() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (ChildInfo& c : children_) {
+    if (!c.running) continue;
+    int status = 0;
+    pid_t r = waitpid(c.pid, &status, WNOHANG);
+    if (r != c.pid) continue;
+    c.running = false;
+    c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    LOG(INFO) << "morphrun: worker " << c.index << " (pid " << c.pid << ") exited with "
+              << c.exit_code;
+  }
+}
+
+StatusOr<int> Launcher::Wait(Deadline deadline) {
+  std::optional<Status> job;
+  std::optional<std::chrono::steady_clock::time_point> all_gone;
+  while (true) {
+    Reap();
+    if (!job) {
+      Status s = coordinator_->Wait(Deadline::AfterMs(20));
+      if (s.code() != StatusCode::kDeadlineExceeded) {
+        job = s;
+        if (!s.ok()) LOG(ERROR) << "morphrun: the job failed: " << s;
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    bool running = false;
+    int first_bad = 0;
+    for (const ChildInfo& c : children()) {
+      running |= c.running;
+      if (!c.running && c.exit_code != 0 && first_bad == 0) first_bad = c.exit_code;
+    }
+    if (job && !running) {
+      if (!job->ok()) return first_bad ? first_bad : 1;
+      return first_bad;
+    }
+    // Every worker is gone but the job did not complete: nobody is left to finish it (after a
+    // grace period for the last workers' messages to be read).
+    if (!running && !job) {
+      if (!all_gone) all_gone = std::chrono::steady_clock::now();
+      if (std::chrono::steady_clock::now() - *all_gone > std::chrono::seconds(2)) {
+        LOG(ERROR) << "morphrun: every worker exited but the job did not complete";
+        return first_bad ? first_bad : 1;
+      }
+    }
+    if (deadline.Expired()) {
+      return DeadlineExceededError("the job did not end in time");
+    }
+  }
+}
+
+}  // namespace morph

@@ -1,0 +1,84 @@
+// Launcher: what `morphrun` is (docs/operations.md "morphrun"), as a library so that the
+// multi-process tests drive the same code. It hosts the job's coordinator, starts the initial
+// workers as child processes (MORPH_COORDINATOR and MORPH_TOKEN in their environment), starts
+// joiners when the coordinator asks for more workers (a grow request), reaps workers that exit,
+// forwards signals, and ends with the job's status.
+//
+//   LauncherOptions o{.workers = 4, .argv = {"./train", "--steps=100"}};
+//   MORPH_ASSIGN_OR_RETURN(auto launcher, Launcher::Start(std::move(o)));
+//   MORPH_ASSIGN_OR_RETURN(int code, launcher->Wait(Deadline::AfterMs(3600000)));
+//
+// Threads: Start, Wait and the destructor on one thread; Spawn, Signal, children() and
+// coordinator() from any thread.
+#ifndef MORPH_RUNTIME_TOOLS_LAUNCHER_H_
+#define MORPH_RUNTIME_TOOLS_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "runtime/coordinator/coordinator.h"
+
+namespace morph {
+
+struct LauncherOptions {
+  int workers = 1;                 // started at once; the first generation waits for them
+  int max_workers = 1 << 16;       // grow requests beyond are refused by the coordinator
+  std::vector<std::string> argv;   // the worker program and its arguments
+  std::map<std::string, std::string> env;  // added to each worker's environment
+  // Each worker's stdout and stderr go to <log_dir>/worker-<n>.log when set, else inherited.
+  std::string log_dir;
+  // After the job ended (or on a fatal signal), workers still running get SIGTERM, then SIGKILL
+  // after this long.
+  int64_t kill_grace_ms = 10000;
+  CoordinatorOptions coordinator;  // token generated when empty; initial_world = workers
+};
+
+struct ChildInfo {
+  int index = 0;  // order of launch
+  pid_t pid = 0;
+  bool running = true;
+  int exit_code = 0;  // when !running: the exit status, or 128 + signal
+};
+
+class Launcher {
+ public:
+  // kInvalidArgument for an empty argv or workers < 1; the coordinator's Start errors;
+  // kInternal when a worker cannot be started (fork/exec, naming the program).
+  static StatusOr<std::unique_ptr<Launcher>> Start(LauncherOptions options);
+  ~Launcher();  // stops the workers (SIGTERM, then SIGKILL) and the coordinator
+
+  Coordinator& coordinator() { return *coordinator_; }
+  // Starts `count` more workers; returns how many started.
+  int Spawn(int count);
+  // Sends `sig` to every running worker.
+  void Signal(int sig);
+  std::vector<ChildInfo> children() const;
+
+  // Until the job completes (the coordinator's Wait) and every worker exited: 0 when the job
+  // completed and every worker exited 0; otherwise the first non-zero worker exit code, or 1
+  // when the job failed. kDeadlineExceeded if the deadline passed first (workers are left
+  // running: the destructor stops them).
+  StatusOr<int> Wait(Deadline deadline);
+
+ private:
+  Launcher() = default;
+  Status SpawnOne();
+  void Reap();
+
+  LauncherOptions options_;
+  std::unique_ptr<Coordinator> coordinator_;
+  mutable std::mutex mu_;
+  std::vector<ChildInfo> children_;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_TOOLS_LAUNCHER_H_

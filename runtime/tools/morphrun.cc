@@ -1,0 +1,122 @@
+// morphrun: runs an elastic job on this machine (docs/operations.md "morphrun").
+//
+//   morphrun -n 4 [--max 8] [--log-dir DIR] [--port P] [--api-port P] -- ./train args...
+//
+// Hosts the coordinator (its scheduler API on 127.0.0.1:<api-port>, the token in MORPH_TOKEN or
+// generated), starts the workers, starts joiners on grow requests, reaps leavers, forwards
+// SIGINT/SIGTERM to the workers (a preemption notice for each) and exits with the job's status.
+#include <glog/logging.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "base/params.h"
+#include "collectives/tcp_store.h"
+#include "runtime/tools/launcher.h"
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void OnSignal(int sig) { g_signal.store(sig); }
+
+int Usage(const std::string& why) {
+  std::cerr << "morphrun: " << why << "\n"
+            << "usage: morphrun -n N [--max M] [--log-dir DIR] [--port P] [--api-port P] -- "
+               "PROGRAM [ARGS...]\n";
+  return 2;
+}
+
+bool ParseInt(const std::string& s, int& out) {
+  char* end = nullptr;
+  long v = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != 0 || v < 0 || v > 65535 * 16) return false;
+  out = static_cast<int>(v);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  morph::LauncherOptions o;
+  int api_port = 0, port = 0;
+  int i = 1;
+  bool have_n = false;
+  for (; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    auto value = [&](int& out) {
+      if (i + 1 >= argc || !ParseInt(argv[i + 1], out)) return false;
+      ++i;
+      return true;
+    };
+    if (a == "-n" || a == "--workers") {
+      if (!value(o.workers) || o.workers < 1) return Usage("-n needs a worker count >= 1");
+      have_n = true;
+    } else if (a == "--max") {
+      if (!value(o.max_workers) || o.max_workers < 1) return Usage("--max needs a count >= 1");
+    } else if (a == "--port") {
+      if (!value(port)) return Usage("--port needs a port number");
+    } else if (a == "--api-port") {
+      if (!value(api_port)) return Usage("--api-port needs a port number");
+    } else if (a == "--log-dir") {
+      if (i + 1 >= argc) return Usage("--log-dir needs a directory");
+      o.log_dir = argv[++i];
+    } else {
+      return Usage("unknown option '" + a + "' (the program follows --)");
+    }
+  }
+  if (!have_n) return Usage("-n N is required");
+  if (i >= argc) return Usage("no program given after --");
+  if (o.max_workers < o.workers) return Usage("--max is below -n");
+  for (; i < argc; ++i) o.argv.push_back(argv[i]);
+
+  auto http = morph::HttpServerOptions::FromEnv();
+  if (!http.ok()) return Usage(std::string(http.status().message()));
+  o.coordinator.http = *http;
+  if (api_port) o.coordinator.http.port = static_cast<uint16_t>(api_port);
+  o.coordinator.port = static_cast<uint16_t>(port);
+  auto token = morph::params::Token();
+  auto token_file = morph::params::TokenFile();
+  if (token.ok() && token_file.ok() && (!token->empty() || !token_file->empty())) {
+    auto t = morph::JobTokenFromEnv();
+    if (!t.ok()) return Usage(std::string(t.status().message()));
+    o.coordinator.token = *t;
+  }
+
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  auto launcher = morph::Launcher::Start(std::move(o));
+  if (!launcher.ok()) {
+    std::cerr << "morphrun: " << launcher.status() << "\n";
+    return 1;
+  }
+  morph::Coordinator& c = (*launcher)->coordinator();
+  std::cerr << "morphrun: coordinator " << c.control_address() << ", scheduler API 127.0.0.1:"
+            << c.http_port() << std::endl;
+  while (true) {
+    int sig = g_signal.exchange(0);
+    if (sig != 0) {
+      LOG(INFO) << "morphrun: forwarding signal " << sig << " to the workers";
+      (*launcher)->Signal(SIGTERM);
+    }
+    auto code = (*launcher)->Wait(morph::Deadline::AfterMs(100));
+    if (code.ok()) return *code;
+    if (code.status().code() != morph::StatusCode::kDeadlineExceeded) {
+      std::cerr << "morphrun: " << code.status() << "\n";
+      return 1;
+    }
+  }
+}
