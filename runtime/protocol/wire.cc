@@ -173,11 +173,119 @@ void Get(Reader& r, HelloMsg& m) {
 void Put(Writer& w, const WelcomeMsg& m) {
   w.I64(m.worker);
   w.I64(m.generation);
+  w.Str(m.store_address);
+  Put(w, m.current);
 }
 void Get(Reader& r, WelcomeMsg& m) {
   m.worker = r.I64("worker");
   m.generation = r.I64("generation");
+  m.store_address = r.Str("store_address");
+  Get(r, m.current);
+  if (r.ok() && m.current.id != m.generation) {
+    r.Fail("current", "generation " + std::to_string(m.current.id) + " is not generation " +
+                          std::to_string(m.generation));
+  }
 }
+
+void PutInts(Writer& w, const std::vector<int>& v) {
+  w.U32(static_cast<uint32_t>(v.size()));
+  for (int x : v) w.I32(x);
+}
+std::vector<int> GetInts(Reader& r, std::string_view field) {
+  uint32_t n = r.Count(field, 4);
+  std::vector<int> v;
+  v.reserve(n);
+  for (uint32_t i = 0; i < n && r.ok(); ++i) v.push_back(r.I32(field));
+  return v;
+}
+uint8_t GetBool(Reader& r, std::string_view field) {
+  uint8_t b = r.U8(field);
+  if (r.ok() && b > 1) r.Fail(field, "not a boolean");
+  return b;
+}
+
+// The smallest encodings of a tensor (empty name and shape) and a scalar (empty name): the
+// bounds for their counts.
+constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4 + 4 + 1;
+constexpr size_t kMinScalarBytes = 4 + 8;
+
+void Put(Writer& w, const RegisterMsg& msg) {
+  const JobManifest& m = msg.manifest;
+  w.I32(m.model.num_layers);
+  w.I32(m.model.num_heads);
+  PutInts(w, m.model.tp_candidates);
+  PutInts(w, m.model.pp_candidates);
+  w.I64(m.model.global_batch);
+  w.I32(m.model.micro_batches);
+  w.I32(m.model.zero_stage);
+  w.I64(m.model.device_memory_bytes);
+  w.U32(static_cast<uint32_t>(m.tensors.size()));
+  for (const TensorSpec& t : m.tensors) {
+    w.Str(t.name);
+    w.U8(static_cast<uint8_t>(t.dtype));
+    w.Ids(t.shape);
+    w.I32(t.layout.layer());
+    w.I32(t.layout.tp_dim());
+    w.U8(t.layout.zero_sharded() ? 1 : 0);
+  }
+  w.U32(static_cast<uint32_t>(m.scalars.size()));
+  for (const ScalarSpec& s : m.scalars) {
+    w.Str(s.name);
+    w.I64(s.bytes);
+  }
+  w.I64(m.dataset_samples);
+  w.U64(m.dataset_seed);
+  w.U8(m.dataset_shuffle ? 1 : 0);
+  w.U64(m.chunk_bytes);
+  w.U64(m.staging_bytes);
+}
+// Only the encoding is checked here (counts, enum values, booleans); what the values mean is
+// ValidateManifest's, on the coordinator.
+void Get(Reader& r, RegisterMsg& msg) {
+  JobManifest& m = msg.manifest;
+  m.model.num_layers = r.I32("model.num_layers");
+  m.model.num_heads = r.I32("model.num_heads");
+  m.model.tp_candidates = GetInts(r, "model.tp_candidates");
+  m.model.pp_candidates = GetInts(r, "model.pp_candidates");
+  m.model.global_batch = r.I64("model.global_batch");
+  m.model.micro_batches = r.I32("model.micro_batches");
+  m.model.zero_stage = r.I32("model.zero_stage");
+  m.model.device_memory_bytes = r.I64("model.device_memory_bytes");
+  uint32_t nt = r.Count("tensors", kMinTensorBytes);
+  m.tensors.clear();
+  m.tensors.reserve(nt);
+  for (uint32_t i = 0; i < nt && r.ok(); ++i) {
+    TensorSpec t;
+    t.name = r.Str("tensor.name");
+    uint8_t dtype = r.U8("tensor.dtype");
+    if (r.ok() && dtype > static_cast<uint8_t>(DType::kU8)) {
+      r.Fail("tensor.dtype", "not a dtype: " + std::to_string(dtype));
+    }
+    t.dtype = static_cast<DType>(dtype);
+    t.shape = r.Ids("tensor.shape");
+    int layer = r.I32("tensor.layer");
+    int tp_dim = r.I32("tensor.tp_dim");
+    uint8_t zero = GetBool(r, "tensor.zero");
+    t.layout = Layout::Layer(layer).SplitTP(tp_dim).ZeroShard(zero == 1);
+    m.tensors.push_back(std::move(t));
+  }
+  uint32_t ns = r.Count("scalars", kMinScalarBytes);
+  m.scalars.clear();
+  m.scalars.reserve(ns);
+  for (uint32_t i = 0; i < ns && r.ok(); ++i) {
+    ScalarSpec s;
+    s.name = r.Str("scalar.name");
+    s.bytes = r.I64("scalar.bytes");
+    m.scalars.push_back(std::move(s));
+  }
+  m.dataset_samples = r.I64("dataset_samples");
+  m.dataset_seed = r.U64("dataset_seed");
+  m.dataset_shuffle = GetBool(r, "dataset_shuffle") == 1;
+  m.chunk_bytes = r.U64("chunk_bytes");
+  m.staging_bytes = r.U64("staging_bytes");
+}
+void Put(Writer&, const DoneMsg&) {}
+void Get(Reader&, DoneMsg&) {}
 void Put(Writer& w, const HeartbeatMsg& m) { w.I64(m.step); }
 void Get(Reader& r, HeartbeatMsg& m) { m.step = r.I64("step"); }
 void Put(Writer& w, const LeaveMsg& m) { w.Str(m.reason); }
@@ -275,7 +383,8 @@ StatusOr<WireMessage> DecodeAs(size_t index, std::string_view body) {
 std::string_view WireTypeName(uint16_t type) {
   static constexpr std::string_view kNames[] = {
       "?",           "hello",  "welcome", "heartbeat", "leave",   "error",  "prepare",
-      "step_report", "commit", "abandon", "applied",   "outcome", "release"};
+      "step_report", "commit", "abandon", "applied",   "outcome", "release", "register",
+      "done"};
   return type < std::size(kNames) ? kNames[type] : "?";
 }
 

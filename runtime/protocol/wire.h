@@ -26,6 +26,7 @@
 #include <variant>
 
 #include "base/status.h"
+#include "runtime/protocol/manifest.h"
 #include "runtime/protocol/messages.h"
 
 namespace morph {
@@ -47,10 +48,22 @@ struct HelloMsg {
   WorkerId resume_id = 0;     // reconnecting worker's id, 0 for a new one
   friend bool operator==(const HelloMsg&, const HelloMsg&) = default;
 };
-// Coordinator -> worker: registered as `worker`.
+// Worker -> coordinator, second frame (only after a Hello with the right token): what this
+// worker registers (tensors, scalars, model constraints, dataset). Bounded by kMaxFrameBody.
+// The job's manifest is the first registration's (or the coordinator's configured one); a
+// worker whose manifest differs is refused with an ErrorMsg naming the first difference.
+struct RegisterMsg {
+  JobManifest manifest;
+  friend bool operator==(const RegisterMsg&, const RegisterMsg&) = default;
+};
+// Coordinator -> worker, the answer to Hello + Register: registered as `worker`.
 struct WelcomeMsg {
   WorkerId worker = 0;
-  int64_t generation = 0;  // the current generation (0 before the first)
+  int64_t generation = 0;  // the current generation's id (0 before the first) == current.id
+  // "host:port" of the TcpStoreServer the coordinator hosts (same job token).
+  std::string store_address;
+  // The job's current generation, whole (id 0, empty, before the first).
+  Generation current;
   friend bool operator==(const WelcomeMsg&, const WelcomeMsg&) = default;
 };
 struct HeartbeatMsg {
@@ -62,6 +75,12 @@ struct LeaveMsg {
   std::string reason;
   friend bool operator==(const LeaveMsg&, const LeaveMsg&) = default;
 };
+// Worker -> coordinator: this worker's training loop ended normally. Once every member of the
+// current generation sent Done (or closed its connection after it), the job is complete and
+// the coordinator proposes no further change.
+struct DoneMsg {
+  friend bool operator==(const DoneMsg&, const DoneMsg&) = default;
+};
 // Either way: the sender closes the connection after this frame.
 struct ErrorMsg {
   int32_t code = 0;  // a StatusCode
@@ -71,7 +90,7 @@ struct ErrorMsg {
 
 using WireMessage =
     std::variant<HelloMsg, WelcomeMsg, HeartbeatMsg, LeaveMsg, ErrorMsg, PrepareMsg, StepReportMsg,
-                 CommitMsg, AbandonMsg, AppliedMsg, OutcomeMsg, ReleaseMsg>;
+                 CommitMsg, AbandonMsg, AppliedMsg, OutcomeMsg, ReleaseMsg, RegisterMsg, DoneMsg>;
 // The frame type of each alternative is its index + 1 (0 is never valid).
 enum class WireType : uint16_t {
   kHello = 1,
@@ -86,6 +105,8 @@ enum class WireType : uint16_t {
   kApplied,
   kOutcome,
   kRelease,
+  kRegister,
+  kDone,
 };
 std::string_view WireTypeName(uint16_t type);
 

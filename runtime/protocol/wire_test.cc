@@ -25,12 +25,35 @@ Generation Gen(int64_t id = 7) {
   return g;
 }
 
+JobManifest Manifest() {
+  JobManifest m;
+  m.model = ModelShape{.num_layers = 2,
+                       .num_heads = 8,
+                       .tp_candidates = {1, 2},
+                       .pp_candidates = {1, 2},
+                       .global_batch = 64,
+                       .micro_batches = 2,
+                       .zero_stage = 1,
+                       .device_memory_bytes = int64_t{1} << 34};
+  m.tensors = {
+      TensorSpec{"layers.0.w", DType::kBF16, {16, 32}, Layout::Layer(0).SplitTP(1).ZeroShard()},
+      TensorSpec{"layers.1.b", DType::kF32, {32}, Layout::Layer(1)}};
+  m.scalars = {ScalarSpec{"rng", 16}, ScalarSpec{"step", 8}};
+  m.dataset_samples = 1000;
+  m.dataset_seed = 0x1234567890abcdefULL;
+  m.dataset_shuffle = false;
+  m.chunk_bytes = 1 << 20;
+  m.staging_bytes = 1 << 26;
+  return m;
+}
+
 std::vector<WireMessage> Samples() {
   ChangeParticipants c{
       .participants = {11, 12, 13, 14, 20}, .leavers = {20}, .exiting = {20}, .lost = {9}};
   return {
       HelloMsg{.token = "secret", .host = "node-3", .pid = 4242, .capabilities = 1, .resume_id = 0},
-      WelcomeMsg{.worker = 11, .generation = 6},
+      WelcomeMsg{
+          .worker = 11, .generation = 6, .store_address = "10.0.0.1:2900", .current = Gen(6)},
       HeartbeatMsg{.step = 99},
       LeaveMsg{.reason = "SIGTERM"},
       ErrorMsg{.code = static_cast<int32_t>(StatusCode::kUnauthenticated),
@@ -41,13 +64,17 @@ std::vector<WireMessage> Samples() {
       AbandonMsg{.generation = 7},
       AppliedMsg{.worker = 13, .generation = 7, .ok = false, .error = "peer 2 gone"},
       OutcomeMsg{.generation = 7, .applied = true},
-      ReleaseMsg{.generation = 7}};
+      ReleaseMsg{.generation = 7},
+      RegisterMsg{.manifest = Manifest()},
+      DoneMsg{}};
 }
 
 TEST(WireTest, EveryMessageRoundTrips) {
   std::vector<WireMessage> all = Samples();
   ASSERT_EQ(all.size(), std::variant_size_v<WireMessage>);
   all.push_back(CommitMsg{.next = Gen(1), .from_generation = 0});  // from nothing: no ranks
+  all.push_back(WelcomeMsg{.worker = 3});                           // before the first generation
+  all.push_back(RegisterMsg{});                                     // the default manifest
   for (const WireMessage& m : all) {
     std::string frame = EncodeFrame(m);
     MORPH_ASSERT_OK_AND_ASSIGN(WireMessage back, DecodeFrame(frame));
@@ -146,6 +173,63 @@ TEST(WireTest, RandomCorruptionNeverCrashesAndNeverLies) {
       ASSERT_EQ(EncodeFrame(*r), frame);
     }
   }
+}
+
+TEST(WireTest, RegisterCountsAndValuesAreChecked) {
+  // A Register claiming 2^32-1 tensors in a small body is refused before allocating them.
+  std::string body;
+  auto u32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) body.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  auto i64 = [&](int64_t v) {
+    for (int i = 0; i < 8; ++i) body.push_back(static_cast<char>(uint64_t(v) >> (8 * i)));
+  };
+  u32(1);  // num_layers
+  u32(0);  // num_heads
+  u32(0);  // tp_candidates
+  u32(0);  // pp_candidates
+  i64(1);  // global_batch
+  u32(1);  // micro_batches
+  u32(0);  // zero_stage
+  i64(0);  // device memory
+  u32(0xffffffff);
+  FrameHeader h{.version = kWireVersion,
+                .type = static_cast<uint16_t>(WireType::kRegister),
+                .length = static_cast<uint32_t>(body.size())};
+  EXPECT_THAT(DecodeBody(h, body).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("register.tensors: count 4294967295 exceeds the 0 bytes left")));
+  // A tensor's dtype outside the enum, a boolean that is not 0/1.
+  RegisterMsg reg{.manifest = Manifest()};
+  std::string frame = EncodeFrame(reg);
+  size_t name_at = frame.find("layers.0.w");
+  ASSERT_NE(name_at, std::string::npos);
+  std::string bad = frame;
+  bad[name_at + 10] = 42;  // the dtype byte after the name
+  EXPECT_THAT(DecodeFrame(bad).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("register.tensor.dtype: not a "
+                                                               "dtype: 42")));
+  bad = frame;
+  bad[frame.size() - 17] = 2;  // dataset_shuffle
+  EXPECT_THAT(DecodeFrame(bad).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("register.dataset_shuffle: not a boolean")));
+  // Register is not limited like Hello: a large manifest passes the header check.
+  JobManifest big = Manifest();
+  for (int i = 0; i < 2000; ++i) {
+    big.tensors.push_back(TensorSpec{"t" + std::to_string(i), DType::kF32, {4}, Layout()});
+  }
+  std::string big_frame = EncodeFrame(RegisterMsg{.manifest = big});
+  ASSERT_GT(big_frame.size(), kMaxHelloBody);
+  MORPH_ASSERT_OK_AND_ASSIGN(WireMessage back, DecodeFrame(big_frame));
+  EXPECT_EQ(std::get<RegisterMsg>(back).manifest, big);
+}
+
+TEST(WireTest, WelcomeCurrentMustBeItsGeneration) {
+  WelcomeMsg m{.worker = 1, .generation = 5, .store_address = "h:1", .current = Gen(6)};
+  EXPECT_THAT(DecodeFrame(EncodeFrame(m)).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("welcome.current: generation 6 is not generation 5")));
 }
 
 TEST(WireTest, CommitFromMustBeItsFromGeneration) {
