@@ -1,0 +1,317 @@
+// End-to-end reconfiguration benchmark (issue 9, `make bench-runtime`): a job of real worker
+// processes (this binary in worker mode) launched by the Launcher (morphrun), holding
+// `--bytes` of unique state (parameters + Adam moments, ZeRO-1: parameters replicated over DP,
+// moments sharded), is resized; we measure the resize request -> the first step at the new size
+// on every new rank, each worker's phases (communicators, plan, transfer, resume), the stall
+// (BeginStep(S) entry to return), bytes moved, peak state bytes, and the transport's raw
+// bandwidth in the same run (a Gloo send/recv between two of the new ranks).
+//
+//   runtime_bench [--bytes 1GiB] [--changes dp4to2,dp2to4,tp2to1,pp2to1] [--grow-joiner 256MiB]
+//   runtime_bench --step-cost    (BeginStep + EndStep in a one-worker job)
+//
+// One JSON object per line: {"name": "reconfigure", "change": "dp4to2", "bytes": ..., "seconds":
+// <request -> first step>, "stall_seconds", "transfer_seconds", ..., "bytes_moved",
+// "raw_bandwidth_bytes_per_s", "transfer_vs_raw"}. ratio_vs_dcp and ratio_vs_cpp_baseline are
+// added by bench/peers/run_runtime_bench.sh, which runs the peers in the same session.
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "base/params.h"
+#include "runtime/api/runtime.h"
+#include "runtime/tools/launcher.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using morph::DType;
+using morph::Layout;
+using morph::ParallelConfig;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+ParallelConfig Config(int dp, int tp, int pp) {
+  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
+  c.stage_of_layer = *ParallelConfig::EvenStages(2, pp);
+  return c;
+}
+
+struct Change {
+  std::string name;
+  ParallelConfig from, to;
+};
+
+std::vector<Change> AllChanges() {
+  return {{"dp4to2", Config(4, 1, 1), Config(2, 1, 1)},
+          {"dp2to4", Config(2, 1, 1), Config(4, 1, 1)},
+          {"tp2to1", Config(1, 2, 1), Config(1, 1, 1)},
+          {"pp2to1", Config(1, 1, 2), Config(1, 1, 1)}};
+}
+
+// ---- worker mode ----------------------------------------------------------------------------
+
+// Two layers, each a square TP-split weight (parameters) and its two Adam moments (ZeRO-1):
+// unique bytes = 3 * parameter bytes.
+int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
+  auto opts = morph::Options::FromEnv();
+  if (!opts.ok()) return 4;
+  opts->model = {.num_layers = 2, .tp_candidates = {1, 2}, .pp_candidates = {1, 2},
+                 .global_batch = 16};
+  opts->dataset_samples = 1 << 16;
+  int64_t param_elems = unique_bytes / 3 / 4 / 2;  // per layer, f32
+  int64_t side = 1;
+  while ((side + 1) * (side + 1) <= param_elems) ++side;
+  side -= side % 4;
+  auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {
+    for (int l = 0; l < 2; ++l) {
+      std::string p = "layers." + std::to_string(l);
+      Layout w = Layout::Layer(l).SplitTP(l == 0 ? 1 : 0);
+      MORPH_RETURN_IF_ERROR(s.AddTensor(p + ".w", {side, side}, DType::kF32, w));
+      MORPH_RETURN_IF_ERROR(s.AddTensor(p + ".m", {side, side}, DType::kF32, w.ZeroShard()));
+      MORPH_RETURN_IF_ERROR(s.AddTensor(p + ".v", {side, side}, DType::kF32, w.ZeroShard()));
+    }
+    return s.AddScalar("step", 8);
+  });
+  if (!rt.ok()) {
+    std::fprintf(stderr, "worker: %s\n", std::string(rt.status().message()).c_str());
+    return 4;
+  }
+  morph::Runtime& r = **rt;
+  std::ofstream log(out + "/bench-" + std::to_string(r.worker_id()) + ".jsonl");
+  morph::Reconfiguration last;
+  bool have_last = false;
+  r.OnReconfigure([&](const morph::Reconfiguration& c) {
+    last = c;
+    have_last = true;
+  });
+  while (true) {
+    auto step = r.BeginStep();
+    if (!step.ok()) {
+      std::fprintf(stderr, "worker: %s\n", std::string(step.status().message()).c_str());
+      return 4;
+    }
+    if (step->done() || step->index() >= steps) break;
+    if (step->reconfigured() && have_last) {
+      int64_t first_step_ns = NowNs();
+      // Raw bandwidth of the transport between new ranks 0 and 1, same run.
+      double raw = 0;
+      if (step->world_size() >= 2 && step->rank() < 2) {
+        std::vector<char> buf(size_t{128} << 20);
+        auto t = std::chrono::steady_clock::now();
+        using K = morph::P2POp::Kind;
+        morph::P2POp op{step->rank() == 0 ? K::kSend : K::kRecv, 1 - step->rank(), buf.data(),
+                        buf.size()};
+        morph::Status st = step->world().SendRecv({op}, std::chrono::milliseconds(60000));
+        double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        if (st.ok()) raw = static_cast<double>(buf.size()) / sec;
+      }
+      log << "{\"worker\":" << r.worker_id() << ",\"generation\":" << last.generation
+          << ",\"rank\":" << last.rank << ",\"first_step_ns\":" << first_step_ns
+          << ",\"communicators\":" << last.communicators_seconds
+          << ",\"plan\":" << last.plan_seconds << ",\"transfer\":" << last.transfer_seconds
+          << ",\"resume\":" << last.resume_seconds << ",\"stall\":" << last.stall_seconds
+          << ",\"bytes_received\":" << last.bytes_received << ",\"bytes_sent\":" << last.bytes_sent
+          << ",\"raw_bandwidth\":" << raw << ",\"local_bytes\":" << r.state().local_bytes()
+          << "}\n";
+      log.flush();
+      have_last = false;
+    }
+    int64_t one = 1;
+    (void)step->world().Allreduce(&one, 1, DType::kI64, morph::ReduceOp::kSum,
+                                  std::chrono::milliseconds(60000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!r.EndStep().ok()) return 4;
+  }
+  return r.Finish().ok() ? 0 : 4;
+}
+
+// ---- driver mode ----------------------------------------------------------------------------
+
+struct Parsed {
+  std::map<std::string, double> max;  // per field, over workers
+  double sum_received = 0;
+  int64_t last_first_step_ns = 0;
+  int workers = 0;
+};
+
+Parsed ReadLogs(const fs::path& dir, int64_t generation) {
+  Parsed p;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".jsonl") continue;
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      auto field = [&](const std::string& k) {
+        size_t at = line.find("\"" + k + "\":");
+        return at == std::string::npos ? 0.0 : std::atof(line.c_str() + at + k.size() + 3);
+      };
+      if (static_cast<int64_t>(field("generation")) != generation) continue;
+      ++p.workers;
+      for (const char* k : {"communicators", "plan", "transfer", "resume", "stall",
+                            "raw_bandwidth", "local_bytes"}) {
+        p.max[k] = std::max(p.max[k], field(k));
+      }
+      p.sum_received += field("bytes_received");
+      p.last_first_step_ns =
+          std::max(p.last_first_step_ns, static_cast<int64_t>(field("first_step_ns")));
+    }
+  }
+  return p;
+}
+
+int Drive(const std::string& self, const Change& c, int64_t bytes) {
+  fs::path dir = fs::temp_directory_path() / ("morph-rtbench-" + c.name + "-" +
+                                              std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  morph::LauncherOptions o;
+  o.workers = c.from.world();
+  o.argv = {self, "--worker", "--bytes", std::to_string(bytes), "--out", dir.string()};
+  o.log_dir = dir.string();
+  o.env = {{"MORPH_HEARTBEAT_MS", "20"}};
+  o.coordinator.serve_http = false;
+  std::map<int, ParallelConfig> configs = {{c.from.world(), c.from}, {c.to.world(), c.to}};
+  o.coordinator.policy = [configs](int n, const ParallelConfig*,
+                                   const morph::ModelConstraints&) -> std::optional<ParallelConfig> {
+    auto it = configs.upper_bound(n);
+    if (it == configs.begin()) return std::nullopt;
+    return std::prev(it)->second;
+  };
+  auto launcher = morph::Launcher::Start(std::move(o));
+  if (!launcher.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(launcher.status().message()).c_str());
+    return 1;
+  }
+  morph::Coordinator& coord = (*launcher)->coordinator();
+  auto wait = [&](auto pred, int64_t ms) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (std::chrono::steady_clock::now() < until) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
+  };
+  if (!wait([&] { return coord.Snapshot().step >= 3; }, 300000)) {
+    std::fprintf(stderr, "%s: the job did not reach step 3\n", c.name.c_str());
+    return 1;
+  }
+  morph::ResizeRequest req;
+  if (c.to.world() > c.from.world()) {
+    req.add = c.to.world() - c.from.world();
+  } else {
+    req.world_size = c.to.world();
+  }
+  req.reason = "bench";
+  int64_t t0 = NowNs();
+  morph::Status s = coord.Resize(req, morph::Deadline::AfterMs(10000));
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: resize: %s\n", c.name.c_str(), std::string(s.message()).c_str());
+    return 1;
+  }
+  Parsed p;
+  bool ok = wait([&] {
+    p = ReadLogs(dir, 2);
+    return p.workers >= c.to.world();
+  }, 300000);
+  (void)coord.Resize(morph::ResizeRequest{.world_size = c.to.world(), .reason = "end"},
+                     morph::Deadline::AfterMs(100));
+  (*launcher)->Signal(SIGTERM);
+  (void)(*launcher)->Wait(morph::Deadline::AfterMs(30000));
+  launcher->reset();
+  if (!ok) {
+    std::fprintf(stderr, "%s: the new generation did not start\n", c.name.c_str());
+    return 1;
+  }
+  double total = static_cast<double>(p.last_first_step_ns - t0) / 1e9;
+  double transfer_bw = p.max["transfer"] > 0 ? p.sum_received / p.max["transfer"] : 0;
+  std::printf(
+      "{\"name\":\"reconfigure\",\"change\":\"%s\",\"bytes\":%lld,\"seconds\":%.4f,"
+      "\"stall_seconds\":%.4f,\"communicators_seconds\":%.4f,\"plan_seconds\":%.4f,"
+      "\"transfer_seconds\":%.4f,\"resume_seconds\":%.4f,\"stall_minus_transfer_seconds\":%.4f,"
+      "\"bytes_moved\":%.0f,\"raw_bandwidth_bytes_per_s\":%.0f,\"transfer_bandwidth_bytes_per_s\":"
+      "%.0f,\"transfer_vs_raw\":%.3f}\n",
+      c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"], p.max["communicators"],
+      p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
+      p.sum_received, p.max["raw_bandwidth"], transfer_bw,
+      p.max["raw_bandwidth"] > 0 ? transfer_bw / p.max["raw_bandwidth"] : 0.0);
+  std::fflush(stdout);
+  fs::remove_all(dir);
+  return 0;
+}
+
+// BeginStep + EndStep in a one-worker job: the steady-state cost.
+int StepCost() {
+  auto opts = morph::Options::FromEnv();
+  if (!opts.ok()) return 4;
+  opts->model.global_batch = 8;
+  opts->bootstrap = morph::Bootstrap::kHost;
+  opts->initial_world = 1;
+  auto rt = morph::Runtime::Start(*opts, [](morph::State& s) {
+    return s.AddTensor("w", {64, 64}, DType::kF32, Layout::Layer(0));
+  });
+  if (!rt.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(rt.status().message()).c_str());
+    return 4;
+  }
+  const int64_t n = 2000000;
+  auto t = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    auto step = (*rt)->BeginStep();
+    if (!step.ok() || !(*rt)->EndStep().ok()) return 4;
+  }
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  std::printf("{\"name\":\"step_cost\",\"bytes\":0,\"seconds\":%.6f,\"steps\":%lld,"
+              "\"ns_per_step\":%.1f,\"target_ns\":2000}\n",
+              sec, static_cast<long long>(n), sec / static_cast<double>(n) * 1e9);
+  return (*rt)->Finish().ok() ? 0 : 4;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = 1;
+  bool worker = false, step_cost = false;
+  int64_t bytes = int64_t{1} << 30, steps = 1 << 30;
+  std::string out = ".", changes = "dp4to2,dp2to4,tp2to1,pp2to1";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--worker") worker = true;
+    else if (a == "--step-cost") step_cost = true;
+    else if (a == "--bytes") {
+      auto b = morph::params::ParseBytes("--bytes", next());
+      if (!b.ok()) return 2;
+      bytes = static_cast<int64_t>(*b);
+    } else if (a == "--out") out = next();
+    else if (a == "--changes") changes = next();
+    else if (a == "--steps") steps = std::atoll(next().c_str());
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (worker) return Worker(bytes, out, steps);
+  if (step_cost) return StepCost();
+  int rc = 0;
+  for (const Change& c : AllChanges()) {
+    if (("," + changes + ",").find("," + c.name + ",") == std::string::npos) continue;
+    rc |= Drive(fs::canonical("/proc/self/exe").string(), c, bytes);
+  }
+  return rc;
+}

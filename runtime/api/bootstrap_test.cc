@@ -1,0 +1,63 @@
+#include "runtime/api/bootstrap.h"
+
+#include <gtest/gtest.h>
+
+#include "base/testing.h"
+
+namespace morph {
+namespace {
+
+using ::morph::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(BootstrapTest, FirstSlurmHost) {
+  EXPECT_EQ(*FirstSlurmHost("node07"), "node07");
+  EXPECT_EQ(*FirstSlurmHost("a,b,c"), "a");
+  EXPECT_EQ(*FirstSlurmHost("node[01-04,07],gpu5"), "node01");
+  EXPECT_EQ(*FirstSlurmHost("n[3]"), "n3");
+  EXPECT_EQ(*FirstSlurmHost("n[12-13]-ib,x"), "n12-ib");
+  EXPECT_THAT(FirstSlurmHost(""), StatusIs(StatusCode::kInvalidArgument, HasSubstr("empty")));
+  EXPECT_THAT(FirstSlurmHost("n[1-2"), StatusIs(StatusCode::kInvalidArgument, HasSubstr("']'")));
+  EXPECT_THAT(FirstSlurmHost("n[a-b]"),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("does not start with a number")));
+}
+
+TEST(BootstrapTest, JoiningNeedsAToken) {
+  Options o;
+  o.coordinator = "127.0.0.1:1";
+  EXPECT_THAT(ResolveBootstrap(o, Deadline::AfterMs(100)),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("MORPH_TOKEN")));
+  o.token = "t";
+  StatusOr<BootstrapResult> r = ResolveBootstrap(o, Deadline::AfterMs(100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, Bootstrap::kJoin);
+  EXPECT_EQ(r->coordinator_address, "127.0.0.1:1");
+  EXPECT_EQ(r->coordinator, nullptr);
+}
+
+TEST(BootstrapTest, SlurmNeedsASharedToken) {
+  Options o;
+  o.launcher_rank = 1;
+  o.launcher_size = 4;
+  o.slurm_nodelist = "node[3-6]";
+  o.host = "node4";
+  EXPECT_THAT(ResolveBootstrap(o, Deadline::AfterMs(100)),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("export MORPH_TOKEN")));
+  o.token = "t";
+  StatusOr<BootstrapResult> r = ResolveBootstrap(o, Deadline::AfterMs(100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, Bootstrap::kSlurm);
+  EXPECT_EQ(r->coordinator_address, "node3:29400");
+  EXPECT_EQ(r->data_hostname, "node4");
+  EXPECT_EQ(r->coordinator, nullptr);  // only task 0 hosts
+}
+
+TEST(BootstrapTest, RandomTokensDiffer) {
+  StatusOr<std::string> a = RandomToken(), b = RandomToken();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->size(), 32u);
+  EXPECT_NE(*a, *b);
+}
+
+}  // namespace
+}  // namespace morph
