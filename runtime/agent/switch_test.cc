@@ -265,12 +265,13 @@ class Cluster {
       }
       std::fprintf(stderr,
                    "gen %lld worker %lld: old %lld new %lld peak state %lld (+staging %lld) "
-                   "bound %lld, %d batches, sent %lld received %lld copied %lld\n",
+                   "bound %lld%s, %d batches, sent %lld received %lld copied %lld\n",
                    static_cast<long long>(p.next.id), static_cast<long long>(w),
                    static_cast<long long>(st.old_bytes), static_cast<long long>(st.new_bytes),
                    static_cast<long long>(st.peak_state_bytes),
                    static_cast<long long>(st.peak_staging_bytes),
-                   static_cast<long long>(st.bound_bytes), st.batches,
+                   static_cast<long long>(st.bound_bytes),
+                   st.sign_consistent ? "" : " (not sign-consistent)", st.batches,
                    static_cast<long long>(st.bytes_sent),
                    static_cast<long long>(st.bytes_received),
                    static_cast<long long>(st.bytes_copied));
@@ -292,6 +293,16 @@ TEST(SwitchTest, DpGrowWithJoinersThenShrinkWithLeavers) {
   c.Start(Config(2, 1, 1), {10, 11});
   c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true);  // dp 2 -> 4
   c.Change(Config(2, 1, 1), {10, 11, 12, 13}, true);                      // dp 4 -> 2
+}
+
+// The same over Gloo's TCP p2p for every peer (no shared memory), as between hosts.
+TEST(SwitchTest, DpGrowAndShrinkOverTcp) {
+  SwitchOptions o = Cluster::Defaults();
+  o.transport.shared_memory = false;
+  Cluster c;
+  c.Start(Config(2, 1, 1), {10, 11});
+  c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true, o);
+  c.Change(Config(1, 2, 1), {10, 11, 12, 13}, false, o);
 }
 
 TEST(SwitchTest, TpMergeAndPpMerge) {
@@ -417,7 +428,7 @@ TEST(SwitchTest, CommitThatDiffersFromThePrepareIsRefused) {
 
 // A participant that disappears after the first batch: every other participant fails within
 // its timeouts, at least one naming it, and none switches.
-TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthers) {
+void DisappearMidTransfer(bool shared_memory) {
   constexpr WorkerId kVictim = 11;
   Cluster c;
   c.Start(Config(2, 1, 1), {10, 11});
@@ -425,6 +436,7 @@ TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthers) {
   SwitchOptions o = Cluster::Defaults();
   o.batch_bytes = 0;  // many batches
   o.timeout = std::chrono::seconds(5);
+  o.transport.shared_memory = shared_memory;
   std::map<WorkerId, WorkerResult> r =
       c.Run(p,
             [&](WorkerId w, SwitchOptions& opt, std::unique_ptr<PreparedSwitch>* sw) {
@@ -457,6 +469,14 @@ TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthers) {
   }
   EXPECT_GE(named, 1) << "no participant named the one that disappeared";
   EXPECT_EQ(c.current_.id, 1);
+}
+
+TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthers) {
+  DisappearMidTransfer(/*shared_memory=*/true);
+}
+
+TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthersOverTcp) {
+  DisappearMidTransfer(/*shared_memory=*/false);
 }
 
 }  // namespace
