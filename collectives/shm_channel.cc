@@ -381,11 +381,14 @@ Status ShmChannel::PeerFailure(const Peer& p) const {
     pollfd pfd{p.pidfd, POLLIN, 0};
     if (poll(&pfd, 1, 0) > 0) {
       return UnavailableError(name_ + ": peer rank " + std::to_string(p.rank) + " (pid " +
-                              std::to_string(p.pid) + ") exited");
+                              std::to_string(p.pid) + ") exited")
+          .WithCollectiveFailure({CollectiveFailure::Kind::kPeerClosed, {p.rank}});
     }
   }
+  // The peer names itself, so the caller can tell whom (status.failed_peers()).
   if (p.mailbox->aborted.load(std::memory_order_acquire) != 0) {
-    return AbortedError(name_ + ": peer rank " + std::to_string(p.rank) + " aborted");
+    return AbortedError(name_ + ": peer rank " + std::to_string(p.rank) + " aborted")
+        .WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {p.rank}});
   }
   return Status::Ok();
 }

@@ -85,15 +85,18 @@ Status State::AddScalar(std::string name, int64_t bytes) {
   return Status::Ok();
 }
 
+State::TensorRef State::TensorAt(size_t index) {
+  const Entry& e = *entries_[index];
+  TensorRef r;
+  r.spec = &specs_[index];
+  r.shard = e.shard;
+  if (e.data.size() > 0) r.data = e.data.view();
+  return r;
+}
+
 StatusOr<State::TensorRef> State::tensor(std::string_view name) {
   for (size_t i = 0; i < specs_.size(); ++i) {
-    if (specs_[i].name != name) continue;
-    const Entry& e = *entries_[i];
-    TensorRef r;
-    r.spec = &specs_[i];
-    r.shard = e.shard;
-    if (e.data.size() > 0) r.data = e.data.view();
-    return r;
+    if (specs_[i].name == name) return TensorAt(i);
   }
   return NotFoundError("no tensor '" + std::string(name) + "' is registered");
 }

@@ -129,6 +129,8 @@ class State {
 
   // ---- Used by the switch engine (runtime/agent/switch.cc) ----
 
+  // Tensor `index` (registration order) without a lookup; index < tensors().size().
+  TensorRef TensorAt(size_t index);
   // Storage for a new shard of tensor `index`, from the tensor's allocator (bytes > 0).
   // Does not change the state. The allocator's error, naming the tensor.
   StatusOr<Buffer> AllocateShard(size_t index, int64_t bytes) const;

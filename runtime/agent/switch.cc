@@ -1,0 +1,484 @@
+#include "runtime/agent/switch.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "base/logging.h"
+#include "reshard/plan_digest.h"
+#include "runtime/protocol/plan_input.h"
+
+#if MORPH_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "base/cuda_check.h"
+#endif
+
+namespace morph {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+int64_t ShardBytes(const std::optional<Shard>& s, DType dtype) {
+  return s ? s->NumElements() * DTypeSize(dtype) : 0;
+}
+
+// Copies of each element under `c`: DP replicas unless ZeRO-sharded, TP replicas unless split.
+int64_t Copies(const TensorSpec& t, const ParallelConfig& c) {
+  return (t.layout.zero_sharded() ? 1 : c.dp) * (t.layout.tp_split() ? 1 : c.tp);
+}
+
+// The largest shard of `t` any rank of `c` holds: TP slices are equal and DP rank 0 has the
+// longest ZeRO range, so it is the shard of (stage, d=0, t=0). Caller validated the pair.
+int64_t LargestShardBytes(const TensorSpec& t, const ParallelConfig& c) {
+  const int rank = c.RankOf({StageOfUnchecked(t, c), 0, 0});
+  return ShardOfUnchecked(t, c, rank).NumElements() * DTypeSize(t.dtype);
+}
+
+// The global order (switch.h, "Order and memory bound"), cut into batches of tensor indices.
+std::vector<std::vector<int32_t>> Batches(const std::vector<TensorSpec>& tensors,
+                                          const ParallelConfig& from, const ParallelConfig& next,
+                                          uint64_t batch_bytes) {
+  const size_t n = tensors.size();
+  std::vector<__int128> change(n);
+  for (size_t i = 0; i < n; ++i) {
+    change[i] = static_cast<__int128>(TensorBytes(tensors[i])) *
+                (Copies(tensors[i], next) - Copies(tensors[i], from));
+  }
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return change[a] < change[b]; });
+  std::vector<std::vector<int32_t>> batches;
+  uint64_t in_batch = 0;
+  for (int32_t t : order) {
+    const uint64_t m = static_cast<uint64_t>(LargestShardBytes(tensors[t], next));
+    if (batches.empty() || in_batch + m > batch_bytes) {
+      batches.emplace_back();
+      in_batch = 0;
+    }
+    batches.back().push_back(t);
+    in_batch += m;
+  }
+  return batches;
+}
+
+// Each batch's part of `full`: its tensors (ascending index, renumbered) and their pieces in
+// the order `full` lists them, so both ends of every pair list the same pieces alike.
+std::vector<LocalPlan> SplitPlan(const LocalPlan& full,
+                                 const std::vector<std::vector<int32_t>>& batches) {
+  const size_t nt = full.tensors.size();
+  std::vector<int32_t> batch_of(nt, -1), index_in(nt, -1);
+  std::vector<LocalPlan> out(batches.size());
+  for (size_t k = 0; k < batches.size(); ++k) {
+    std::vector<int32_t> sorted = batches[k];
+    std::sort(sorted.begin(), sorted.end());
+    LocalPlan& p = out[k];
+    p.participant = full.participant;
+    p.num_participants = full.num_participants;
+    p.digest = full.digest;
+    for (int32_t t : sorted) {
+      batch_of[static_cast<size_t>(t)] = static_cast<int32_t>(k);
+      index_in[static_cast<size_t>(t)] = static_cast<int32_t>(p.tensors.size());
+      p.tensors.push_back(full.tensors[static_cast<size_t>(t)]);
+      p.old_shards.push_back(full.old_shards[static_cast<size_t>(t)]);
+      p.new_shards.push_back(full.new_shards[static_cast<size_t>(t)]);
+    }
+  }
+  auto distribute = [&](const std::vector<PieceMove>& list,
+                        std::vector<PieceMove> LocalPlan::*member) {
+    for (PieceMove m : list) {
+      const size_t t = static_cast<size_t>(m.tensor);
+      LocalPlan& p = out[static_cast<size_t>(batch_of[t])];
+      m.tensor = index_in[t];
+      (p.*member).push_back(std::move(m));
+    }
+  };
+  distribute(full.sends, &LocalPlan::sends);
+  distribute(full.recvs, &LocalPlan::recvs);
+  distribute(full.local_copies, &LocalPlan::local_copies);
+  distribute(full.lost, &LocalPlan::lost);
+  return out;
+}
+
+std::string DigestParts(const PlanDigest& d) {
+  std::string out;
+  for (int i = 0; i < PlanDigest::kNumParts; ++i) {
+    if (i) out += ", ";
+    out += std::string(PlanDigest::PartName(i)) + " " + DigestHex(d.parts[static_cast<size_t>(i)]);
+  }
+  return out;
+}
+
+Status CopyBytes(BufferView dst, ConstBufferView src) {
+  if (src.bytes == 0) return Status::Ok();
+  if (dst.kind == MemoryKind::kHost && src.kind == MemoryKind::kHost) {
+    std::memcpy(dst.data, src.data, src.bytes);
+    return Status::Ok();
+  }
+#if MORPH_WITH_CUDA
+  MORPH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data, src.data, src.bytes, cudaMemcpyDefault))
+      << "staging a shard through host memory";
+  return Status::Ok();
+#else
+  return FailedPreconditionError("CUDA memory in a build without CUDA");
+#endif
+}
+
+// "participant 2 (worker 12), participant 3 (worker 5)" for the peers a failure names.
+std::string NamePeers(const Status& s, const std::vector<WorkerId>& participants) {
+  std::string out;
+  for (int p : s.failed_peers()) {
+    if (!out.empty()) out += ", ";
+    out += "participant " + std::to_string(p);
+    if (p >= 0 && static_cast<size_t>(p) < participants.size()) {
+      out += " (worker " + std::to_string(participants[static_cast<size_t>(p)]) + ")";
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+PreparedSwitch::~PreparedSwitch() = default;
+
+void PreparedSwitch::Abort() {
+  aborted_.store(true);
+  if (transport_) transport_->Abort();
+  if (change_comm_) change_comm_->Abort();
+  if (groups_) groups_->AbortAll();
+}
+
+StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manifest, WorkerId me,
+                                                        const PrepareMsg& prepare, Store& store,
+                                                        const CommunicatorFactory& factory,
+                                                        const SwitchOptions& options,
+                                                        Deadline deadline) {
+  const auto t_plan = Clock::now();
+  std::unique_ptr<PreparedSwitch> sw(new PreparedSwitch());
+  sw->manifest_ = manifest;
+  sw->me_ = me;
+  sw->from_ = prepare.from;
+  sw->next_ = prepare.next;
+  sw->change_ = prepare.change;
+  sw->options_ = options;
+  const std::string gen = "generation " + std::to_string(prepare.next.id);
+  if (prepare.from.id != prepare.from_generation) {
+    return InvalidArgumentError(gen + ": prepare starts from generation " +
+                                std::to_string(prepare.from_generation) + " but carries " +
+                                std::to_string(prepare.from.id));
+  }
+  MORPH_ASSIGN_OR_RETURN(ChangePlan change,
+                         PlanForChange(manifest, prepare.from, prepare.next, prepare.change),
+                         gen);
+  if (change.digest != prepare.next.plan_digest) {
+    std::string parts = change.planner ? "computed parts: " +
+                                             DigestParts(WithMessageLayout(
+                                                 change.planner->digest(), change.executor,
+                                                 static_cast<int>(change.participants.size())))
+                                       : "first generation: manifest, config and ranks";
+    return FailedPreconditionError("plan digest mismatch: coordinator " +
+                                   DigestHex(prepare.next.plan_digest) + ", computed " +
+                                   DigestHex(change.digest) + " (" + parts + ")");
+  }
+  sw->participants_ = change.participants;
+  sw->participant_ = change.IndexOf(me);
+  sw->num_participants_ = static_cast<int>(change.participants.size());
+  sw->old_rank_ = prepare.from.RankOf(me);
+  sw->new_rank_ = prepare.next.RankOf(me);
+  sw->executor_ = options.executor;
+  sw->executor_.chunk_bytes = change.executor.chunk_bytes;
+  sw->executor_.staging_bytes = change.executor.staging_bytes;
+  if (sw->participant_ < 0 && sw->new_rank_ < 0) {
+    return InvalidArgumentError(gen + ": worker " + std::to_string(me) +
+                                " is no participant of the change");
+  }
+
+  SwitchStats& planned = sw->planned_;
+  if (change.planner) {
+    if (sw->participant_ < 0) {
+      return InvalidArgumentError(gen + ": worker " + std::to_string(me) +
+                                  " holds a rank but is no participant of the change");
+    }
+    MORPH_ASSIGN_OR_RETURN(sw->plan_, change.planner->PlanFor(sw->participant_),
+                           gen << ": planning participant " << sw->participant_);
+    sw->batches_ =
+        Batches(manifest.tensors, prepare.from.config, prepare.next.config, options.batch_bytes);
+    sw->batch_plans_ = SplitPlan(sw->plan_, sw->batches_);
+    // The byte figures of "Order and memory bound" for this worker.
+    const LocalPlan& p = sw->plan_;
+    for (size_t t = 0; t < p.tensors.size(); ++t) {
+      const int64_t n = ShardBytes(p.new_shards[t], p.tensors[t].dtype);
+      planned.old_bytes += ShardBytes(p.old_shards[t], p.tensors[t].dtype);
+      planned.new_bytes += n;
+      planned.largest_shard_bytes = std::max(planned.largest_shard_bytes, n);
+    }
+    int64_t held = planned.old_bytes;  // before the batch
+    bool grew = false;
+    for (const auto& batch : sw->batches_) {
+      int64_t batch_new = 0, delta = 0;
+      for (int32_t t : batch) {
+        const DType dt = p.tensors[static_cast<size_t>(t)].dtype;
+        const int64_t o = ShardBytes(p.old_shards[static_cast<size_t>(t)], dt);
+        const int64_t n = ShardBytes(p.new_shards[static_cast<size_t>(t)], dt);
+        batch_new += n;
+        delta += options.keep_old_until_barrier ? n : n - o;
+        if (n > o) grew = true;
+        if (n < o && grew) planned.sign_consistent = false;
+      }
+      sw->predicted_peak_ = std::max(sw->predicted_peak_, held + batch_new);
+      planned.largest_batch_bytes = std::max(planned.largest_batch_bytes, batch_new);
+      held += delta;
+    }
+    sw->predicted_peak_ = std::max(sw->predicted_peak_, planned.old_bytes);
+    if (options.keep_old_until_barrier) planned.sign_consistent = planned.old_bytes == 0;
+    planned.batches = static_cast<int>(sw->batches_.size());
+    planned.bound_bytes = std::max(planned.old_bytes, planned.new_bytes) +
+                          planned.largest_batch_bytes +
+                          static_cast<int64_t>(sw->executor_.staging_bytes);
+  }
+  planned.seconds.plan = Since(t_plan);
+
+  const auto t_comm = Clock::now();
+  if (change.planner) {
+    MORPH_ASSIGN_OR_RETURN(sw->change_comm_,
+                           factory(store, "change", sw->participant_, sw->num_participants_,
+                                   deadline),
+                           gen << ": change communicator");
+    MORPH_ASSIGN_OR_RETURN(sw->transport_,
+                           CommTransport::Create(sw->change_comm_.get(), options.timeout,
+                                                 options.transport, deadline),
+                           gen << ": change transport");
+  }
+  if (sw->new_rank_ >= 0) {
+    GroupBuilder builder(factory);
+    MORPH_ASSIGN_OR_RETURN(sw->groups_,
+                           builder.Build(store, prepare.next.config, sw->new_rank_,
+                                         prepare.next.config.world(), deadline),
+                           gen << ": communicators of rank " << sw->new_rank_);
+  }
+  planned.seconds.communicators = Since(t_comm);
+  if (sw->aborted_.load()) return AbortedError(gen + ": switch aborted while it was prepared");
+  return sw;
+}
+
+namespace {
+
+Status CheckCommit(const PreparedSwitch& sw, const CommitMsg& commit) {
+  const Generation& n = sw.next();
+  std::string what;
+  if (commit.next.id != n.id) {
+    what = "generation " + std::to_string(commit.next.id);
+  } else if (!(commit.next.config == n.config)) {
+    what = "config " + commit.next.config.ToString() + " vs " + n.config.ToString();
+  } else if (commit.next.ranks != n.ranks) {
+    what = "ranks";
+  } else if (commit.next.plan_digest != n.plan_digest) {
+    what = "plan digest " + DigestHex(commit.next.plan_digest) + " vs " + DigestHex(n.plan_digest);
+  } else if (!(commit.from == sw.from())) {
+    what = "the generation it starts from";
+  }
+  if (what.empty()) return Status::Ok();
+  return FailedPreconditionError("commit of generation " + std::to_string(commit.next.id) +
+                                 " differs from the prepared generation " + std::to_string(n.id) +
+                                 ": " + what);
+}
+
+}  // namespace
+
+StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit, State& state,
+                                    Deadline deadline) {
+  const std::string gen = "switch to generation " + std::to_string(sw.next_.id);
+  MORPH_RETURN_IF_ERROR(CheckCommit(sw, commit));
+  if (!(commit.change == sw.change_)) {
+    return FailedPreconditionError(gen + ": the commit's participants differ from the prepare's");
+  }
+  if (sw.executed_) return FailedPreconditionError(gen + ": already executed");
+  if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
+  sw.executed_ = true;
+  state.Seal();
+  {
+    JobManifest mine = sw.manifest_;
+    state.FillManifest(mine);
+    const std::string diff = FirstDifference(sw.manifest_, mine);
+    if (!diff.empty()) {
+      return FailedPreconditionError(gen + ": the state differs from the job's manifest: " + diff);
+    }
+  }
+  SwitchStats stats = sw.planned_;
+  if (sw.first_generation()) {
+    const auto t0 = Clock::now();
+    MORPH_RETURN_IF_ERROR(state.Materialize(sw.next_.config, sw.new_rank_)) << gen;
+    stats.new_bytes = stats.peak_state_bytes = stats.peak_bytes = state.local_bytes();
+    stats.bound_bytes = stats.new_bytes;
+    stats.seconds.resume = Since(t0);
+    return stats;
+  }
+  // The state must be what the plan's old shards describe.
+  if (sw.old_rank_ >= 0) {
+    const ParallelConfig* c = state.config();
+    if (c == nullptr || !(*c == sw.from_.config) || state.rank() != sw.old_rank_ ||
+        !state.intact()) {
+      return FailedPreconditionError(
+          gen + ": the state is laid out for " + (c ? c->ToString() : "nothing") + " rank " +
+          std::to_string(state.rank()) + (state.intact() ? "" : " (not intact)") +
+          ", the change starts from " + sw.from_.config.ToString() + " rank " +
+          std::to_string(sw.old_rank_));
+    }
+  } else if (state.local_bytes() != 0) {
+    return FailedPreconditionError(gen + ": worker " + std::to_string(sw.me_) +
+                                   " holds no rank in generation " + std::to_string(sw.from_.id) +
+                                   " but its state holds " + std::to_string(state.local_bytes()) +
+                                   " bytes");
+  }
+
+  const SwitchOptions& opt = sw.options_;
+  const LocalPlan& plan = sw.plan_;
+  const size_t nt = plan.tensors.size();
+  auto fail = [&](Status s, const std::string& where) {
+    std::string peers = NamePeers(s, sw.participants_);
+    if (!peers.empty()) s = s.WithContext("failed peers: " + peers);
+    return s.WithContext(gen + ": " + where);
+  };
+
+  // Old sources: the state's buffers, or host copies of device shards (stage_old_in_host).
+  std::vector<ConstBufferView> old_view(nt);
+  std::vector<Buffer> old_host(nt);
+  int64_t held = 0;
+  for (size_t t = 0; t < nt; ++t) {
+    const BufferView v = state.TensorAt(t).data;
+    old_view[t] = v;
+    held += static_cast<int64_t>(v.bytes);
+  }
+  stats.peak_state_bytes = held;
+  const auto t_transfer = Clock::now();
+  if (opt.stage_old_in_host) {
+    for (size_t t = 0; t < nt; ++t) {
+      if (old_view[t].bytes == 0 || old_view[t].kind == MemoryKind::kHost) continue;
+      MORPH_ASSIGN_OR_RETURN(old_host[t], HostAllocator()(old_view[t].bytes),
+                             gen << ": host copy of tensor '" << plan.tensors[t].name << "'");
+      MORPH_RETURN_IF_ERROR(CopyBytes(old_host[t].view(), old_view[t]))
+          << gen << ": tensor '" << plan.tensors[t].name << "'";
+      held += static_cast<int64_t>(old_view[t].bytes);
+      stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
+      state.ReleaseShard(t);
+      held -= static_cast<int64_t>(old_view[t].bytes);
+      old_view[t] = old_host[t].view();
+    }
+  }
+
+  std::vector<Buffer> new_buffers(nt);
+  const int num_batches = static_cast<int>(sw.batches_.size());
+  for (int k = 0; k < num_batches; ++k) {
+    const LocalPlan& bp = sw.batch_plans_[static_cast<size_t>(k)];
+    std::vector<int32_t> sorted = sw.batches_[static_cast<size_t>(k)];
+    std::sort(sorted.begin(), sorted.end());
+    std::string where = "batch " + std::to_string(k + 1) + " of " + std::to_string(num_batches) +
+                        " (tensors";
+    for (size_t j = 0; j < sorted.size() && j < 4; ++j) {
+      where += (j ? ", '" : " '") + plan.tensors[static_cast<size_t>(sorted[j])].name + "'";
+    }
+    where += sorted.size() > 4 ? ", ...)" : ")";
+    if (sw.aborted_.load()) return fail(AbortedError("aborted"), where);
+
+    std::vector<OldShardData> olds;
+    std::vector<NewShardData> news;
+    std::vector<Buffer> fresh(sorted.size());
+    for (size_t j = 0; j < sorted.size(); ++j) {
+      const size_t t = static_cast<size_t>(sorted[j]);
+      const TensorInfo& info = plan.tensors[t];
+      if (old_view[t].bytes > 0) olds.push_back({info.name, info.dtype, old_view[t]});
+      const int64_t bytes = ShardBytes(plan.new_shards[t], info.dtype);
+      if (bytes == 0) continue;
+      StatusOr<Buffer> b = opt.stage_old_in_host
+                               ? HostAllocator()(static_cast<size_t>(bytes))
+                               : state.AllocateShard(t, bytes);
+      if (!b.ok()) return fail(b.status(), where);
+      fresh[j] = std::move(b).value();
+      held += bytes;
+      news.push_back({info.name, info.dtype, fresh[j].view()});
+    }
+    stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
+    StatusOr<ExecutorStats> r =
+        ExecutePlan(bp, olds, news, *sw.transport_, sw.executor_, deadline);
+    if (!r.ok()) return fail(r.status(), where);
+    stats.bytes_sent += r->bytes_sent;
+    stats.bytes_received += r->bytes_received;
+    stats.bytes_copied += r->bytes_copied;
+    stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, r->staging_peak_bytes);
+    stats.peak_bytes = std::max(stats.peak_bytes, held + r->staging_peak_bytes);
+    for (size_t j = 0; j < sorted.size(); ++j) {
+      const size_t t = static_cast<size_t>(sorted[j]);
+      if (!opt.keep_old_until_barrier && old_view[t].bytes > 0) {
+        held -= static_cast<int64_t>(old_view[t].bytes);
+        old_host[t] = Buffer();
+        state.ReleaseShard(t);
+        old_view[t] = ConstBufferView();
+      }
+      if (fresh[j].size() == 0) continue;
+      if (opt.stage_old_in_host) {
+        // Into the tensor's own storage (device memory for a CUDA tensor), one at a time.
+        StatusOr<Buffer> b = state.AllocateShard(t, static_cast<int64_t>(fresh[j].size()));
+        if (!b.ok()) return fail(b.status(), where);
+        held += static_cast<int64_t>(b->size());
+        stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
+        Status c = CopyBytes(b->view(), fresh[j].view());
+        if (!c.ok()) return fail(c, where);
+        held -= static_cast<int64_t>(fresh[j].size());
+        fresh[j] = std::move(b).value();
+      }
+      new_buffers[t] = std::move(fresh[j]);
+    }
+    if (opt.after_batch) opt.after_batch(k);
+  }
+  stats.peak_bytes = std::max(stats.peak_bytes, stats.peak_state_bytes);
+  stats.seconds.transfer = Since(t_transfer);
+
+  const auto t_resume = Clock::now();
+  if (sw.aborted_.load()) return fail(AbortedError("aborted"), "before the scalar broadcast");
+  int64_t scalar_bytes = 0;
+  for (const ScalarSpec& s : state.scalars()) scalar_bytes += s.bytes;
+  if (scalar_bytes > 0) {
+    std::vector<std::byte> blob(static_cast<size_t>(scalar_bytes));
+    size_t at = 0;
+    for (const ScalarSpec& s : state.scalars()) {
+      std::span<std::byte> v = *state.scalar(s.name);
+      std::memcpy(blob.data() + at, v.data(), v.size());
+      at += v.size();
+    }
+    Status b = sw.change_comm_->Broadcast(blob.data(), blob.size(), DType::kU8, 0, opt.timeout);
+    if (!b.ok()) return fail(b, "scalar broadcast from participant 0");
+    at = 0;
+    for (const ScalarSpec& s : state.scalars()) {
+      std::span<std::byte> v = *state.scalar(s.name);
+      std::memcpy(v.data(), blob.data() + at, v.size());
+      at += v.size();
+    }
+  }
+  // Every participant's exchange completed (executor.h "Completion"): only now may old state go
+  // and a leaver exit.
+  Status barrier = sw.change_comm_->Barrier(opt.timeout);
+  if (!barrier.ok()) return fail(barrier, "closing barrier");
+  std::vector<Shard> shards(nt);
+  for (size_t t = 0; t < nt; ++t) {
+    if (plan.new_shards[t]) shards[t] = *plan.new_shards[t];
+  }
+  state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
+  stats.seconds.resume = Since(t_resume);
+  VLOG(1) << gen << ": participant " << sw.participant_ << " of " << sw.num_participants_
+          << ", rank " << sw.old_rank_ << " -> " << sw.new_rank_ << ", " << stats.batches
+          << " batches, sent " << stats.bytes_sent << " B, received " << stats.bytes_received
+          << " B, peak " << stats.peak_bytes << " B (bound " << stats.bound_bytes << " B)";
+  return stats;
+}
+
+std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch& prepared) {
+  return std::move(prepared.groups_);
+}
+
+}  // namespace morph

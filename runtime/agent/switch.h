@@ -1,0 +1,219 @@
+// The switch engine: what a worker's training thread does to move from generation `from` to
+// `next` once the coordinator committed the change (docs/design.md §4 "Planned change", §9
+// "The switch as built").
+//
+//   // on Prepare, beside the running generation (the old one keeps training):
+//   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<PreparedSwitch> sw,
+//       PrepareSwitch(manifest, me, prepare, store_next, GlooFactory(device), options, dl));
+//   // at BeginStep(S), with the commit:
+//   MORPH_ASSIGN_OR_RETURN(SwitchStats stats, ExecuteSwitch(*sw, commit, state, dl));
+//   std::unique_ptr<GroupSet> groups = TakeGroups(*sw);   // null: this worker holds no rank
+//
+// PrepareSwitch does everything that does not need the state: it derives the change's plan from
+// the decision (PlanForChange) and checks its digest against the coordinator's, builds the
+// change communicator over every participant and the new generation's communicators, and cuts
+// this participant's part of the plan into batches. ExecuteSwitch then only moves bytes:
+//
+//   1. The tensors are resharded in batches, in one global order every participant derives
+//      alike (below). For each batch: allocate the batch's new shards (the tensor's allocator),
+//      run one ExecutePlan over the batch's part of the plan (one handshake round trip per pair
+//      that exchanges pieces in it), release the batch's old shards.
+//   2. The scalar blobs are broadcast from participant 0 (the first surviving old rank).
+//   3. The closing barrier on the change communicator: every participant's exchange completed
+//      (executor.h, "Completion"). Only now may a leaver exit.
+//   4. The State is switched to `next`'s config and this worker's new rank (rank -1 and no
+//      storage on a leaver).
+//
+// Order and memory bound. Tensors are ordered by their global change of bytes
+// G_t = bytes(t) * (copies_next(t) - copies_from(t)), copies = (ZeRO ? 1 : dp) * (TP-split ?
+// 1 : tp): shrinking tensors first, ties by registration index; consecutive tensors form a
+// batch while the sum of their largest new shard (over ranks, M_t) stays <= batch_bytes (a
+// tensor beyond it forms a batch alone). For a worker with old shard bytes o_t and new n_t
+// (O = Σ o_t, N = Σ n_t), during batch k after batches D_k:
+//     held_k = O + Σ_{t in D_k} (n_t - o_t) + Σ_{t in B_k} n_t.
+// When the worker is sign-consistent with the order — no tensor it grows (n_t > o_t) comes
+// before one it shrinks (n_t < o_t) — the prefix sums Σ_{D_k}(n_t - o_t) first fall, then rise,
+// so each is <= max(0, N - O), and
+//     peak <= max(O, N) + E + staging,  E = max_k Σ_{B_k} n_t <= max(batch_bytes, largest n_t)
+// (staging: the executor's, <= the manifest's staging_bytes, in use only inside a batch). With
+// batch_bytes = 0 every tensor is its own batch and E is the largest single new shard: the
+// issue's bound. Sign-consistent: joiners (O = 0), leavers (N = 0), every worker of a pure DP or
+// TP change, and any change where a worker's shards of every tensor move the same way. A PP
+// change can make a worker grow one stage's tensors before it shrinks another's; then the
+// peak is still exactly held_k + staging, which PreparedSwitch::predicted_peak_bytes() computes
+// before anything moves, and SwitchStats says whether the bound held.
+//
+// Failure. Any error stops the switch on this worker and names what failed (the batch and its
+// tensors; the worker and participant of a peer that disappeared, from the communicator's
+// failed peers). The State then keeps its old config and rank; old shards of batches not yet
+// run are intact, new shards are discarded. A change cannot be rolled back once the first batch
+// released old shards (State::intact() is false then; unless keep_old_until_barrier). Recovery
+// (a new generation from the survivors' intact state, or a checkpoint) is the failures issue's.
+//
+// Thread-safety: PrepareSwitch on any thread (the agent's background thread, say);
+// ExecuteSwitch and TakeGroups on the training thread, one at a time; Abort from any thread.
+#ifndef MORPH_RUNTIME_AGENT_SWITCH_H_
+#define MORPH_RUNTIME_AGENT_SWITCH_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "collectives/comm_transport.h"
+#include "collectives/communicator.h"
+#include "collectives/groups.h"
+#include "collectives/store.h"
+#include "reshard/executor.h"
+#include "reshard/local_plan.h"
+#include "runtime/api/state.h"
+#include "runtime/protocol/manifest.h"
+#include "runtime/protocol/messages.h"
+
+namespace morph {
+
+struct SwitchOptions {
+  // Bound on new-shard bytes allocated at once beyond what is freed: tensors are resharded in
+  // batches in one global order so the peak stays <= max(old, new) state + max(batch_bytes,
+  // the largest single shard) + staging (see "Order and memory bound" above). Must be equal on
+  // all participants (it cuts the batches).
+  uint64_t batch_bytes = uint64_t{64} << 20;
+  // CUDA: copy old device shards to host first and free the device, receive the new shards in
+  // host memory, then copy each batch's new shards into their device storage: device memory
+  // never holds more than the new state (plus one batch while it is copied in), host memory
+  // holds the old device state. Every exchange then moves host memory (Gloo can; NCCL cannot).
+  // On host tensors it only adds one copy. Compile-checked here (no GPU on the build machines).
+  bool stage_old_in_host = false;
+  // Release old shards only after the closing barrier: a failed switch then leaves the whole
+  // old state intact (rollback possible), at the cost of holding old and new state together.
+  bool keep_old_until_barrier = false;
+  // chunk_bytes and staging_bytes come from the manifest (they are part of the plan digest);
+  // the other fields (rounds in flight, strided messages) from here.
+  ExecutorOptions executor;
+  CommTransportOptions transport;
+  // Bounds each transport group, the scalar broadcast and the closing barrier (the deadline
+  // passed to ExecuteSwitch bounds the whole switch too).
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  // Tests: called on the training thread after batch `k` (0-based) moved and released its old
+  // shards, before the next. Fault injection only.
+  std::function<void(int batch)> after_batch;
+};
+
+struct SwitchTimings {
+  double communicators = 0;  // PrepareSwitch: change communicator, transport, new groups
+  double plan = 0;           // PrepareSwitch: PlanForChange, digest, local plan, batches
+  double transfer = 0;       // ExecuteSwitch: the batches
+  double resume = 0;         // ExecuteSwitch: scalars, closing barrier, State swap
+};  // seconds
+
+struct SwitchStats {
+  SwitchTimings seconds;
+  int64_t bytes_sent = 0, bytes_received = 0, bytes_copied = 0;
+  // Most tensor-state bytes this worker held at once during the switch (old shards not yet
+  // released + new shards allocated; in stage_old_in_host mode host copies count too), and the
+  // most executor staging in use during one batch (added to the batch's state bytes, the peak
+  // of the sum is peak_bytes).
+  int64_t peak_state_bytes = 0;
+  int64_t peak_staging_bytes = 0;
+  int64_t peak_bytes = 0;
+  // max(old, new) + largest batch's new bytes here + the manifest's staging_bytes; guaranteed
+  // when sign_consistent (see above).
+  int64_t bound_bytes = 0;
+  bool sign_consistent = true;
+  int64_t old_bytes = 0, new_bytes = 0;
+  int64_t largest_shard_bytes = 0;  // largest single new shard here
+  int64_t largest_batch_bytes = 0;  // E above
+  int batches = 0;
+};
+
+// Built between Prepare and S, beside the running generation (DynaTrain-style masking).
+class PreparedSwitch {
+ public:
+  ~PreparedSwitch();
+
+  const Generation& from() const { return from_; }
+  const Generation& next() const { return next_; }
+  bool first_generation() const { return from_.id == 0; }
+  int participant() const { return participant_; }  // index in change.participants
+  int num_participants() const { return num_participants_; }
+  int old_rank() const { return old_rank_; }  // -1: joiner / spare
+  int new_rank() const { return new_rank_; }  // -1: leaver / spare
+  // This participant's part of the plan (empty for the first generation) and its batches
+  // (tensor indices, in execution order).
+  const LocalPlan& plan() const { return plan_; }
+  const std::vector<std::vector<int32_t>>& batches() const { return batches_; }
+  // held_k maximized over the batches (see "Order and memory bound"), without staging.
+  int64_t predicted_peak_bytes() const { return predicted_peak_; }
+  const SwitchStats& planned() const { return planned_; }  // byte figures known before S
+
+  // Makes a running ExecuteSwitch (and every later one) fail with kAborted: aborts the change
+  // communicator and the new groups. Any thread.
+  void Abort();
+
+ private:
+  friend StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest&, WorkerId,
+                                                                 const PrepareMsg&, Store&,
+                                                                 const CommunicatorFactory&,
+                                                                 const SwitchOptions&, Deadline);
+  friend StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch&, const CommitMsg&, State&, Deadline);
+  friend std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch&);
+  PreparedSwitch() = default;
+
+  JobManifest manifest_;
+  WorkerId me_ = 0;
+  Generation from_, next_;
+  ChangeParticipants change_;
+  std::vector<WorkerId> participants_;
+  SwitchOptions options_;
+  ExecutorOptions executor_;
+  int participant_ = -1, num_participants_ = 0, old_rank_ = -1, new_rank_ = -1;
+  LocalPlan plan_;
+  std::vector<std::vector<int32_t>> batches_;
+  std::vector<LocalPlan> batch_plans_;
+  int64_t predicted_peak_ = 0;
+  SwitchStats planned_;
+  std::unique_ptr<Communicator> change_comm_;
+  std::unique_ptr<CommTransport> transport_;
+  std::unique_ptr<GroupSet> groups_;
+  std::atomic<bool> aborted_{false};
+  bool executed_ = false;
+};
+
+// `prepare.next.plan_digest` is checked first, before any communicator is built:
+// kFailedPrecondition "plan digest mismatch: coordinator <hex>, computed <hex> (<parts>)" where
+// <parts> lists this worker's digest parts (the coordinator ships only their combination).
+// Then: kInvalidArgument when `me` is not a participant or the decision is inconsistent
+// (PlanForChange's message); kDataLoss naming a tensor and box no surviving participant holds;
+// the factory's / store's errors (kDeadlineExceeded at `deadline`, kAborted when the store moved
+// past next.id) naming the communicator. Collective: every participant calls it (the change
+// communicator), and every worker holding a rank in `next` builds the new groups.
+// `store` is generation next.id's; must outlive the PreparedSwitch. The first generation
+// (from.id == 0) builds only the new groups; ExecuteSwitch then materializes the State.
+StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manifest, WorkerId me,
+                                                        const PrepareMsg& prepare, Store& store,
+                                                        const CommunicatorFactory& factory,
+                                                        const SwitchOptions& options,
+                                                        Deadline deadline);
+
+// At BeginStep(S). kFailedPrecondition when `commit` is not the prepared change (generation,
+// config, ranks, digest or participants differ), when it runs twice, or when `state` is not laid
+// out for this worker's old rank in `from` (or holds shards on a joiner), or its tensors differ
+// from the manifest (naming the first difference); kAborted after Abort(); otherwise the
+// executor's and communicators' statuses with context "switch to generation G: batch k of K
+// (tensors 'a', ...)" / "scalar broadcast" / "closing barrier", and — where the communicator
+// knows them — the failed peers as "participant P (worker W)". What the State holds after an
+// error: see "Failure" above. Collective over the participants.
+StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& commit,
+                                    State& state, Deadline deadline);
+
+// The new generation's communicators (null when this worker holds no rank in `next`, or after
+// the first call). Call after ExecuteSwitch succeeded.
+std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch& prepared);
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_AGENT_SWITCH_H_

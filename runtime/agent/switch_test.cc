@@ -1,0 +1,483 @@
+// The switch engine over real Gloo communicators, workers as threads of this process sharing a
+// MemoryStore (labels multiproc: many loopback connections). A small "coordinator" in the test
+// derives each decision as the real one does (AssignRanks, ParticipantOrder, PlanForChange), so
+// every worker checks the same digest. After every change each tensor's local shard must be
+// bitwise its slice of a reference tensor, scalars must equal participant 0's, leavers hold
+// nothing, and the measured peak must equal the predicted one and stay within the bound.
+#include "runtime/agent/switch.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "base/testing.h"
+#include "collectives/gloo_communicator.h"
+#include "collectives/rank_harness.h"
+#include "reshard/reshard_testutil.h"
+#include "runtime/protocol/plan_input.h"
+
+namespace morph {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ParallelConfig Config(int dp, int tp, int pp) {
+  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
+  c.stage_of_layer = *ParallelConfig::EvenStages(2, pp);
+  c.zero_stage = 1;
+  return c;
+}
+
+// Two layers: TP-split weights (column and row), ZeRO-sharded moments (TP-split and not, uneven
+// ranges), replicated norms; f32 and bf16.
+std::vector<TensorSpec> Tensors() {
+  return {
+      {"l0.w", DType::kF32, {64, 48}, Layout::Layer(0).SplitTP(1)},
+      {"l0.w.exp_avg", DType::kF32, {64, 48}, Layout::Layer(0).SplitTP(1).ZeroShard()},
+      {"l0.b", DType::kBF16, {48}, Layout::Layer(0).SplitTP(0)},
+      {"emb.exp_avg", DType::kF32, {33, 5}, Layout::Layer(0).ZeroShard()},
+      {"l1.w", DType::kBF16, {48, 64}, Layout::Layer(1).SplitTP(0)},
+      {"l1.w.exp_avg_sq", DType::kF32, {48, 64}, Layout::Layer(1).SplitTP(0).ZeroShard()},
+      {"l1.ln", DType::kF32, {7}, Layout::Layer(1)},
+      {"l1.ln.exp_avg", DType::kF32, {77}, Layout::Layer(1).ZeroShard()},
+  };
+}
+
+const std::vector<ScalarSpec> kScalars = {{"step", 8}, {"rng", 24}, {"lr_schedule", 16}};
+
+std::vector<std::byte> ScalarValue(const ScalarSpec& s, int64_t generation) {
+  std::vector<std::byte> v(static_cast<size_t>(s.bytes));
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<std::byte>(s.name.size() * 31 + i * 7 + static_cast<size_t>(generation));
+  }
+  return v;
+}
+
+struct WorkerResult {
+  Status status;
+  SwitchStats stats;
+  int64_t predicted_peak = 0;
+  bool has_groups = false;
+  int group_rank = -1;
+  double seconds = 0;
+};
+
+class Cluster {
+ public:
+  Cluster() {
+    manifest_.model.num_layers = 2;
+    manifest_.tensors = Tensors();
+    manifest_.scalars = kScalars;
+    // Small messages and staging, so that the staging term does not hide the state bound.
+    manifest_.chunk_bytes = 4096;
+    manifest_.staging_bytes = 16384;
+    for (size_t i = 0; i < manifest_.tensors.size(); ++i) {
+      const TensorSpec& t = manifest_.tensors[i];
+      reference_.push_back(
+          testutil::ReferenceTensor(TensorInfo{t.name, t.dtype, t.shape}, static_cast<int>(i)));
+    }
+    device_ = *GlooDevice::Create(GlooOptions{});
+  }
+
+  State& StateOf(WorkerId w) {
+    auto& s = states_[w];
+    if (!s) {
+      s = std::make_unique<State>();
+      for (const TensorSpec& t : manifest_.tensors) {
+        EXPECT_TRUE(s->AddTensor(t.name, t.shape, t.dtype, t.layout).ok());
+      }
+      for (const ScalarSpec& sc : manifest_.scalars) EXPECT_TRUE(s->AddScalar(sc.name, sc.bytes).ok());
+    }
+    return *s;
+  }
+
+  // The coordinator's decision for generation current+1 over `candidates`.
+  StatusOr<PrepareMsg> Decide(const ParallelConfig& config, const std::vector<WorkerId>& candidates) {
+    PrepareMsg p;
+    p.from = current_;
+    p.from_generation = current_.id;
+    p.next.id = current_.id + 1;
+    p.next.config = config;
+    MORPH_ASSIGN_OR_RETURN(p.next.ranks, AssignRanks(manifest_, current_, {}, candidates, config));
+    p.change.participants = ParticipantOrder(current_, {}, p.next.ranks);
+    for (WorkerId w : current_.ranks) {
+      if (p.next.RankOf(w) < 0) {
+        p.change.leavers.push_back(w);
+        p.change.exiting.push_back(w);
+      }
+    }
+    MORPH_ASSIGN_OR_RETURN(ChangePlan plan, PlanForChange(manifest_, p.from, p.next, p.change));
+    p.next.plan_digest = plan.digest;
+    return p;
+  }
+
+  // Every participant prepares and executes the switch on its own thread.
+  std::map<WorkerId, WorkerResult> Run(
+      const PrepareMsg& prepare,
+      const std::function<void(WorkerId, SwitchOptions&, std::unique_ptr<PreparedSwitch>*)>& tweak =
+          nullptr,
+      const SwitchOptions& base = Defaults()) {
+    CommitMsg commit{prepare.next, prepare.from_generation, prepare.from, prepare.change};
+    commit.next.start_step = 100 * commit.next.id;
+    std::vector<WorkerId> workers = prepare.change.participants;
+    if (prepare.from.id == 0) workers = prepare.next.ranks;
+    for (WorkerId w : workers) StateOf(w);  // registration, on this thread
+    std::map<WorkerId, WorkerResult> results;
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (WorkerId w : workers) {
+      threads.emplace_back([&, w] {
+        WorkerResult r;
+        const auto start = Clock::now();
+        std::unique_ptr<PreparedSwitch> sw;
+        SwitchOptions options = base;
+        if (tweak) tweak(w, options, &sw);
+        MemoryStore store(table_, prepare.next.id);
+        r.status = [&]() -> Status {
+          const Deadline deadline = Deadline::AfterMs(30000);
+          MORPH_ASSIGN_OR_RETURN(sw, PrepareSwitch(manifest_, w, prepare, store,
+                                                   GlooFactory(device_), options, deadline));
+          r.predicted_peak = sw->predicted_peak_bytes();
+          MORPH_ASSIGN_OR_RETURN(r.stats, ExecuteSwitch(*sw, commit, *states_.at(w), deadline));
+          std::unique_ptr<GroupSet> groups = TakeGroups(*sw);
+          r.has_groups = groups != nullptr;
+          if (groups) r.group_rank = groups->rank();
+          return Status::Ok();
+        }();
+        r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        sw.reset();
+        std::lock_guard<std::mutex> lock(mu);
+        results[w] = std::move(r);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    bool ok = true;
+    for (auto& [w, r] : results) ok &= r.status.ok();
+    if (ok) current_ = commit.next;
+    return results;
+  }
+
+  static SwitchOptions Defaults() {
+    SwitchOptions o;
+    o.batch_bytes = 16 << 10;
+    o.timeout = std::chrono::seconds(10);
+    return o;
+  }
+
+  // The first generation: Materialize, then fill every shard from the reference and set the
+  // scalars.
+  void Start(const ParallelConfig& config, const std::vector<WorkerId>& workers) {
+    MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, Decide(config, workers));
+    std::map<WorkerId, WorkerResult> r = Run(p);
+    for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
+    for (WorkerId w : current_.ranks) {
+      State& s = *states_.at(w);
+      for (size_t i = 0; i < manifest_.tensors.size(); ++i) {
+        State::TensorRef t = s.TensorAt(i);
+        const std::vector<char> want = Slice(i, t.shard);
+        ASSERT_EQ(t.data.bytes, want.size());
+        if (!want.empty()) std::memcpy(t.data.data, want.data(), want.size());
+      }
+      for (const ScalarSpec& sc : manifest_.scalars) {
+        std::span<std::byte> v = *s.scalar(sc.name);
+        const std::vector<std::byte> want = ScalarValue(sc, current_.id);
+        std::memcpy(v.data(), want.data(), want.size());
+      }
+    }
+    Verify(current_.id);
+  }
+
+  std::vector<char> Slice(size_t tensor, const Shard& shard) const {
+    const TensorSpec& t = manifest_.tensors[tensor];
+    return testutil::ExtractShard(TensorInfo{t.name, t.dtype, t.shape}, shard, reference_[tensor]);
+  }
+
+  // Every worker's state is what `current_` says; scalars are those set at `scalar_generation`.
+  void Verify(int64_t scalar_generation) {
+    for (auto& [w, s] : states_) {
+      const int rank = current_.RankOf(w);
+      SCOPED_TRACE("worker " + std::to_string(w) + " rank " + std::to_string(rank));
+      EXPECT_EQ(s->rank(), rank);
+      EXPECT_TRUE(s->intact());
+      if (rank < 0) {
+        EXPECT_EQ(s->local_bytes(), 0) << "a worker without a rank holds state";
+        continue;
+      }
+      ASSERT_NE(s->config(), nullptr);
+      EXPECT_EQ(*s->config(), current_.config);
+      for (size_t i = 0; i < manifest_.tensors.size(); ++i) {
+        const TensorSpec& spec = manifest_.tensors[i];
+        State::TensorRef t = s->TensorAt(i);
+        MORPH_ASSERT_OK_AND_ASSIGN(Shard want_shard, ShardOf(spec, current_.config, rank));
+        if (!want_shard.empty()) {
+          EXPECT_EQ(t.shard, want_shard) << spec.name;
+        }
+        const std::vector<char> want = Slice(i, want_shard);
+        ASSERT_EQ(t.data.bytes, want.size()) << spec.name;
+        EXPECT_TRUE(want.empty() || std::memcmp(t.data.data, want.data(), want.size()) == 0)
+            << spec.name << " differs from its slice";
+      }
+      for (const ScalarSpec& sc : manifest_.scalars) {
+        std::span<std::byte> v = *s->scalar(sc.name);
+        const std::vector<std::byte> want = ScalarValue(sc, scalar_generation);
+        EXPECT_TRUE(std::equal(v.begin(), v.end(), want.begin(), want.end())) << sc.name;
+      }
+    }
+  }
+
+  // A change that must succeed: bitwise state, scalars, groups, and the memory bound.
+  void Change(const ParallelConfig& config, const std::vector<WorkerId>& candidates,
+              bool expect_sign_consistent, const SwitchOptions& options = Defaults()) {
+    const int64_t scalar_gen = scalar_generation_;
+    MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, Decide(config, candidates));
+    std::map<WorkerId, WorkerResult> r = Run(p, nullptr, options);
+    for (auto& [w, res] : r) {
+      ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
+    }
+    for (auto& [w, res] : r) {
+      const SwitchStats& st = res.stats;
+      SCOPED_TRACE("worker " + std::to_string(w));
+      EXPECT_EQ(res.has_groups, p.next.RankOf(w) >= 0);
+      if (res.has_groups) {
+        EXPECT_EQ(res.group_rank, p.next.RankOf(w));
+      }
+      EXPECT_EQ(st.peak_state_bytes, res.predicted_peak);
+      EXPECT_LE(st.peak_bytes, st.peak_state_bytes + st.peak_staging_bytes);
+      EXPECT_LE(st.peak_staging_bytes, static_cast<int64_t>(manifest_.staging_bytes));
+      EXPECT_LE(st.largest_batch_bytes,
+                std::max<int64_t>(static_cast<int64_t>(options.batch_bytes),
+                                  st.largest_shard_bytes));
+      if (options.batch_bytes == 0) {
+        EXPECT_EQ(st.largest_batch_bytes, st.largest_shard_bytes);
+      }
+      if (expect_sign_consistent) {
+        EXPECT_TRUE(st.sign_consistent);
+      }
+      if (st.sign_consistent) {
+        EXPECT_LE(st.peak_state_bytes,
+                  std::max(st.old_bytes, st.new_bytes) + st.largest_batch_bytes);
+        EXPECT_LE(st.peak_bytes, st.bound_bytes);
+      }
+      std::fprintf(stderr,
+                   "gen %lld worker %lld: old %lld new %lld peak state %lld (+staging %lld) "
+                   "bound %lld%s, %d batches, sent %lld received %lld copied %lld\n",
+                   static_cast<long long>(p.next.id), static_cast<long long>(w),
+                   static_cast<long long>(st.old_bytes), static_cast<long long>(st.new_bytes),
+                   static_cast<long long>(st.peak_state_bytes),
+                   static_cast<long long>(st.peak_staging_bytes),
+                   static_cast<long long>(st.bound_bytes),
+                   st.sign_consistent ? "" : " (not sign-consistent)", st.batches,
+                   static_cast<long long>(st.bytes_sent),
+                   static_cast<long long>(st.bytes_received),
+                   static_cast<long long>(st.bytes_copied));
+    }
+    Verify(scalar_gen);
+  }
+
+  JobManifest manifest_;
+  std::vector<std::vector<char>> reference_;
+  std::shared_ptr<KvTable> table_ = std::make_shared<KvTable>();
+  std::shared_ptr<GlooDevice> device_;
+  std::map<WorkerId, std::unique_ptr<State>> states_;
+  Generation current_;
+  int64_t scalar_generation_ = 1;
+};
+
+TEST(SwitchTest, DpGrowWithJoinersThenShrinkWithLeavers) {
+  Cluster c;
+  c.Start(Config(2, 1, 1), {10, 11});
+  c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true);  // dp 2 -> 4
+  c.Change(Config(2, 1, 1), {10, 11, 12, 13}, true);                      // dp 4 -> 2
+}
+
+// The same over Gloo's TCP p2p for every peer (no shared memory), as between hosts.
+TEST(SwitchTest, DpGrowAndShrinkOverTcp) {
+  SwitchOptions o = Cluster::Defaults();
+  o.transport.shared_memory = false;
+  Cluster c;
+  c.Start(Config(2, 1, 1), {10, 11});
+  c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true, o);
+  c.Change(Config(1, 2, 1), {10, 11, 12, 13}, false, o);
+}
+
+TEST(SwitchTest, TpMergeAndPpMerge) {
+  Cluster c;
+  c.Start(Config(1, 2, 1), {1, 2});
+  c.Change(Config(2, 1, 1), {1, 2}, /*sign_consistent=*/true);  // tp 2 -> 1 (dp 1 -> 2)
+  Cluster p;
+  p.Start(Config(1, 1, 2), {1, 2});
+  p.Change(Config(2, 1, 1), {1, 2}, /*sign_consistent=*/false);  // pp 2 -> 1 (dp 1 -> 2)
+  p.Change(Config(1, 1, 2), {1, 2}, false);                      // and back
+}
+
+// dp and pp at once, with a leaver: dp 2, pp 2 on four workers -> dp 3, pp 1 on three.
+TEST(SwitchTest, DpAndPpAtOnceWithALeaver) {
+  Cluster c;
+  c.Start(Config(2, 1, 2), {1, 2, 3, 4});
+  c.Change(Config(3, 1, 1), {1, 2, 3, 4}, /*sign_consistent=*/false);
+  c.Change(Config(2, 2, 1), {1, 2, 3, 5}, false);  // tp 1 -> 2, a joiner, the spare leaves
+}
+
+// batch_bytes = 0: every tensor is its own batch, and the bound is the issue's literally:
+// max(old, new) + the largest single new shard + staging.
+TEST(SwitchTest, SingleTensorBatchesKeepTheIssuesBound) {
+  SwitchOptions o = Cluster::Defaults();
+  o.batch_bytes = 0;
+  Cluster c;
+  c.Start(Config(2, 2, 1), {1, 2, 3, 4});
+  c.Change(Config(4, 1, 1), {1, 2, 3, 4}, /*sign_consistent=*/false, o);
+  c.Change(Config(1, 2, 1), {1, 2, 3, 4}, false, o);
+  c.Change(Config(3, 1, 1), {1, 2, 3, 4}, false, o);
+}
+
+// Staging through host memory on host tensors: the same result through one more copy; and
+// keeping the old shards until the barrier.
+TEST(SwitchTest, StagedAndKeepOldModesGiveTheSameState) {
+  SwitchOptions staged = Cluster::Defaults();
+  staged.stage_old_in_host = true;
+  SwitchOptions keep = Cluster::Defaults();
+  keep.keep_old_until_barrier = true;
+  Cluster c;
+  c.Start(Config(2, 1, 1), {1, 2});
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(1, 2, 1), {1, 2, 3}));
+  auto r = c.Run(p, nullptr, staged);
+  for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+  c.Verify(1);
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg q, c.Decide(Config(3, 1, 1), {1, 2, 3}));
+  r = c.Run(q, nullptr, keep);
+  for (auto& [w, res] : r) {
+    ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+    EXPECT_EQ(res.stats.peak_state_bytes, res.stats.old_bytes + res.stats.new_bytes);
+  }
+  c.Verify(1);
+}
+
+TEST(SwitchTest, DigestMismatchIsRefusedBeforeAnyCommunicator) {
+  Cluster c;
+  Generation from{.id = 1, .config = Config(2, 1, 1), .ranks = {1, 2}};
+  c.current_ = from;
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(4, 1, 1), {1, 2, 3, 4}));
+  const uint64_t computed = p.next.plan_digest;
+  p.next.plan_digest ^= 0x5a;
+  MemoryStore store(c.table_, p.next.id);
+  const auto start = Clock::now();
+  auto sw = PrepareSwitch(c.manifest_, 1, p, store, GlooFactory(c.device_), Cluster::Defaults(),
+                          Deadline::AfterMs(20000));
+  ASSERT_FALSE(sw.ok());
+  EXPECT_EQ(sw.status().code(), StatusCode::kFailedPrecondition);
+  const std::string want = "plan digest mismatch: coordinator " + DigestHex(p.next.plan_digest) +
+                           ", computed " + DigestHex(computed) + " (computed parts: tensors ";
+  EXPECT_EQ(sw.status().message().substr(0, want.size()), want) << sw.status();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 1.0)
+      << "refused without waiting for peers";
+  EXPECT_EQ(c.table_->size(), 0u) << "nothing was published to the store";
+
+  // The first generation's digest is checked too.
+  Cluster d;
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg f, d.Decide(Config(2, 1, 1), {1, 2}));
+  f.next.plan_digest += 1;
+  auto sf = PrepareSwitch(d.manifest_, 1, f, store, GlooFactory(d.device_), Cluster::Defaults(),
+                          Deadline::AfterMs(20000));
+  EXPECT_EQ(sf.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(sf.status().message().find("plan digest mismatch"), std::string::npos);
+}
+
+// A commit that is not what was prepared is refused before anything moves; the state is intact.
+TEST(SwitchTest, CommitThatDiffersFromThePrepareIsRefused) {
+  Cluster c;
+  c.Start(Config(1, 1, 1), {1});
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(1, 1, 1), {2}));  // 1 hands over to 2
+  std::map<WorkerId, WorkerResult> r = c.Run(
+      p, [](WorkerId, SwitchOptions&, std::unique_ptr<PreparedSwitch>*) {}, Cluster::Defaults());
+  for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+  c.Verify(1);
+  // Prepare 2 -> {1}, commit a different digest.
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg q, c.Decide(Config(1, 1, 1), {1}));
+  MemoryStore store(c.table_, q.next.id);
+  std::vector<Status> got(2);
+  std::thread t1([&] {
+    auto sw = PrepareSwitch(c.manifest_, 1, q, store, GlooFactory(c.device_), Cluster::Defaults(),
+                            Deadline::AfterMs(20000));
+    if (!sw.ok()) {
+      got[0] = sw.status();
+      return;
+    }
+    CommitMsg bad{q.next, q.from_generation, q.from, q.change};
+    bad.next.plan_digest ^= 1;
+    got[0] = ExecuteSwitch(**sw, bad, c.StateOf(1), Deadline::AfterMs(20000)).status();
+  });
+  std::thread t2([&] {
+    auto sw = PrepareSwitch(c.manifest_, 2, q, store, GlooFactory(c.device_), Cluster::Defaults(),
+                            Deadline::AfterMs(20000));
+    got[1] = sw.status();
+  });
+  t1.join();
+  t2.join();
+  MORPH_EXPECT_OK(got[1]);
+  EXPECT_EQ(got[0].code(), StatusCode::kFailedPrecondition) << got[0];
+  EXPECT_NE(got[0].message().find("differs from the prepared generation 3: plan digest"),
+            std::string::npos)
+      << got[0];
+  c.Verify(1);  // nothing moved
+}
+
+// A participant that disappears after the first batch: every other participant fails within
+// its timeouts, at least one naming it, and none switches.
+void DisappearMidTransfer(bool shared_memory) {
+  constexpr WorkerId kVictim = 11;
+  Cluster c;
+  c.Start(Config(2, 1, 1), {10, 11});
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(4, 1, 1), {10, 11, 12, 13}));
+  SwitchOptions o = Cluster::Defaults();
+  o.batch_bytes = 0;  // many batches
+  o.timeout = std::chrono::seconds(5);
+  o.transport.shared_memory = shared_memory;
+  std::map<WorkerId, WorkerResult> r =
+      c.Run(p,
+            [&](WorkerId w, SwitchOptions& opt, std::unique_ptr<PreparedSwitch>* sw) {
+              if (w != kVictim) return;
+              opt.after_batch = [sw](int batch) {
+                if (batch == 0) (*sw)->Abort();  // its connections close, as in a crash
+              };
+            },
+            o);
+  int named = 0;
+  for (auto& [w, res] : r) {
+    SCOPED_TRACE("worker " + std::to_string(w));
+    ASSERT_FALSE(res.status.ok());
+    std::fprintf(stderr, "worker %lld failed after %.3f s: %s\n", static_cast<long long>(w),
+                 res.seconds, res.status.ToString().c_str());
+    if (w == kVictim) {
+      EXPECT_EQ(res.status.code(), StatusCode::kAborted);
+      continue;
+    }
+    const StatusCode code = res.status.code();
+    EXPECT_TRUE(code == StatusCode::kUnavailable || code == StatusCode::kAborted ||
+                code == StatusCode::kDeadlineExceeded)
+        << res.status;
+    EXPECT_LT(res.seconds, 8.0);
+    if (res.status.message().find("worker 11") != std::string::npos) ++named;
+    EXPECT_NE(res.status.message().find("switch to generation 2"), std::string::npos);
+    // Nothing switched: the state still says generation 1's layout (or nothing, on joiners).
+    const State& s = *c.states_.at(w);
+    EXPECT_EQ(s.rank(), p.from.RankOf(w));
+  }
+  EXPECT_GE(named, 1) << "no participant named the one that disappeared";
+  EXPECT_EQ(c.current_.id, 1);
+}
+
+TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthers) {
+  DisappearMidTransfer(/*shared_memory=*/true);
+}
+
+TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthersOverTcp) {
+  DisappearMidTransfer(/*shared_memory=*/false);
+}
+
+}  // namespace
+}  // namespace morph
