@@ -25,7 +25,9 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   c.initial_world = initial_world;
   c.max_world = o.max_world;
   c.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
-  MORPH_ASSIGN_OR_RETURN(c.http, HttpServerOptions::FromEnv());
+  c.http.address = o.api_address;
+  c.http.port = o.api_port;
+  c.http.token_for_reads = o.api_token_for_reads;
   c.http.token = token;
   c.http.max_world = o.max_world;
   return Coordinator::Start(std::move(c));

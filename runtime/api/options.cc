@@ -34,6 +34,11 @@ StatusOr<Options> Options::FromEnv() {
     MORPH_ASSIGN_OR_RETURN(o.token, JobTokenFromEnv());
   }
   MORPH_ASSIGN_OR_RETURN(o.data_hostname, params::GlooHostname());
+  MORPH_ASSIGN_OR_RETURN(o.data_iface, params::GlooIface());
+  MORPH_ASSIGN_OR_RETURN(o.api_address, params::ApiAddr());
+  MORPH_ASSIGN_OR_RETURN(int64_t api_port, params::ApiPort());
+  o.api_port = static_cast<uint16_t>(api_port);
+  MORPH_ASSIGN_OR_RETURN(o.api_token_for_reads, params::ApiTokenForReads());
   // The launcher's view (read here, once: nothing later reads the environment).
   auto env_int = [](const char* name) -> StatusOr<int> {
     const char* v = std::getenv(name);

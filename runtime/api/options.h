@@ -63,6 +63,12 @@ struct Options {
   // Address Gloo listens on for this worker's data plane (MORPH_GLOO_HOSTNAME; default
   // 127.0.0.1, or the host name under Slurm).
   std::string data_hostname;
+  std::string data_iface;  // MORPH_GLOO_IFACE: an interface instead of data_hostname
+  // The hosted coordinator's scheduler API (MORPH_API_ADDR, MORPH_API_PORT,
+  // MORPH_API_TOKEN_FOR_READS).
+  std::string api_address = "127.0.0.1";
+  uint16_t api_port = 0;
+  bool api_token_for_reads = false;
 
   // --- timing ---
   int64_t heartbeat_ms = 1000;           // MORPH_HEARTBEAT_MS

@@ -92,6 +92,7 @@ struct Runtime::Impl {
     s.executor.chunk_bytes = manifest.chunk_bytes;
     s.executor.staging_bytes = manifest.staging_bytes;
     s.transport.shared_memory = opts.shared_memory;
+    s.timeout = std::chrono::milliseconds(opts.change_timeout_ms);
     return s;
   }
 
@@ -164,12 +165,7 @@ struct Runtime::Impl {
                       .config = c.next.config,
                       .old_rank = gen.RankOf(agent->id()),
                       .rank = c.next.RankOf(agent->id())};
-    Status st;
-    if (c.from.id == 0) {
-      st = FirstGeneration(c, deadline, r);
-    } else {
-      st = Reshard(c, deadline, r);
-    }
+    Status st = Reshard(c, deadline, r);
     if (!st.ok()) {
       LOG(ERROR) << "worker " << agent->id() << ": switch to generation " << c.next.id
                  << " failed: " << st;
@@ -190,30 +186,6 @@ struct Runtime::Impl {
     return Status();
   }
 
-  Status FirstGeneration(const CommitMsg& c, Deadline deadline, Reconfiguration& r) {
-    const int rank = c.next.RankOf(agent->id());
-    MORPH_ASSIGN_OR_RETURN(ChangePlan plan, PlanForChange(manifest, c.from, c.next, c.change));
-    if (plan.digest != c.next.plan_digest) {
-      return FailedPreconditionError("plan digest mismatch: coordinator " +
-                                     DigestHex(c.next.plan_digest) + ", computed " +
-                                     DigestHex(plan.digest) + " (first generation)");
-    }
-    if (rank < 0) return Status();  // a spare: nothing to hold
-    auto t = SteadyClock::now();
-    MORPH_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> s,
-                           store->ForGeneration(c.next.id, deadline));
-    GroupBuilder builder(factory);
-    MORPH_ASSIGN_OR_RETURN(groups,
-                           builder.Build(*s, c.next.config, rank, c.next.config.world(), deadline));
-    store = std::move(s);
-    r.communicators_seconds = SecondsSince(t);
-    t = SteadyClock::now();
-    MORPH_RETURN_IF_ERROR(state.Materialize(c.next.config, rank));
-    r.resume_seconds = SecondsSince(t);
-    fresh = true;
-    return Status();
-  }
-
   Status Reshard(const CommitMsg& c, Deadline deadline, Reconfiguration& r) {
     MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Prepared> p, TakePrepared(c, deadline));
     if (!p->result.ok()) return p->result.status();
@@ -223,6 +195,7 @@ struct Runtime::Impl {
     groups.reset();  // the old generation's communicators: the closing barrier passed
     groups = std::move(next);
     if (p->store) store = std::move(p->store);
+    if (c.from.id == 0) fresh = true;  // materialized zero-filled: the caller initializes
     r.communicators_seconds = stats.seconds.communicators;
     r.plan_seconds = stats.seconds.plan;
     r.transfer_seconds = stats.seconds.transfer;
@@ -304,8 +277,9 @@ Status Runtime::Impl::Bootstrap() {
   MORPH_ASSIGN_OR_RETURN(BootstrapResult boot, ResolveBootstrap(opts, deadline));
   coordinator = std::move(boot.coordinator);
   opts.token = boot.token;
-  MORPH_ASSIGN_OR_RETURN(GlooOptions gloo, GlooOptions::FromEnv());
-  if (!boot.gloo_hostname.empty()) gloo.hostname = boot.gloo_hostname;
+  GlooOptions gloo;
+  if (!boot.data_hostname.empty()) gloo.hostname = boot.data_hostname;
+  gloo.iface = opts.data_iface;
   MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(gloo));
   factory = GlooFactory(device);
 
