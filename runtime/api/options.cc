@@ -15,9 +15,11 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.coordinator, params::Coordinator());
   MORPH_ASSIGN_OR_RETURN(int64_t port, params::CoordinatorPort());
   o.coordinator_port = static_cast<uint16_t>(port);
-  MORPH_ASSIGN_OR_RETURN(o.coordinator_bind, params::CoordinatorBind());
+  MORPH_ASSIGN_OR_RETURN(o.coordinator_bind, params::CoordinatorAddr());
   MORPH_ASSIGN_OR_RETURN(int64_t initial, params::InitialWorld());
   o.initial_world = static_cast<int>(initial);
+  MORPH_ASSIGN_OR_RETURN(int64_t max_world, params::MaxWorld());
+  o.max_world = static_cast<int>(max_world);
   MORPH_ASSIGN_OR_RETURN(o.heartbeat_ms, params::HeartbeatMs());
   MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
   MORPH_ASSIGN_OR_RETURN(o.start_timeout_ms, params::StartTimeoutMs());

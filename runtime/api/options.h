@@ -48,7 +48,7 @@ struct Options {
   // Port the hosting process's coordinator listens on (0: any; under Slurm a fixed one is
   // needed so that other tasks can dial it: MORPH_COORDINATOR_PORT, default 29400 there).
   uint16_t coordinator_port = 0;
-  // Address the hosted coordinator binds (MORPH_COORDINATOR_BIND): loopback unless told;
+  // Address the hosted coordinator binds (MORPH_COORDINATOR_ADDR): loopback unless told;
   // multi-host jobs set 0.0.0.0.
   std::string coordinator_bind = "127.0.0.1";
   int initial_world = 1;  // workers before generation 1 (MORPH_INITIAL_WORLD; mpirun/Slurm size)
@@ -72,7 +72,7 @@ struct Options {
 
   // --- timing ---
   int64_t heartbeat_ms = 1000;           // MORPH_HEARTBEAT_MS
-  int64_t heartbeat_timeout_ms = 10000;  // MORPH_HEARTBEAT_TIMEOUT_MS (hosted coordinator)
+  int64_t heartbeat_timeout_ms = 10000;  // MORPH_HEARTBEAT_TIMEOUT_MS (hosted coordinator; 0: never)
   int64_t start_timeout_ms = 300000;     // MORPH_START_TIMEOUT_MS: Start's whole wait
   int64_t change_timeout_ms = 300000;    // MORPH_CHANGE_TIMEOUT_MS: one reconfiguration
   int64_t leave_deadline_ms = 30000;     // MORPH_LEAVE_DEADLINE_MS: SIGTERM -> state moved away

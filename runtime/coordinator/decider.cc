@@ -28,6 +28,8 @@ std::string_view DeciderPhaseName(Decider::Phase phase) {
       return "committed";
     case Decider::Phase::kFailed:
       return "failed";
+    case Decider::Phase::kComplete:
+      return "complete";
   }
   return "?";
 }
@@ -36,7 +38,7 @@ Decider::Decider(DeciderOptions options) : options_(options) {}
 
 std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::Any event) {
   Out out;
-  if (phase_ == Phase::kFailed) return out;
+  if (phase_ == Phase::kFailed || phase_ == Phase::kComplete) return out;
   // Any message from a worker proves it alive.
   auto touch = [&](WorkerId w) {
     auto it = workers_.find(w);
@@ -69,6 +71,9 @@ std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::An
           OnPlanReady(e, out);
         } else if constexpr (std::is_same_v<E, DeciderEvent::Tick>) {
           OnTick(now_ms, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::Done>) {
+          touch(e.worker);
+          OnDone(e.worker, out);
         }
       },
       event);
@@ -135,6 +140,10 @@ bool Decider::ChangeNeeded() const {
 void Decider::MaybePropose(Out& out) {
   // One change at a time: whatever happens during a change is looked at once it is done.
   if (phase_ != Phase::kStable && phase_ != Phase::kStarting) return;
+  if (finishing_) {
+    MaybeComplete(out);
+    return;
+  }
   if (!ChangeNeeded()) {
     if (phase_ == Phase::kStable && launch_outstanding_ == 0) resize_active_ = false;
     return;
@@ -172,7 +181,7 @@ void Decider::OnJoin(const DeciderEvent::Join&, Out& out) {
 
 void Decider::OnLeave(WorkerId w, Out& out) {
   auto it = workers_.find(w);
-  if (it == workers_.end() || it->second.leaving) return;
+  if (it == workers_.end() || it->second.leaving || it->second.done) return;
   it->second.leaving = true;
   bool ranked = current_.RankOf(w) >= 0;
   bool involved = pending_ && (IsParticipant(w) || phase_ == Phase::kPlanning);
@@ -190,8 +199,15 @@ void Decider::OnLeave(WorkerId w, Out& out) {
 void Decider::OnLost(WorkerId w, const std::string&, Out& out) {
   auto it = workers_.find(w);
   if (it == workers_.end()) return;  // duplicate, or released
+  bool was_done = it->second.done;
   workers_.erase(it);
   bool ranked = current_.RankOf(w) >= 0;
+  if (finishing_ && (was_done || phase_ == Phase::kStable)) {
+    // Training ended: a member that goes now is not a loss (the others finished the same step).
+    if (ranked) gone_after_done_.insert(w);
+    MaybeComplete(out);
+    return;
+  }
   if (ranked) lost_.insert(w);
   switch (phase_) {
     case Phase::kPlanning:
@@ -248,6 +264,9 @@ void Decider::OnResize(const ResizeRequest& r, Out& out) {
   }
   if (phase_ == Phase::kStarting) {
     return answer(FailedPreconditionError("the job has not started (no generation yet)"));
+  }
+  if (finishing_) {
+    return answer(FailedPreconditionError("the job is finishing (a worker's training loop ended)"));
   }
   if (resize_active_ && phase_ != Phase::kStable) {
     return answer(FailedPreconditionError("a resize is in progress (generation " +
@@ -468,7 +487,7 @@ void Decider::OnTick(int64_t now_ms, Out& out) {
   if (options_.heartbeat_timeout_ms <= 0) return;
   std::vector<WorkerId> silent;
   for (const auto& [id, w] : workers_) {
-    if (now_ms - w.last_seen_ms > options_.heartbeat_timeout_ms) silent.push_back(id);
+    if (!w.done && now_ms - w.last_seen_ms > options_.heartbeat_timeout_ms) silent.push_back(id);
   }
   for (WorkerId w : silent) {
     std::string reason =
@@ -476,6 +495,31 @@ void Decider::OnTick(int64_t now_ms, Out& out) {
     out.push_back(DeciderAction::Disconnect{w, reason});
     OnLost(w, reason, out);
   }
+}
+
+void Decider::OnDone(WorkerId w, Out& out) {
+  auto it = workers_.find(w);
+  if (it == workers_.end() || it->second.done) return;
+  it->second.done = true;
+  finishing_ = true;
+  MaybeComplete(out);
+}
+
+void Decider::MaybeComplete(Out& out) {
+  // A change in progress finishes first (MaybeFinishChange comes back here through
+  // MaybePropose); a job without a generation has nothing to complete.
+  if (phase_ != Phase::kStable || current_.id == 0) return;
+  for (WorkerId w : current_.ranks) {
+    auto it = workers_.find(w);
+    bool done = it != workers_.end() ? it->second.done : gone_after_done_.count(w) > 0;
+    if (!done) return;
+  }
+  phase_ = Phase::kComplete;
+  resize_active_ = false;
+  for (auto& [id, info] : workers_) {
+    if (current_.RankOf(id) < 0) out.push_back(DeciderAction::SendRelease{id, ReleaseMsg{current_.id}});
+  }
+  out.push_back(DeciderAction::JobComplete{current_.id});
 }
 
 }  // namespace morph

@@ -24,6 +24,11 @@
 // the state once the current change is done. A participant lost before the commit abandons the
 // proposal (Abandon, then a new proposal with a new generation id); one lost after the commit
 // is a failure of the committed generation, handled once the change completes.
+// Completion: a worker whose training loop ended sends Done. From the first Done on the job is
+// finishing: no change is proposed and resizes are refused; a member that closes its connection
+// then is not a loss. Once no change is in progress and every member of the current generation
+// is done (or gone after the first Done), the job is complete: spares are released and
+// JobComplete is emitted; later events are ignored.
 //
 // Thread-compatible: one thread (the coordinator's I/O thread) calls Handle.
 #ifndef MORPH_RUNTIME_COORDINATOR_DECIDER_H_
@@ -103,8 +108,11 @@ struct DeciderEvent {
     StatusOr<PlannedChange> plan = InternalError("unset");
   };
   struct Tick {};
+  struct Done {  // the worker's training loop ended normally (wire DoneMsg)
+    WorkerId worker = 0;
+  };
   using Any = std::variant<Join, LeaveRequest, Lost, Heartbeat, Resize, StepReportMsg, AppliedMsg,
-                           PlanReady, Tick>;
+                           PlanReady, Tick, Done>;
 };
 
 struct DeciderAction {
@@ -152,14 +160,18 @@ struct DeciderAction {
   struct JobFailed {
     Status status;
   };
+  // Every member of the current generation finished training (Done): the job succeeded.
+  struct JobComplete {
+    int64_t generation = 0;
+  };
   using Any =
       std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome, SendRelease,
-                   AdvanceStore, AnswerResize, LaunchWorkers, Disconnect, JobFailed>;
+                   AdvanceStore, AnswerResize, LaunchWorkers, Disconnect, JobFailed, JobComplete>;
 };
 
 class Decider {
  public:
-  enum class Phase { kStarting, kStable, kPlanning, kPreparing, kCommitted, kFailed };
+  enum class Phase { kStarting, kStable, kPlanning, kPreparing, kCommitted, kFailed, kComplete };
 
   explicit Decider(DeciderOptions options);
 
@@ -176,6 +188,8 @@ class Decider {
   // Workers connected and not leaving (they may take a rank), id order.
   std::vector<WorkerId> candidates() const { return Candidates(); }
   bool resize_in_progress() const { return resize_active_; }
+  // A worker sent Done: no further change is proposed.
+  bool finishing() const { return finishing_; }
   // The config planner's explanation of the last committed configuration.
   const std::string& last_explanation() const { return last_explanation_; }
   int64_t last_generation_id() const { return last_id_; }
@@ -186,6 +200,7 @@ class Decider {
     int64_t last_seen_ms = 0;
     bool leaving = false;   // asked to leave (or removed by a resize)
     bool released = false;  // sent Release: no longer part of the job
+    bool done = false;      // sent Done: its training loop ended
   };
   using Out = std::vector<DeciderAction::Any>;
 
@@ -197,6 +212,8 @@ class Decider {
   void OnApplied(const AppliedMsg& m, Out& out);
   void OnPlanReady(DeciderEvent::PlanReady& e, Out& out);
   void OnTick(int64_t now_ms, Out& out);
+  void OnDone(WorkerId w, Out& out);
+  void MaybeComplete(Out& out);
 
   // Proposes the next change if the state calls for one (only when stable or starting).
   void MaybePropose(Out& out);
@@ -223,6 +240,8 @@ class Decider {
   std::optional<std::pair<std::vector<WorkerId>, int>> noop_;
   bool replan_ = false;  // the state changed while a plan was computed: discard it
   std::string last_explanation_;
+  bool finishing_ = false;          // some worker sent Done
+  std::set<WorkerId> gone_after_done_;  // members that closed once the job was finishing
 
   // The change in progress.
   std::optional<Generation> pending_;

@@ -527,5 +527,48 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
   EXPECT_GT(commits, 3 * runs);
 }
 
+template <typename A>
+std::vector<A> Actions(const std::vector<DeciderAction::Any>& out) {
+  std::vector<A> v;
+  for (const auto& a : out) {
+    if (const A* x = std::get_if<A>(&a)) v.push_back(*x);
+  }
+  return v;
+}
+
+// Completion: Done from every member (a member closing after it is no loss) completes the job,
+// releases the spares, and no change or resize follows.
+TEST(DeciderTest, DoneFromEveryMemberCompletesTheJob) {
+  Decider d(DeciderOptions{.initial_world = 2, .max_world = 2});
+  d.Handle(0, DeciderEvent::Join{.worker = 1});
+  auto out = d.Handle(0, DeciderEvent::Join{.worker = 2});
+  ASSERT_EQ(Actions<DeciderAction::ComputePlan>(out).size(), 1u);
+  PlannedChange plan{.config = ParallelConfig{.dp = 2}, .ranks = {1, 2}, .plan_digest = 9};
+  out = d.Handle(0, DeciderEvent::PlanReady{.generation = 1, .plan = plan});
+  ASSERT_EQ(Actions<DeciderAction::SendCommit>(out).size(), 1u);
+  d.Handle(0, AppliedMsg{.worker = 1, .generation = 1});
+  out = d.Handle(0, AppliedMsg{.worker = 2, .generation = 1});
+  ASSERT_EQ(Actions<DeciderAction::SendOutcome>(out).size(), 1u);
+  d.Handle(0, DeciderEvent::Join{.worker = 3});  // a spare (max_world 2)
+  EXPECT_TRUE(d.Handle(0, DeciderEvent::Done{.worker = 1}).empty());
+  EXPECT_TRUE(d.finishing());
+  out = d.Handle(0, DeciderEvent::Resize{ResizeRequest{.request_id = 5, .world_size = 1}});
+  auto answers = Actions<DeciderAction::AnswerResize>(out);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(answers[0].status.message().find("finishing"), std::string::npos);
+  // Worker 1 closes its connection after Done: no change is proposed.
+  EXPECT_TRUE(d.Handle(0, DeciderEvent::Lost{.worker = 1, .reason = "closed"}).empty());
+  out = d.Handle(0, DeciderEvent::Done{.worker = 2});
+  auto releases = Actions<DeciderAction::SendRelease>(out);
+  ASSERT_EQ(releases.size(), 1u);
+  EXPECT_EQ(releases[0].to, 3);
+  auto complete = Actions<DeciderAction::JobComplete>(out);
+  ASSERT_EQ(complete.size(), 1u);
+  EXPECT_EQ(complete[0].generation, 1);
+  EXPECT_EQ(d.phase(), Decider::Phase::kComplete);
+  EXPECT_TRUE(d.Handle(100000, DeciderEvent::Tick{}).empty());
+}
+
 }  // namespace
 }  // namespace morph

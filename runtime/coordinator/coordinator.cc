@@ -1,0 +1,878 @@
+#include "runtime/coordinator/coordinator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "base/logging.h"
+#include "base/params.h"
+#include "runtime/protocol/plan_input.h"
+#include "runtime/protocol/wire.h"
+
+namespace morph {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+using Clock = std::chrono::steady_clock;
+
+// Body bytes read per syscall: a body buffer grows by at most this beyond what arrived.
+constexpr size_t kReadChunk = 64u << 10;
+// A worker that lets this much of our output pile up unread is dropped (lost).
+constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
+// The snapshot is republished at most this often.
+constexpr auto kPublishInterval = std::chrono::milliseconds(50);
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+bool TokensEqual(std::string_view a, std::string_view b) {
+  // Constant time in the position of the first difference.
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+std::string JoinHostPort(const std::string& host, uint16_t port) {
+  bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+std::string Ids(const std::vector<WorkerId>& v, size_t max = 16) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size() && i < max; ++i) os << (i ? "," : "") << v[i];
+  if (v.size() > max) os << ",... (" << v.size() << ")";
+  os << "]";
+  return os.str();
+}
+
+// The largest state one rank holds under `c`: DP rank 0 holds the longest ZeRO range, so the
+// pp*tp ranks with d = 0 bound every rank (cost pp*tp*tensors, not world*tensors).
+int64_t MaxStateBytesPerRank(const JobManifest& m, const ParallelConfig& c) {
+  int64_t most = 0;
+  for (int p = 0; p < c.pp; ++p) {
+    for (int t = 0; t < c.tp; ++t) {
+      StatusOr<int64_t> b = StateBytesOfRank(m, c, (p * c.dp) * c.tp + t);
+      if (!b.ok()) return std::numeric_limits<int64_t>::max();  // does not fit this config
+      most = std::max(most, *b);
+    }
+  }
+  return most;
+}
+
+}  // namespace
+
+StatusOr<PlannedChange> PlanChange(const JobManifest& manifest, const ConfigPolicy& policy,
+                                   const PlanRequest& req) {
+  auto shared = std::make_shared<const JobManifest>(manifest);
+  ModelConstraints mc{.num_layers = manifest.model.num_layers,
+                      .num_heads = manifest.model.num_heads,
+                      .tp_candidates = manifest.model.tp_candidates,
+                      .pp_candidates = manifest.model.pp_candidates,
+                      .global_batch = manifest.model.global_batch,
+                      .micro_batches = manifest.model.micro_batches,
+                      .zero_stage = manifest.model.zero_stage,
+                      .memory_per_rank = nullptr,
+                      .device_memory_bytes = manifest.model.device_memory_bytes};
+  if (manifest.model.device_memory_bytes > 0) {
+    mc.memory_per_rank = [shared](const ParallelConfig& c) {
+      return MaxStateBytesPerRank(*shared, c);
+    };
+  }
+  MORPH_ASSIGN_OR_RETURN(ConfigPlanner planner, ConfigPlanner::Create(std::move(mc), policy));
+  MORPH_ASSIGN_OR_RETURN(ConfigChoice choice,
+                         planner.Choose(req.target_world, req.from.id ? &req.from.config : nullptr));
+  MORPH_ASSIGN_OR_RETURN(std::vector<WorkerId> ranks,
+                         AssignRanks(manifest, req.from, req.lost, req.candidates, choice.config));
+  Generation next{.id = req.generation, .config = choice.config, .ranks = ranks};
+  ChangeParticipants change{.participants = ParticipantOrder(req.from, req.lost, ranks),
+                            .lost = req.lost};
+  MORPH_ASSIGN_OR_RETURN(ChangePlan plan, PlanForChange(manifest, req.from, next, change));
+  return PlannedChange{.config = choice.config,
+                       .ranks = std::move(ranks),
+                       .plan_digest = plan.digest,
+                       .explanation = choice.explanation};
+}
+
+StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
+  CoordinatorOptions o;
+  MORPH_ASSIGN_OR_RETURN(o.address, params::CoordinatorAddr());
+  MORPH_ASSIGN_OR_RETURN(int64_t port, params::CoordinatorPort());
+  o.port = static_cast<uint16_t>(port);
+  MORPH_ASSIGN_OR_RETURN(o.advertise_host, params::CoordinatorAdvertise());
+  MORPH_ASSIGN_OR_RETURN(o.token, JobTokenFromEnv());
+  MORPH_ASSIGN_OR_RETURN(int64_t initial, params::InitialWorld());
+  MORPH_ASSIGN_OR_RETURN(int64_t max_world, params::MaxWorld());
+  if (initial > max_world) {
+    return InvalidArgumentError("MORPH_INITIAL_WORLD: " + std::to_string(initial) +
+                                " exceeds MORPH_MAX_WORLD " + std::to_string(max_world));
+  }
+  o.initial_world = static_cast<int>(initial);
+  o.max_world = static_cast<int>(max_world);
+  MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
+  MORPH_ASSIGN_OR_RETURN(o.http, HttpServerOptions::FromEnv());
+  MORPH_ASSIGN_OR_RETURN(o.store, TcpStoreServerOptions::FromEnv());
+  return o;
+}
+
+// ---- one worker's control connection ---------------------------------------------------------
+namespace {
+
+struct Conn : std::enable_shared_from_this<Conn> {
+  enum class State { kHello, kRegister, kJoined, kClosed };
+  Conn(asio::io_context& io, tcp::socket s) : sock(std::move(s)), timer(io) {}
+
+  tcp::socket sock;
+  asio::steady_timer timer;  // the handshake deadline
+  State state = State::kHello;
+  WorkerId id = 0;
+  std::string host;
+  std::array<char, kFrameHeaderBytes> header{};
+  FrameHeader hdr;
+  std::string body;
+  struct Out {
+    std::shared_ptr<const std::string> frame;
+    bool commit = false;
+  };
+  std::deque<Out> out;
+  size_t queued_bytes = 0;
+  bool writing = false;
+  bool close_after_write = false;
+  bool gone_reported = false;  // the decider knows it is gone (or must not be told)
+  bool socket_closed = false;
+};
+
+}  // namespace
+
+class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl> {
+ public:
+  explicit Impl(CoordinatorOptions options)
+      : options_(std::move(options)),
+        decider_(DeciderOptions{.initial_world = options_.initial_world,
+                                .max_world = options_.max_world,
+                                .heartbeat_timeout_ms = options_.heartbeat_timeout_ms}),
+        acceptor_(io_),
+        tick_(io_),
+        publish_timer_(io_),
+        epoch_(Clock::now()) {
+    if (options_.manifest) manifest_ = std::make_shared<const JobManifest>(*options_.manifest);
+  }
+
+  Status Start();
+  void Stop();
+
+  // ---- io thread ----
+  void Accept();
+  void ReadHeader(const std::shared_ptr<Conn>& c);
+  void ReadBody(const std::shared_ptr<Conn>& c);
+  void OnFrame(const std::shared_ptr<Conn>& c, WireMessage m);
+  void OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& m);
+  void OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m);
+  void Refuse(const std::shared_ptr<Conn>& c, const Status& s);
+  void Enqueue(const std::shared_ptr<Conn>& c, std::shared_ptr<const std::string> frame,
+               bool commit = false);
+  void DoWrite(const std::shared_ptr<Conn>& c);
+  void CloseSocket(const std::shared_ptr<Conn>& c);
+  // The connection ended: the decider hears of a registered worker's loss once.
+  void Gone(const std::shared_ptr<Conn>& c, const std::string& reason);
+  void Feed(DeciderEvent::Any event);
+  void Execute(DeciderAction::Any& a);
+  template <typename M>
+  void SendTo(const std::vector<WorkerId>& to, const M& msg, bool commit = false);
+  void ArmTick();
+  void MarkDirty();
+  CoordinatorSnapshot BuildSnapshot() const;
+  void Publish();
+  void Finish(Status s);
+  int64_t NowMs() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - epoch_).count();
+  }
+
+  CoordinatorOptions options_;
+  std::string advertise_host_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::thread io_thread_;
+  asio::thread_pool planner_{1};
+  asio::thread_pool launcher_{1};
+  Decider decider_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer tick_;
+  asio::steady_timer publish_timer_;
+  bool publish_armed_ = false;
+  std::unique_ptr<TcpStoreServer> store_;
+  std::unique_ptr<HttpServer> http_;
+  uint16_t port_ = 0;
+  uint16_t http_port_ = 0;
+  const Clock::time_point epoch_;
+  bool stopping_ = false;  // io thread
+
+  std::shared_ptr<const JobManifest> manifest_;
+  WorkerId next_worker_ = 1;
+  std::map<WorkerId, std::shared_ptr<Conn>> conns_;  // registered, connected
+  std::unordered_map<WorkerId, std::string> hosts_;
+  int64_t max_step_ = 0;
+  int64_t next_request_id_ = 1;
+  std::map<int64_t, std::function<void(Status)>> answers_;
+
+  // The change in progress, for its phase timings (io thread).
+  struct ChangeTiming {
+    int64_t from_generation = 0;
+    int from_world = 0;
+    Clock::time_point planned, prepared, committed;
+    double plan_ms = 0;
+    bool has_prepare = false;
+  };
+  std::optional<ChangeTiming> timing_;
+  int64_t reconfigurations_ = 0;
+  std::optional<ReconfigurationRecord> last_record_;
+
+  // Shared with other threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Status> result_;  // the job's end
+  bool stopped_ = false;
+  CoordinatorSnapshot published_;
+  std::atomic<int64_t> accepted_{0}, refused_{0}, registered_{0}, connected_{0}, received_{0},
+      sent_{0}, commits_sent_{0};
+};
+
+Status Coordinator::Impl::Start() {
+  const CoordinatorOptions& o = options_;
+  if (o.token.empty()) return InvalidArgumentError("token: the job token is empty (MORPH_TOKEN)");
+  if (o.initial_world < 1) {
+    return InvalidArgumentError("initial_world: must be at least 1, got " +
+                                std::to_string(o.initial_world));
+  }
+  if (o.max_world < o.initial_world) {
+    return InvalidArgumentError("max_world: " + std::to_string(o.max_world) +
+                                " is below initial_world " + std::to_string(o.initial_world));
+  }
+  if (manifest_) {
+    MORPH_RETURN_IF_ERROR(ValidateManifest(*manifest_)) << "manifest";
+  }
+  error_code ec;
+  asio::ip::address ip = asio::ip::make_address(o.address, ec);
+  if (ec) {
+    return InvalidArgumentError("address: '" + o.address + "' is not an IP address: " +
+                                ec.message());
+  }
+  advertise_host_ = o.advertise_host;
+  if (advertise_host_.empty()) {
+    advertise_host_ = o.address;
+    if (ip.is_unspecified()) {
+      char name[256] = {};
+      if (::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') advertise_host_ = name;
+    }
+  }
+  MORPH_ASSIGN_OR_RETURN(store_, TcpStoreServer::Start(o.address, 0, o.token, o.store),
+                         "starting the coordinator's store");
+  tcp::endpoint ep(ip, o.port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return UnavailableError("coordinator: cannot listen on " + JoinHostPort(o.address, o.port) +
+                            ": " + ec.message());
+  }
+  port_ = acceptor_.local_endpoint().port();
+  if (o.serve_http) {
+    HttpServerOptions h = o.http;
+    if (h.token.empty()) h.token = o.token;
+    h.max_world = o.max_world;
+    std::weak_ptr<Impl> weak = weak_from_this();
+    http_ = std::make_unique<HttpServer>(
+        io_, h,
+        HttpServer::Callbacks{
+            .resize =
+                [this](ResizeCall call, HttpServer::Answer answer) {
+                  int64_t id = next_request_id_++;
+                  call.request.request_id = id;
+                  answers_[id] = std::move(answer);
+                  LOG(INFO) << "coordinator: resize request " << id << " from the scheduler API";
+                  Feed(DeciderEvent::Resize{std::move(call.request)});
+                },
+            .snapshot = [this] { return BuildSnapshot(); }});
+    MORPH_RETURN_IF_ERROR(http_->Start()) << "starting the scheduler API";
+    http_port_ = http_->port();
+  }
+  published_ = BuildSnapshot();
+  work_.emplace(asio::make_work_guard(io_));
+  Accept();
+  ArmTick();
+  io_thread_ = std::thread([this] { io_.run(); });
+  LOG(INFO) << "coordinator: control channel on " << JoinHostPort(advertise_host_, port_)
+            << ", store on " << JoinHostPort(advertise_host_, store_->port())
+            << (http_ ? ", scheduler API on port " + std::to_string(http_port_) : "")
+            << "; waiting for " << o.initial_world << " worker(s)";
+  return Status::Ok();
+}
+
+void Coordinator::Impl::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (io_thread_.joinable()) {
+    std::promise<void> closed;
+    asio::post(io_, [this, &closed] {
+      stopping_ = true;
+      error_code ec;
+      acceptor_.close(ec);
+      tick_.cancel();
+      publish_timer_.cancel();
+      if (http_) http_->Stop();
+      for (auto& [id, c] : conns_) {
+        c->gone_reported = true;
+        CloseSocket(c);
+      }
+      conns_.clear();
+      for (auto& [id, answer] : answers_) answer(AbortedError("the coordinator stopped"));
+      answers_.clear();
+      work_.reset();
+      io_.stop();
+      closed.set_value();
+    });
+    closed.get_future().wait();
+    io_thread_.join();
+  }
+  planner_.join();
+  launcher_.join();
+  store_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!result_) result_ = AbortedError("the coordinator stopped before the job ended");
+  }
+  cv_.notify_all();
+}
+
+void Coordinator::Impl::Accept() {
+  acceptor_.async_accept([this](error_code ec, tcp::socket sock) {
+    if (stopping_ || !acceptor_.is_open()) return;
+    if (ec) {
+      LOG(WARNING) << "coordinator: accept failed: " << ec.message();
+      auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(20));
+      t->async_wait([this, t](error_code) {
+        if (!stopping_) Accept();
+      });
+      return;
+    }
+    accepted_.fetch_add(1);
+    error_code ignored;
+    sock.set_option(tcp::no_delay(true), ignored);
+    auto c = std::make_shared<Conn>(io_, std::move(sock));
+    c->timer.expires_after(std::chrono::milliseconds(options_.handshake_timeout_ms));
+    c->timer.async_wait([this, weak = std::weak_ptr<Conn>(c)](error_code e) {
+      auto c = weak.lock();
+      if (e || !c || c->state == Conn::State::kJoined) return;
+      refused_.fetch_add(1);
+      VLOG(1) << "coordinator: handshake timed out";
+      c->gone_reported = true;
+      CloseSocket(c);
+    });
+    ReadHeader(c);
+    Accept();
+  });
+}
+
+void Coordinator::Impl::ReadHeader(const std::shared_ptr<Conn>& c) {
+  asio::async_read(c->sock, asio::buffer(c->header), [this, c](error_code ec, size_t) {
+    if (c->state == Conn::State::kClosed) return;
+    if (ec) return Gone(c, ec == asio::error::eof ? "connection closed" : ec.message());
+    StatusOr<FrameHeader> h = DecodeHeader(std::string_view(c->header.data(), c->header.size()));
+    if (!h.ok()) return Refuse(c, h.status());
+    bool hello = h->type == static_cast<uint16_t>(WireType::kHello);
+    bool reg = h->type == static_cast<uint16_t>(WireType::kRegister);
+    if (c->state == Conn::State::kHello && !hello) {
+      return Refuse(c, UnauthenticatedError("the first frame must be hello, got " +
+                                            std::string(WireTypeName(h->type))));
+    }
+    if (c->state == Conn::State::kRegister && !reg) {
+      return Refuse(c, FailedPreconditionError("after hello a worker must register, got " +
+                                               std::string(WireTypeName(h->type))));
+    }
+    if (c->state == Conn::State::kJoined && (hello || reg)) {
+      return Refuse(c, FailedPreconditionError("already registered, got " +
+                                               std::string(WireTypeName(h->type))));
+    }
+    c->hdr = *h;
+    c->body.clear();
+    ReadBody(c);
+  });
+}
+
+void Coordinator::Impl::ReadBody(const std::shared_ptr<Conn>& c) {
+  size_t have = c->body.size();
+  if (have == c->hdr.length) {
+    StatusOr<WireMessage> m = DecodeBody(c->hdr, c->body);
+    std::string().swap(c->body);
+    if (!m.ok()) return Refuse(c, m.status());
+    received_.fetch_add(1);
+    OnFrame(c, *std::move(m));
+    if (c->state != Conn::State::kClosed) ReadHeader(c);
+    return;
+  }
+  // The buffer grows as bytes arrive: a header alone never makes us allocate its length.
+  size_t chunk = std::min<size_t>(c->hdr.length - have, kReadChunk);
+  c->body.resize(have + chunk);
+  asio::async_read(c->sock, asio::buffer(c->body.data() + have, chunk),
+                   [this, c](error_code ec, size_t) {
+                     if (c->state == Conn::State::kClosed) return;
+                     if (ec) return Gone(c, ec == asio::error::eof ? "connection closed"
+                                                                   : ec.message());
+                     ReadBody(c);
+                   });
+}
+
+void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
+  if (auto* hello = std::get_if<HelloMsg>(&m)) return OnHello(c, *hello);
+  if (auto* reg = std::get_if<RegisterMsg>(&m)) return OnRegister(c, std::move(*reg));
+  const WorkerId id = c->id;
+  std::visit(
+      [&](auto& msg) {
+        using M = std::decay_t<decltype(msg)>;
+        if constexpr (std::is_same_v<M, HeartbeatMsg>) {
+          max_step_ = std::max(max_step_, msg.step);
+          Feed(DeciderEvent::Heartbeat{id});
+        } else if constexpr (std::is_same_v<M, LeaveMsg>) {
+          LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << msg.reason;
+          Feed(DeciderEvent::LeaveRequest{id});
+        } else if constexpr (std::is_same_v<M, StepReportMsg>) {
+          msg.worker = id;  // a worker speaks for itself only
+          Feed(msg);
+        } else if constexpr (std::is_same_v<M, AppliedMsg>) {
+          msg.worker = id;
+          if (!msg.ok) {
+            LOG(WARNING) << "coordinator: worker " << id << " failed to apply generation "
+                         << msg.generation << ": " << msg.error;
+          }
+          Feed(msg);
+        } else if constexpr (std::is_same_v<M, DoneMsg>) {
+          LOG(INFO) << "coordinator: worker " << id << " finished training";
+          Feed(DeciderEvent::Done{id});
+        } else if constexpr (std::is_same_v<M, ErrorMsg>) {
+          c->close_after_write = true;
+          Gone(c, "worker error " +
+                      std::string(StatusCodeName(static_cast<StatusCode>(msg.code))) + ": " +
+                      msg.message);
+        } else {
+          Refuse(c, InvalidArgumentError("a worker may not send " +
+                                         std::string(WireTypeName(
+                                             static_cast<uint16_t>(WireMessage(msg).index() + 1)))));
+        }
+      },
+      m);
+}
+
+void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& m) {
+  if (!TokensEqual(m.token, options_.token)) {
+    return Refuse(c, UnauthenticatedError("wrong job token"));
+  }
+  error_code ec;
+  tcp::endpoint remote = c->sock.remote_endpoint(ec);
+  c->host = !m.host.empty() ? m.host : ec ? std::string("?") : remote.address().to_string();
+  c->state = Conn::State::kRegister;
+}
+
+void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m) {
+  Status valid = ValidateManifest(m.manifest);
+  if (!valid.ok()) {
+    return Refuse(c, InvalidArgumentError("registration: " + std::string(valid.message())));
+  }
+  if (!manifest_) {
+    manifest_ = std::make_shared<const JobManifest>(std::move(m.manifest));
+    LOG(INFO) << "coordinator: the job's manifest is " << manifest_->tensors.size()
+              << " tensors, " << manifest_->scalars.size() << " scalars (defined by the first "
+              << "registration, from " << c->host << ")";
+  } else {
+    std::string why = FirstDifference(*manifest_, m.manifest);
+    if (!why.empty()) {
+      return Refuse(c, FailedPreconditionError("registration differs from the job's: " + why));
+    }
+  }
+  c->timer.cancel();
+  c->id = next_worker_++;
+  c->state = Conn::State::kJoined;
+  conns_[c->id] = c;
+  hosts_[c->id] = c->host;
+  registered_.fetch_add(1);
+  connected_.fetch_add(1);
+  const Generation& g = decider_.current();
+  Enqueue(c, std::make_shared<const std::string>(EncodeFrame(
+                 WelcomeMsg{.worker = c->id,
+                            .generation = g.id,
+                            .store_address = JoinHostPort(advertise_host_, store_->port()),
+                            .current = g})));
+  VLOG(1) << "coordinator: worker " << c->id << " registered from " << c->host;
+  Feed(DeciderEvent::Join{.worker = c->id, .host = c->host});
+}
+
+void Coordinator::Impl::Refuse(const std::shared_ptr<Conn>& c, const Status& s) {
+  if (c->state == Conn::State::kClosed) return;
+  bool joined = c->state == Conn::State::kJoined;
+  if (!joined) refused_.fetch_add(1);
+  LOG(WARNING) << "coordinator: closing " << (joined ? "worker " + std::to_string(c->id) : "a")
+               << " connection from " << (c->host.empty() ? "?" : c->host) << ": " << s;
+  int32_t code = static_cast<int32_t>(s.ok() ? StatusCode::kInternal : s.code());
+  Enqueue(c, std::make_shared<const std::string>(
+                 EncodeFrame(ErrorMsg{.code = code, .message = std::string(s.message())})));
+  c->close_after_write = true;
+  Gone(c, std::string(s.message()));
+}
+
+void Coordinator::Impl::Gone(const std::shared_ptr<Conn>& c, const std::string& reason) {
+  bool was_joined = c->state == Conn::State::kJoined;
+  c->state = Conn::State::kClosed;
+  c->timer.cancel();
+  if (!c->close_after_write || !c->writing) CloseSocket(c);
+  if (!was_joined || c->gone_reported) return;
+  c->gone_reported = true;
+  conns_.erase(c->id);
+  connected_.fetch_sub(1);
+  Feed(DeciderEvent::Lost{.worker = c->id, .reason = reason});
+}
+
+void Coordinator::Impl::CloseSocket(const std::shared_ptr<Conn>& c) {
+  if (c->socket_closed) return;
+  c->socket_closed = true;
+  c->state = Conn::State::kClosed;
+  error_code ec;
+  c->sock.shutdown(tcp::socket::shutdown_both, ec);
+  c->sock.close(ec);
+  c->out.clear();
+  c->queued_bytes = 0;
+}
+
+void Coordinator::Impl::Enqueue(const std::shared_ptr<Conn>& c,
+                                std::shared_ptr<const std::string> frame, bool commit) {
+  if (c->socket_closed || c->close_after_write) return;
+  c->queued_bytes += frame->size();
+  c->out.push_back({std::move(frame), commit});
+  if (c->queued_bytes > kMaxQueuedBytes) {
+    Gone(c, "its connection has " + std::to_string(c->queued_bytes) + " bytes unread");
+    CloseSocket(c);
+    return;
+  }
+  if (!c->writing) DoWrite(c);
+}
+
+void Coordinator::Impl::DoWrite(const std::shared_ptr<Conn>& c) {
+  if (c->out.empty() || c->socket_closed) {
+    c->writing = false;
+    if (c->close_after_write) CloseSocket(c);
+    return;
+  }
+  c->writing = true;
+  asio::async_write(c->sock, asio::buffer(*c->out.front().frame),
+                    [this, c](error_code ec, size_t) {
+                      if (c->socket_closed) return;
+                      if (ec) {
+                        c->writing = false;
+                        Gone(c, "write failed: " + ec.message());
+                        CloseSocket(c);
+                        return;
+                      }
+                      sent_.fetch_add(1);
+                      if (c->out.front().commit) commits_sent_.fetch_add(1);
+                      c->queued_bytes -= c->out.front().frame->size();
+                      c->out.pop_front();
+                      DoWrite(c);
+                    });
+}
+
+template <typename M>
+void Coordinator::Impl::SendTo(const std::vector<WorkerId>& to, const M& msg, bool commit) {
+  auto frame = std::make_shared<const std::string>(EncodeFrame(msg));
+  for (WorkerId w : to) {
+    auto it = conns_.find(w);
+    if (it != conns_.end()) Enqueue(it->second, frame, commit);
+  }
+}
+
+void Coordinator::Impl::Feed(DeciderEvent::Any event) {
+  bool heartbeat = std::holds_alternative<DeciderEvent::Heartbeat>(event) ||
+                   std::holds_alternative<DeciderEvent::Tick>(event);
+  std::vector<DeciderAction::Any> actions = decider_.Handle(NowMs(), std::move(event));
+  for (DeciderAction::Any& a : actions) Execute(a);
+  if (!heartbeat || !actions.empty()) MarkDirty();
+}
+
+void Coordinator::Impl::Execute(DeciderAction::Any& action) {
+  std::visit(
+      [&](auto& a) {
+        using A = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<A, DeciderAction::ComputePlan>) {
+          PlanRequest req = a.request;
+          timing_ = ChangeTiming{.from_generation = req.from.id,
+                                 .from_world = static_cast<int>(req.from.ranks.size()),
+                                 .planned = Clock::now()};
+          LOG(INFO) << "coordinator: planning generation " << req.generation << " from "
+                    << req.from.id << ": " << req.candidates.size() << " candidates, target world "
+                    << req.target_world << ", lost " << Ids(req.lost);
+          std::shared_ptr<const JobManifest> manifest = manifest_;
+          ConfigPolicy policy = options_.policy;
+          std::weak_ptr<Impl> weak = weak_from_this();
+          asio::post(planner_, [weak, manifest, policy, req = std::move(req)] {
+            auto start = Clock::now();
+            StatusOr<PlannedChange> plan =
+                manifest ? PlanChange(*manifest, policy, req)
+                         : StatusOr<PlannedChange>(
+                               FailedPreconditionError("no manifest registered"));
+            double ms = Ms(Clock::now() - start);
+            auto strong = weak.lock();
+            if (!strong) return;
+            // The io-thread handler holds no strong reference: one left queued at Stop must not
+            // keep the coordinator alive.
+            asio::post(strong->io_, [weak, gen = req.generation, ms, plan = std::move(plan)] {
+              auto self = weak.lock();
+              if (!self || self->stopping_) return;
+              if (self->timing_) self->timing_->plan_ms = ms;
+              self->Feed(DeciderEvent::PlanReady{.generation = gen, .plan = std::move(plan)});
+            });
+          });
+        } else if constexpr (std::is_same_v<A, DeciderAction::SendPrepare>) {
+          if (timing_) {
+            timing_->prepared = Clock::now();
+            timing_->has_prepare = true;
+          }
+          LOG(INFO) << "coordinator: prepare generation " << a.msg.next.id << " ("
+                    << a.msg.next.config.ToString() << ", " << a.msg.next.ranks.size()
+                    << " ranks) to " << a.to.size() << " participants; leavers "
+                    << Ids(a.msg.change.leavers) << ", exiting " << Ids(a.msg.change.exiting)
+                    << "; " << decider_.last_explanation();
+          SendTo(a.to, a.msg);
+        } else if constexpr (std::is_same_v<A, DeciderAction::SendCommit>) {
+          if (timing_) timing_->committed = Clock::now();
+          LOG(INFO) << "coordinator: commit generation " << a.msg.next.id << " at step "
+                    << a.msg.next.start_step << " (" << a.msg.next.config.ToString() << ", digest "
+                    << std::hex << a.msg.next.plan_digest << std::dec << ") to " << a.to.size()
+                    << " participants";
+          SendTo(a.to, a.msg, /*commit=*/true);
+        } else if constexpr (std::is_same_v<A, DeciderAction::SendAbandon>) {
+          LOG(INFO) << "coordinator: abandon generation " << a.msg.generation
+                    << " (a participant was lost before the commit)";
+          SendTo(a.to, a.msg);
+          timing_.reset();
+        } else if constexpr (std::is_same_v<A, DeciderAction::SendOutcome>) {
+          LOG(INFO) << "coordinator: generation " << a.msg.generation
+                    << (a.msg.applied ? " applied" : " not applied (old generation stands)")
+                    << " on " << a.to.size() << " participants";
+          SendTo(a.to, a.msg);
+          if (timing_ && a.msg.applied && timing_->from_generation != 0) {
+            auto now = Clock::now();
+            ReconfigurationRecord r;
+            r.from_generation = timing_->from_generation;
+            r.to_generation = a.msg.generation;
+            r.from_world = timing_->from_world;
+            r.to_world = decider_.current().config.world();
+            r.plan_ms = timing_->plan_ms;
+            r.agree_ms = timing_->has_prepare ? Ms(timing_->committed - timing_->prepared) : 0;
+            r.total_ms = Ms(now - timing_->planned);
+            r.explanation = decider_.last_explanation();
+            last_record_ = r;
+            ++reconfigurations_;
+          }
+          timing_.reset();
+        } else if constexpr (std::is_same_v<A, DeciderAction::SendRelease>) {
+          LOG(INFO) << "coordinator: release worker " << a.to;
+          SendTo({a.to}, a.msg);
+        } else if constexpr (std::is_same_v<A, DeciderAction::AdvanceStore>) {
+          store_->AdvanceGeneration(a.generation);
+        } else if constexpr (std::is_same_v<A, DeciderAction::AnswerResize>) {
+          LOG(INFO) << "coordinator: resize request " << a.request_id << ": "
+                    << (a.status.ok() ? std::string("accepted") : a.status.ToString());
+          auto it = answers_.find(a.request_id);
+          if (it != answers_.end()) {
+            auto answer = std::move(it->second);
+            answers_.erase(it);
+            answer(a.status);
+          }
+        } else if constexpr (std::is_same_v<A, DeciderAction::LaunchWorkers>) {
+          LOG(INFO) << "coordinator: asking for " << a.count << " more worker(s)"
+                    << (options_.launch_workers ? "" : " (no launcher: start them yourself)");
+          if (options_.launch_workers) {
+            asio::post(launcher_, [fn = options_.launch_workers, n = a.count] { fn(n); });
+          }
+        } else if constexpr (std::is_same_v<A, DeciderAction::Disconnect>) {
+          LOG(WARNING) << "coordinator: worker " << a.worker << " lost: " << a.reason;
+          auto it = conns_.find(a.worker);
+          if (it != conns_.end()) {
+            std::shared_ptr<Conn> c = it->second;
+            c->gone_reported = true;  // the decider declared it lost itself
+            conns_.erase(it);
+            connected_.fetch_sub(1);
+            c->close_after_write = false;
+            Enqueue(c, std::make_shared<const std::string>(EncodeFrame(
+                           ErrorMsg{.code = static_cast<int32_t>(StatusCode::kUnavailable),
+                                    .message = "declared lost: " + a.reason})));
+            c->close_after_write = true;
+            Gone(c, a.reason);
+          }
+        } else if constexpr (std::is_same_v<A, DeciderAction::JobFailed>) {
+          LOG(ERROR) << "coordinator: the job failed: " << a.status;
+          auto frame = std::make_shared<const std::string>(
+              EncodeFrame(ErrorMsg{.code = static_cast<int32_t>(a.status.code()),
+                                   .message = "the job failed: " + std::string(a.status.message())}));
+          for (auto& [id, c] : conns_) {
+            Enqueue(c, frame);
+            c->close_after_write = true;
+            if (!c->writing) CloseSocket(c);
+          }
+          Finish(a.status);
+        } else if constexpr (std::is_same_v<A, DeciderAction::JobComplete>) {
+          LOG(INFO) << "coordinator: the job completed in generation " << a.generation;
+          Finish(Status::Ok());
+        }
+      },
+      action);
+}
+
+void Coordinator::Impl::Finish(Status s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!result_) result_ = std::move(s);
+  }
+  cv_.notify_all();
+}
+
+void Coordinator::Impl::ArmTick() {
+  if (options_.heartbeat_timeout_ms <= 0) return;
+  int64_t period = std::clamp<int64_t>(options_.heartbeat_timeout_ms / 4, 5, 1000);
+  tick_.expires_after(std::chrono::milliseconds(period));
+  tick_.async_wait([this](error_code ec) {
+    if (ec || stopping_) return;
+    Feed(DeciderEvent::Tick{});
+    ArmTick();
+  });
+}
+
+void Coordinator::Impl::MarkDirty() {
+  if (publish_armed_) return;
+  publish_armed_ = true;
+  publish_timer_.expires_after(kPublishInterval);
+  publish_timer_.async_wait([this](error_code ec) {
+    publish_armed_ = false;
+    if (ec || stopping_) return;
+    Publish();
+  });
+}
+
+CoordinatorSnapshot Coordinator::Impl::BuildSnapshot() const {
+  CoordinatorSnapshot s = SnapshotOf(decider_);
+  for (auto& m : s.members) {
+    auto it = hosts_.find(m.worker);
+    if (it != hosts_.end()) m.host = it->second;
+  }
+  s.step = std::max(s.step, max_step_);
+  s.reconfigurations = reconfigurations_;
+  s.last_reconfiguration = last_record_;
+  return s;
+}
+
+void Coordinator::Impl::Publish() {
+  CoordinatorSnapshot s = BuildSnapshot();
+  std::lock_guard<std::mutex> lock(mu_);
+  published_ = std::move(s);
+}
+
+// ---- Coordinator -----------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
+  auto impl = std::make_shared<Impl>(std::move(options));
+  Status s = impl->Start();
+  if (!s.ok()) {
+    impl->Stop();
+    return s;
+  }
+  return std::unique_ptr<Coordinator>(new Coordinator(std::move(impl)));
+}
+
+Coordinator::Coordinator(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Coordinator::~Coordinator() { Stop(); }
+void Coordinator::Stop() { impl_->Stop(); }
+
+std::string Coordinator::control_address() const {
+  return JoinHostPort(impl_->advertise_host_, impl_->port_);
+}
+std::string Coordinator::store_address() const {
+  return JoinHostPort(impl_->advertise_host_, impl_->store_ ? impl_->store_->port() : 0);
+}
+uint16_t Coordinator::http_port() const { return impl_->http_port_; }
+TcpStoreServer& Coordinator::store() { return *impl_->store_; }
+
+CoordinatorSnapshot Coordinator::Snapshot() const {
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  return impl_->published_;
+}
+
+Status Coordinator::Resize(ResizeRequest request, Deadline deadline) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    if (impl_->stopped_) return FailedPreconditionError("the coordinator is stopped");
+  }
+  auto answer = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = answer->get_future();
+  Impl* impl = impl_.get();
+  asio::post(impl->io_, [impl, answer, request = std::move(request)]() mutable {
+    int64_t id = impl->next_request_id_++;
+    request.request_id = id;
+    impl->answers_[id] = [answer](Status s) { answer->set_value(std::move(s)); };
+    LOG(INFO) << "coordinator: resize request " << id << " (API call)";
+    impl->Feed(DeciderEvent::Resize{std::move(request)});
+  });
+  // In slices, so a Stop meanwhile (which may drop the request unanswered) is seen.
+  while (f.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    if (deadline.Expired()) {
+      return DeadlineExceededError("the coordinator did not answer the resize request in time");
+    }
+    std::lock_guard<std::mutex> lock(impl_->mu_);
+    if (impl_->stopped_) return AbortedError("the coordinator stopped");
+  }
+  return f.get();
+}
+
+Status Coordinator::Wait(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(impl_->mu_);
+  auto ended = [&] { return impl_->result_.has_value(); };
+  if (deadline.IsInfinite()) {
+    impl_->cv_.wait(lock, ended);
+  } else if (!impl_->cv_.wait_until(lock, deadline.when(), ended)) {
+    return DeadlineExceededError("the job is still running");
+  }
+  return *impl_->result_;
+}
+
+Coordinator::Stats Coordinator::stats() const {
+  Stats s;
+  s.connections_accepted = impl_->accepted_.load();
+  s.handshakes_refused = impl_->refused_.load();
+  s.workers_registered = impl_->registered_.load();
+  s.workers_connected = impl_->connected_.load();
+  s.frames_received = impl_->received_.load();
+  s.frames_sent = impl_->sent_.load();
+  s.commits_sent = impl_->commits_sent_.load();
+  return s;
+}
+
+}  // namespace morph

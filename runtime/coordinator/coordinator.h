@@ -1,0 +1,130 @@
+// Coordinator: the control plane's I/O shell around the Decider (docs/design.md §9). It hosts
+// the job's TcpStoreServer (and alone advances its generation), accepts the workers' control
+// connections (runtime/protocol/wire.h), serves the scheduler API (http_server.h), and carries
+// out the decider's actions. Runs embedded (rank 0 under mpirun, inside morphrun) or standalone
+// (morphd).
+//
+//   MORPH_ASSIGN_OR_RETURN(CoordinatorOptions o, CoordinatorOptions::FromEnv());
+//   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> c, Coordinator::Start(std::move(o)));
+//   setenv("MORPH_COORDINATOR", c->control_address().c_str(), 1);   // for the workers
+//   Status job = c->Wait(Deadline::Infinite());
+//
+// Shell: one io thread (Boost.Asio) on which nothing blocks. Per connection it reads a header,
+// checks its bound (a Hello of at most 4 KiB before authentication; the body buffer grows as
+// bytes arrive), reads the body, decodes it and feeds the decider: Hello (the job token, the
+// wire version), then Register (ValidateManifest; the job's manifest is the first registration's
+// or CoordinatorOptions::manifest; a differing one is refused naming the first difference); only
+// then Join. A refused handshake is answered with an ErrorMsg and closed. Heartbeats update the
+// last-seen time, Leave is a leave request, Done marks the worker finished, a connection closed
+// otherwise is a loss. The decider's actions run in order: sends are encoded once and queued per
+// connection; ComputePlan runs on a planner thread (PlanChange below) and comes back as
+// PlanReady; a tick drives heartbeat timeouts. Each decision is logged in one line.
+//
+// Threads: Start, Stop and the destructor from any thread but the io thread; the accessors,
+// Snapshot, Resize and Wait from any thread except the io thread (Resize and Wait block).
+#ifndef MORPH_RUNTIME_COORDINATOR_COORDINATOR_H_
+#define MORPH_RUNTIME_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "base/deadline.h"
+#include "base/status.h"
+#include "collectives/tcp_store.h"
+#include "runtime/coordinator/config_planner.h"
+#include "runtime/coordinator/decider.h"
+#include "runtime/coordinator/http_api.h"
+#include "runtime/coordinator/http_server.h"
+#include "runtime/protocol/manifest.h"
+
+namespace morph {
+
+struct CoordinatorOptions {
+  std::string address = "127.0.0.1";  // control-channel bind address (MORPH_COORDINATOR_ADDR)
+  uint16_t port = 0;                   // 0: ephemeral (see control_address())
+  // Host workers should dial (MORPH_COORDINATOR_ADVERTISE; default: `address`, or this host's
+  // name when binding 0.0.0.0 / ::).
+  std::string advertise_host;
+  std::string token;                     // job token (required; Hello must carry it)
+  int initial_world = 1;                 // workers that must register before generation 1
+  int max_world = 1 << 16;
+  int64_t heartbeat_timeout_ms = 10000;  // a silent worker is lost (0: never)
+  std::optional<JobManifest> manifest;   // else defined by the first registration
+  bool serve_http = true;
+  HttpServerOptions http;  // the scheduler API (its token defaults to `token`)
+  TcpStoreServerOptions store;
+  // DeciderAction::LaunchWorkers: called (on a launcher thread, not the io thread) with the
+  // number of workers to start. Null: logged only.
+  std::function<void(int count)> launch_workers;
+  ConfigPolicy policy;  // optional user policy for the config planner
+  // A handshake (Hello + Register) must complete within this, else the connection is closed.
+  int64_t handshake_timeout_ms = 10000;
+
+  // MORPH_COORDINATOR_ADDR, MORPH_COORDINATOR_PORT, MORPH_COORDINATOR_ADVERTISE, MORPH_TOKEN /
+  // MORPH_TOKEN_FILE, MORPH_INITIAL_WORLD, MORPH_MAX_WORLD, MORPH_HEARTBEAT_TIMEOUT_MS, plus
+  // HttpServerOptions::FromEnv and TcpStoreServerOptions::FromEnv. kInvalidArgument naming the
+  // variable for a bad value; kFailedPrecondition when no token is set; kNotFound /
+  // kPermissionDenied for an unreadable token file. Any thread.
+  static StatusOr<CoordinatorOptions> FromEnv();
+};
+
+// The shell's ComputePlan, a pure function (it runs on the planner thread): the config
+// planner's choice for req.target_world (ModelConstraints from manifest.model, the memory
+// estimate from the manifest's state bytes per rank), the exact assignment (AssignRanks), and
+// the commit digest (PlanForChange over ParticipantOrder). The errors of those steps.
+StatusOr<PlannedChange> PlanChange(const JobManifest& manifest, const ConfigPolicy& policy,
+                                   const PlanRequest& req);
+
+class Coordinator {
+ public:
+  // Binds the control channel, starts the store, the scheduler API and the io thread.
+  // kInvalidArgument for an empty token, initial_world < 1, max_world < initial_world, an
+  // invalid manifest or an address that does not parse; kUnavailable when a bind fails.
+  static StatusOr<std::unique_ptr<Coordinator>> Start(CoordinatorOptions options);
+  ~Coordinator();  // Stop()
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  std::string control_address() const;  // "host:port" for MORPH_COORDINATOR
+  std::string store_address() const;    // "host:port" of the hosted store (same token)
+  uint16_t http_port() const;           // 0 if !serve_http
+  TcpStoreServer& store();
+
+  // The coordinator's state as /v1/status shows it: a copy published by the io thread (at
+  // most ~50 ms old).
+  CoordinatorSnapshot Snapshot() const;
+  // The same path as POST /v1/resize (request_id is assigned here); returns the decider's
+  // answer: OK when accepted (the change runs on), its error otherwise; kDeadlineExceeded
+  // when no answer came in time; kFailedPrecondition after Stop.
+  Status Resize(ResizeRequest request, Deadline deadline);
+  // Blocks until the job completed (OK: every member sent Done), failed (the decider's
+  // JobFailed status), the coordinator was stopped (kAborted) or `deadline` passed
+  // (kDeadlineExceeded).
+  Status Wait(Deadline deadline);
+  // Closes the listener, every connection, the scheduler API and the store; idempotent.
+  void Stop();
+
+  struct Stats {
+    int64_t connections_accepted = 0;
+    int64_t handshakes_refused = 0;  // ErrorMsg + close during Hello/Register
+    int64_t workers_registered = 0;
+    int64_t workers_connected = 0;   // registered and still connected
+    int64_t frames_received = 0;
+    int64_t frames_sent = 0;         // fully written
+    int64_t commits_sent = 0;        // commit frames fully written
+  };
+  Stats stats() const;  // any thread
+
+  class Impl;
+
+ private:
+  explicit Coordinator(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,496 @@
+// The coordinator's I/O shell end to end: a real Coordinator (control channel, store, scheduler
+// API) and fake workers in threads, each a real ControlClient driving the real AgentCore. The
+// training loop is simulated: a worker begins a step whenever its core lets it.
+#include "runtime/coordinator/coordinator.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/testing.h"
+#include "runtime/agent/agent_core.h"
+#include "runtime/protocol/control_client.h"
+
+namespace morph {
+namespace {
+
+using ::morph::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "coordinator-test-token";
+
+JobManifest Manifest() {
+  JobManifest m;
+  m.model.num_layers = 2;
+  m.model.global_batch = 64;
+  for (int l = 0; l < 2; ++l) {
+    m.tensors.push_back(TensorSpec{"layers." + std::to_string(l) + ".w", DType::kF32, {8, 16},
+                                   Layout::Layer(l)});
+  }
+  m.scalars = {ScalarSpec{"step", 8}};
+  return m;
+}
+
+struct WorkerOptions {
+  bool heartbeats = true;
+  std::string token = kToken;
+  JobManifest manifest = Manifest();
+};
+
+// One worker: a control connection and the pure agent, driven by a thread.
+class FakeWorker {
+ public:
+  using Options = WorkerOptions;
+  explicit FakeWorker(std::string address, Options o = {})
+      : address_(std::move(address)), o_(std::move(o)) {}
+  ~FakeWorker() { Stop(); }
+
+  Status Connect() {
+    StatusOr<std::unique_ptr<ControlClient>> c = ControlClient::Connect(
+        address_, HelloMsg{.token = o_.token, .host = "test-host", .pid = ::getpid()},
+        RegisterMsg{.manifest = o_.manifest}, Deadline::AfterMs(10000));
+    if (!c.ok()) return c.status();
+    client_ = *std::move(c);
+    core_ = std::make_unique<AgentCore>(client_->welcome().worker);
+    thread_ = std::thread([this] { Loop(); });
+    return Status::Ok();
+  }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  // Training ended: send Done, then close.
+  void FinishTraining() { finish_ = true; }
+
+  WorkerId id() const { return client_->welcome().worker; }
+  const WelcomeMsg& welcome() const { return client_->welcome(); }
+  int64_t generation() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return core_->generation().id;
+  }
+  int rank() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return core_->rank();
+  }
+  Generation gen() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return core_->generation();
+  }
+  bool finished() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return core_->finished();
+  }
+  bool closed() const { return closed_.load(); }
+  std::string close_status() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return close_status_;
+  }
+  // Names of the frames received and sent, in order ("<prepare" / ">step_report").
+  std::vector<std::string> log() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return log_;
+  }
+  bool Saw(const std::string& what) const {
+    for (const std::string& s : log()) {
+      if (s == what) return true;
+    }
+    return false;
+  }
+
+ private:
+  void Send(const WireMessage& m) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      log_.push_back(">" + std::string(WireTypeName(static_cast<uint16_t>(m.index() + 1))));
+    }
+    (void)client_->Send(m);
+  }
+  void Loop() {
+    auto last_hb = std::chrono::steady_clock::now();
+    while (!stop_) {
+      if (finish_) {
+        Send(DoneMsg{});
+        client_->Close();
+        closed_ = true;
+        return;
+      }
+      if (o_.heartbeats && std::chrono::steady_clock::now() - last_hb > std::chrono::milliseconds(50)) {
+        Send(HeartbeatMsg{.step = next_step_});
+        last_hb = std::chrono::steady_clock::now();
+      }
+      StatusOr<WireMessage> m = client_->Receive(Deadline::AfterMs(2));
+      if (!m.ok() && m.status().code() != StatusCode::kDeadlineExceeded) {
+        std::lock_guard<std::mutex> l(mu_);
+        close_status_ = m.status().ToString();
+        closed_ = true;
+        return;
+      }
+      std::optional<WireMessage> reply;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (m.ok()) {
+          log_.push_back("<" + std::string(WireTypeName(static_cast<uint16_t>(m->index() + 1))));
+          if (auto* p = std::get_if<PrepareMsg>(&*m)) {
+            if (auto r = core_->OnPrepare(*p, next_step_)) reply = *r;
+          } else if (auto* c = std::get_if<CommitMsg>(&*m)) {
+            core_->OnCommit(*c);
+          } else if (auto* a = std::get_if<AbandonMsg>(&*m)) {
+            core_->OnAbandon(*a);
+          } else if (auto* o = std::get_if<OutcomeMsg>(&*m)) {
+            core_->OnOutcome(*o);
+          } else if (auto* r = std::get_if<ReleaseMsg>(&*m)) {
+            core_->OnRelease(*r);
+          }
+        }
+        if (!reply) {
+          switch (core_->AtStep(next_step_)) {
+            case AgentCore::Action::kProceed:
+              ++next_step_;  // one simulated training step
+              break;
+            case AgentCore::Action::kSwitch: {
+              int64_t s = core_->pending_commit()->next.start_step;
+              next_step_ = s + 1;  // the switch step itself runs in the new generation
+              reply = core_->SwitchDone(true);
+              break;
+            }
+            case AgentCore::Action::kWait:
+            case AgentCore::Action::kFinished:
+              break;
+          }
+        }
+      }
+      if (reply) Send(*reply);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  const std::string address_;
+  const Options o_;
+  std::unique_ptr<ControlClient> client_;
+  mutable std::mutex mu_;
+  std::unique_ptr<AgentCore> core_;
+  int64_t next_step_ = 0;
+  std::vector<std::string> log_;
+  std::string close_status_;
+  std::atomic<bool> stop_{false}, finish_{false}, closed_{false};
+  std::thread thread_;
+};
+
+bool WaitFor(const std::function<bool()>& pred, int ms = 10000) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
+}
+
+CoordinatorOptions Options(int initial_world) {
+  CoordinatorOptions o;
+  o.token = kToken;
+  o.initial_world = initial_world;
+  o.heartbeat_timeout_ms = 10000;
+  return o;
+}
+
+std::vector<std::unique_ptr<FakeWorker>> StartWorkers(const Coordinator& c, int n,
+                                                      FakeWorker::Options o = {}) {
+  std::vector<std::unique_ptr<FakeWorker>> w;
+  for (int i = 0; i < n; ++i) {
+    w.push_back(std::make_unique<FakeWorker>(c.control_address(), o));
+    Status s = w.back()->Connect();
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return w;
+}
+
+bool AllIn(const std::vector<std::unique_ptr<FakeWorker>>& w, int64_t gen) {
+  for (const auto& x : w) {
+    if (x->generation() != gen) return false;
+  }
+  return true;
+}
+
+TEST(CoordinatorTest, FourRegisterThenGenerationOneIsCommittedToAll) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(4)));
+  auto w = StartWorkers(*coord, 4);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  std::set<int> ranks;
+  for (const auto& x : w) {
+    ranks.insert(x->rank());
+    EXPECT_EQ(x->gen(), w[0]->gen());
+    EXPECT_EQ(x->welcome().store_address, coord->store_address());
+    EXPECT_TRUE(x->Saw("<commit"));
+    EXPECT_TRUE(x->Saw(">applied"));
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(w[0]->gen().config.world(), 4);
+  EXPECT_NE(w[0]->gen().plan_digest, 0u);
+  ASSERT_TRUE(WaitFor([&] {
+    CoordinatorSnapshot s = coord->Snapshot();
+    return s.generation == 1 && s.members.size() == 4 && s.phase == "stable";
+  }));
+  EXPECT_EQ(coord->Snapshot().members[0].host, "test-host");
+  // The store serves generation 1 (only the coordinator advanced it).
+  EXPECT_EQ(coord->store().table()->min_generation(), 1);
+  // A late registration sees the current generation whole in its Welcome.
+  auto late = StartWorkers(*coord, 1);
+  EXPECT_EQ(late[0]->welcome().current, w[0]->gen());
+}
+
+TEST(CoordinatorTest, ResizeToTwoPreparesCommitsAndReleasesTheOthers) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(4)));
+  auto w = StartWorkers(*coord, 4);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  MORPH_ASSERT_OK(coord->Resize(ResizeRequest{.world_size = 2, .reason = "test"},
+                                Deadline::AfterMs(5000)));
+  ASSERT_TRUE(WaitFor([&] {
+    int in2 = 0, done = 0;
+    for (const auto& x : w) {
+      in2 += x->generation() == 2 && x->rank() >= 0 ? 1 : 0;
+      done += x->finished() ? 1 : 0;
+    }
+    return in2 == 2 && done == 2;
+  }));
+  Generation g2;
+  for (const auto& x : w) {
+    if (!x->finished()) g2 = x->gen();
+  }
+  EXPECT_EQ(g2.config.world(), 2);
+  for (const auto& x : w) {
+    SCOPED_TRACE("worker " + std::to_string(x->id()));
+    // Every old rank took part: prepare, its step report, the commit, applied, the outcome.
+    for (const char* f : {"<prepare", ">step_report", "<commit", ">applied", "<outcome"}) {
+      EXPECT_TRUE(x->Saw(f)) << f;
+    }
+    // The released ones are exactly those without a rank in generation 2.
+    EXPECT_EQ(x->finished(), g2.RankOf(x->id()) < 0);
+  }
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().reconfigurations == 1; }));
+  CoordinatorSnapshot s = coord->Snapshot();
+  ASSERT_TRUE(s.last_reconfiguration.has_value());
+  EXPECT_EQ(s.last_reconfiguration->from_world, 4);
+  EXPECT_EQ(s.last_reconfiguration->to_world, 2);
+  EXPECT_GE(s.last_reconfiguration->total_ms, s.last_reconfiguration->agree_ms);
+  EXPECT_EQ(coord->store().table()->min_generation(), 2);
+  // A second resize beyond max_world is refused with the decider's message.
+  EXPECT_THAT(coord->Resize(ResizeRequest{.world_size = 1 << 20}, Deadline::AfterMs(5000)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("world_size: at most")));
+}
+
+TEST(CoordinatorTest, AJoinerGrowsTheJob) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(2)));
+  auto w = StartWorkers(*coord, 2);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  auto more = StartWorkers(*coord, 1);
+  w.push_back(std::move(more[0]));
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 2); }));
+  EXPECT_EQ(w[0]->gen().config.world(), 3);
+  EXPECT_GE(w[2]->rank(), 0);
+  EXPECT_TRUE(w[2]->Saw("<prepare"));  // a joiner hears the proposal
+  EXPECT_FALSE(w[2]->Saw(">step_report"));  // but only old ranks promise a step
+}
+
+TEST(CoordinatorTest, WrongTokenIsUnauthenticated) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1)));
+  FakeWorker bad(coord->control_address(), {.token = "not-the-token"});
+  EXPECT_THAT(bad.Connect(), StatusIs(StatusCode::kUnauthenticated, "wrong job token"));
+  EXPECT_EQ(coord->stats().workers_registered, 0);
+  EXPECT_EQ(coord->stats().handshakes_refused, 1);
+}
+
+TEST(CoordinatorTest, ADifferentManifestIsRefusedNamingTheTensor) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(2)));
+  auto w = StartWorkers(*coord, 1);
+  JobManifest other = Manifest();
+  other.tensors[1].shape = {8, 32};
+  FakeWorker bad(coord->control_address(), {.manifest = other});
+  EXPECT_THAT(bad.Connect(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("registration differs from the job's: tensor 'layers.1.w' (#1): "
+                                 "shape [8, 16] vs [8, 32]")));
+  JobManifest invalid = Manifest();
+  invalid.dataset_samples = 0;
+  FakeWorker bad2(coord->control_address(), {.manifest = invalid});
+  EXPECT_THAT(bad2.Connect(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("dataset_samples")));
+  EXPECT_EQ(coord->stats().workers_registered, 1);
+}
+
+// A raw TCP connection to the coordinator.
+class RawConn {
+ public:
+  explicit RawConn(const std::string& address) {
+    size_t colon = address.rfind(':');
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+    ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    timeval tv{.tv_sec = 5, .tv_usec = 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ok_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~RawConn() { ::close(fd_); }
+  bool ok() const { return ok_; }
+  void Write(std::string_view b) { (void)::send(fd_, b.data(), b.size(), MSG_NOSIGNAL); }
+  // Everything until the peer closes (or 5 s pass).
+  std::string ReadToEnd() {
+    std::string out;
+    char buf[4096];
+    while (true) {
+      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
+std::string Header(WireType type, uint32_t length) {
+  std::string h = EncodeFrame(AbandonMsg{}).substr(0, kFrameHeaderBytes);
+  h[6] = static_cast<char>(static_cast<uint16_t>(type) & 0xff);
+  h[7] = static_cast<char>(static_cast<uint16_t>(type) >> 8);
+  for (int i = 0; i < 4; ++i) h[8 + i] = static_cast<char>(length >> (8 * i));
+  return h;
+}
+
+TEST(CoordinatorTest, AnOversizedHeaderClosesTheConnectionWithoutAllocating) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(2)));
+  {
+    // Before authentication: a Hello announcing 1 GiB.
+    RawConn raw(coord->control_address());
+    ASSERT_TRUE(raw.ok());
+    raw.Write(Header(WireType::kHello, 1u << 30));
+    std::string reply = raw.ReadToEnd();  // an ErrorMsg, then the close
+    MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m, DecodeFrame(reply));
+    ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));
+    EXPECT_EQ(std::get<ErrorMsg>(m).code, static_cast<int>(StatusCode::kInvalidArgument));
+    EXPECT_THAT(std::get<ErrorMsg>(m).message, HasSubstr("hello body of 1073741824 bytes exceeds"));
+  }
+  {
+    // After registering: a Commit header announcing 4 GiB - 1.
+    RawConn raw(coord->control_address());
+    raw.Write(EncodeFrame(HelloMsg{.token = kToken}));
+    raw.Write(EncodeFrame(RegisterMsg{.manifest = Manifest()}));
+    raw.Write(Header(WireType::kStepReport, 0xffffffffu));
+    std::string reply = raw.ReadToEnd();
+    // Welcome, then the error naming the frame.
+    std::vector<WireMessage> frames;
+    std::string_view rest = reply;
+    while (rest.size() >= kFrameHeaderBytes) {
+      MORPH_ASSERT_OK_AND_ASSIGN(FrameHeader h, DecodeHeader(rest));
+      MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m,
+                                 DecodeFrame(rest.substr(0, kFrameHeaderBytes + h.length)));
+      frames.push_back(std::move(m));
+      rest.remove_prefix(kFrameHeaderBytes + h.length);
+    }
+    ASSERT_GE(frames.size(), 2u);
+    EXPECT_TRUE(std::holds_alternative<WelcomeMsg>(frames.front()));
+    ASSERT_TRUE(std::holds_alternative<ErrorMsg>(frames.back()));
+    EXPECT_THAT(std::get<ErrorMsg>(frames.back()).message,
+                HasSubstr("step_report body of 4294967295 bytes exceeds 33554432"));
+  }
+  // The coordinator goes on serving: a real worker still gets in.
+  auto w = StartWorkers(*coord, 2);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  EXPECT_EQ(coord->stats().workers_registered, 3);
+}
+
+TEST(CoordinatorTest, ASilentWorkerIsLostAfterTheTimeout) {
+  CoordinatorOptions o = Options(2);
+  o.heartbeat_timeout_ms = 300;
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
+  auto talker = StartWorkers(*coord, 1);
+  auto silent = StartWorkers(*coord, 1, {.heartbeats = false});
+  ASSERT_TRUE(WaitFor([&] { return AllIn(talker, 1) && AllIn(silent, 1); }));
+  ASSERT_TRUE(WaitFor([&] { return silent[0]->closed(); }, 5000));
+  EXPECT_THAT(silent[0]->close_status(), HasSubstr("declared lost: no heartbeat for more than 300"));
+  // The survivor carries on alone in generation 2.
+  ASSERT_TRUE(WaitFor([&] { return AllIn(talker, 2); }));
+  EXPECT_EQ(talker[0]->gen().ranks, std::vector<WorkerId>{talker[0]->id()});
+}
+
+TEST(CoordinatorTest, HttpResizeReachesTheDecider) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(3)));
+  ASSERT_NE(coord->http_port(), 0);
+  auto w = StartWorkers(*coord, 3);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  auto post = [&](const std::string& body, const std::string& token) {
+    RawConn raw("127.0.0.1:" + std::to_string(coord->http_port()));
+    raw.Write("POST /v1/resize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token +
+              "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n" + body);
+    return raw.ReadToEnd();
+  };
+  EXPECT_THAT(post(R"({"world_size": 2})", "wrong"), HasSubstr("HTTP/1.1 401"));
+  std::string reply = post(R"({"world_size": 2, "reason": "scheduler"})", kToken);
+  EXPECT_THAT(reply, HasSubstr("HTTP/1.1 202"));
+  EXPECT_THAT(reply, HasSubstr("accepted"));
+  ASSERT_TRUE(WaitFor([&] {
+    int in2 = 0;
+    for (const auto& x : w) in2 += x->generation() == 2 && x->rank() >= 0 ? 1 : 0;
+    return in2 == 2;
+  }));
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().generation == 2; }));
+  RawConn raw("127.0.0.1:" + std::to_string(coord->http_port()));
+  raw.Write("GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string status = raw.ReadToEnd();
+  EXPECT_THAT(status, HasSubstr("\"generation\": 2")) << status;
+  EXPECT_THAT(status, HasSubstr("test-host"));
+}
+
+TEST(CoordinatorTest, DoneFromEveryWorkerCompletesTheJob) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(2)));
+  auto w = StartWorkers(*coord, 2);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  EXPECT_THAT(coord->Wait(Deadline::AfterMs(50)), StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("running")));
+  w[0]->FinishTraining();
+  ASSERT_TRUE(WaitFor([&] { return w[0]->closed(); }));
+  // One closed after Done: no change follows, the job is not complete yet.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_THAT(coord->Wait(Deadline::AfterMs(50)), StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("running")));
+  EXPECT_EQ(w[1]->generation(), 1);
+  w[1]->FinishTraining();
+  MORPH_EXPECT_OK(coord->Wait(Deadline::AfterMs(5000)));
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().phase == "complete"; }));
+}
+
+TEST(CoordinatorTest, StartRefusesBadOptionsAndStopIsIdempotent) {
+  CoordinatorOptions o = Options(1);
+  o.token = "";
+  EXPECT_THAT(Coordinator::Start(o).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("token")));
+  o = Options(0);
+  EXPECT_THAT(Coordinator::Start(o).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("initial_world")));
+  o = Options(1);
+  o.address = "not an ip";
+  EXPECT_THAT(Coordinator::Start(o).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("address")));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1)));
+  coord->Stop();
+  coord->Stop();
+  EXPECT_THAT(coord->Wait(Deadline::AfterMs(10)), StatusIs(StatusCode::kAborted, HasSubstr("stopped")));
+  EXPECT_THAT(coord->Resize(ResizeRequest{.world_size = 1}, Deadline::AfterMs(10)),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("stopped")));
+}
+
+}  // namespace
+}  // namespace morph
