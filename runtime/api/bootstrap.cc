@@ -108,7 +108,9 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
       r.coordinator_address = o.coordinator;
       return r;
     case Bootstrap::kHost: {
-      if (r.token.empty()) MORPH_ASSIGN_OR_RETURN(r.token, RandomToken());
+      if (r.token.empty()) {
+        MORPH_ASSIGN_OR_RETURN(r.token, RandomToken());
+      }
       MORPH_ASSIGN_OR_RETURN(r.coordinator, Host(o, o.initial_world, o.coordinator_bind,
                                                  o.coordinator_port, r.token));
       r.coordinator_address = r.coordinator->control_address();
@@ -122,7 +124,9 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
       MORPH_ASSIGN_OR_RETURN(MpiBootstrap boot,
                              MpiBootstrap::Share([&]() -> StatusOr<std::string> {
         std::string token = o.token;
-        if (token.empty()) MORPH_ASSIGN_OR_RETURN(token, RandomToken());
+        if (token.empty()) {
+          MORPH_ASSIGN_OR_RETURN(token, RandomToken());
+        }
         MORPH_ASSIGN_OR_RETURN(hosted, Host(o, o.launcher_size, o.coordinator_bind,
                                             o.coordinator_port, token));
         return hosted->control_address() + "\n" + token;

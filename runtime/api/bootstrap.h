@@ -12,10 +12,10 @@
 #include "base/deadline.h"
 #include "base/status.h"
 #include "runtime/api/options.h"
+#include "runtime/coordinator/coordinator.h"
 
 namespace morph {
 
-class Coordinator;
 
 struct BootstrapResult {
   std::string coordinator_address;  // "host:port" to dial

@@ -107,7 +107,10 @@ struct Runtime::Impl {
     WorkerId me = agent->id();
     job->thread = std::thread([this, raw, p, me] {
       Deadline deadline = Deadline::AfterMs(opts.change_timeout_ms);
-      StatusOr<std::unique_ptr<TcpStoreClient>> s = store->ForGeneration(p.next.id, deadline);
+      // A fresh client (the training thread's `store` may not exist yet: a prepare can arrive
+      // while Start is still connecting).
+      StatusOr<std::unique_ptr<TcpStoreClient>> s = TcpStoreClient::Connect(
+          agent->welcome().store_address, opts.token, p.next.id, deadline);
       if (!s.ok()) {
         raw->result = s.status();
         return;
@@ -244,7 +247,9 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
   auto impl = std::make_unique<Impl>();
   impl->opts = std::move(options);
   const Options& o = impl->opts;
-  if (declare) MORPH_RETURN_IF_ERROR(declare(impl->state));
+  if (declare) {
+    MORPH_RETURN_IF_ERROR(declare(impl->state));
+  }
   impl->state.Seal();
   JobManifest& m = impl->manifest;
   m.model = o.model;

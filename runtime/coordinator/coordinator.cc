@@ -453,7 +453,10 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
       [&](auto& msg) {
         using M = std::decay_t<decltype(msg)>;
         if constexpr (std::is_same_v<M, HeartbeatMsg>) {
-          max_step_ = std::max(max_step_, msg.step);
+          if (msg.step > max_step_) {
+            max_step_ = msg.step;
+            MarkDirty();  // the snapshot shows the step (morphctl watch, tests)
+          }
           Feed(DeciderEvent::Heartbeat{id});
         } else if constexpr (std::is_same_v<M, LeaveMsg>) {
           LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << msg.reason;

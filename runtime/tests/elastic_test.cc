@@ -28,7 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kSteps = 24;
+constexpr int64_t kSteps = 60;
 constexpr int64_t kBatch = 12;
 constexpr int64_t kSamples = 48;
 
@@ -47,7 +47,7 @@ struct Job {
 
 // Starts `workers` workers; `configs` maps a world size to the config to use (the policy).
 Job StartJob(const std::string& name, int workers, std::map<int, ParallelConfig> configs,
-             int64_t steps = kSteps, int64_t step_ms = 40) {
+             int64_t steps = kSteps, int64_t step_ms = 50) {
   Job job;
   job.dir = fs::temp_directory_path() / ("morph-elastic-" + name + "-" + std::to_string(getpid()));
   fs::remove_all(job.dir);
@@ -129,7 +129,9 @@ void CheckSamples(const Job& job, int64_t steps) {
       ASSERT_FALSE(by_step[s].count(static_cast<int>(d)))
           << "step " << s << " dp rank " << d << " trained twice";
       by_step[s][static_cast<int>(d)] = xs;
-      if (dp_of_step.count(s)) ASSERT_EQ(dp_of_step[s], dp) << "step " << s;
+      if (dp_of_step.count(s)) {
+        ASSERT_EQ(dp_of_step[s], dp) << "step " << s;
+      }
       dp_of_step[s] = static_cast<int>(dp);
     }
   }

@@ -25,7 +25,9 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
   std::unique_ptr<Launcher> l(new Launcher());
   l->options_ = std::move(options);
   CoordinatorOptions& c = l->options_.coordinator;
-  if (c.token.empty()) MORPH_ASSIGN_OR_RETURN(c.token, RandomToken());
+  if (c.token.empty()) {
+    MORPH_ASSIGN_OR_RETURN(c.token, RandomToken());
+  }
   c.http.token = c.token;
   c.initial_world = l->options_.workers;
   c.max_world = l->options_.max_workers;
