@@ -11,9 +11,11 @@ StatusOr<std::unique_ptr<Agent>> Agent::Connect(const std::string& address,
                                                 AgentOptions options, Deadline deadline) {
   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> client,
                          ControlClient::Connect(address, hello, reg, deadline));
-  std::unique_ptr<Agent> agent(new Agent(std::move(client), std::move(options)));
-  agent->thread_ = std::thread([a = agent.get()] { a->Run(); });
-  return agent;
+  return std::unique_ptr<Agent>(new Agent(std::move(client), std::move(options)));
+}
+
+void Agent::StartThread() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
 }
 
 Agent::Agent(std::unique_ptr<ControlClient> client, AgentOptions options)

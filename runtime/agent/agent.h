@@ -49,11 +49,14 @@ struct AgentOptions {
 
 class Agent {
  public:
-  // Connects and registers (ControlClient::Connect's errors), then starts the control thread.
+  // Connects and registers (ControlClient::Connect's errors). The control thread starts with
+  // StartThread, so that the callbacks may use whatever the caller sets up with the returned
+  // agent first (messages that arrive meanwhile wait in the socket).
   static StatusOr<std::unique_ptr<Agent>> Connect(const std::string& address,
                                                   const HelloMsg& hello, const RegisterMsg& reg,
                                                   AgentOptions options, Deadline deadline);
   ~Agent();  // Close()
+  void StartThread();
 
   WorkerId id() const { return welcome_.worker; }
   const WelcomeMsg& welcome() const { return welcome_; }

@@ -295,6 +295,7 @@ Status Runtime::Impl::Bootstrap() {
   HelloMsg hello{.token = opts.token, .host = opts.host, .pid = getpid(), .capabilities = 0};
   MORPH_ASSIGN_OR_RETURN(agent, Agent::Connect(boot.coordinator_address, hello,
                                                RegisterMsg{.manifest = manifest}, ao, deadline));
+  agent->StartThread();  // its callbacks use `agent`
   const WelcomeMsg& w = agent->welcome();
   MORPH_ASSIGN_OR_RETURN(store, TcpStoreClient::Connect(w.store_address, opts.token,
                                                         w.current.id, deadline));

@@ -156,8 +156,17 @@ void CheckSamples(const Job& job, int64_t steps) {
   }
 }
 
-void Finish(Job& job, int64_t steps = kSteps) {
+// Waits for the job's end; then every worker exited 0, the last generation has `world` ranks
+// with `config` and `changes` reconfigurations completed after the first generation.
+void Finish(Job& job, const ParallelConfig& config, int64_t changes,
+            int64_t steps = kSteps) {
   StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(120000));
+  CoordinatorSnapshot last = job.launcher->coordinator().Snapshot();
+  EXPECT_EQ(last.config.dp, config.dp) << Logs(job);
+  EXPECT_EQ(last.config.tp, config.tp);
+  EXPECT_EQ(last.config.pp, config.pp);
+  EXPECT_EQ(static_cast<int>(last.members.size()), config.world());
+  EXPECT_EQ(last.reconfigurations, changes);
   ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(job);
   EXPECT_EQ(*code, 0) << Logs(job);
   for (const ChildInfo& c : job.launcher->children()) {
@@ -187,7 +196,7 @@ TEST(ElasticTest, Grow2To4To8) {
   ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
   ASSERT_TRUE(WaitForStep(job, 10));
   ASSERT_TRUE(Resize(job, 8).ok());
-  Finish(job);
+  Finish(job, Config(8, 1, 1), 2);
 }
 
 TEST(ElasticTest, Shrink8To3) {
@@ -195,7 +204,7 @@ TEST(ElasticTest, Shrink8To3) {
   ASSERT_TRUE(job.launcher);
   ASSERT_TRUE(WaitForStep(job, 4));
   ASSERT_TRUE(Resize(job, 3).ok());
-  Finish(job);
+  Finish(job, Config(3, 1, 1), 1);
 }
 
 TEST(ElasticTest, Tp2To1To2) {
@@ -206,7 +215,7 @@ TEST(ElasticTest, Tp2To1To2) {
   ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
   ASSERT_TRUE(WaitForStep(job, 10));
   ASSERT_TRUE(Resize(job, 4).ok());
-  Finish(job);
+  Finish(job, Config(2, 2, 1), 2);
 }
 
 TEST(ElasticTest, Pp2To1AndDpWithPpAtOnce) {
@@ -217,10 +226,10 @@ TEST(ElasticTest, Pp2To1AndDpWithPpAtOnce) {
   ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
   ASSERT_TRUE(WaitForStep(job, 10));
   ASSERT_TRUE(Resize(job, 2).ok());
-  Finish(job);
+  Finish(job, Config(2, 1, 1), 2);
 }
 
-TEST(ElasticTest, TwoResizesInQuickSuccessionAndSpares) {
+TEST(ElasticTest, TwoResizesInQuickSuccession) {
   Job job = StartJob("quick", 4, {{2, Config(2, 1, 1)}, {3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}});
   ASSERT_TRUE(job.launcher);
   ASSERT_TRUE(WaitForStep(job, 3));
@@ -232,7 +241,7 @@ TEST(ElasticTest, TwoResizesInQuickSuccessionAndSpares) {
     ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
     ASSERT_TRUE(Resize(job, 2).ok());
   }
-  Finish(job);
+  Finish(job, Config(2, 1, 1), 2);
 }
 
 TEST(ElasticTest, SigtermIsAPreemptionNotice) {
@@ -254,7 +263,42 @@ TEST(ElasticTest, SigtermIsAPreemptionNotice) {
     (void)job.launcher->Wait(Deadline::AfterMs(1));  // reaps
   }
   EXPECT_TRUE(gone) << Logs(job);
-  Finish(job);
+  Finish(job, Config(3, 1, 1), 1);
+}
+
+TEST(ElasticTest, StandbySpareTakesARank) {
+  // 5 workers for a world of 4: one spare. Removing a ranked worker gives its rank to the spare.
+  Job job = StartJob("spare", 5, {{4, Config(2, 2, 1)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 3));
+  CoordinatorSnapshot s = job.launcher->coordinator().Snapshot();
+  ASSERT_EQ(s.members.size(), 4u);
+  ASSERT_EQ(s.standby.size(), 1u);
+  WorkerId spare = s.standby[0];
+  WorkerId removed = s.members[1].worker;
+  ASSERT_TRUE(Resize(job, std::nullopt, 0, {removed}).ok());
+  ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
+  s = job.launcher->coordinator().Snapshot();
+  bool spare_ranked = false, removed_ranked = false;
+  for (const auto& m : s.members) {
+    spare_ranked |= m.worker == spare;
+    removed_ranked |= m.worker == removed;
+  }
+  EXPECT_TRUE(spare_ranked);
+  EXPECT_FALSE(removed_ranked);
+  Finish(job, Config(2, 2, 1), 1);
+}
+
+TEST(ElasticTest, JoinerArrivesWhileAShrinkIsPending) {
+  Job job = StartJob("joinshrink", 4, {{2, Config(2, 1, 1)}, {3, Config(3, 1, 1)},
+                                       {4, Config(4, 1, 1)}});
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(WaitForStep(job, 3));
+  ASSERT_TRUE(Resize(job, 2).ok());
+  EXPECT_EQ(job.launcher->Spawn(1), 1);  // registers while the shrink is being applied
+  ASSERT_TRUE(WaitForGeneration(job, 2)) << Logs(job);
+  // The scheduler asked for 2: the joiner is not needed and is released (exits 0).
+  Finish(job, Config(2, 1, 1), 1);
 }
 
 }  // namespace
