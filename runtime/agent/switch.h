@@ -84,8 +84,8 @@ struct SwitchOptions {
   uint64_t batch_bytes = uint64_t{64} << 20;
   // CUDA: copy old device shards to host first and free the device, receive the new shards in
   // host memory, then copy each batch's new shards into their device storage: device memory
-  // never holds more than the new state (plus one batch while it is copied in), host memory
-  // holds the old device state. Every exchange then moves host memory (Gloo can; NCCL cannot).
+  // never holds more than max(old, new) state (the old shards until they are copied out, then
+  // new shards only) and no staging; host memory holds the old device state and one batch. Every exchange then moves host memory (Gloo can; NCCL cannot).
   // On host tensors it only adds one copy. Compile-checked here (no GPU on the build machines).
   bool stage_old_in_host = false;
   // Release old shards only after the closing barrier: a failed switch then leaves the whole
@@ -108,7 +108,7 @@ struct SwitchTimings {
   double plan = 0;           // PrepareSwitch: PlanForChange, digest, local plan, batches
   double transfer = 0;       // ExecuteSwitch: the batches
   double resume = 0;         // ExecuteSwitch: scalars, closing barrier, State swap
-};  // seconds
+};                           // seconds
 
 struct SwitchStats {
   SwitchTimings seconds;
@@ -207,8 +207,8 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
 // (tensors 'a', ...)" / "scalar broadcast" / "closing barrier", and — where the communicator
 // knows them — the failed peers as "participant P (worker W)". What the State holds after an
 // error: see "Failure" above. Collective over the participants.
-StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& commit,
-                                    State& state, Deadline deadline);
+StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& commit, State& state,
+                                    Deadline deadline);
 
 // The new generation's communicators (null when this worker holds no rank in `next`, or after
 // the first call). Call after ExecuteSwitch succeeded.
