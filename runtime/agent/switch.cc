@@ -263,7 +263,6 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
                            gen << ": communicators of rank " << sw->new_rank_);
   }
   planned.seconds.communicators = Since(t_comm);
-  if (sw->aborted_.load()) return AbortedError(gen + ": switch aborted while it was prepared");
   return sw;
 }
 

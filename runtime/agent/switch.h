@@ -50,6 +50,9 @@
 // released old shards (State::intact() is false then; unless keep_old_until_barrier). Recovery
 // (a new generation from the survivors' intact state, or a checkpoint) is the failures issue's.
 //
+// Abandon: destroying a PreparedSwitch releases the change communicator and the new groups
+// (peers still building or using them fail with kUnavailable); the State is untouched.
+//
 // Thread-safety: PrepareSwitch on any thread (the agent's background thread, say);
 // ExecuteSwitch and TakeGroups on the training thread, one at a time; Abort from any thread.
 #ifndef MORPH_RUNTIME_AGENT_SWITCH_H_
@@ -85,8 +88,9 @@ struct SwitchOptions {
   // CUDA: copy old device shards to host first and free the device, receive the new shards in
   // host memory, then copy each batch's new shards into their device storage: device memory
   // never holds more than max(old, new) state (the old shards until they are copied out, then
-  // new shards only) and no staging; host memory holds the old device state and one batch. Every exchange then moves host memory (Gloo can; NCCL cannot).
-  // On host tensors it only adds one copy. Compile-checked here (no GPU on the build machines).
+  // new shards only) and no staging; host memory holds the old device state and one batch. Every
+  // exchange then moves host memory (Gloo can; NCCL cannot). On host tensors it only adds one copy.
+  // Compile-checked here (no GPU on the build machines).
   bool stage_old_in_host = false;
   // Release old shards only after the closing barrier: a failed switch then leaves the whole
   // old state intact (rollback possible), at the cost of holding old and new state together.
@@ -151,7 +155,7 @@ class PreparedSwitch {
   const SwitchStats& planned() const { return planned_; }  // byte figures known before S
 
   // Makes a running ExecuteSwitch (and every later one) fail with kAborted: aborts the change
-  // communicator and the new groups. Any thread.
+  // communicator and the new groups. Any thread, but not concurrently with TakeGroups.
   void Abort();
 
  private:

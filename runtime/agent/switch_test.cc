@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -110,7 +111,8 @@ class Cluster {
     PrepareMsg p;
     p.from = current_;
     p.from_generation = current_.id;
-    p.next.id = current_.id + 1;
+    next_id_ = std::max(next_id_, current_.id) + 1;
+    p.next.id = next_id_;
     p.next.config = config;
     MORPH_ASSIGN_OR_RETURN(p.next.ranks, AssignRanks(manifest_, current_, {}, candidates, config));
     p.change.participants = ParticipantOrder(current_, {}, p.next.ranks);
@@ -142,6 +144,9 @@ class Cluster {
     }
     std::map<WorkerId, WorkerResult> results;
     std::mutex mu;
+    std::condition_variable cv;
+    size_t prepared = 0;
+    bool all_prepared = true;
     std::vector<std::thread> threads;
     for (WorkerId w : workers) {
       threads.emplace_back([&, w] {
@@ -153,8 +158,16 @@ class Cluster {
         MemoryStore store(table_, prepare.next.id);
         r.status = [&]() -> Status {
           const Deadline deadline = Deadline::AfterMs(30000);
-          MORPH_ASSIGN_OR_RETURN(
-              sw, PrepareSwitch(manifest_, w, prepare, store, factories.at(w), options, deadline));
+          auto p = PrepareSwitch(manifest_, w, prepare, store, factories.at(w), options, deadline);
+          {
+            // As the coordinator: commit only once every participant prepared, else abandon.
+            std::unique_lock<std::mutex> lock(mu);
+            all_prepared &= p.ok();
+            if (++prepared == workers.size()) cv.notify_all();
+            cv.wait(lock, [&] { return prepared == workers.size(); });
+            if (p.ok() && !all_prepared) return AbortedError("abandoned: a peer failed to prepare");
+          }
+          MORPH_ASSIGN_OR_RETURN(sw, std::move(p));
           r.predicted_peak = sw->predicted_peak_bytes();
           MORPH_ASSIGN_OR_RETURN(r.stats, ExecuteSwitch(*sw, commit, *states_.at(w), deadline));
           std::unique_ptr<GroupSet> groups = TakeGroups(*sw);
@@ -172,6 +185,7 @@ class Cluster {
     bool ok = true;
     for (auto& [w, r] : results) ok &= r.status.ok();
     if (ok) current_ = commit.next;
+    last_run_prepared_ = all_prepared;
     return results;
   }
 
@@ -182,11 +196,36 @@ class Cluster {
     return o;
   }
 
+  // Decide + Run; a proposal some participant could not prepare for (its communicators failed
+  // to build) is abandoned and proposed again under a fresh generation, as the coordinator does.
+  std::map<WorkerId, WorkerResult> Propose(const ParallelConfig& config,
+                                           const std::vector<WorkerId>& candidates,
+                                           const SwitchOptions& options, PrepareMsg* out) {
+    std::map<WorkerId, WorkerResult> r;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      auto p = Decide(config, candidates);
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (!p.ok()) return r;
+      *out = *p;
+      r = Run(*p, nullptr, options);
+      if (last_run_prepared_) return r;
+      for (auto& [w, res] : r) {
+        if (!res.status.ok()) {
+          std::fprintf(stderr, "generation %lld abandoned (worker %lld: %s); proposing again\n",
+                       static_cast<long long>(p->next.id), static_cast<long long>(w),
+                       res.status.ToString().c_str());
+        }
+      }
+      ++abandoned_;
+    }
+    return r;
+  }
+
   // The first generation: Materialize, then fill every shard from the reference and set the
   // scalars.
   void Start(const ParallelConfig& config, const std::vector<WorkerId>& workers) {
-    MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, Decide(config, workers));
-    std::map<WorkerId, WorkerResult> r = Run(p);
+    PrepareMsg p;
+    std::map<WorkerId, WorkerResult> r = Propose(config, workers, Defaults(), &p);
     for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
     for (WorkerId w : current_.ranks) {
       State& s = *states_.at(w);
@@ -247,8 +286,8 @@ class Cluster {
   void Change(const ParallelConfig& config, const std::vector<WorkerId>& candidates,
               bool expect_sign_consistent, const SwitchOptions& options = Defaults()) {
     const int64_t scalar_gen = scalar_generation_;
-    MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, Decide(config, candidates));
-    std::map<WorkerId, WorkerResult> r = Run(p, nullptr, options);
+    PrepareMsg p;
+    std::map<WorkerId, WorkerResult> r = Propose(config, candidates, options, &p);
     for (auto& [w, res] : r) {
       ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
     }
@@ -295,6 +334,9 @@ class Cluster {
   std::shared_ptr<KvTable> table_ = std::make_shared<KvTable>();
   std::shared_ptr<GlooDevice> device_;
   std::map<WorkerId, std::shared_ptr<GlooDevice>> devices_;
+  int64_t next_id_ = 0;
+  int abandoned_ = 0;  // proposals abandoned because communicators failed to build
+  bool last_run_prepared_ = true;
   std::map<WorkerId, std::unique_ptr<State>> states_;
   Generation current_;
   int64_t scalar_generation_ = 1;
