@@ -37,11 +37,13 @@
 //     peak <= max(O, N) + E + staging,  E = max_k Σ_{B_k} n_t <= max(batch_bytes, largest n_t)
 // (staging: the executor's, <= the manifest's staging_bytes, in use only inside a batch). With
 // batch_bytes = 0 every tensor is its own batch and E is the largest single new shard: the
-// issue's bound. Sign-consistent: joiners (O = 0), leavers (N = 0), every worker of a pure DP or
-// TP change, and any change where a worker's shards of every tensor move the same way. A PP
-// change can make a worker grow one stage's tensors before it shrinks another's; then the
-// peak is still exactly held_k + staging, which PreparedSwitch::predicted_peak_bytes() computes
-// before anything moves, and SwitchStats says whether the bound held.
+// issue's bound. Sign-consistent: joiners (O = 0), leavers (N = 0), and any worker whose shards
+// of every tensor move the same way — every worker of a pure DP or pure TP change, as long as
+// ZeRO ranges are even (an uneven trailing range can grow a survivor's shard by less than one
+// chunk while dp grows). A PP change can make a worker grow one stage's tensors before it
+// shrinks another's (no rank-independent order avoids that); the peak is then still exactly
+// max_k held_k + staging, which PreparedSwitch::predicted_peak_bytes() computes before anything
+// moves; SwitchStats::sign_consistent says whether the bound is guaranteed.
 //
 // Failure. Any error stops the switch on this worker and names what failed (the batch and its
 // tensors; the worker and participant of a peer that disappeared, from the communicator's
