@@ -720,7 +720,16 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     }
     return UnavailableError(impl->Describe() + ": connecting: " + what);
   }
-  impl->StartThreads();
+  // Posting the mailboxes and sentinels receives on every pair: a peer that already gave up
+  // (its own connect failed, it was killed) makes Gloo throw here, which must not escape.
+  try {
+    ScopedSigpipeBlock no_sigpipe;
+    impl->StartThreads();
+  } catch (const std::exception& e) {
+    impl->Shutdown();
+    return UnavailableError(impl->Describe() + ": a peer connection closed while starting: " +
+                            e.what());
+  }
   MORPH_VLOG(1, impl->log_)
       << impl->Describe() << " connected in "
       << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()

@@ -174,14 +174,14 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
                                 std::to_string(prepare.from.id));
   }
   MORPH_ASSIGN_OR_RETURN(ChangePlan change,
-                         PlanForChange(manifest, prepare.from, prepare.next, prepare.change),
-                         gen);
+                         PlanForChange(manifest, prepare.from, prepare.next, prepare.change), gen);
   if (change.digest != prepare.next.plan_digest) {
-    std::string parts = change.planner ? "computed parts: " +
-                                             DigestParts(WithMessageLayout(
-                                                 change.planner->digest(), change.executor,
-                                                 static_cast<int>(change.participants.size())))
-                                       : "first generation: manifest, config and ranks";
+    std::string parts =
+        change.planner
+            ? "computed parts: " +
+                  DigestParts(WithMessageLayout(change.planner->digest(), change.executor,
+                                                static_cast<int>(change.participants.size())))
+            : "first generation: manifest, config and ranks";
     return FailedPreconditionError("plan digest mismatch: coordinator " +
                                    DigestHex(prepare.next.plan_digest) + ", computed " +
                                    DigestHex(change.digest) + " (" + parts + ")");
@@ -246,14 +246,14 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
 
   const auto t_comm = Clock::now();
   if (change.planner) {
-    MORPH_ASSIGN_OR_RETURN(sw->change_comm_,
-                           factory(store, "change", sw->participant_, sw->num_participants_,
-                                   deadline),
-                           gen << ": change communicator");
-    MORPH_ASSIGN_OR_RETURN(sw->transport_,
-                           CommTransport::Create(sw->change_comm_.get(), options.timeout,
-                                                 options.transport, deadline),
-                           gen << ": change transport");
+    MORPH_ASSIGN_OR_RETURN(
+        sw->change_comm_,
+        factory(store, "change", sw->participant_, sw->num_participants_, deadline),
+        gen << ": change communicator");
+    MORPH_ASSIGN_OR_RETURN(
+        sw->transport_,
+        CommTransport::Create(sw->change_comm_.get(), options.timeout, options.transport, deadline),
+        gen << ": change transport");
   }
   if (sw->new_rank_ >= 0) {
     GroupBuilder builder(factory);
@@ -263,7 +263,6 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
                            gen << ": communicators of rank " << sw->new_rank_);
   }
   planned.seconds.communicators = Since(t_comm);
-  if (sw->aborted_.load()) return AbortedError(gen + ": switch aborted while it was prepared");
   return sw;
 }
 
@@ -378,8 +377,8 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     const LocalPlan& bp = sw.batch_plans_[static_cast<size_t>(k)];
     std::vector<int32_t> sorted = sw.batches_[static_cast<size_t>(k)];
     std::sort(sorted.begin(), sorted.end());
-    std::string where = "batch " + std::to_string(k + 1) + " of " + std::to_string(num_batches) +
-                        " (tensors";
+    std::string where =
+        "batch " + std::to_string(k + 1) + " of " + std::to_string(num_batches) + " (tensors";
     for (size_t j = 0; j < sorted.size() && j < 4; ++j) {
       where += (j ? ", '" : " '") + plan.tensors[static_cast<size_t>(sorted[j])].name + "'";
     }
@@ -395,17 +394,15 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       if (old_view[t].bytes > 0) olds.push_back({info.name, info.dtype, old_view[t]});
       const int64_t bytes = ShardBytes(plan.new_shards[t], info.dtype);
       if (bytes == 0) continue;
-      StatusOr<Buffer> b = opt.stage_old_in_host
-                               ? HostAllocator()(static_cast<size_t>(bytes))
-                               : state.AllocateShard(t, bytes);
+      StatusOr<Buffer> b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
+                                                 : state.AllocateShard(t, bytes);
       if (!b.ok()) return fail(b.status(), where);
       fresh[j] = std::move(b).value();
       held += bytes;
       news.push_back({info.name, info.dtype, fresh[j].view()});
     }
     stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
-    StatusOr<ExecutorStats> r =
-        ExecutePlan(bp, olds, news, *sw.transport_, sw.executor_, deadline);
+    StatusOr<ExecutorStats> r = ExecutePlan(bp, olds, news, *sw.transport_, sw.executor_, deadline);
     if (!r.ok()) return fail(r.status(), where);
     stats.bytes_sent += r->bytes_sent;
     stats.bytes_received += r->bytes_received;

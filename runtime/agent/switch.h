@@ -37,11 +37,13 @@
 //     peak <= max(O, N) + E + staging,  E = max_k Σ_{B_k} n_t <= max(batch_bytes, largest n_t)
 // (staging: the executor's, <= the manifest's staging_bytes, in use only inside a batch). With
 // batch_bytes = 0 every tensor is its own batch and E is the largest single new shard: the
-// issue's bound. Sign-consistent: joiners (O = 0), leavers (N = 0), every worker of a pure DP or
-// TP change, and any change where a worker's shards of every tensor move the same way. A PP
-// change can make a worker grow one stage's tensors before it shrinks another's; then the
-// peak is still exactly held_k + staging, which PreparedSwitch::predicted_peak_bytes() computes
-// before anything moves, and SwitchStats says whether the bound held.
+// issue's bound. Sign-consistent: joiners (O = 0), leavers (N = 0), and any worker whose shards
+// of every tensor move the same way — every worker of a pure DP or pure TP change, as long as
+// ZeRO ranges are even (an uneven trailing range can grow a survivor's shard by less than one
+// chunk while dp grows). A PP change can make a worker grow one stage's tensors before it
+// shrinks another's (no rank-independent order avoids that); the peak is then still exactly
+// max_k held_k + staging, which PreparedSwitch::predicted_peak_bytes() computes before anything
+// moves; SwitchStats::sign_consistent says whether the bound is guaranteed.
 //
 // Failure. Any error stops the switch on this worker and names what failed (the batch and its
 // tensors; the worker and participant of a peer that disappeared, from the communicator's
@@ -49,6 +51,9 @@
 // run are intact, new shards are discarded. A change cannot be rolled back once the first batch
 // released old shards (State::intact() is false then; unless keep_old_until_barrier). Recovery
 // (a new generation from the survivors' intact state, or a checkpoint) is the failures issue's.
+//
+// Abandon: destroying a PreparedSwitch releases the change communicator and the new groups
+// (peers still building or using them fail with kUnavailable); the State is untouched.
 //
 // Thread-safety: PrepareSwitch on any thread (the agent's background thread, say);
 // ExecuteSwitch and TakeGroups on the training thread, one at a time; Abort from any thread.
@@ -84,9 +89,10 @@ struct SwitchOptions {
   uint64_t batch_bytes = uint64_t{64} << 20;
   // CUDA: copy old device shards to host first and free the device, receive the new shards in
   // host memory, then copy each batch's new shards into their device storage: device memory
-  // never holds more than the new state (plus one batch while it is copied in), host memory
-  // holds the old device state. Every exchange then moves host memory (Gloo can; NCCL cannot).
-  // On host tensors it only adds one copy. Compile-checked here (no GPU on the build machines).
+  // never holds more than max(old, new) state (the old shards until they are copied out, then
+  // new shards only) and no staging; host memory holds the old device state and one batch. Every
+  // exchange then moves host memory (Gloo can; NCCL cannot). On host tensors it only adds one copy.
+  // Compile-checked here (no GPU on the build machines).
   bool stage_old_in_host = false;
   // Release old shards only after the closing barrier: a failed switch then leaves the whole
   // old state intact (rollback possible), at the cost of holding old and new state together.
@@ -108,7 +114,7 @@ struct SwitchTimings {
   double plan = 0;           // PrepareSwitch: PlanForChange, digest, local plan, batches
   double transfer = 0;       // ExecuteSwitch: the batches
   double resume = 0;         // ExecuteSwitch: scalars, closing barrier, State swap
-};  // seconds
+};                           // seconds
 
 struct SwitchStats {
   SwitchTimings seconds;
@@ -151,7 +157,7 @@ class PreparedSwitch {
   const SwitchStats& planned() const { return planned_; }  // byte figures known before S
 
   // Makes a running ExecuteSwitch (and every later one) fail with kAborted: aborts the change
-  // communicator and the new groups. Any thread.
+  // communicator and the new groups. Any thread, but not concurrently with TakeGroups.
   void Abort();
 
  private:
@@ -207,8 +213,8 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
 // (tensors 'a', ...)" / "scalar broadcast" / "closing barrier", and — where the communicator
 // knows them — the failed peers as "participant P (worker W)". What the State holds after an
 // error: see "Failure" above. Collective over the participants.
-StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& commit,
-                                    State& state, Deadline deadline);
+StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& commit, State& state,
+                                    Deadline deadline);
 
 // The new generation's communicators (null when this worker holds no rank in `next`, or after
 // the first call). Call after ExecuteSwitch succeeded.

@@ -126,13 +126,13 @@ void SwitchWithACrash(bool shared_memory) {
   });
   MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
   ranks.Release(server->address());
-  MORPH_ASSERT_OK_AND_ASSIGN(auto client, TcpStoreClient::Connect(server->address(), kToken, 2,
-                                                                  Deadline::AfterMs(5000)));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto client, TcpStoreClient::Connect(server->address(), kToken, 2, Deadline::AfterMs(5000)));
   int named = 0;
   for (WorkerId w : workers) {
     if (w == kVictim) continue;
-    MORPH_ASSERT_OK_AND_ASSIGN(std::string v,
-                               client->Get("result/" + std::to_string(w), Deadline::AfterMs(40000)));
+    MORPH_ASSERT_OK_AND_ASSIGN(
+        std::string v, client->Get("result/" + std::to_string(w), Deadline::AfterMs(40000)));
     int code = 0, used = 0;
     double seconds = 0;
     std::sscanf(v.c_str(), "%d %lf %n", &code, &seconds, &used);

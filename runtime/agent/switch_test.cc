@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -84,6 +85,13 @@ class Cluster {
     device_ = *GlooDevice::Create(GlooOptions{});
   }
 
+  // One Gloo device (event loop, listening address) per worker, as in separate processes.
+  std::shared_ptr<GlooDevice> DeviceOf(WorkerId w) {
+    auto& d = devices_[w];
+    if (!d) d = *GlooDevice::Create(GlooOptions{});
+    return d;
+  }
+
   State& StateOf(WorkerId w) {
     auto& s = states_[w];
     if (!s) {
@@ -91,17 +99,20 @@ class Cluster {
       for (const TensorSpec& t : manifest_.tensors) {
         EXPECT_TRUE(s->AddTensor(t.name, t.shape, t.dtype, t.layout).ok());
       }
-      for (const ScalarSpec& sc : manifest_.scalars) EXPECT_TRUE(s->AddScalar(sc.name, sc.bytes).ok());
+      for (const ScalarSpec& sc : manifest_.scalars)
+        EXPECT_TRUE(s->AddScalar(sc.name, sc.bytes).ok());
     }
     return *s;
   }
 
   // The coordinator's decision for generation current+1 over `candidates`.
-  StatusOr<PrepareMsg> Decide(const ParallelConfig& config, const std::vector<WorkerId>& candidates) {
+  StatusOr<PrepareMsg> Decide(const ParallelConfig& config,
+                              const std::vector<WorkerId>& candidates) {
     PrepareMsg p;
     p.from = current_;
     p.from_generation = current_.id;
-    p.next.id = current_.id + 1;
+    next_id_ = std::max(next_id_, current_.id) + 1;
+    p.next.id = next_id_;
     p.next.config = config;
     MORPH_ASSIGN_OR_RETURN(p.next.ranks, AssignRanks(manifest_, current_, {}, candidates, config));
     p.change.participants = ParticipantOrder(current_, {}, p.next.ranks);
@@ -126,9 +137,16 @@ class Cluster {
     commit.next.start_step = 100 * commit.next.id;
     std::vector<WorkerId> workers = prepare.change.participants;
     if (prepare.from.id == 0) workers = prepare.next.ranks;
-    for (WorkerId w : workers) StateOf(w);  // registration, on this thread
+    std::map<WorkerId, CommunicatorFactory> factories;
+    for (WorkerId w : workers) {
+      StateOf(w);  // registration, on this thread
+      factories[w] = GlooFactory(DeviceOf(w));
+    }
     std::map<WorkerId, WorkerResult> results;
     std::mutex mu;
+    std::condition_variable cv;
+    size_t prepared = 0;
+    bool all_prepared = true;
     std::vector<std::thread> threads;
     for (WorkerId w : workers) {
       threads.emplace_back([&, w] {
@@ -140,8 +158,16 @@ class Cluster {
         MemoryStore store(table_, prepare.next.id);
         r.status = [&]() -> Status {
           const Deadline deadline = Deadline::AfterMs(30000);
-          MORPH_ASSIGN_OR_RETURN(sw, PrepareSwitch(manifest_, w, prepare, store,
-                                                   GlooFactory(device_), options, deadline));
+          auto p = PrepareSwitch(manifest_, w, prepare, store, factories.at(w), options, deadline);
+          {
+            // As the coordinator: commit only once every participant prepared, else abandon.
+            std::unique_lock<std::mutex> lock(mu);
+            all_prepared &= p.ok();
+            if (++prepared == workers.size()) cv.notify_all();
+            cv.wait(lock, [&] { return prepared == workers.size(); });
+            if (p.ok() && !all_prepared) return AbortedError("abandoned: a peer failed to prepare");
+          }
+          MORPH_ASSIGN_OR_RETURN(sw, std::move(p));
           r.predicted_peak = sw->predicted_peak_bytes();
           MORPH_ASSIGN_OR_RETURN(r.stats, ExecuteSwitch(*sw, commit, *states_.at(w), deadline));
           std::unique_ptr<GroupSet> groups = TakeGroups(*sw);
@@ -159,6 +185,7 @@ class Cluster {
     bool ok = true;
     for (auto& [w, r] : results) ok &= r.status.ok();
     if (ok) current_ = commit.next;
+    last_run_prepared_ = all_prepared;
     return results;
   }
 
@@ -169,11 +196,36 @@ class Cluster {
     return o;
   }
 
+  // Decide + Run; a proposal some participant could not prepare for (its communicators failed
+  // to build) is abandoned and proposed again under a fresh generation, as the coordinator does.
+  std::map<WorkerId, WorkerResult> Propose(const ParallelConfig& config,
+                                           const std::vector<WorkerId>& candidates,
+                                           const SwitchOptions& options, PrepareMsg* out) {
+    std::map<WorkerId, WorkerResult> r;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      auto p = Decide(config, candidates);
+      EXPECT_TRUE(p.ok()) << p.status();
+      if (!p.ok()) return r;
+      *out = *p;
+      r = Run(*p, nullptr, options);
+      if (last_run_prepared_) return r;
+      for (auto& [w, res] : r) {
+        if (!res.status.ok()) {
+          std::fprintf(stderr, "generation %lld abandoned (worker %lld: %s); proposing again\n",
+                       static_cast<long long>(p->next.id), static_cast<long long>(w),
+                       res.status.ToString().c_str());
+        }
+      }
+      ++abandoned_;
+    }
+    return r;
+  }
+
   // The first generation: Materialize, then fill every shard from the reference and set the
   // scalars.
   void Start(const ParallelConfig& config, const std::vector<WorkerId>& workers) {
-    MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, Decide(config, workers));
-    std::map<WorkerId, WorkerResult> r = Run(p);
+    PrepareMsg p;
+    std::map<WorkerId, WorkerResult> r = Propose(config, workers, Defaults(), &p);
     for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
     for (WorkerId w : current_.ranks) {
       State& s = *states_.at(w);
@@ -234,8 +286,8 @@ class Cluster {
   void Change(const ParallelConfig& config, const std::vector<WorkerId>& candidates,
               bool expect_sign_consistent, const SwitchOptions& options = Defaults()) {
     const int64_t scalar_gen = scalar_generation_;
-    MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, Decide(config, candidates));
-    std::map<WorkerId, WorkerResult> r = Run(p, nullptr, options);
+    PrepareMsg p;
+    std::map<WorkerId, WorkerResult> r = Propose(config, candidates, options, &p);
     for (auto& [w, res] : r) {
       ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
     }
@@ -249,9 +301,8 @@ class Cluster {
       EXPECT_EQ(st.peak_state_bytes, res.predicted_peak);
       EXPECT_LE(st.peak_bytes, st.peak_state_bytes + st.peak_staging_bytes);
       EXPECT_LE(st.peak_staging_bytes, static_cast<int64_t>(manifest_.staging_bytes));
-      EXPECT_LE(st.largest_batch_bytes,
-                std::max<int64_t>(static_cast<int64_t>(options.batch_bytes),
-                                  st.largest_shard_bytes));
+      EXPECT_LE(st.largest_batch_bytes, std::max<int64_t>(static_cast<int64_t>(options.batch_bytes),
+                                                          st.largest_shard_bytes));
       if (options.batch_bytes == 0) {
         EXPECT_EQ(st.largest_batch_bytes, st.largest_shard_bytes);
       }
@@ -272,8 +323,7 @@ class Cluster {
                    static_cast<long long>(st.peak_staging_bytes),
                    static_cast<long long>(st.bound_bytes),
                    st.sign_consistent ? "" : " (not sign-consistent)", st.batches,
-                   static_cast<long long>(st.bytes_sent),
-                   static_cast<long long>(st.bytes_received),
+                   static_cast<long long>(st.bytes_sent), static_cast<long long>(st.bytes_received),
                    static_cast<long long>(st.bytes_copied));
     }
     Verify(scalar_gen);
@@ -283,6 +333,10 @@ class Cluster {
   std::vector<std::vector<char>> reference_;
   std::shared_ptr<KvTable> table_ = std::make_shared<KvTable>();
   std::shared_ptr<GlooDevice> device_;
+  std::map<WorkerId, std::shared_ptr<GlooDevice>> devices_;
+  int64_t next_id_ = 0;
+  int abandoned_ = 0;  // proposals abandoned because communicators failed to build
+  bool last_run_prepared_ = true;
   std::map<WorkerId, std::unique_ptr<State>> states_;
   Generation current_;
   int64_t scalar_generation_ = 1;
@@ -290,9 +344,11 @@ class Cluster {
 
 TEST(SwitchTest, DpGrowWithJoinersThenShrinkWithLeavers) {
   Cluster c;
-  c.Start(Config(2, 1, 1), {10, 11});
-  c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true);  // dp 2 -> 4
-  c.Change(Config(2, 1, 1), {10, 11, 12, 13}, true);                      // dp 4 -> 2
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {10, 11}));
+  // dp 2 -> 4
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true));
+  // dp 4 -> 2
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(2, 1, 1), {10, 11, 12, 13}, true));
 }
 
 // The same over Gloo's TCP p2p for every peer (no shared memory), as between hosts.
@@ -300,27 +356,31 @@ TEST(SwitchTest, DpGrowAndShrinkOverTcp) {
   SwitchOptions o = Cluster::Defaults();
   o.transport.shared_memory = false;
   Cluster c;
-  c.Start(Config(2, 1, 1), {10, 11});
-  c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true, o);
-  c.Change(Config(1, 2, 1), {10, 11, 12, 13}, false, o);
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {10, 11}));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true, o));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(1, 2, 1), {10, 11, 12, 13}, false, o));
 }
 
 TEST(SwitchTest, TpMergeAndPpMerge) {
   Cluster c;
-  c.Start(Config(1, 2, 1), {1, 2});
-  c.Change(Config(2, 1, 1), {1, 2}, /*sign_consistent=*/true);  // tp 2 -> 1 (dp 1 -> 2)
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(1, 2, 1), {1, 2}));
+  // tp 2 -> 1 (dp 1 -> 2)
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(2, 1, 1), {1, 2}, /*sign_consistent=*/true));
   Cluster p;
-  p.Start(Config(1, 1, 2), {1, 2});
-  p.Change(Config(2, 1, 1), {1, 2}, /*sign_consistent=*/false);  // pp 2 -> 1 (dp 1 -> 2)
-  p.Change(Config(1, 1, 2), {1, 2}, false);                      // and back
+  ASSERT_NO_FATAL_FAILURE(p.Start(Config(1, 1, 2), {1, 2}));
+  // pp 2 -> 1 (dp 1 -> 2)
+  ASSERT_NO_FATAL_FAILURE(p.Change(Config(2, 1, 1), {1, 2}, /*sign_consistent=*/false));
+  // and back
+  ASSERT_NO_FATAL_FAILURE(p.Change(Config(1, 1, 2), {1, 2}, false));
 }
 
 // dp and pp at once, with a leaver: dp 2, pp 2 on four workers -> dp 3, pp 1 on three.
 TEST(SwitchTest, DpAndPpAtOnceWithALeaver) {
   Cluster c;
-  c.Start(Config(2, 1, 2), {1, 2, 3, 4});
-  c.Change(Config(3, 1, 1), {1, 2, 3, 4}, /*sign_consistent=*/false);
-  c.Change(Config(2, 2, 1), {1, 2, 3, 5}, false);  // tp 1 -> 2, a joiner, the spare leaves
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 2), {1, 2, 3, 4}));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(3, 1, 1), {1, 2, 3, 4}, /*sign_consistent=*/false));
+  // tp 1 -> 2, a joiner, the spare leaves
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(2, 2, 1), {1, 2, 3, 5}, false));
 }
 
 // batch_bytes = 0: every tensor is its own batch, and the bound is the issue's literally:
@@ -329,10 +389,10 @@ TEST(SwitchTest, SingleTensorBatchesKeepTheIssuesBound) {
   SwitchOptions o = Cluster::Defaults();
   o.batch_bytes = 0;
   Cluster c;
-  c.Start(Config(2, 2, 1), {1, 2, 3, 4});
-  c.Change(Config(4, 1, 1), {1, 2, 3, 4}, /*sign_consistent=*/false, o);
-  c.Change(Config(1, 2, 1), {1, 2, 3, 4}, false, o);
-  c.Change(Config(3, 1, 1), {1, 2, 3, 4}, false, o);
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 2, 1), {1, 2, 3, 4}));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(4, 1, 1), {1, 2, 3, 4}, /*sign_consistent=*/false, o));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(1, 2, 1), {1, 2, 3, 4}, false, o));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(3, 1, 1), {1, 2, 3, 4}, false, o));
 }
 
 // Staging through host memory on host tensors: the same result through one more copy; and
@@ -343,7 +403,7 @@ TEST(SwitchTest, StagedAndKeepOldModesGiveTheSameState) {
   SwitchOptions keep = Cluster::Defaults();
   keep.keep_old_until_barrier = true;
   Cluster c;
-  c.Start(Config(2, 1, 1), {1, 2});
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {1, 2}));
   MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(1, 2, 1), {1, 2, 3}));
   auto r = c.Run(p, nullptr, staged);
   for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
@@ -387,10 +447,27 @@ TEST(SwitchTest, DigestMismatchIsRefusedBeforeAnyCommunicator) {
   EXPECT_NE(sf.status().message().find("plan digest mismatch"), std::string::npos);
 }
 
+// A lost worker whose ZeRO shards nobody else holds: refused at prepare, naming a tensor.
+TEST(SwitchTest, StateWithNoSurvivingHolderIsDataLoss) {
+  Cluster c;
+  c.current_ = Generation{.id = 1, .config = Config(2, 1, 1), .ranks = {1, 2}};
+  PrepareMsg p{.from_generation = 1, .from = c.current_};
+  p.next = Generation{.id = 2, .config = Config(1, 1, 1), .ranks = {1}};
+  p.change.lost = {2};
+  p.change.participants = ParticipantOrder(p.from, p.change.lost, p.next.ranks);
+  MORPH_ASSERT_OK_AND_ASSIGN(ChangePlan plan, PlanForChange(c.manifest_, p.from, p.next, p.change));
+  p.next.plan_digest = plan.digest;
+  MemoryStore store(c.table_, 2);
+  auto sw = PrepareSwitch(c.manifest_, 1, p, store, GlooFactory(c.device_), Cluster::Defaults(),
+                          Deadline::AfterMs(5000));
+  EXPECT_EQ(sw.status().code(), StatusCode::kDataLoss) << sw.status();
+  EXPECT_NE(sw.status().message().find("exp_avg"), std::string::npos) << sw.status();
+}
+
 // A commit that is not what was prepared is refused before anything moves; the state is intact.
 TEST(SwitchTest, CommitThatDiffersFromThePrepareIsRefused) {
   Cluster c;
-  c.Start(Config(1, 1, 1), {1});
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(1, 1, 1), {1}));
   MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(1, 1, 1), {2}));  // 1 hands over to 2
   std::map<WorkerId, WorkerResult> r = c.Run(
       p, [](WorkerId, SwitchOptions&, std::unique_ptr<PreparedSwitch>*) {}, Cluster::Defaults());
@@ -431,21 +508,21 @@ TEST(SwitchTest, CommitThatDiffersFromThePrepareIsRefused) {
 void DisappearMidTransfer(bool shared_memory) {
   constexpr WorkerId kVictim = 11;
   Cluster c;
-  c.Start(Config(2, 1, 1), {10, 11});
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {10, 11}));
   MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(4, 1, 1), {10, 11, 12, 13}));
   SwitchOptions o = Cluster::Defaults();
   o.batch_bytes = 0;  // many batches
   o.timeout = std::chrono::seconds(5);
   o.transport.shared_memory = shared_memory;
-  std::map<WorkerId, WorkerResult> r =
-      c.Run(p,
-            [&](WorkerId w, SwitchOptions& opt, std::unique_ptr<PreparedSwitch>* sw) {
-              if (w != kVictim) return;
-              opt.after_batch = [sw](int batch) {
-                if (batch == 0) (*sw)->Abort();  // its connections close, as in a crash
-              };
-            },
-            o);
+  std::map<WorkerId, WorkerResult> r = c.Run(
+      p,
+      [&](WorkerId w, SwitchOptions& opt, std::unique_ptr<PreparedSwitch>* sw) {
+        if (w != kVictim) return;
+        opt.after_batch = [sw](int batch) {
+          if (batch == 0) (*sw)->Abort();  // its connections close, as in a crash
+        };
+      },
+      o);
   int named = 0;
   for (auto& [w, res] : r) {
     SCOPED_TRACE("worker " + std::to_string(w));

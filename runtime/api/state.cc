@@ -41,8 +41,7 @@ Status State::Register(TensorSpec spec, MemoryKind memory, TensorAllocator alloc
     }
   }
   if (adopted && (!allocator.allocate || !allocator.release)) {
-    return InvalidArgumentError("tensor '" + spec.name +
-                                "': allocator needs allocate and release");
+    return InvalidArgumentError("tensor '" + spec.name + "': allocator needs allocate and release");
   }
 #if !MORPH_WITH_CUDA
   if (!adopted && memory == MemoryKind::kCuda) {
@@ -64,8 +63,8 @@ Status State::AddTensor(std::string name, std::vector<int64_t> shape, DType dtyp
                   /*adopted=*/false);
 }
 
-Status State::AdoptTensor(std::string name, std::vector<int64_t> shape, DType dtype,
-                          Layout layout, TensorAllocator allocator) {
+Status State::AdoptTensor(std::string name, std::vector<int64_t> shape, DType dtype, Layout layout,
+                          TensorAllocator allocator) {
   return Register(TensorSpec{std::move(name), dtype, std::move(shape), layout}, MemoryKind::kHost,
                   std::move(allocator), /*adopted=*/true);
 }
@@ -217,10 +216,10 @@ Status State::Materialize(const ParallelConfig& config, int rank) {
       kind = buffers[i].kind();
       first_of_kind = spec.name;
     } else if (*kind != buffers[i].kind()) {
-      return InvalidArgumentError(
-          "tensor '" + spec.name + "' is stored in " +
-          std::string(MemoryKindName(buffers[i].kind())) + " memory but '" + first_of_kind +
-          "' in " + std::string(MemoryKindName(*kind)) + ": one memory kind per worker");
+      return InvalidArgumentError("tensor '" + spec.name + "' is stored in " +
+                                  std::string(MemoryKindName(buffers[i].kind())) + " memory but '" +
+                                  first_of_kind + "' in " + std::string(MemoryKindName(*kind)) +
+                                  ": one memory kind per worker");
     }
     MORPH_RETURN_IF_ERROR(ZeroFill(buffers[i].view())) << "tensor '" << spec.name << "'";
   }

@@ -18,7 +18,8 @@ ParallelConfig Config(int dp, int tp, int pp, int layers = 2) {
 
 void Register(State& s) {
   MORPH_ASSERT_OK(s.AddTensor("w1", {8, 6}, DType::kF32, Layout::Layer(0).SplitTP(1)));
-  MORPH_ASSERT_OK(s.AddTensor("w1.m", {8, 6}, DType::kF32, Layout::Layer(0).SplitTP(1).ZeroShard()));
+  MORPH_ASSERT_OK(
+      s.AddTensor("w1.m", {8, 6}, DType::kF32, Layout::Layer(0).SplitTP(1).ZeroShard()));
   MORPH_ASSERT_OK(s.AddTensor("ln", {7}, DType::kBF16, Layout::Layer(1)));
   MORPH_ASSERT_OK(s.AddScalar("step", 8));
   MORPH_ASSERT_OK(s.AddScalar("rng", 32));
@@ -145,20 +146,19 @@ TEST(StateTest, AdoptedTensorsUseTheUsersAllocator) {
   std::map<void*, int64_t> live;
   int allocations = 0;
   int fail_at = -1;
-  TensorAllocator a{
-      .allocate = [&](int64_t bytes) -> StatusOr<BufferView> {
-        if (allocations++ == fail_at) return ResourceExhaustedError("pool is full");
-        void* p = std::malloc(static_cast<size_t>(bytes) + 16);
-        live[p] = bytes;
-        return BufferView{p, static_cast<size_t>(bytes) + 16, MemoryKind::kHost};
-      },
-      .release =
-          [&](BufferView v) {
-            ASSERT_EQ(live.count(v.data), 1u);
-            EXPECT_EQ(static_cast<int64_t>(v.bytes), live[v.data] + 16);
-            live.erase(v.data);
-            std::free(v.data);
-          }};
+  TensorAllocator a{.allocate = [&](int64_t bytes) -> StatusOr<BufferView> {
+                      if (allocations++ == fail_at) return ResourceExhaustedError("pool is full");
+                      void* p = std::malloc(static_cast<size_t>(bytes) + 16);
+                      live[p] = bytes;
+                      return BufferView{p, static_cast<size_t>(bytes) + 16, MemoryKind::kHost};
+                    },
+                    .release =
+                        [&](BufferView v) {
+                          ASSERT_EQ(live.count(v.data), 1u);
+                          EXPECT_EQ(static_cast<int64_t>(v.bytes), live[v.data] + 16);
+                          live.erase(v.data);
+                          std::free(v.data);
+                        }};
   {
     State s;
     MORPH_ASSERT_OK(s.AdoptTensor("w", {8, 4}, DType::kF32, Layout().SplitTP(0), a));
