@@ -92,12 +92,6 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
   }
   morph::Runtime& r = **rt;
   std::ofstream log(out + "/bench-" + std::to_string(r.worker_id()) + ".jsonl");
-  morph::Reconfiguration last;
-  bool have_last = false;
-  r.OnReconfigure([&](const morph::Reconfiguration& c) {
-    last = c;
-    have_last = true;
-  });
   while (true) {
     auto step = r.BeginStep();
     if (!step.ok()) {
@@ -105,7 +99,8 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
       return 4;
     }
     if (step->done() || step->index() >= steps) break;
-    if (step->reconfigured() && have_last) {
+    if (step->reconfigured() && r.last_reconfiguration()) {
+      const morph::Reconfiguration& last = *r.last_reconfiguration();
       int64_t first_step_ns = NowNs();
       // Raw bandwidth of the transport between new ranks 0 and 1, same run.
       double raw = 0;
@@ -128,7 +123,6 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
           << ",\"raw_bandwidth\":" << raw << ",\"local_bytes\":" << r.state().local_bytes()
           << "}\n";
       log.flush();
-      have_last = false;
     }
     int64_t one = 1;
     (void)step->world().Allreduce(&one, 1, DType::kI64, morph::ReduceOp::kSum,
@@ -285,7 +279,7 @@ int StepCost() {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  FLAGS_minloglevel = 1;
+  FLAGS_minloglevel = std::getenv("MORPH_BENCH_VERBOSE") ? 0 : 1;
   bool worker = false, step_cost = false;
   int64_t bytes = int64_t{1} << 30, steps = 1 << 30;
   std::string out = ".", changes = "dp4to2,dp2to4,tp2to1,pp2to1";

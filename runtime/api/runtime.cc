@@ -74,6 +74,9 @@ struct Runtime::Impl {
   bool finished = false;
   bool done_sent = false;
   std::function<void(const Reconfiguration&)> on_reconfigure;
+  std::optional<Reconfiguration> last_reconfiguration;
+  // A switch inside Start (a joiner's first generation): its first step is reconfigured().
+  bool joined_by_change = false;
 
   // The new generation built beside the running one, between its prepare and its switch step.
   struct Prepared {
@@ -185,6 +188,7 @@ struct Runtime::Impl {
               << "; switch " << r.stall_seconds << " s (communicators "
               << r.communicators_seconds << ", plan " << r.plan_seconds << ", transfer "
               << r.transfer_seconds << ", resume " << r.resume_seconds << ")";
+    last_reconfiguration = r;
     if (on_reconfigure && r.rank >= 0) on_reconfigure(r);
     return Status();
   }
@@ -316,6 +320,7 @@ Status Runtime::Impl::Bootstrap() {
     }
     if (dec->action == AgentCore::Action::kSwitch) {
       MORPH_RETURN_IF_ERROR(Switch(*dec->commit, SteadyClock::now()));
+      joined_by_change = dec->commit->from.id != 0;
     }
   }
   return Status();
@@ -350,7 +355,8 @@ StatusOr<Step> Runtime::BeginStep() {
                                    " is still open (call EndStep first)");
   }
   Step step;
-  bool reconfigured = false;
+  bool reconfigured = m.joined_by_change;
+  m.joined_by_change = false;
   if (!m.finished) {
     m.agent->NoteBegin(m.next_step);
     if (m.agent->pending() || g_leave_requested.load(std::memory_order_relaxed)) {
@@ -395,6 +401,7 @@ Status Runtime::Finish(int64_t timeout_ms) {
   }
   if (m.coordinator) {
     Status s = m.coordinator->Wait(Deadline::AfterMs(timeout_ms));
+    if (m.agent) m.agent->Close();  // before the coordinator closes it
     m.coordinator->Stop();
     m.coordinator.reset();
     return s;
@@ -414,5 +421,8 @@ std::string Runtime::api_address() const {
   return "127.0.0.1:" + std::to_string(impl_->coordinator->http_port());
 }
 Coordinator* Runtime::hosted_coordinator() { return impl_->coordinator.get(); }
+const std::optional<Reconfiguration>& Runtime::last_reconfiguration() const {
+  return impl_->last_reconfiguration;
+}
 
 }  // namespace morph

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -86,8 +87,11 @@ class Runtime {
   bool fresh_start() const;  // the state was allocated here, not received: initialize it
 
   // Called on the training thread at the switch step, after the state moved and before
-  // BeginStep returns.
+  // BeginStep returns. A joiner's own arrival happens inside Start, before it can register a
+  // callback: it sees last_reconfiguration() and step.reconfigured() on its first step.
   void OnReconfigure(std::function<void(const Reconfiguration&)> callback);
+  // The last change this worker took part in (its arrival, for a joiner), if any.
+  const std::optional<Reconfiguration>& last_reconfiguration() const;
 
   // The step boundary. Steady state: one atomic load. When a change is committed for this step,
   // applies it first (the stall). When a change is being prepared and this worker promised not
