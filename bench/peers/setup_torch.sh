@@ -4,7 +4,7 @@
 # whose torch already has the pinned version is left alone. Never run by `make test`.
 #
 #   bench/peers/setup_torch.sh            # creates build/peers-venv
-#   PEERS_VENV=/tmp/v TORCH_VERSION=2.7.1 bench/peers/setup_torch.sh
+#   PEERS_VENV=/tmp/v TORCH_VERSION=2.7.1 NUMPY_VERSION=2.2.6 bench/peers/setup_torch.sh
 #
 # Only PyPI is reachable from these machines, so this installs PyPI's `torch` wheel. On Linux
 # x86-64 that wheel is built with CUDA and pulls NVIDIA's runtime libraries (about 3 GiB in
@@ -15,12 +15,13 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 venv="${PEERS_VENV:-$repo/build/peers-venv}"
 version="${TORCH_VERSION:-2.7.1}"
+numpy_version="${NUMPY_VERSION:-2.2.6}"  # torch.distributed's object collectives need numpy
 need_gib="${PEERS_MIN_FREE_GIB:-6}"
 
 log() { echo "setup_torch: $*" >&2; }
 
 if [[ -x "$venv/bin/python" ]] &&
-   have="$("$venv/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)" &&
+   have="$("$venv/bin/python" -c 'import numpy, torch; print(torch.__version__)' 2>/dev/null)" &&
    [[ "${have%%+*}" == "$version" ]]; then
   log "torch $have already in $venv"
   echo "$venv/bin/python"
@@ -43,10 +44,10 @@ if [[ ! -x "$venv/bin/python" ]]; then
     exit 1
   }
 fi
-log "installing torch==$version from PyPI into $venv (several minutes on first use)"
+log "installing torch==$version numpy==$numpy_version from PyPI into $venv (several minutes on first use)"
 # A bounded wait per connection; pip retries a few times on its own.
 "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --timeout 120 \
-  --retries 3 "torch==$version"
+  --retries 3 "torch==$version" "numpy==$numpy_version"
 "$venv/bin/python" -c 'import torch, torch.distributed.checkpoint as dcp;
 assert torch.distributed.is_gloo_available(), "this torch has no Gloo backend"
 print("setup_torch: torch", torch.__version__, "with gloo", file=__import__("sys").stderr)'
