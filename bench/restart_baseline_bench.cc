@@ -44,7 +44,7 @@ namespace morph::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kElem = 4;             // every tensor of the model is f32
+constexpr int kElem = 4;                 // every tensor of the model is f32
 constexpr int kGoFd = 3, kReportFd = 4;  // a worker's pipes after exec
 constexpr auto kPhaseTimeout = std::chrono::seconds(600);
 
@@ -159,7 +159,8 @@ Status PreadAll(int fd, char* p, int64_t n, int64_t off, const std::string& what
   while (n > 0) {
     ssize_t r = pread(fd, p, static_cast<size_t>(std::min<int64_t>(n, 1 << 30)), off);
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return DataLossError("pread " + what + ": " + (r == 0 ? "short file" : std::strerror(errno)));
+    if (r <= 0)
+      return DataLossError("pread " + what + ": " + (r == 0 ? "short file" : std::strerror(errno)));
     p += r;
     n -= r;
     off += r;

@@ -46,8 +46,7 @@ StatusOr<ApiEndpoint> ApiEndpoint::ParseAddress(std::string_view address, std::s
   if (host.empty()) return bad("has no host");
   int port = 0;
   auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 ||
-      port > 65535) {
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port < 1 || port > 65535) {
     return bad("has no port in [1, 65535]");
   }
   ApiEndpoint ep;
@@ -138,8 +137,8 @@ StatusOr<ApiResponse> ApiClient::Request(bool post, std::string_view target,
   auto fail = [&](error_code ec, std::string_view step) {
     std::string what = std::string(step) + " " + where + ": ";
     if (ec == beast::error::timeout || ec == asio::error::timed_out) {
-      result = DeadlineExceededError(what + "no answer within " +
-                                     std::to_string(timeout_.count()) + " ms");
+      result = DeadlineExceededError(what + "no answer within " + std::to_string(timeout_.count()) +
+                                     " ms");
     } else if (ec == http::error::body_limit || ec == http::error::header_limit ||
                ec.category() == http::make_error_code(http::error::bad_version).category()) {
       result = DataLossError(what + "not a valid HTTP reply: " + ec.message());

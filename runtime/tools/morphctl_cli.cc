@@ -45,12 +45,11 @@ const std::map<std::string, std::set<std::string>, std::less<>>& FlagCommands() 
 
 const std::set<std::string, std::less<>>& Commands() {
   static const auto* s = new std::set<std::string, std::less<>>{"status", "resize", "add",
-                                                                "remove", "watch", "metrics"};
+                                                                "remove", "watch",  "metrics"};
   return *s;
 }
 
-StatusOr<int64_t> ParseInt(std::string_view what, std::string_view text, int64_t min,
-                           int64_t max) {
+StatusOr<int64_t> ParseInt(std::string_view what, std::string_view text, int64_t min, int64_t max) {
   int64_t v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
@@ -58,8 +57,8 @@ StatusOr<int64_t> ParseInt(std::string_view what, std::string_view text, int64_t
                                 "\" is not an integer");
   }
   if (v < min || v > max) {
-    return InvalidArgumentError(std::string(what) + ": must be in [" + std::to_string(min) +
-                                ", " + std::to_string(max) + "], got " + std::string(text));
+    return InvalidArgumentError(std::string(what) + ": must be in [" + std::to_string(min) + ", " +
+                                std::to_string(max) + "], got " + std::string(text));
   }
   return v;
 }
@@ -135,8 +134,8 @@ StatusOr<Args> ParseArgs(const std::vector<std::string>& argv) {
   if (a.command == "resize" || a.command == "add") want_min = want_max = 1;
   if (a.command == "remove") want_min = 1, want_max = SIZE_MAX;
   if (a.positional.size() < want_min || a.positional.size() > want_max) {
-    std::string what = a.command == "resize" ? "one world size"
-                       : a.command == "add"  ? "one worker count"
+    std::string what = a.command == "resize"   ? "one world size"
+                       : a.command == "add"    ? "one worker count"
                        : a.command == "remove" ? "at least one worker id"
                                                : "no arguments";
     return InvalidArgumentError("\"" + a.command + "\" takes " + what + ", got " +
@@ -273,8 +272,8 @@ StatusOr<std::string> ReconfigurationText(const json& r) {
 
 std::string StatusLine(const StatusView& v) {
   std::string line = "step " + std::to_string(v.step) + "  world " + std::to_string(v.world) +
-                     "  " + ConfigText(v) + "  generation " + std::to_string(v.generation) +
-                     " " + v.phase;
+                     "  " + ConfigText(v) + "  generation " + std::to_string(v.generation) + " " +
+                     v.phase;
   if (v.resize_in_progress) {
     line += "  (resize in progress";
     if (v.pending_generation) line += ": generation " + std::to_string(*v.pending_generation);
@@ -321,8 +320,8 @@ class Cli {
     if (!r.ok()) {
       *rc = ExitFor(r.status());
       err_ << "morphctl: " << a_.command << ": "
-           << (*rc == kExitUnreachable ? "coordinator unreachable: " : "")
-           << r.status().message() << "\n";
+           << (*rc == kExitUnreachable ? "coordinator unreachable: " : "") << r.status().message()
+           << "\n";
       return std::nullopt;
     }
     if (r->status < 200 || r->status >= 300) {
@@ -426,8 +425,7 @@ class Cli {
         // Before the first answer this is most likely a wrong address: say so and stop. Once
         // the coordinator was seen, an outage is reported once and polling goes on.
         if (!ever_reached || rc != kExitUnreachable) {
-          err_ << "morphctl: watch: "
-               << (rc == kExitUnreachable ? "coordinator unreachable: " : "")
+          err_ << "morphctl: watch: " << (rc == kExitUnreachable ? "coordinator unreachable: " : "")
                << r.status().message() << "\n";
           return rc;
         }
@@ -503,8 +501,8 @@ StatusOr<std::string> FormatStatus(const json& status) {
     if (!m.is_object()) return DataLossError("status document: a member is not an object");
     MORPH_ASSIGN_OR_RETURN(int64_t rank, IntAt(m, "rank", "members[]."));
     MORPH_ASSIGN_OR_RETURN(int64_t worker, IntAt(m, "worker", "members[]."));
-    std::string host = m.contains("host") && m["host"].is_string() ? m["host"].get<std::string>()
-                                                                    : "";
+    std::string host =
+        m.contains("host") && m["host"].is_string() ? m["host"].get<std::string>() : "";
     o << "  " << rank << "  " << worker << "  " << (host.empty() ? "-" : host) << "\n";
   }
   o << "standby:";

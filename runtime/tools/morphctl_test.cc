@@ -2,8 +2,6 @@
 // codes and the server's messages for status, resize/add/remove, watch, and bad input (world
 // size 0, missing and wrong token, unreachable or silent address, malformed arguments). The
 // last tests run the morphctl binary itself (its path is $MORPHCTL_BINARY, set by ctest).
-#include "runtime/tools/morphctl_cli.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -27,6 +25,7 @@
 
 #include "runtime/coordinator/http_server.h"
 #include "runtime/tools/api_client.h"
+#include "runtime/tools/morphctl_cli.h"
 
 namespace morph {
 namespace {
@@ -178,8 +177,8 @@ TEST_F(MorphctlTest, StatusJsonIsTheServersDocument) {
 }
 
 TEST_F(MorphctlTest, StatusBeforeTheFirstGeneration) {
-  SetSnapshot(CoordinatorSnapshot{.phase = "starting", .resize_in_progress = true,
-                                  .pending_generation = 1});
+  SetSnapshot(CoordinatorSnapshot{
+      .phase = "starting", .resize_in_progress = true, .pending_generation = 1});
   CtlRun r = Ctl({"--addr", addr_, "status"});
   ASSERT_EQ(r.rc, kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("generation 0 (starting), step 0\n"));
@@ -273,8 +272,8 @@ TEST_F(MorphctlTest, UnreachableAddress) {
   std::string dead = "127.0.0.1:" + std::to_string(DeadPort());
   CtlRun r = Ctl({"--addr", dead, "status"});
   EXPECT_EQ(r.rc, kExitUnreachable);
-  EXPECT_THAT(r.err, HasSubstr("morphctl: status: coordinator unreachable: connecting to " +
-                               dead + ": Connection refused"));
+  EXPECT_THAT(r.err, HasSubstr("morphctl: status: coordinator unreachable: connecting to " + dead +
+                               ": Connection refused"));
   CtlRun w = Ctl({"--addr", dead, "watch", "--count", "3"});
   EXPECT_EQ(w.rc, kExitUnreachable);
   CtlRun name = Ctl({"--addr", "no-such-host.invalid:80", "--timeout-ms", "3000", "status"});
@@ -316,8 +315,7 @@ TEST_F(MorphctlTest, MalformedArguments) {
       {{"--addr", addr_, "status", "extra"}, "\"status\" takes no arguments, got 1"},
       {{"--addr", addr_, "--token", kToken, "resize", "four"},
        "morphctl: resize: world_size: \"four\" is not an integer\n"},
-      {{"--addr", addr_, "--token", kToken, "remove", "3", "x"},
-       "remove: \"x\" is not an integer"},
+      {{"--addr", addr_, "--token", kToken, "remove", "3", "x"}, "remove: \"x\" is not an integer"},
       {{"--addr", addr_, "status", "--interval-ms", "10"},
        "--interval-ms: not a flag of \"status\""},
       {{"--addr", addr_, "watch", "--interval-ms", "1"}, "--interval-ms: must be in [10, "},
@@ -328,8 +326,9 @@ TEST_F(MorphctlTest, MalformedArguments) {
        "morphctl: status: --addr: \"localhost\" has no port (expected host:port)\n"},
       {{"--addr", "127.0.0.1:99999", "status"}, "has no port in [1, 65535]"},
       {{"--addr", "::1:80", "status"}, "is an IPv6 address without brackets"},
-      {{"status"}, "morphctl: status: no scheduler API address: pass --addr host:port or set "
-                   "MORPH_API_PORT"},
+      {{"status"},
+       "morphctl: status: no scheduler API address: pass --addr host:port or set "
+       "MORPH_API_PORT"},
       {{"--addr", addr_, "--timeout-ms", "-3", "status"}, "--timeout-ms: must be in [1, "},
       {{"--addr", addr_, "--token=", "status"}, "--token: empty"},
   };
@@ -390,8 +389,8 @@ TEST(WatchView, PrintsChangesAndEachReconfiguration) {
                          "ms, transfer 410.0 ms, resume 20.0 ms; kept tp=2; dp 3 -> 2"}));
   EXPECT_TRUE(lines().empty());  // nothing changed
   s.step = 1235;
-  EXPECT_EQ(lines(), (std::vector<std::string>{
-                         "step 1235  world 4  dp=2 tp=2 pp=1  generation 3 stable"}));
+  EXPECT_EQ(lines(),
+            (std::vector<std::string>{"step 1235  world 4  dp=2 tp=2 pp=1  generation 3 stable"}));
   s.resize_in_progress = true;
   s.pending_generation = 4;
   s.phase = "preparing";
