@@ -1,13 +1,20 @@
 #include "runtime/tools/api_client.h"
 
+#include <netdb.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "base/params.h"
 #include "collectives/tcp_store.h"
@@ -26,6 +33,53 @@ constexpr size_t kMaxReplyBytes = 16 << 20;
 std::string Trim(std::string_view s) {
   size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
   return b == std::string_view::npos ? "" : std::string(s.substr(b, e - b + 1));
+}
+
+// The system resolver on a thread of its own, waited for at most `timeout`: getaddrinfo cannot
+// be cancelled, so on a timeout the thread is left to finish by itself (its result dropped).
+StatusOr<std::vector<tcp::endpoint>> ResolveWithin(const std::string& host, uint16_t port,
+                                                   std::chrono::milliseconds timeout) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    int rc = 0;
+    std::vector<tcp::endpoint> endpoints;
+  };
+  auto shared = std::make_shared<Shared>();
+  const std::string where = host + ":" + std::to_string(port);
+  std::thread([shared, host, port] {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+    std::vector<tcp::endpoint> eps;
+    for (addrinfo* a = res; rc == 0 && a != nullptr; a = a->ai_next) {
+      if (a->ai_family == AF_INET || a->ai_family == AF_INET6) {
+        tcp::endpoint ep;
+        std::memcpy(ep.data(), a->ai_addr, a->ai_addrlen);
+        ep.resize(a->ai_addrlen);
+        eps.push_back(ep);
+      }
+    }
+    if (res != nullptr) freeaddrinfo(res);
+    std::lock_guard<std::mutex> lock(shared->mu);
+    shared->done = true;
+    shared->rc = rc;
+    shared->endpoints = std::move(eps);
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->mu);
+  if (!shared->cv.wait_for(lock, timeout, [&] { return shared->done; })) {
+    return DeadlineExceededError("resolving " + where + ": no answer within " +
+                                 std::to_string(timeout.count()) + " ms");
+  }
+  if (shared->rc != 0) {
+    return UnavailableError("resolving " + where + ": " + gai_strerror(shared->rc));
+  }
+  if (shared->endpoints.empty()) return UnavailableError("resolving " + where + ": no address");
+  return shared->endpoints;
 }
 
 }  // namespace
@@ -169,31 +223,14 @@ StatusOr<ApiResponse> ApiClient::Request(bool post, std::string_view target,
 
   error_code ec;
   asio::ip::address ip = asio::ip::make_address(endpoint_.host, ec);
-  tcp::resolver resolver(io);
-  asio::steady_timer resolve_timer(io);
+  std::vector<tcp::endpoint> eps;
   if (!ec) {
-    std::vector<tcp::endpoint> eps{tcp::endpoint(ip, endpoint_.port)};
-    stream.expires_after(timeout_);
-    stream.async_connect(eps, on_connect);
+    eps.emplace_back(ip, endpoint_.port);
   } else {
-    bool resolve_timed_out = false;
-    resolve_timer.expires_after(timeout_);
-    resolve_timer.async_wait([&](error_code tec) {
-      if (tec) return;
-      resolve_timed_out = true;
-      resolver.cancel();
-    });
-    resolver.async_resolve(endpoint_.host, std::to_string(endpoint_.port),
-                           [&](error_code rec, tcp::resolver::results_type results) {
-                             resolve_timer.cancel();
-                             if (resolve_timed_out) {
-                               return fail(beast::error::timeout, "resolving");
-                             }
-                             if (rec) return fail(rec, "resolving");
-                             stream.expires_after(timeout_);
-                             stream.async_connect(results, on_connect);
-                           });
+    MORPH_ASSIGN_OR_RETURN(eps, ResolveWithin(endpoint_.host, endpoint_.port, timeout_));
   }
+  stream.expires_after(timeout_);
+  stream.async_connect(eps, on_connect);
   io.run();
   MORPH_RETURN_IF_ERROR(result);
   return out;

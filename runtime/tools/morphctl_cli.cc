@@ -76,7 +76,7 @@ StatusOr<Args> ParseArgs(const std::vector<std::string>& argv) {
       for (++i; i < argv.size(); ++i) a.positional.push_back(argv[i]);
       break;
     }
-    if (s.size() > 1 && s[0] == '-' && !(s.size() > 1 && std::isdigit(s[1]))) {
+    if (s.size() > 1 && s[0] == '-' && !std::isdigit(static_cast<unsigned char>(s[1]))) {
       std::string name = s, value;
       size_t eq = s.find('=');
       bool inline_value = eq != std::string::npos;
@@ -306,8 +306,8 @@ class Cli {
         interrupted_(interrupted) {}
 
   int Run() {
-    if (a_.command == "status") return Status_();
-    if (a_.command == "metrics") return Metrics();
+    if (a_.command == "status") return ShowStatus();
+    if (a_.command == "metrics") return ShowMetrics();
     if (a_.command == "watch") return Watch();
     return Resize();
   }
@@ -333,7 +333,7 @@ class Cli {
     return *std::move(r);
   }
 
-  int Status_() {
+  int ShowStatus() {
     int rc = kExitOk;
     auto r = Call(false, "/v1/status", "", &rc);
     if (!r) return rc;
@@ -352,7 +352,7 @@ class Cli {
     return kExitOk;
   }
 
-  int Metrics() {
+  int ShowMetrics() {
     int rc = kExitOk;
     auto r = Call(false, "/metrics", "", &rc);
     if (!r) return rc;
