@@ -301,6 +301,64 @@ TEST_F(MorphctlTest, SilentServerTimesOut) {
   EXPECT_LT(took, std::chrono::seconds(5));
 }
 
+// A listener that accepts connections and answers each with `reply` (nothing: just closes).
+class RawServer {
+ public:
+  explicit RawServer(std::string reply) : reply_(std::move(reply)) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    listen(fd_, 4);
+    socklen_t len = sizeof a;
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    addr_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    thread_ = std::thread([this] {
+      int c = accept(fd_, nullptr, nullptr);  // one connection; the destructor's shutdown ends it
+      if (c < 0) return;
+      char buf[4096];
+      (void)!read(c, buf, sizeof buf);
+      if (!reply_.empty()) (void)!write(c, reply_.data(), reply_.size());
+      close(c);
+    });
+  }
+  ~RawServer() {
+    shutdown(fd_, SHUT_RDWR);
+    thread_.join();
+    close(fd_);
+  }
+  const std::string& addr() const { return addr_; }
+
+ private:
+  std::string reply_;
+  int fd_ = -1;
+  std::string addr_;
+  std::thread thread_;
+};
+
+TEST_F(MorphctlTest, ClosedOrGarbledReplies) {
+  {
+    RawServer closes("");
+    CtlRun r = Ctl({"--addr", closes.addr(), "--timeout-ms", "3000", "status"});
+    EXPECT_EQ(r.rc, kExitUnreachable) << r.err;
+    EXPECT_THAT(r.err,
+                HasSubstr("coordinator unreachable: reading the reply from " + closes.addr()));
+  }
+  {
+    RawServer garbage("SSH-2.0-OpenSSH_9.2\r\n\r\n");
+    CtlRun r = Ctl({"--addr", garbage.addr(), "--timeout-ms", "3000", "status"});
+    EXPECT_EQ(r.rc, kExitError) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("not a valid HTTP reply"));
+  }
+  {
+    RawServer not_json("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello");
+    CtlRun r = Ctl({"--addr", not_json.addr(), "--timeout-ms", "3000", "status"});
+    EXPECT_EQ(r.rc, kExitError) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("morphctl: status: status document: not a JSON object"));
+  }
+}
+
 TEST_F(MorphctlTest, MalformedArguments) {
   struct Case {
     std::vector<std::string> args;
