@@ -193,8 +193,9 @@ StatusOr<ApiResponse> ApiClient::Request(bool post, std::string_view target,
     if (ec == beast::error::timeout || ec == asio::error::timed_out) {
       result = DeadlineExceededError(what + "no answer within " + std::to_string(timeout_.count()) +
                                      " ms");
-    } else if (ec != http::error::end_of_stream && ec != http::error::partial_message &&
-               ec.category() == http::make_error_code(http::error::bad_version).category()) {
+    } else if (ec.category() == http::make_error_code(http::error::bad_version).category() &&
+               ec.value() != static_cast<int>(http::error::end_of_stream) &&
+               ec.value() != static_cast<int>(http::error::partial_message)) {
       // Beast's parse errors (body or header limit, bad version, ...): the peer is no HTTP
       // server we understand. A connection closed before or during the reply is Unavailable.
       result = DataLossError(what + "not a valid HTTP reply: " + ec.message());
