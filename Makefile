@@ -61,3 +61,12 @@ fuzz: deps
 bench-store: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target store_soak_bench
 	$(BUILD_DIR)/bench/store_soak_bench
+
+# Peers of the end-to-end reconfiguration benchmark (issue 9): the C++ restart baseline and
+# PyTorch DCP (torch from PyPI into $(BUILD_DIR)/peers-venv on first use), for dp4to2 dp2to4
+# tp2to1 pp2to1 at PEERS_BYTES (default 1GiB; PEERS_BYTES=48MiB for a smoke run). JSON lines.
+PEERS_BYTES ?= 1GiB
+.PHONY: bench-runtime-peers
+bench-runtime-peers: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target restart_baseline_bench
+	BUILD_DIR=$(BUILD_DIR) PEERS_BYTES=$(PEERS_BYTES) bash bench/peers/run_peers.sh
