@@ -19,7 +19,8 @@ Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t
   s.frame = TpBoxOf(spec, config, t);
   const int64_t n = NumEl(s.frame);
   if (spec.layout.zero_sharded()) {
-    const Interval r = ZeroRange(n, config.dp, d);
+    const int g = ZeroGroupSize(spec.layout, config);
+    const Interval r = ZeroRange(n, g, d % g);
     s.flat_begin = r.begin;
     s.flat_end = r.end;
   } else {
@@ -28,16 +29,19 @@ Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t
   return s;
 }
 
-int64_t OverlapCount(const Shard& a, const Shard& b) {
+int64_t OverlapCount(const Shard& a, const Shard& b, const Box* state) {
   if (a.empty() || b.empty()) return 0;
-  if (a.frame == b.frame) {
+  if (state != nullptr && state->Contains(a.frame)) state = nullptr;  // no padding in a
+  if (a.frame == b.frame && state == nullptr) {
     return Intersect(Interval{a.flat_begin, a.flat_end}, Interval{b.flat_begin, b.flat_end}).size();
   }
   if (NumEl(Intersect(a.frame, b.frame)) == 0) return 0;
   const std::vector<Box> bb = ShardBoxes(b);
   int64_t n = 0;
   for (const Box& x : ShardBoxes(a)) {
-    for (const Box& y : bb) n += NumEl(Intersect(x, y));
+    const Box xs = state ? Intersect(x, *state) : x;
+    if (NumEl(xs) == 0) continue;
+    for (const Box& y : bb) n += NumEl(Intersect(xs, y));
   }
   return n;
 }
@@ -50,7 +54,7 @@ struct Piece {
   int64_t r0, r1, x0, x1;
 };
 
-int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
+int PiecesUnclipped(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
   if (r.empty()) return 0;
   const int64_t row = w * inner, base = c0 * inner;
   const int64_t a = r.begin / row, b = (r.end - 1) / row;
@@ -65,13 +69,32 @@ int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
   return n;
 }
 
+// `limit`: in-row positions at or past it are padding (dropped).
+int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, int64_t limit, Piece* out) {
+  const int n = PiecesUnclipped(r, w, c0, inner, out);
+  int m = 0;
+  for (int i = 0; i < n; ++i) {
+    out[i].x1 = std::min(out[i].x1, limit);
+    if (out[i].x0 < out[i].x1) out[m++] = out[i];
+  }
+  return m;
+}
+
+// The [outer, split dim, inner] view of a TP-split tensor: the split dim's logical length, its
+// (padded) slice widths in the two configs, and where padding starts (in-row position).
 struct SplitView {
-  int64_t outer = 1, inner = 1, len = 0;
-  explicit SplitView(const TensorSpec& spec) {
+  int64_t outer = 1, inner = 1, len = 0, wo = 0, wn = 0, limit = 0;
+  int go = 1, gn = 1;  // ZeRO ranges per TP slice
+  SplitView(const TensorSpec& spec, const ParallelConfig& oc, const ParallelConfig& nc) {
     const size_t k = static_cast<size_t>(spec.layout.tp_dim());
     for (size_t i = 0; i < k; ++i) outer *= spec.shape[i];
     for (size_t i = k + 1; i < spec.shape.size(); ++i) inner *= spec.shape[i];
     len = spec.shape[k];
+    wo = SplitLength(spec, oc) / oc.tp;
+    wn = SplitLength(spec, nc) / nc.tp;
+    limit = len * inner;
+    go = ZeroGroupSize(spec.layout, oc);
+    gn = ZeroGroupSize(spec.layout, nc);
   }
 };
 
@@ -79,10 +102,11 @@ struct SplitView {
 
 DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
                      const ParallelConfig& nc, int tn) {
-  const SplitView v(spec);
-  const int64_t inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  const SplitView v(spec, oc, nc);
+  const int64_t inner = v.inner, wo = v.wo, wn = v.wn;
   Piece a[3];
-  const int na = Pieces(ZeroRange(v.outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
+  const int na =
+      Pieces(ZeroRange(v.outer * wo * inner, v.go, d % v.go), wo, wo * t, inner, v.limit, a);
   const int64_t lo = wn * tn * inner, hi = lo + wn * inner;  // new frame's in-row positions
   int64_t first = -1, last = -1;                             // flat positions in the new frame
   for (int i = 0; i < na; ++i) {
@@ -94,16 +118,18 @@ DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, in
     last = std::max(last, l);
   }
   if (first < 0) return {};
-  return ZeroRanksOf(v.outer * wn * inner, nc.dp, {first, last + 1});
+  return ZeroRanksOf(v.outer * wn * inner, v.gn, {first, last + 1});
 }
 
 int64_t ZeroSplitOverlap(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
                          const ParallelConfig& nc, int dn, int tn) {
-  const SplitView v(spec);
-  const int64_t outer = v.outer, inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  const SplitView v(spec, oc, nc);
+  const int64_t outer = v.outer, inner = v.inner, wo = v.wo, wn = v.wn;
   Piece a[3], b[3];
-  const int na = Pieces(ZeroRange(outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
-  const int nb = Pieces(ZeroRange(outer * wn * inner, nc.dp, dn), wn, wn * tn, inner, b);
+  const int na =
+      Pieces(ZeroRange(outer * wo * inner, v.go, d % v.go), wo, wo * t, inner, v.limit, a);
+  const int nb =
+      Pieces(ZeroRange(outer * wn * inner, v.gn, dn % v.gn), wn, wn * tn, inner, v.limit, b);
   int64_t n = 0;
   for (int i = 0; i < na; ++i) {
     for (int j = 0; j < nb; ++j) {
@@ -200,6 +226,7 @@ class PairWeights {
       if (k.elems == 0) continue;
       const bool split = k.rep.layout.tp_split(), zero = k.rep.layout.zero_sharded();
       const int64_t bytes = count * k.elem;
+      padded_ |= k.rep.layout.pad_multiple() > 0;
       if (!split && !zero) w1_ += bytes * k.elems;
       if (split && !zero) rep_split_.push_back({&k, bytes});
       if (!split && zero) zero_unsplit_.push_back({&k, bytes});
@@ -207,6 +234,12 @@ class PairWeights {
     }
   }
   int64_t W1() const { return w1_; }
+  // TP indices of `to` whose slices may overlap index t's of `from` (a, b = their tp): the
+  // fraction overlap, or every index when a padded class makes slice widths differ.
+  std::pair<int, int> TpRange(int t, int a, int b) const {
+    if (padded_) return {0, b - 1};
+    return FractionOverlap(t, a, b);
+  }
   bool HasW2() const { return !rep_split_.empty(); }
   bool HasW3() const { return !zero_unsplit_.empty(); }
   bool HasW4() const { return !zero_split_.empty(); }
@@ -215,17 +248,21 @@ class PairWeights {
     int64_t w = 0;
     for (const auto& [k, bytes] : rep_split_) {
       const int64_t len = k->rep.shape[static_cast<size_t>(k->rep.layout.tp_dim())];
-      const int64_t so = len / oc_.tp, sn = len / nc_.tp;
+      const int64_t so = SplitLength(k->rep, oc_) / oc_.tp, sn = SplitLength(k->rep, nc_) / nc_.tp;
+      if (len == 0) continue;
       w += bytes * (k->elems / len) *
-           Intersect(Interval{so * t, so * (t + 1)}, Interval{sn * tn, sn * (tn + 1)}).size();
+           Intersect(Intersect(Interval{so * t, so * (t + 1)}, Interval{sn * tn, sn * (tn + 1)}),
+                     Interval{0, len})
+               .size();
     }
     return w;
   }
   int64_t W3(int d, int dn) const {
     int64_t w = 0;
     for (const auto& [k, bytes] : zero_unsplit_) {
-      w +=
-          bytes * Intersect(ZeroRange(k->elems, oc_.dp, d), ZeroRange(k->elems, nc_.dp, dn)).size();
+      const int go = ZeroGroupSize(k->rep.layout, oc_), gn = ZeroGroupSize(k->rep.layout, nc_);
+      w += bytes * Intersect(ZeroRange(k->elems, go, d % go), ZeroRange(k->elems, gn, dn % gn))
+                       .size();
     }
     return w;
   }
@@ -241,8 +278,11 @@ class PairWeights {
   void Span3(int d, std::vector<int>& out) const {
     out.clear();
     for (const auto& [k, bytes] : zero_unsplit_) {
-      const DpSpan s = ZeroRanksOf(k->elems, nc_.dp, ZeroRange(k->elems, oc_.dp, d));
-      for (int dn = s.first; dn <= s.last; ++dn) out.push_back(dn);
+      const int go = ZeroGroupSize(k->rep.layout, oc_), gn = ZeroGroupSize(k->rep.layout, nc_);
+      const DpSpan s = ZeroRanksOf(k->elems, gn, ZeroRange(k->elems, go, d % go));
+      for (int g = s.first; g <= s.last; ++g) {
+        for (int dn = g; dn < nc_.dp; dn += gn) out.push_back(dn);  // hybrid: every replica
+      }
     }
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -251,8 +291,11 @@ class PairWeights {
   // (d, t) touches (per class, a hull of that class's shard; duplicates possible).
   void Span4(int d, int t, int tn, std::vector<std::pair<int, int>>& out) const {
     for (const auto& [k, bytes] : zero_split_) {
+      const int gn = ZeroGroupSize(k->rep.layout, nc_);
       const DpSpan s = plan_internal::ZeroSplitSpan(k->rep, oc_, d, t, nc_, tn);
-      for (int dn = s.first; dn <= s.last; ++dn) out.push_back({tn, dn});
+      for (int g = s.first; g <= s.last; ++g) {
+        for (int dn = g; dn < nc_.dp; dn += gn) out.push_back({tn, dn});
+      }
     }
   }
 
@@ -262,6 +305,7 @@ class PairWeights {
   const ParallelConfig& oc_;
   const ParallelConfig& nc_;
   int64_t w1_ = 0;
+  bool padded_ = false;
   std::vector<Part> rep_split_, zero_unsplit_, zero_split_;
 };
 
@@ -276,7 +320,7 @@ struct Direct {
 std::vector<Direct> DirectEntries(const PairWeights& pw, const ParallelConfig& oc,
                                   const ParallelConfig& nc, int d, int t) {
   std::vector<std::pair<int, int>> cand;  // (tn, dn)
-  const auto [t0, t1] = FractionOverlap(t, oc.tp, nc.tp);
+  const auto [t0, t1] = pw.TpRange(t, oc.tp, nc.tp);
   if (pw.HasW2() && pw.HasW3()) {
     std::vector<int> s3;
     pw.Span3(d, s3);
@@ -396,7 +440,7 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
         for (int pold : olds) {
           const PairWeights& pw = *pw_of(pold);
           if (!pw.HasW2()) continue;
-          const auto [t0, t1] = FractionOverlap(tn, nc.tp, oc.tp);
+          const auto [t0, t1] = pw.TpRange(tn, nc.tp, oc.tp);
           for (int t = t0; t <= t1; ++t) {
             const int64_t w2 = pw.W2(t, tn);
             if (w2 > 0) {
