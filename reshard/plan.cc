@@ -229,6 +229,7 @@ StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) 
   }
   std::map<std::tuple<DType, std::vector<int64_t>, int, bool, int, int>, int> class_of;
   classes->new_stages_of_old.resize(static_cast<size_t>(oc.pp));
+  classes->on_new_stage.resize(static_cast<size_t>(nc.pp));
   for (const TensorSpec& t : input.tensors) {
     auto key = std::make_tuple(t.dtype, t.shape, t.layout.tp_dim(), t.layout.zero_sharded(),
                                t.layout.pad_multiple(), t.layout.zero_group());
@@ -241,6 +242,15 @@ StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) 
     }
     // A tensor on several stages counts towards every (old stage, new stage) pair holding it:
     // each of those stages has a full replica.
+    for (const int pn : StagesOfUnchecked(t, nc)) {
+      auto& g = classes->on_new_stage[static_cast<size_t>(pn)];
+      auto gi = std::find_if(g.begin(), g.end(), [&](auto& e) { return e.first == it->second; });
+      if (gi == g.end()) {
+        g.push_back({it->second, 1});
+      } else {
+        ++gi->second;
+      }
+    }
     for (const int po : StagesOfUnchecked(t, oc)) {
       for (const int pn : StagesOfUnchecked(t, nc)) {
         auto& g = classes->groups[{po, pn}];
@@ -362,9 +372,8 @@ Planner::Totals Planner::ComputeTotals() const {
   const ParallelConfig& nc = in_->new_config;
   for (int s = 0; s < nc.world(); ++s) {
     const auto c = nc.CoordsOf(s);
-    for (const auto& [stages, group] : classes_->groups) {
-      if (stages.second != c.p) continue;
-      for (const auto& [cls, count] : group) {
+    {
+      for (const auto& [cls, count] : classes_->on_new_stage[static_cast<size_t>(c.p)]) {
         const auto& k = classes_->classes[static_cast<size_t>(cls)];
         // Checked: per-tensor sizes fit int64, their sum need not. resident <= needed, so a
         // needed total that fits means every resident sum fits too.

@@ -38,6 +38,9 @@ struct Planner::Classes {
                     static_cast<size_t>(new_stage)];
   }
   std::vector<std::vector<int>> new_stages_of_old;  // with at least one tensor, ascending
+  // New stage -> (class, number of tensors of that class on it): each tensor once per new
+  // stage holding it (groups count a tensor on several old stages once per old stage).
+  std::vector<std::vector<std::pair<int, int64_t>>> on_new_stage;
   bool any_unsplit = false;
 };
 

@@ -53,12 +53,36 @@ Case RandomCase(Rng& rng, int max_world = 12, int max_dim = 4) {
     const int rank = Uniform(rng, 0, 3);
     for (int d = 0; d < rank; ++d) t.shape.push_back(Uniform(rng, 1, 5));
     Layout l = Layout::Layer(Uniform(rng, 0, layers - 1));
+    // The layouts real checkpoints use (issue 7 §5), each in about a quarter of the tensors:
+    // a second layer (tied embeddings), a block-interleaved or a padded split, hybrid ZeRO.
+    if (layers > 1 && Uniform(rng, 0, 3) == 0) l = l.AlsoOnLayer(Uniform(rng, 0, layers - 1));
     if (rank > 0 && Uniform(rng, 0, 2) > 0) {
       const int dim = Uniform(rng, 0, rank - 1);
-      t.shape[static_cast<size_t>(dim)] = lcm * Uniform(rng, 1, 3);
-      l = l.SplitTP(dim);
+      const int kind = Uniform(rng, 0, 3);
+      if (kind == 0) {
+        const int blocks = Uniform(rng, 2, 3);
+        t.shape[static_cast<size_t>(dim)] = blocks * lcm * Uniform(rng, 1, 2);
+        l = l.SplitTPBlocks(dim, blocks);
+      } else if (kind == 1) {
+        t.shape[static_cast<size_t>(dim)] = Uniform(rng, 1, 9);
+        l = l.SplitTP(dim).PadToMultiple(Uniform(rng, 1, 3));
+      } else {
+        t.shape[static_cast<size_t>(dim)] = lcm * Uniform(rng, 1, 3);
+        l = l.SplitTP(dim);
+      }
     }
-    if (in.old_config.zero_stage || Uniform(rng, 0, 3) == 0) l = l.ZeroShard(Uniform(rng, 0, 1));
+    if (in.old_config.zero_stage || Uniform(rng, 0, 3) == 0) {
+      const int g = std::gcd(in.old_config.dp, in.new_config.dp);
+      if (g > 1 && Uniform(rng, 0, 2) == 0) {
+        std::vector<int> divisors;
+        for (int x = 1; x <= g; ++x) {
+          if (g % x == 0) divisors.push_back(x);
+        }
+        l = l.ZeroShard(divisors[static_cast<size_t>(Uniform(rng, 0, int(divisors.size()) - 1))]);
+      } else {
+        l = l.ZeroShard(Uniform(rng, 0, 1) == 1);
+      }
+    }
     t.layout = l;
     in.tensors.push_back(std::move(t));
   }
@@ -162,7 +186,8 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
       for (const PieceMove& m : lp.local_copies) local += PieceBytes(lp, m);
       for (size_t t = 0; t < lp.new_shards.size(); ++t) {
         if (lp.new_shards[t])
-          needed += lp.new_shards[t]->NumElements() * DTypeSize(in.tensors[t].dtype);
+          needed += StateElements(in.tensors[t], *lp.new_shards[t]) *
+                    DTypeSize(in.tensors[t].dtype);
       }
     }
     ASSERT_EQ(local, sum.bytes_resident);
