@@ -34,6 +34,18 @@ struct Region {
 
 using plan_internal::LinearIn;
 
+// StagesOfUnchecked into a reused vector (PlanFor's per-tensor hot path: no allocation for the
+// common single-layer tensor once `out` has capacity).
+void StagesInto(const TensorSpec& spec, const ParallelConfig& config, std::vector<int>& out) {
+  out.clear();
+  if (spec.layout.extra_layers().empty()) {
+    out.push_back(StageOfUnchecked(spec, config));
+    return;
+  }
+  const std::vector<int> s = StagesOfUnchecked(spec, config);
+  out.assign(s.begin(), s.end());
+}
+
 // Boxes clipped to the state (padded tensors: frames reach past the logical size).
 void ClipToState(const TensorSpec& spec, std::vector<Box>& boxes) {
   if (spec.layout.pad_multiple() <= 0) return;
@@ -481,8 +493,8 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
       const Shard need = ShardOfUnchecked(spec, nc, s);
       if (need.empty()) continue;
       lp.new_shards[ti] = need;
-      olds = StagesOfUnchecked(spec, oc);
-      news = StagesOfUnchecked(spec, nc);
+      StagesInto(spec, oc, olds);
+      StagesInto(spec, nc, news);
       RegionsOf(spec, oc, need, regions);
       for (size_t ri = 0; ri < regions.size(); ++ri) {
         const Region& rg = regions[ri];
@@ -524,8 +536,8 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
       const Shard have = ShardOfUnchecked(spec, oc, r);
       if (have.empty()) continue;
       lp.old_shards[ti] = have;
-      olds = StagesOfUnchecked(spec, oc);
-      news = StagesOfUnchecked(spec, nc);
+      StagesInto(spec, oc, olds);
+      StagesInto(spec, nc, news);
       const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
       int t_first = 0, t_last = 0;
       if (split) {

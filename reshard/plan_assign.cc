@@ -234,11 +234,27 @@ class PairWeights {
     }
   }
   int64_t W1() const { return w1_; }
-  // TP indices of `to` whose slices may overlap index t's of `from` (a, b = their tp): the
-  // fraction overlap, or every index when a padded class makes slice widths differ.
-  std::pair<int, int> TpRange(int t, int a, int b) const {
-    if (padded_) return {0, b - 1};
-    return FractionOverlap(t, a, b);
+  // TP indices of `to` whose slices may overlap the state of index t's slice of `from`: the
+  // fraction overlap (equal logical lengths), widened by each padded class's own overlap (its
+  // slice widths P/tp differ between the configs). A hull: indices without overlap get weight 0.
+  std::pair<int, int> TpRange(int t, const ParallelConfig& from, const ParallelConfig& to) const {
+    std::pair<int, int> r = FractionOverlap(t, from.tp, to.tp);
+    if (!padded_) return r;
+    for (const auto* parts : {&rep_split_, &zero_split_}) {
+      for (const auto& [k, bytes] : *parts) {
+        if (k->rep.layout.pad_multiple() <= 0) continue;
+        const int64_t len = k->rep.shape[static_cast<size_t>(k->rep.layout.tp_dim())];
+        const int64_t sf = SplitLength(k->rep, from) / from.tp;
+        const int64_t st = SplitLength(k->rep, to) / to.tp;
+        const int64_t lo = sf * t, hi = std::min(sf * (t + 1), len);
+        if (lo >= hi) continue;
+        r.first = std::min(r.first, static_cast<int>(lo / st));
+        r.second = std::max(r.second, static_cast<int>((hi - 1) / st));
+      }
+    }
+    r.first = std::max(r.first, 0);
+    r.second = std::min(r.second, to.tp - 1);
+    return r;
   }
   bool HasW2() const { return !rep_split_.empty(); }
   bool HasW3() const { return !zero_unsplit_.empty(); }
@@ -320,7 +336,7 @@ struct Direct {
 std::vector<Direct> DirectEntries(const PairWeights& pw, const ParallelConfig& oc,
                                   const ParallelConfig& nc, int d, int t) {
   std::vector<std::pair<int, int>> cand;  // (tn, dn)
-  const auto [t0, t1] = pw.TpRange(t, oc.tp, nc.tp);
+  const auto [t0, t1] = pw.TpRange(t, oc, nc);
   if (pw.HasW2() && pw.HasW3()) {
     std::vector<int> s3;
     pw.Span3(d, s3);
@@ -440,7 +456,7 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
         for (int pold : olds) {
           const PairWeights& pw = *pw_of(pold);
           if (!pw.HasW2()) continue;
-          const auto [t0, t1] = pw.TpRange(tn, nc.tp, oc.tp);
+          const auto [t0, t1] = pw.TpRange(tn, nc, oc);
           for (int t = t0; t <= t1; ++t) {
             const int64_t w2 = pw.W2(t, tn);
             if (w2 > 0) {
