@@ -412,6 +412,28 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
   // Direct entries memoized by (group id, old d, old t): stages with equal groups share them.
   std::unordered_map<uint64_t, std::vector<Direct>> direct_memo;
   const uint64_t dt_cells = uint64_t(oc.dp) * uint64_t(oc.tp);
+  // Hybrid ZeRO: every weight depends on DP ranks only through d mod lo and d' mod ln (the lcm of
+  // the classes' ZeRO range counts; plain ZeRO counts dp). When ln < new dp, the new ranks of a
+  // cell (p', t', d' mod ln) share one list of what would be direct entries, keyed by old groups
+  // (p, t, d mod lo): without it, every old rank would list every replica of its ranges (dense in
+  // dp). Same weights either way: W = max(lists, direct).
+  int lo = 1, ln = 1;
+  bool any_zero = false;
+  for (const auto& k : cl.classes) {
+    if (!k.rep.layout.zero_sharded()) continue;
+    any_zero = true;
+    lo = std::lcm(lo, ZeroGroupSize(k.rep.layout, oc));
+    ln = std::lcm(ln, ZeroGroupSize(k.rep.layout, nc));
+  }
+  const bool share = any_zero && ln < nc.dp;
+  std::vector<int32_t> g4(share ? po * size_t(oc.tp) * size_t(lo) : 0, -1);
+  auto direct_of = [&](size_t pi, int d, int t) -> const std::vector<Direct>& {
+    const uint64_t key =
+        uint64_t(cl.group_id[pi]) * dt_cells + uint64_t(d) * uint64_t(oc.tp) + uint64_t(t);
+    auto [it, fresh] = direct_memo.try_emplace(key);
+    if (fresh) it->second = DirectEntries(*pair[pi], oc, nc, d, t);
+    return it->second;
+  };
 
   for (size_t comp = 0; comp < po + pn; ++comp) {
     const std::vector<int>& stages = new_stages_of[comp];
@@ -444,7 +466,7 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
       pb.list_group.push_back(g);
       pb.list_w.push_back(w);
     };
-    pb.row_lists.assign(static_cast<size_t>(pb.rows), {-1, -1, -1});
+    pb.row_lists.assign(static_cast<size_t>(pb.rows), {-1, -1, -1, -1});
     for (int pnew : stages) {
       const auto& olds = old_stages_of_new[static_cast<size_t>(pnew)];
       auto pw_of = [&](int pold) { return pair[static_cast<size_t>(pold) * pn + size_t(pnew)]; };
@@ -498,6 +520,31 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
           pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])][2] = l3;
         }
       }
+      if (share) {  // the shared cell lists (see above), from representatives d < lo, d' < ln
+        std::vector<std::vector<std::pair<int32_t, int64_t>>> per_cell(size_t(nc.tp) * size_t(ln));
+        for (int pold : olds) {
+          const size_t pi = static_cast<size_t>(pold) * pn + static_cast<size_t>(pnew);
+          for (int t = 0; t < oc.tp; ++t) {
+            for (int dm = 0; dm < lo; ++dm) {
+              for (const Direct& e : direct_of(pi, dm, t)) {
+                if (e.dn >= ln) continue;
+                const size_t gi = (size_t(pold) * size_t(oc.tp) + size_t(t)) * size_t(lo) + size_t(dm);
+                per_cell[size_t(e.tn) * size_t(ln) + size_t(e.dn)].push_back({group_id(g4[gi]), e.w});
+              }
+            }
+          }
+        }
+        for (int tn = 0; tn < nc.tp; ++tn) {
+          for (int dm = 0; dm < ln; ++dm) {
+            for (const auto& [g, w] : per_cell[size_t(tn) * size_t(ln) + size_t(dm)]) add(g, w);
+            const int32_t l4 = close_list();
+            for (int dn = dm; dn < nc.dp; dn += ln) {
+              pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])][3] =
+                  l4;
+            }
+          }
+        }
+      }
     }
     pb.num_groups = groups;
     // Columns: their groups, and their direct entries (collected per row).
@@ -505,18 +552,18 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
     pb.col_group_begin.push_back(0);
     for (size_t j = 0; j < cols.size(); ++j) {
       const auto o = oc.CoordsOf(assignment_.old_rank_of_participant[static_cast<size_t>(cols[j])]);
+      const int32_t g4j =
+          share ? g4[(size_t(o.p) * size_t(oc.tp) + size_t(o.t)) * size_t(lo) + size_t(o.d % lo)]
+                : -1;
       for (int32_t g : {g1[size_t(o.p)], g2[size_t(o.p) * size_t(oc.tp) + size_t(o.t)],
-                        g3[size_t(o.p) * size_t(oc.dp) + size_t(o.d)]}) {
+                        g3[size_t(o.p) * size_t(oc.dp) + size_t(o.d)], g4j}) {
         if (g >= 0) pb.col_group.push_back(g);
       }
       pb.col_group_begin.push_back(static_cast<int64_t>(pb.col_group.size()));
+      if (share) continue;  // its direct entries are in the shared cell lists
       for (int pnew : cl.new_stages_of_old[static_cast<size_t>(o.p)]) {
         const size_t pi = static_cast<size_t>(o.p) * pn + static_cast<size_t>(pnew);
-        const uint64_t key =
-            uint64_t(cl.group_id[pi]) * dt_cells + uint64_t(o.d) * uint64_t(oc.tp) + uint64_t(o.t);
-        auto [it, fresh] = direct_memo.try_emplace(key);
-        if (fresh) it->second = DirectEntries(*pair[pi], oc, nc, o.d, o.t);
-        for (const Direct& e : it->second) {
+        for (const Direct& e : direct_of(pi, o.d, o.t)) {
           const int32_t row = row_of_rank[static_cast<size_t>(nc.RankOf({pnew, e.dn, e.tn}))];
           direct[static_cast<size_t>(row)].push_back({static_cast<int32_t>(j), e.w});
         }
