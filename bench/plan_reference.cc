@@ -234,9 +234,9 @@ int64_t Reference::Needed(int s) const {
   for (const TensorSpec& t : in_.tensors) {
     const std::vector<int> st = StagesOf(nc, t.layout);
     if (!std::binary_search(st.begin(), st.end(), c.p)) continue;
-    const Class k{DTypeSize(t.dtype),        t.shape,
-                  t.layout.tp_dim(),         t.layout.zero_sharded(),
-                  t.layout.tp_blocks(),      t.layout.pad_multiple(),
+    const Class k{DTypeSize(t.dtype),   t.shape,
+                  t.layout.tp_dim(),    t.layout.zero_sharded(),
+                  t.layout.tp_blocks(), t.layout.pad_multiple(),
                   t.layout.zero_group()};
     bytes += Count(k, nc, c.d, c.t) * k.elem;
   }

@@ -143,10 +143,9 @@ Status ValidatePieces(const std::vector<CheckpointPiece>& pieces) {
     // Padded tensors: the frame may reach into the padding; only state is saved (WriteRank).
     const Box whole = Box::FromShape(t.frame_shape());
     if (p.shard.frame.rank() != whole.rank() || !whole.Contains(p.shard.frame)) {
-      return InvalidArgumentError("piece " + p.shard.ToString() + " of tensor '" + t.name +
-                                  "' lies outside its " +
-                                  (t.padded_shape.empty() ? "shape " : "padded shape ") +
-                                  whole.ToString());
+      return InvalidArgumentError(
+          "piece " + p.shard.ToString() + " of tensor '" + t.name + "' lies outside its " +
+          (t.padded_shape.empty() ? "shape " : "padded shape ") + whole.ToString());
     }
     MORPH_ASSIGN_OR_RETURN(int64_t frame_n, p.shard.frame.NumElements());
     if (p.shard.flat_begin < 0 || p.shard.flat_end > frame_n) {

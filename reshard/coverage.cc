@@ -134,8 +134,8 @@ Status ValidateCoverage(std::string_view tensor, const Shard& shard,
                                   " are not covered by any piece (they would never be written)");
     }
   }
-  return InternalError(where + ": coverage count " + std::to_string(total) + " != " +
-                       std::to_string(shard_total) + " but every shard box is covered");
+  return InternalError(where + ": coverage count " + std::to_string(total) +
+                       " != " + std::to_string(shard_total) + " but every shard box is covered");
 }
 
 }  // namespace morph

@@ -588,8 +588,8 @@ class Execution {
       // Padded tensors: pieces cover the state; the rest of the shard is zero-filled below.
       const Box state = Box::FromShape(info.shape);
       const bool padded = !info.padded_shape.empty() && !state.Contains(plan_.new_shards[t]->frame);
-      MORPH_RETURN_IF_ERROR(ValidateCoverage(info.name, *plan_.new_shards[t], cover[t],
-                                             padded ? &state : nullptr));
+      MORPH_RETURN_IF_ERROR(
+          ValidateCoverage(info.name, *plan_.new_shards[t], cover[t], padded ? &state : nullptr));
       if (padded && plan_.new_shards[t]->NumElements() > 0) {
         for (const Box& sb : ShardBoxes(*plan_.new_shards[t])) {
           for (const Box& pad : Subtract(sb, state)) {

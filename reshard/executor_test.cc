@@ -672,7 +672,8 @@ TEST(ExecutorTest, PaddedTensorStateMovesAndPaddingIsZeroFilled) {
   for (int i = 0; i < 16; ++i) old_buf[size_t(i)] = float(i < 12 ? i : 99);
   std::vector<OldShardData> olds{
       {"e", DType::kF32, ConstBufferView(old_buf.data(), 64, MemoryKind::kHost)}};
-  std::vector<NewShardData> news{{"e", DType::kF32, BufferView{new_buf.data(), 32, MemoryKind::kHost}}};
+  std::vector<NewShardData> news{
+      {"e", DType::kF32, BufferView{new_buf.data(), 32, MemoryKind::kHost}}};
   auto run = [&](const LocalPlan& plan) {
     auto hub = std::make_shared<InProcHub>(1);
     InProcTransport t(hub, 0);
@@ -687,10 +688,11 @@ TEST(ExecutorTest, PaddedTensorStateMovesAndPaddingIsZeroFilled) {
                                             HasSubstr("within the state [0,6)x[0,2)"))));
   LocalPlan short_of_state = p;
   short_of_state.local_copies = {{0, 0, Box({{4, 5}, {0, 2}})}};
-  EXPECT_THAT(run(short_of_state),
-              StatusIs(StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("tensor 'e'"), HasSubstr("2 of the 4 elements of box [4,6)x[0,2)"),
-                             HasSubstr("not covered"))));
+  EXPECT_THAT(
+      run(short_of_state),
+      StatusIs(StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("tensor 'e'"), HasSubstr("2 of the 4 elements of box [4,6)x[0,2)"),
+                     HasSubstr("not covered"))));
   LocalPlan past_padding = p;
   past_padding.new_shards = {Shard{Box({{4, 9}, {0, 2}}), 0, 8}};
   EXPECT_THAT(run(past_padding), StatusIs(StatusCode::kInvalidArgument,

@@ -102,8 +102,8 @@ Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& con
     if (l.pad_multiple() > 0) {
       const int64_t unit = int64_t{l.pad_multiple()} * config.tp;
       if (len > std::numeric_limits<int64_t>::max() - unit) {
-        return Bad(spec, "padded size of dimension " + std::to_string(l.tp_dim()) +
-                             " overflows int64");
+        return Bad(spec,
+                   "padded size of dimension " + std::to_string(l.tp_dim()) + " overflows int64");
       }
       const int64_t padded = (len + unit - 1) / unit * unit;
       int64_t bytes = DTypeSize(spec.dtype);
@@ -124,8 +124,8 @@ Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& con
   }
   if (l.zero_sharded() && l.zero_group() > 0 &&
       (l.zero_group() > config.dp || config.dp % l.zero_group() != 0)) {
-    return Bad(spec, "zero_group=" + std::to_string(l.zero_group()) + " does not divide dp=" +
-                         std::to_string(config.dp) +
+    return Bad(spec, "zero_group=" + std::to_string(l.zero_group()) +
+                         " does not divide dp=" + std::to_string(config.dp) +
                          " (hybrid ZeRO needs dp to be a multiple of its group size)");
   }
   return Status();

@@ -211,9 +211,9 @@ std::vector<Box> RealBoxes(const TensorSpec& spec, const Box& plan_box);
 // [0, tp).
 Box TpBoxOf(const TensorSpec& spec, const ParallelConfig& config, int t);
 
-// Exactly what `rank` holds of the tensor, in planning coordinates: an empty shard (frame = the TP-local box, flat range
-// [0,0)) when the rank's stage does not hold it. kInvalidArgument when the spec does not fit the
-// config or rank is not in [0, world).
+// Exactly what `rank` holds of the tensor, in planning coordinates: an empty shard (frame = the
+// TP-local box, flat range [0,0)) when the rank's stage does not hold it. kInvalidArgument when the
+// spec does not fit the config or rank is not in [0, world).
 StatusOr<Shard> ShardOf(const TensorSpec& spec, const ParallelConfig& config, int rank);
 // Same, without checks (the hot path of the planner; caller validated spec, config and rank).
 Shard ShardOfUnchecked(const TensorSpec& spec, const ParallelConfig& config, int rank);

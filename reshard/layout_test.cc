@@ -195,7 +195,8 @@ TEST(LayoutTest, RealModelBuilders) {
   EXPECT_TRUE(l.extended());
   EXPECT_EQ(l.ToString(), "layer=0,23 tp_dim=0 pad_multiple=128 zero zero_group=8");
   EXPECT_EQ(Layout::Layer(0).AlsoOnLayer(23), Layout::Layers({0, 23}));
-  EXPECT_EQ(Layout::Layer(1).SplitTPBlocks(0, 3).ToString(), "layer=1 tp_dim=0 blocks=3 replicated");
+  EXPECT_EQ(Layout::Layer(1).SplitTPBlocks(0, 3).ToString(),
+            "layer=1 tp_dim=0 blocks=3 replicated");
   EXPECT_EQ(Layout::Layer(1).ZeroShard(0), Layout::Layer(1).ZeroShard());
   EXPECT_FALSE(Layout::Layer(3).SplitTP(1).ZeroShard().extended());
 }
@@ -209,7 +210,8 @@ TEST(LayoutTest, RealModelValidationNamesTheField) {
   };
   bad(Layout::Layer(0).SplitTPBlocks(0, 0), {6, 4}, "blocks=0 must be >= 1");
   bad(Layout::Layer(0).SplitTPBlocks(-1, 3), {6, 4}, "blocks=3 needs a TP split");
-  bad(Layout::Layer(0).SplitTPBlocks(0, 4), {6, 4}, "dimension 0 of size 6 is not divisible by blocks=4");
+  bad(Layout::Layer(0).SplitTPBlocks(0, 4), {6, 4},
+      "dimension 0 of size 6 is not divisible by blocks=4");
   bad(Layout::Layer(0).SplitTP(0).PadToMultiple(-2), {6, 4}, "pad_multiple=-2 must be >= 0");
   bad(Layout::Layer(0).PadToMultiple(8), {6, 4},
       "pad_multiple=8 pads the TP-split dimension and needs a TP split");
@@ -263,8 +265,8 @@ TEST(LayoutTest, BlockInterleavedShardHoldsTheTthSliceOfEachBlock) {
 TEST(LayoutTest, PaddedShardReachesIntoPaddingAndHybridZeroRepeatsRanges) {
   // Vocabulary 10 padded to a multiple of 2 * tp = 6: P = 12, slices of 4; rank 2 holds rows
   // [8, 12) of which 10 and 11 are padding.
-  const TensorSpec emb{"e", DType::kF32, {10, 3},
-                       Layout::Layers({0, 1}).SplitTP(0).PadToMultiple(2)};
+  const TensorSpec emb{
+      "e", DType::kF32, {10, 3}, Layout::Layers({0, 1}).SplitTP(0).PadToMultiple(2)};
   const ParallelConfig c = Config(1, 3, 2, 2);
   EXPECT_EQ(SplitLength(emb, c), 12);
   MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(emb, c, 2));

@@ -266,8 +266,7 @@ StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) 
     for (const int po : StagesOfUnchecked(t, oc)) {
       for (const int pn : StagesOfUnchecked(t, nc)) {
         auto& g = classes->groups[{po, pn}];
-        auto gi =
-            std::find_if(g.begin(), g.end(), [&](auto& e) { return e.first == it->second; });
+        auto gi = std::find_if(g.begin(), g.end(), [&](auto& e) { return e.first == it->second; });
         if (gi == g.end()) {
           g.push_back({it->second, 1});
         } else {
@@ -390,9 +389,10 @@ Planner::Totals Planner::ComputeTotals() const {
         // Checked: per-tensor sizes fit int64, their sum need not. resident <= needed, so a
         // needed total that fits means every resident sum fits too.
         int64_t b = 0;
-        t.overflow |= __builtin_mul_overflow(count, k.elem, &b) ||
-                      __builtin_mul_overflow(b, StateElements(k.rep, ShardAt(k.rep, nc, c.d, c.t)), &b) ||
-                      __builtin_add_overflow(t.needed, b, &t.needed);
+        t.overflow |=
+            __builtin_mul_overflow(count, k.elem, &b) ||
+            __builtin_mul_overflow(b, StateElements(k.rep, ShardAt(k.rep, nc, c.d, c.t)), &b) ||
+            __builtin_add_overflow(t.needed, b, &t.needed);
       }
     }
     if (t.overflow) return t;

@@ -277,8 +277,8 @@ class PairWeights {
     int64_t w = 0;
     for (const auto& [k, bytes] : zero_unsplit_) {
       const int go = ZeroGroupSize(k->rep.layout, oc_), gn = ZeroGroupSize(k->rep.layout, nc_);
-      w += bytes * Intersect(ZeroRange(k->elems, go, d % go), ZeroRange(k->elems, gn, dn % gn))
-                       .size();
+      w += bytes *
+           Intersect(ZeroRange(k->elems, go, d % go), ZeroRange(k->elems, gn, dn % gn)).size();
     }
     return w;
   }
@@ -528,8 +528,10 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
             for (int dm = 0; dm < lo; ++dm) {
               for (const Direct& e : direct_of(pi, dm, t)) {
                 if (e.dn >= ln) continue;
-                const size_t gi = (size_t(pold) * size_t(oc.tp) + size_t(t)) * size_t(lo) + size_t(dm);
-                per_cell[size_t(e.tn) * size_t(ln) + size_t(e.dn)].push_back({group_id(g4[gi]), e.w});
+                const size_t gi =
+                    (size_t(pold) * size_t(oc.tp) + size_t(t)) * size_t(lo) + size_t(dm);
+                per_cell[size_t(e.tn) * size_t(ln) + size_t(e.dn)].push_back(
+                    {group_id(g4[gi]), e.w});
               }
             }
           }

@@ -99,10 +99,10 @@ TEST(PlanDigestTest, EveryLayoutFieldChangesTheTensorsPart) {
   base.available = {0, 1, 2, 3};
   const PlanDigest d = DigestOf(base);
   std::vector<Layout> variants = {
-      Layout::Layer(0).SplitTP(0).AlsoOnLayer(1),      Layout::Layers({1, 0}).SplitTP(0),
-      Layout::Layer(0).SplitTPBlocks(0, 2),            Layout::Layer(0).SplitTPBlocks(0, 4),
-      Layout::Layer(0).SplitTP(0).PadToMultiple(8),    Layout::Layer(0).SplitTP(0).PadToMultiple(16),
-      Layout::Layer(0).SplitTP(0).ZeroShard(2),        Layout::Layer(0).SplitTP(0).ZeroShard(1)};
+      Layout::Layer(0).SplitTP(0).AlsoOnLayer(1),   Layout::Layers({1, 0}).SplitTP(0),
+      Layout::Layer(0).SplitTPBlocks(0, 2),         Layout::Layer(0).SplitTPBlocks(0, 4),
+      Layout::Layer(0).SplitTP(0).PadToMultiple(8), Layout::Layer(0).SplitTP(0).PadToMultiple(16),
+      Layout::Layer(0).SplitTP(0).ZeroShard(2),     Layout::Layer(0).SplitTP(0).ZeroShard(1)};
   std::set<uint64_t> seen{d.parts[PlanDigest::kTensors]};
   for (const Layout& l : variants) {
     PlanInput in = base;

@@ -186,8 +186,8 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
       for (const PieceMove& m : lp.local_copies) local += PieceBytes(lp, m);
       for (size_t t = 0; t < lp.new_shards.size(); ++t) {
         if (lp.new_shards[t])
-          needed += StateElements(in.tensors[t], *lp.new_shards[t]) *
-                    DTypeSize(in.tensors[t].dtype);
+          needed +=
+              StateElements(in.tensors[t], *lp.new_shards[t]) * DTypeSize(in.tensors[t].dtype);
       }
     }
     ASSERT_EQ(local, sum.bytes_resident);
@@ -303,10 +303,14 @@ TEST(PlanPropertyTest, HybridZeroWorldsMatchTheDenseOptimum) {
     const int g2 = Uniform(rng, 0, 1) ? g : 1;  // a second group size dividing g
     in.tensors = {
         {"w", DType::kBF16, {lcm * Uniform(rng, 1, 3), 3}, Layout::Layer(0).SplitTP(0)},
-        {"m", DType::kF32, {lcm * Uniform(rng, 1, 3), Uniform(rng, 1, 5)},
+        {"m",
+         DType::kF32,
+         {lcm * Uniform(rng, 1, 3), Uniform(rng, 1, 5)},
          Layout::Layer(0).SplitTP(0).ZeroShard(g)},
         {"ln", DType::kF32, {Uniform(rng, 1, 40)}, Layout::Layer(Uniform(rng, 0, 1)).ZeroShard(g2)},
-        {"e", DType::kF32, {Uniform(rng, 1, 11), 2},
+        {"e",
+         DType::kF32,
+         {Uniform(rng, 1, 11), 2},
          Layout::Layers({0, 1}).SplitTP(0).PadToMultiple(Uniform(rng, 1, 2)).ZeroShard(g)},
         {"qkv", DType::kF32, {3 * lcm, 2}, Layout::Layer(1).SplitTPBlocks(0, 3).ZeroShard(g2)}};
     const int old_world = in.old_config.world();

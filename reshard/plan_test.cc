@@ -329,8 +329,8 @@ TEST(PlannerTest, ZeroSplitOverlapWithPaddingAndHybridGroups) {
   for (int it = 0; it < 3000; ++it) {
     const int tp_o = uni(1, 4), tp_n = uni(1, 4), g = uni(1, 3);
     const int rank = uni(1, 3), k = uni(0, rank - 1);
-    TensorSpec spec{"z", DType::kF32, {},
-                    Layout::Layer(0).SplitTP(k).PadToMultiple(uni(1, 3)).ZeroShard(g)};
+    TensorSpec spec{
+        "z", DType::kF32, {}, Layout::Layer(0).SplitTP(k).PadToMultiple(uni(1, 3)).ZeroShard(g)};
     for (int i = 0; i < rank; ++i) spec.shape.push_back(i == k ? uni(1, 13) : uni(1, 4));
     const ParallelConfig oc = Config(g * uni(1, 3), tp_o, 1, 1),
                          nc = Config(g * uni(1, 3), tp_n, 1, 1);

@@ -217,8 +217,7 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
         for (size_t off = 0; off < slots.size(); ++off) {
           for (int k = 0; k < es; ++k) {
             old_buf[q].data[t][off * size_t(es) + size_t(k)] =
-                slots[off] < 0 ? uint8_t{0x5A}
-                               : ReferenceByte(static_cast<int>(t), slots[off], k);
+                slots[off] < 0 ? uint8_t{0x5A} : ReferenceByte(static_cast<int>(t), slots[off], k);
           }
         }
       } else if (po && !po->empty()) {
@@ -235,7 +234,8 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
         if (static_cast<int64_t>(ReferenceSlots(spec, in.new_config, s).size()) !=
             sh.NumElements()) {
           return InternalError("participant " + std::to_string(q) + " tensor " + spec.name +
-                               ": new shard " + sh.ToString() + " differs in size from the "
+                               ": new shard " + sh.ToString() +
+                               " differs in size from the "
                                "reference");
         }
         new_buf[q].data[t].assign(static_cast<size_t>(sh.NumElements() * es), 0);

@@ -28,8 +28,7 @@ uint8_t ReferenceByte(int tensor, int64_t linear, int b);
 // from the layout's definition (stages of its layers; TP rank t's slice of the split dimension,
 // or of each of its blocks, or of the padded dimension; the flattened TP-local piece cut into
 // ceil(n / G) ranges, range d % G), sharing no code with ShardOf or the planner.
-std::vector<int64_t> ReferenceSlots(const TensorSpec& spec, const ParallelConfig& config,
-                                    int rank);
+std::vector<int64_t> ReferenceSlots(const TensorSpec& spec, const ParallelConfig& config, int rank);
 
 // Checks that for every pair (a, b) a's sends to b and b's recvs from a list the same
 // (tensor, box) in the same order. kInternal naming the pair otherwise.

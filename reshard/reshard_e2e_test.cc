@@ -229,14 +229,14 @@ void RunAndCheckSlots(const PlanInput& in, uint64_t chunk_bytes) {
                               : static_cast<char>(testutil::ReferenceByte(int(t), e, k)));
           }
         }
-        olds[qi].push_back({spec.name, spec.dtype,
-                            ConstBufferView(b.data(), b.size(), MemoryKind::kHost)});
+        olds[qi].push_back(
+            {spec.name, spec.dtype, ConstBufferView(b.data(), b.size(), MemoryKind::kHost)});
       }
       if (s >= 0 && plans[qi].new_shards[t]) {
         std::vector<char>& b = new_data[qi][t];
         b.assign(size_t(plans[qi].new_shards[t]->NumElements() * es), kGarbage);
-        news[qi].push_back({spec.name, spec.dtype, BufferView{b.data(), b.size(),
-                                                              MemoryKind::kHost}});
+        news[qi].push_back(
+            {spec.name, spec.dtype, BufferView{b.data(), b.size(), MemoryKind::kHost}});
       }
     }
   }
@@ -304,11 +304,15 @@ PlanInput Change(std::vector<TensorSpec> tensors, ParallelConfig from, ParallelC
 std::vector<TensorSpec> RealModel(int lcm) {
   return {
       {"qkv", DType::kBF16, {6 * 2 * lcm, 5}, Layout::Layer(1).SplitTPBlocks(0, 6)},
-      {"qkv.adam_m", DType::kF32, {6 * 2 * lcm, 5},
+      {"qkv.adam_m",
+       DType::kF32,
+       {6 * 2 * lcm, 5},
        Layout::Layer(1).SplitTPBlocks(0, 6).ZeroShard(2)},
       {"gate_up", DType::kF32, {3, 2 * 3 * lcm}, Layout::Layer(2).SplitTPBlocks(1, 2)},
       {"embed", DType::kF32, {37, 3}, Layout::Layers({0, 3}).SplitTP(0).PadToMultiple(4)},
-      {"embed.adam_v", DType::kF64, {37, 3},
+      {"embed.adam_v",
+       DType::kF64,
+       {37, 3},
        Layout::Layer(0).AlsoOnLayer(3).SplitTP(0).PadToMultiple(4).ZeroShard(2)},
       {"norm", DType::kF32, {7}, Layout::Layer(2).ZeroShard(2)},
   };
@@ -374,14 +378,20 @@ TEST(ReshardE2ETest, RandomRealModelLayouts) {
     ParallelConfig to = Cfg(Uniform(rng, 1, 4), Uniform(rng, 1, 3), Uniform(rng, 1, 2), layers);
     const int lcm = std::lcm(from.tp, to.tp), g = std::gcd(from.dp, to.dp);
     std::vector<TensorSpec> ts;
-    ts.push_back({"blocks", DType::kF32, {Uniform(rng, 2, 3) * lcm * Uniform(rng, 1, 2) * 2, 3},
+    ts.push_back({"blocks",
+                  DType::kF32,
+                  {Uniform(rng, 2, 3) * lcm * Uniform(rng, 1, 2) * 2, 3},
                   Layout::Layer(Uniform(rng, 0, 3)).SplitTPBlocks(0, 2)});
-    ts.push_back({"padded", DType::kBF16, {3, Uniform(rng, 1, 20)},
+    ts.push_back({"padded",
+                  DType::kBF16,
+                  {3, Uniform(rng, 1, 20)},
                   Layout::Layers({0, layers - 1}).SplitTP(1).PadToMultiple(Uniform(rng, 1, 3))});
     Layout hz = Layout::Layer(Uniform(rng, 0, 3)).ZeroShard(g % 2 == 0 ? 2 : 1);
     if (Uniform(rng, 0, 1)) hz = hz.AlsoOnLayer(Uniform(rng, 0, 3));
     ts.push_back({"hybrid", DType::kF64, {Uniform(rng, 1, 30)}, hz});
-    ts.push_back({"mix", DType::kU8, {4 * lcm, 5},
+    ts.push_back({"mix",
+                  DType::kU8,
+                  {4 * lcm, 5},
                   Layout::Layers({1, 2}).SplitTPBlocks(0, 4).ZeroShard(Uniform(rng, 0, 1) == 1)});
     SCOPED_TRACE("case " + std::to_string(i) + ": " + from.ToString() + " -> " + to.ToString());
     RunAndCheckSlots(Change(ts, from, to), 64 << Uniform(rng, 0, 4));
@@ -398,8 +408,8 @@ TEST(ReshardE2ETest, RealModelCheckpointLoadsIntoAnotherConfig) {
   struct Step {
     ParallelConfig from, to;
   };
-  const std::vector<Step> steps = {{Cfg(2, 4, 2), Cfg(4, 2, 4)}, {Cfg(4, 1, 1), Cfg(2, 3, 2)},
-                                   {Cfg(2, 3, 4), Cfg(2, 1, 1)}};
+  const std::vector<Step> steps = {
+      {Cfg(2, 4, 2), Cfg(4, 2, 4)}, {Cfg(4, 1, 1), Cfg(2, 3, 2)}, {Cfg(2, 3, 4), Cfg(2, 1, 1)}};
   for (size_t i = 0; i < steps.size(); ++i) {
     const ParallelConfig& a = steps[i].from;
     const ParallelConfig& b = steps[i].to;

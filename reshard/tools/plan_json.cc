@@ -83,9 +83,9 @@ StatusOr<ParallelConfig> ParseConfig(const json& j, const std::string& path, int
 // One entry of "tensors", expanded over its "layers" range.
 Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpec>& out,
                    std::vector<std::string>& paths) {
-  MORPH_RETURN_IF_ERROR(
-      OnlyKeys(j, path, {"name", "dtype", "shape", "layer", "layers", "tp_dim", "zero",
-                         "also_on_layers", "tp_blocks", "pad_multiple", "zero_group"}));
+  MORPH_RETURN_IF_ERROR(OnlyKeys(j, path,
+                                 {"name", "dtype", "shape", "layer", "layers", "tp_dim", "zero",
+                                  "also_on_layers", "tp_blocks", "pad_multiple", "zero_group"}));
   if (!j.contains("name")) return Bad(path + ".name", "is required");
   MORPH_ASSIGN_OR_RETURN(std::string name, Str(j["name"], path + ".name"));
   if (!j.contains("dtype")) return Bad(path + ".dtype", "is required");
