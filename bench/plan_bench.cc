@@ -19,6 +19,9 @@
 //                         resident/bound fields stay global), no optimum above 1,024 ranks
 //   plan_bench --world=N  only that world size; above 16,384 ranks (e.g. the planner's limit,
 //                         65,536) only the assignment is timed, plus a ZeRO drift case
+//   plan_bench --only=S   only the cases whose name contains S (e.g. real_layouts: fused QKV and
+//                         gate/up blocks, a tied padded embedding, hybrid ZeRO; above 4,096
+//                         ranks their assignment only)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -59,6 +62,30 @@ std::vector<TensorSpec> Gpt(int64_t h, int layers) {
     add(p + "ln2.bias", {h}, l, -1);
   }
   add("final_ln.weight", {h}, layers - 1, -1);
+  return t;
+}
+
+// The layouts real checkpoints use (issue 7 §5): fused QKV as 3 interleaved blocks, a fused
+// gate/up projection (2 blocks), a vocabulary of 50,257 padded to a multiple of 128 * tp on an
+// embedding tied between the first and the last layer, Adam moments under hybrid ZeRO (groups
+// of `group` DP ranks).
+std::vector<TensorSpec> GptRealLayouts(int64_t h, int layers, int group) {
+  std::vector<TensorSpec> t;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, Layout l) {
+    t.push_back({name, DType::kBF16, shape, l});
+    t.push_back({name + ".adam_m", DType::kF32, shape, l.ZeroShard(group)});
+    t.push_back({name + ".adam_v", DType::kF32, shape, l.ZeroShard(group)});
+  };
+  add("embed.weight", {50257, h}, Layout::Layers({0, layers - 1}).SplitTP(0).PadToMultiple(128));
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "attn.qkv.weight", {3 * h, h}, Layout::Layer(l).SplitTPBlocks(0, 3));
+    add(p + "attn.proj.weight", {h, h}, Layout::Layer(l).SplitTP(1));
+    add(p + "ln1.weight", {h}, Layout::Layer(l));
+    add(p + "mlp.gate_up.weight", {2 * 4 * h, h}, Layout::Layer(l).SplitTPBlocks(0, 2));
+    add(p + "mlp.down.weight", {h, 4 * h}, Layout::Layer(l).SplitTP(1));
+    add(p + "ln2.weight", {h}, Layout::Layer(l));
+  }
   return t;
 }
 
@@ -225,10 +252,15 @@ void Run(const Case& c, bool quick, bool optimum) {
 int main(int argc, char** argv) {
   bool quick = false;
   std::vector<int> worlds = {1024, 4096, 16384};
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strncmp(argv[i], "--world=", 8)) worlds = {std::atoi(argv[i] + 8)};
+    if (!std::strncmp(argv[i], "--only=", 7)) only = argv[i] + 7;
   }
+  auto run = [&](const morph::Case& c, bool q, bool opt) {
+    if (only.empty() || c.name.find(only) != std::string::npos) morph::Run(c, q, opt);
+  };
   using morph::Config;
   using morph::Gpt;
   const auto big = Gpt(12288, 96), small = Gpt(1024, 24);
@@ -237,7 +269,7 @@ int main(int argc, char** argv) {
     morph::ParallelConfig a{.dp = 136}, b{.dp = 135};
     const std::vector<morph::TensorSpec> z = {
         {"z", morph::DType::kF32, {1088}, morph::Layout::Layer(0).ZeroShard()}};
-    morph::Run({"plan_zero_1088_dp_136to135", z, a, b, 0}, false, true);
+    run({"plan_zero_1088_dp_136to135", z, a, b, 0}, false, true);
   }
   for (int world : worlds) {
     const int tp = 8, pp = 16, dp = world / (tp * pp);
@@ -258,13 +290,35 @@ int main(int argc, char** argv) {
         {"plan_gpt_h1024_dp_shrink_" + w, small, Config(world / 64, 8, 8, 24),
          Config(world / 64 - 1, 8, 8, 24), 8},
     };
-    for (const auto& c : cases) morph::Run(c, quick, opt);
+    for (const auto& c : cases) run(c, quick, opt);
+    {
+      // The real-model layouts, checked by the same independent reference (tp 8, pp 8, hybrid
+      // ZeRO groups of 4): TP 8 -> 4, PP 8 -> 4, DP halved, and a whole ZeRO group (4 DP ranks,
+      // 32 nodes of 8) leaving. Above 4,096 ranks only the assignment is timed.
+      const auto real = morph::GptRealLayouts(1024, 24, 4);
+      const int d = world / 64;
+      const morph::Case more[] = {
+          {"plan_real_layouts_tp_8to4_" + w, real, Config(d, 8, 8, 24), Config(d * 2, 4, 8, 24), 0},
+          {"plan_real_layouts_pp_8to4_" + w, real, Config(d, 8, 8, 24), Config(d * 2, 8, 4, 24), 0},
+          {"plan_real_layouts_dp_half_" + w, real, Config(d, 8, 8, 24), Config(d / 2, 8, 8, 24), 0},
+          {"plan_real_layouts_dp_minus_group_" + w, real, Config(d, 8, 8, 24),
+           Config(d - 4, 8, 8, 24), 8},
+      };
+      for (const auto& c : more) {
+        if (!only.empty() && c.name.find(only) == std::string::npos) continue;
+        if (world <= 4096) {
+          morph::Run(c, quick, opt);
+        } else {
+          morph::AssignmentOnly(c);
+        }
+      }
+    }
     if (world > 16384) {
       // The drift case at scale: one unsplit ZeRO tensor, dp world -> world - 1.
       morph::ParallelConfig a{.dp = world}, b{.dp = world - 1};
       const std::vector<morph::TensorSpec> z = {
           {"z", morph::DType::kF32, {int64_t{world} * 37}, morph::Layout::Layer(0).ZeroShard()}};
-      morph::Run({"plan_zero_drift_dp_shrink_" + w, z, a, b, 0}, quick, false);
+      run({"plan_zero_drift_dp_shrink_" + w, z, a, b, 0}, quick, false);
     }
   }
   return 0;

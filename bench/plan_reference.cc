@@ -13,6 +13,15 @@ int StageOfLayer(const ParallelConfig& c, int layer) {
   return c.stage_of_layer.empty() ? 0 : c.stage_of_layer[static_cast<size_t>(layer)];
 }
 
+// Every stage holding a tensor of `layout` (a full replica on each), ascending.
+std::vector<int> StagesOf(const ParallelConfig& c, const Layout& layout) {
+  std::vector<int> v;
+  for (int l : layout.layers()) v.push_back(StageOfLayer(c, l));
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
 // A shard of one class as seen in the [rows, columns x inner] view: rows [ra, rb], where row r
 // holds in-row positions [lo(r), hi(r)) (position = column * inner + inner index).
 struct View {
@@ -42,6 +51,25 @@ View MakeView(int64_t rows, int64_t width, int64_t col0, int64_t inner, int dp, 
 
 int64_t Common(int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
   return std::max<int64_t>(0, std::min(a1, b1) - std::max(a0, b0));
+}
+
+// Elements common to two views, counting in-row positions below `limit` only.
+int64_t ViewOverlap(const View& a, const View& b, int64_t limit) {
+  const int64_t r0 = std::max(a.ra, b.ra), r1 = std::min(a.rb, b.rb);
+  if (r0 > r1) return 0;
+  // Rows other than the four boundary rows are full in both shards.
+  int64_t special[4] = {a.ra, a.rb, b.ra, b.rb};
+  std::sort(special, special + 4);
+  int64_t n = 0, special_rows = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = special[i];
+    if (r < r0 || r > r1 || (i > 0 && special[i - 1] == r)) continue;
+    ++special_rows;
+    n += Common(a.Lo(r), std::min(a.Hi(r), limit), b.Lo(r), std::min(b.Hi(r), limit));
+  }
+  n += (r1 - r0 + 1 - special_rows) *
+       Common(a.base, std::min(a.base + a.row, limit), b.base, std::min(b.base + b.row, limit));
+  return n;
 }
 
 // Dense Hungarian (potentials), maximizing: rows <= columns.
@@ -96,20 +124,26 @@ int64_t DenseMax(const std::vector<std::vector<int64_t>>& w) {
 }  // namespace
 
 Reference::Reference(const PlanInput& in) : in_(in) {
-  std::map<std::tuple<DType, std::vector<int64_t>, int, bool>, int> ids;
+  std::map<std::tuple<DType, std::vector<int64_t>, int, bool, int, int, int>, int> ids;
   for (const TensorSpec& t : in.tensors) {
-    auto key = std::make_tuple(t.dtype, t.shape, t.layout.tp_dim(), t.layout.zero_sharded());
+    const Layout& l = t.layout;
+    auto key = std::make_tuple(t.dtype, t.shape, l.tp_dim(), l.zero_sharded(), l.tp_blocks(),
+                               l.pad_multiple(), l.zero_group());
     auto [it, fresh] = ids.emplace(key, static_cast<int>(classes_.size()));
     if (fresh) {
-      classes_.push_back({DTypeSize(t.dtype), t.shape, t.layout.tp_dim(), t.layout.zero_sharded()});
+      classes_.push_back({DTypeSize(t.dtype), t.shape, l.tp_dim(), l.zero_sharded(), l.tp_blocks(),
+                          l.pad_multiple(), l.zero_group()});
     }
-    auto& v = pairs_[{StageOfLayer(in.old_config, t.layout.layer()),
-                      StageOfLayer(in.new_config, t.layout.layer())}];
-    auto e = std::find_if(v.begin(), v.end(), [&](auto& x) { return x.first == it->second; });
-    if (e == v.end()) {
-      v.push_back({it->second, 1});
-    } else {
-      ++e->second;
+    for (int po : StagesOf(in.old_config, l)) {
+      for (int pn : StagesOf(in.new_config, l)) {
+        auto& v = pairs_[{po, pn}];
+        auto e = std::find_if(v.begin(), v.end(), [&](auto& x) { return x.first == it->second; });
+        if (e == v.end()) {
+          v.push_back({it->second, 1});
+        } else {
+          ++e->second;
+        }
+      }
     }
   }
   old_of_new_.resize(static_cast<size_t>(in.new_config.pp));
@@ -128,35 +162,50 @@ Reference::Reference(const PlanInput& in) : in_(in) {
   for (int32_t q : in.available) available_[static_cast<size_t>(q)] = 1;
 }
 
-int64_t Reference::Overlap(const Class& k, int d, int t, int dn, int tn) const {
-  const ParallelConfig& oc = in_.old_config;
-  const ParallelConfig& nc = in_.new_config;
+namespace {
+
+// The [rows, split dim x inner] view of a class in one config: rows, the split dim's logical
+// length (per block when block-interleaved: the blocks become rows), its padded slice width,
+// inner size, and the rank's view.
+struct ClassView {
+  View v;
+  int64_t limit = 0;  // in-row positions at or past it are padding
+};
+
+template <typename K>
+ClassView MakeClassView(const K& k, const ParallelConfig& c, int d, int t) {
   int64_t rows = 1, len = 1, inner = 1;
   if (k.tp_dim >= 0) {
     for (int i = 0; i < k.tp_dim; ++i) rows *= k.shape[static_cast<size_t>(i)];
     len = k.shape[static_cast<size_t>(k.tp_dim)];
     for (size_t i = static_cast<size_t>(k.tp_dim) + 1; i < k.shape.size(); ++i) inner *= k.shape[i];
+    rows *= k.blocks;  // block j of row r is row r * blocks + j, of length len / blocks
+    len /= k.blocks;
   } else {
     for (int64_t x : k.shape) len *= x;  // one row of every element
   }
-  const int64_t wo = k.tp_dim >= 0 ? len / oc.tp : len, wn = k.tp_dim >= 0 ? len / nc.tp : len;
-  const int64_t co = k.tp_dim >= 0 ? wo * t : 0, cn = k.tp_dim >= 0 ? wn * tn : 0;
-  const View a = MakeView(rows, wo, co, inner, oc.dp, d, k.zero);
-  const View b = MakeView(rows, wn, cn, inner, nc.dp, dn, k.zero);
-  const int64_t r0 = std::max(a.ra, b.ra), r1 = std::min(a.rb, b.rb);
-  if (r0 > r1) return 0;
-  // Rows other than the four boundary rows are full in both shards.
-  int64_t special[4] = {a.ra, a.rb, b.ra, b.rb};
-  std::sort(special, special + 4);
-  int64_t n = 0, special_rows = 0;
-  for (int i = 0; i < 4; ++i) {
-    const int64_t r = special[i];
-    if (r < r0 || r > r1 || (i > 0 && special[i - 1] == r)) continue;
-    ++special_rows;
-    n += Common(a.Lo(r), a.Hi(r), b.Lo(r), b.Hi(r));
+  int64_t padded = len;
+  if (k.pad > 0) {
+    const int64_t unit = int64_t{k.pad} * c.tp;
+    padded = (len + unit - 1) / unit * unit;
   }
-  n += (r1 - r0 + 1 - special_rows) * Common(a.base, a.base + a.row, b.base, b.base + b.row);
-  return n;
+  const int64_t w = k.tp_dim >= 0 ? padded / c.tp : len;
+  const int64_t col0 = k.tp_dim >= 0 ? w * t : 0;
+  const int g = k.group > 0 ? k.group : c.dp;
+  return {MakeView(rows, w, col0, inner, g, d % g, k.zero), len * inner};
+}
+
+}  // namespace
+
+int64_t Reference::Overlap(const Class& k, int d, int t, int dn, int tn) const {
+  const ClassView a = MakeClassView(k, in_.old_config, d, t);
+  const ClassView b = MakeClassView(k, in_.new_config, dn, tn);
+  return ViewOverlap(a.v, b.v, a.limit);
+}
+
+int64_t Reference::Count(const Class& k, const ParallelConfig& c, int d, int t) const {
+  const ClassView a = MakeClassView(k, c, d, t);
+  return ViewOverlap(a.v, a.v, a.limit);
 }
 
 int64_t Reference::PairBytes(int p, int d, int t, int pn, int dn, int tn) const {
@@ -183,15 +232,13 @@ int64_t Reference::Needed(int s) const {
   const auto c = nc.CoordsOf(s);
   int64_t bytes = 0;
   for (const TensorSpec& t : in_.tensors) {
-    if (StageOfLayer(nc, t.layout.layer()) != c.p) continue;
-    int64_t n = 1;
-    for (int64_t x : t.shape) n *= x;
-    if (t.layout.tp_split()) n /= nc.tp;
-    if (t.layout.zero_sharded()) {
-      const int64_t chunk = (n + nc.dp - 1) / nc.dp;
-      n = std::max<int64_t>(0, std::min(n, chunk * (c.d + 1)) - std::min(n, chunk * c.d));
-    }
-    bytes += n * DTypeSize(t.dtype);
+    const std::vector<int> st = StagesOf(nc, t.layout);
+    if (!std::binary_search(st.begin(), st.end(), c.p)) continue;
+    const Class k{DTypeSize(t.dtype),   t.shape,
+                  t.layout.tp_dim(),    t.layout.zero_sharded(),
+                  t.layout.tp_blocks(), t.layout.pad_multiple(),
+                  t.layout.zero_group()};
+    bytes += Count(k, nc, c.d, c.t) * k.elem;
   }
   return bytes;
 }

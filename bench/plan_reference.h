@@ -1,6 +1,8 @@
 // An independent reference for the planner's assignment, for plan_bench: resident bytes of a
 // (participant, new rank) pair computed from the layout definition alone (docs/reshard-planner.md
-// §1: stage of the layer, TP slice t*len/tp, ZeRO chunk ceil(n/dp)), an upper bound on the
+// §1: stages of the layers, TP slice t*len/tp of the dimension or of each of its blocks, padded
+// slices t*P/tp with only elements below the logical size counted, ZeRO chunk ceil(n/G) with
+// range d % G), an upper bound on the
 // resident bytes any assignment can keep, and the exact optimum by a dense Hungarian per
 // stage component. Shares no code with reshard/plan*.cc (only the PlanInput struct and the
 // rank algebra of ParallelConfig). Bench-only; single-threaded.
@@ -42,8 +44,11 @@ class Reference {
     std::vector<int64_t> shape;
     int tp_dim = -1;
     bool zero = false;
+    int blocks = 1, pad = 0, group = 0;
   };
   int64_t Overlap(const Class& k, int d, int t, int dn, int tn) const;
+  // Elements of the class a rank (d, t) of `c` holds (padding excluded).
+  int64_t Count(const Class& k, const ParallelConfig& c, int d, int t) const;
   int64_t PairBytes(int p, int d, int t, int pn, int dn, int tn) const;
 
   const PlanInput& in_;

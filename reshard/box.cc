@@ -106,4 +106,32 @@ Box Intersect(const Box& a, const Box& b) {
 
 std::ostream& operator<<(std::ostream& os, const Box& b) { return os << b.ToString(); }
 
+std::vector<Box> Subtract(const Box& a, const Box& b) {
+  std::vector<Box> out;
+  if (a.empty()) return out;
+  const Box common = Intersect(a, b);
+  if (common.empty()) {
+    out.push_back(a);
+    return out;
+  }
+  // Peel dimension by dimension: the part of `rest` below and above `common` in dim d, then
+  // narrow `rest` to common's interval in d.
+  Box rest = a;
+  for (int d = 0; d < a.rank(); ++d) {
+    const Interval r = rest.dim(d), c = common.dim(d);
+    if (r.begin < c.begin) {
+      Box lo = rest;
+      lo.dim(d) = {r.begin, c.begin};
+      out.push_back(std::move(lo));
+    }
+    if (c.end < r.end) {
+      Box hi = rest;
+      hi.dim(d) = {c.end, r.end};
+      out.push_back(std::move(hi));
+    }
+    rest.dim(d) = c;
+  }
+  return out;
+}
+
 }  // namespace morph

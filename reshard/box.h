@@ -74,6 +74,9 @@ class Box {
 
 // The common part of two boxes of the same rank (empty if disjoint). Ranks must match.
 Box Intersect(const Box& a, const Box& b);
+// The elements of `a` not in `b`, as at most 2 * rank disjoint boxes (empty ones left out).
+// Ranks must match.
+std::vector<Box> Subtract(const Box& a, const Box& b);
 std::ostream& operator<<(std::ostream& os, const Box& b);
 
 }  // namespace morph

@@ -135,10 +135,17 @@ Status ValidatePieces(const std::vector<CheckpointPiece>& pieces) {
   std::map<std::string, const TensorInfo*> seen;
   for (const CheckpointPiece& p : pieces) {
     const TensorInfo& t = p.tensor;
-    const Box whole = Box::FromShape(t.shape);
+    if (!t.padded_shape.empty() && t.padded_shape.size() != t.shape.size()) {
+      return InvalidArgumentError("tensor '" + t.name + "' has a padded_shape of rank " +
+                                  std::to_string(t.padded_shape.size()) + " and a shape of rank " +
+                                  std::to_string(t.shape.size()));
+    }
+    // Padded tensors: the frame may reach into the padding; only state is saved (WriteRank).
+    const Box whole = Box::FromShape(t.frame_shape());
     if (p.shard.frame.rank() != whole.rank() || !whole.Contains(p.shard.frame)) {
-      return InvalidArgumentError("piece " + p.shard.ToString() + " of tensor '" + t.name +
-                                  "' lies outside its shape " + whole.ToString());
+      return InvalidArgumentError(
+          "piece " + p.shard.ToString() + " of tensor '" + t.name + "' lies outside its " +
+          (t.padded_shape.empty() ? "shape " : "padded shape ") + whole.ToString());
     }
     MORPH_ASSIGN_OR_RETURN(int64_t frame_n, p.shard.frame.NumElements());
     if (p.shard.flat_begin < 0 || p.shard.flat_end > frame_n) {
@@ -199,21 +206,38 @@ Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step, 
     std::map<std::string, const TensorInfo*> tensors;
     uint64_t offset = 0;
     static const char kZeros[kAlign] = {};
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const CheckpointPiece& p = pieces[i];
+    std::vector<char> packed;
+    auto put = [&](const std::string& name, const Shard& shard, const char* bytes,
+                   size_t n) -> Status {
       const uint64_t pad = (kAlign - offset % kAlign) % kAlign;
       MORPH_RETURN_IF_ERROR(WriteAll(file.get(), kZeros, pad, data_path));
       crc.Feed(kZeros, pad);
       offset += pad;
-      const size_t n = PieceBytes(p);
-      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), data[i], n, data_path));
-      crc.Feed(data[i], n);
-      jpieces.push_back({{"tensor", p.tensor.name},
-                         {"shard", ShardToJson(p.shard)},
-                         {"offset", offset},
-                         {"bytes", n}});
+      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), bytes, n, data_path));
+      crc.Feed(bytes, n);
+      jpieces.push_back(
+          {{"tensor", name}, {"shard", ShardToJson(shard)}, {"offset", offset}, {"bytes", n}});
       offset += n;
+      return Status();
+    };
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const CheckpointPiece& p = pieces[i];
       tensors.emplace(p.tensor.name, &p.tensor);
+      const Box state = Box::FromShape(p.tensor.shape);
+      if (state.Contains(p.shard.frame)) {
+        MORPH_RETURN_IF_ERROR(put(p.tensor.name, p.shard, data[i], PieceBytes(p)));
+        continue;
+      }
+      // Padding is not state: save each state box of the piece, packed, as a piece of its own.
+      const int es = DTypeSize(p.tensor.dtype);
+      for (const Box& b : IntersectShard(p.shard, state)) {
+        MORPH_ASSIGN_OR_RETURN(StridedView v, ViewOf(p.shard, b));
+        MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(ContiguousView(b.shape()), v));
+        packed.resize(static_cast<size_t>(g.num_elements * es));
+        HostStridedCopy(g, packed.data(), data[i], es, 0, g.num_elements);
+        MORPH_ASSIGN_OR_RETURN(Shard whole, Shard::Whole(b));
+        MORPH_RETURN_IF_ERROR(put(p.tensor.name, whole, packed.data(), packed.size()));
+      }
     }
     MORPH_SYSCALL_RETURN_IF_ERROR(::fsync(file.get())) << "syncing " << data_path;
     MORPH_RETURN_IF_ERROR(file.Close(data_path));
@@ -527,6 +551,16 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
 
 Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard& shard,
                               BufferView dst) const {
+  return ReadImpl(name, dtype, shard, dst, nullptr);
+}
+
+Status CheckpointReader::Read(const TensorInfo& tensor, const Shard& shard, BufferView dst) const {
+  return ReadImpl(tensor.name, tensor.dtype, shard, dst,
+                  tensor.padded_shape.empty() ? nullptr : &tensor.padded_shape);
+}
+
+Status CheckpointReader::ReadImpl(const std::string& name, DType dtype, const Shard& shard,
+                                  BufferView dst, const std::vector<int64_t>* padded) const {
   auto it = std::find_if(tensors_.begin(), tensors_.end(),
                          [&](const TensorInfo& t) { return t.name == name; });
   if (it == tensors_.end()) {
@@ -540,7 +574,17 @@ Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard&
                                 std::string(DTypeName(dtype)));
   }
   const Box whole = Box::FromShape(info.shape);
-  if (shard.frame.rank() != whole.rank() || !whole.Contains(shard.frame)) {
+  if (padded != nullptr) {
+    const Box bound = Box::FromShape(*padded);
+    if (bound.rank() != whole.rank() || !bound.Contains(whole)) {
+      return InvalidArgumentError("padded shape " + bound.ToString() + " of tensor '" + name +
+                                  "' does not contain its saved shape " + whole.ToString());
+    }
+    if (shard.frame.rank() != bound.rank() || !bound.Contains(shard.frame)) {
+      return InvalidArgumentError("shard " + shard.ToString() + " lies outside tensor '" + name +
+                                  "' of padded shape " + bound.ToString());
+    }
+  } else if (shard.frame.rank() != whole.rank() || !whole.Contains(shard.frame)) {
     return InvalidArgumentError("shard " + shard.ToString() + " lies outside tensor '" + name +
                                 "' of shape " + whole.ToString());
   }
@@ -560,9 +604,27 @@ Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard&
   constexpr int64_t kMaxSpan = int64_t{64} << 20;
   std::vector<char> buf;
   std::map<int, Fd> fds;
+  // The shard's state boxes (all of it unless it reaches into padding), and its padding, zeroed.
+  const std::vector<Box> state_boxes = IntersectShard(shard, whole);
+  if (!whole.Contains(shard.frame)) {
+    for (const Box& sb : ShardBoxes(shard)) {
+      for (const Box& pad : Subtract(sb, whole)) {
+        MORPH_ASSIGN_OR_RETURN(StridedView v, ViewOf(shard, pad));
+        MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(v, v));
+        for (int64_t e = 0; e < g.num_elements; e += g.row) {
+          int64_t off = g.dst_offset, rem = e / g.row;
+          for (int d = g.outer_rank - 1; d >= 0; --d) {
+            off += (rem % g.outer_shape[d]) * g.dst_stride[d];
+            rem /= g.outer_shape[d];
+          }
+          std::memset(out + off * es, 0, static_cast<size_t>(g.row * es));
+        }
+      }
+    }
+  }
   for (const Piece& p : pieces_[t]) {
     const File& f = files_[static_cast<size_t>(p.file)];
-    for (const Box& wb : ShardBoxes(shard)) {
+    for (const Box& wb : state_boxes) {
       for (const Box& ib : IntersectShard(p.shard, wb)) {
         MORPH_ASSIGN_OR_RETURN(StridedView src, ViewOf(p.shard, ib));
         MORPH_ASSIGN_OR_RETURN(StridedView dv, ViewOf(shard, ib));

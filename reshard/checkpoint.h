@@ -40,6 +40,9 @@ namespace morph {
 
 // One piece to save: `data` holds the shard's elements (shard.NumElements() * dtype size
 // bytes). Host memory, or CUDA memory in CUDA builds (copied to the host snapshot first).
+// A padded tensor (tensor.padded_shape set) may have a shard reaching into the padding: only
+// its state (the elements inside tensor.shape) is saved, so a checkpoint never holds padding
+// and loads into any tp, whatever its padded size.
 struct CheckpointPiece {
   TensorInfo tensor;
   Shard shard;
@@ -113,11 +116,17 @@ class CheckpointReader {
   // tensor, wrong buffer size. kDataLoss naming the file: checksum mismatch or short read.
   // Const and thread-safe: several threads may read concurrently.
   Status Read(const std::string& name, DType dtype, const Shard& shard, BufferView dst) const;
+  // Same, for `tensor` (name, dtype) of a plan (local_plan.h TensorInfo): with a padded_shape,
+  // `shard` may reach into the padding (up to padded_shape, which must contain the saved
+  // shape); its padding elements are zero-filled, its state read as above.
+  Status Read(const TensorInfo& tensor, const Shard& shard, BufferView dst) const;
 
   // Bytes read from files so far (all Read calls).
   int64_t bytes_read() const { return *bytes_read_; }
 
  private:
+  Status ReadImpl(const std::string& name, DType dtype, const Shard& shard, BufferView dst,
+                  const std::vector<int64_t>* padded_shape) const;
   struct Piece {
     int file = 0;
     Shard shard;

@@ -74,9 +74,14 @@ std::pair<int, int> FindOverlap(std::span<const Box> boxes) {
 }
 
 Status ValidateCoverage(std::string_view tensor, const Shard& shard,
-                        std::span<const CoveragePiece> pieces) {
+                        std::span<const CoveragePiece> pieces, const Box* state) {
   const std::string where = "tensor '" + std::string(tensor) + "'";
-  const std::vector<Box> shard_boxes = ShardBoxes(shard);
+  const std::vector<Box> shard_boxes = state ? IntersectShard(shard, *state) : ShardBoxes(shard);
+  int64_t shard_total = 0;
+  for (const Box& sb : shard_boxes) {
+    MORPH_ASSIGN_OR_RETURN(int64_t k, Elements(sb), where);
+    shard_total += k;
+  }
   std::vector<Box> boxes;
   std::vector<size_t> origin;  // index into `pieces` of boxes[i]
   int64_t total = 0;
@@ -96,7 +101,8 @@ Status ValidateCoverage(std::string_view tensor, const Shard& shard,
     }
     if (inside != n) {
       return InvalidArgumentError(where + ": " + pieces[i].label + " box " + b.ToString() +
-                                  " is not inside the new shard " + shard.ToString() + " (" +
+                                  " is not inside the new shard " + shard.ToString() +
+                                  (state ? " within the state " + state->ToString() : "") + " (" +
                                   std::to_string(n - inside) + " of its " + std::to_string(n) +
                                   " elements are outside)");
     }
@@ -112,7 +118,7 @@ Status ValidateCoverage(std::string_view tensor, const Shard& shard,
                                 Intersect(pa.box, pb.box).ToString() +
                                 " (an element would be written twice)");
   }
-  if (total == shard.NumElements()) return Status();
+  if (total == shard_total) return Status();
   // Disjoint and inside, so the shortfall is in some shard box: name the first one.
   for (const Box& sb : shard_boxes) {
     MORPH_ASSIGN_OR_RETURN(int64_t want, Elements(sb), where);
@@ -128,8 +134,8 @@ Status ValidateCoverage(std::string_view tensor, const Shard& shard,
                                   " are not covered by any piece (they would never be written)");
     }
   }
-  return InternalError(where + ": coverage count " + std::to_string(total) + " != " +
-                       std::to_string(shard.NumElements()) + " but every shard box is covered");
+  return InternalError(where + ": coverage count " + std::to_string(total) +
+                       " != " + std::to_string(shard_total) + " but every shard box is covered");
 }
 
 }  // namespace morph

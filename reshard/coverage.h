@@ -31,8 +31,10 @@ struct CoveragePiece {
 // kInvalidArgument otherwise, naming `tensor` and the offending box(es): a piece outside the
 // shard, the first two pieces found overlapping (with their common box), or a shard box whose
 // elements are not all covered (with the count).
+// With `state` (a padded tensor's state box, local_plan.h TensorInfo), only the shard's elements
+// inside it count: pieces must lie in shard ∩ state and cover all of it.
 Status ValidateCoverage(std::string_view tensor, const Shard& shard,
-                        std::span<const CoveragePiece> pieces);
+                        std::span<const CoveragePiece> pieces, const Box* state = nullptr);
 
 // The first pair of overlapping boxes among `boxes` (indices into it), or {-1, -1} if they are
 // pairwise disjoint. Boxes must have equal rank. Empty boxes overlap nothing.

@@ -163,7 +163,27 @@ class CopyEngine {
                       int64_t end) = 0;
   virtual Status Sync() = 0;
   virtual Allocator StagingAllocator() = 0;
+  // Zero-fills the destination side of `g` (padding of a new shard).
+  virtual Status Zero(const CopyGeometry& g, void* dst, int es) = 0;
 };
+
+// Calls fn(element offset) for the first element of every contiguous run of g's destination.
+template <typename Fn>
+void ForEachDstRun(const CopyGeometry& g, Fn fn) {
+  if (g.num_elements == 0) return;
+  int64_t idx[kMaxCopyDims] = {};
+  while (true) {
+    int64_t off = g.dst_offset;
+    for (int d = 0; d < g.outer_rank; ++d) off += idx[d] * g.dst_stride[d];
+    fn(off);
+    int d = g.outer_rank - 1;
+    for (; d >= 0; --d) {
+      if (++idx[d] < g.outer_shape[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
 
 class HostEngine final : public CopyEngine {
  public:
@@ -174,6 +194,12 @@ class HostEngine final : public CopyEngine {
   }
   Status Sync() override { return Status(); }
   Allocator StagingAllocator() override { return HostAllocator(); }
+  Status Zero(const CopyGeometry& g, void* dst, int es) override {
+    ForEachDstRun(g, [&](int64_t off) {
+      std::memset(static_cast<char*>(dst) + off * es, 0, static_cast<size_t>(g.row * es));
+    });
+    return Status();
+  }
 };
 
 #if MORPH_WITH_CUDA
@@ -200,6 +226,19 @@ class CudaEngine final : public CopyEngine {
     return Status();
   }
   Allocator StagingAllocator() override { return CudaAllocator(device_); }
+  Status Zero(const CopyGeometry& g, void* dst, int es) override {
+    Status s;
+    ForEachDstRun(g, [&](int64_t off) {
+      if (!s.ok()) return;
+      const cudaError_t e = cudaMemsetAsync(static_cast<char*>(dst) + off * es, 0,
+                                            static_cast<size_t>(g.row * es), stream_);
+      if (e != cudaSuccess) {
+        s = InternalError(std::string("cudaMemsetAsync of new-shard padding: ") +
+                          cudaGetErrorString(e));
+      }
+    });
+    return s;
+  }
 
  private:
   int device_ = 0;
@@ -313,7 +352,8 @@ class Execution {
           deadline_);
       if (hs.ok()) {
         handshake_ = std::move(hs).value();
-        s = Exchange();
+        s = ZeroPadding();
+        if (s.ok()) s = Exchange();
       } else {
         s = hs.status();
       }
@@ -416,10 +456,16 @@ class Execution {
               "tensor '" + t.name + "' has rank " + std::to_string(t.shape.size()) + " but its " +
               (side == 0 ? "old" : "new") + " shard " + shard->ToString() + " does not");
         }
-        if (shard && !Box::FromShape(t.shape).Contains(shard->frame)) {
+        if (!t.padded_shape.empty() && t.padded_shape.size() != t.shape.size()) {
+          return InvalidArgumentError("tensor '" + t.name + "' has padded_shape of rank " +
+                                      std::to_string(t.padded_shape.size()) + ", shape of rank " +
+                                      std::to_string(t.shape.size()));
+        }
+        if (shard && !Box::FromShape(t.frame_shape()).Contains(shard->frame)) {
           return InvalidArgumentError("shard " + shard->ToString() + " of tensor '" + t.name +
-                                      "' lies outside its shape " +
-                                      Box::FromShape(t.shape).ToString());
+                                      "' lies outside its " +
+                                      (t.padded_shape.empty() ? "shape " : "padded shape ") +
+                                      Box::FromShape(t.frame_shape()).ToString());
         }
       }
     }
@@ -538,8 +584,30 @@ class Execution {
     add(plan_.lost, "lost");
     for (size_t t = 0; t < nt; ++t) {
       if (!plan_.new_shards[t]) continue;  // pieces into a missing shard were rejected above
+      const TensorInfo& info = plan_.tensors[t];
+      // Padded tensors: pieces cover the state; the rest of the shard is zero-filled below.
+      const Box state = Box::FromShape(info.shape);
+      const bool padded = !info.padded_shape.empty() && !state.Contains(plan_.new_shards[t]->frame);
       MORPH_RETURN_IF_ERROR(
-          ValidateCoverage(plan_.tensors[t].name, *plan_.new_shards[t], cover[t]));
+          ValidateCoverage(info.name, *plan_.new_shards[t], cover[t], padded ? &state : nullptr));
+      if (padded && plan_.new_shards[t]->NumElements() > 0) {
+        for (const Box& sb : ShardBoxes(*plan_.new_shards[t])) {
+          for (const Box& pad : Subtract(sb, state)) {
+            MORPH_ASSIGN_OR_RETURN(StridedView v, ViewOf(*plan_.new_shards[t], pad));
+            MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(v, v),
+                                   "padding of tensor '" << info.name << "'");
+            padding_.push_back({t, g});
+          }
+        }
+      }
+    }
+    return Status();
+  }
+
+  // Padding elements are not state: zero them in the new shards (no piece writes them).
+  Status ZeroPadding() {
+    for (const auto& [t, g] : padding_) {
+      MORPH_RETURN_IF_ERROR(engine_->Zero(g, new_base_[t], DTypeSize(plan_.tensors[t].dtype)));
     }
     return Status();
   }
@@ -739,6 +807,7 @@ class Execution {
   bool host_memory_ = false;
   std::vector<char*> old_base_, new_base_;
   std::vector<Piece> sends_, recvs_, locals_;
+  std::vector<std::pair<size_t, CopyGeometry>> padding_;  // new-shard padding to zero-fill
   std::vector<Segment> local_slices_;
   size_t next_local_ = 0;
   std::vector<std::vector<Message>> send_msgs_, recv_msgs_;

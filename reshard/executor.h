@@ -152,11 +152,14 @@ struct ExecutorStats {
 // Runs `plan` on this participant. `old_shards` and `new_shards` name every tensor of the plan
 // that has an old (new) shard here, in any order. All buffers must be of one memory kind; CUDA
 // buffers need a CUDA build and a transport with SupportsDeviceMemory() for any exchange.
+// Padded tensors (TensorInfo::padded_shape): coverage is of each new shard's state, and the
+// shard's padding elements are zero-filled (no piece moves padding).
 // Returns:
 //   kInvalidArgument  plan and buffers disagree (unknown or duplicate tensor name, dtype
 //                     mismatch, buffer size differs from the shard's, a piece outside its shard,
-//                     new shards not covered exactly once by recvs + local_copies + lost,
-//                     naming tensor and box; peer out of range, transport rank/size not the
+//                     new shards (their state) not covered exactly once by recvs +
+//                     local_copies + lost, naming tensor and box; a frame outside the
+//                     tensor's (padded) shape; peer out of range, transport rank/size not the
 //                     plan's); no data was sent or received, and the transport was aborted;
 //   kFailedPrecondition a peer runs a different plan (digest part or the pair's piece lists
 //                     differ; names the part and the peer), or a message's tag was not its

@@ -657,6 +657,48 @@ TEST_F(ValidationTest, LostPiecesCountTowardsCoverage) {
                        AllOf(HasSubstr("lost[0]"), HasSubstr("lost[1]"), HasSubstr("overlap"))));
 }
 
+// Padded tensors (issue 7 §5): pieces cover the state only, the padding of a new shard comes
+// back zero-filled whatever the buffer held, and a piece reaching into padding is refused.
+TEST(ExecutorTest, PaddedTensorStateMovesAndPaddingIsZeroFilled) {
+  TensorInfo info{"e", DType::kF32, {6, 2}, {8, 2}};  // logical 6 rows, padded to 8
+  LocalPlan p;
+  p.participant = 0;
+  p.num_participants = 1;
+  p.tensors = {info};
+  p.old_shards = {Shard{Box({{0, 8}, {0, 2}}), 0, 16}};
+  p.new_shards = {Shard{Box({{4, 8}, {0, 2}}), 0, 8}};  // rows 4-5 state, 6-7 padding
+  p.local_copies = {{0, 0, Box({{4, 6}, {0, 2}})}};
+  std::vector<float> old_buf(16), new_buf(8, -1.0f);
+  for (int i = 0; i < 16; ++i) old_buf[size_t(i)] = float(i < 12 ? i : 99);
+  std::vector<OldShardData> olds{
+      {"e", DType::kF32, ConstBufferView(old_buf.data(), 64, MemoryKind::kHost)}};
+  std::vector<NewShardData> news{
+      {"e", DType::kF32, BufferView{new_buf.data(), 32, MemoryKind::kHost}}};
+  auto run = [&](const LocalPlan& plan) {
+    auto hub = std::make_shared<InProcHub>(1);
+    InProcTransport t(hub, 0);
+    return ExecutePlan(plan, olds, news, t, SmallOptions(), Deadline::AfterMs(1000)).status();
+  };
+  MORPH_ASSERT_OK(run(p));
+  EXPECT_EQ(new_buf, (std::vector<float>{8, 9, 10, 11, 0, 0, 0, 0}));
+  LocalPlan into_pad = p;
+  into_pad.local_copies = {{0, 0, Box({{4, 7}, {0, 2}})}};
+  EXPECT_THAT(run(into_pad), StatusIs(StatusCode::kInvalidArgument,
+                                      AllOf(HasSubstr("tensor 'e'"), HasSubstr("box [4,7)x[0,2)"),
+                                            HasSubstr("within the state [0,6)x[0,2)"))));
+  LocalPlan short_of_state = p;
+  short_of_state.local_copies = {{0, 0, Box({{4, 5}, {0, 2}})}};
+  EXPECT_THAT(
+      run(short_of_state),
+      StatusIs(StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("tensor 'e'"), HasSubstr("2 of the 4 elements of box [4,6)x[0,2)"),
+                     HasSubstr("not covered"))));
+  LocalPlan past_padding = p;
+  past_padding.new_shards = {Shard{Box({{4, 9}, {0, 2}}), 0, 8}};
+  EXPECT_THAT(run(past_padding), StatusIs(StatusCode::kInvalidArgument,
+                                          HasSubstr("lies outside its padded shape [0,8)x[0,2)")));
+}
+
 TEST(ExecutorTest, ReshardAllocatesNewBuffers) {
   std::vector<TensorInfo> tensors{{"w", DType::kI32, {6, 10}}};
   auto plans =

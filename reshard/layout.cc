@@ -1,13 +1,19 @@
 #include "reshard/layout.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace morph {
 
 std::string Layout::ToString() const {
-  return "layer=" + std::to_string(layer_) +
-         " tp_dim=" + (tp_dim_ >= 0 ? std::to_string(tp_dim_) : std::string("none")) +
-         (zero_ ? " zero" : " replicated");
+  std::string s = "layer=" + std::to_string(layer_);
+  for (int l : extra_layers_) s += "," + std::to_string(l);
+  s += " tp_dim=" + (tp_dim_ >= 0 ? std::to_string(tp_dim_) : std::string("none"));
+  if (tp_blocks_ != 1) s += " blocks=" + std::to_string(tp_blocks_);
+  if (pad_multiple_ != 0) s += " pad_multiple=" + std::to_string(pad_multiple_);
+  s += zero_ ? " zero" : " replicated";
+  if (zero_group_ != 0) s += " zero_group=" + std::to_string(zero_group_);
+  return s;
 }
 
 Interval ZeroRange(int64_t n, int dp, int d) {
@@ -37,8 +43,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 Status ValidateTensorSpec(const TensorSpec& spec) {
   if (spec.name.empty()) return InvalidArgumentError("tensor with an empty name");
-  if (spec.layout.layer() < 0) {
-    return Bad(spec, "layer=" + std::to_string(spec.layout.layer()) + " must be >= 0");
+  for (int layer : spec.layout.layers()) {
+    if (layer < 0) return Bad(spec, "layer=" + std::to_string(layer) + " must be >= 0");
   }
   int64_t bytes = DTypeSize(spec.dtype);
   for (size_t i = 0; i < spec.shape.size(); ++i) {
@@ -56,31 +62,85 @@ Status ValidateTensorSpec(const TensorSpec& spec) {
                          ShapeString(spec.shape));
   }
   if (tp_dim < -1) return Bad(spec, "tp_dim=" + std::to_string(tp_dim) + " is negative");
+  const Layout& l = spec.layout;
+  if (l.tp_blocks() < 1) {
+    return Bad(spec, "blocks=" + std::to_string(l.tp_blocks()) + " must be >= 1");
+  }
+  if (l.tp_blocks() > 1 && !l.tp_split()) {
+    return Bad(spec, "blocks=" + std::to_string(l.tp_blocks()) + " needs a TP split (tp_dim)");
+  }
+  if (l.tp_blocks() > 1 && spec.shape[static_cast<size_t>(tp_dim)] % l.tp_blocks() != 0) {
+    return Bad(spec, "dimension " + std::to_string(tp_dim) + " of size " +
+                         std::to_string(spec.shape[static_cast<size_t>(tp_dim)]) +
+                         " is not divisible by blocks=" + std::to_string(l.tp_blocks()));
+  }
+  if (l.pad_multiple() < 0) {
+    return Bad(spec, "pad_multiple=" + std::to_string(l.pad_multiple()) + " must be >= 0");
+  }
+  if (l.pad_multiple() > 0 && !l.tp_split()) {
+    return Bad(spec, "pad_multiple=" + std::to_string(l.pad_multiple()) +
+                         " pads the TP-split dimension and needs a TP split (tp_dim)");
+  }
+  if (l.pad_multiple() > 0 && l.tp_blocks() > 1) {
+    return Bad(spec, "pad_multiple with blocks=" + std::to_string(l.tp_blocks()) +
+                         " is not supported (pad a dimension that is not block-interleaved)");
+  }
+  if (l.zero_group() < 0) {
+    return Bad(spec, "zero_group=" + std::to_string(l.zero_group()) + " must be >= 0");
+  }
+  if (l.zero_group() > 0 && !l.zero_sharded()) {
+    return Bad(spec, "zero_group=" + std::to_string(l.zero_group()) + " needs ZeRO sharding");
+  }
   return Status();
 }
 
 Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& config) {
   MORPH_RETURN_IF_ERROR(StageOf(spec, config).status());
-  if (spec.layout.tp_split()) {
-    const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
-    if (len % config.tp != 0) {
-      return Bad(spec, "dimension " + std::to_string(spec.layout.tp_dim()) + " of size " +
+  const Layout& l = spec.layout;
+  if (l.tp_split()) {
+    const int64_t len = spec.shape[static_cast<size_t>(l.tp_dim())];
+    if (l.pad_multiple() > 0) {
+      const int64_t unit = int64_t{l.pad_multiple()} * config.tp;
+      if (len > std::numeric_limits<int64_t>::max() - unit) {
+        return Bad(spec,
+                   "padded size of dimension " + std::to_string(l.tp_dim()) + " overflows int64");
+      }
+      const int64_t padded = (len + unit - 1) / unit * unit;
+      int64_t bytes = DTypeSize(spec.dtype);
+      for (size_t i = 0; i < spec.shape.size(); ++i) {
+        auto b = CheckedMul(bytes, i == size_t(l.tp_dim()) ? padded : spec.shape[i]);
+        if (!b.ok()) return Bad(spec, "padded size is too large");
+        bytes = *b;
+      }
+    } else if (l.tp_blocks() > 1 && (len / l.tp_blocks()) % config.tp != 0) {
+      return Bad(spec, "block size " + std::to_string(len / l.tp_blocks()) + " of dimension " +
+                           std::to_string(l.tp_dim()) + " (" + std::to_string(l.tp_blocks()) +
+                           " blocks) is not divisible by tp=" + std::to_string(config.tp));
+    } else if (len % config.tp != 0) {
+      return Bad(spec, "dimension " + std::to_string(l.tp_dim()) + " of size " +
                            std::to_string(len) +
                            " is not divisible by tp=" + std::to_string(config.tp));
     }
+  }
+  if (l.zero_sharded() && l.zero_group() > 0 &&
+      (l.zero_group() > config.dp || config.dp % l.zero_group() != 0)) {
+    return Bad(spec, "zero_group=" + std::to_string(l.zero_group()) +
+                         " does not divide dp=" + std::to_string(config.dp) +
+                         " (hybrid ZeRO needs dp to be a multiple of its group size)");
   }
   return Status();
 }
 
 StatusOr<int> StageOf(const TensorSpec& spec, const ParallelConfig& config) {
-  const int layer = spec.layout.layer();
   if (config.stage_of_layer.empty()) return 0;
-  if (layer < 0 || layer >= static_cast<int>(config.stage_of_layer.size())) {
-    return Bad(spec, "layer=" + std::to_string(layer) + " is not in [0, " +
-                         std::to_string(config.stage_of_layer.size()) +
-                         ") (the config's stage_of_layer)");
+  for (int layer : spec.layout.layers()) {
+    if (layer < 0 || layer >= static_cast<int>(config.stage_of_layer.size())) {
+      return Bad(spec, "layer=" + std::to_string(layer) + " is not in [0, " +
+                           std::to_string(config.stage_of_layer.size()) +
+                           ") (the config's stage_of_layer)");
+    }
   }
-  return config.stage_of_layer[static_cast<size_t>(layer)];
+  return config.stage_of_layer[static_cast<size_t>(spec.layout.layer())];
 }
 
 int StageOfUnchecked(const TensorSpec& spec, const ParallelConfig& config) {
@@ -88,25 +148,100 @@ int StageOfUnchecked(const TensorSpec& spec, const ParallelConfig& config) {
   return config.stage_of_layer[static_cast<size_t>(spec.layout.layer())];
 }
 
+std::vector<int> StagesOfUnchecked(const TensorSpec& spec, const ParallelConfig& config) {
+  std::vector<int> out{StageOfUnchecked(spec, config)};
+  if (config.stage_of_layer.empty()) return out;
+  for (int l : spec.layout.extra_layers()) {
+    out.push_back(config.stage_of_layer[static_cast<size_t>(l)]);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+bool OnStageUnchecked(const TensorSpec& spec, const ParallelConfig& config, int p) {
+  if (StageOfUnchecked(spec, config) == p) return true;
+  if (config.stage_of_layer.empty()) return false;
+  for (int l : spec.layout.extra_layers()) {
+    if (config.stage_of_layer[static_cast<size_t>(l)] == p) return true;
+  }
+  return false;
+}
+
+TensorSpec PlanningSpec(const TensorSpec& spec) {
+  const int k = spec.layout.tp_blocks();
+  if (k <= 1 || !spec.layout.tp_split()) return spec;
+  TensorSpec p = spec;
+  const size_t dim = static_cast<size_t>(spec.layout.tp_dim());
+  p.shape[dim] = k;
+  p.shape.insert(p.shape.begin() + static_cast<std::ptrdiff_t>(dim) + 1, spec.shape[dim] / k);
+  p.layout = spec.layout.SplitTPBlocks(static_cast<int>(dim) + 1, 1);
+  return p;
+}
+
+std::vector<int64_t> PlanShape(const TensorSpec& spec) {
+  if (spec.layout.tp_blocks() <= 1) return spec.shape;
+  return PlanningSpec(spec).shape;
+}
+
+Box StateBox(const TensorSpec& spec) { return Box::FromShape(PlanShape(spec)); }
+
+int64_t SplitLength(const TensorSpec& spec, const ParallelConfig& config) {
+  const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
+  if (spec.layout.pad_multiple() <= 0) return len;
+  const int64_t unit = int64_t{spec.layout.pad_multiple()} * config.tp;
+  return (len + unit - 1) / unit * unit;
+}
+
+int ZeroGroupSize(const Layout& layout, const ParallelConfig& config) {
+  return layout.zero_group() > 0 ? layout.zero_group() : config.dp;
+}
+
+std::vector<Box> RealBoxes(const TensorSpec& spec, const Box& plan_box) {
+  if (spec.layout.tp_blocks() <= 1 || !spec.layout.tp_split()) return {plan_box};
+  const int k = spec.layout.tp_dim();
+  const int64_t block = spec.shape[static_cast<size_t>(k)] / spec.layout.tp_blocks();
+  const Interval blocks = plan_box.dim(k), in = plan_box.dim(k + 1);
+  auto real = [&](Interval j, Interval r) {
+    std::vector<Interval> dims(plan_box.dims().begin(), plan_box.dims().end());
+    dims.erase(dims.begin() + k);
+    dims[static_cast<size_t>(k)] = {j.begin * block + r.begin, (j.end - 1) * block + r.end};
+    return Box(std::move(dims));
+  };
+  if (plan_box.empty()) return {};
+  std::vector<Box> out;
+  // One real box when the in-block range is the whole block (consecutive blocks merge), or when
+  // one block is touched; else one per block.
+  if ((in.begin == 0 && in.end == block) || blocks.size() == 1) {
+    out.push_back(real(blocks, in));
+    return out;
+  }
+  for (int64_t j = blocks.begin; j < blocks.end; ++j) out.push_back(real({j, j + 1}, in));
+  return out;
+}
+
 Box TpBoxOf(const TensorSpec& spec, const ParallelConfig& config, int t) {
+  if (spec.layout.tp_blocks() > 1) return TpBoxOf(PlanningSpec(spec), config, t);
   Box box = Box::FromShape(spec.shape);
   if (spec.layout.tp_split()) {
     Interval& dim = box.dim(spec.layout.tp_dim());
-    const int64_t slice = dim.end / config.tp;
+    const int64_t slice = SplitLength(spec, config) / config.tp;
     dim = {slice * t, slice * (t + 1)};
   }
   return box;
 }
 
 Shard ShardOfUnchecked(const TensorSpec& spec, const ParallelConfig& config, int rank) {
+  if (spec.layout.tp_blocks() > 1) return ShardOfUnchecked(PlanningSpec(spec), config, rank);
   const ParallelConfig::Coords c = config.CoordsOf(rank);
   Shard s;
   s.frame = TpBoxOf(spec, config, c.t);
-  if (StageOfUnchecked(spec, config) != c.p) return s;
+  if (!OnStageUnchecked(spec, config, c.p)) return s;
   int64_t n = 1;
   for (const Interval& i : s.frame.dims()) n *= i.size();
   if (spec.layout.zero_sharded()) {
-    Interval r = ZeroRange(n, config.dp, c.d);
+    const int g = ZeroGroupSize(spec.layout, config);
+    Interval r = ZeroRange(n, g, c.d % g);
     s.flat_begin = r.begin;
     s.flat_end = r.end;
   } else {
@@ -129,6 +264,19 @@ StatusOr<Shard> ShardOf(const TensorSpec& spec, const ParallelConfig& config, in
 int64_t TensorBytes(const TensorSpec& spec) {
   int64_t n = DTypeSize(spec.dtype);
   for (int64_t d : spec.shape) n *= d;
+  return n;
+}
+
+int64_t StateElements(const TensorSpec& spec, const Shard& shard) {
+  if (spec.layout.pad_multiple() <= 0) return shard.NumElements();
+  const Box state = StateBox(spec);
+  if (state.Contains(shard.frame)) return shard.NumElements();
+  int64_t n = 0;
+  for (const Box& b : IntersectShard(shard, state)) {
+    int64_t e = 1;
+    for (const Interval& i : b.dims()) e *= i.size();
+    n += e;
+  }
   return n;
 }
 

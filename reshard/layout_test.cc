@@ -184,5 +184,108 @@ TEST(TensorRegistryTest, AddFindAndValidate) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'b': layer=1")));
 }
 
+// ---------------------------------------------------------------------------------------------
+// The real-model layouts (issue 7 §5).
+
+TEST(LayoutTest, RealModelBuilders) {
+  const Layout l = Layout::Layers({0, 23}).SplitTP(0).PadToMultiple(128).ZeroShard(8);
+  EXPECT_EQ(l.layers(), (std::vector<int>{0, 23}));
+  EXPECT_EQ(l.pad_multiple(), 128);
+  EXPECT_EQ(l.zero_group(), 8);
+  EXPECT_TRUE(l.extended());
+  EXPECT_EQ(l.ToString(), "layer=0,23 tp_dim=0 pad_multiple=128 zero zero_group=8");
+  EXPECT_EQ(Layout::Layer(0).AlsoOnLayer(23), Layout::Layers({0, 23}));
+  EXPECT_EQ(Layout::Layer(1).SplitTPBlocks(0, 3).ToString(),
+            "layer=1 tp_dim=0 blocks=3 replicated");
+  EXPECT_EQ(Layout::Layer(1).ZeroShard(0), Layout::Layer(1).ZeroShard());
+  EXPECT_FALSE(Layout::Layer(3).SplitTP(1).ZeroShard().extended());
+}
+
+TEST(LayoutTest, RealModelValidationNamesTheField) {
+  auto bad = [](Layout l, std::vector<int64_t> shape, const std::string& want) {
+    const TensorSpec t{"w", DType::kF32, std::move(shape), l};
+    EXPECT_THAT(ValidateTensorSpec(t),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w': " + want)))
+        << l.ToString();
+  };
+  bad(Layout::Layer(0).SplitTPBlocks(0, 0), {6, 4}, "blocks=0 must be >= 1");
+  bad(Layout::Layer(0).SplitTPBlocks(-1, 3), {6, 4}, "blocks=3 needs a TP split");
+  bad(Layout::Layer(0).SplitTPBlocks(0, 4), {6, 4},
+      "dimension 0 of size 6 is not divisible by blocks=4");
+  bad(Layout::Layer(0).SplitTP(0).PadToMultiple(-2), {6, 4}, "pad_multiple=-2 must be >= 0");
+  bad(Layout::Layer(0).PadToMultiple(8), {6, 4},
+      "pad_multiple=8 pads the TP-split dimension and needs a TP split");
+  bad(Layout::Layer(0).SplitTPBlocks(0, 3).PadToMultiple(8), {6, 4}, "pad_multiple with blocks=3");
+  bad(Layout::Layer(0).ZeroShard(-1), {6}, "zero_group=-1 must be >= 0");
+  bad(Layout::Layers({0, -1}), {6}, "layer=-1 must be >= 0");
+}
+
+TEST(LayoutTest, RealModelValidationAgainstAConfig) {
+  const ParallelConfig c = Config(4, 4, 2, 4);
+  auto check = [&](Layout l, std::vector<int64_t> shape, const std::string& want) {
+    const TensorSpec t{"w", DType::kF32, std::move(shape), l};
+    MORPH_ASSERT_OK(ValidateTensorSpec(t));
+    if (want.empty()) {
+      MORPH_EXPECT_OK(ValidateTensorForConfig(t, c));
+    } else {
+      EXPECT_THAT(ValidateTensorForConfig(t, c),
+                  StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w': " + want)));
+    }
+  };
+  check(Layout::Layer(0).SplitTPBlocks(0, 3), {24, 2}, "");
+  check(Layout::Layer(0).SplitTPBlocks(0, 3), {18, 2},
+        "block size 6 of dimension 0 (3 blocks) is not divisible by tp=4");
+  check(Layout::Layer(0).SplitTP(0).PadToMultiple(8), {50257, 2}, "");  // any size
+  check(Layout::Layer(0).ZeroShard(2), {6}, "");
+  check(Layout::Layer(0).ZeroShard(3), {6}, "zero_group=3 does not divide dp=4");
+  check(Layout::Layer(0).ZeroShard(8), {6}, "zero_group=8 does not divide dp=4");
+  check(Layout::Layer(0).AlsoOnLayer(4), {6}, "layer=4 is not in [0, 4)");
+}
+
+// Element by element: ShardOf in planning coordinates holds exactly the real elements the layout
+// definition gives each rank (fused QKV: the t-th slice of each block; padding: t*P/tp on).
+TEST(LayoutTest, BlockInterleavedShardHoldsTheTthSliceOfEachBlock) {
+  const TensorSpec qkv{"qkv", DType::kF32, {3 * 8, 2}, Layout::Layer(0).SplitTPBlocks(0, 3)};
+  const ParallelConfig c = Config(1, 4, 1, 1);
+  EXPECT_EQ(PlanShape(qkv), (std::vector<int64_t>{3, 8, 2}));
+  for (int t = 0; t < 4; ++t) {
+    MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(qkv, c, t));
+    EXPECT_EQ(s.frame, (Box{{0, 3}, {2 * t, 2 * t + 2}, {0, 2}}));
+    // Real rows held, in local order: block j, rows j*8 + 2t, j*8 + 2t + 1.
+    std::vector<Box> real = RealBoxes(qkv, s.frame);
+    ASSERT_EQ(real.size(), 3u);
+    for (int j = 0; j < 3; ++j) {
+      EXPECT_EQ(real[size_t(j)], (Box{{8 * j + 2 * t, 8 * j + 2 * t + 2}, {0, 2}}));
+    }
+  }
+  // A whole-block box maps to one real box.
+  EXPECT_EQ(RealBoxes(qkv, Box{{1, 3}, {0, 8}, {0, 2}}), (std::vector<Box>{Box{{8, 24}, {0, 2}}}));
+}
+
+TEST(LayoutTest, PaddedShardReachesIntoPaddingAndHybridZeroRepeatsRanges) {
+  // Vocabulary 10 padded to a multiple of 2 * tp = 6: P = 12, slices of 4; rank 2 holds rows
+  // [8, 12) of which 10 and 11 are padding.
+  const TensorSpec emb{
+      "e", DType::kF32, {10, 3}, Layout::Layers({0, 1}).SplitTP(0).PadToMultiple(2)};
+  const ParallelConfig c = Config(1, 3, 2, 2);
+  EXPECT_EQ(SplitLength(emb, c), 12);
+  MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(emb, c, 2));
+  EXPECT_EQ(s.frame, (Box{{8, 12}, {0, 3}}));
+  EXPECT_EQ(s.NumElements(), 12);
+  EXPECT_EQ(StateElements(emb, s), 6);
+  // Tied: the last stage holds the same replica (rank 3 + 2 = stage 1, t 2).
+  MORPH_ASSERT_OK_AND_ASSIGN(Shard last, ShardOf(emb, c, 5));
+  EXPECT_EQ(last, s);
+  EXPECT_EQ(StagesOfUnchecked(emb, c), (std::vector<int>{0, 1}));
+  // Hybrid ZeRO, groups of 2 in dp 4: DP ranks d and d + 2 hold the same range.
+  const TensorSpec m{"m", DType::kF32, {9}, Layout::Layer(0).ZeroShard(2)};
+  const ParallelConfig z = Config(4, 1, 1, 1);
+  for (int d = 0; d < 4; ++d) {
+    MORPH_ASSERT_OK_AND_ASSIGN(Shard sd, ShardOf(m, z, d));
+    EXPECT_EQ(sd.flat_begin, d % 2 == 0 ? 0 : 5);
+    EXPECT_EQ(sd.flat_end, d % 2 == 0 ? 5 : 9);
+  }
+}
+
 }  // namespace
 }  // namespace morph

@@ -27,11 +27,19 @@
 
 namespace morph {
 
-// A registered tensor as the executor needs it: identity, element type and global shape.
+// A registered tensor as the executor needs it: identity, element type and global shape (in
+// planning coordinates: layout.h). `shape` is the state. A padded tensor (layout.h
+// PadToMultiple) also has `padded_shape`, which bounds every frame; its elements outside
+// `shape` are padding: no piece moves them, and the executor zero-fills them in new shards.
 struct TensorInfo {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
+  std::vector<int64_t> padded_shape;  // empty: not padded
+  // The box every frame lies in: padded_shape if set, else shape.
+  const std::vector<int64_t>& frame_shape() const {
+    return padded_shape.empty() ? shape : padded_shape;
+  }
 };
 
 // The elements of `box` (global coordinates) of tensor `tensor`, exchanged with `peer`.

@@ -21,18 +21,47 @@ namespace {
 
 Status BadInput(const std::string& m) { return InvalidArgumentError(m); }
 
-// Where a region of a new shard lives in the old generation: old ranks (p, d, t) with d in
-// [d0, d1] and t in [t0, t1] hold all of `box`.
+// Where a region of a new shard lives in the old generation: old ranks (p, d, t) on the
+// tensor's old stages with t in [t0, t1] and d in {d0, d0 + dstep, ...} up to d1 hold all of
+// `box` (replicated: every d; ZeRO: one range index and its hybrid replicas).
 struct Region {
   Box box;
-  int t0 = 0, t1 = 0, d0 = 0, d1 = 0;
+  int t0 = 0, t1 = 0, d0 = 0, d1 = 0, dstep = 1;
+  bool HeldBy(int d, int t) const {
+    return t >= t0 && t <= t1 && d >= d0 && d <= d1 && (d - d0) % dstep == 0;
+  }
 };
 
 using plan_internal::LinearIn;
 
-// Splits `need` (a new shard of `spec`) into regions of constant old holder set, in storage
-// order of the old TP slices, then of the need's boxes, then of DP ranks. Closed form: only
-// the old TP slices and ZeRO ranges that intersect `need` are visited.
+// StagesOfUnchecked into a reused vector (PlanFor's per-tensor hot path: no allocation for the
+// common single-layer tensor once `out` has capacity).
+void StagesInto(const TensorSpec& spec, const ParallelConfig& config, std::vector<int>& out) {
+  out.clear();
+  if (spec.layout.extra_layers().empty()) {
+    out.push_back(StageOfUnchecked(spec, config));
+    return;
+  }
+  const std::vector<int> s = StagesOfUnchecked(spec, config);
+  out.assign(s.begin(), s.end());
+}
+
+// Boxes clipped to the state (padded tensors: frames reach past the logical size).
+void ClipToState(const TensorSpec& spec, std::vector<Box>& boxes) {
+  if (spec.layout.pad_multiple() <= 0) return;
+  const Box state = StateBox(spec);
+  size_t w = 0;
+  for (Box& b : boxes) {
+    Box c = Intersect(b, state);
+    if (!c.empty()) boxes[w++] = std::move(c);
+  }
+  boxes.resize(w);
+}
+
+// Splits `need` (a new shard of `spec`, a planning spec) into regions of constant old holder
+// set, in storage order of the old TP slices, then of the need's boxes, then of ZeRO ranges.
+// Closed form: only the old TP slices and ZeRO ranges that intersect `need` are visited.
+// Padding is in no region.
 void RegionsOf(const TensorSpec& spec, const ParallelConfig& old, const Shard& need,
                std::vector<Region>& out) {
   out.clear();
@@ -42,27 +71,31 @@ void RegionsOf(const TensorSpec& spec, const ParallelConfig& old, const Shard& n
   int t_first = 0, t_last = 0;
   if (split) {
     const int k = spec.layout.tp_dim();
-    const int64_t slice = spec.shape[static_cast<size_t>(k)] / old.tp;
-    const Interval i = need.frame.dim(k);
+    const int64_t slice = SplitLength(spec, old) / old.tp;
+    const Interval i =
+        Intersect(need.frame.dim(k), Interval{0, spec.shape[static_cast<size_t>(k)]});
+    if (i.empty()) return;  // all padding
     t_first = static_cast<int>(i.begin / slice);
     t_last = static_cast<int>((i.end - 1) / slice);
   }
+  const int groups = zero ? ZeroGroupSize(spec.layout, old) : 1;
   for (int t = t_first; t <= t_last; ++t) {
     const Box frame = TpBoxOf(spec, old, t);
-    const std::vector<Box> boxes = split ? IntersectShard(need, frame) : ShardBoxes(need);
+    std::vector<Box> boxes = split ? IntersectShard(need, frame) : ShardBoxes(need);
+    ClipToState(spec, boxes);
     const int tc0 = split ? t : 0, tc1 = split ? t : old.tp - 1;
     if (!zero) {
-      for (const Box& b : boxes) out.push_back({b, tc0, tc1, 0, old.dp - 1});
+      for (const Box& b : boxes) out.push_back({b, tc0, tc1, 0, old.dp - 1, 1});
       continue;
     }
     const int64_t n = NumEl(frame);
     for (const Box& b : boxes) {
       const DpSpan span =
-          ZeroRanksOf(n, old.dp, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
-      for (int d = span.first; d <= span.last; ++d) {
-        const Interval r = ZeroRange(n, old.dp, d);
+          ZeroRanksOf(n, groups, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
+      for (int g = span.first; g <= span.last; ++g) {
+        const Interval r = ZeroRange(n, groups, g);
         for (Box& x : IntersectShard(Shard{frame, r.begin, r.end}, b)) {
-          out.push_back({std::move(x), tc0, tc1, d, d});
+          out.push_back({std::move(x), tc0, tc1, g, g + (old.dp / groups - 1) * groups, groups});
         }
       }
     }
@@ -196,27 +229,53 @@ StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) 
   }
 
   auto classes = std::make_shared<Classes>();
-  std::map<std::tuple<DType, std::vector<int64_t>, int, bool>, int> class_of;
+  // Plan in the planning view (block-interleaved splits become plain splits of the block view);
+  // the input as given stays for input() and the digest.
+  const bool any_blocks = std::any_of(input.tensors.begin(), input.tensors.end(),
+                                      [](const TensorSpec& t) { return t.layout.tp_blocks() > 1; });
+  if (any_blocks) {
+    p.orig_ = std::make_shared<const PlanInput>(input);
+    for (TensorSpec& t : input.tensors) {
+      if (t.layout.tp_blocks() > 1) t = PlanningSpec(t);
+    }
+  }
+  std::map<std::tuple<DType, std::vector<int64_t>, int, bool, int, int>, int> class_of;
   classes->new_stages_of_old.resize(static_cast<size_t>(oc.pp));
+  classes->on_new_stage.resize(static_cast<size_t>(nc.pp));
   for (const TensorSpec& t : input.tensors) {
-    auto key = std::make_tuple(t.dtype, t.shape, t.layout.tp_dim(), t.layout.zero_sharded());
+    auto key = std::make_tuple(t.dtype, t.shape, t.layout.tp_dim(), t.layout.zero_sharded(),
+                               t.layout.pad_multiple(), t.layout.zero_group());
     auto [it, fresh] = class_of.emplace(key, static_cast<int>(classes->classes.size()));
     if (fresh) {
       int64_t elems = 1;
       for (int64_t d : t.shape) elems *= d;
-      classes->classes.push_back({t, DTypeSize(t.dtype), elems});
+      classes->classes.push_back({t, DTypeSize(t.dtype), elems, StateBox(t)});
       classes->any_unsplit |= !t.layout.tp_split();
     }
-    const int po = StageOfUnchecked(t, oc), pn = StageOfUnchecked(t, nc);
-    auto& g = classes->groups[{po, pn}];
-    auto gi = std::find_if(g.begin(), g.end(), [&](auto& e) { return e.first == it->second; });
-    if (gi == g.end()) {
-      g.push_back({it->second, 1});
-    } else {
-      ++gi->second;
+    // A tensor on several stages counts towards every (old stage, new stage) pair holding it:
+    // each of those stages has a full replica.
+    for (const int pn : StagesOfUnchecked(t, nc)) {
+      auto& g = classes->on_new_stage[static_cast<size_t>(pn)];
+      auto gi = std::find_if(g.begin(), g.end(), [&](auto& e) { return e.first == it->second; });
+      if (gi == g.end()) {
+        g.push_back({it->second, 1});
+      } else {
+        ++gi->second;
+      }
     }
-    auto& ns = classes->new_stages_of_old[static_cast<size_t>(po)];
-    if (std::find(ns.begin(), ns.end(), pn) == ns.end()) ns.push_back(pn);
+    for (const int po : StagesOfUnchecked(t, oc)) {
+      for (const int pn : StagesOfUnchecked(t, nc)) {
+        auto& g = classes->groups[{po, pn}];
+        auto gi = std::find_if(g.begin(), g.end(), [&](auto& e) { return e.first == it->second; });
+        if (gi == g.end()) {
+          g.push_back({it->second, 1});
+        } else {
+          ++gi->second;
+        }
+        auto& ns = classes->new_stages_of_old[static_cast<size_t>(po)];
+        if (std::find(ns.begin(), ns.end(), pn) == ns.end()) ns.push_back(pn);
+      }
+    }
   }
   for (auto& ns : classes->new_stages_of_old) std::sort(ns.begin(), ns.end());
   classes->new_pp = nc.pp;
@@ -231,6 +290,7 @@ StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) 
   }
   p.classes_ = std::move(classes);
   p.in_ = std::make_shared<const PlanInput>(std::move(input));
+  if (!p.orig_) p.orig_ = p.in_;
   return p;
 }
 
@@ -249,7 +309,7 @@ StatusOr<Planner> Planner::Create(PlanInput input, const PlanOptions& options) {
   MORPH_RETURN_IF_ERROR(p.SolveAssignment(p.assignment_.participant_of_new_rank));
   p.DeriveNewRanks();
   p.assignment_.exact = true;
-  p.digest_ = DigestPlanInput(*p.in_, options, p.assignment_.participant_of_new_rank);
+  p.digest_ = DigestPlanInput(*p.orig_, options, p.assignment_.participant_of_new_rank);
   return p;
 }
 
@@ -289,7 +349,7 @@ StatusOr<Planner> Planner::Create(PlanInput input, Assignment assignment,
   p.assignment_.participant_of_new_rank = of;
   p.DeriveNewRanks();
   p.assignment_.exact = assignment.exact;
-  p.digest_ = DigestPlanInput(*p.in_, options, p.assignment_.participant_of_new_rank);
+  p.digest_ = DigestPlanInput(*p.orig_, options, p.assignment_.participant_of_new_rank);
   return p;
 }
 
@@ -313,7 +373,7 @@ int64_t Planner::ResidentBytes(int32_t participant, int32_t new_rank) const {
     const auto& k = classes_->classes[static_cast<size_t>(cls)];
     bytes += count * k.elem *
              OverlapCount(ShardAt(k.rep, in_->old_config, o.d, o.t),
-                          ShardAt(k.rep, in_->new_config, c.d, c.t));
+                          ShardAt(k.rep, in_->new_config, c.d, c.t), k.state());
   }
   return bytes;
 }
@@ -323,16 +383,16 @@ Planner::Totals Planner::ComputeTotals() const {
   const ParallelConfig& nc = in_->new_config;
   for (int s = 0; s < nc.world(); ++s) {
     const auto c = nc.CoordsOf(s);
-    for (const auto& [stages, group] : classes_->groups) {
-      if (stages.second != c.p) continue;
-      for (const auto& [cls, count] : group) {
+    {
+      for (const auto& [cls, count] : classes_->on_new_stage[static_cast<size_t>(c.p)]) {
         const auto& k = classes_->classes[static_cast<size_t>(cls)];
         // Checked: per-tensor sizes fit int64, their sum need not. resident <= needed, so a
         // needed total that fits means every resident sum fits too.
         int64_t b = 0;
-        t.overflow |= __builtin_mul_overflow(count, k.elem, &b) ||
-                      __builtin_mul_overflow(b, ShardAt(k.rep, nc, c.d, c.t).NumElements(), &b) ||
-                      __builtin_add_overflow(t.needed, b, &t.needed);
+        t.overflow |=
+            __builtin_mul_overflow(count, k.elem, &b) ||
+            __builtin_mul_overflow(b, StateElements(k.rep, ShardAt(k.rep, nc, c.d, c.t)), &b) ||
+            __builtin_add_overflow(t.needed, b, &t.needed);
       }
     }
     if (t.overflow) return t;
@@ -349,36 +409,43 @@ namespace {
 struct Ctx {
   const PlanInput& in;
   const Assignment& a;
-  // Does participant q's old rank hold `region` of a tensor on old stage p_old?
-  bool Resident(int32_t q, const Region& rg, int p_old) const {
+  // Does participant q's old rank hold `region` of a tensor on old stages `olds`?
+  bool Resident(int32_t q, const Region& rg, const std::vector<int>& olds) const {
     if (q < 0) return false;
     const int32_t r = a.old_rank_of_participant[static_cast<size_t>(q)];
     if (r < 0) return false;
     const auto c = in.old_config.CoordsOf(r);
-    return c.p == p_old && c.d >= rg.d0 && c.d <= rg.d1 && c.t >= rg.t0 && c.t <= rg.t1;
+    return std::binary_search(olds.begin(), olds.end(), c.p) && rg.HeldBy(c.d, c.t);
   }
-  // New ranks with the same new shard as (p, d, t) whose participant lacks `region`.
-  void Receivers(const TensorSpec& spec, int p, int d, int t, const Region& rg, int p_old,
-                 std::vector<int>& out) const {
+  // New ranks, ascending, with the same new shard as (d, t) on any of the new stages `news`
+  // (its DP replicas, TP replicas and stage replicas) whose participant lacks `region`.
+  void Receivers(const TensorSpec& spec, const std::vector<int>& news, int d, int t,
+                 const Region& rg, const std::vector<int>& olds, std::vector<int>& out) const {
     out.clear();
     const ParallelConfig& nc = in.new_config;
-    const bool all_d = !spec.layout.zero_sharded(), all_t = !spec.layout.tp_split();
-    for (int dd = all_d ? 0 : d; dd <= (all_d ? nc.dp - 1 : d); ++dd) {
-      for (int tt = all_t ? 0 : t; tt <= (all_t ? nc.tp - 1 : t); ++tt) {
-        const int s = nc.RankOf({p, dd, tt});
-        if (!Resident(a.participant_of_new_rank[static_cast<size_t>(s)], rg, p_old)) {
-          out.push_back(s);
+    const bool zero = spec.layout.zero_sharded(), all_t = !spec.layout.tp_split();
+    const int step = zero ? ZeroGroupSize(spec.layout, nc) : 1;
+    const int d0 = zero ? d % step : 0;
+    for (int p : news) {
+      for (int dd = d0; dd < nc.dp; dd += step) {
+        for (int tt = all_t ? 0 : t; tt <= (all_t ? nc.tp - 1 : t); ++tt) {
+          const int s = nc.RankOf({p, dd, tt});
+          if (!Resident(a.participant_of_new_rank[static_cast<size_t>(s)], rg, olds)) {
+            out.push_back(s);
+          }
         }
       }
     }
   }
   // Old ranks holding `region` whose data survives, in rank order.
-  void Holders(const Region& rg, int p_old, std::vector<int>& out) const {
+  void Holders(const Region& rg, const std::vector<int>& olds, std::vector<int>& out) const {
     out.clear();
-    for (int d = rg.d0; d <= rg.d1; ++d) {
-      for (int t = rg.t0; t <= rg.t1; ++t) {
-        const int r = in.old_config.RankOf({p_old, d, t});
-        if (in.old_participant_of_rank[static_cast<size_t>(r)] >= 0) out.push_back(r);
+    for (int p : olds) {
+      for (int d = rg.d0; d <= rg.d1; d += rg.dstep) {
+        for (int t = rg.t0; t <= rg.t1; ++t) {
+          const int r = in.old_config.RankOf({p, d, t});
+          if (in.old_participant_of_rank[static_cast<size_t>(r)] >= 0) out.push_back(r);
+        }
       }
     }
   }
@@ -401,32 +468,41 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
   lp.digest = digest_;
   const size_t nt = in.tensors.size();
   lp.tensors.reserve(nt);
-  for (const TensorSpec& t : in.tensors) lp.tensors.push_back({t.name, t.dtype, t.shape});
+  for (const TensorSpec& t : in.tensors) {
+    TensorInfo info{t.name, t.dtype, t.shape, {}};
+    if (t.layout.pad_multiple() > 0) {  // frames of both generations lie in padded_shape
+      info.padded_shape = t.shape;
+      const size_t k = static_cast<size_t>(t.layout.tp_dim());
+      info.padded_shape[k] = std::max(SplitLength(t, oc), SplitLength(t, nc));
+    }
+    lp.tensors.push_back(std::move(info));
+  }
   lp.old_shards.resize(nt);
   lp.new_shards.resize(nt);
   const int32_t r = assignment_.old_rank_of_participant[static_cast<size_t>(q)];
   const int32_t s = assignment_.new_rank_of_participant[static_cast<size_t>(q)];
   std::vector<Region> regions;
-  std::vector<int> recv_ranks, holders;
+  std::vector<int> recv_ranks, holders, olds, news;
   std::vector<PieceMove> lost_here;
 
   if (s >= 0) {  // what q needs, and from whom
     const auto c = nc.CoordsOf(s);
     for (size_t ti = 0; ti < nt; ++ti) {
       const TensorSpec& spec = in.tensors[ti];
-      if (StageOfUnchecked(spec, nc) != c.p) continue;
+      if (!OnStageUnchecked(spec, nc, c.p)) continue;
       const Shard need = ShardOfUnchecked(spec, nc, s);
       if (need.empty()) continue;
       lp.new_shards[ti] = need;
-      const int p_old = StageOfUnchecked(spec, oc);
+      StagesInto(spec, oc, olds);
+      StagesInto(spec, nc, news);
       RegionsOf(spec, oc, need, regions);
       for (size_t ri = 0; ri < regions.size(); ++ri) {
         const Region& rg = regions[ri];
-        if (ctx.Resident(q, rg, p_old)) {
+        if (ctx.Resident(q, rg, olds)) {
           lp.local_copies.push_back({static_cast<int32_t>(ti), q, rg.box});
           continue;
         }
-        ctx.Holders(rg, p_old, holders);
+        ctx.Holders(rg, olds, holders);
         if (holders.empty() && lost != nullptr) {
           lost_here.push_back({static_cast<int32_t>(ti), -1, rg.box});
           continue;
@@ -436,7 +512,7 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
                                " needed by new rank " + std::to_string(s) +
                                " has no surviving holder in the old generation");
         }
-        ctx.Receivers(spec, c.p, c.d, c.t, rg, p_old, recv_ranks);
+        ctx.Receivers(spec, news, c.d, c.t, rg, olds, recv_ranks);
         const int j = static_cast<int>(std::lower_bound(recv_ranks.begin(), recv_ranks.end(), s) -
                                        recv_ranks.begin());
         const int h = static_cast<int>(holders.size());
@@ -456,29 +532,37 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
     const auto c = oc.CoordsOf(r);
     for (size_t ti = 0; ti < nt; ++ti) {
       const TensorSpec& spec = in.tensors[ti];
-      if (StageOfUnchecked(spec, oc) != c.p) continue;
+      if (!OnStageUnchecked(spec, oc, c.p)) continue;
       const Shard have = ShardOfUnchecked(spec, oc, r);
       if (have.empty()) continue;
       lp.old_shards[ti] = have;
-      const int p_new = StageOfUnchecked(spec, nc);
+      StagesInto(spec, oc, olds);
+      StagesInto(spec, nc, news);
       const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
       int t_first = 0, t_last = 0;
       if (split) {
         const int kd = spec.layout.tp_dim();
-        const int64_t slice = spec.shape[static_cast<size_t>(kd)] / nc.tp;
-        t_first = static_cast<int>(have.frame.dim(kd).begin / slice);
-        t_last = static_cast<int>((have.frame.dim(kd).end - 1) / slice);
+        const int64_t slice = SplitLength(spec, nc) / nc.tp;
+        const Interval i =
+            Intersect(have.frame.dim(kd), Interval{0, spec.shape[static_cast<size_t>(kd)]});
+        if (i.empty()) continue;  // all padding
+        t_first = static_cast<int>(i.begin / slice);
+        t_last = static_cast<int>((i.end - 1) / slice);
       }
+      // New shards are indexed by (ZeRO range, TP rank); Receivers adds their replicas.
+      const int groups = zero ? ZeroGroupSize(spec.layout, nc) : 1;
       for (int t = t_first; t <= t_last; ++t) {
         int d_first = 0, d_last = 0;
         if (zero) {
           const Box frame = TpBoxOf(spec, nc, t);
           const int64_t n = NumEl(frame);
-          d_first = nc.dp;
+          d_first = groups;
           d_last = -1;
-          for (const Box& b : split ? IntersectShard(have, frame) : ShardBoxes(have)) {
+          std::vector<Box> bs = split ? IntersectShard(have, frame) : ShardBoxes(have);
+          ClipToState(spec, bs);
+          for (const Box& b : bs) {
             const DpSpan sp =
-                ZeroRanksOf(n, nc.dp, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
+                ZeroRanksOf(n, groups, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
             if (sp.first > sp.last) continue;
             d_first = std::min(d_first, sp.first);
             d_last = std::max(d_last, sp.last);
@@ -489,10 +573,10 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
           RegionsOf(spec, oc, need, regions);
           for (size_t ri = 0; ri < regions.size(); ++ri) {
             const Region& rg = regions[ri];
-            if (c.d < rg.d0 || c.d > rg.d1 || c.t < rg.t0 || c.t > rg.t1) continue;
-            ctx.Receivers(spec, p_new, d, t, rg, c.p, recv_ranks);
+            if (!rg.HeldBy(c.d, c.t)) continue;
+            ctx.Receivers(spec, news, d, t, rg, olds, recv_ranks);
             if (recv_ranks.empty()) continue;
-            ctx.Holders(rg, c.p, holders);
+            ctx.Holders(rg, olds, holders);
             const int h = static_cast<int>(holders.size());
             const int me = static_cast<int>(std::lower_bound(holders.begin(), holders.end(), r) -
                                             holders.begin());

@@ -118,7 +118,8 @@ class Planner {
   static StatusOr<Planner> Create(PlanInput input, Assignment assignment,
                                   const PlanOptions& options = {});
 
-  const PlanInput& input() const { return *in_; }
+  // The input as given (block-interleaved tensors in their real shapes).
+  const PlanInput& input() const { return *orig_; }
   const Assignment& assignment() const { return assignment_; }
   // Digest of the input, options and assignment (plan_digest.h); copied into every LocalPlan.
   // A field added to PlanInput, TensorSpec or PlanOptions must be added to DigestPlanInput.
@@ -166,7 +167,8 @@ class Planner {
   Status SolveAssignment(std::vector<int32_t>& participant_of_new_rank) const;
   void DeriveNewRanks();
 
-  std::shared_ptr<const PlanInput> in_;
+  std::shared_ptr<const PlanInput> orig_;  // as given: the digest and input()
+  std::shared_ptr<const PlanInput> in_;    // tensors as PlanningSpec: what the planner uses
   std::shared_ptr<const Classes> classes_;
   Assignment assignment_;
   PlanDigest digest_;

@@ -19,7 +19,8 @@ Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t
   s.frame = TpBoxOf(spec, config, t);
   const int64_t n = NumEl(s.frame);
   if (spec.layout.zero_sharded()) {
-    const Interval r = ZeroRange(n, config.dp, d);
+    const int g = ZeroGroupSize(spec.layout, config);
+    const Interval r = ZeroRange(n, g, d % g);
     s.flat_begin = r.begin;
     s.flat_end = r.end;
   } else {
@@ -28,16 +29,19 @@ Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t
   return s;
 }
 
-int64_t OverlapCount(const Shard& a, const Shard& b) {
+int64_t OverlapCount(const Shard& a, const Shard& b, const Box* state) {
   if (a.empty() || b.empty()) return 0;
-  if (a.frame == b.frame) {
+  if (state != nullptr && state->Contains(a.frame)) state = nullptr;  // no padding in a
+  if (a.frame == b.frame && state == nullptr) {
     return Intersect(Interval{a.flat_begin, a.flat_end}, Interval{b.flat_begin, b.flat_end}).size();
   }
   if (NumEl(Intersect(a.frame, b.frame)) == 0) return 0;
   const std::vector<Box> bb = ShardBoxes(b);
   int64_t n = 0;
   for (const Box& x : ShardBoxes(a)) {
-    for (const Box& y : bb) n += NumEl(Intersect(x, y));
+    const Box xs = state ? Intersect(x, *state) : x;
+    if (NumEl(xs) == 0) continue;
+    for (const Box& y : bb) n += NumEl(Intersect(xs, y));
   }
   return n;
 }
@@ -50,7 +54,7 @@ struct Piece {
   int64_t r0, r1, x0, x1;
 };
 
-int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
+int PiecesUnclipped(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
   if (r.empty()) return 0;
   const int64_t row = w * inner, base = c0 * inner;
   const int64_t a = r.begin / row, b = (r.end - 1) / row;
@@ -65,13 +69,32 @@ int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, Piece* out) {
   return n;
 }
 
+// `limit`: in-row positions at or past it are padding (dropped).
+int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, int64_t limit, Piece* out) {
+  const int n = PiecesUnclipped(r, w, c0, inner, out);
+  int m = 0;
+  for (int i = 0; i < n; ++i) {
+    out[i].x1 = std::min(out[i].x1, limit);
+    if (out[i].x0 < out[i].x1) out[m++] = out[i];
+  }
+  return m;
+}
+
+// The [outer, split dim, inner] view of a TP-split tensor: the split dim's logical length, its
+// (padded) slice widths in the two configs, and where padding starts (in-row position).
 struct SplitView {
-  int64_t outer = 1, inner = 1, len = 0;
-  explicit SplitView(const TensorSpec& spec) {
+  int64_t outer = 1, inner = 1, len = 0, wo = 0, wn = 0, limit = 0;
+  int go = 1, gn = 1;  // ZeRO ranges per TP slice
+  SplitView(const TensorSpec& spec, const ParallelConfig& oc, const ParallelConfig& nc) {
     const size_t k = static_cast<size_t>(spec.layout.tp_dim());
     for (size_t i = 0; i < k; ++i) outer *= spec.shape[i];
     for (size_t i = k + 1; i < spec.shape.size(); ++i) inner *= spec.shape[i];
     len = spec.shape[k];
+    wo = SplitLength(spec, oc) / oc.tp;
+    wn = SplitLength(spec, nc) / nc.tp;
+    limit = len * inner;
+    go = ZeroGroupSize(spec.layout, oc);
+    gn = ZeroGroupSize(spec.layout, nc);
   }
 };
 
@@ -79,10 +102,11 @@ struct SplitView {
 
 DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
                      const ParallelConfig& nc, int tn) {
-  const SplitView v(spec);
-  const int64_t inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  const SplitView v(spec, oc, nc);
+  const int64_t inner = v.inner, wo = v.wo, wn = v.wn;
   Piece a[3];
-  const int na = Pieces(ZeroRange(v.outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
+  const int na =
+      Pieces(ZeroRange(v.outer * wo * inner, v.go, d % v.go), wo, wo * t, inner, v.limit, a);
   const int64_t lo = wn * tn * inner, hi = lo + wn * inner;  // new frame's in-row positions
   int64_t first = -1, last = -1;                             // flat positions in the new frame
   for (int i = 0; i < na; ++i) {
@@ -94,16 +118,18 @@ DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, in
     last = std::max(last, l);
   }
   if (first < 0) return {};
-  return ZeroRanksOf(v.outer * wn * inner, nc.dp, {first, last + 1});
+  return ZeroRanksOf(v.outer * wn * inner, v.gn, {first, last + 1});
 }
 
 int64_t ZeroSplitOverlap(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
                          const ParallelConfig& nc, int dn, int tn) {
-  const SplitView v(spec);
-  const int64_t outer = v.outer, inner = v.inner, wo = v.len / oc.tp, wn = v.len / nc.tp;
+  const SplitView v(spec, oc, nc);
+  const int64_t outer = v.outer, inner = v.inner, wo = v.wo, wn = v.wn;
   Piece a[3], b[3];
-  const int na = Pieces(ZeroRange(outer * wo * inner, oc.dp, d), wo, wo * t, inner, a);
-  const int nb = Pieces(ZeroRange(outer * wn * inner, nc.dp, dn), wn, wn * tn, inner, b);
+  const int na =
+      Pieces(ZeroRange(outer * wo * inner, v.go, d % v.go), wo, wo * t, inner, v.limit, a);
+  const int nb =
+      Pieces(ZeroRange(outer * wn * inner, v.gn, dn % v.gn), wn, wn * tn, inner, v.limit, b);
   int64_t n = 0;
   for (int i = 0; i < na; ++i) {
     for (int j = 0; j < nb; ++j) {
@@ -200,6 +226,7 @@ class PairWeights {
       if (k.elems == 0) continue;
       const bool split = k.rep.layout.tp_split(), zero = k.rep.layout.zero_sharded();
       const int64_t bytes = count * k.elem;
+      padded_ |= k.rep.layout.pad_multiple() > 0;
       if (!split && !zero) w1_ += bytes * k.elems;
       if (split && !zero) rep_split_.push_back({&k, bytes});
       if (!split && zero) zero_unsplit_.push_back({&k, bytes});
@@ -207,6 +234,28 @@ class PairWeights {
     }
   }
   int64_t W1() const { return w1_; }
+  // TP indices of `to` whose slices may overlap the state of index t's slice of `from`: the
+  // fraction overlap (equal logical lengths), widened by each padded class's own overlap (its
+  // slice widths P/tp differ between the configs). A hull: indices without overlap get weight 0.
+  std::pair<int, int> TpRange(int t, const ParallelConfig& from, const ParallelConfig& to) const {
+    std::pair<int, int> r = FractionOverlap(t, from.tp, to.tp);
+    if (!padded_) return r;
+    for (const auto* parts : {&rep_split_, &zero_split_}) {
+      for (const auto& [k, bytes] : *parts) {
+        if (k->rep.layout.pad_multiple() <= 0) continue;
+        const int64_t len = k->rep.shape[static_cast<size_t>(k->rep.layout.tp_dim())];
+        const int64_t sf = SplitLength(k->rep, from) / from.tp;
+        const int64_t st = SplitLength(k->rep, to) / to.tp;
+        const int64_t lo = sf * t, hi = std::min(sf * (t + 1), len);
+        if (lo >= hi) continue;
+        r.first = std::min(r.first, static_cast<int>(lo / st));
+        r.second = std::max(r.second, static_cast<int>((hi - 1) / st));
+      }
+    }
+    r.first = std::max(r.first, 0);
+    r.second = std::min(r.second, to.tp - 1);
+    return r;
+  }
   bool HasW2() const { return !rep_split_.empty(); }
   bool HasW3() const { return !zero_unsplit_.empty(); }
   bool HasW4() const { return !zero_split_.empty(); }
@@ -215,17 +264,21 @@ class PairWeights {
     int64_t w = 0;
     for (const auto& [k, bytes] : rep_split_) {
       const int64_t len = k->rep.shape[static_cast<size_t>(k->rep.layout.tp_dim())];
-      const int64_t so = len / oc_.tp, sn = len / nc_.tp;
+      const int64_t so = SplitLength(k->rep, oc_) / oc_.tp, sn = SplitLength(k->rep, nc_) / nc_.tp;
+      if (len == 0) continue;
       w += bytes * (k->elems / len) *
-           Intersect(Interval{so * t, so * (t + 1)}, Interval{sn * tn, sn * (tn + 1)}).size();
+           Intersect(Intersect(Interval{so * t, so * (t + 1)}, Interval{sn * tn, sn * (tn + 1)}),
+                     Interval{0, len})
+               .size();
     }
     return w;
   }
   int64_t W3(int d, int dn) const {
     int64_t w = 0;
     for (const auto& [k, bytes] : zero_unsplit_) {
-      w +=
-          bytes * Intersect(ZeroRange(k->elems, oc_.dp, d), ZeroRange(k->elems, nc_.dp, dn)).size();
+      const int go = ZeroGroupSize(k->rep.layout, oc_), gn = ZeroGroupSize(k->rep.layout, nc_);
+      w += bytes *
+           Intersect(ZeroRange(k->elems, go, d % go), ZeroRange(k->elems, gn, dn % gn)).size();
     }
     return w;
   }
@@ -241,8 +294,11 @@ class PairWeights {
   void Span3(int d, std::vector<int>& out) const {
     out.clear();
     for (const auto& [k, bytes] : zero_unsplit_) {
-      const DpSpan s = ZeroRanksOf(k->elems, nc_.dp, ZeroRange(k->elems, oc_.dp, d));
-      for (int dn = s.first; dn <= s.last; ++dn) out.push_back(dn);
+      const int go = ZeroGroupSize(k->rep.layout, oc_), gn = ZeroGroupSize(k->rep.layout, nc_);
+      const DpSpan s = ZeroRanksOf(k->elems, gn, ZeroRange(k->elems, go, d % go));
+      for (int g = s.first; g <= s.last; ++g) {
+        for (int dn = g; dn < nc_.dp; dn += gn) out.push_back(dn);  // hybrid: every replica
+      }
     }
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -251,8 +307,11 @@ class PairWeights {
   // (d, t) touches (per class, a hull of that class's shard; duplicates possible).
   void Span4(int d, int t, int tn, std::vector<std::pair<int, int>>& out) const {
     for (const auto& [k, bytes] : zero_split_) {
+      const int gn = ZeroGroupSize(k->rep.layout, nc_);
       const DpSpan s = plan_internal::ZeroSplitSpan(k->rep, oc_, d, t, nc_, tn);
-      for (int dn = s.first; dn <= s.last; ++dn) out.push_back({tn, dn});
+      for (int g = s.first; g <= s.last; ++g) {
+        for (int dn = g; dn < nc_.dp; dn += gn) out.push_back({tn, dn});
+      }
     }
   }
 
@@ -262,6 +321,7 @@ class PairWeights {
   const ParallelConfig& oc_;
   const ParallelConfig& nc_;
   int64_t w1_ = 0;
+  bool padded_ = false;
   std::vector<Part> rep_split_, zero_unsplit_, zero_split_;
 };
 
@@ -276,7 +336,7 @@ struct Direct {
 std::vector<Direct> DirectEntries(const PairWeights& pw, const ParallelConfig& oc,
                                   const ParallelConfig& nc, int d, int t) {
   std::vector<std::pair<int, int>> cand;  // (tn, dn)
-  const auto [t0, t1] = FractionOverlap(t, oc.tp, nc.tp);
+  const auto [t0, t1] = pw.TpRange(t, oc, nc);
   if (pw.HasW2() && pw.HasW3()) {
     std::vector<int> s3;
     pw.Span3(d, s3);
@@ -352,6 +412,28 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
   // Direct entries memoized by (group id, old d, old t): stages with equal groups share them.
   std::unordered_map<uint64_t, std::vector<Direct>> direct_memo;
   const uint64_t dt_cells = uint64_t(oc.dp) * uint64_t(oc.tp);
+  // Hybrid ZeRO: every weight depends on DP ranks only through d mod lo and d' mod ln (the lcm of
+  // the classes' ZeRO range counts; plain ZeRO counts dp). When ln < new dp, the new ranks of a
+  // cell (p', t', d' mod ln) share one list of what would be direct entries, keyed by old groups
+  // (p, t, d mod lo): without it, every old rank would list every replica of its ranges (dense in
+  // dp). Same weights either way: W = max(lists, direct).
+  int lo = 1, ln = 1;
+  bool any_zero = false;
+  for (const auto& k : cl.classes) {
+    if (!k.rep.layout.zero_sharded()) continue;
+    any_zero = true;
+    lo = std::lcm(lo, ZeroGroupSize(k.rep.layout, oc));
+    ln = std::lcm(ln, ZeroGroupSize(k.rep.layout, nc));
+  }
+  const bool share = any_zero && ln < nc.dp;
+  std::vector<int32_t> g4(share ? po * size_t(oc.tp) * size_t(lo) : 0, -1);
+  auto direct_of = [&](size_t pi, int d, int t) -> const std::vector<Direct>& {
+    const uint64_t key =
+        uint64_t(cl.group_id[pi]) * dt_cells + uint64_t(d) * uint64_t(oc.tp) + uint64_t(t);
+    auto [it, fresh] = direct_memo.try_emplace(key);
+    if (fresh) it->second = DirectEntries(*pair[pi], oc, nc, d, t);
+    return it->second;
+  };
 
   for (size_t comp = 0; comp < po + pn; ++comp) {
     const std::vector<int>& stages = new_stages_of[comp];
@@ -384,7 +466,7 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
       pb.list_group.push_back(g);
       pb.list_w.push_back(w);
     };
-    pb.row_lists.assign(static_cast<size_t>(pb.rows), {-1, -1, -1});
+    pb.row_lists.assign(static_cast<size_t>(pb.rows), {-1, -1, -1, -1});
     for (int pnew : stages) {
       const auto& olds = old_stages_of_new[static_cast<size_t>(pnew)];
       auto pw_of = [&](int pold) { return pair[static_cast<size_t>(pold) * pn + size_t(pnew)]; };
@@ -396,7 +478,7 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
         for (int pold : olds) {
           const PairWeights& pw = *pw_of(pold);
           if (!pw.HasW2()) continue;
-          const auto [t0, t1] = FractionOverlap(tn, nc.tp, oc.tp);
+          const auto [t0, t1] = pw.TpRange(tn, nc, oc);
           for (int t = t0; t <= t1; ++t) {
             const int64_t w2 = pw.W2(t, tn);
             if (w2 > 0) {
@@ -438,6 +520,33 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
           pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])][2] = l3;
         }
       }
+      if (share) {  // the shared cell lists (see above), from representatives d < lo, d' < ln
+        std::vector<std::vector<std::pair<int32_t, int64_t>>> per_cell(size_t(nc.tp) * size_t(ln));
+        for (int pold : olds) {
+          const size_t pi = static_cast<size_t>(pold) * pn + static_cast<size_t>(pnew);
+          for (int t = 0; t < oc.tp; ++t) {
+            for (int dm = 0; dm < lo; ++dm) {
+              for (const Direct& e : direct_of(pi, dm, t)) {
+                if (e.dn >= ln) continue;
+                const size_t gi =
+                    (size_t(pold) * size_t(oc.tp) + size_t(t)) * size_t(lo) + size_t(dm);
+                per_cell[size_t(e.tn) * size_t(ln) + size_t(e.dn)].push_back(
+                    {group_id(g4[gi]), e.w});
+              }
+            }
+          }
+        }
+        for (int tn = 0; tn < nc.tp; ++tn) {
+          for (int dm = 0; dm < ln; ++dm) {
+            for (const auto& [g, w] : per_cell[size_t(tn) * size_t(ln) + size_t(dm)]) add(g, w);
+            const int32_t l4 = close_list();
+            for (int dn = dm; dn < nc.dp; dn += ln) {
+              pb.row_lists[static_cast<size_t>(row_of_rank[size_t(nc.RankOf({pnew, dn, tn}))])][3] =
+                  l4;
+            }
+          }
+        }
+      }
     }
     pb.num_groups = groups;
     // Columns: their groups, and their direct entries (collected per row).
@@ -445,18 +554,18 @@ Status Planner::SolveAssignment(std::vector<int32_t>& out) const {
     pb.col_group_begin.push_back(0);
     for (size_t j = 0; j < cols.size(); ++j) {
       const auto o = oc.CoordsOf(assignment_.old_rank_of_participant[static_cast<size_t>(cols[j])]);
+      const int32_t g4j =
+          share ? g4[(size_t(o.p) * size_t(oc.tp) + size_t(o.t)) * size_t(lo) + size_t(o.d % lo)]
+                : -1;
       for (int32_t g : {g1[size_t(o.p)], g2[size_t(o.p) * size_t(oc.tp) + size_t(o.t)],
-                        g3[size_t(o.p) * size_t(oc.dp) + size_t(o.d)]}) {
+                        g3[size_t(o.p) * size_t(oc.dp) + size_t(o.d)], g4j}) {
         if (g >= 0) pb.col_group.push_back(g);
       }
       pb.col_group_begin.push_back(static_cast<int64_t>(pb.col_group.size()));
+      if (share) continue;  // its direct entries are in the shared cell lists
       for (int pnew : cl.new_stages_of_old[static_cast<size_t>(o.p)]) {
         const size_t pi = static_cast<size_t>(o.p) * pn + static_cast<size_t>(pnew);
-        const uint64_t key =
-            uint64_t(cl.group_id[pi]) * dt_cells + uint64_t(o.d) * uint64_t(oc.tp) + uint64_t(o.t);
-        auto [it, fresh] = direct_memo.try_emplace(key);
-        if (fresh) it->second = DirectEntries(*pair[pi], oc, nc, o.d, o.t);
-        for (const Direct& e : it->second) {
+        for (const Direct& e : direct_of(pi, o.d, o.t)) {
           const int32_t row = row_of_rank[static_cast<size_t>(nc.RankOf({pnew, e.dn, e.tn}))];
           direct[static_cast<size_t>(row)].push_back({static_cast<int32_t>(j), e.w});
         }

@@ -92,6 +92,14 @@ PlanDigest DigestPlanInput(const PlanInput& in, const PlanOptions& options,
       h.Add(static_cast<uint64_t>(t.shape.size()));
       for (int64_t s : t.shape) h.Add(s);
       h.Add(t.layout.layer()).Add(t.layout.tp_dim()).Add(t.layout.zero_sharded() ? 1 : 0);
+      // Fields added with the real-model layouts; hashed only when set, so the digest of a
+      // layout without them is what it was before they existed.
+      if (t.layout.extended()) {
+        h.Add(std::string_view("layout v2"));
+        h.Add(static_cast<uint64_t>(t.layout.extra_layers().size()));
+        for (int l : t.layout.extra_layers()) h.Add(l);
+        h.Add(t.layout.tp_blocks()).Add(t.layout.pad_multiple()).Add(t.layout.zero_group());
+      }
     }
     p[PlanDigest::kTensors] = h.value();
   }

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "base/testing.h"
 #include "reshard/plan.h"
 
@@ -87,6 +89,33 @@ TEST(PlanDigestTest, EachInputChangesOnlyItsPart) {
   const PlanDigest e = DigestOf(base, o);
   EXPECT_NE(e.parts[PlanDigest::kPlanOptions], d.parts[PlanDigest::kPlanOptions]);
   EXPECT_THAT(d.Differences(e), HasSubstr("plan options"));
+}
+
+// Every field of the real-model layouts enters the tensors part, and only it.
+TEST(PlanDigestTest, EveryLayoutFieldChangesTheTensorsPart) {
+  PlanInput base = Input();
+  base.old_config = ParallelConfig{.dp = 2, .tp = 2, .pp = 1, .stage_of_layer = {0, 0}};
+  base.new_config = ParallelConfig{.dp = 2, .tp = 1, .pp = 1, .stage_of_layer = {0, 0}};
+  base.available = {0, 1, 2, 3};
+  const PlanDigest d = DigestOf(base);
+  std::vector<Layout> variants = {
+      Layout::Layer(0).SplitTP(0).AlsoOnLayer(1),   Layout::Layers({1, 0}).SplitTP(0),
+      Layout::Layer(0).SplitTPBlocks(0, 2),         Layout::Layer(0).SplitTPBlocks(0, 4),
+      Layout::Layer(0).SplitTP(0).PadToMultiple(8), Layout::Layer(0).SplitTP(0).PadToMultiple(16),
+      Layout::Layer(0).SplitTP(0).ZeroShard(2),     Layout::Layer(0).SplitTP(0).ZeroShard(1)};
+  std::set<uint64_t> seen{d.parts[PlanDigest::kTensors]};
+  for (const Layout& l : variants) {
+    PlanInput in = base;
+    in.tensors[0].layout = l;
+    const PlanDigest e = DigestOf(in);
+    EXPECT_TRUE(seen.insert(e.parts[PlanDigest::kTensors]).second) << l.ToString();
+    EXPECT_EQ(e.parts[PlanDigest::kOldConfig], d.parts[PlanDigest::kOldConfig]);
+  }
+  // ZeroShard(0) is ZeroShard(): the same layout, the same digest.
+  PlanInput a = base, b = base;
+  a.tensors[1].layout = Layout::Layer(0).ZeroShard(0);
+  b.tensors[1].layout = Layout::Layer(0).ZeroShard();
+  EXPECT_EQ(DigestOf(a), DigestOf(b));
 }
 
 TEST(PlanDigestTest, EveryLocalPlanCarriesThePlannersDigest) {

@@ -18,9 +18,12 @@ namespace morph {
 // old and new rank, so the assignment works on classes times counts.
 struct Planner::Classes {
   struct Class {
-    TensorSpec rep;     // layer ignored
+    TensorSpec rep;     // layer ignored; a planning spec (no blocks)
     int64_t elem = 0;   // bytes per element
-    int64_t elems = 0;  // elements of the whole tensor
+    int64_t elems = 0;  // elements of the whole tensor (padding excluded)
+    // The state box of padded classes (overlaps count only state), else nullptr.
+    const Box* state() const { return rep.layout.pad_multiple() > 0 ? &state_box : nullptr; }
+    Box state_box;
   };
   std::vector<Class> classes;
   // (old stage, new stage) -> (class, number of tensors of that class), in class order.
@@ -35,6 +38,9 @@ struct Planner::Classes {
                     static_cast<size_t>(new_stage)];
   }
   std::vector<std::vector<int>> new_stages_of_old;  // with at least one tensor, ascending
+  // New stage -> (class, number of tensors of that class on it): each tensor once per new
+  // stage holding it (groups count a tensor on several old stages once per old stage).
+  std::vector<std::vector<std::pair<int, int64_t>>> on_new_stage;
   bool any_unsplit = false;
 };
 
@@ -60,8 +66,8 @@ inline int64_t LinearIn(const Box& frame, const Box& b, bool last) {
 // What DP rank d, TP rank t holds of `spec`, assuming its stage holds the tensor.
 Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t);
 
-// Number of elements two shards of the same tensor have in common.
-int64_t OverlapCount(const Shard& a, const Shard& b);
+// Number of elements two shards of the same tensor have in common (inside `state`, if given).
+int64_t OverlapCount(const Shard& a, const Shard& b, const Box* state = nullptr);
 
 // OverlapCount(ShardAt(spec, oc, d, t), ShardAt(spec, nc, dn, tn)) for a TP-split ZeRO tensor,
 // in closed form without allocating: each shard is at most three (row range x in-row interval)

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <set>
 
 #include "base/testing.h"
 #include "reshard/plan_internal.h"
@@ -318,6 +319,62 @@ TEST(PlannerTest, ZeroSplitOverlapMatchesOverlapCount) {
       ASSERT_GE(span.last, dn) << "iteration " << it;
     }
   }
+}
+
+// The closed form with padded slices and hybrid ZeRO ranges, against the box-by-box count of the
+// state (padding never counts as resident).
+TEST(PlannerTest, ZeroSplitOverlapWithPaddingAndHybridGroups) {
+  std::mt19937_64 rng(12);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int it = 0; it < 3000; ++it) {
+    const int tp_o = uni(1, 4), tp_n = uni(1, 4), g = uni(1, 3);
+    const int rank = uni(1, 3), k = uni(0, rank - 1);
+    TensorSpec spec{
+        "z", DType::kF32, {}, Layout::Layer(0).SplitTP(k).PadToMultiple(uni(1, 3)).ZeroShard(g)};
+    for (int i = 0; i < rank; ++i) spec.shape.push_back(i == k ? uni(1, 13) : uni(1, 4));
+    const ParallelConfig oc = Config(g * uni(1, 3), tp_o, 1, 1),
+                         nc = Config(g * uni(1, 3), tp_n, 1, 1);
+    const int d = uni(0, oc.dp - 1), t = uni(0, tp_o - 1), dn = uni(0, nc.dp - 1),
+              tn = uni(0, tp_n - 1);
+    const Box state = StateBox(spec);
+    const int64_t n = plan_internal::OverlapCount(plan_internal::ShardAt(spec, oc, d, t),
+                                                  plan_internal::ShardAt(spec, nc, dn, tn), &state);
+    ASSERT_EQ(plan_internal::ZeroSplitOverlap(spec, oc, d, t, nc, dn, tn), n) << "iteration " << it;
+    const DpSpan span = plan_internal::ZeroSplitSpan(spec, oc, d, t, nc, tn);
+    if (n > 0) {  // the hull (in ZeRO range indices) holds every overlapping new range
+      ASSERT_LE(span.first, dn % g) << "iteration " << it;
+      ASSERT_GE(span.last, dn % g) << "iteration " << it;
+    }
+  }
+}
+
+// A tied embedding (first and last stage) has two old replicas per TP slice: both serve a joiner
+// that needs it (balanced senders across stages), and each survivor keeps its own copy.
+TEST(PlannerTest, TiedTensorReplicasOnEveryStageSend) {
+  const std::vector<TensorSpec> model = {
+      {"embed", DType::kF32, {64, 8}, Layout::Layers({0, 3}).SplitTP(0)},
+      {"l1", DType::kF32, {8}, Layout::Layer(1)}};
+  // pp 2 (stages 0: layers 0-1, 1: layers 2-3), tp 1, dp 1 -> dp 2: the joiner (participant 2)
+  // needs the whole embedding; old ranks 0 (stage 0) and 1 (stage 1) both hold it.
+  PlanInput in{model, Config(1, 1, 2, 4), Iota(2), Config(2, 1, 2, 4), Iota(4), 4};
+  MORPH_ASSERT_OK_AND_ASSIGN(Planner p, Planner::Create(in));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto plans, p.PlanAll());
+  MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, p.assignment(), plans));
+  MORPH_ASSERT_OK_AND_ASSIGN(PlanSummary sum, p.Summarize(plans));
+  EXPECT_EQ(sum.bytes_moved, sum.bytes_lower_bound);
+  // Every new rank on either stage holds the embedding: 4 ranks x 64 x 8 x 4 bytes.
+  EXPECT_EQ(sum.bytes_needed, 4 * 64 * 8 * 4 + 2 * 8 * 4);
+  std::set<int32_t> senders;
+  int64_t embed_sent[2] = {0, 0};
+  for (const LocalPlan& lp : plans) {
+    for (const PieceMove& m : lp.sends) {
+      if (m.tensor != 0) continue;
+      senders.insert(lp.participant);
+      if (lp.participant < 2) embed_sent[lp.participant] += PieceBytes(lp, m);
+    }
+  }
+  EXPECT_EQ(senders, (std::set<int32_t>{0, 1})) << "both stages' replicas send";
+  EXPECT_EQ(embed_sent[0], embed_sent[1]) << "balanced";
 }
 
 TEST(PlannerTest, BadInputNamesTheField) {

@@ -85,6 +85,63 @@ uint8_t ReferenceByte(int tensor, int64_t linear, int b) {
   return static_cast<uint8_t>(x);
 }
 
+std::vector<int64_t> ReferenceSlots(const TensorSpec& spec, const ParallelConfig& config,
+                                    int rank) {
+  const ParallelConfig::Coords c = config.CoordsOf(rank);
+  bool on = false;
+  for (int l : spec.layout.layers()) {
+    const int p = config.stage_of_layer.empty() ? 0 : config.stage_of_layer[size_t(l)];
+    on |= p == c.p;
+  }
+  if (!on) return {};
+  const int rank_n = static_cast<int>(spec.shape.size());
+  const int k = spec.layout.tp_dim();
+  // Real index along the split dimension of local index i (-1: padding), and the local length.
+  std::vector<int64_t> local_shape = spec.shape;
+  std::vector<int64_t> map_k;
+  if (k >= 0) {
+    const int64_t len = spec.shape[size_t(k)];
+    const int blocks = spec.layout.tp_blocks(), m = spec.layout.pad_multiple();
+    if (blocks > 1) {
+      const int64_t block = len / blocks, w = block / config.tp;
+      for (int64_t i = 0; i < blocks * w; ++i) map_k.push_back((i / w) * block + c.t * w + i % w);
+    } else if (m > 0) {
+      const int64_t unit = int64_t{m} * config.tp;
+      const int64_t w = (len + unit - 1) / unit * unit / config.tp;
+      for (int64_t i = 0; i < w; ++i) map_k.push_back(c.t * w + i < len ? c.t * w + i : -1);
+    } else {
+      const int64_t w = len / config.tp;
+      for (int64_t i = 0; i < w; ++i) map_k.push_back(c.t * w + i);
+    }
+    local_shape[size_t(k)] = static_cast<int64_t>(map_k.size());
+  }
+  std::vector<int64_t> piece;
+  int64_t n = 1;
+  for (int64_t x : local_shape) n *= x;
+  std::vector<int64_t> idx(size_t(rank_n), 0);
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t rem = e;
+    for (int d = rank_n - 1; d >= 0; --d) {
+      idx[size_t(d)] = rem % local_shape[size_t(d)];
+      rem /= local_shape[size_t(d)];
+    }
+    int64_t real = 0;
+    bool pad = false;
+    for (int d = 0; d < rank_n; ++d) {
+      int64_t i = idx[size_t(d)];
+      if (d == k) i = map_k[size_t(i)];
+      if (i < 0) pad = true;
+      real = real * spec.shape[size_t(d)] + i;
+    }
+    piece.push_back(pad ? -1 : real);
+  }
+  if (!spec.layout.zero_sharded()) return piece;
+  const int g = spec.layout.zero_group() > 0 ? spec.layout.zero_group() : config.dp;
+  const int64_t chunk = (n + g - 1) / g, i = c.d % g;
+  const int64_t a = std::min(n, chunk * i), b = std::min(n, chunk * (i + 1));
+  return std::vector<int64_t>(piece.begin() + a, piece.begin() + b);
+}
+
 Status CheckPairsMatch(const std::vector<LocalPlan>& plans) {
   std::map<std::pair<int, int>, std::vector<const PieceMove*>> sent, received;
   for (const LocalPlan& lp : plans) {
@@ -149,17 +206,19 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
                                ": plan's old shard differs from ShardOf " + sh.ToString());
         }
         old_buf[q].shards[t] = sh;
+        const std::vector<int64_t> slots = ReferenceSlots(spec, in.old_config, r);
+        if (static_cast<int64_t>(slots.size()) != sh.NumElements()) {
+          return InternalError("participant " + std::to_string(q) + " tensor " + spec.name +
+                               ": old shard " + sh.ToString() + " has " +
+                               std::to_string(sh.NumElements()) + " elements, the reference " +
+                               std::to_string(slots.size()));
+        }
         old_buf[q].data[t].resize(static_cast<size_t>(sh.NumElements() * es));
-        const Box whole = Box::FromShape(spec.shape);
-        for (const Box& b : ShardBoxes(sh)) {
-          ForEach(b, [&](const std::vector<int64_t>& idx) {
-            const int64_t off = LocalOffset(sh, idx);
-            const int64_t g = Linear(whole, idx);
-            for (int k = 0; k < es; ++k) {
-              old_buf[q].data[t][static_cast<size_t>(off * es + k)] =
-                  ReferenceByte(static_cast<int>(t), g, k);
-            }
-          });
+        for (size_t off = 0; off < slots.size(); ++off) {
+          for (int k = 0; k < es; ++k) {
+            old_buf[q].data[t][off * size_t(es) + size_t(k)] =
+                slots[off] < 0 ? uint8_t{0x5A} : ReferenceByte(static_cast<int>(t), slots[off], k);
+          }
         }
       } else if (po && !po->empty()) {
         return InternalError("participant " + std::to_string(q) + " has an old shard of " +
@@ -172,6 +231,13 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
                                ": plan's new shard differs from ShardOf " + sh.ToString());
         }
         new_buf[q].shards[t] = sh;
+        if (static_cast<int64_t>(ReferenceSlots(spec, in.new_config, s).size()) !=
+            sh.NumElements()) {
+          return InternalError("participant " + std::to_string(q) + " tensor " + spec.name +
+                               ": new shard " + sh.ToString() +
+                               " differs in size from the "
+                               "reference");
+        }
         new_buf[q].data[t].assign(static_cast<size_t>(sh.NumElements() * es), 0);
         new_buf[q].writes[t].assign(static_cast<size_t>(sh.NumElements()), 0);
       } else if (pn && !pn->empty()) {
@@ -215,7 +281,10 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
       }
       const Shard& dst = new_buf[q].shards[t];
       const int64_t es = DTypeSize(spec.dtype);
-      const Box whole = Box::FromShape(spec.shape);
+      const Box whole = StateBox(spec);  // planning coordinates: same linear order as real
+      if (!whole.Contains(m.box)) {
+        return InternalError("lost piece " + MoveString(m) + " reaches into padding");
+      }
       MORPH_RETURN_IF_ERROR(ViewOf(dst, m.box).status()) << "lost piece " << MoveString(m);
       ForEach(m.box, [&](const std::vector<int64_t>& idx) {
         if (!Holds(dst, idx)) return;
@@ -237,37 +306,33 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
       MORPH_RETURN_IF_ERROR(copy(static_cast<size_t>(m.peer), q, m)) << "participant " << q;
     }
   }
+  // Slot by slot against the independent reference.
   for (size_t q = 0; q < np; ++q) {
+    const int32_t s = assignment.new_rank_of_participant[q];
+    if (s < 0) continue;
     for (size_t t = 0; t < nt; ++t) {
-      const Shard& sh = new_buf[q].shards[t];
-      if (sh.empty()) continue;
+      const std::vector<int64_t> slots = ReferenceSlots(in.tensors[t], in.new_config, s);
       const int64_t es = DTypeSize(in.tensors[t].dtype);
-      const Box whole = Box::FromShape(in.tensors[t].shape);
-      Status bad;
-      for (const Box& b : ShardBoxes(sh)) {
-        ForEach(b, [&](const std::vector<int64_t>& idx) {
-          if (!bad.ok()) return;
-          const int64_t off = LocalOffset(sh, idx);
-          const int64_t g = Linear(whole, idx);
-          const int w = new_buf[q].writes[t][static_cast<size_t>(off)];
-          if (w != 1) {
-            bad = InternalError("participant " + std::to_string(q) + " tensor " +
-                                in.tensors[t].name + " element " + std::to_string(g) + " written " +
-                                std::to_string(w) + " times");
-            return;
+      for (size_t off = 0; off < slots.size(); ++off) {
+        const int w = new_buf[q].writes[t][off];
+        const std::string where = "participant " + std::to_string(q) + " tensor " +
+                                  in.tensors[t].name + " slot " + std::to_string(off);
+        if (slots[off] < 0) {
+          if (w != 0) return InternalError(where + " (padding) written " + std::to_string(w));
+          continue;
+        }
+        if (w != 1) {
+          return InternalError(where + " (element " + std::to_string(slots[off]) + ") written " +
+                               std::to_string(w) + " times");
+        }
+        for (int k = 0; k < es; ++k) {
+          if (new_buf[q].data[t][off * size_t(es) + size_t(k)] !=
+              ReferenceByte(static_cast<int>(t), slots[off], k)) {
+            return InternalError(where + " (element " + std::to_string(slots[off]) +
+                                 ") differs from the reference");
           }
-          for (int k = 0; k < es; ++k) {
-            if (new_buf[q].data[t][static_cast<size_t>(off * es + k)] !=
-                ReferenceByte(static_cast<int>(t), g, k)) {
-              bad = InternalError("participant " + std::to_string(q) + " tensor " +
-                                  in.tensors[t].name + " element " + std::to_string(g) +
-                                  " differs from the reference");
-              return;
-            }
-          }
-        });
+        }
       }
-      MORPH_RETURN_IF_ERROR(bad);
     }
   }
   return Status();
@@ -281,32 +346,31 @@ std::vector<std::vector<int64_t>> BruteResidentMatrix(const PlanInput& in) {
   const int world = in.new_config.world();
   std::vector<std::vector<int64_t>> m(avail.size(), std::vector<int64_t>(world, 0));
   // Element by element: the available participants whose old rank holds it, times the new
-  // ranks that hold it.
-  std::vector<int32_t> olds;
-  std::vector<int> news;
+  // ranks that hold it (both from the reference slot maps).
   for (const TensorSpec& spec : in.tensors) {
-    std::vector<Shard> old_shards, new_shards;
+    int64_t n = 1;
+    for (int64_t x : spec.shape) n *= x;
+    std::vector<std::vector<int32_t>> olds(static_cast<size_t>(n));
+    std::vector<std::vector<int>> news(static_cast<size_t>(n));
     for (int r = 0; r < in.old_config.world(); ++r) {
-      old_shards.push_back(*ShardOf(spec, in.old_config, r));
+      const int32_t q = in.old_participant_of_rank[static_cast<size_t>(r)];
+      if (q < 0 || column[static_cast<size_t>(q)] < 0) continue;
+      for (int64_t e : ReferenceSlots(spec, in.old_config, r)) {
+        if (e >= 0) olds[size_t(e)].push_back(column[static_cast<size_t>(q)]);
+      }
     }
-    for (int s = 0; s < world; ++s) new_shards.push_back(*ShardOf(spec, in.new_config, s));
-    ForEach(Box::FromShape(spec.shape), [&](const std::vector<int64_t>& idx) {
-      olds.clear();
-      news.clear();
-      for (int r = 0; r < in.old_config.world(); ++r) {
-        const int32_t q = in.old_participant_of_rank[static_cast<size_t>(r)];
-        if (q >= 0 && column[static_cast<size_t>(q)] >= 0 && Holds(old_shards[size_t(r)], idx)) {
-          olds.push_back(column[static_cast<size_t>(q)]);
+    for (int s = 0; s < world; ++s) {
+      for (int64_t e : ReferenceSlots(spec, in.new_config, s)) {
+        if (e >= 0) news[size_t(e)].push_back(s);
+      }
+    }
+    for (int64_t e = 0; e < n; ++e) {
+      for (int32_t j : olds[size_t(e)]) {
+        for (int s : news[size_t(e)]) {
+          m[static_cast<size_t>(j)][static_cast<size_t>(s)] += DTypeSize(spec.dtype);
         }
       }
-      for (int s = 0; s < world; ++s) {
-        if (Holds(new_shards[size_t(s)], idx)) news.push_back(s);
-      }
-      for (int32_t j : olds) {
-        for (int s : news)
-          m[static_cast<size_t>(j)][static_cast<size_t>(s)] += DTypeSize(spec.dtype);
-      }
-    });
+    }
   }
   return m;
 }

@@ -23,14 +23,23 @@ std::vector<int> RandomStageMap(std::mt19937_64& rng, int layers, int pp);
 // Byte `b` of element `linear` (row-major global index) of tensor `tensor` in the reference.
 uint8_t ReferenceByte(int tensor, int64_t linear, int b);
 
+// What `rank`'s local buffer of `spec` holds, slot by slot: the real row-major linear index
+// (in spec.shape) of each element, -1 for padding; empty off-stage. Built element by element
+// from the layout's definition (stages of its layers; TP rank t's slice of the split dimension,
+// or of each of its blocks, or of the padded dimension; the flattened TP-local piece cut into
+// ceil(n / G) ranges, range d % G), sharing no code with ShardOf or the planner.
+std::vector<int64_t> ReferenceSlots(const TensorSpec& spec, const ParallelConfig& config, int rank);
+
 // Checks that for every pair (a, b) a's sends to b and b's recvs from a list the same
 // (tensor, box) in the same order. kInternal naming the pair otherwise.
 Status CheckPairsMatch(const std::vector<LocalPlan>& plans);
 
-// Fills every surviving old rank's shards from the reference, applies `plans` (local copies,
-// then each recv from the matching sender's old buffer, via ViewOf) and checks that every new
-// rank's shards equal the reference bitwise, each element written exactly once, and that the
-// plans' old/new shards equal ShardOf. `lost` (one list per participant, from PlanAll) are
+// Fills every surviving old rank's buffers from the reference (slot k of a buffer holds element
+// ReferenceSlots[k]; padding slots get garbage), applies `plans` (local copies, then each recv
+// from the matching sender's old buffer, via ViewOf) and checks that every new rank's buffers
+// equal the reference bitwise slot by slot, each state element written exactly once and no
+// padding slot written, that buffer sizes equal the reference's, and that the plans' old/new
+// shards equal ShardOf. `lost` (one list per participant, from PlanAll) are
 // filled from the reference, as a checkpoint would, after checking that no surviving old rank
 // holds any of their elements. kInternal describing the first difference.
 Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
@@ -38,7 +47,7 @@ Status ApplyAndCheck(const PlanInput& in, const Assignment& assignment,
                      const std::vector<std::vector<PieceMove>>* lost = nullptr);
 
 // resident[j][s]: bytes of new rank s's shards that available participant in.available[j]
-// (sorted) already holds, counted element by element.
+// (sorted) already holds, counted element by element from ReferenceSlots.
 std::vector<std::vector<int64_t>> BruteResidentMatrix(const PlanInput& in);
 // The largest total over every injective map new rank -> available participant: by trying
 // every map (Brute, tiny worlds only) and by the dense Hungarian (Dense, O(world^2 * |avail|)).

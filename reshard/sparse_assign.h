@@ -25,7 +25,7 @@
 
 namespace morph::plan_internal {
 
-inline constexpr int kListsPerRow = 3;
+inline constexpr int kListsPerRow = 4;
 inline constexpr int32_t kDummy = -1;
 
 struct SparseAssignProblem {

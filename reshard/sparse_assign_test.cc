@@ -53,7 +53,7 @@ SparseAssignProblem RandomProblem(Rng& rng, int rows, int cols, int max_w) {
       }
     }
     pb.direct_begin.push_back(static_cast<int64_t>(pb.direct_col.size()));
-    std::array<int32_t, kListsPerRow> ls{-1, -1, -1};
+    std::array<int32_t, kListsPerRow> ls{-1, -1, -1, -1};
     for (int k = 0; k < kListsPerRow && lists > 0; ++k) {
       if (Uniform(rng, 0, 1)) ls[static_cast<size_t>(k)] = Uniform(rng, 0, lists - 1);
     }
@@ -133,7 +133,7 @@ TEST(SparseAssignTest, RejectsMalformedAndTooLargeProblems) {
   pb.direct_w = {0};
   pb.col_group_begin = {0, 0};
   pb.list_begin = {0};
-  pb.row_lists = {{-1, -1, -1}};
+  pb.row_lists = {{-1, -1, -1, -1}};
   EXPECT_THAT(SolveSparseAssignment(pb),
               StatusIs(StatusCode::kInvalidArgument, "sparse assignment: direct weight <= 0"));
   pb.direct_col = {1};

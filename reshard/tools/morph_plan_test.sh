@@ -87,6 +87,40 @@ ls=$(sed -n 's/^bytes lost: *\([0-9]*\).*/\1/p' <<<"$out")
 json=$("$BIN" --json --allow-lost "$TMP/dead.json") || fail "--json --allow-lost exit $?"
 [[ $json == *'"bytes_lost": '"$ls"* && $json == *'"peer": null'* ]] || fail "--json lacks lost pieces"
 
+# Issue 7 §5: the real-model layouts. A model with each of them plans and moves exactly the lower
+# bound; each new field with a bad value is refused naming the field.
+cat >"$TMP/layouts.json" <<'JSON'
+{"tensors": [
+  {"name": "embed", "layer": 0, "also_on_layers": [3], "dtype": "bf16", "shape": [50257, 64],
+   "tp_dim": 0, "pad_multiple": 128},
+  {"name": "l{layer}.qkv", "layers": [0, 3], "dtype": "bf16", "shape": [384, 64], "tp_dim": 0,
+   "tp_blocks": 6},
+  {"name": "l{layer}.gate_up", "layers": [0, 3], "dtype": "bf16", "shape": [64, 512],
+   "tp_dim": 1, "tp_blocks": 2},
+  {"name": "l{layer}.qkv.adam_m", "layers": [0, 3], "dtype": "f32", "shape": [384, 64],
+   "tp_dim": 0, "tp_blocks": 6, "zero": true, "zero_group": 2}],
+ "old": {"dp": 4, "tp": 4, "pp": 2}, "new": {"dp": 2, "tp": 2, "pp": 4}}
+JSON
+expect 0 "bytes moved:" "$TMP/layouts.json"
+out=$("$BIN" "$TMP/layouts.json")
+lb=$(sed -n 's/^bytes lower bound: *\([0-9]*\).*/\1/p' <<<"$out")
+mv=$(sed -n 's/^bytes moved: *\([0-9]*\).*/\1/p' <<<"$out")
+[[ -n $lb && $lb == "$mv" && $lb -gt 0 ]] || fail "layouts: lower bound '$lb' != moved '$mv'"
+L=$TMP/layouts.json
+bad() { sed "$1" "$L" >"$TMP/$2.json"; expect 2 "$3" "$TMP/$2.json"; }
+bad 's/"tp_blocks": 6}/"tp_blocks": 5}/' blocks5 '$.tensors[1].tp_blocks: 5 blocks do not divide dimension 0 of size 384'
+bad 's/"tp_blocks": 2}/"tp_blocks": 0}/' blocks0 '$.tensors[2].tp_blocks: 0 is not in [1,'
+bad 's/"tp_dim": 1, "tp_blocks": 2/"tp_blocks": 2/' blocksnodim '$.tensors[2].tp_blocks: needs "tp_dim"'
+bad 's/"pad_multiple": 128/"pad_multiple": -1/' padneg '$.tensors[0].pad_multiple: -1 is not in [1,'
+bad 's/"tp_dim": 0, "pad_multiple"/"pad_multiple"/' padnodim '$.tensors[0].pad_multiple: needs "tp_dim"'
+bad 's/"also_on_layers": \[3\]/"also_on_layers": 3/' alsonum '$.tensors[0].also_on_layers: must be an array'
+bad 's/"also_on_layers": \[3\]/"also_on_layers": [-3]/' alsoneg '$.tensors[0].also_on_layers[0]: -3 is not in [0,'
+bad 's/"zero": true, "zero_group": 2/"zero_group": 2/' groupnozero '$.tensors[3].zero_group: needs "zero": true'
+bad 's/"zero_group": 2/"zero_group": 3/' group3 "\$.tensors[3]: tensor 'l0.qkv.adam_m': zero_group=3 does not divide dp=4"
+bad 's/"tp_blocks": 6}/"tp_blocks": 6, "blocks": 2}/' unknownkey '$.tensors[1].blocks: unknown field'
+# The block size (384 / 6 = 64) must divide by tp: tp 3 is refused naming tensor and block.
+bad '/"new"/s/"tp": 2/"tp": 3/' tp3b "block size 64 of dimension 0 (6 blocks) is not divisible by tp=3 (with \$.new)"
+
 if [[ $fails -gt 0 ]]; then
   echo "$fails failure(s)"
   exit 1

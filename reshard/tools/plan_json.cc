@@ -83,8 +83,9 @@ StatusOr<ParallelConfig> ParseConfig(const json& j, const std::string& path, int
 // One entry of "tensors", expanded over its "layers" range.
 Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpec>& out,
                    std::vector<std::string>& paths) {
-  MORPH_RETURN_IF_ERROR(
-      OnlyKeys(j, path, {"name", "dtype", "shape", "layer", "layers", "tp_dim", "zero"}));
+  MORPH_RETURN_IF_ERROR(OnlyKeys(j, path,
+                                 {"name", "dtype", "shape", "layer", "layers", "tp_dim", "zero",
+                                  "also_on_layers", "tp_blocks", "pad_multiple", "zero_group"}));
   if (!j.contains("name")) return Bad(path + ".name", "is required");
   MORPH_ASSIGN_OR_RETURN(std::string name, Str(j["name"], path + ".name"));
   if (!j.contains("dtype")) return Bad(path + ".dtype", "is required");
@@ -118,7 +119,6 @@ Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpe
       return Bad(path + ".name", "must contain {layer} when \"layers\" spans several layers");
     }
   }
-  Layout layout;
   int tp_dim = -1;
   if (j.contains("tp_dim") && !j["tp_dim"].is_null()) {
     MORPH_ASSIGN_OR_RETURN(
@@ -130,12 +130,57 @@ Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpe
     if (!j["zero"].is_boolean()) return Bad(path + ".zero", "must be true or false");
     zero = j["zero"].get<bool>();
   }
+  // The real-model layouts (docs/reshard-planner.md §1).
+  std::vector<int> also;
+  if (j.contains("also_on_layers")) {
+    const json& a = j["also_on_layers"];
+    if (!a.is_array()) return Bad(path + ".also_on_layers", "must be an array of layers");
+    for (size_t i = 0; i < a.size(); ++i) {
+      MORPH_ASSIGN_OR_RETURN(
+          int64_t v, Int(a[i], path + ".also_on_layers[" + std::to_string(i) + "]", 0, 1 << 20));
+      also.push_back(static_cast<int>(v));
+    }
+    if (last > first && !also.empty()) {
+      return Bad(path + ".also_on_layers",
+                 "cannot be combined with \"layers\" spanning several layers (each expanded "
+                 "tensor would be on every listed layer)");
+    }
+  }
+  int blocks = 1;
+  if (j.contains("tp_blocks")) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["tp_blocks"], path + ".tp_blocks", 1, 1 << 20));
+    if (v > 1 && tp_dim < 0) return Bad(path + ".tp_blocks", "needs \"tp_dim\" (a TP split)");
+    if (v > 1 && shape[size_t(tp_dim)] % v != 0) {
+      return Bad(path + ".tp_blocks", std::to_string(v) + " blocks do not divide dimension " +
+                                          std::to_string(tp_dim) + " of size " +
+                                          std::to_string(shape[size_t(tp_dim)]));
+    }
+    blocks = static_cast<int>(v);
+  }
+  int pad = 0;
+  if (j.contains("pad_multiple")) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["pad_multiple"], path + ".pad_multiple", 1, 1 << 20));
+    if (tp_dim < 0) return Bad(path + ".pad_multiple", "needs \"tp_dim\" (pads the split dim)");
+    if (blocks > 1) return Bad(path + ".pad_multiple", "cannot be combined with \"tp_blocks\"");
+    pad = static_cast<int>(v);
+  }
+  int group = 0;
+  if (j.contains("zero_group")) {
+    MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["zero_group"], path + ".zero_group", 1, 1 << 20));
+    if (!zero) return Bad(path + ".zero_group", "needs \"zero\": true (hybrid ZeRO)");
+    group = static_cast<int>(v);
+  }
   for (int l = first; l <= last; ++l) {
     std::string n = name;
     for (size_t at; (at = n.find("{layer}")) != std::string::npos;) {
       n.replace(at, 7, std::to_string(l));
     }
-    TensorSpec t{n, *dtype, shape, Layout::Layer(l).SplitTP(tp_dim).ZeroShard(zero)};
+    Layout layout = Layout::Layer(l).ZeroShard(zero);
+    for (int a : also) layout = layout.AlsoOnLayer(a);
+    layout = blocks > 1 ? layout.SplitTPBlocks(tp_dim, blocks) : layout.SplitTP(tp_dim);
+    if (pad > 0) layout = layout.PadToMultiple(pad);
+    if (group > 0) layout = layout.ZeroShard(group);
+    TensorSpec t{n, *dtype, shape, layout};
     if (Status s = ValidateTensorSpec(t); !s.ok()) return Bad(path, std::string(s.message()));
     out.push_back(std::move(t));
     paths.push_back(path);
@@ -258,7 +303,7 @@ StatusOr<PlanRequest> ParsePlanRequest(std::string_view text) {
       return Bad(paths[i] + ".name",
                  "tensor '" + in.tensors[i].name + "' is also defined at " + paths[it->second]);
     }
-    num_layers = std::max(num_layers, in.tensors[i].layout.layer() + 1);
+    for (int l : in.tensors[i].layout.layers()) num_layers = std::max(num_layers, l + 1);
   }
   if (root.contains("num_layers")) {
     MORPH_ASSIGN_OR_RETURN(int64_t v, Int(root["num_layers"], "$.num_layers", num_layers, 1 << 20));
