@@ -694,8 +694,7 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
                                 " out of range");
   }
   if (device == nullptr) {
-    MORPH_ASSIGN_OR_RETURN(GlooOptions options, GlooOptions::FromEnv());
-    MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(options));
+    MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(GlooOptions{}));
   }
   auto impl = std::make_shared<Impl>(std::string(name), rank, size, store.generation());
   impl->device_ = device;

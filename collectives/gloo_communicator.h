@@ -5,7 +5,8 @@
 // store cannot delete keys. A context is never reused after an error (any Gloo timeout closes
 // every pair): the caller builds the next generation's communicator instead.
 //
-//   MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(GlooOptions::FromEnv()));
+//   MORPH_ASSIGN_OR_RETURN(GlooOptions options, GlooOptions::FromEnv());  // once, at the top
+//   MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(options));
 //   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, "world", rank, world,
 //                                                              device, Deadline::AfterMs(30000)));
 //   MORPH_RETURN_IF_ERROR(comm->Allreduce(buf, n, DType::kF32, ReduceOp::kSum, 30s));
@@ -34,7 +35,9 @@ struct GlooOptions {
   // Network interface to listen on (e.g. "eth0"), empty: use `hostname`.
   std::string iface;
 
-  // MORPH_GLOO_HOSTNAME and MORPH_GLOO_IFACE. kInvalidArgument for an unparsable value.
+  // MORPH_GLOO_HOSTNAME and MORPH_GLOO_IFACE, read now (the defaults above where unset): call
+  // once, at the top of a program, and pass the result. kInvalidArgument for an unparsable
+  // value. Any thread.
   static StatusOr<GlooOptions> FromEnv();
 };
 
@@ -66,8 +69,8 @@ class GlooCommunicator : public Communicator {
   // the same `name` (unique within the generation, e.g. "world", "dp/3"). kInvalidArgument for
   // rank/size out of range or an empty name; the store's errors (kAborted for a stale
   // generation, kDeadlineExceeded naming the missing rank's key); kUnavailable if a peer
-  // cannot be connected. `device` may be null (then one is created from GlooOptions::FromEnv).
-  // Any thread.
+  // cannot be connected. `device` may be null: then one is created for this communicator from
+  // the default GlooOptions (loopback); the environment is not read. Any thread.
   static StatusOr<std::unique_ptr<GlooCommunicator>> Create(Store& store, std::string_view name,
                                                             int rank, int size,
                                                             std::shared_ptr<GlooDevice> device,
