@@ -69,8 +69,12 @@ TEST(EnvIsolationTest, TheReadersSeeThePoison) {
   PoisonedEnvironment env;
   EXPECT_THAT(TcpStoreServerOptions::FromEnv().status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_STORE_MAX_CONNECTIONS")));
+  EXPECT_THAT(GlooOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_GLOO_UNBIND_THREADS")));
+  ::setenv("MORPH_GLOO_UNBIND_THREADS", "0", 1);
   MORPH_ASSERT_OK_AND_ASSIGN(GlooOptions gloo, GlooOptions::FromEnv());
   EXPECT_EQ(gloo.iface, "no-such-host.invalid");
+  EXPECT_FALSE(gloo.unbind_threads);
   EXPECT_THAT(GlooDevice::Create(gloo).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("no-such-host.invalid")));
   EXPECT_THAT(CollectiveTimeoutFromEnv().status(),
@@ -88,6 +92,7 @@ TEST(EnvIsolationTest, OptionDefaultsAreTheParameterDefaults) {
   MORPH_ASSERT_OK_AND_ASSIGN(GlooOptions gloo, GlooOptions::FromEnv());
   EXPECT_EQ(gloo.hostname, GlooOptions{}.hostname);
   EXPECT_EQ(gloo.iface, GlooOptions{}.iface);
+  EXPECT_EQ(gloo.unbind_threads, GlooOptions{}.unbind_threads);
 }
 
 TEST(EnvIsolationTest, StoreServerWithoutOptionsUsesTheDefaults) {

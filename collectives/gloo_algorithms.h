@@ -79,9 +79,12 @@ class Messenger {
 // Receives posted ahead of time, one per peer, for the one-round algorithms. Gloo sends an
 // unbound buffer only once the receiver's "receive posted" notice has reached the sender, so
 // a receive posted when the operation starts costs an extra message hop (two scheduler
-// wake-ups). These are posted one round ahead: at creation, then again as soon as a round's
-// data has been consumed. Rounds are counted per communicator (every rank runs the same
-// one-round operations in the same order). Messages must fit `bytes`.
+// wake-ups). These are posted kDepth rounds ahead: at creation, then again as soon as a
+// round's data has been consumed. One round ahead is not enough for back-to-back operations:
+// the peer, done with round r at the same moment, would send round r + 1 before this rank's
+// notice for it arrived, and wait for it. Rounds are counted per communicator (every rank
+// runs the same one-round operations in the same order). Messages must fit `bytes`; memory:
+// kDepth x size x bytes.
 class Mailboxes {
  public:
   Mailboxes(gloo::Context* ctx, int rank, int size, size_t bytes);
@@ -90,19 +93,23 @@ class Mailboxes {
   // Waits for every peer's message of the current round. kAborted naming the peer if a wait
   // was aborted; Gloo's exception on an error or at the deadline.
   Status WaitAll(Deadline deadline, const std::string& what);
-  const uint8_t* data(int peer) const { return storage_.data() + bytes_ * peer; }
-  // Starts the next round: reposts every receive (the current data must have been consumed).
+  // Peer `peer`'s message of the current round (after WaitAll).
+  const uint8_t* data(int peer) const;
+  // Starts the next round: reposts the current round's receives for round + kDepth (the
+  // current data must have been consumed).
   void Next();
 
  private:
-  void Post();
+  static constexpr uint64_t kDepth = 2;
+  static uint64_t SlotOf(uint64_t round);
+  void Post(uint64_t round);
   gloo::Context* ctx_;
   int rank_;
   int size_;
   size_t bytes_;
   uint64_t round_ = 0;
   std::vector<uint8_t> storage_;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs_;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs_;  // [round % kDepth][peer]
 };
 
 // In place over `count` elements of `buf`. Every rank sends its buffer to every other rank,

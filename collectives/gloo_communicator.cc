@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "base/logging.h"
@@ -61,6 +62,7 @@ StatusOr<GlooOptions> GlooOptions::FromEnv() {
   GlooOptions o;
   MORPH_ASSIGN_OR_RETURN(o.hostname, params::GlooHostname());
   MORPH_ASSIGN_OR_RETURN(o.iface, params::GlooIface());
+  MORPH_ASSIGN_OR_RETURN(o.unbind_threads, params::GlooUnbindThreads());
   return o;
 }
 
@@ -68,6 +70,7 @@ StatusOr<GlooOptions> GlooOptions::FromEnv() {
 class GlooDevice::Impl {
  public:
   std::shared_ptr<gloo::transport::Device> device;
+  bool unbind_threads = true;
 };
 
 StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& options) {
@@ -81,8 +84,10 @@ StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& opti
     what = "host '" + options.hostname + "'";
   }
   auto impl = std::make_unique<Impl>();
+  impl->unbind_threads = options.unbind_threads;
   try {
     ScopedSigpipeBlock no_sigpipe;  // Gloo's event thread inherits the blocked SIGPIPE
+    gloo_support::ScopedUnbind unbind(options.unbind_threads);  // ... and the CPU binding
     impl->device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     return InvalidArgumentError("gloo device on " + what + ": " + e.what());
@@ -145,6 +150,7 @@ class GlooCommunicator::Impl {
   }
 
   void StartThreads() {
+    gloo_support::ScopedUnbind unbind(device_->impl()->unbind_threads);  // threads inherit it
     thread_ = std::thread([this] {
       BlockSigpipeInThisThread();
       Loop();
@@ -179,10 +185,27 @@ class GlooCommunicator::Impl {
       if (stopping_sentinel_.load()) return;
       lost = UnavailableError(Describe() + ": a peer connection closed: " + e.what());
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    NoteClosedPeersLocked();  // now, before survivors' reactions close more pairs
-    peer_lost_ = lost;
-    peer_lost_at_ = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      NoteClosedPeersLocked();  // now, before survivors' reactions close more pairs
+      peer_lost_ = lost;
+      peer_lost_at_ = std::chrono::steady_clock::now();
+    }
+    // An operation that runs on its caller's thread (TryRunInline) has no GlooWork::Wait to
+    // notice the loss: fail whatever still runs once the grace period has passed.
+    while (!stopping_sentinel_.load()) {
+      std::this_thread::sleep_for(milliseconds(10));
+      if (PeerLossPastGrace().ok()) continue;
+      bool running;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        running = running_;
+      }
+      if (running) {
+        FailWith(lost);
+        return;
+      }
+    }
   }
 
   // The sentinel's status once a peer has been gone for longer than the grace period.
@@ -289,29 +312,7 @@ class GlooCommunicator::Impl {
         queue_.pop_front();
         running_ = true;
       }
-      Status s;
-      Status broken_status;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        broken_status = error_;
-      }
-      if (!broken_status.ok()) {
-        s = broken_status;
-      } else {
-        s = Execute(task->op);
-        if (!s.ok()) {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (aborted_.load()) {
-            s = error_;  // the abort is the reason, not the error it caused inside Gloo
-          } else if (error_.ok()) {
-            error_ = s = WithFailureLocked(s);
-            broken_.store(true);
-            // Fail the peers now rather than at their timeouts.
-            SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
-                           " failed: " + std::string(s.message()));
-          }
-        }
-      }
+      Status s = RunOne(task->op);
       {
         std::lock_guard<std::mutex> lock(mu_);
         running_ = false;
@@ -323,6 +324,49 @@ class GlooCommunicator::Impl {
       }
       task->cv.notify_all();
     }
+  }
+
+  // Runs `op` on the calling thread if nothing started before it is queued or running (the
+  // blocking calls: no hand-off to the op thread and back, two thread wake-ups per operation
+  // that cost up to a scheduler tick each on a busy host); nullopt otherwise. Gloo's own
+  // waits enforce op.timeout; Abort() wakes them as it does the op thread's.
+  std::optional<Status> TryRunInline(const CollectiveOp& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_ || running_ || !queue_.empty()) return std::nullopt;
+      running_ = true;
+    }
+    Status s;
+    {
+      ScopedSigpipeBlock no_sigpipe;
+      s = RunOne(op);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+    return s;
+  }
+
+  // One operation on the thread that runs it (the op thread, or the caller's: TryRunInline).
+  // Fails the communicator on its first error.
+  Status RunOne(const CollectiveOp& op) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_.ok()) return error_;
+    }
+    Status s = Execute(op);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_.load()) {
+        s = error_;  // the abort is the reason, not the error it caused inside Gloo
+      } else if (error_.ok()) {
+        error_ = s = WithFailureLocked(s);
+        broken_.store(true);
+        // Fail the peers now rather than at their timeouts.
+        SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
+                       " failed: " + std::string(s.message()));
+      }
+    }
+    return s;
   }
 
   Status Execute(const CollectiveOp& op) {
@@ -748,6 +792,12 @@ Capabilities GlooCommunicator::capabilities() const {
 StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(CollectiveOp op) {
   MORPH_RETURN_IF_ERROR(ValidateOp(op, capabilities())) << impl_->Describe();
   return std::unique_ptr<Work>(new GlooWork(impl_, impl_->Enqueue(std::move(op))));
+}
+
+Status GlooCommunicator::Run(CollectiveOp op) {
+  MORPH_RETURN_IF_ERROR(ValidateOp(op, capabilities())) << impl_->Describe();
+  if (std::optional<Status> s = impl_->TryRunInline(op)) return *s;
+  return Communicator::Run(std::move(op));  // behind operations started before it
 }
 
 void GlooCommunicator::Abort() { impl_->Abort("Abort() called"); }
