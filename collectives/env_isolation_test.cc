@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -133,11 +134,12 @@ Status AllreduceOnce(Communicator& comm) {
 TEST(EnvIsolationTest, GlooCommunicatorWithoutDeviceUsesTheDefaults) {
   PoisonedEnvironment env;
   auto table = std::make_shared<KvTable>();
+  std::vector<std::unique_ptr<GlooCommunicator>> comms(2);
   MORPH_EXPECT_OK(FirstError(RunRankThreads(2, [&](int rank) -> Status {
     MemoryStore store(table, 0);
-    MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(store, "world", rank, 2, nullptr,
-                                                               Deadline::AfterMs(20000)));
-    return AllreduceOnce(*comm);
+    MORPH_ASSIGN_OR_RETURN(comms[rank], GlooCommunicator::Create(store, "world", rank, 2, nullptr,
+                                                                 Deadline::AfterMs(20000)));
+    return AllreduceOnce(*comms[rank]);
   })));
 }
 
@@ -147,12 +149,15 @@ TEST(EnvIsolationTest, GroupBuilderFactoriesUseTheirOptions) {
   int64_t generation = 0;
   for (CommunicatorFactory factory : {GlooFactory(nullptr), GlooFactory(GlooOptions{})}) {
     GroupBuilder builder(factory);
+    // The sets outlive both ranks' calls: a rank that tears down while its peer still reads
+    // the last message may reset the connection under it.
+    std::vector<std::unique_ptr<GroupSet>> sets(2);
     MORPH_EXPECT_OK(FirstError(RunRankThreads(2, [&](int rank) -> Status {
       MemoryStore store(table, generation);
-      MORPH_ASSIGN_OR_RETURN(auto set, builder.Build(store, ParallelConfig{.dp = 2}, rank, 2,
-                                                     Deadline::AfterMs(20000)));
-      MORPH_RETURN_IF_ERROR(AllreduceOnce(set->world()));
-      return AllreduceOnce(set->dp());
+      MORPH_ASSIGN_OR_RETURN(sets[rank], builder.Build(store, ParallelConfig{.dp = 2}, rank, 2,
+                                                       Deadline::AfterMs(20000)));
+      MORPH_RETURN_IF_ERROR(AllreduceOnce(sets[rank]->world()));
+      return AllreduceOnce(sets[rank]->dp());
     })));
     ++generation;
   }

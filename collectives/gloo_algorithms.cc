@@ -206,8 +206,19 @@ void Mailboxes::Post(uint64_t round) {
   const size_t set = static_cast<size_t>(size_) * (round % kDepth);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    bufs_[set + p] = ctx_->createUnboundBuffer(storage_.data() + bytes_ * (set + p), bytes_);
-    bufs_[set + p]->recv(p, SlotOf(round));
+    auto buf = ctx_->createUnboundBuffer(storage_.data() + bytes_ * (set + p), bytes_);
+    buf->recv(p, SlotOf(round));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) buf->abortWaitRecv();
+    bufs_[set + p] = std::move(buf);
+  }
+}
+
+void Mailboxes::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  for (auto& b : bufs_) {
+    if (b != nullptr) b->abortWaitRecv();
   }
 }
 

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,10 @@ class Mailboxes {
   // Starts the next round: reposts the current round's receives for round + kDepth (the
   // current data must have been consumed).
   void Next();
+  // Makes every wait on these receives, now and later, return kAborted (a receive caught in
+  // the middle of its payload is not woken by Gloo's pair signal). Any thread; the others
+  // are the operation thread's.
+  void Abort();
 
  private:
   static constexpr uint64_t kDepth = 2;
@@ -109,6 +114,8 @@ class Mailboxes {
   size_t bytes_;
   uint64_t round_ = 0;
   std::vector<uint8_t> storage_;
+  std::mutex mu_;  // guards bufs_ (replaced by Post) and aborted_ against Abort
+  bool aborted_ = false;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs_;  // [round % kDepth][peer]
 };
 
