@@ -8,6 +8,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <net/if.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -82,6 +84,10 @@ StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& opti
   if (!options.iface.empty()) {
     attr.iface = options.iface;
     what = "interface '" + options.iface + "'";
+    // Gloo throws for an unknown interface without freeing its getifaddrs list (LSan).
+    if (if_nametoindex(options.iface.c_str()) == 0) {
+      return InvalidArgumentError("gloo device on " + what + ": no such network interface");
+    }
   } else {
     attr.hostname = options.hostname;
     what = "host '" + options.hostname + "'";
