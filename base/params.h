@@ -1,9 +1,14 @@
 // Typed registry of morph's environment parameters (NCCL's param.h, made typed).
 //
 // Each MORPH_* variable is declared once in params.def with its type, default and description.
-// Each has a getter here that reads the environment on every call, so that tests can change it:
+// Each has a getter here that reads the environment when it is called:
 //
 //   MORPH_ASSIGN_OR_RETURN(int64_t heartbeat_ms, morph::params::HeartbeatMs());
+//
+// Only the options readers call the getters (GlooOptions::FromEnv, TcpStoreServerOptions::
+// FromEnv, ExecutorOptions::FromEnv, ...), and a program calls those once, at the top, then
+// passes the options values down: library calls never read the environment, so a test passes
+// options instead of setting variables (collectives/env_isolation_test.cc checks this).
 //
 // A value that does not parse or is out of range is kInvalidArgument naming the variable and
 // the value ("MORPH_HEARTBEAT_MS=abc: not an integer"). The first time a getter sees a

@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
         const auto t0 = Clock::now();
         CheckpointSaveOptions rank_opts = opts;
         rank_opts.snapshot_pool = pools[static_cast<size_t>(r)];
-        auto s = SaveCheckpointAsync(ck, r, n, 100, {{"tp", 4}}, pieces[static_cast<size_t>(r)],
+        auto s = SaveCheckpointAsync(ck, r, n, 100, R"({"tp": 4})", pieces[static_cast<size_t>(r)],
                                      rank_opts);
         block[static_cast<size_t>(r)] = Since(t0);
         Die(s.status(), "save");

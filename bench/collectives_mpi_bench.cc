@@ -61,8 +61,10 @@ Status Run(size_t max_bytes) {
                          }));
   MORPH_ASSIGN_OR_RETURN(auto store,
                          TcpStoreClient::Connect(boot.blob, kToken, 0, Deadline::AfterMs(30000)));
+  MORPH_ASSIGN_OR_RETURN(GlooOptions gloo_options, GlooOptions::FromEnv());
+  MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(gloo_options));
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "bench", boot.rank, boot.size,
-                                                             nullptr, Deadline::AfterMs(30000)));
+                                                             device, Deadline::AfterMs(30000)));
   const int rank = boot.rank, world = boot.size;
   // Small messages (the runtime's per-step votes, loss reductions) and large ones (gradients).
   for (size_t bytes :

@@ -35,9 +35,9 @@ function(morph_cc_library)
   endif()
   target_include_directories(morph_${A_NAME} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
-    # Consumers write <morph/base/status.h>; morph's own headers include "base/status.h".
-    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
-    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/morph>)
+    # Consumers write <morph/base/status.h>; the installed copies of morph's headers include
+    # each other the same way (morph_install_headers), so this is the only path they need.
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(morph_${A_NAME} PUBLIC ${A_PUBLIC_DEPS} PRIVATE ${A_DEPS})
   _morph_common_flags(morph_${A_NAME})
   if(MORPH_SANITIZE_FLAGS)
@@ -93,9 +93,24 @@ function(morph_cc_binary)
   endif()
 endfunction()
 
-# Installs a folder's public headers under include/morph/<folder>/.
+# Installs a folder's public headers under include/morph/<folder>/. In the source tree morph's
+# headers include each other as "base/status.h" (the repository root is on the path); the
+# installed copies say <morph/base/status.h>, so a consumer needs <prefix>/include only. The
+# copies are made at configure time under <build>/installed_headers (again when a header
+# changes). Only the public surface is listed: no test helpers, no backend internals.
+set(MORPH_INSTALLED_HEADERS_DIR ${PROJECT_BINARY_DIR}/installed_headers)
 function(morph_install_headers folder)
-  install(FILES ${ARGN} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/morph/${folder})
+  foreach(_h IN LISTS ARGN)
+    set(_src ${CMAKE_CURRENT_SOURCE_DIR}/${_h})
+    set(_out ${MORPH_INSTALLED_HEADERS_DIR}/morph/${folder}/${_h})
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_src})
+    file(READ ${_src} _text)
+    string(REGEX REPLACE "#include \"((base|collectives|reshard|runtime)/[^\"]+)\""
+           "#include <morph/\\1>" _text "${_text}")
+    file(WRITE ${_out}.in "${_text}")
+    configure_file(${_out}.in ${_out} COPYONLY)  # rewritten only when it changed
+    install(FILES ${_out} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/morph/${folder})
+  endforeach()
 endfunction()
 
 function(morph_cc_test_library)

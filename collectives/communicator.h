@@ -179,8 +179,9 @@ class Communicator {
   // True after Abort() or after an operation failed.
   virtual bool broken() const = 0;
 
-  // Blocking forms: Start(op) then Wait(now + op.timeout).
-  Status Run(CollectiveOp op);
+  // Blocking forms: Start(op) then Wait(now + op.timeout), or what a backend does instead with
+  // the same result (Gloo runs it on the calling thread). Owning thread.
+  virtual Status Run(CollectiveOp op);
   Status Allreduce(void* buf, size_t count, DType dtype, ReduceOp op,
                    std::chrono::milliseconds timeout) {
     return Run(CollectiveOp::Allreduce(buf, count, dtype, op, timeout));

@@ -183,31 +183,59 @@ void Messenger::SendToSlot(int peer, uint64_t slot, const void* data, size_t byt
 }
 
 Mailboxes::Mailboxes(gloo::Context* ctx, int rank, int size, size_t bytes)
-    : ctx_(ctx), rank_(rank), size_(size), bytes_(bytes), storage_(bytes * size), bufs_(size) {
-  Post();
+    : ctx_(ctx),
+      rank_(rank),
+      size_(size),
+      bytes_(bytes),
+      storage_(bytes * size * kDepth),
+      bufs_(static_cast<size_t>(size) * kDepth) {
+  for (uint64_t r = 0; r < kDepth; ++r) Post(r);
 }
 
-uint64_t Mailboxes::slot() const { return kMailboxSlotBase | (round_ & ((uint64_t{1} << 56) - 1)); }
+uint64_t Mailboxes::SlotOf(uint64_t round) {
+  return kMailboxSlotBase | (round & ((uint64_t{1} << 56) - 1));
+}
 
-void Mailboxes::Post() {
+uint64_t Mailboxes::slot() const { return SlotOf(round_); }
+
+const uint8_t* Mailboxes::data(int peer) const {
+  return storage_.data() + bytes_ * (static_cast<size_t>(size_) * (round_ % kDepth) + peer);
+}
+
+void Mailboxes::Post(uint64_t round) {
+  const size_t set = static_cast<size_t>(size_) * (round % kDepth);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    bufs_[p] = ctx_->createUnboundBuffer(storage_.data() + bytes_ * p, bytes_);
-    bufs_[p]->recv(p, slot());
+    auto buf = ctx_->createUnboundBuffer(storage_.data() + bytes_ * (set + p), bytes_);
+    buf->recv(p, SlotOf(round));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) buf->abortWaitRecv();
+    bufs_[set + p] = std::move(buf);
+  }
+}
+
+void Mailboxes::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  for (auto& b : bufs_) {
+    if (b != nullptr) b->abortWaitRecv();
   }
 }
 
 void Mailboxes::Next() {
+  // The set just consumed takes round + kDepth: a peer sends that round only after this
+  // rank's contribution to round + 1, which it sends after this call.
+  Post(round_ + kDepth);
   ++round_;
-  Post();
 }
 
 Status Mailboxes::WaitAll(Deadline deadline, const std::string& what) {
+  const size_t set = static_cast<size_t>(size_) * (round_ % kDepth);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     milliseconds left =
         std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
-    if (!bufs_[p]->waitRecv(left)) {
+    if (!bufs_[set + p]->waitRecv(left)) {
       return AbortedError(what + ": receive from peer " + std::to_string(p) + " aborted");
     }
   }

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -79,9 +80,11 @@ class Messenger {
 // Receives posted ahead of time, one per peer, for the one-round algorithms. Gloo sends an
 // unbound buffer only once the receiver's "receive posted" notice has reached the sender, so
 // a receive posted when the operation starts costs an extra message hop (two scheduler
-// wake-ups). These are posted one round ahead: at creation, then again as soon as a round's
-// data has been consumed. Rounds are counted per communicator (every rank runs the same
-// one-round operations in the same order). Messages must fit `bytes`.
+// wake-ups). These are posted kDepth rounds ahead: at creation, then again as soon as a
+// round's data has been consumed. kDepth 2 (back-to-back operations would not wait for the
+// notice) showed no gain measurable on the shared test machine and doubles the memory, so it
+// is 1. Rounds are counted per communicator (every rank runs the same one-round operations
+// in the same order). Messages must fit `bytes`; memory: kDepth x size x bytes.
 class Mailboxes {
  public:
   Mailboxes(gloo::Context* ctx, int rank, int size, size_t bytes);
@@ -90,19 +93,29 @@ class Mailboxes {
   // Waits for every peer's message of the current round. kAborted naming the peer if a wait
   // was aborted; Gloo's exception on an error or at the deadline.
   Status WaitAll(Deadline deadline, const std::string& what);
-  const uint8_t* data(int peer) const { return storage_.data() + bytes_ * peer; }
-  // Starts the next round: reposts every receive (the current data must have been consumed).
+  // Peer `peer`'s message of the current round (after WaitAll).
+  const uint8_t* data(int peer) const;
+  // Starts the next round: reposts the current round's receives for round + kDepth (the
+  // current data must have been consumed).
   void Next();
+  // Makes every wait on these receives, now and later, return kAborted (a receive caught in
+  // the middle of its payload is not woken by Gloo's pair signal). Any thread; the others
+  // are the operation thread's.
+  void Abort();
 
  private:
-  void Post();
+  static constexpr uint64_t kDepth = 1;
+  static uint64_t SlotOf(uint64_t round);
+  void Post(uint64_t round);
   gloo::Context* ctx_;
   int rank_;
   int size_;
   size_t bytes_;
   uint64_t round_ = 0;
   std::vector<uint8_t> storage_;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs_;
+  std::mutex mu_;  // guards bufs_ (replaced by Post) and aborted_ against Abort
+  bool aborted_ = false;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs_;  // [round % kDepth][peer]
 };
 
 // In place over `count` elements of `buf`. Every rank sends its buffer to every other rank,

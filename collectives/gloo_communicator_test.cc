@@ -2,9 +2,14 @@
 #include "collectives/gloo_communicator.h"
 
 #include <dirent.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <thread>
 
@@ -303,6 +308,90 @@ TEST(GlooCommunicatorTest, TwoHundredRebuildsKeepFdsThreadsAndMemoryFlat) {
       << "kB of RSS growth over " << kGenerations - kWarmup << " generations";
 #endif
   EXPECT_LE(table->size(), 3u * kWorld) << "old generations' keys were not dropped";
+}
+
+}  // namespace
+}  // namespace morph
+
+namespace morph {
+namespace {
+
+// The tasks (threads) of this process.
+std::vector<pid_t> Tasks() {
+  std::vector<pid_t> tids;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return tids;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') tids.push_back(static_cast<pid_t>(std::atoi(e->d_name)));
+  }
+  closedir(d);
+  return tids;
+}
+
+int CpuCount(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(tid, sizeof(set), &set) != 0) return -1;
+  return CPU_COUNT(&set);
+}
+
+// mpirun binds a rank to one core; Gloo's threads (started by the device and the
+// communicator) must not inherit that binding, or every message waits for the core behind
+// the training thread. The caller's own binding stays. Failed before: they inherited it.
+TEST(GlooThreadsTest, GlooThreadsDoNotInheritTheCallersCpuBinding) {
+  cpu_set_t process;
+  CPU_ZERO(&process);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(process), &process), 0);
+  const int allowed = CPU_COUNT(&process);
+  if (allowed < 2) GTEST_SKIP() << "this process may use one CPU only";
+  int first = 0;
+  while (!CPU_ISSET(first, &process)) ++first;
+  for (bool unbind : {true, false}) {
+    std::thread caller([&] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(first, &one);
+      ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+      std::vector<pid_t> before = Tasks();
+      MORPH_ASSERT_OK_AND_ASSIGN(auto device,
+                                 GlooDevice::Create(GlooOptions{.unbind_threads = unbind}));
+      auto table = std::make_shared<KvTable>();
+      MemoryStore store(table, 0);
+      MORPH_ASSERT_OK_AND_ASSIGN(
+          auto comm, GlooCommunicator::Create(store, "solo", 0, 1, device, Deadline::AfterMs(5000)));
+      int started = 0;
+      for (pid_t tid : Tasks()) {
+        if (std::find(before.begin(), before.end(), tid) != before.end()) continue;
+        ++started;
+        EXPECT_EQ(CpuCount(tid), unbind ? allowed : 1) << "thread " << tid << " unbind " << unbind;
+      }
+      EXPECT_GE(started, 2);  // the device's event thread and the communicator's op thread
+      EXPECT_EQ(CpuCount(0), 1);  // the caller's binding is unchanged
+      float x = 1;
+      MORPH_EXPECT_OK(comm->Allreduce(&x, 1, DType::kF32, ReduceOp::kSum, kTimeout));
+      EXPECT_EQ(CpuCount(0), 1);
+    });
+    caller.join();
+  }
+}
+
+// A blocking call runs on the caller's thread; it leaves that thread's signal mask as it was.
+TEST(GlooCommunicatorTest, BlockingCallsLeaveTheCallersSignalMask) {
+  auto table = std::make_shared<KvTable>();
+  auto comms = Build(table, 0, 2, "mask", Device());
+  MORPH_EXPECT_OK(FirstError(RunRankThreads(2, [&](int rank) -> Status {
+    sigset_t none, before, after;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, &before);
+    std::vector<float> x(64, 1.0f);
+    for (int i = 0; i < 20; ++i) {
+      MORPH_RETURN_IF_ERROR(
+          comms[rank]->Allreduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum, kTimeout));
+    }
+    pthread_sigmask(SIG_SETMASK, &before, &after);
+    if (sigismember(&after, SIGPIPE)) return InternalError("SIGPIPE left blocked");
+    return x[0] == static_cast<float>(1 << 20) ? Status::Ok() : InternalError("wrong sum");
+  })));
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Pieces of the Gloo backend that deal with Gloo itself rather than with our operations:
-// Gloo's rendezvous store over ours, waking a tcp::Pair's waiters, and keeping SIGPIPE from
-// killing the process. Internal to collectives/ (not installed): only gloo_communicator.cc
-// includes it, with gloo_compat/ on its include path.
+// Gloo's rendezvous store over ours, waking a tcp::Pair's waiters, keeping SIGPIPE from
+// killing the process and launcher CPU bindings from Gloo's threads. Internal to collectives/
+// (not installed): only gloo_communicator.cc includes it, with gloo_compat/ on its path.
 #ifndef MORPH_COLLECTIVES_GLOO_SUPPORT_H_
 #define MORPH_COLLECTIVES_GLOO_SUPPORT_H_
 
@@ -10,6 +10,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/pair.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 
 #include <chrono>
@@ -135,6 +136,30 @@ class ScopedSigpipeBlock {
  private:
   sigset_t pipe_;
   sigset_t old_;
+};
+
+// Widens the calling thread's CPU affinity to every CPU the process may use (the kernel
+// intersects the request with the cpuset) while it exists, so that threads it starts do not
+// inherit a launcher's binding; restores the binding after. Does nothing when `enable` is
+// false or the affinity cannot be read; a failed widening leaves the binding as it was.
+class ScopedUnbind {
+ public:
+  explicit ScopedUnbind(bool enable) {
+    if (!enable || pthread_getaffinity_np(pthread_self(), sizeof(old_), &old_) != 0) return;
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c = 0; c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+    changed_ = pthread_setaffinity_np(pthread_self(), sizeof(all), &all) == 0;
+  }
+  ~ScopedUnbind() {
+    if (changed_) pthread_setaffinity_np(pthread_self(), sizeof(old_), &old_);
+  }
+  ScopedUnbind(const ScopedUnbind&) = delete;
+  ScopedUnbind& operator=(const ScopedUnbind&) = delete;
+
+ private:
+  cpu_set_t old_;
+  bool changed_ = false;
 };
 
 inline void BlockSigpipeInThisThread() {

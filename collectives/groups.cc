@@ -1,15 +1,47 @@
 #include "collectives/groups.h"
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "collectives/gloo_communicator.h"
 
 namespace morph {
 
+namespace {
+
+// The device of a factory that makes it on first use; copies of the factory share it.
+struct LazyGlooDevice {
+  explicit LazyGlooDevice(GlooOptions o) : options(std::move(o)) {}
+  StatusOr<std::shared_ptr<GlooDevice>> Get() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (device == nullptr) {
+      MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(options));
+    }
+    return device;
+  }
+  const GlooOptions options;
+  std::mutex mu;
+  std::shared_ptr<GlooDevice> device;
+};
+
+}  // namespace
+
 CommunicatorFactory GlooFactory(std::shared_ptr<GlooDevice> device) {
+  if (device == nullptr) return GlooFactory(GlooOptions{});
   return [device](Store& store, std::string_view name, int rank, int size,
                   Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
+    MORPH_ASSIGN_OR_RETURN(auto comm,
+                           GlooCommunicator::Create(store, name, rank, size, device, deadline));
+    return std::unique_ptr<Communicator>(std::move(comm));
+  };
+}
+
+CommunicatorFactory GlooFactory(const GlooOptions& options) {
+  auto lazy = std::make_shared<LazyGlooDevice>(options);
+  return [lazy](Store& store, std::string_view name, int rank, int size,
+                Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
+    MORPH_ASSIGN_OR_RETURN(std::shared_ptr<GlooDevice> device, lazy->Get());
     MORPH_ASSIGN_OR_RETURN(auto comm,
                            GlooCommunicator::Create(store, name, rank, size, device, deadline));
     return std::unique_ptr<Communicator>(std::move(comm));

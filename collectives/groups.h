@@ -28,14 +28,19 @@
 namespace morph {
 
 class GlooDevice;
+struct GlooOptions;
 
 // Builds one communicator: collective over the `size` ranks that call it with the same
 // store generation and `name`. Statuses as the backend's Create.
 using CommunicatorFactory = std::function<StatusOr<std::unique_ptr<Communicator>>(
     Store& store, std::string_view name, int rank, int size, Deadline deadline)>;
 
-// Gloo communicators on `device` (null: one from GlooOptions::FromEnv per communicator).
+// Gloo communicators on `device`. Null: on one device made from the default GlooOptions when
+// the first communicator is built, shared by the factory's later ones.
 CommunicatorFactory GlooFactory(std::shared_ptr<GlooDevice> device);
+// Gloo communicators on one device made from `options` when the first communicator is built
+// (its errors are that build's), shared by the later ones. Neither reads the environment.
+CommunicatorFactory GlooFactory(const GlooOptions& options);
 
 // The communicators of one rank in one generation. Destroying it aborts whatever still runs
 // on them and releases them.

@@ -538,8 +538,7 @@ void TcpStoreServer::Impl::Remove(Session* s) {
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
                                                                 uint16_t port, std::string token) {
-  MORPH_ASSIGN_OR_RETURN(TcpStoreServerOptions options, TcpStoreServerOptions::FromEnv());
-  return Start(host, port, std::move(token), options);
+  return Start(host, port, std::move(token), TcpStoreServerOptions{});
 }
 
 StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(

@@ -49,7 +49,8 @@ struct TcpStoreServerOptions {
   // A connection that has not authenticated by then is closed.
   int64_t auth_timeout_ms = 5000;
 
-  // MORPH_STORE_MAX_CONNECTIONS, MORPH_STORE_MAX_FRAME_BYTES, MORPH_STORE_AUTH_TIMEOUT_MS.
+  // MORPH_STORE_MAX_CONNECTIONS, MORPH_STORE_MAX_FRAME_BYTES, MORPH_STORE_AUTH_TIMEOUT_MS,
+  // read now (the defaults above where unset): call once, at the top of a program.
   // kInvalidArgument naming the variable for a bad value. Any thread.
   static StatusOr<TcpStoreServerOptions> FromEnv();
 };
@@ -70,8 +71,9 @@ class TcpStoreServer {
   // Listens on host:port (host: an IP address or a name that resolves; port 0: an ephemeral
   // port) and serves from a thread of its own. kInvalidArgument for a host that does not
   // resolve or an empty token, kUnavailable if it cannot bind. Any thread. The first form
-  // reads its options from the environment (TcpStoreServerOptions::FromEnv; kInvalidArgument
-  // naming a bad MORPH_STORE_* value). A token longer than 4,092 bytes is kInvalidArgument.
+  // uses the default options; neither reads the environment (a program that honours
+  // MORPH_STORE_* calls TcpStoreServerOptions::FromEnv once and passes the result). A token
+  // longer than 4,092 bytes is kInvalidArgument.
   static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, uint16_t port,
                                                          std::string token);
   static StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, uint16_t port,

@@ -161,16 +161,6 @@ class RawConn {
   bool connected_ = false;
 };
 
-// Sets environment variables for the lifetime of the object.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 template <typename F>
 bool Eventually(F f, int timeout_ms = 3000) {
   auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -225,8 +215,8 @@ TEST(TcpStoreHostileTest, AuthenticatedStalledBigFrameHoldsOnlyWhatArrived) {
 }
 
 TEST(TcpStoreHostileTest, IdleUnauthenticatedConnectionsTimeOut) {
-  ScopedEnv env("MORPH_STORE_AUTH_TIMEOUT_MS", "200");
-  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken,
+                                                                 {.auth_timeout_ms = 200}));
   std::vector<RawConn> conns;
   for (int i = 0; i < 10; ++i) conns.emplace_back(server->port());
   for (RawConn& c : conns) EXPECT_TRUE(c.ClosedByServer(3000));
@@ -239,8 +229,8 @@ TEST(TcpStoreHostileTest, IdleUnauthenticatedConnectionsTimeOut) {
 }
 
 TEST(TcpStoreHostileTest, ConnectionCapKeepsServingHonestClients) {
-  ScopedEnv env("MORPH_STORE_MAX_CONNECTIONS", "16");
-  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken,
+                                                                 {.max_connections = 16}));
   std::vector<RawConn> idle;
   for (int i = 0; i < 40; ++i) idle.emplace_back(server->port());
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

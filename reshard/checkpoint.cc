@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/check.h"
@@ -350,8 +351,16 @@ void CheckpointSnapshotPool::Give(Buffer buffer) {
 }
 
 StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
-    const std::string& dir, int rank, int num_ranks, int64_t step, const nlohmann::json& config,
+    const std::string& dir, int rank, int num_ranks, int64_t step, const std::string& config_json,
     const std::vector<CheckpointPiece>& pieces, const CheckpointSaveOptions& options) {
+  json config;  // null when there is none
+  if (!config_json.empty()) {
+    config = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded()) {
+      return InvalidArgumentError("checkpoint config_json is not JSON: '" +
+                                  config_json.substr(0, 80) + "'");
+    }
+  }
   if (num_ranks <= 0 || rank < 0 || rank >= num_ranks) {
     return InvalidArgumentError("checkpoint rank " + std::to_string(rank) + " of " +
                                 std::to_string(num_ranks) + " is out of range");
@@ -434,7 +443,8 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
       if (first) {
         reader.num_ranks_ = n;
         reader.step_ = step;
-        reader.config_ = m.at("config");
+        const json& config = m.at("config");
+        reader.config_json_ = config.is_null() ? "" : config.dump();
         first = false;
       } else if (n != reader.num_ranks_ || step != reader.step_) {
         return DataLossError("manifest " + man_path + " is of step " + std::to_string(step) +

@@ -5,7 +5,7 @@
 //
 //   // every rank (no communicator needed):
 //   MORPH_ASSIGN_OR_RETURN(auto save, SaveCheckpointAsync("/ckpt/step-100", rank, world,
-//                                                          /*step=*/100, config_json, pieces));
+//                                                          /*step=*/100, R"({"tp": 4})", pieces));
 //   ... keep training (pieces were snapshotted) ...
 //   MORPH_RETURN_IF_ERROR(save->Wait(Deadline::AfterMs(600000)));
 //   // later, in another configuration:
@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -88,12 +87,14 @@ class CheckpointSave {
 };
 
 // Starts saving this rank's pieces under `dir` (created if missing). Returns at once, after
-// the snapshot copy. kInvalidArgument (naming tensor and field): rank outside [0, num_ranks),
+// the snapshot copy. `config_json` is stored in every manifest: JSON text (e.g. the parallel
+// configuration), or empty for none. kInvalidArgument (naming tensor and field): rank outside
+// [0, num_ranks), a `config_json` that does not parse as JSON,
 // a piece whose shard lies outside its tensor's shape, whose buffer size differs from the
 // shard's, or whose tensor metadata disagrees with another piece of the same name. Called by
 // any one thread per rank; ranks need not coordinate.
 StatusOr<std::unique_ptr<CheckpointSave>> SaveCheckpointAsync(
-    const std::string& dir, int rank, int num_ranks, int64_t step, const nlohmann::json& config,
+    const std::string& dir, int rank, int num_ranks, int64_t step, const std::string& config_json,
     const std::vector<CheckpointPiece>& pieces, const CheckpointSaveOptions& options = {});
 
 class CheckpointReader {
@@ -107,7 +108,8 @@ class CheckpointReader {
 
   int64_t step() const { return step_; }
   int num_ranks() const { return num_ranks_; }
-  const nlohmann::json& config() const { return config_; }
+  // The config_json of the save, as compact JSON text (keys sorted); empty if it had none.
+  const std::string& config_json() const { return config_json_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
 
   // Fills `dst` (shard.NumElements() * dtype size bytes, host or CUDA) with the elements of
@@ -141,7 +143,7 @@ class CheckpointReader {
   std::string dir_;
   int64_t step_ = 0;
   int num_ranks_ = 0;
-  nlohmann::json config_;
+  std::string config_json_;
   std::vector<TensorInfo> tensors_;
   std::vector<std::vector<Piece>> pieces_;  // by tensor index
   std::vector<File> files_;

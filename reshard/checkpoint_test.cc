@@ -60,7 +60,7 @@ class CheckpointTest : public ::testing::Test {
     }
     std::vector<std::unique_ptr<CheckpointSave>> saves;
     for (int r = 0; r < num_ranks; ++r) {
-      auto s = SaveCheckpointAsync(dir_, r, num_ranks, 7, {{"dp", 4}, {"tp", 1}},
+      auto s = SaveCheckpointAsync(dir_, r, num_ranks, 7, R"({"tp": 1, "dp": 4})",
                                    by_rank[static_cast<size_t>(r)], opts);
       ASSERT_TRUE(s.ok()) << s.status();
       saves.push_back(std::move(s).value());
@@ -100,7 +100,7 @@ TEST_F(CheckpointTest, SaveUnderOneShardingLoadUnderAnother) {
   MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
   EXPECT_EQ(ckpt.step(), 7);
   EXPECT_EQ(ckpt.num_ranks(), 4);
-  EXPECT_EQ(ckpt.config()["dp"], 4);
+  EXPECT_EQ(ckpt.config_json(), R"({"dp":4,"tp":1})");
   EXPECT_EQ(ckpt.tensors().size(), 3u);
   ExpectLoads(ckpt, {TpLayout(tensors_[0], 0, {0, 1, 2}), TpLayout(tensors_[1], 1, {0, 1}),
                      ReplicatedLayout(tensors_[2], {0})});
@@ -201,6 +201,8 @@ TEST_F(CheckpointTest, BadInputsAndReads) {
                                     ConstBufferView(buf.data(), 8, MemoryKind::kHost)}};
   EXPECT_THAT(SaveCheckpointAsync(root_ + "/x", 0, 1, 7, {}, bad).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1' has 8 bytes")));
+  EXPECT_THAT(SaveCheckpointAsync(root_ + "/y", 0, 1, 7, "{\"tp\": ", none).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("config_json is not JSON")));
 }
 
 TEST_F(CheckpointTest, OverlappingOrMissingPiecesAreDataLoss) {
