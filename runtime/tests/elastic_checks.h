@@ -7,14 +7,14 @@
 #ifndef MORPH_RUNTIME_TESTS_ELASTIC_CHECKS_H_
 #define MORPH_RUNTIME_TESTS_ELASTIC_CHECKS_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <sys/types.h>
 
 namespace morph::testing {
 

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <regex>
 #include <set>
@@ -95,7 +96,7 @@ class LaunchTest : public ::testing::Test {
 // ---- morphrun ----
 
 // GET /v1/status as JSON (null when it cannot be read).
-nlohmann::json Status(uint16_t api_port) {
+nlohmann::json ApiStatus(uint16_t api_port) {
   testing::HttpReply r = Http(api_port, "GET", "/v1/status");
   if (r.code != 200) return nullptr;
   return nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
@@ -106,7 +107,7 @@ template <typename Pred>
 bool WaitForStatus(uint16_t api_port, Pred pred, int64_t timeout_ms = 60000) {
   auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < until) {
-    nlohmann::json s = Status(api_port);
+    nlohmann::json s = ApiStatus(api_port);
     if (s.is_object() && pred(s)) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -158,14 +159,14 @@ TEST_F(LaunchTest, MorphrunGrowShrinkAndSigterm) {
   testing::HttpReply r = Http(api, "POST", "/v1/resize", R"({"world_size": 4})", kToken);
   ASSERT_EQ(r.code, 202) << r.body;
   ASSERT_TRUE(WaitForStatus(api, [](const nlohmann::json& s) { return Stable(s, 2, 4); }))
-      << Status(api).dump() << "\n" << ReadFile(out) << Logs();
+      << ApiStatus(api).dump() << "\n" << ReadFile(out) << Logs();
   EXPECT_EQ(RunningWorkers(ReadFile(out)).size(), 4u) << ReadFile(out);
 
   // Shrink 4 -> 3: the worker let go exits 0 and morphrun reaps it.
   r = Http(api, "POST", "/v1/resize", R"({"world_size": 3})", kToken);
   ASSERT_EQ(r.code, 202) << r.body;
   ASSERT_TRUE(WaitForStatus(api, [](const nlohmann::json& s) { return Stable(s, 3, 3); }))
-      << Status(api).dump() << "\n" << ReadFile(out) << Logs();
+      << ApiStatus(api).dump() << "\n" << ReadFile(out) << Logs();
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (RunningWorkers(ReadFile(out)).size() != 3 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -174,10 +175,10 @@ TEST_F(LaunchTest, MorphrunGrowShrinkAndSigterm) {
   ASSERT_EQ(running.size(), 3u) << ReadFile(out);
 
   // SIGTERM to one worker: a preemption notice; its state moves to the other two.
-  const int64_t step_before = Status(api).value("step", int64_t{0});
+  const int64_t step_before = ApiStatus(api).value("step", int64_t{0});
   ASSERT_EQ(kill(*running.begin(), SIGTERM), 0);
   ASSERT_TRUE(WaitForStatus(api, [](const nlohmann::json& s) { return Stable(s, 4, 2); }))
-      << Status(api).dump() << "\n" << ReadFile(out) << Logs();
+      << ApiStatus(api).dump() << "\n" << ReadFile(out) << Logs();
   EXPECT_LT(step_before, kSteps) << "the job ended before the SIGTERM case ran";
 
   EXPECT_EQ(Exit(run, 120000), 0) << ReadFile(out) << Logs();
@@ -186,7 +187,7 @@ TEST_F(LaunchTest, MorphrunGrowShrinkAndSigterm) {
   std::regex exited(R"(\) exited with ([0-9]+))");
   int exits = 0;
   for (std::sregex_iterator it(text.begin(), text.end(), exited), end; it != end; ++it, ++exits) {
-    EXPECT_EQ((*it)[1], "0") << text << Logs();
+    EXPECT_EQ((*it)[1].str(), "0") << text << Logs();
   }
   EXPECT_EQ(exits, 4) << text;
   CheckSamples(dir_, kSteps);
