@@ -166,8 +166,7 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
     case Bootstrap::kMpi: {
 #if MORPH_WITH_MPI
       std::unique_ptr<Coordinator> hosted;
-      MORPH_ASSIGN_OR_RETURN(MpiBootstrap boot,
-                             MpiBootstrap::Share([&]() -> StatusOr<std::string> {
+      StatusOr<MpiBootstrap> shared = MpiBootstrap::Share([&]() -> StatusOr<std::string> {
         std::string token = o.token;
         if (token.empty()) {
           MORPH_ASSIGN_OR_RETURN(token, RandomToken());
@@ -179,7 +178,15 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
         MORPH_RETURN_IF_ERROR(
             WriteCoordinatorFile(o.coordinator_file, hosted->control_address(), token));
         return hosted->control_address() + "\n" + token;
-      }));
+      });
+      // MPI is used for nothing else: finalize it now, on every rank at the same point (it is
+      // collective). Otherwise each worker would have to finalize at its exit, together, and a
+      // worker that leaves the job early (or a job that outlives its first ranks) would count as
+      // an abnormal termination for mpirun, which then kills the job.
+      Status finalized = MpiBootstrap::Finalize();
+      MORPH_RETURN_IF_ERROR(shared.status());
+      MORPH_RETURN_IF_ERROR(finalized);
+      MpiBootstrap& boot = *shared;
       size_t nl = boot.blob.find('\n');
       if (nl == std::string::npos) return InternalError("mpi bootstrap: malformed blob");
       r.coordinator_address = boot.blob.substr(0, nl);
