@@ -2,7 +2,13 @@
 
 #include <glog/logging.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "runtime/coordinator/coordinator.h"
@@ -34,6 +40,43 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
 }
 
 }  // namespace
+
+Status WriteCoordinatorFile(const std::string& path, const std::string& address,
+                            const std::string& token) {
+  if (path.empty()) return Status();
+  auto fail = [&](const std::string& what) {
+    return FailedPreconditionError("MORPH_COORDINATOR_FILE=" + path + ": " + what + ": " +
+                                   std::strerror(errno));
+  };
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("cannot create " + tmp);
+  std::string body = address + "\n" + token + "\n";
+  size_t done = 0;
+  while (done < body.size()) {
+    ssize_t n = write(fd, body.data() + done, body.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Status s = fail("cannot write " + tmp);
+      close(fd);
+      unlink(tmp.c_str());
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  // The mode is 0600 whatever the file was before (O_CREAT's mode applies to new files only).
+  if (fchmod(fd, 0600) != 0 || close(fd) != 0) {
+    Status s = fail("cannot finish " + tmp);
+    unlink(tmp.c_str());
+    return s;
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = fail("cannot rename " + tmp);
+    unlink(tmp.c_str());
+    return s;
+  }
+  return Status();
+}
 
 StatusOr<std::string> RandomToken() {
   std::ifstream in("/dev/urandom", std::ios::binary);
@@ -116,21 +159,34 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
       r.coordinator_address = r.coordinator->control_address();
       LOG(INFO) << "hosting the coordinator at " << r.coordinator_address << " for "
                 << o.initial_world << " worker(s)";
+      MORPH_RETURN_IF_ERROR(
+          WriteCoordinatorFile(o.coordinator_file, r.coordinator_address, r.token));
       return r;
     }
     case Bootstrap::kMpi: {
 #if MORPH_WITH_MPI
       std::unique_ptr<Coordinator> hosted;
-      MORPH_ASSIGN_OR_RETURN(MpiBootstrap boot,
-                             MpiBootstrap::Share([&]() -> StatusOr<std::string> {
+      StatusOr<MpiBootstrap> shared = MpiBootstrap::Share([&]() -> StatusOr<std::string> {
         std::string token = o.token;
         if (token.empty()) {
           MORPH_ASSIGN_OR_RETURN(token, RandomToken());
         }
         MORPH_ASSIGN_OR_RETURN(hosted, Host(o, o.launcher_size, o.coordinator_bind,
                                             o.coordinator_port, token));
+        LOG(INFO) << "mpirun rank 0: hosting the coordinator at " << hosted->control_address()
+                  << " for " << o.launcher_size << " worker(s)";
+        MORPH_RETURN_IF_ERROR(
+            WriteCoordinatorFile(o.coordinator_file, hosted->control_address(), token));
         return hosted->control_address() + "\n" + token;
-      }));
+      });
+      // MPI is used for nothing else: finalize it now, on every rank at the same point (it is
+      // collective). Otherwise each worker would have to finalize at its exit, together, and a
+      // worker that leaves the job early (or a job that outlives its first ranks) would count as
+      // an abnormal termination for mpirun, which then kills the job.
+      Status finalized = MpiBootstrap::Finalize();
+      MORPH_RETURN_IF_ERROR(shared.status());
+      MORPH_RETURN_IF_ERROR(finalized);
+      MpiBootstrap& boot = *shared;
       size_t nl = boot.blob.find('\n');
       if (nl == std::string::npos) return InternalError("mpi bootstrap: malformed blob");
       r.coordinator_address = boot.blob.substr(0, nl);
@@ -155,6 +211,8 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
       if (o.launcher_rank == 0) {
         std::string bind = o.coordinator_bind == "127.0.0.1" ? "0.0.0.0" : o.coordinator_bind;
         MORPH_ASSIGN_OR_RETURN(r.coordinator, Host(o, o.launcher_size, bind, port, r.token));
+        MORPH_RETURN_IF_ERROR(WriteCoordinatorFile(
+            o.coordinator_file, r.coordinator->control_address(), r.token));
       }
       r.coordinator_address = first + ":" + std::to_string(port);
       (void)deadline;  // the agent retries refused connections until the start deadline

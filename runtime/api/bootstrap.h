@@ -34,6 +34,12 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& options, Deadline dead
 // kInvalidArgument for an empty or malformed list.
 StatusOr<std::string> FirstSlurmHost(const std::string& nodelist);
 
+// Writes "<address>\n<token>\n" to `path` (Options::coordinator_file) with mode 0600, through a
+// temporary file renamed over it (a reader never sees half of it). Nothing for an empty path.
+// kFailedPrecondition naming the path and the system's reason when it cannot be written.
+Status WriteCoordinatorFile(const std::string& path, const std::string& address,
+                            const std::string& token);
+
 // 32 hex digits from the system's random source.
 StatusOr<std::string> RandomToken();
 

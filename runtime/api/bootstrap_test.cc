@@ -1,6 +1,12 @@
 #include "runtime/api/bootstrap.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "base/testing.h"
 
@@ -20,6 +26,38 @@ TEST(BootstrapTest, FirstSlurmHost) {
   EXPECT_THAT(FirstSlurmHost("n[1-2"), StatusIs(StatusCode::kInvalidArgument, HasSubstr("']'")));
   EXPECT_THAT(FirstSlurmHost("n[a-b]"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("does not start with a number")));
+}
+
+TEST(BootstrapTest, TheHostWritesItsAddressAndTokenToTheCoordinatorFile) {
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("morph-bootstrap-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  Options o;
+  o.bootstrap = Bootstrap::kHost;
+  o.coordinator_file = (dir / "coordinator").string();
+  {
+    std::ofstream old(o.coordinator_file);  // a stale file, world-readable: replaced
+    old << "stale\n";
+  }
+  chmod(o.coordinator_file.c_str(), 0644);
+  StatusOr<BootstrapResult> r = ResolveBootstrap(o, Deadline::AfterMs(5000));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE(r->coordinator, nullptr);
+  std::ifstream in(o.coordinator_file);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), r->coordinator->control_address() + "\n" + r->token + "\n");
+  struct stat st;
+  ASSERT_EQ(stat(o.coordinator_file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  r->coordinator->Stop();
+
+  o.coordinator_file = (dir / "missing-dir" / "coordinator").string();
+  EXPECT_THAT(ResolveBootstrap(o, Deadline::AfterMs(5000)),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("MORPH_COORDINATOR_FILE=" + o.coordinator_file +
+                                 ": cannot create")));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(BootstrapTest, JoiningNeedsAToken) {

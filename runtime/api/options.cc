@@ -35,6 +35,7 @@ StatusOr<Options> Options::FromEnv() {
   if (!token.empty() || !token_file.empty()) {
     MORPH_ASSIGN_OR_RETURN(o.token, JobTokenFromEnv());
   }
+  MORPH_ASSIGN_OR_RETURN(o.coordinator_file, params::CoordinatorFile());
   MORPH_ASSIGN_OR_RETURN(o.data_hostname, params::GlooHostname());
   MORPH_ASSIGN_OR_RETURN(o.data_iface, params::GlooIface());
   MORPH_ASSIGN_OR_RETURN(o.api_address, params::ApiAddr());

@@ -54,6 +54,9 @@ struct Options {
   int initial_world = 1;  // workers before generation 1 (MORPH_INITIAL_WORLD; mpirun/Slurm size)
   int max_world = 1 << 16;
   std::string token;  // MORPH_TOKEN / MORPH_TOKEN_FILE; generated when this process hosts
+  // When this process hosts the coordinator (bootstrap 2-4): a file it writes "host:port\ntoken\n" to (mode
+  // 0600, replaced atomically) for joiners started outside the launcher (MORPH_COORDINATOR_FILE).
+  std::string coordinator_file;
   std::string host;   // this worker's host name (default: gethostname)
   // What the launcher says (FromEnv: OMPI_COMM_WORLD_RANK/SIZE, SLURM_PROCID/NTASKS and
   // SLURM_STEP_NODELIST); -1 / empty when not launched that way.

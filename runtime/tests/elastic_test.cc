@@ -13,14 +13,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <set>
-#include <sstream>
 #include <thread>
 
-#include "runtime/cursor/dataset_cursor.h"
+#include "runtime/tests/elastic_checks.h"
 #include "runtime/tools/launcher.h"
 
 namespace morph {
@@ -29,8 +26,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kSteps = 60;
-constexpr int64_t kBatch = 12;
-constexpr int64_t kSamples = 48;
 
 std::string WorkerPath() { return std::string(MORPH_ELASTIC_WORKER); }
 
@@ -96,65 +91,7 @@ bool WaitForGeneration(Job& job, int64_t generation, int64_t timeout_ms = 60000)
   return false;
 }
 
-std::string Logs(const Job& job) {
-  std::string out;
-  for (const auto& e : fs::directory_iterator(job.dir)) {
-    if (e.path().extension() != ".log") continue;
-    std::ifstream in(e.path());
-    std::stringstream s;
-    s << in.rdbuf();
-    std::string text = s.str();
-    if (text.size() > 4000) text = "..." + text.substr(text.size() - 4000);
-    out += "---- " + e.path().filename().string() + "\n" + text;
-  }
-  return out;
-}
-
-// The samples each step consumed, from every DP rank's log: every step 0..steps-1 exactly once
-// per DP rank, the DP slices disjoint, each step's union the global order's next batch, each
-// epoch a permutation of the dataset.
-void CheckSamples(const Job& job, int64_t steps) {
-  std::map<int64_t, std::map<int, std::vector<int64_t>>> by_step;  // step -> dp rank -> samples
-  std::map<int64_t, int> dp_of_step;
-  for (const auto& e : fs::directory_iterator(job.dir)) {
-    if (e.path().extension() != ".samples") continue;
-    std::ifstream in(e.path());
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream l(line);
-      int64_t s, g, dp, d;
-      l >> s >> g >> dp >> d;
-      std::vector<int64_t> xs;
-      for (int64_t x; l >> x;) xs.push_back(x);
-      ASSERT_FALSE(by_step[s].count(static_cast<int>(d)))
-          << "step " << s << " dp rank " << d << " trained twice";
-      by_step[s][static_cast<int>(d)] = xs;
-      if (dp_of_step.count(s)) {
-        ASSERT_EQ(dp_of_step[s], dp) << "step " << s;
-      }
-      dp_of_step[s] = static_cast<int>(dp);
-    }
-  }
-  ASSERT_EQ(static_cast<int64_t>(by_step.size()), steps) << Logs(job);
-  std::vector<int64_t> stream;
-  for (auto& [s, ranks] : by_step) {
-    ASSERT_EQ(static_cast<int>(ranks.size()), dp_of_step[s]) << "step " << s;
-    for (auto& [d, xs] : ranks) stream.insert(stream.end(), xs.begin(), xs.end());
-  }
-  ASSERT_EQ(static_cast<int64_t>(stream.size()), steps * kBatch);
-  for (size_t e = 0; e + kSamples <= stream.size(); e += kSamples) {
-    std::set<int64_t> epoch(stream.begin() + e, stream.begin() + e + kSamples);
-    EXPECT_EQ(static_cast<int64_t>(epoch.size()), kSamples) << "epoch at " << e;
-    EXPECT_EQ(*epoch.begin(), 0);
-    EXPECT_EQ(*epoch.rbegin(), kSamples - 1);
-  }
-  StatusOr<DatasetCursor> cursor =
-      DatasetCursor::Create({.num_samples = kSamples, .global_batch = kBatch, .seed = 7});
-  ASSERT_TRUE(cursor.ok());
-  for (size_t p = 0; p < stream.size(); ++p) {
-    ASSERT_EQ(stream[p], cursor->SampleAt(static_cast<int64_t>(p))) << "position " << p;
-  }
-}
+std::string Logs(const Job& job) { return testing::WorkerLogs(job.dir); }
 
 // Waits for the job's end; then every worker exited 0, the last generation has `world` ranks
 // with `config` and `changes` reconfigurations completed after the first generation.
@@ -173,7 +110,7 @@ void Finish(Job& job, const ParallelConfig& config, int64_t changes,
     EXPECT_FALSE(c.running);
     EXPECT_EQ(c.exit_code, 0) << "worker " << c.index << "\n" << Logs(job);
   }
-  CheckSamples(job, steps);
+  testing::CheckSamples(job.dir, steps);
   job.launcher.reset();
   fs::remove_all(job.dir);
 }

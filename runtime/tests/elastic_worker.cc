@@ -5,7 +5,10 @@
 // that the world communicator spans the generation. It logs the samples it consumed so the test
 // can check the sequence against the fixed global order.
 //
-//   elastic_worker --steps N --out DIR [--step-ms MS] [--exit-at-step K]
+//   elastic_worker --steps N --out DIR [--step-ms MS] [--exit-at-step K] [--variant shape]
+//
+// --variant shape registers l1.b with another shape (the registration-agreement test: such a
+// worker is refused at Start).
 //
 // Exit codes: 0 done (or left the job), 2 usage, 3 wrong data, 4 runtime error.
 #include <glog/logging.h>
@@ -32,12 +35,12 @@ struct TensorDef {
   Layout layout;
 };
 
-std::vector<TensorDef> Tensors() {
+std::vector<TensorDef> Tensors(bool other_shape) {
   return {
       {"l0.w", {8, 12}, Layout::Layer(0).SplitTP(1)},
       {"l0.adam_m", {8, 12}, Layout::Layer(0).SplitTP(1).ZeroShard()},
       {"l1.w", {12, 8}, Layout::Layer(1).SplitTP(0)},
-      {"l1.b", {8}, Layout::Layer(1)},
+      {"l1.b", {other_shape ? 10 : 8}, Layout::Layer(1)},
       {"l1.adam_v", {12, 8}, Layout::Layer(1).SplitTP(0).ZeroShard()},
       {"l3.w", {6, 10}, Layout::Layer(3).SplitTP(0).ZeroShard()},
   };
@@ -82,13 +85,14 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   int64_t steps = 20, step_ms = 20, exit_at = -1;
-  std::string out = ".";
+  std::string out = ".", variant;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--steps") steps = std::atoll(argv[i + 1]);
     else if (a == "--out") out = argv[i + 1];
     else if (a == "--step-ms") step_ms = std::atoll(argv[i + 1]);
     else if (a == "--exit-at-step") exit_at = std::atoll(argv[i + 1]);
+    else if (a == "--variant") variant = argv[i + 1];
     else return Fail(2, "unknown flag " + a);
   }
   auto opts = morph::Options::FromEnv();
@@ -98,14 +102,15 @@ int main(int argc, char** argv) {
   opts->dataset_samples = 48;  // an epoch every 4 steps
   opts->dataset_seed = 7;
   opts->micro_batch = 2;
-  std::vector<TensorDef> defs = Tensors();
+  if (!variant.empty() && variant != "shape") return Fail(2, "unknown --variant " + variant);
+  std::vector<TensorDef> defs = Tensors(variant == "shape");
   auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {
     for (const TensorDef& d : defs) {
       MORPH_RETURN_IF_ERROR(s.AddTensor(d.name, d.shape, DType::kF32, d.layout));
     }
     return s.AddScalar("counter", sizeof(int64_t));
   });
-  if (!rt.ok()) return Fail(4, "Start: " + std::string(rt.status().message()));
+  if (!rt.ok()) return Fail(4, "Start: " + rt.status().ToString());
   morph::Runtime& r = **rt;
   morph::State& state = r.state();
   auto fill = [&](int64_t done_steps) {

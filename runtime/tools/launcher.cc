@@ -151,8 +151,8 @@ void Launcher::Reap() {
 }
 
 StatusOr<int> Launcher::Wait(Deadline deadline) {
-  std::optional<Status> job;
-  std::optional<std::chrono::steady_clock::time_point> all_gone;
+  std::optional<Status>& job = job_;
+  std::optional<std::chrono::steady_clock::time_point>& all_gone = all_gone_;
   while (true) {
     Reap();
     if (!job) {
@@ -176,6 +176,7 @@ StatusOr<int> Launcher::Wait(Deadline deadline) {
     }
     // Every worker is gone but the job did not complete: nobody is left to finish it (after a
     // grace period for the last workers' messages to be read).
+    if (running) all_gone.reset();  // a joiner started meanwhile
     if (!running && !job) {
       if (!all_gone) all_gone = std::chrono::steady_clock::now();
       if (std::chrono::steady_clock::now() - *all_gone > std::chrono::seconds(2)) {

@@ -15,9 +15,11 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,8 +66,10 @@ class Launcher {
 
   // Until the job completes (the coordinator's Wait) and every worker exited: 0 when the job
   // completed and every worker exited 0; otherwise the first non-zero worker exit code, or 1
-  // when the job failed. kDeadlineExceeded if the deadline passed first (workers are left
-  // running: the destructor stops them).
+  // when the job failed. Also ends, 2 s after the last worker exited, when every worker is gone
+  // but the job did not complete (nobody is left to finish it). kDeadlineExceeded if the
+  // deadline passed first (workers are left running: the destructor stops them); what it saw
+  // carries over to the next call, so a loop of short Waits (morphrun's) ends like one long one.
   StatusOr<int> Wait(Deadline deadline);
 
  private:
@@ -75,6 +79,9 @@ class Launcher {
 
   LauncherOptions options_;
   std::unique_ptr<Coordinator> coordinator_;
+  // Wait's progress (Wait's thread): the job's outcome once known, and since when no worker ran.
+  std::optional<Status> job_;
+  std::optional<std::chrono::steady_clock::time_point> all_gone_;
   mutable std::mutex mu_;
   std::vector<ChildInfo> children_;
 };

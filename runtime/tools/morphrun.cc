@@ -4,7 +4,9 @@
 //
 // Hosts the coordinator (its scheduler API on 127.0.0.1:<api-port>, the token in MORPH_TOKEN or
 // generated), starts the workers, starts joiners on grow requests, reaps leavers, forwards
-// SIGINT/SIGTERM to the workers (a preemption notice for each) and exits with the job's status.
+// SIGINT/SIGTERM to the workers (a preemption notice for each) and exits with the job's status:
+// 0 when it completed, a worker's non-zero exit code, 1 when it failed without one, 128 + the
+// signal when a forwarded SIGINT/SIGTERM ended it before it completed, 2 for a usage error.
 #include <glog/logging.h>
 #include <signal.h>
 
@@ -30,10 +32,10 @@ int Usage(const std::string& why) {
   return 2;
 }
 
-bool ParseInt(const std::string& s, int& out) {
+bool ParseInt(const std::string& s, int& out, long max = 1 << 20) {
   char* end = nullptr;
   long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != 0 || v < 0 || v > 65535 * 16) return false;
+  if (s.empty() || *end != 0 || v < 0 || v > max) return false;
   out = static_cast<int>(v);
   return true;
 }
@@ -53,8 +55,8 @@ int main(int argc, char** argv) {
       ++i;
       break;
     }
-    auto value = [&](int& out) {
-      if (i + 1 >= argc || !ParseInt(argv[i + 1], out)) return false;
+    auto value = [&](int& out, long max = 1 << 20) {
+      if (i + 1 >= argc || !ParseInt(argv[i + 1], out, max)) return false;
       ++i;
       return true;
     };
@@ -64,9 +66,9 @@ int main(int argc, char** argv) {
     } else if (a == "--max") {
       if (!value(o.max_workers) || o.max_workers < 1) return Usage("--max needs a count >= 1");
     } else if (a == "--port") {
-      if (!value(port)) return Usage("--port needs a port number");
+      if (!value(port, 65535)) return Usage("--port needs a port number (0..65535)");
     } else if (a == "--api-port") {
-      if (!value(api_port)) return Usage("--api-port needs a port number");
+      if (!value(api_port, 65535)) return Usage("--api-port needs a port number (0..65535)");
     } else if (a == "--log-dir") {
       if (i + 1 >= argc) return Usage("--log-dir needs a directory");
       o.log_dir = argv[++i];
@@ -106,14 +108,18 @@ int main(int argc, char** argv) {
   morph::Coordinator& c = (*launcher)->coordinator();
   std::cerr << "morphrun: coordinator " << c.control_address() << ", scheduler API 127.0.0.1:"
             << c.http_port() << std::endl;
+  int forwarded = 0;  // the first signal forwarded
   while (true) {
     int sig = g_signal.exchange(0);
     if (sig != 0) {
       LOG(INFO) << "morphrun: forwarding signal " << sig << " to the workers";
       (*launcher)->Signal(SIGTERM);
+      if (forwarded == 0) forwarded = sig;
     }
     auto code = (*launcher)->Wait(morph::Deadline::AfterMs(100));
-    if (code.ok()) return *code;
+    // Interrupted: the workers' status is the signal's doing, not theirs (as a shell reports
+    // an interrupted job), unless the job completed anyway.
+    if (code.ok()) return *code != 0 && forwarded != 0 ? 128 + forwarded : *code;
     if (code.status().code() != morph::StatusCode::kDeadlineExceeded) {
       std::cerr << "morphrun: " << code.status() << "\n";
       return 1;

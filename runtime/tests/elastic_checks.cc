@@ -1,0 +1,199 @@
+#include "runtime/tests/elastic_checks.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "runtime/cursor/dataset_cursor.h"
+
+namespace morph::testing {
+
+namespace fs = std::filesystem;
+
+std::string WorkerLogs(const fs::path& dir) {
+  std::string out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".log") continue;
+    std::ifstream in(e.path());
+    std::stringstream s;
+    s << in.rdbuf();
+    std::string text = s.str();
+    if (text.size() > 4000) text = "..." + text.substr(text.size() - 4000);
+    out += "---- " + e.path().filename().string() + "\n" + text;
+  }
+  return out;
+}
+
+void CheckSamples(const fs::path& dir, int64_t steps) {
+  std::map<int64_t, std::map<int, std::vector<int64_t>>> by_step;  // step -> dp rank -> samples
+  std::map<int64_t, int> dp_of_step;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".samples") continue;
+    std::ifstream in(e.path());
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream l(line);
+      int64_t s, g, dp, d;
+      l >> s >> g >> dp >> d;
+      std::vector<int64_t> xs;
+      for (int64_t x; l >> x;) xs.push_back(x);
+      ASSERT_FALSE(by_step[s].count(static_cast<int>(d)))
+          << "step " << s << " dp rank " << d << " trained twice";
+      by_step[s][static_cast<int>(d)] = xs;
+      if (dp_of_step.count(s)) {
+        ASSERT_EQ(dp_of_step[s], dp) << "step " << s;
+      }
+      dp_of_step[s] = static_cast<int>(dp);
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(by_step.size()), steps) << WorkerLogs(dir);
+  std::vector<int64_t> stream;
+  for (auto& [s, ranks] : by_step) {
+    ASSERT_EQ(static_cast<int>(ranks.size()), dp_of_step[s]) << "step " << s;
+    for (auto& [d, xs] : ranks) stream.insert(stream.end(), xs.begin(), xs.end());
+  }
+  ASSERT_EQ(static_cast<int64_t>(stream.size()), steps * kElasticBatch);
+  for (size_t e = 0; e + kElasticSamples <= stream.size(); e += kElasticSamples) {
+    std::set<int64_t> epoch(stream.begin() + e, stream.begin() + e + kElasticSamples);
+    EXPECT_EQ(static_cast<int64_t>(epoch.size()), kElasticSamples) << "epoch at " << e;
+    EXPECT_EQ(*epoch.begin(), 0);
+    EXPECT_EQ(*epoch.rbegin(), kElasticSamples - 1);
+  }
+  StatusOr<DatasetCursor> cursor = DatasetCursor::Create(
+      {.num_samples = kElasticSamples, .global_batch = kElasticBatch, .seed = 7});
+  ASSERT_TRUE(cursor.ok());
+  for (size_t p = 0; p < stream.size(); ++p) {
+    ASSERT_EQ(stream[p], cursor->SampleAt(static_cast<int64_t>(p))) << "position " << p;
+  }
+}
+
+pid_t SpawnProcess(const std::vector<std::string>& argv,
+                   const std::map<std::string, std::string>& env, const std::string& log) {
+  std::vector<std::string> args = argv;
+  std::vector<char*> cargv;
+  for (std::string& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  setpgid(0, 0);
+  for (const auto& [k, v] : env) {
+    if (v.empty()) {
+      unsetenv(k.c_str());
+    } else {
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+  }
+  int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+    close(fd);
+  }
+  execv(cargv[0], cargv.data());
+  _exit(127);
+}
+
+std::optional<int> WaitExit(pid_t pid, int64_t timeout_ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r < 0) return std::nullopt;
+    if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void Stop(pid_t pid, int64_t grace_ms) {
+  if (pid <= 0) return;
+  if (kill(pid, SIGTERM) != 0) return;
+  if (WaitExit(pid, grace_ms)) return;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+HttpReply Http(uint16_t port, const std::string& method, const std::string& target,
+               const std::string& body, const std::string& token) {
+  HttpReply reply;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return reply;
+  timeval tv{.tv_sec = 10, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return reply;
+  }
+  std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  if (!token.empty()) req += "Authorization: Bearer " + token + "\r\n";
+  if (!body.empty() || method == "POST") {
+    req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+           "\r\n";
+  }
+  req += "\r\n" + body;
+  size_t sent = 0;
+  while (sent < req.size()) {
+    ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) {
+      close(fd);
+      return reply;
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string in;
+  char buf[4096];
+  for (ssize_t n; (n = recv(fd, buf, sizeof(buf), 0)) > 0;) in.append(buf, static_cast<size_t>(n));
+  close(fd);
+  // "HTTP/1.1 202 Accepted\r\n...\r\n\r\nbody"
+  if (in.rfind("HTTP/1.1 ", 0) != 0 || in.size() < 12) return reply;
+  reply.code = std::atoi(in.c_str() + 9);
+  size_t head_end = in.find("\r\n\r\n");
+  if (head_end != std::string::npos) reply.body = in.substr(head_end + 4);
+  return reply;
+}
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  uint16_t port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+}  // namespace morph::testing
