@@ -61,3 +61,10 @@ fuzz: deps
 bench-store: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target store_soak_bench
 	$(BUILD_DIR)/bench/store_soak_bench
+
+# Coordinator at scale: 4,096 simulated workers register and heartbeat; time to decide and
+# announce a change (GPT-like manifest, tp 8, pp 4, exact assignment). JSON lines.
+.PHONY: bench-coordinator
+bench-coordinator: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target coordinator_bench
+	$(BUILD_DIR)/bench/coordinator_bench

@@ -8,7 +8,8 @@
 //   length  u32  body bytes, at most kMaxFrameBody (a header announcing more is refused before
 //                anything is allocated)
 // All integers little-endian; a list is a u32 count then its items; a string a u32 length then
-// bytes. Every count is checked against the bytes left in the body before anything is
+// bytes; a list of ids (worker ids, ranks, tensor dimensions) a u32 count then zigzag LEB128
+// varints (shortest form only). Every count is checked against the bytes left in the body before anything is
 // allocated, so a frame of n bytes never makes the decoder allocate more than O(n); trailing
 // bytes are an error.
 //
