@@ -1,5 +1,7 @@
 #include "runtime/coordinator/coordinator.h"
 
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -225,6 +227,8 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   uint16_t http_port_ = 0;
   const Clock::time_point epoch_;
   bool stopping_ = false;  // io thread
+  clockid_t io_clock_{};
+  std::atomic<bool> has_io_clock_{false};
 
   std::shared_ptr<const JobManifest> manifest_;
   WorkerId next_worker_ = 1;
@@ -321,6 +325,7 @@ Status Coordinator::Impl::Start() {
   Accept();
   ArmTick();
   io_thread_ = std::thread([this] { io_.run(); });
+  if (pthread_getcpuclockid(io_thread_.native_handle(), &io_clock_) == 0) has_io_clock_ = true;
   LOG(INFO) << "coordinator: control channel on " << JoinHostPort(advertise_host_, port_)
             << ", store on " << JoinHostPort(advertise_host_, store_->port())
             << (http_ ? ", scheduler API on port " + std::to_string(http_port_) : "")
@@ -872,6 +877,12 @@ Coordinator::Stats Coordinator::stats() const {
   s.frames_received = impl_->received_.load();
   s.frames_sent = impl_->sent_.load();
   s.commits_sent = impl_->commits_sent_.load();
+  timespec ts{};
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  if (impl_->has_io_clock_.load() && !impl_->stopped_ &&
+      clock_gettime(impl_->io_clock_, &ts) == 0) {
+    s.io_cpu_seconds = static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+  }
   return s;
 }
 

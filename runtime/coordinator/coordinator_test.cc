@@ -472,6 +472,30 @@ TEST(CoordinatorTest, DoneFromEveryWorkerCompletesTheJob) {
   ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().phase == "complete"; }));
 }
 
+TEST(CoordinatorTest, OptionsFromTheEnvironment) {
+  ::setenv("MORPH_TOKEN", "env-token", 1);
+  ::setenv("MORPH_COORDINATOR_PORT", "0", 1);
+  ::setenv("MORPH_INITIAL_WORLD", "3", 1);
+  ::setenv("MORPH_MAX_WORLD", "8", 1);
+  ::setenv("MORPH_HEARTBEAT_TIMEOUT_MS", "2500", 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(CoordinatorOptions o, CoordinatorOptions::FromEnv());
+  EXPECT_EQ(o.token, "env-token");
+  EXPECT_EQ(o.address, "127.0.0.1");
+  EXPECT_EQ(o.initial_world, 3);
+  EXPECT_EQ(o.max_world, 8);
+  EXPECT_EQ(o.heartbeat_timeout_ms, 2500);
+  ::setenv("MORPH_INITIAL_WORLD", "9", 1);
+  EXPECT_THAT(CoordinatorOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_INITIAL_WORLD")));
+  ::setenv("MORPH_INITIAL_WORLD", "three", 1);
+  EXPECT_THAT(CoordinatorOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_INITIAL_WORLD")));
+  for (const char* v : {"MORPH_TOKEN", "MORPH_COORDINATOR_PORT", "MORPH_INITIAL_WORLD",
+                        "MORPH_MAX_WORLD", "MORPH_HEARTBEAT_TIMEOUT_MS"}) {
+    ::unsetenv(v);
+  }
+}
+
 TEST(CoordinatorTest, StartRefusesBadOptionsAndStopIsIdempotent) {
   CoordinatorOptions o = Options(1);
   o.token = "";

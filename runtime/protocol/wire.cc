@@ -19,10 +19,16 @@ class Writer {
     U32(static_cast<uint32_t>(s.size()));
     out_.append(s);
   }
-  // Zigzag LEB128: worker ids and dimensions are small, so a 4,096-rank commit stays small.
+  // Each id as the zigzag LEB128 varint of its difference from the previous one (wrapping):
+  // worker ids are small and mostly ascending, so a 4,096-rank list takes ~1 byte per id.
   void Ids(const std::vector<int64_t>& v) {
     U32(static_cast<uint32_t>(v.size()));
-    for (int64_t x : v) Varint((static_cast<uint64_t>(x) << 1) ^ static_cast<uint64_t>(x >> 63));
+    uint64_t prev = 0;
+    for (int64_t x : v) {
+      int64_t d = static_cast<int64_t>(static_cast<uint64_t>(x) - prev);
+      Varint((static_cast<uint64_t>(d) << 1) ^ static_cast<uint64_t>(d >> 63));
+      prev = static_cast<uint64_t>(x);
+    }
   }
   void Varint(uint64_t v) {
     while (v >= 0x80) {
@@ -89,9 +95,12 @@ class Reader {
     uint32_t n = Count(field, 1);  // a varint is at least one byte
     std::vector<int64_t> v;
     v.reserve(n);
+    uint64_t prev = 0;
     for (uint32_t i = 0; i < n && ok(); ++i) {
       uint64_t z = Varint(field);
-      v.push_back(static_cast<int64_t>(z >> 1) ^ -static_cast<int64_t>(z & 1));
+      int64_t d = static_cast<int64_t>(z >> 1) ^ -static_cast<int64_t>(z & 1);
+      prev += static_cast<uint64_t>(d);
+      v.push_back(static_cast<int64_t>(prev));
     }
     return v;
   }
