@@ -227,6 +227,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   uint16_t http_port_ = 0;
   const Clock::time_point epoch_;
   bool stopping_ = false;  // io thread
+  std::optional<Status> ended_;  // io thread: the job completed (OK) or failed
   clockid_t io_clock_{};
   std::atomic<bool> has_io_clock_{false};
 
@@ -501,6 +502,9 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
 }
 
 void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m) {
+  if (ended_) {
+    return Refuse(c, FailedPreconditionError("the job has ended: " + ended_->ToString()));
+  }
   Status valid = ValidateManifest(m.manifest);
   if (!valid.ok()) {
     return Refuse(c, InvalidArgumentError("registration: " + std::string(valid.message())));
@@ -754,6 +758,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
 }
 
 void Coordinator::Impl::Finish(Status s) {
+  if (!ended_) ended_ = s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!result_) result_ = std::move(s);
