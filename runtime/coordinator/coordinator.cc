@@ -227,6 +227,8 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   uint16_t http_port_ = 0;
   const Clock::time_point epoch_;
   bool stopping_ = false;  // io thread
+  std::deque<DeciderEvent::Any> events_;  // io thread: events waiting for Feed's loop
+  bool feeding_ = false;
   std::optional<Status> ended_;  // io thread: the job completed (OK) or failed
   clockid_t io_clock_{};
   std::atomic<bool> has_io_clock_{false};
@@ -554,7 +556,16 @@ void Coordinator::Impl::Gone(const std::shared_ptr<Conn>& c, const std::string& 
   bool was_joined = c->state == Conn::State::kJoined;
   c->state = Conn::State::kClosed;
   c->timer.cancel();
-  if (!c->close_after_write || !c->writing) CloseSocket(c);
+  if (!c->close_after_write || !c->writing) {
+    CloseSocket(c);
+  } else {
+    // The last frame (an ErrorMsg) is being written: a peer that does not read gets 5 s.
+    c->timer.expires_after(std::chrono::seconds(5));
+    c->timer.async_wait([this, weak = std::weak_ptr<Conn>(c)](error_code e) {
+      auto c = weak.lock();
+      if (!e && c) CloseSocket(c);
+    });
+  }
   if (!was_joined || c->gone_reported) return;
   c->gone_reported = true;
   conns_.erase(c->id);
@@ -620,11 +631,21 @@ void Coordinator::Impl::SendTo(const std::vector<WorkerId>& to, const M& msg, bo
 }
 
 void Coordinator::Impl::Feed(DeciderEvent::Any event) {
-  bool heartbeat = std::holds_alternative<DeciderEvent::Heartbeat>(event) ||
-                   std::holds_alternative<DeciderEvent::Tick>(event);
-  std::vector<DeciderAction::Any> actions = decider_.Handle(NowMs(), std::move(event));
-  for (DeciderAction::Any& a : actions) Execute(a);
-  if (!heartbeat || !actions.empty()) MarkDirty();
+  // An action can end a connection (a failed or overfull write) and so produce an event while
+  // the previous event's actions run: it waits until they all ran, so sends keep their order.
+  events_.push_back(std::move(event));
+  if (feeding_) return;
+  feeding_ = true;
+  while (!events_.empty()) {
+    DeciderEvent::Any e = std::move(events_.front());
+    events_.pop_front();
+    bool heartbeat = std::holds_alternative<DeciderEvent::Heartbeat>(e) ||
+                     std::holds_alternative<DeciderEvent::Tick>(e);
+    std::vector<DeciderAction::Any> actions = decider_.Handle(NowMs(), std::move(e));
+    for (DeciderAction::Any& a : actions) Execute(a);
+    if (!heartbeat || !actions.empty()) MarkDirty();
+  }
+  feeding_ = false;
 }
 
 void Coordinator::Impl::Execute(DeciderAction::Any& action) {
