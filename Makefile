@@ -70,3 +70,10 @@ PEERS_BYTES ?= 1GiB
 bench-runtime-peers: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target restart_baseline_bench
 	BUILD_DIR=$(BUILD_DIR) PEERS_BYTES=$(PEERS_BYTES) bash bench/peers/run_peers.sh
+
+# Coordinator at scale: 4,096 simulated workers register and heartbeat; time to decide and
+# announce a change (GPT-like manifest, tp 8, pp 4, exact assignment). JSON lines.
+.PHONY: bench-coordinator
+bench-coordinator: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target coordinator_bench
+	$(BUILD_DIR)/bench/coordinator_bench

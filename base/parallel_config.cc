@@ -30,8 +30,15 @@ Status ParallelConfig::Validate() const {
   if (dp < 1) return bad("dp=" + std::to_string(dp) + " must be >= 1");
   if (tp < 1) return bad("tp=" + std::to_string(tp) + " must be >= 1");
   if (pp < 1) return bad("pp=" + std::to_string(pp) + " must be >= 1");
-  long long w = 1LL * dp * tp * pp;
-  if (w > (1 << 24)) return bad("world dp*tp*pp=" + std::to_string(w) + " is too large");
+  // In two steps: dp*tp*pp of three 31-bit values overflows 64 bits (UB, seen with a decoded
+  // frame); dp*tp cannot, and once at most 2^24 neither can its product with pp.
+  long long w = 1LL * dp * tp;
+  if (w <= (1 << 24)) w *= pp;
+  if (w > (1 << 24)) {
+    return bad("world dp*tp*pp=" + (w == 1LL * dp * tp ? std::to_string(w) + "*" + std::to_string(pp)
+                                                       : std::to_string(w)) +
+               " is too large");
+  }
   if (zero_stage < 0 || zero_stage > 3) {
     return bad("zero_stage=" + std::to_string(zero_stage) + " must be 0, 1, 2 or 3");
   }

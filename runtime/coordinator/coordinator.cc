@@ -1,5 +1,7 @@
 #include "runtime/coordinator/coordinator.h"
 
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -225,6 +227,11 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   uint16_t http_port_ = 0;
   const Clock::time_point epoch_;
   bool stopping_ = false;  // io thread
+  std::deque<DeciderEvent::Any> events_;  // io thread: events waiting for Feed's loop
+  bool feeding_ = false;
+  std::optional<Status> ended_;  // io thread: the job completed (OK) or failed
+  clockid_t io_clock_{};
+  std::atomic<bool> has_io_clock_{false};
 
   std::shared_ptr<const JobManifest> manifest_;
   WorkerId next_worker_ = 1;
@@ -321,6 +328,7 @@ Status Coordinator::Impl::Start() {
   Accept();
   ArmTick();
   io_thread_ = std::thread([this] { io_.run(); });
+  if (pthread_getcpuclockid(io_thread_.native_handle(), &io_clock_) == 0) has_io_clock_ = true;
   LOG(INFO) << "coordinator: control channel on " << JoinHostPort(advertise_host_, port_)
             << ", store on " << JoinHostPort(advertise_host_, store_->port())
             << (http_ ? ", scheduler API on port " + std::to_string(http_port_) : "")
@@ -499,6 +507,9 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
 }
 
 void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m) {
+  if (ended_) {
+    return Refuse(c, FailedPreconditionError("the job has ended: " + ended_->ToString()));
+  }
   Status valid = ValidateManifest(m.manifest);
   if (!valid.ok()) {
     return Refuse(c, InvalidArgumentError("registration: " + std::string(valid.message())));
@@ -548,7 +559,16 @@ void Coordinator::Impl::Gone(const std::shared_ptr<Conn>& c, const std::string& 
   bool was_joined = c->state == Conn::State::kJoined;
   c->state = Conn::State::kClosed;
   c->timer.cancel();
-  if (!c->close_after_write || !c->writing) CloseSocket(c);
+  if (!c->close_after_write || !c->writing) {
+    CloseSocket(c);
+  } else {
+    // The last frame (an ErrorMsg) is being written: a peer that does not read gets 5 s.
+    c->timer.expires_after(std::chrono::seconds(5));
+    c->timer.async_wait([this, weak = std::weak_ptr<Conn>(c)](error_code e) {
+      auto c = weak.lock();
+      if (!e && c) CloseSocket(c);
+    });
+  }
   if (!was_joined || c->gone_reported) return;
   c->gone_reported = true;
   conns_.erase(c->id);
@@ -614,11 +634,21 @@ void Coordinator::Impl::SendTo(const std::vector<WorkerId>& to, const M& msg, bo
 }
 
 void Coordinator::Impl::Feed(DeciderEvent::Any event) {
-  bool heartbeat = std::holds_alternative<DeciderEvent::Heartbeat>(event) ||
-                   std::holds_alternative<DeciderEvent::Tick>(event);
-  std::vector<DeciderAction::Any> actions = decider_.Handle(NowMs(), std::move(event));
-  for (DeciderAction::Any& a : actions) Execute(a);
-  if (!heartbeat || !actions.empty()) MarkDirty();
+  // An action can end a connection (a failed or overfull write) and so produce an event while
+  // the previous event's actions run: it waits until they all ran, so sends keep their order.
+  events_.push_back(std::move(event));
+  if (feeding_) return;
+  feeding_ = true;
+  while (!events_.empty()) {
+    DeciderEvent::Any e = std::move(events_.front());
+    events_.pop_front();
+    bool heartbeat = std::holds_alternative<DeciderEvent::Heartbeat>(e) ||
+                     std::holds_alternative<DeciderEvent::Tick>(e);
+    std::vector<DeciderAction::Any> actions = decider_.Handle(NowMs(), std::move(e));
+    for (DeciderAction::Any& a : actions) Execute(a);
+    if (!heartbeat || !actions.empty()) MarkDirty();
+  }
+  feeding_ = false;
 }
 
 void Coordinator::Impl::Execute(DeciderAction::Any& action) {
@@ -752,6 +782,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
 }
 
 void Coordinator::Impl::Finish(Status s) {
+  if (!ended_) ended_ = s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!result_) result_ = std::move(s);
@@ -875,6 +906,12 @@ Coordinator::Stats Coordinator::stats() const {
   s.frames_received = impl_->received_.load();
   s.frames_sent = impl_->sent_.load();
   s.commits_sent = impl_->commits_sent_.load();
+  timespec ts{};
+  std::lock_guard<std::mutex> lock(impl_->mu_);
+  if (impl_->has_io_clock_.load() && !impl_->stopped_ &&
+      clock_gettime(impl_->io_clock_, &ts) == 0) {
+    s.io_cpu_seconds = static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+  }
   return s;
 }
 

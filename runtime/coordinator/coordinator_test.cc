@@ -73,6 +73,8 @@ class FakeWorker {
   }
   // Training ended: send Done, then close.
   void FinishTraining() { finish_ = true; }
+  // SIGTERM / Runtime::Leave(): ask the coordinator to let this worker go.
+  void AskToLeave() { Send(LeaveMsg{.reason = "preempted"}); }
 
   WorkerId id() const { return client_->welcome().worker; }
   const WelcomeMsg& welcome() const { return client_->welcome(); }
@@ -303,6 +305,29 @@ TEST(CoordinatorTest, AJoinerGrowsTheJob) {
   EXPECT_FALSE(w[2]->Saw(">step_report"));  // but only old ranks promise a step
 }
 
+TEST(CoordinatorTest, ALeaveRequestShrinksTheJobAndTheLeaverFinishes) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(3)));
+  auto w = StartWorkers(*coord, 3);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  w[1]->AskToLeave();
+  ASSERT_TRUE(WaitFor([&] { return w[1]->finished() && w[0]->generation() == 2; }));
+  EXPECT_EQ(w[0]->gen().config.world(), 2);
+  EXPECT_LT(w[0]->gen().RankOf(w[1]->id()), 0);
+  EXPECT_TRUE(w[1]->Saw(">leave"));
+  EXPECT_TRUE(w[1]->Saw("<outcome"));  // it sent its state away, then was done
+}
+
+TEST(CoordinatorTest, AfterTheJobEndedRegistrationIsRefused) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1)));
+  auto w = StartWorkers(*coord, 1);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  w[0]->FinishTraining();
+  MORPH_ASSERT_OK(coord->Wait(Deadline::AfterMs(5000)));
+  FakeWorker late(coord->control_address());
+  EXPECT_THAT(late.Connect(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("the job has ended: OK")));
+}
+
 TEST(CoordinatorTest, WrongTokenIsUnauthenticated) {
   MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1)));
   FakeWorker bad(coord->control_address(), {.token = "not-the-token"});
@@ -407,6 +432,17 @@ TEST(CoordinatorTest, AnOversizedHeaderClosesTheConnectionWithoutAllocating) {
     EXPECT_THAT(std::get<ErrorMsg>(frames.back()).message,
                 HasSubstr("step_report body of 4294967295 bytes exceeds 33554432"));
   }
+  {
+    // Another wire version is refused naming both versions.
+    RawConn raw(coord->control_address());
+    std::string hello = EncodeFrame(HelloMsg{.token = kToken});
+    hello[4] = 2;
+    raw.Write(hello);
+    MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m, DecodeFrame(raw.ReadToEnd()));
+    ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));
+    EXPECT_EQ(std::get<ErrorMsg>(m).code, static_cast<int>(StatusCode::kFailedPrecondition));
+    EXPECT_THAT(std::get<ErrorMsg>(m).message, HasSubstr("wire version 2, this side speaks 1"));
+  }
   // The coordinator goes on serving: a real worker still gets in.
   auto w = StartWorkers(*coord, 2);
   ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
@@ -470,6 +506,30 @@ TEST(CoordinatorTest, DoneFromEveryWorkerCompletesTheJob) {
   w[1]->FinishTraining();
   MORPH_EXPECT_OK(coord->Wait(Deadline::AfterMs(5000)));
   ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().phase == "complete"; }));
+}
+
+TEST(CoordinatorTest, OptionsFromTheEnvironment) {
+  ::setenv("MORPH_TOKEN", "env-token", 1);
+  ::setenv("MORPH_COORDINATOR_PORT", "0", 1);
+  ::setenv("MORPH_INITIAL_WORLD", "3", 1);
+  ::setenv("MORPH_MAX_WORLD", "8", 1);
+  ::setenv("MORPH_HEARTBEAT_TIMEOUT_MS", "2500", 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(CoordinatorOptions o, CoordinatorOptions::FromEnv());
+  EXPECT_EQ(o.token, "env-token");
+  EXPECT_EQ(o.address, "127.0.0.1");
+  EXPECT_EQ(o.initial_world, 3);
+  EXPECT_EQ(o.max_world, 8);
+  EXPECT_EQ(o.heartbeat_timeout_ms, 2500);
+  ::setenv("MORPH_INITIAL_WORLD", "9", 1);
+  EXPECT_THAT(CoordinatorOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_INITIAL_WORLD")));
+  ::setenv("MORPH_INITIAL_WORLD", "three", 1);
+  EXPECT_THAT(CoordinatorOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_INITIAL_WORLD")));
+  for (const char* v : {"MORPH_TOKEN", "MORPH_COORDINATOR_PORT", "MORPH_INITIAL_WORLD",
+                        "MORPH_MAX_WORLD", "MORPH_HEARTBEAT_TIMEOUT_MS"}) {
+    ::unsetenv(v);
+  }
 }
 
 TEST(CoordinatorTest, StartRefusesBadOptionsAndStopIsIdempotent) {

@@ -83,7 +83,7 @@ std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::An
 std::vector<WorkerId> Decider::standby() const {
   std::vector<WorkerId> out;
   for (const auto& [id, w] : workers_) {
-    if (!w.leaving && current_.RankOf(id) < 0) out.push_back(id);
+    if (!w.leaving && CurrentRank(id) < 0) out.push_back(id);
   }
   return out;
 }
@@ -110,9 +110,19 @@ std::vector<WorkerId> Decider::OldRanksAlive() const {
   return out;
 }
 
-bool Decider::IsParticipant(WorkerId w) const {
-  const auto& p = pending_change_.participants;
-  return std::find(p.begin(), p.end(), w) != p.end();
+bool Decider::IsParticipant(WorkerId w) const { return participant_set_.count(w) > 0; }
+
+int Decider::CurrentRank(WorkerId w) const {
+  auto it = rank_of_.find(w);
+  return it == rank_of_.end() ? -1 : it->second;
+}
+
+void Decider::IndexCurrent() {
+  rank_of_.clear();
+  rank_of_.reserve(current_.ranks.size());
+  for (size_t r = 0; r < current_.ranks.size(); ++r) {
+    rank_of_[current_.ranks[r]] = static_cast<int>(r);
+  }
 }
 
 bool Decider::ChangeNeeded() const {
@@ -165,6 +175,8 @@ void Decider::MaybePropose(Out& out) {
   req.target_world = TargetWorld(req.candidates.size());
   pending_ = Generation{.id = req.generation};
   pending_change_ = ChangeParticipants{.lost = req.lost};
+  participant_set_.clear();
+  answered_.clear();
   reports_.clear();
   applied_.clear();
   ok_count_ = 0;
@@ -183,7 +195,7 @@ void Decider::OnLeave(WorkerId w, Out& out) {
   auto it = workers_.find(w);
   if (it == workers_.end() || it->second.leaving || it->second.done) return;
   it->second.leaving = true;
-  bool ranked = current_.RankOf(w) >= 0;
+  bool ranked = CurrentRank(w) >= 0;
   bool involved = pending_ && (IsParticipant(w) || phase_ == Phase::kPlanning);
   if (!ranked && !involved) {
     // A spare or a joiner holds no state: it may go at once.
@@ -201,7 +213,7 @@ void Decider::OnLost(WorkerId w, const std::string&, Out& out) {
   if (it == workers_.end()) return;  // duplicate, or released
   bool was_done = it->second.done;
   workers_.erase(it);
-  bool ranked = current_.RankOf(w) >= 0;
+  bool ranked = CurrentRank(w) >= 0;
   if (finishing_ && (was_done || phase_ == Phase::kStable)) {
     // Training ended: a member that goes now is not a loss (the others finished the same step).
     if (ranked) gone_after_done_.insert(w);
@@ -222,6 +234,7 @@ void Decider::OnLost(WorkerId w, const std::string&, Out& out) {
     case Phase::kCommitted:
       if (IsParticipant(w)) {
         lost_during_commit_.insert(w);
+        answered_.insert(w);
         MaybeFinishChange(out);
       }
       break;
@@ -296,7 +309,7 @@ void Decider::OnResize(const ResizeRequest& r, Out& out) {
   answer(Status::Ok());
   // Removed standby workers hold no state: release them now.
   for (WorkerId w : r.remove) {
-    if (current_.RankOf(w) < 0 && !(pending_ && IsParticipant(w))) {
+    if (CurrentRank(w) < 0 && !(pending_ && IsParticipant(w))) {
       workers_.erase(w);
       out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
     }
@@ -369,10 +382,12 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
   change.participants = OldRanksAlive();
   std::vector<WorkerId> fresh;
   for (WorkerId w : plan.ranks) {
-    if (current_.RankOf(w) < 0) fresh.push_back(w);
+    if (CurrentRank(w) < 0) fresh.push_back(w);
   }
   std::sort(fresh.begin(), fresh.end());
   change.participants.insert(change.participants.end(), fresh.begin(), fresh.end());
+  participant_set_ = std::unordered_set<WorkerId>(change.participants.begin(),
+                                                  change.participants.end());
   for (WorkerId w : OldRanksAlive()) {
     if (!ranked.count(w)) change.leavers.push_back(w);
   }
@@ -391,7 +406,7 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
   std::vector<WorkerId> release_now;
   for (auto& [w, info] : workers_) {
     if (!info.leaving || ranked.count(w)) continue;
-    if (current_.RankOf(w) >= 0 && !lost_.count(w)) {
+    if (CurrentRank(w) >= 0 && !lost_.count(w)) {
       change.exiting.push_back(w);  // sends its old state first
     } else {
       release_now.push_back(w);  // holds nothing
@@ -414,9 +429,10 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
 
 void Decider::OnReport(const StepReportMsg& m, Out& out) {
   if (phase_ != Phase::kPreparing || !pending_ || m.generation != pending_->id) return;
-  if (current_.RankOf(m.worker) < 0 || lost_.count(m.worker)) return;
+  if (CurrentRank(m.worker) < 0 || lost_.count(m.worker)) return;
   reports_.emplace(m.worker, m.last_free_step);  // a duplicate keeps the first answer
-  if (reports_.size() == OldRanksAlive().size()) Commit(out);
+  // lost_ holds only current_'s ranks: the live old ranks are the rest.
+  if (reports_.size() == current_.ranks.size() - lost_.size()) Commit(out);
 }
 
 void Decider::Commit(Out& out) {
@@ -434,15 +450,15 @@ void Decider::OnApplied(const AppliedMsg& m, Out& out) {
   if (phase_ != Phase::kCommitted || !pending_ || m.generation != pending_->id) return;
   if (!IsParticipant(m.worker) || lost_during_commit_.count(m.worker)) return;
   if (!applied_.insert(m.worker).second) return;  // duplicate
+  answered_.insert(m.worker);
   ok_count_ += m.ok ? 1 : 0;
   MaybeFinishChange(out);
 }
 
 void Decider::MaybeFinishChange(Out& out) {
   const auto& parts = pending_change_.participants;
-  for (WorkerId w : parts) {
-    if (!applied_.count(w) && !lost_during_commit_.count(w)) return;
-  }
+  // answered_ = applied_ ∪ lost_during_commit_, both subsets of the participants.
+  if (answered_.size() < parts.size()) return;
   // Applied iff some participant passed the closing barrier: then every participant had entered
   // it, i.e. finished its exchange, and one that reports a failure failed only at the barrier
   // and holds the complete new state. With no ok answer nobody passed it, and every participant
@@ -461,11 +477,12 @@ void Decider::MaybeFinishChange(Out& out) {
   }
   if (applied) {
     current_ = next;
+    IndexCurrent();
     // The old generation's lost ranks are replaced now; workers lost during the change that
     // hold a new rank are the new generation's losses.
     lost_.clear();
     for (WorkerId w : lost_during_commit_) {
-      if (current_.RankOf(w) >= 0) lost_.insert(w);
+      if (CurrentRank(w) >= 0) lost_.insert(w);
     }
     for (WorkerId w : change.exiting) workers_.erase(w);  // done: they exit on the outcome
   }
@@ -517,7 +534,7 @@ void Decider::MaybeComplete(Out& out) {
   phase_ = Phase::kComplete;
   resize_active_ = false;
   for (auto& [id, info] : workers_) {
-    if (current_.RankOf(id) < 0) out.push_back(DeciderAction::SendRelease{id, ReleaseMsg{current_.id}});
+    if (CurrentRank(id) < 0) out.push_back(DeciderAction::SendRelease{id, ReleaseMsg{current_.id}});
   }
   out.push_back(DeciderAction::JobComplete{current_.id});
 }

@@ -39,6 +39,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -223,7 +225,9 @@ class Decider {
   void Commit(Out& out);
   void MaybeFinishChange(Out& out);
   void AbandonPending(Out& out);
-  bool IsParticipant(WorkerId w) const;
+  bool IsParticipant(WorkerId w) const;  // of the change in progress
+  int CurrentRank(WorkerId w) const;     // current_.RankOf(w), through rank_of_
+  void IndexCurrent();                   // rebuilds rank_of_ from current_
   std::vector<WorkerId> OldRanksAlive() const;  // current_'s ranks not lost, rank order
 
   DeciderOptions options_;
@@ -231,6 +235,7 @@ class Decider {
   std::map<WorkerId, Worker> workers_;  // connected (or leaving) workers
   std::set<WorkerId> lost_;             // lost old ranks of `current_` not yet replaced
   Generation current_;
+  std::unordered_map<WorkerId, int> rank_of_;  // current_'s ranks (O(1) lookups at scale)
   int64_t last_id_ = 0;
   std::optional<int> desired_world_;  // the scheduler's last world size
   int launch_outstanding_ = 0;        // workers asked of the launcher, not yet joined
@@ -250,6 +255,8 @@ class Decider {
   std::set<WorkerId> applied_;
   int ok_count_ = 0;  // Applied answers with ok
   std::set<WorkerId> lost_during_commit_;
+  std::unordered_set<WorkerId> participant_set_;  // pending_change_.participants
+  std::set<WorkerId> answered_;                   // applied_ ∪ lost_during_commit_
 };
 
 std::string_view DeciderPhaseName(Decider::Phase phase);

@@ -150,6 +150,17 @@ TEST(ControlClientTest, CloseUnblocksReceiveAndPeerCloseIsUnavailable) {
   c->Close();  // idempotent
 }
 
+TEST(ControlClientTest, NoWelcomeInTimeIsDeadlineExceeded) {
+  FakeCoordinator server;
+  std::thread t([&] { server.Accept(); });  // accepts, never answers
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(ControlClient::Connect(server.address(), Hello(), Register(), Deadline::AfterMs(200))
+                  .status(),
+              StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("sent no welcome in time")));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  t.join();
+}
+
 TEST(ControlClientTest, MalformedFrameClosesTheConnection) {
   FakeCoordinator server;
   std::thread t([&] {

@@ -19,9 +19,23 @@ class Writer {
     U32(static_cast<uint32_t>(s.size()));
     out_.append(s);
   }
+  // Each id as the zigzag LEB128 varint of its difference from the previous one (wrapping):
+  // worker ids are small and mostly ascending, so a 4,096-rank list takes ~1 byte per id.
   void Ids(const std::vector<int64_t>& v) {
     U32(static_cast<uint32_t>(v.size()));
-    for (int64_t x : v) I64(x);
+    uint64_t prev = 0;
+    for (int64_t x : v) {
+      int64_t d = static_cast<int64_t>(static_cast<uint64_t>(x) - prev);
+      Varint((static_cast<uint64_t>(d) << 1) ^ static_cast<uint64_t>(d >> 63));
+      prev = static_cast<uint64_t>(x);
+    }
+  }
+  void Varint(uint64_t v) {
+    while (v >= 0x80) {
+      out_.push_back(static_cast<char>((v & 0x7f) | 0x80));
+      v >>= 7;
+    }
+    out_.push_back(static_cast<char>(v));
   }
   std::string& out() { return out_; }
 
@@ -78,11 +92,40 @@ class Reader {
     return s;
   }
   std::vector<int64_t> Ids(std::string_view field) {
-    uint32_t n = Count(field, 8);
+    uint32_t n = Count(field, 1);  // a varint is at least one byte
     std::vector<int64_t> v;
     v.reserve(n);
-    for (uint32_t i = 0; i < n && ok(); ++i) v.push_back(I64(field));
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < n && ok(); ++i) {
+      uint64_t z = Varint(field);
+      int64_t d = static_cast<int64_t>(z >> 1) ^ -static_cast<int64_t>(z & 1);
+      prev += static_cast<uint64_t>(d);
+      v.push_back(static_cast<int64_t>(prev));
+    }
     return v;
+  }
+  // Only the shortest encoding is accepted (so every accepted frame re-encodes to itself).
+  uint64_t Varint(std::string_view field) {
+    uint64_t v = 0;
+    for (int i = 0; i < 10; ++i) {
+      if (!ok()) return 0;
+      if (pos_ == in_.size()) {
+        Fail(field, "truncated");
+        return 0;
+      }
+      uint8_t b = static_cast<uint8_t>(in_[pos_++]);
+      if (i == 9 && b > 1) {
+        Fail(field, "varint overflows 64 bits");
+        return 0;
+      }
+      v |= uint64_t{b & 0x7fu} << (7 * i);
+      if (!(b & 0x80)) {
+        if (b == 0 && i > 0) Fail(field, "varint not in its shortest form");
+        return v;
+      }
+    }
+    Fail(field, "varint longer than 10 bytes");
+    return 0;
   }
   void End() {
     if (ok() && pos_ != in_.size()) {

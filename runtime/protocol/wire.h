@@ -8,7 +8,9 @@
 //   length  u32  body bytes, at most kMaxFrameBody (a header announcing more is refused before
 //                anything is allocated)
 // All integers little-endian; a list is a u32 count then its items; a string a u32 length then
-// bytes. Every count is checked against the bytes left in the body before anything is
+// bytes; a list of ids (worker ids, ranks, tensor dimensions) a u32 count then, for each id, the
+// zigzag LEB128 varint (shortest form only) of its difference from the previous id (the first
+// from 0; 64-bit wrapping), so ascending runs of worker ids take one byte each. Every count is checked against the bytes left in the body before anything is
 // allocated, so a frame of n bytes never makes the decoder allocate more than O(n); trailing
 // bytes are an error.
 //

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -223,6 +224,47 @@ TEST(WireTest, RegisterCountsAndValuesAreChecked) {
   ASSERT_GT(big_frame.size(), kMaxHelloBody);
   MORPH_ASSERT_OK_AND_ASSIGN(WireMessage back, DecodeFrame(big_frame));
   EXPECT_EQ(std::get<RegisterMsg>(back).manifest, big);
+}
+
+TEST(WireTest, IdListsAreShortestFormVarints) {
+  Generation g = Gen();
+  g.ranks = {0, 1, -1, std::numeric_limits<int64_t>::max()};
+  ChangeParticipants c{.participants = {std::numeric_limits<int64_t>::min(), 4095}};
+  CommitMsg m{.next = g, .from_generation = 6, .from = Gen(6), .change = c};
+  MORPH_ASSERT_OK_AND_ASSIGN(WireMessage back, DecodeFrame(EncodeFrame(m)));
+  EXPECT_EQ(std::get<CommitMsg>(back), m);
+  // A 4,096-rank commit whose lists ascend by one: about a byte per id.
+  Generation big = Gen();
+  big.config.dp = 1024;
+  big.config.tp = 4;
+  big.ranks.clear();
+  for (int64_t w = 1; w <= 4096; ++w) big.ranks.push_back(w);
+  CommitMsg large{.next = big, .from_generation = 7, .from = big, .change = {}};
+  large.from.id = 7;
+  large.change.participants = big.ranks;
+  EXPECT_LT(EncodeFrame(large).size(), 3u * 4096 + 512);
+  // Hand-made bodies: an overlong zero, a varint past 64 bits.
+  auto body_with_rank = [](std::string rank_bytes) {
+    std::string body;
+    auto u32 = [&](uint32_t v) {
+      for (int i = 0; i < 4; ++i) body.push_back(static_cast<char>(v >> (8 * i)));
+    };
+    for (int i = 0; i < 16; ++i) body.push_back(i == 0 ? 7 : 0);  // id 7, start step 0
+    for (int v : {1, 1, 1, 0, 1}) u32(v);
+    u32(0);  // no layers
+    u32(1);  // one rank
+    return body + rank_bytes;
+  };
+  for (auto [bytes, why] :
+       {std::pair<std::string, std::string>{std::string("\x80\x00", 2), "varint not in its shortest form"},
+        {std::string(9, '\xff') + "\x02", "varint overflows 64 bits"}}) {
+    std::string body = body_with_rank(bytes);
+    FrameHeader h{.version = kWireVersion,
+                  .type = static_cast<uint16_t>(WireType::kCommit),
+                  .length = static_cast<uint32_t>(body.size())};
+    EXPECT_THAT(DecodeBody(h, body).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("commit.generation.ranks: " + why)));
+  }
 }
 
 TEST(WireTest, WelcomeCurrentMustBeItsGeneration) {
