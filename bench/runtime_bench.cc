@@ -99,10 +99,9 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
       return 4;
     }
     if (step->done() || step->index() >= steps) break;
-    if (step->reconfigured() && r.last_reconfiguration()) {
-      const morph::Reconfiguration& last = *r.last_reconfiguration();
-      int64_t first_step_ns = NowNs();
-      // Raw bandwidth of the transport between new ranks 0 and 1, same run.
+    // Raw bandwidth of the transport between ranks 0 and 1 (of the first generation at step 1,
+    // of the new one at its first step), same run.
+    auto raw_bandwidth = [&]() {
       double raw = 0;
       if (step->world_size() >= 2 && step->rank() < 2) {
         std::vector<char> buf(size_t{128} << 20);
@@ -114,6 +113,16 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
         double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
         if (st.ok()) raw = static_cast<double>(buf.size()) / sec;
       }
+      return raw;
+    };
+    if (step->index() == 1 && step->generation() == 1) {
+      double raw = raw_bandwidth();
+      if (raw > 0) log << "{\"generation\":1,\"raw_bandwidth\":" << raw << "}\n";
+    }
+    if (step->reconfigured() && r.last_reconfiguration()) {
+      const morph::Reconfiguration& last = *r.last_reconfiguration();
+      int64_t first_step_ns = NowNs();
+      double raw = raw_bandwidth();
       log << "{\"worker\":" << r.worker_id() << ",\"generation\":" << last.generation
           << ",\"rank\":" << last.rank << ",\"first_step_ns\":" << first_step_ns
           << ",\"communicators\":" << last.communicators_seconds
@@ -140,6 +149,7 @@ struct Parsed {
   double sum_received = 0;
   int64_t last_first_step_ns = 0;
   int workers = 0;
+  double raw = 0;
 };
 
 Parsed ReadLogs(const fs::path& dir, int64_t generation) {
@@ -153,6 +163,7 @@ Parsed ReadLogs(const fs::path& dir, int64_t generation) {
         size_t at = line.find("\"" + k + "\":");
         return at == std::string::npos ? 0.0 : std::atof(line.c_str() + at + k.size() + 3);
       };
+      p.raw = std::max(p.raw, field("raw_bandwidth"));  // any generation
       if (static_cast<int64_t>(field("generation")) != generation) continue;
       ++p.workers;
       for (const char* k : {"communicators", "plan", "transfer", "resume", "stall",
@@ -240,8 +251,7 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
       "%.0f,\"transfer_vs_raw\":%.3f}\n",
       c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"], p.max["communicators"],
       p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
-      p.sum_received, p.max["raw_bandwidth"], transfer_bw,
-      p.max["raw_bandwidth"] > 0 ? transfer_bw / p.max["raw_bandwidth"] : 0.0);
+      p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0);
   std::fflush(stdout);
   fs::remove_all(dir);
   return 0;
