@@ -77,3 +77,12 @@ bench-runtime-peers: configure
 bench-coordinator: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target coordinator_bench
 	$(BUILD_DIR)/bench/coordinator_bench
+
+# End-to-end reconfiguration (issue 9): morph's runtime next to the C++ restart baseline and
+# PyTorch DCP in one session, then the cost of BeginStep + EndStep. RUNTIME_BYTES (default 1GiB),
+# RUNTIME_CHANGES, RUNTIME_PEERS=0 for morph alone. JSON lines.
+RUNTIME_BYTES ?= 1GiB
+.PHONY: bench-runtime
+bench-runtime: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target runtime_bench restart_baseline_bench
+	BUILD_DIR=$(BUILD_DIR) RUNTIME_BYTES=$(RUNTIME_BYTES) bash bench/peers/run_runtime_bench.sh

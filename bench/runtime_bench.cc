@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "base/params.h"
+#include "bench/reconfig_cases.h"
 #include "runtime/api/runtime.h"
 #include "runtime/tools/launcher.h"
 
@@ -44,45 +45,34 @@ int64_t NowNs() {
       .count();
 }
 
-ParallelConfig Config(int dp, int tp, int pp) {
-  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
-  c.stage_of_layer = *ParallelConfig::EvenStages(2, pp);
-  return c;
-}
-
 struct Change {
   std::string name;
   ParallelConfig from, to;
 };
 
+// The changes every contender runs (bench/reconfig_cases.h).
 std::vector<Change> AllChanges() {
-  return {{"dp4to2", Config(4, 1, 1), Config(2, 1, 1)},
-          {"dp2to4", Config(2, 1, 1), Config(4, 1, 1)},
-          {"tp2to1", Config(1, 2, 1), Config(1, 1, 1)},
-          {"pp2to1", Config(1, 1, 2), Config(1, 1, 1)}};
+  std::vector<Change> out;
+  for (const morph::bench::ReconfigChange& c : morph::bench::ReconfigChanges()) {
+    out.push_back({c.name, c.old_config, c.new_config});
+  }
+  return out;
 }
 
 // ---- worker mode ----------------------------------------------------------------------------
 
-// Two layers, each a square TP-split weight (parameters) and its two Adam moments (ZeRO-1):
-// unique bytes = 3 * parameter bytes.
+// The shared benchmark model (bench/reconfig_cases.h): parameters + Adam moments, ZeRO-1.
 int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
   auto opts = morph::Options::FromEnv();
   if (!opts.ok()) return 4;
-  opts->model = {.num_layers = 2, .tp_candidates = {1, 2}, .pp_candidates = {1, 2},
-                 .global_batch = 16};
+  opts->model = {.num_layers = morph::bench::kReconfigLayers, .tp_candidates = {1, 2},
+                 .pp_candidates = {1, 2}, .global_batch = 16, .zero_stage = 1};
   opts->dataset_samples = 1 << 16;
-  int64_t param_elems = unique_bytes / 3 / 4 / 2;  // per layer, f32
-  int64_t side = 1;
-  while ((side + 1) * (side + 1) <= param_elems) ++side;
-  side -= side % 4;
+  std::vector<morph::TensorSpec> model =
+      morph::bench::ReconfigModel(static_cast<uint64_t>(unique_bytes));
   auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {
-    for (int l = 0; l < 2; ++l) {
-      std::string p = "layers." + std::to_string(l);
-      Layout w = Layout::Layer(l).SplitTP(l == 0 ? 1 : 0);
-      MORPH_RETURN_IF_ERROR(s.AddTensor(p + ".w", {side, side}, DType::kF32, w));
-      MORPH_RETURN_IF_ERROR(s.AddTensor(p + ".m", {side, side}, DType::kF32, w.ZeroShard()));
-      MORPH_RETURN_IF_ERROR(s.AddTensor(p + ".v", {side, side}, DType::kF32, w.ZeroShard()));
+    for (const morph::TensorSpec& t : model) {
+      MORPH_RETURN_IF_ERROR(s.AddTensor(t.name, t.shape, t.dtype, t.layout));
     }
     return s.AddScalar("step", 8);
   });
