@@ -120,6 +120,7 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
           << ",\"resume\":" << last.resume_seconds << ",\"stall\":" << last.stall_seconds
           << ",\"bytes_received\":" << last.bytes_received << ",\"bytes_sent\":" << last.bytes_sent
           << ",\"raw_bandwidth\":" << raw << ",\"local_bytes\":" << r.state().local_bytes()
+          << ",\"peak_bytes\":" << last.peak_bytes << ",\"bound_bytes\":" << last.bound_bytes
           << "}\n";
       log.flush();
     }
@@ -157,7 +158,7 @@ Parsed ReadLogs(const fs::path& dir, int64_t generation) {
       if (static_cast<int64_t>(field("generation")) != generation) continue;
       ++p.workers;
       for (const char* k : {"communicators", "plan", "transfer", "resume", "stall",
-                            "raw_bandwidth", "local_bytes"}) {
+                            "raw_bandwidth", "local_bytes", "peak_bytes", "bound_bytes"}) {
         p.max[k] = std::max(p.max[k], field(k));
       }
       p.sum_received += field("bytes_received");
@@ -238,10 +239,11 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
       "\"stall_seconds\":%.4f,\"communicators_seconds\":%.4f,\"plan_seconds\":%.4f,"
       "\"transfer_seconds\":%.4f,\"resume_seconds\":%.4f,\"stall_minus_transfer_seconds\":%.4f,"
       "\"bytes_moved\":%.0f,\"raw_bandwidth_bytes_per_s\":%.0f,\"transfer_bandwidth_bytes_per_s\":"
-      "%.0f,\"transfer_vs_raw\":%.3f}\n",
+      "%.0f,\"transfer_vs_raw\":%.3f,\"peak_bytes_max\":%.0f,\"bound_bytes_max\":%.0f}\n",
       c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"], p.max["communicators"],
       p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
-      p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0);
+      p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, p.max["peak_bytes"],
+      p.max["bound_bytes"]);
   std::fflush(stdout);
   fs::remove_all(dir);
   return 0;

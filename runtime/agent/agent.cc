@@ -140,12 +140,13 @@ StatusOr<Agent::Decision> Agent::Decide(int64_t step, Deadline deadline) {
   }
 }
 
-Status Agent::SwitchDone(bool ok, const std::string& error) {
+Status Agent::SwitchDone(bool ok, const std::string& error, AppliedMsg::Phases phases) {
   AppliedMsg applied;
   {
     std::lock_guard<std::mutex> l(mu_);
     outcome_.reset();
     applied = core_.SwitchDone(ok, error);
+    applied.phases = phases;
     UpdatePendingLocked();
   }
   return client_->Send(applied);

@@ -75,7 +75,7 @@ class Agent {
   // kUnavailable when the coordinator connection is gone (its reason), kDeadlineExceeded.
   StatusOr<Decision> Decide(int64_t step, Deadline deadline);
   // Reports the switch's result (sends Applied). After ok the core is in the new generation.
-  Status SwitchDone(bool ok, const std::string& error = "");
+  Status SwitchDone(bool ok, const std::string& error = "", AppliedMsg::Phases phases = {});
   // After a failed switch: waits for the coordinator's outcome (true: applied elsewhere).
   StatusOr<bool> AwaitOutcome(Deadline deadline);
 

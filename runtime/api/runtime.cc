@@ -179,10 +179,17 @@ struct Runtime::Impl {
       if (!sent.ok()) LOG(WARNING) << "applied(failed) not sent: " << sent;
       return st;
     }
-    MORPH_RETURN_IF_ERROR(agent->SwitchDone(true));
     gen = c.next;
     next_step = c.next.start_step;
     r.stall_seconds = SecondsSince(entered);
+    auto us = [](double s) { return static_cast<int64_t>(s * 1e6); };
+    MORPH_RETURN_IF_ERROR(agent->SwitchDone(
+        true, "",
+        AppliedMsg::Phases{.communicators_us = us(r.communicators_seconds),
+                           .plan_us = us(r.plan_seconds),
+                           .transfer_us = us(r.transfer_seconds),
+                           .resume_us = us(r.resume_seconds),
+                           .stall_us = us(r.stall_seconds)}));
     LOG(INFO) << "worker " << agent->id() << ": generation " << c.next.id << " ("
               << c.next.config.ToString() << ") rank " << r.rank << " from step " << r.step
               << "; switch " << r.stall_seconds << " s (communicators "
@@ -209,6 +216,8 @@ struct Runtime::Impl {
     r.resume_seconds = stats.seconds.resume;
     r.bytes_sent = stats.bytes_sent;
     r.bytes_received = stats.bytes_received;
+    r.peak_bytes = stats.peak_bytes;
+    r.bound_bytes = stats.bound_bytes;
     return Status();
   }
 

@@ -62,6 +62,10 @@ struct Reconfiguration {
   double stall_seconds = 0;  // BeginStep(S) entry to return
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
+  // Most tensor-state + staging bytes held at once during the switch, and the bound
+  // max(old, new) + largest batch + staging (runtime/agent/switch.h says when it holds).
+  int64_t peak_bytes = 0;
+  int64_t bound_bytes = 0;
 };
 
 class Runtime {

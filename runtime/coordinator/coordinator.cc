@@ -248,6 +248,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
     Clock::time_point planned, prepared, committed;
     double plan_ms = 0;
     bool has_prepare = false;
+    AppliedMsg::Phases slowest;  // per phase, the most any participant reported
   };
   std::optional<ChangeTiming> timing_;
   int64_t reconfigurations_ = 0;
@@ -474,6 +475,14 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
           Feed(msg);
         } else if constexpr (std::is_same_v<M, AppliedMsg>) {
           msg.worker = id;
+          if (timing_ && msg.ok) {
+            AppliedMsg::Phases& p = timing_->slowest;
+            p.communicators_us = std::max(p.communicators_us, msg.phases.communicators_us);
+            p.plan_us = std::max(p.plan_us, msg.phases.plan_us);
+            p.transfer_us = std::max(p.transfer_us, msg.phases.transfer_us);
+            p.resume_us = std::max(p.resume_us, msg.phases.resume_us);
+            p.stall_us = std::max(p.stall_us, msg.phases.stall_us);
+          }
           if (!msg.ok) {
             LOG(WARNING) << "coordinator: worker " << id << " failed to apply generation "
                          << msg.generation << ": " << msg.error;
@@ -722,6 +731,13 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
             r.plan_ms = timing_->plan_ms;
             r.agree_ms = timing_->has_prepare ? Ms(timing_->committed - timing_->prepared) : 0;
             r.total_ms = Ms(now - timing_->planned);
+            // The workers' phases: the slowest participant's, per phase.
+            const AppliedMsg::Phases& p = timing_->slowest;
+            r.communicators_ms = static_cast<double>(p.communicators_us) / 1000;
+            r.plan_ms += static_cast<double>(p.plan_us) / 1000;
+            r.transfer_ms = static_cast<double>(p.transfer_us) / 1000;
+            r.resume_ms = static_cast<double>(p.resume_us) / 1000;
+            r.stall_ms = static_cast<double>(p.stall_us) / 1000;
             r.explanation = decider_.last_explanation();
             last_record_ = r;
             ++reconfigurations_;

@@ -95,6 +95,12 @@ struct AppliedMsg {
   int64_t generation = 0;
   bool ok = true;
   std::string error;  // when !ok
+  // This participant's phases of the switch, in microseconds (what /v1/status and /metrics
+  // show per change: the maximum over participants).
+  struct Phases {
+    int64_t communicators_us = 0, plan_us = 0, transfer_us = 0, resume_us = 0, stall_us = 0;
+    friend bool operator==(const Phases&, const Phases&) = default;
+  } phases;
   friend bool operator==(const AppliedMsg&, const AppliedMsg&) = default;
 };
 

@@ -382,6 +382,10 @@ void Put(Writer& w, const AppliedMsg& m) {
   w.I64(m.generation);
   w.U8(m.ok ? 1 : 0);
   w.Str(m.error);
+  for (int64_t v : {m.phases.communicators_us, m.phases.plan_us, m.phases.transfer_us,
+                    m.phases.resume_us, m.phases.stall_us}) {
+    w.I64(v);
+  }
 }
 void Get(Reader& r, AppliedMsg& m) {
   m.worker = r.I64("worker");
@@ -390,6 +394,14 @@ void Get(Reader& r, AppliedMsg& m) {
   if (r.ok() && ok > 1) r.Fail("ok", "not a boolean");
   m.ok = ok == 1;
   m.error = r.Str("error");
+  for (auto [field, v] : {std::pair{"phases.communicators_us", &m.phases.communicators_us},
+                          std::pair{"phases.plan_us", &m.phases.plan_us},
+                          std::pair{"phases.transfer_us", &m.phases.transfer_us},
+                          std::pair{"phases.resume_us", &m.phases.resume_us},
+                          std::pair{"phases.stall_us", &m.phases.stall_us}}) {
+    *v = r.I64(field);
+    if (r.ok() && *v < 0) r.Fail(field, "negative duration");
+  }
 }
 void Put(Writer& w, const OutcomeMsg& m) {
   w.I64(m.generation);

@@ -104,6 +104,13 @@ void Finish(Job& job, const ParallelConfig& config, int64_t changes,
   EXPECT_EQ(last.config.pp, config.pp);
   EXPECT_EQ(static_cast<int>(last.members.size()), config.world());
   EXPECT_EQ(last.reconfigurations, changes);
+  if (changes > 0) {
+    // The workers' phases reach the coordinator (Applied) and its status.
+    ASSERT_TRUE(last.last_reconfiguration.has_value());
+    EXPECT_GT(last.last_reconfiguration->stall_ms, 0);
+    EXPECT_GT(last.last_reconfiguration->communicators_ms, 0);
+    EXPECT_GE(last.last_reconfiguration->stall_ms, last.last_reconfiguration->transfer_ms);
+  }
   ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(job);
   EXPECT_EQ(*code, 0) << Logs(job);
   for (const ChildInfo& c : job.launcher->children()) {
