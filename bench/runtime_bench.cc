@@ -6,7 +6,7 @@
 // (BeginStep(S) entry to return), bytes moved, peak state bytes, and the transport's raw
 // bandwidth in the same run (a Gloo send/recv between two of the new ranks).
 //
-//   runtime_bench [--bytes 1GiB] [--changes dp4to2,dp2to4,tp2to1,pp2to1] [--grow-joiner 256MiB]
+//   runtime_bench [--bytes 1GiB] [--changes dp4to2,dp2to4,tp2to1,pp2to1,grow1] [--grow-bytes 256MiB]
 //   runtime_bench --step-cost    (BeginStep + EndStep in a one-worker job)
 //
 // One JSON object per line: {"name": "reconfigure", "change": "dp4to2", "bytes": ..., "seconds":
@@ -63,6 +63,7 @@ std::vector<Change> AllChanges() {
 
 // The shared benchmark model (bench/reconfig_cases.h): parameters + Adam moments, ZeRO-1.
 int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
+  const int64_t process_start_ns = NowNs();
   auto opts = morph::Options::FromEnv();
   if (!opts.ok()) return 4;
   opts->model = {.num_layers = morph::bench::kReconfigLayers, .tp_candidates = {1, 2},
@@ -114,6 +115,7 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
       int64_t first_step_ns = NowNs();
       double raw = raw_bandwidth();
       log << "{\"worker\":" << r.worker_id() << ",\"generation\":" << last.generation
+          << ",\"old_rank\":" << last.old_rank << ",\"process_start_ns\":" << process_start_ns
           << ",\"rank\":" << last.rank << ",\"first_step_ns\":" << first_step_ns
           << ",\"communicators\":" << last.communicators_seconds
           << ",\"plan\":" << last.plan_seconds << ",\"transfer\":" << last.transfer_seconds
@@ -139,6 +141,7 @@ struct Parsed {
   std::map<std::string, double> max;  // per field, over workers
   double sum_received = 0;
   int64_t last_first_step_ns = 0;
+  int64_t joiner_start_to_first_step_ns = 0;  // the slowest joiner's
   int workers = 0;
   double raw = 0;
 };
@@ -164,6 +167,11 @@ Parsed ReadLogs(const fs::path& dir, int64_t generation) {
       p.sum_received += field("bytes_received");
       p.last_first_step_ns =
           std::max(p.last_first_step_ns, static_cast<int64_t>(field("first_step_ns")));
+      if (field("old_rank") < 0) {
+        p.joiner_start_to_first_step_ns =
+            std::max(p.joiner_start_to_first_step_ns,
+                     static_cast<int64_t>(field("first_step_ns") - field("process_start_ns")));
+      }
     }
   }
   return p;
@@ -233,6 +241,16 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
     return 1;
   }
   double total = static_cast<double>(p.last_first_step_ns - t0) / 1e9;
+  if (c.name == "grow1") {
+    std::printf("{\"name\":\"grow_one_joiner\",\"change\":\"dp2to3\",\"bytes\":%lld,"
+                "\"seconds\":%.4f,\"request_to_first_step_seconds\":%.4f,\"target_seconds\":1.0,"
+                "\"torchft_heal_seconds_reported\":\"3.7-5.9\"}\n",
+                static_cast<long long>(bytes),
+                static_cast<double>(p.joiner_start_to_first_step_ns) / 1e9, total);
+    std::fflush(stdout);
+    fs::remove_all(dir);
+    return 0;
+  }
   double transfer_bw = p.max["transfer"] > 0 ? p.sum_received / p.max["transfer"] : 0;
   std::printf(
       "{\"name\":\"reconfigure\",\"change\":\"%s\",\"bytes\":%lld,\"seconds\":%.4f,"
@@ -283,8 +301,8 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = std::getenv("MORPH_BENCH_VERBOSE") ? 0 : 1;
   bool worker = false, step_cost = false;
-  int64_t bytes = int64_t{1} << 30, steps = 1 << 30;
-  std::string out = ".", changes = "dp4to2,dp2to4,tp2to1,pp2to1";
+  int64_t bytes = int64_t{1} << 30, steps = 1 << 30, grow_bytes = int64_t{256} << 20;
+  std::string out = ".", changes = "dp4to2,dp2to4,tp2to1,pp2to1,grow1";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -294,6 +312,10 @@ int main(int argc, char** argv) {
       auto b = morph::params::ParseBytes("--bytes", next());
       if (!b.ok()) return 2;
       bytes = static_cast<int64_t>(*b);
+    } else if (a == "--grow-bytes") {
+      auto b = morph::params::ParseBytes("--grow-bytes", next());
+      if (!b.ok()) return 2;
+      grow_bytes = static_cast<int64_t>(*b);
     } else if (a == "--out") out = next();
     else if (a == "--changes") changes = next();
     else if (a == "--steps") steps = std::atoll(next().c_str());
@@ -305,9 +327,14 @@ int main(int argc, char** argv) {
   if (worker) return Worker(bytes, out, steps);
   if (step_cost) return StepCost();
   int rc = 0;
-  for (const Change& c : AllChanges()) {
+  std::vector<Change> all = AllChanges();
+  // Grow by one joiner (issue 9: joiner process start -> first step at the new size).
+  all.push_back({"grow1", morph::bench::ReconfigConfig(2, 1, 1),
+                 morph::bench::ReconfigConfig(3, 1, 1)});
+  for (const Change& c : all) {
     if (("," + changes + ",").find("," + c.name + ",") == std::string::npos) continue;
-    rc |= Drive(fs::canonical("/proc/self/exe").string(), c, bytes);
+    int64_t b = c.name == "grow1" ? grow_bytes : bytes;
+    rc |= Drive(fs::canonical("/proc/self/exe").string(), c, b);
   }
   return rc;
 }
