@@ -248,7 +248,7 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
                 static_cast<long long>(bytes),
                 static_cast<double>(p.joiner_start_to_first_step_ns) / 1e9, total);
     std::fflush(stdout);
-    fs::remove_all(dir);
+    if (!std::getenv("MORPH_BENCH_KEEP")) fs::remove_all(dir);
     return 0;
   }
   double transfer_bw = p.max["transfer"] > 0 ? p.sum_received / p.max["transfer"] : 0;
@@ -263,7 +263,7 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
       p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, p.max["peak_bytes"],
       p.max["bound_bytes"]);
   std::fflush(stdout);
-  fs::remove_all(dir);
+  if (!std::getenv("MORPH_BENCH_KEEP")) fs::remove_all(dir);  // keep: logs for a look
   return 0;
 }
 

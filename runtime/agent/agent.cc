@@ -84,13 +84,15 @@ void Agent::Handle(WireMessage m) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (auto* p = std::get_if<PrepareMsg>(&m)) {
-      // Dekker with NoteBegin: raise the flag, then read the step (see agent.h).
-      pending_.store(true, std::memory_order_seq_cst);
-      int64_t next = begun_.load(std::memory_order_seq_cst) + 1;
-      report = core_.OnPrepare(*p, next);
       const auto& parts = p->change.participants;
-      if (std::find(parts.begin(), parts.end(), id()) != parts.end() && p->next.id > core_.generation().id) {
-        prepared = *p;
+      bool mine = std::find(parts.begin(), parts.end(), id()) != parts.end() &&
+                  p->next.id > core_.generation().id;
+      if (mine && options_.on_prepare) {
+        prepared = *p;  // reported once the new world is built (ReportPrepared)
+      } else {
+        // Dekker with NoteBegin: raise the flag, then read the step (see agent.h).
+        pending_.store(true, std::memory_order_seq_cst);
+        report = core_.OnPrepare(*p, begun_.load(std::memory_order_seq_cst) + 1);
       }
     } else if (auto* c = std::get_if<CommitMsg>(&m)) {
       core_.OnCommit(*c);
@@ -116,8 +118,27 @@ void Agent::Handle(WireMessage m) {
     Status s = client_->Send(*report);
     if (!s.ok()) LOG(WARNING) << "worker " << id() << ": step report not sent: " << s;
   }
-  if (prepared && options_.on_prepare) options_.on_prepare(*prepared);
+  if (prepared) {
+    PrepareMsg p = *prepared;
+    options_.on_prepare(p, [this, p] { ReportPrepared(p); });
+  }
   if (abandoned && options_.on_abandon) options_.on_abandon(*abandoned);
+}
+
+void Agent::ReportPrepared(const PrepareMsg& p) {
+  std::optional<StepReportMsg> report;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    // Dekker with NoteBegin: raise the flag, then read the step (see agent.h).
+    pending_.store(true, std::memory_order_seq_cst);
+    report = core_.OnPrepare(p, begun_.load(std::memory_order_seq_cst) + 1);
+    UpdatePendingLocked();
+    cv_.notify_all();
+  }
+  if (report) {
+    Status s = client_->Send(*report);
+    if (!s.ok()) LOG(WARNING) << "worker " << id() << ": step report not sent: " << s;
+  }
 }
 
 StatusOr<Agent::Decision> Agent::Decide(int64_t step, Deadline deadline) {

@@ -41,8 +41,11 @@ namespace morph {
 struct AgentOptions {
   int64_t heartbeat_ms = 1000;
   // Called on the control thread when a prepare names this worker as a participant (old rank
-  // or joiner): the runtime starts building the new generation beside the running one.
-  std::function<void(const PrepareMsg&)> on_prepare;
+  // or joiner): the runtime starts building the new generation beside the running one, and
+  // calls `ready` (any thread, once) when that is done, or failed. Only then does the agent
+  // answer the prepare with its step report, so that training goes on while the new world is
+  // built and the switch step's stall is the state transfer alone. Null: answer at once.
+  std::function<void(const PrepareMsg&, std::function<void()> ready)> on_prepare;
   // Called on the control thread for an abandon: drop what was built for that generation.
   std::function<void(int64_t generation)> on_abandon;
 };
@@ -94,6 +97,8 @@ class Agent {
   Agent(std::unique_ptr<ControlClient> client, AgentOptions options);
   void Run();  // the control thread
   void Handle(WireMessage m);
+  // Answers `p` with the step report (the prepare's work is done).
+  void ReportPrepared(const PrepareMsg& p);
   void UpdatePendingLocked();
 
   std::unique_ptr<ControlClient> client_;

@@ -88,6 +88,10 @@ struct Runtime::Impl {
   std::mutex prep_mu;
   std::unique_ptr<Prepared> prep;                  // the latest prepare
   std::vector<std::unique_ptr<Prepared>> stale;    // abandoned ones, joined by the training thread
+  std::thread reaper;  // tears down the last change's old communicators
+  void JoinReaper() {
+    if (reaper.joinable()) reaper.join();
+  }
 
   SwitchOptions SwitchOpts() const {
     SwitchOptions s;
@@ -100,15 +104,20 @@ struct Runtime::Impl {
   }
 
   // Control thread: a prepare for a generation this worker takes part in.
-  void StartPrepare(const PrepareMsg& p) {
+  void StartPrepare(const PrepareMsg& p, std::function<void()> ready) {
     std::lock_guard<std::mutex> l(prep_mu);
-    if (prep && prep->generation >= p.next.id) return;  // a duplicate
+    if (prep && prep->generation >= p.next.id) return;  // a duplicate: the first one reports
     if (prep) stale.push_back(std::move(prep));
     auto job = std::make_unique<Prepared>();
     job->generation = p.next.id;
     Prepared* raw = job.get();
     WorkerId me = agent->id();
-    job->thread = std::thread([this, raw, p, me] {
+    job->thread = std::thread([this, raw, p, me, ready = std::move(ready)] {
+      // Answer the prepare however this ends (a failure shows at the switch step).
+      struct Ready {
+        const std::function<void()>& f;
+        ~Ready() { f(); }
+      } answer{ready};
       Deadline deadline = Deadline::AfterMs(opts.change_timeout_ms);
       // A fresh client (the training thread's `store` may not exist yet: a prepare can arrive
       // while Start is still connecting).
@@ -206,9 +215,16 @@ struct Runtime::Impl {
     PreparedSwitch& prepared = **p->result;
     MORPH_ASSIGN_OR_RETURN(SwitchStats stats, ExecuteSwitch(prepared, c, state, deadline));
     std::unique_ptr<GroupSet> next = TakeGroups(prepared);
-    groups.reset();  // the old generation's communicators: the closing barrier passed
-    groups = std::move(next);
     if (p->store) store = std::move(p->store);
+    // The old generation's communicators and the change communicator are done with (the
+    // closing barrier passed on every participant); tearing Gloo contexts down takes tens of
+    // milliseconds, so it happens beside the next steps instead of in the stall.
+    JoinReaper();
+    reaper = std::thread([old = std::move(groups), done = std::move(p)]() mutable {
+      old.reset();
+      done.reset();
+    });
+    groups = std::move(next);
     if (c.from.id == 0) fresh = true;  // materialized zero-filled: the caller initializes
     r.communicators_seconds = stats.seconds.communicators;
     r.plan_seconds = stats.seconds.plan;
@@ -303,7 +319,9 @@ Status Runtime::Impl::Bootstrap() {
 
   AgentOptions ao;
   ao.heartbeat_ms = opts.heartbeat_ms;
-  ao.on_prepare = [this](const PrepareMsg& p) { StartPrepare(p); };
+  ao.on_prepare = [this](const PrepareMsg& p, std::function<void()> ready) {
+    StartPrepare(p, std::move(ready));
+  };
   ao.on_abandon = [this](int64_t g) { AbandonPrepare(g); };
   HelloMsg hello{.token = opts.token, .host = opts.host, .pid = getpid(), .capabilities = 0};
   MORPH_ASSIGN_OR_RETURN(agent, Agent::Connect(boot.coordinator_address, hello,
@@ -346,6 +364,7 @@ Runtime::~Runtime() {
     if (impl_->prep) impl_->stale.push_back(std::move(impl_->prep));
   }
   impl_->JoinStale();
+  impl_->JoinReaper();
   impl_->groups.reset();
   if (impl_->coordinator) impl_->coordinator->Stop();
 }
