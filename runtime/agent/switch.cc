@@ -218,6 +218,17 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
       planned.new_bytes += n;
       planned.largest_shard_bytes = std::max(planned.largest_shard_bytes, n);
     }
+    // Tensors whose new shard here is exactly the old one keep their buffer (ExecuteSwitch):
+    // nothing is allocated or copied for them.
+    sw->kept_.assign(p.tensors.size(), false);
+    if (!options.stage_old_in_host && !options.keep_old_until_barrier) {
+      std::vector<bool> receives(p.tensors.size(), false);
+      for (const PieceMove& m : p.recvs) receives[static_cast<size_t>(m.tensor)] = true;
+      for (size_t t = 0; t < p.tensors.size(); ++t) {
+        sw->kept_[t] = !receives[t] && p.old_shards[t] && p.new_shards[t] &&
+                       !p.old_shards[t]->empty() && *p.old_shards[t] == *p.new_shards[t];
+      }
+    }
     int64_t held = planned.old_bytes;  // before the batch
     bool grew = false;
     for (const auto& batch : sw->batches_) {
@@ -226,6 +237,7 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
         const DType dt = p.tensors[static_cast<size_t>(t)].dtype;
         const int64_t o = ShardBytes(p.old_shards[static_cast<size_t>(t)], dt);
         const int64_t n = ShardBytes(p.new_shards[static_cast<size_t>(t)], dt);
+        if (sw->kept_[static_cast<size_t>(t)]) continue;  // neither allocated nor released
         batch_new += n;
         delta += options.keep_old_until_barrier ? n : n - o;
         if (n > o) grew = true;
@@ -388,10 +400,35 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     std::vector<OldShardData> olds;
     std::vector<NewShardData> news;
     std::vector<Buffer> fresh(sorted.size());
+    // A tensor whose new shard here is exactly its old one (same frame and range: e.g. a
+    // parameter replicated over DP when only dp changes) keeps its buffer: nothing is
+    // allocated or copied for it; it still sends from it. Not with host staging or when the
+    // old state must stay intact until the barrier.
+    std::vector<bool> keep(sorted.size(), false);
+    const LocalPlan* run = &bp;
+    LocalPlan trimmed;
+    {
+      bool any = false;
+      for (size_t j = 0; j < sorted.size(); ++j) {
+        const size_t t = static_cast<size_t>(sorted[j]);
+        keep[j] = sw.kept_[t] && old_view[t].bytes > 0;
+        any |= keep[j];
+      }
+      if (any) {
+        trimmed = bp;
+        std::erase_if(trimmed.local_copies,
+                      [&](const PieceMove& m) { return keep[static_cast<size_t>(m.tensor)]; });
+        for (size_t j = 0; j < sorted.size(); ++j) {
+          if (keep[j]) trimmed.new_shards[j].reset();
+        }
+        run = &trimmed;
+      }
+    }
     for (size_t j = 0; j < sorted.size(); ++j) {
       const size_t t = static_cast<size_t>(sorted[j]);
       const TensorInfo& info = plan.tensors[t];
       if (old_view[t].bytes > 0) olds.push_back({info.name, info.dtype, old_view[t]});
+      if (keep[j]) continue;
       const int64_t bytes = ShardBytes(plan.new_shards[t], info.dtype);
       if (bytes == 0) continue;
       StatusOr<Buffer> b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
@@ -402,7 +439,8 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       news.push_back({info.name, info.dtype, fresh[j].view()});
     }
     stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
-    StatusOr<ExecutorStats> r = ExecutePlan(bp, olds, news, *sw.transport_, sw.executor_, deadline);
+    StatusOr<ExecutorStats> r =
+        ExecutePlan(*run, olds, news, *sw.transport_, sw.executor_, deadline);
     if (!r.ok()) return fail(r.status(), where);
     stats.bytes_sent += r->bytes_sent;
     stats.bytes_received += r->bytes_received;
@@ -411,6 +449,12 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     stats.peak_bytes = std::max(stats.peak_bytes, held + r->staging_peak_bytes);
     for (size_t j = 0; j < sorted.size(); ++j) {
       const size_t t = static_cast<size_t>(sorted[j]);
+      if (keep[j]) {
+        new_buffers[t] = state.TakeShard(t);  // stays where it is
+        old_view[t] = ConstBufferView();
+        ++stats.shards_kept;
+        continue;
+      }
       if (!opt.keep_old_until_barrier && old_view[t].bytes > 0) {
         held -= static_cast<int64_t>(old_view[t].bytes);
         old_host[t] = Buffer();

@@ -134,6 +134,8 @@ struct SwitchStats {
   int64_t largest_shard_bytes = 0;  // largest single new shard here
   int64_t largest_batch_bytes = 0;  // E above
   int batches = 0;
+  // Tensors whose new shard here equals the old one: kept in their buffer (no copy).
+  int shards_kept = 0;
 };
 
 // Built between Prepare and S, beside the running generation (DynaTrain-style masking).
@@ -181,6 +183,7 @@ class PreparedSwitch {
   std::vector<std::vector<int32_t>> batches_;
   std::vector<LocalPlan> batch_plans_;
   int64_t predicted_peak_ = 0;
+  std::vector<bool> kept_;  // per tensor: new shard == old shard here, kept in place
   SwitchStats planned_;
   std::unique_ptr<Communicator> change_comm_;
   std::unique_ptr<CommTransport> transport_;

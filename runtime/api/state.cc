@@ -170,6 +170,12 @@ void State::ReleaseShard(size_t index) {
   e.data = Buffer();
 }
 
+Buffer State::TakeShard(size_t index) {
+  Entry& e = *entries_[index];
+  if (e.data.size() > 0 || !e.shard.empty()) intact_ = false;
+  return std::move(e.data);
+}
+
 MemoryKind State::memory_of(size_t index) const {
   const Entry& e = *entries_[index];
   if (e.data.size() > 0) return e.data.kind();

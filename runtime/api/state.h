@@ -137,6 +137,9 @@ class State {
   // Drops tensor `index`'s current storage (the old shard, once it is no longer needed); the
   // state is no longer intact() until the next Install.
   void ReleaseShard(size_t index);
+  // Moves tensor `index`'s current storage out (a shard that stays exactly as it is, kept in
+  // place as the new shard); the state is no longer intact() until the next Install.
+  Buffer TakeShard(size_t index);
   // The memory kind of the current storage of tensor `index` (its registration's kind for an
   // empty shard of a morph-owned tensor; host for an adopted tensor with no storage yet).
   MemoryKind memory_of(size_t index) const;
