@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <regex>
 #include <set>
 #include <thread>
 
@@ -23,6 +22,37 @@
 
 namespace morph {
 namespace {
+
+// The decimal numbers that follow each occurrence of `before` in `text` (no std::regex: GCC 12's
+// <regex> trips -Wmaybe-uninitialized under the sanitizer build's -O2 -Werror).
+std::vector<std::string> NumbersAfter(const std::string& text, const std::string& before) {
+  std::vector<std::string> out;
+  for (size_t at = text.find(before); at != std::string::npos; at = text.find(before, at + 1)) {
+    size_t b = at + before.size(), e = b;
+    while (e < text.size() && text[e] >= '0' && text[e] <= '9') ++e;
+    if (e > b) out.push_back(text.substr(b, e - b));
+  }
+  return out;
+}
+
+// Occurrences of `needle` in `text`.
+int Count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// Pids of "worker N (pid P) exited" lines.
+std::vector<pid_t> ExitedPids(const std::string& text) {
+  std::vector<pid_t> out;
+  const std::string tail = ") exited";
+  for (size_t at = text.find(tail); at != std::string::npos; at = text.find(tail, at + 1)) {
+    size_t open = text.rfind("(pid ", at);
+    if (open == std::string::npos) continue;
+    out.push_back(std::stoi(text.substr(open + 5, at - open - 5)));
+  }
+  return out;
+}
 
 namespace fs = std::filesystem;
 using testing::CheckSamples;
@@ -54,11 +84,9 @@ class LaunchTest : public ::testing::Test {
   void TearDown() override {
     for (pid_t p : launched_) testing::Stop(p);
     // Workers morphrun started (each in its own process group) that outlived it.
-    std::regex started(R"(started \(pid ([0-9]+)\))");
     for (const auto& e : fs::directory_iterator(dir_)) {
-      std::string text = ReadFile(e.path());
-      for (std::sregex_iterator it(text.begin(), text.end(), started), end; it != end; ++it) {
-        pid_t p = std::stoi((*it)[1]);
+      for (const std::string& pid : NumbersAfter(ReadFile(e.path()), "started (pid ")) {
+        pid_t p = std::stoi(pid);
         if (kill(p, 0) == 0) kill(p, SIGKILL);
       }
     }
@@ -123,14 +151,8 @@ bool Stable(const nlohmann::json& s, int64_t generation, size_t world) {
 // The pids morphrun's log says are running (started and not exited).
 std::set<pid_t> RunningWorkers(const std::string& log) {
   std::set<pid_t> pids;
-  std::regex started(R"(worker [0-9]+ started \(pid ([0-9]+)\))");
-  std::regex exited(R"(worker [0-9]+ \(pid ([0-9]+)\) exited)");
-  for (std::sregex_iterator it(log.begin(), log.end(), started), end; it != end; ++it) {
-    pids.insert(std::stoi((*it)[1]));
-  }
-  for (std::sregex_iterator it(log.begin(), log.end(), exited), end; it != end; ++it) {
-    pids.erase(std::stoi((*it)[1]));
-  }
+  for (const std::string& p : NumbersAfter(log, "started (pid ")) pids.insert(std::stoi(p));
+  for (pid_t p : ExitedPids(log)) pids.erase(p);
   return pids;
 }
 
@@ -184,12 +206,9 @@ TEST_F(LaunchTest, MorphrunGrowShrinkAndSigterm) {
   EXPECT_EQ(Exit(run, 120000), 0) << ReadFile(out) << Logs();
   std::string text = ReadFile(out);
   // Four workers ran (2, then 2 joiners) and each exited 0 (3 would be wrong data).
-  std::regex exited(R"(\) exited with ([0-9]+))");
-  int exits = 0;
-  for (std::sregex_iterator it(text.begin(), text.end(), exited), end; it != end; ++it, ++exits) {
-    EXPECT_EQ((*it)[1].str(), "0") << text << Logs();
-  }
-  EXPECT_EQ(exits, 4) << text;
+  std::vector<std::string> codes = NumbersAfter(text, ") exited with ");
+  for (const std::string& c : codes) EXPECT_EQ(c, "0") << text << Logs();
+  EXPECT_EQ(codes.size(), 4u) << text;
   CheckSamples(dir_, kSteps);
 }
 
@@ -368,11 +387,7 @@ TEST_F(LaunchTest, MpirunJobGrowsByAWorkerStartedOutsideIt) {
   // The four mpirun ranks switched to generation 2 (the grow), which the joiner entered at its
   // Start (before OnReconfigure could be set: it reports no reconfiguration of its own).
   std::string log = ReadFile(dir_ / "mpirun.log");
-  std::regex gen2(": gen 2 rank ");
-  EXPECT_EQ(std::distance(std::sregex_iterator(log.begin(), log.end(), gen2),
-                          std::sregex_iterator()),
-            4)
-      << log;
+  EXPECT_EQ(Count(log, ": gen 2 rank "), 4) << log;
   std::string joined = ReadFile(dir_ / "joiner.log");
   EXPECT_NE(joined.find("after 0 reconfigurations"), std::string::npos) << joined;
   CheckSamples(dir_, kSteps);
