@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "base/host_port.h"
 #include "base/params.h"
 #include "collectives/store_protocol.h"
 
@@ -43,29 +44,6 @@ constexpr auto kAcceptBackoff = std::chrono::milliseconds(20);
 // Descriptors left to the rest of the process below its open-file limit.
 constexpr int64_t kFdReserve = 32;
 
-struct HostPort {
-  std::string host;
-  std::string port;
-};
-
-StatusOr<HostPort> SplitAddress(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return InvalidArgumentError("store address '" + address + "': expected host:port");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  std::string port_text = address.substr(colon + 1);
-  char* end = nullptr;
-  long port = std::strtol(port_text.c_str(), &end, 10);
-  if (port_text.empty() || *end != '\0' || port < 1 || port > 65535) {
-    return InvalidArgumentError("store address '" + address + "': bad port '" + port_text + "'");
-  }
-  if (host.empty()) return InvalidArgumentError("store address '" + address + "': empty host");
-  return HostPort{host, port_text};
-}
 
 // IP addresses as they are; names through the system resolver (blocking: /etc/hosts, DNS).
 StatusOr<std::vector<tcp::endpoint>> Resolve(const std::string& host, const std::string& port,
@@ -707,7 +685,7 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(const std::str
                                                                   std::string token,
                                                                   int64_t generation,
                                                                   Deadline deadline) {
-  MORPH_ASSIGN_OR_RETURN(HostPort hp, SplitAddress(address));
+  MORPH_ASSIGN_OR_RETURN(HostPort hp, SplitHostPort("store address", address));
   MORPH_ASSIGN_OR_RETURN(std::vector<tcp::endpoint> eps,
                          Resolve(hp.host, hp.port, "store address '" + address + "'"));
   auto resolved = std::make_shared<Resolved>(Resolved{std::move(eps)});

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/host_port.h"
+
 namespace morph {
 namespace {
 
@@ -25,32 +27,6 @@ constexpr auto kSendStallTimeout = std::chrono::seconds(30);
 constexpr int kPollSliceMs = 100;
 constexpr size_t kReadChunk = 64u << 10;
 
-struct HostPort {
-  std::string host;
-  std::string port;
-};
-
-StatusOr<HostPort> SplitAddress(const std::string& address) {
-  size_t colon = address.rfind(':');
-  if (colon == std::string::npos) {
-    return InvalidArgumentError("coordinator address '" + address + "': expected host:port");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  std::string port_text = address.substr(colon + 1);
-  char* end = nullptr;
-  long port = std::strtol(port_text.c_str(), &end, 10);
-  if (port_text.empty() || *end != '\0' || port < 1 || port > 65535) {
-    return InvalidArgumentError("coordinator address '" + address + "': bad port '" + port_text +
-                                "'");
-  }
-  if (host.empty()) {
-    return InvalidArgumentError("coordinator address '" + address + "': empty host");
-  }
-  return HostPort{host, port_text};
-}
 
 struct AddrInfoDeleter {
   void operator()(addrinfo* a) const { freeaddrinfo(a); }
@@ -142,7 +118,7 @@ StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(const std::strin
                                                                 const HelloMsg& hello,
                                                                 const RegisterMsg& reg,
                                                                 Deadline deadline) {
-  MORPH_ASSIGN_OR_RETURN(HostPort hp, SplitAddress(address));
+  MORPH_ASSIGN_OR_RETURN(HostPort hp, SplitHostPort("coordinator address", address));
   std::vector<socklen_t> lens;
   MORPH_ASSIGN_OR_RETURN(std::vector<sockaddr_storage> addrs, Resolve(hp, address, lens));
   auto backoff = std::chrono::milliseconds(2);
