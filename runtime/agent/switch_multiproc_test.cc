@@ -97,6 +97,14 @@ void SwitchWithACrash(bool shared_memory) {
       MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(GlooOptions{}));
       MORPH_ASSIGN_OR_RETURN(auto sw, PrepareSwitch(m, me, p, *store, GlooFactory(device), o,
                                                     Deadline::AfterMs(20000)));
+      // As the protocol does: the commit (here: everyone's "prepared" key) comes only once every
+      // participant finished its prepare, so the victim cannot die while a peer still builds
+      // its groups (that would be a failure of the prepare, not of the transfer under test).
+      MORPH_RETURN_IF_ERROR(
+          store->Set("prepared/" + std::to_string(me), "1", Deadline::AfterMs(5000)));
+      std::vector<std::string> prepared;
+      for (WorkerId w : workers) prepared.push_back("prepared/" + std::to_string(w));
+      MORPH_RETURN_IF_ERROR(store->Wait(prepared, Deadline::AfterMs(20000)));
       const auto start = Clock::now();
       Status r = ExecuteSwitch(*sw, commit, state, Deadline::AfterMs(20000)).status();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
