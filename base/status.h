@@ -79,6 +79,9 @@ struct CollectiveFailure {
   // connections in reaction to a failure can appear too. The coordinator's membership
   // decides who is dead.
   std::vector<int> peers;
+  // The failed communicator's name, where the backend knows it ("world", "dp/p0t1", ...: the
+  // group builder's names), so that its ranks can be mapped to workers.
+  std::string group;
 };
 std::string_view CollectiveFailureKindName(CollectiveFailure::Kind kind);  // "peer_closed", ...
 

@@ -284,12 +284,13 @@ class GlooCommunicator::Impl {
         f.kind = CollectiveFailure::Kind::kTimeout;
         break;
       case StatusCode::kAborted:
-        return s.WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}});
+        return s.WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}, name_});
       default:
         return s;
     }
     NoteClosedPeersLocked();
     f.peers = closed_peers_;
+    f.group = name_;
     return s.WithCollectiveFailure(std::move(f));
   }
 

@@ -200,4 +200,6 @@ void Agent::RequestLeave(const std::string& reason) {
 
 Status Agent::SendDone() { return client_->Send(DoneMsg{}); }
 
+Status Agent::SendFailure(const FailureReportMsg& report) { return client_->Send(report); }
+
 }  // namespace morph

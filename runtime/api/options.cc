@@ -30,6 +30,12 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.staging_bytes, params::ReshardStagingBytes());
   MORPH_ASSIGN_OR_RETURN(o.batch_bytes, params::ReshardBatchBytes());
   MORPH_ASSIGN_OR_RETURN(o.shared_memory, params::ReshardShm());
+  MORPH_ASSIGN_OR_RETURN(o.keep_old_until_barrier, params::ReshardKeepOld());
+  MORPH_ASSIGN_OR_RETURN(o.checkpoint_dir, params::CheckpointDir());
+  MORPH_ASSIGN_OR_RETURN(o.checkpoint_every, params::CheckpointEvery());
+  MORPH_ASSIGN_OR_RETURN(int64_t keep, params::CheckpointKeep());
+  o.checkpoint_keep = static_cast<int>(keep);
+  MORPH_ASSIGN_OR_RETURN(o.snapshot_every, params::SnapshotEvery());
   MORPH_ASSIGN_OR_RETURN(std::string token, params::Token());
   MORPH_ASSIGN_OR_RETURN(std::string token_file, params::TokenFile());
   if (!token.empty() || !token_file.empty()) {
@@ -86,6 +92,14 @@ Status Options::Validate() const {
                          std::pair{"change_timeout_ms", change_timeout_ms},
                          std::pair{"leave_deadline_ms", leave_deadline_ms}}) {
     if (v < 1) return InvalidArgumentError(std::string(name) + ": must be at least 1 ms");
+  }
+  if (checkpoint_every < 0 || snapshot_every < 0 || checkpoint_keep < 1) {
+    return InvalidArgumentError("checkpoint_every / snapshot_every: must be >= 0, "
+                                "checkpoint_keep >= 1");
+  }
+  if (checkpoint_every > 0 && checkpoint_dir.empty()) {
+    return InvalidArgumentError("checkpoint_every: set without checkpoint_dir "
+                                "(MORPH_CHECKPOINT_DIR)");
   }
   if (dataset_samples < 1) {
     return InvalidArgumentError("dataset_samples: must be at least 1, got " +

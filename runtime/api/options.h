@@ -86,6 +86,23 @@ struct Options {
   uint64_t staging_bytes = uint64_t{256} << 20;  // MORPH_RESHARD_STAGING_BYTES
   uint64_t batch_bytes = uint64_t{64} << 20;     // MORPH_RESHARD_BATCH_BYTES
   bool shared_memory = true;                     // MORPH_RESHARD_SHM
+  // Keep every old shard until the switch's closing barrier (MORPH_RESHARD_KEEP_OLD): a switch
+  // cut short by a failure then leaves the old state whole, so the recovery can use it. Costs
+  // the old state's bytes during a switch (peak old + new).
+  bool keep_old_until_barrier = false;
+
+  // --- failures (docs/design.md §4 "Failure"; equal on all workers) ---
+  // Periodic asynchronous checkpoints in the layout-free format (reshard/checkpoint.h), the
+  // last resort when every replica of a piece is lost: MORPH_CHECKPOINT_DIR (empty: none),
+  // every MORPH_CHECKPOINT_EVERY steps (at the step's start), keeping the newest
+  // MORPH_CHECKPOINT_KEEP complete ones.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int checkpoint_keep = 2;
+  // In-memory buddy snapshots (Gemini): every MORPH_SNAPSHOT_EVERY steps (0: off) each rank
+  // copies its state into host memory and sends the copy to its buddy, a rank on another host
+  // when there is one. Costs two copies of the rank's state in host memory.
+  int64_t snapshot_every = 0;
 
   // Reads every variable above once. kInvalidArgument naming the variable for a value that
   // does not parse; kNotFound / kPermissionDenied for an unreadable MORPH_TOKEN_FILE.

@@ -70,6 +70,13 @@ struct Runtime::Impl {
   std::optional<DatasetCursor> cursor;
   int64_t next_step = 0;
   bool in_step = false;
+  // BeginUpdate was called in the open step: a failure now leaves the state torn.
+  bool updating = false;
+  // The last step ended in AbortStep: BeginStep must recover before training on. `torn`: the
+  // abort came after BeginUpdate (or the step never called it).
+  bool aborted = false;
+  bool torn = false;
+  bool step_called_begin_update = false;
   bool fresh = false;
   bool finished = false;
   bool done_sent = false;
@@ -269,6 +276,26 @@ struct Runtime::Impl {
   }
 
   Status Bootstrap();
+
+  // The worker holding rank `r` of this worker's group `group` (a GroupBuilder name: "world",
+  // "dp/...", "tp/...", "pp/..."), or 0 when that cannot be told.
+  WorkerId WorkerOfGroupRank(const std::string& group, int r) const {
+    const int me = gen.RankOf(agent->id());
+    if (me < 0 || r < 0) return 0;
+    std::vector<int> ranks;
+    const std::string kind = group.substr(0, group.find('/'));
+    if (kind == "world") {
+      return r < static_cast<int>(gen.ranks.size()) ? gen.ranks[r] : 0;
+    } else if (kind == "dp") {
+      ranks = gen.config.DpGroup(me);
+    } else if (kind == "tp") {
+      ranks = gen.config.TpGroup(me);
+    } else if (kind == "pp") {
+      ranks = gen.config.PpGroup(me);
+    }
+    if (r >= static_cast<int>(ranks.size())) return 0;
+    return gen.ranks[ranks[r]];
+  }
 };
 
 StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare& declare) {
@@ -403,11 +430,35 @@ StatusOr<Step> Runtime::BeginStep() {
   return step;
 }
 
+void Runtime::BeginUpdate() { impl_->updating = true; }
+
 Status Runtime::EndStep() {
   if (!impl_->in_step) return FailedPreconditionError("EndStep: no step is open");
   impl_->in_step = false;
+  impl_->updating = false;
   ++impl_->next_step;
   return Status();
+}
+
+Status Runtime::AbortStep(const Status& why) {
+  Impl& m = *impl_;
+  if (!m.in_step) return FailedPreconditionError("AbortStep: no step is open");
+  m.in_step = false;
+  m.aborted = true;
+  // A step that never said where its updates begin may have changed the state anywhere.
+  m.torn = m.torn || m.updating;
+  m.updating = false;
+  FailureReportMsg report{.generation = m.gen.id, .step = m.next_step, .error = why.ToString()};
+  if (const CollectiveFailure* f = why.collective_failure()) {
+    for (int r : f->peers) {
+      // The communicator names ranks of its own group (one of this worker's groups).
+      WorkerId w = m.WorkerOfGroupRank(f->group, r);
+      if (w != 0) report.peers.push_back(w);
+    }
+  }
+  LOG(WARNING) << "worker " << m.agent->id() << ": step " << m.next_step << " aborted ("
+               << (m.torn ? "state torn" : "state intact") << "): " << why;
+  return m.agent->SendFailure(report);
 }
 
 bool Runtime::Finished() const { return impl_->finished; }

@@ -66,6 +66,17 @@ struct Reconfiguration {
   // max(old, new) + largest batch + staging (runtime/agent/switch.h says when it holds).
   int64_t peak_bytes = 0;
   int64_t bound_bytes = 0;
+  // A recovery (a failure, docs/design.md §4): where the state came from, and the steps lost.
+  // Training resumes at `step`; steps [step, newest_step) had been trained by some worker and
+  // are trained again (none when the survivors' newest state was whole).
+  bool recovery = false;
+  RecoveryDecision::Source source = RecoveryDecision::Source::kReplicas;
+  int64_t newest_step = 0;
+  int64_t lost_steps() const { return recovery ? newest_step - step : 0; }
+  // This worker's old state was not used (torn, or at another step): it received all of it.
+  bool stale = false;
+  // Failure detected (the abort reached this worker) -> the recovery's commit arrived.
+  double abort_seconds = 0;
 };
 
 class Runtime {
@@ -103,9 +114,26 @@ class Runtime {
   // worker left the job in the change (then Finished() is true).
   // Errors: kAborted / kUnavailable / kDeadlineExceeded naming the peer or phase when a change
   // failed on this worker (its state is then as switch.h describes) or the coordinator is gone.
+  //
+  // After a failure (another worker died, a collective failed here: AbortStep) it waits for the
+  // recovery, applies it, and returns the step training resumes from: the same index again,
+  // the next one, or an earlier one after a rollback to a snapshot or checkpoint
+  // (last_reconfiguration() says which and how many steps were lost). kDataLoss naming the
+  // tensor and the box when a piece has no copy left anywhere.
   StatusOr<Step> BeginStep();
+  // The step's updates of the registered state begin now (the optimizer step, the ZeRO
+  // allgather of updated parameters). Before this call a failed step leaves the state at the
+  // step's values, so this worker's state stays usable for the recovery; from it to EndStep a
+  // failure leaves it torn (it then receives its state from replicas). A step that never calls
+  // it counts as updating from its start. One store, no communication.
+  void BeginUpdate();
   // The end of the step begun last. kFailedPrecondition if no step is open.
   Status EndStep();
+  // Ends the open step as failed: a collective returned an error (kAborted after the runtime
+  // aborted it because a peer failed, kUnavailable / kDeadlineExceeded with the failed peers).
+  // Tells the coordinator which peers `why` names (its CollectiveFailure), so that it starts a
+  // recovery; the next BeginStep applies it. kFailedPrecondition if no step is open.
+  Status AbortStep(const Status& why);
 
   // True once this worker left the job (its state moved away) or was released.
   bool Finished() const;

@@ -48,6 +48,15 @@ struct ChangeParticipants {
   // resize's remove) or beyond a smaller world size.
   std::vector<WorkerId> exiting;
   std::vector<WorkerId> lost;  // old ranks whose state is gone
+  // A recovery (docs/design.md §4 "Failure"): the change answers a failure (a member of `from`
+  // lost, or a collective failure reported by a member) rather than a plan. Old ranks then
+  // stop at their next step boundary (their in-flight collectives are aborted) and report the
+  // step their state holds; the commit says which step training resumes from.
+  bool recovery = false;
+  // Commit of a recovery only: participants whose old state is not used (torn by a failed
+  // update, or at another step than the one training resumes from). They receive their new
+  // state like joiners; the plan treats their old ranks like lost ones.
+  std::vector<WorkerId> stale;
   friend bool operator==(const ChangeParticipants&, const ChangeParticipants&) = default;
 };
 
@@ -69,16 +78,57 @@ struct StepReportMsg {
   WorkerId worker = 0;
   int64_t generation = 0;  // the proposed generation this answers
   int64_t last_free_step = 0;
+  // Recovery prepares only (ChangeParticipants::recovery), sent at the worker's step boundary:
+  // the step whose values its state holds (its next step: every update before it applied,
+  // none of its own), and whether that state is whole (false: an update was cut short, or a
+  // failed switch released old shards). -1 / true otherwise.
+  int64_t state_step = -1;
+  bool state_ok = true;
+  // Buddy snapshots (MORPH_SNAPSHOT_EVERY): the step of this worker's own complete local
+  // snapshot, and of the copy it holds for the rank it is the buddy of (-1: none).
+  int64_t snapshot_step = -1;
+  int64_t held_snapshot_step = -1;
   friend bool operator==(const StepReportMsg&, const StepReportMsg&) = default;
 };
 
-// Coordinator -> every participant: generation `next` starts at step next.start_step.
+// Where a recovery's state comes from, and what it cost (a commit of a recovery).
+struct RecoveryDecision {
+  enum class Source : uint8_t {
+    kReplicas = 0,    // live state of the survivors at one step (replicas of lost pieces)
+    kSnapshot = 1,    // every rank's buddy snapshot at snapshot step (all roll back to it)
+    kCheckpoint = 2,  // the latest complete checkpoint (all roll back to it)
+  };
+  Source source = Source::kReplicas;
+  // The newest step any survivor's state held: steps [next.start_step, newest_step) were
+  // trained but are lost and are trained again.
+  int64_t newest_step = 0;
+  std::string checkpoint;  // kCheckpoint: its directory
+  friend bool operator==(const RecoveryDecision&, const RecoveryDecision&) = default;
+};
+
+// Coordinator -> every participant: generation `next` starts at step next.start_step. For a
+// recovery, next.start_step is the step training resumes from (it may be earlier than the
+// step a worker stopped at: that worker rolls back) and every participant switches at its
+// current boundary.
 struct CommitMsg {
   Generation next;
   int64_t from_generation = 0;
   Generation from;  // as in PrepareMsg
   ChangeParticipants change;
+  RecoveryDecision recovery;  // when change.recovery
   friend bool operator==(const CommitMsg&, const CommitMsg&) = default;
+};
+
+// Worker -> coordinator: a collective of generation `generation` failed on this worker during
+// step `step` (Runtime::AbortStep). `peers`: the workers the communicator named as failed
+// (CollectiveFailure), possibly empty. The coordinator treats named members as lost and starts
+// a recovery (with nobody lost when none is named: new communicators, state reconciled).
+struct FailureReportMsg {
+  int64_t generation = 0;
+  int64_t step = 0;
+  std::vector<WorkerId> peers;
+  std::string error;
+  friend bool operator==(const FailureReportMsg&, const FailureReportMsg&) = default;
 };
 
 // Coordinator -> participants of a proposal that will not be committed (a participant was lost

@@ -124,7 +124,17 @@ StatusOr<ChangePlan> PlanForChange(const JobManifest& manifest, const Generation
   in.old_participant_of_rank.assign(from.ranks.size(), -1);
   for (size_t r = 0; r < from.ranks.size(); ++r) {
     auto it = index.find(from.ranks[r]);
-    if (it != index.end()) in.old_participant_of_rank[r] = it->second;
+    // A stale participant's old state is not used (a recovery): its old rank's pieces come
+    // from replicas, as a lost rank's do.
+    if (it != index.end() && !Contains(change.stale, from.ranks[r])) {
+      in.old_participant_of_rank[r] = it->second;
+    }
+  }
+  for (WorkerId w : change.stale) {
+    if (from.RankOf(w) < 0 || !index.count(w)) {
+      return InvalidArgumentError("generation " + std::to_string(next.id) + ": stale worker " +
+                                  std::to_string(w) + " is no participant holding an old rank");
+    }
   }
   in.new_config = next.config;
   Assignment a;

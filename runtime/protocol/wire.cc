@@ -191,12 +191,17 @@ void Put(Writer& w, const ChangeParticipants& c) {
   w.Ids(c.leavers);
   w.Ids(c.exiting);
   w.Ids(c.lost);
+  w.U8(c.recovery ? 1 : 0);
+  w.Ids(c.stale);
 }
+uint8_t GetBool(Reader& r, std::string_view field);
 void Get(Reader& r, ChangeParticipants& c) {
   c.participants = r.Ids("change.participants");
   c.leavers = r.Ids("change.leavers");
   c.exiting = r.Ids("change.exiting");
   c.lost = r.Ids("change.lost");
+  c.recovery = GetBool(r, "change.recovery") == 1;
+  c.stale = r.Ids("change.stale");
 }
 
 void Put(Writer& w, const HelloMsg& m) {
@@ -249,7 +254,7 @@ uint8_t GetBool(Reader& r, std::string_view field) {
 
 // The smallest encodings of a tensor (empty name and shape) and a scalar (empty name): the
 // bounds for their counts.
-constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4 + 4 + 1;
+constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 4;
 constexpr size_t kMinScalarBytes = 4 + 8;
 
 void Put(Writer& w, const RegisterMsg& msg) {
@@ -270,6 +275,10 @@ void Put(Writer& w, const RegisterMsg& msg) {
     w.I32(t.layout.layer());
     w.I32(t.layout.tp_dim());
     w.U8(t.layout.zero_sharded() ? 1 : 0);
+    PutInts(w, t.layout.extra_layers());
+    w.I32(t.layout.tp_blocks());
+    w.I32(t.layout.pad_multiple());
+    w.I32(t.layout.zero_group());
   }
   w.U32(static_cast<uint32_t>(m.scalars.size()));
   for (const ScalarSpec& s : m.scalars) {
@@ -309,7 +318,19 @@ void Get(Reader& r, RegisterMsg& msg) {
     int layer = r.I32("tensor.layer");
     int tp_dim = r.I32("tensor.tp_dim");
     uint8_t zero = GetBool(r, "tensor.zero");
-    t.layout = Layout::Layer(layer).SplitTP(tp_dim).ZeroShard(zero == 1);
+    std::vector<int> extra = GetInts(r, "tensor.extra_layers");
+    int blocks = r.I32("tensor.tp_blocks");
+    int pad = r.I32("tensor.pad_multiple");
+    int group = r.I32("tensor.zero_group");
+    // The builders in the order that reproduces every field (SplitTPBlocks sets tp_dim too;
+    // ZeroShard(group) sets zero).
+    Layout l = Layout::Layer(layer);
+    for (int x : extra) l = l.AlsoOnLayer(x);
+    l = blocks != 1 ? l.SplitTPBlocks(tp_dim, blocks) : l.SplitTP(tp_dim);
+    if (pad != 0) l = l.PadToMultiple(pad);
+    if (zero == 1) l = group != 0 ? l.ZeroShard(group) : l.ZeroShard(true);
+    else if (r.ok() && group != 0) r.Fail("tensor.zero_group", "set without ZeRO");
+    t.layout = l;
     m.tensors.push_back(std::move(t));
   }
   uint32_t ns = r.Count("scalars", kMinScalarBytes);
@@ -352,6 +373,11 @@ void Put(Writer& w, const M& m) {
   w.I64(m.from_generation);
   Put(w, m.from);
   Put(w, m.change);
+  if constexpr (std::is_same_v<M, CommitMsg>) {
+    w.U8(static_cast<uint8_t>(m.recovery.source));
+    w.I64(m.recovery.newest_step);
+    w.Str(m.recovery.checkpoint);
+  }
 }
 template <typename M>
 requires std::is_same_v<M, PrepareMsg> || std::is_same_v<M, CommitMsg>
@@ -364,16 +390,45 @@ void Get(Reader& r, M& m) {
                        std::to_string(m.from_generation));
   }
   Get(r, m.change);
+  if constexpr (std::is_same_v<M, CommitMsg>) {
+    uint8_t source = r.U8("recovery.source");
+    if (r.ok() && source > static_cast<uint8_t>(RecoveryDecision::Source::kCheckpoint)) {
+      r.Fail("recovery.source", "not a source: " + std::to_string(source));
+    }
+    m.recovery.source = static_cast<RecoveryDecision::Source>(source);
+    m.recovery.newest_step = r.I64("recovery.newest_step");
+    m.recovery.checkpoint = r.Str("recovery.checkpoint");
+  }
 }
 void Put(Writer& w, const StepReportMsg& m) {
   w.I64(m.worker);
   w.I64(m.generation);
   w.I64(m.last_free_step);
+  w.I64(m.state_step);
+  w.U8(m.state_ok ? 1 : 0);
+  w.I64(m.snapshot_step);
+  w.I64(m.held_snapshot_step);
 }
 void Get(Reader& r, StepReportMsg& m) {
   m.worker = r.I64("worker");
   m.generation = r.I64("generation");
   m.last_free_step = r.I64("last_free_step");
+  m.state_step = r.I64("state_step");
+  m.state_ok = GetBool(r, "state_ok") == 1;
+  m.snapshot_step = r.I64("snapshot_step");
+  m.held_snapshot_step = r.I64("held_snapshot_step");
+}
+void Put(Writer& w, const FailureReportMsg& m) {
+  w.I64(m.generation);
+  w.I64(m.step);
+  w.Ids(m.peers);
+  w.Str(m.error);
+}
+void Get(Reader& r, FailureReportMsg& m) {
+  m.generation = r.I64("generation");
+  m.step = r.I64("step");
+  m.peers = r.Ids("peers");
+  m.error = r.Str("error");
 }
 void Put(Writer& w, const AbandonMsg& m) { w.I64(m.generation); }
 void Get(Reader& r, AbandonMsg& m) { m.generation = r.I64("generation"); }
@@ -439,7 +494,7 @@ std::string_view WireTypeName(uint16_t type) {
   static constexpr std::string_view kNames[] = {
       "?",           "hello",  "welcome", "heartbeat", "leave",   "error",  "prepare",
       "step_report", "commit", "abandon", "applied",   "outcome", "release", "register",
-      "done"};
+      "done",        "failure_report"};
   return type < std::size(kNames) ? kNames[type] : "?";
 }
 

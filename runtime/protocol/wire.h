@@ -34,7 +34,10 @@
 namespace morph {
 
 inline constexpr uint32_t kWireMagic = 0x4850524d;
-inline constexpr uint16_t kWireVersion = 1;
+// 2: full layouts in Register (extra layers, TP blocks, padding, hybrid ZeRO group), recovery
+//    fields (change.recovery/stale, the commit's RecoveryDecision, the step report's state),
+//    FailureReport.
+inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;
@@ -92,7 +95,8 @@ struct ErrorMsg {
 
 using WireMessage =
     std::variant<HelloMsg, WelcomeMsg, HeartbeatMsg, LeaveMsg, ErrorMsg, PrepareMsg, StepReportMsg,
-                 CommitMsg, AbandonMsg, AppliedMsg, OutcomeMsg, ReleaseMsg, RegisterMsg, DoneMsg>;
+                 CommitMsg, AbandonMsg, AppliedMsg, OutcomeMsg, ReleaseMsg, RegisterMsg, DoneMsg,
+                 FailureReportMsg>;
 // The frame type of each alternative is its index + 1 (0 is never valid).
 enum class WireType : uint16_t {
   kHello = 1,
@@ -109,6 +113,7 @@ enum class WireType : uint16_t {
   kRelease,
   kRegister,
   kDone,
+  kFailureReport,
 };
 std::string_view WireTypeName(uint16_t type);
 

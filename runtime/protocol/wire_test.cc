@@ -38,7 +38,11 @@ JobManifest Manifest() {
                        .device_memory_bytes = int64_t{1} << 34};
   m.tensors = {
       TensorSpec{"layers.0.w", DType::kBF16, {16, 32}, Layout::Layer(0).SplitTP(1).ZeroShard()},
-      TensorSpec{"layers.1.b", DType::kF32, {32}, Layout::Layer(1)}};
+      TensorSpec{"layers.1.b", DType::kF32, {32}, Layout::Layer(1)},
+      // Every layout field travels (wire version 2): tied layers, blocks, padding, hybrid ZeRO.
+      TensorSpec{"embed", DType::kF32, {50, 16}, Layout::Layers({0, 1}).SplitTP(0).PadToMultiple(8)},
+      TensorSpec{"layers.0.qkv", DType::kF32, {48, 16},
+                 Layout::Layer(0).SplitTPBlocks(0, 3).ZeroShard(2)}};
   m.scalars = {ScalarSpec{"rng", 16}, ScalarSpec{"step", 8}};
   m.dataset_samples = 1000;
   m.dataset_seed = 0x1234567890abcdefULL;
@@ -49,8 +53,12 @@ JobManifest Manifest() {
 }
 
 std::vector<WireMessage> Samples() {
-  ChangeParticipants c{
-      .participants = {11, 12, 13, 14, 20}, .leavers = {20}, .exiting = {20}, .lost = {9}};
+  ChangeParticipants c{.participants = {11, 12, 13, 14, 20},
+                       .leavers = {20},
+                       .exiting = {20},
+                       .lost = {9},
+                       .recovery = true,
+                       .stale = {12}};
   return {
       HelloMsg{.token = "secret", .host = "node-3", .pid = 4242, .capabilities = 1, .resume_id = 0},
       WelcomeMsg{
@@ -60,8 +68,12 @@ std::vector<WireMessage> Samples() {
       ErrorMsg{.code = static_cast<int32_t>(StatusCode::kUnauthenticated),
                .message = "wrong token"},
       PrepareMsg{.next = Gen(), .from_generation = 6, .from = Gen(6), .change = c},
-      StepReportMsg{.worker = 12, .generation = 7, .last_free_step = 1233},
-      CommitMsg{.next = Gen(), .from_generation = 6, .from = Gen(6), .change = c},
+      StepReportMsg{.worker = 12, .generation = 7, .last_free_step = 1233, .state_step = 1230,
+                    .state_ok = false, .snapshot_step = 1200, .held_snapshot_step = 1190},
+      CommitMsg{.next = Gen(), .from_generation = 6, .from = Gen(6), .change = c,
+                .recovery = {.source = RecoveryDecision::Source::kCheckpoint,
+                             .newest_step = 1240,
+                             .checkpoint = "/ckpt/step-1200"}},
       AbandonMsg{.generation = 7},
       AppliedMsg{.worker = 13, .generation = 7, .ok = false, .error = "peer 2 gone",
                  .phases = {.communicators_us = 1, .plan_us = 2, .transfer_us = 3, .resume_us = 4,
@@ -69,7 +81,8 @@ std::vector<WireMessage> Samples() {
       OutcomeMsg{.generation = 7, .applied = true},
       ReleaseMsg{.generation = 7},
       RegisterMsg{.manifest = Manifest()},
-      DoneMsg{}};
+      DoneMsg{},
+      FailureReportMsg{.generation = 6, .step = 1231, .peers = {12, 14}, .error = "peer closed"}};
 }
 
 TEST(WireTest, EveryMessageRoundTrips) {
