@@ -597,10 +597,24 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   // Every participant's exchange completed (executor.h "Completion"): only now may old state go
   // and a leaver exit.
   Status barrier = sw.change_comm_->Barrier(opt.timeout);
-  if (!barrier.ok()) return fail(barrier, "closing barrier");
   std::vector<Shard> shards(nt);
   for (size_t t = 0; t < nt; ++t) {
     if (plan.new_shards[t]) shards[t] = *plan.new_shards[t];
+  }
+  if (!barrier.ok()) {
+    // This participant's exchange completed (a peer failed at the barrier): its new state is
+    // whole. It is installed, so that if someone passed the barrier (the change applied) this
+    // worker follows; if nobody did, the old state was kept intact only with
+    // keep_old_until_barrier, and is lost otherwise (State::intact() says which).
+    sw.new_complete_ = true;
+    if (opt.keep_old_until_barrier) {
+      sw.pending_shards_ = std::move(shards);
+      sw.pending_buffers_ = std::move(new_buffers);
+      sw.pending_install_ = true;
+    } else {
+      state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
+    }
+    return fail(barrier, "closing barrier");
   }
   state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
   stats.seconds.resume = Since(t_resume);
@@ -609,6 +623,19 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
           << " batches, sent " << stats.bytes_sent << " B, received " << stats.bytes_received
           << " B, peak " << stats.peak_bytes << " B (bound " << stats.bound_bytes << " B)";
   return stats;
+}
+
+Status AdoptNewState(PreparedSwitch& sw, State& state) {
+  if (!sw.new_complete_) {
+    return FailedPreconditionError("generation " + std::to_string(sw.next_.id) +
+                                   ": this participant's exchange did not complete");
+  }
+  if (sw.pending_install_) {
+    state.Install(sw.next_.config, sw.new_rank_, std::move(sw.pending_shards_),
+                  std::move(sw.pending_buffers_));
+    sw.pending_install_ = false;
+  }
+  return Status::Ok();
 }
 
 std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch& prepared) {

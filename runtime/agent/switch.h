@@ -169,6 +169,11 @@ class PreparedSwitch {
   // held_k maximized over the batches (see "Order and memory bound"), without staging.
   int64_t predicted_peak_bytes() const { return predicted_peak_; }
   const SwitchStats& planned() const { return planned_; }  // byte figures known before S
+  // After ExecuteSwitch failed at its closing barrier only: the exchange had completed, so this
+  // participant holds the whole new state (installed in the State at once unless
+  // keep_old_until_barrier kept the old one intact; AdoptNewState installs it then). If the
+  // change applied elsewhere (Outcome), the worker follows: AdoptNewState, then TakeGroups.
+  bool new_state_complete() const { return new_complete_; }
 
   // Makes a running ExecuteSwitch (and every later one) fail with kAborted: aborts the change
   // communicator and the new groups. Any thread, but not concurrently with TakeGroups.
@@ -205,7 +210,17 @@ class PreparedSwitch {
   std::unique_ptr<GroupSet> groups_;
   std::atomic<bool> aborted_{false};
   bool executed_ = false;
+  bool new_complete_ = false;  // the exchange completed, the barrier failed
+  std::vector<Shard> pending_shards_;  // not yet installed (keep_old_until_barrier)
+  std::vector<Buffer> pending_buffers_;
+  bool pending_install_ = false;
+  friend Status AdoptNewState(PreparedSwitch&, State&);
 };
+
+// Installs the new state a switch that failed only at its closing barrier completed
+// (new_state_complete()), when the change applied elsewhere. kFailedPrecondition otherwise.
+// Training thread.
+Status AdoptNewState(PreparedSwitch& prepared, State& state);
 
 // `prepare.next.plan_digest` is checked first, before any communicator is built:
 // kFailedPrecondition "plan digest mismatch: coordinator <hex>, computed <hex> (<parts>)" where

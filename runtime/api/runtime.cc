@@ -96,6 +96,7 @@ struct Runtime::Impl {
     std::unique_ptr<TcpStoreClient> store;
     std::thread thread;
     StatusOr<std::unique_ptr<PreparedSwitch>> result = InternalError("not built yet");
+    std::atomic<bool> finished{false};  // the thread is done (JoinStale(false) joins it)
   };
   std::mutex prep_mu;
   std::unique_ptr<Prepared> prep;                  // the latest prepare
@@ -108,8 +109,10 @@ struct Runtime::Impl {
   // Control thread: a failure (a recovery's prepare, the coordinator gone): every collective
   // of the running generation returns kAborted from now on, so the training thread reaches its
   // step boundary instead of hanging on a dead peer.
-  void AbortCollectives(const std::string& why) {
+  void AbortCollectives(const std::string& why, int64_t generation = -1) {
     std::lock_guard<std::mutex> l(groups_mu);
+    // An abort of an older generation (this worker already switched on) is not for these.
+    if (generation >= 0 && groups && groups->generation() != generation) return;
     int64_t expected = 0;
     aborted_at_ns.compare_exchange_strong(
         expected, SteadyClock::now().time_since_epoch() / std::chrono::nanoseconds(1));
@@ -147,8 +150,12 @@ struct Runtime::Impl {
       // Answer the prepare however this ends (a failure shows at the switch step).
       struct Ready {
         const std::function<void()>& f;
-        ~Ready() { f(); }
-      } answer{ready};
+        std::atomic<bool>& finished;
+        ~Ready() {
+          f();
+          finished.store(true);
+        }
+      } answer{ready, raw->finished};
       Deadline deadline = Deadline::AfterMs(opts.change_timeout_ms);
       // A fresh client (the training thread's `store` may not exist yet: a prepare can arrive
       // while Start is still connecting).
@@ -173,11 +180,21 @@ struct Runtime::Impl {
     if (prep && prep->generation == generation) stale.push_back(std::move(prep));
   }
 
-  void JoinStale() {
+  // Joins abandoned prepares: all of them (`all`, at the end), or only those whose thread is
+  // done (at a step boundary: one still connecting to a peer that died ends at its deadline,
+  // and the training thread must not wait for it).
+  void JoinStale(bool all = true) {
     std::vector<std::unique_ptr<Prepared>> done;
     {
       std::lock_guard<std::mutex> l(prep_mu);
-      done.swap(stale);
+      if (all) {
+        done.swap(stale);
+      } else {
+        for (auto& p : stale) {
+          if (p->finished.load()) done.push_back(std::move(p));
+        }
+        std::erase(stale, nullptr);
+      }
     }
     for (auto& p : done) {
       if (p->thread.joinable()) p->thread.join();
@@ -264,11 +281,49 @@ struct Runtime::Impl {
     return Status();
   }
 
+  // Installs what `p`'s switch built (its groups, its store) as the running generation.
+  void AdoptGroups(std::unique_ptr<Prepared> p) {
+    std::unique_ptr<GroupSet> next = TakeGroups(**p->result);
+    if (p->store) store = std::move(p->store);
+    JoinReaper();
+    std::unique_ptr<GroupSet> old;
+    {
+      std::lock_guard<std::mutex> l(groups_mu);
+      old = std::move(groups);
+      groups = std::move(next);
+    }
+    reaper = std::thread([old = std::move(old), done = std::move(p)]() mutable {
+      old.reset();
+      done.reset();
+    });
+  }
+
+  // A switch that failed only at its closing barrier while the change applied elsewhere: this
+  // worker's new state is whole; it follows into the new generation.
+  bool FollowAppliedChange(const CommitMsg& c) {
+    if (!half_applied || !half_applied->result.ok() || half_applied->generation != c.next.id) {
+      return false;
+    }
+    if (!AdoptNewState(**half_applied->result, state).ok()) return false;
+    AdoptGroups(std::move(half_applied));
+    gen = c.next;
+    next_step = c.next.start_step;
+    LOG(WARNING) << "worker " << agent->id() << ": follows generation " << c.next.id
+                 << " (its switch failed only at the closing barrier)";
+    return true;
+  }
+  std::unique_ptr<Prepared> half_applied;
+
   Status Reshard(const CommitMsg& c, Deadline deadline, Reconfiguration& r) {
     MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Prepared> p, TakePrepared(c, deadline));
     if (!p->result.ok()) return p->result.status();
     PreparedSwitch& prepared = **p->result;
-    MORPH_ASSIGN_OR_RETURN(SwitchStats stats, ExecuteSwitch(prepared, c, state, deadline));
+    StatusOr<SwitchStats> executed = ExecuteSwitch(prepared, c, state, deadline);
+    if (!executed.ok()) {
+      if (prepared.new_state_complete()) half_applied = std::move(p);
+      return executed.status();
+    }
+    SwitchStats stats = *executed;
     std::unique_ptr<GroupSet> next = TakeGroups(prepared);
     if (p->store) store = std::move(p->store);
     // The old generation's communicators and the change communicator are done with (the
@@ -300,7 +355,7 @@ struct Runtime::Impl {
   // Waits for and applies decisions until step `next_step` may begin (or this worker is done).
   StatusOr<bool> SlowPath(bool& reconfigured) {
     auto entered = SteadyClock::now();
-    JoinStale();
+    JoinStale(/*all=*/false);
     while (true) {
       if (g_leave_requested.exchange(false)) agent->RequestLeave("SIGTERM (preemption notice)");
       // A worker without a rank (a spare, a joiner) waits as long as the job runs.
@@ -351,9 +406,16 @@ struct Runtime::Impl {
             // The change failed here. If nobody passed its closing barrier the old generation
             // stands and a recovery follows (this worker's state as the switch left it);
             // otherwise the others went on without this worker's part: it cannot follow.
+            const CommitMsg commit = *dec->commit;
             StatusOr<bool> applied =
                 agent->AwaitOutcome(Deadline::AfterMs(opts.change_timeout_ms));
-            if (!applied.ok() || *applied) return st;
+            if (!applied.ok()) return st;
+            if (*applied) {
+              if (!FollowAppliedChange(commit)) return st;
+              half_applied.reset();
+              break;  // in the new generation; its lost member's recovery follows
+            }
+            half_applied.reset();
             aborted = true;
             torn = torn || !state.intact();
             agent->NoteStepFailed();
@@ -447,9 +509,13 @@ Status Runtime::Impl::Bootstrap() {
   };
   ao.on_abandon = [this](int64_t g) { AbandonPrepare(g); };
   ao.on_abort = [this](const AbortMsg& a) {
-    AbortCollectives("coordinator: " + a.reason);
+    AbortCollectives("coordinator: " + a.reason, a.generation);
+    // A switch being built from that generation cannot complete either.
     std::lock_guard<std::mutex> l(prep_mu);
-    if (prep && prep->result.ok() && *prep->result) (*prep->result)->Abort();
+    if (prep && prep->result.ok() && *prep->result &&
+        (*prep->result)->from().id == a.generation) {
+      (*prep->result)->Abort();
+    }
   };
   ao.on_connection_lost = [this](const Status& why) {
     AbortCollectives("the coordinator is gone (" + std::string(why.message()) + ")");
@@ -487,8 +553,12 @@ Status Runtime::Impl::Bootstrap() {
 Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Runtime::~Runtime() {
-  Status s = Finish();
-  if (!s.ok()) LOG(WARNING) << "Runtime: " << s;
+  // Without Finish() (an error path) the worker does not claim to be done: its connection
+  // closes and the job treats it as lost. A hosted coordinator still waits for the others.
+  if (impl_->coordinator) {
+    Status s = Finish();
+    if (!s.ok()) LOG(WARNING) << "Runtime: " << s;
+  }
   if (impl_->agent) impl_->agent->Close();
   {
     std::lock_guard<std::mutex> l(impl_->prep_mu);

@@ -94,7 +94,9 @@ class Runtime {
   // kDeadlineExceeded when the coordinator cannot be reached or the job did not start in time.
   static StatusOr<std::unique_ptr<Runtime>> Start(Options options, const Declare& declare);
 
-  ~Runtime();  // Finish() if not called: the job treats this worker as done (or lost)
+  // Without Finish(): the connection closes and the job treats this worker as lost (a hosting
+  // process still runs Finish, so that the others keep their coordinator to the end).
+  ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 

@@ -145,7 +145,14 @@ class FakeWorker {
         if (m.ok()) {
           log_.push_back("<" + std::string(WireTypeName(static_cast<uint16_t>(m->index() + 1))));
           if (auto* p = std::get_if<PrepareMsg>(&*m)) {
-            if (auto r = core_->OnPrepare(*p, next_step_)) reply = *r;
+            if (p->change.recovery) {
+              core_->OnRecoveryPrepare(*p);
+              if (auto r = core_->OnRecoveryBuilt(p->next.id)) reply = *r;
+            } else if (auto r = core_->OnPrepare(*p, next_step_)) {
+              reply = *r;
+            }
+          } else if (auto* ab = std::get_if<AbortMsg>(&*m)) {
+            core_->OnAbort(*ab);
           } else if (auto* c = std::get_if<CommitMsg>(&*m)) {
             core_->OnCommit(*c);
           } else if (auto* a = std::get_if<AbandonMsg>(&*m)) {
@@ -442,12 +449,12 @@ TEST(CoordinatorTest, AnOversizedHeaderClosesTheConnectionWithoutAllocating) {
     // Another wire version is refused naming both versions.
     RawConn raw(coord->control_address());
     std::string hello = EncodeFrame(HelloMsg{.token = kToken});
-    hello[4] = 2;
+    hello[4] = 3;
     raw.Write(hello);
     MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m, DecodeFrame(raw.ReadToEnd()));
     ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));
     EXPECT_EQ(std::get<ErrorMsg>(m).code, static_cast<int>(StatusCode::kFailedPrecondition));
-    EXPECT_THAT(std::get<ErrorMsg>(m).message, HasSubstr("wire version 2, this side speaks 1"));
+    EXPECT_THAT(std::get<ErrorMsg>(m).message, HasSubstr("wire version 3, this side speaks 2"));
   }
   // The coordinator goes on serving: a real worker still gets in.
   auto w = StartWorkers(*coord, 2);

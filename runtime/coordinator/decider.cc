@@ -347,6 +347,13 @@ void Decider::OnResize(const ResizeRequest& r, Out& out) {
 void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
   if (phase_ != Phase::kPlanning || !pending_ || e.generation != pending_->id) return;
   Phase idle = current_.id == 0 ? Phase::kStarting : Phase::kStable;
+  if (finishing_) {
+    // Training ended meanwhile (a Done): no change any more.
+    pending_.reset();
+    phase_ = idle;
+    MaybeComplete(out);
+    return;
+  }
   if (replan_) {
     // A worker was lost or asked to leave while the plan was computed: this id is skipped.
     pending_.reset();
@@ -427,7 +434,12 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
       if (!ranked.count(w)) spares.push_back(w);
     }
     size_t room = keep > kept ? keep - kept : 0;
-    for (size_t i = room; i < spares.size(); ++i) workers_.at(spares[i]).leaving = true;
+    shrunk_away_.clear();
+    for (size_t i = room; i < spares.size(); ++i) {
+      Worker& sw = workers_.at(spares[i]);
+      if (!sw.leaving) shrunk_away_.insert(spares[i]);  // not asked to go: beyond the size
+      sw.leaving = true;
+    }
   }
   std::vector<WorkerId> release_now;
   for (auto& [w, info] : workers_) {
@@ -573,12 +585,20 @@ void Decider::MaybeFinishChange(Out& out) {
       if (CurrentRank(w) >= 0) lost_.insert(w);
     }
     for (WorkerId w : change.exiting) workers_.erase(w);  // done: they exit on the outcome
-    // A recovery repaired the state; losses during it call for the next one.
-    if (change.recovery) recovery_needed_ = !lost_.empty();
+    // The new generation's state is whole (every participant passed the barrier or holds its
+    // new state); only losses of its own members call for a recovery now.
+    recovery_needed_ = !lost_.empty();
   } else {
     // Nobody passed the closing barrier: participants may hold torn or half-released state.
     recovery_needed_ = true;
+    // Workers sent away only because the world was to shrink are candidates again: the next
+    // proposal (with fewer survivors, perhaps) decides anew.
+    for (WorkerId w : shrunk_away_) {
+      auto it = workers_.find(w);
+      if (it != workers_.end()) it->second.leaving = false;
+    }
   }
+  shrunk_away_.clear();
   // Not applied: the old generation stands; its ranks lost meanwhile are already in lost_, and
   // the leaving workers are still leaving, so the next proposal takes them out again.
   lost_during_commit_.clear();

@@ -287,6 +287,9 @@ class Decider {
   // The next change must be a recovery: a member of current_ was lost, reported a failed
   // collective, or a change failed (its participants' state may be torn).
   bool recovery_needed_ = false;
+  // Workers the change in progress sends away only because the world shrinks (not asked to
+  // leave): if the change fails they are candidates again.
+  std::set<WorkerId> shrunk_away_;
 
   // The change in progress.
   std::optional<Generation> pending_;

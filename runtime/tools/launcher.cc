@@ -165,14 +165,19 @@ StatusOr<int> Launcher::Wait(Deadline deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     bool running = false;
-    int first_bad = 0;
+    int first_bad = 0, first_failed = 0;  // any non-zero exit; one that is not a kill
     for (const ChildInfo& c : children()) {
       running |= c.running;
       if (!c.running && c.exit_code != 0 && first_bad == 0) first_bad = c.exit_code;
+      if (!c.running && c.exit_code != 0 && c.exit_code < 128 && first_failed == 0) {
+        first_failed = c.exit_code;
+      }
     }
     if (job && !running) {
       if (!job->ok()) return first_bad ? first_bad : 1;
-      return first_bad;
+      // The job completed: workers killed by a signal on the way were failures it recovered
+      // from (it never completes with missing state), not the job's.
+      return first_failed;
     }
     // Every worker is gone but the job did not complete: nobody is left to finish it (after a
     // grace period for the last workers' messages to be read).

@@ -65,8 +65,8 @@ class Launcher {
   std::vector<ChildInfo> children() const;
 
   // Until the job completes (the coordinator's Wait) and every worker exited: 0 when the job
-  // completed and every worker exited 0; otherwise the first non-zero worker exit code, or 1
-  // when the job failed. Also ends, 2 s after the last worker exited, when every worker is gone
+  // completed and every worker exited 0 or was killed by a signal (a failure the job recovered
+  // from); otherwise the first non-zero worker exit code, or 1 when the job failed. Also ends, 2 s after the last worker exited, when every worker is gone
   // but the job did not complete (nobody is left to finish it). kDeadlineExceeded if the
   // deadline passed first (workers are left running: the destructor stops them); what it saw
   // carries over to the next call, so a loop of short Waits (morphrun's) ends like one long one.
