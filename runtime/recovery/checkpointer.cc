@@ -180,11 +180,13 @@ Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const S
   }
   // The previous save first: every rank saves every due step, so no step is left with some
   // ranks' folders missing forever.
+  last_wait_seconds_ = 0;
   if (running_) {
     const auto w0 = std::chrono::steady_clock::now();
     Status s = FinishSave(Deadline::AfterMs(wait_ms_));
     if (s.code() == StatusCode::kDeadlineExceeded && running_) return s;
     const double waited = SecondsSince(w0);
+    last_wait_seconds_ = waited;
     if (waited > 1.0 && !warned_slow_) {
       warned_slow_ = true;
       MORPH_LOG(WARNING, log_) << "checkpoint of step " << step << " waited " << waited

@@ -99,8 +99,10 @@ class PeriodicCheckpointer {
   int64_t saves_failed() const { return saves_failed_; }
   const Status& last_error() const { return last_error_; }
   int64_t last_started_step() const { return last_step_; }
-  // Seconds the last MaybeSave that saved kept the caller (wait + snapshot copy).
+  // Seconds the last MaybeSave that saved kept the caller (wait + snapshot copy), and of those
+  // the wait for the previous save.
   double last_blocking_seconds() const { return last_blocking_seconds_; }
+  double last_wait_seconds() const { return last_wait_seconds_; }
   // Bytes of the last snapshot (this rank's saved pieces and scalars).
   int64_t last_snapshot_bytes() const { return last_snapshot_bytes_; }
 
@@ -127,6 +129,7 @@ class PeriodicCheckpointer {
   Status last_error_;
   int64_t last_step_ = -1;
   double last_blocking_seconds_ = 0;
+  double last_wait_seconds_ = 0;
   int64_t last_snapshot_bytes_ = 0;
 };
 

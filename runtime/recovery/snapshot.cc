@@ -182,7 +182,7 @@ std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank) {
 
 BuddySnapshotter::BuddySnapshotter(int64_t every, BuddySnapshotOptions options)
     : every_(every), options_(std::move(options)) {
-  if (options_.chunk_bytes == 0) options_.chunk_bytes = size_t{4} << 20;
+  if (options_.chunk_bytes == 0) options_.chunk_bytes = size_t{16} << 20;
 }
 
 BuddySnapshotter::~BuddySnapshotter() { EndGeneration(); }

@@ -91,8 +91,9 @@ struct BuddySnapshotOptions {
   std::shared_ptr<GlooDevice> device;
   // Bound of each transfer operation (a chunk) and of MaybeBegin's wait for the previous round.
   std::chrono::milliseconds timeout{300000};
-  // Bytes per message of the transfer.
-  size_t chunk_bytes = size_t{4} << 20;
+  // Bytes per message of the transfer (each chunk waits for the previous one; bigger chunks
+  // move faster: 128 MiB took 1.3 s at 4 MiB, 0.8 s at 64 MiB on a loaded 2-core machine).
+  size_t chunk_bytes = size_t{16} << 20;
   // Test hook: called on the background thread after each chunk this rank sent, with the step
   // and the bytes sent so far (fault tests kill the process from it).
   std::function<void(int64_t step, int64_t sent)> after_chunk_sent;
