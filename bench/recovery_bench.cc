@@ -1,7 +1,9 @@
 // Per-step cost of the recovery redundancy (runtime/recovery/): the periodic checkpoint's
 // snapshot copy (MaybeSave) and the buddy snapshot (MaybeBegin ... WaitCopied), next to the same
-// steps without them, in one run. A step is 100 ms of "forward/backward" (a sleep: the GPU
-// works, the host is idle) followed by the update point (WaitCopied). One JSON object per line.
+// steps without them, in one run. `seconds`: what one save / snapshot keeps the training thread
+// (mean); `per_step_overhead`: that, summed over the run, per step, as a fraction of the step.
+// A step is 100 ms of "forward/backward" (a sleep: the GPU works, the host is idle) followed by
+// the update point (WaitCopied). One JSON object per line.
 //
 //   recovery_bench [--mib=128] [--steps=20] [--every=10] [--step_ms=100] [--dir=/tmp/...]
 //                  [--chunk_mib=16]
@@ -74,12 +76,13 @@ int CheckpointCases(const Args& a) {
   const int64_t bytes = (*state)->local_bytes();
   const double base = Baseline(a);
   PeriodicCheckpointer ckpt(a.dir, a.every, 2);
-  double blocking = 0, waiting = 0;
+  double blocking = 0, waiting = 0, first = 0;
   int saves = 0;
   const auto t0 = Clock::now();
   for (int s = 0; s < a.steps; ++s) {
     if (Status st = ckpt.MaybeSave(s, 1, **state, 0, 1, c); !st.ok()) return Fail(st);
     if (ckpt.Due(s)) {
+      if (saves == 0) first = ckpt.last_blocking_seconds();
       blocking += ckpt.last_blocking_seconds();
       waiting += ckpt.last_wait_seconds();
       ++saves;
@@ -92,9 +95,11 @@ int CheckpointCases(const Args& a) {
       "{\"name\": \"checkpoint_maybe_save\", \"bytes\": %lld, \"seconds\": %.6f, "
       "\"saves\": %d, \"every\": %d, \"step_seconds\": %.3f, \"per_step_overhead\": %.6f, "
       "\"baseline_seconds\": %.4f, \"with_seconds\": %.4f, \"ratio_vs_baseline\": %.4f, "
-      "\"wait_seconds\": %.6f, \"copy_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f}\n",
+      "\"wait_seconds\": %.6f, \"first_save_seconds\": %.6f, \"later_save_seconds\": %.6f, "
+      "\"copy_gb_per_s\": %.3f, \"memcpy_gb_per_s\": %.3f}\n",
       static_cast<long long>(bytes), blocking / saves, saves, a.every, a.step_ms / 1000.0,
-      blocking / a.steps / (a.step_ms / 1000.0), base, with, with / base, waiting / saves,
+      blocking / a.steps / (a.step_ms / 1000.0), base, with, with / base, waiting / saves, first,
+      saves > 1 ? (blocking - first) / (saves - 1) : first,
       bytes / ((blocking - waiting) / saves) / 1e9, MemcpyGbPerS(bytes));
   std::fflush(stdout);
   return 0;
