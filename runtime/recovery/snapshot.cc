@@ -321,9 +321,14 @@ Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
   SnapshotData& d = slot.data;
   const size_t total = static_cast<size_t>(d.bytes);
   if (slot.buffer.size() < total || slot.buffer.data() == nullptr) {
-    slot.buffer = Buffer();
-    MORPH_ASSIGN_OR_RETURN(slot.buffer, HostAllocator()(std::max<size_t>(total, kAlign)),
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the size
+      slot.buffer = Buffer();
+    }
+    MORPH_ASSIGN_OR_RETURN(Buffer b, HostAllocator()(std::max<size_t>(total, kAlign)),
                            "snapshot buffer of " << total << " bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    slot.buffer = std::move(b);
   }
   char* base = static_cast<char*>(slot.buffer.data());
   uint32_t crc = 0;
@@ -473,11 +478,16 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   MORPH_RETURN_IF_ERROR(
       transfer(meta.data(), mine.meta_bytes, their_meta.data(), theirs.meta_bytes));
   if (held.buffer.size() < theirs.payload_bytes || held.buffer.data() == nullptr) {
-    held.buffer = Buffer();
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the size
+      held.buffer = Buffer();
+    }
     MORPH_ASSIGN_OR_RETURN(
-        held.buffer,
+        Buffer b,
         HostAllocator()(std::max<size_t>(static_cast<size_t>(theirs.payload_bytes), kAlign)),
         what << ": buffer for the copy of " << ward_name);
+    std::lock_guard<std::mutex> lock(mu_);
+    held.buffer = std::move(b);
   }
   char* in = static_cast<char*>(held.buffer.data());
   uint64_t sent = 0, got = 0;
