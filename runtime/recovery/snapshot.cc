@@ -156,7 +156,70 @@ int Newest(const std::array<S, 2>& slots) {
   return best;
 }
 
+Status CopyIn(BufferView dst, const void* src, size_t n) {
+  if (dst.kind == MemoryKind::kHost) {
+    std::memcpy(dst.data, src, n);
+    return Status::Ok();
+  }
+#if MORPH_WITH_CUDA
+  const cudaError_t e = cudaMemcpy(dst.data, src, n, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    return InternalError(std::string("copying a snapshot into a shard: ") + cudaGetErrorString(e));
+  }
+  return Status::Ok();
+#else
+  return FailedPreconditionError("a shard is in CUDA memory but morph was built without CUDA");
+#endif
+}
+
 }  // namespace
+
+Status RestoreFromSnapshot(const SnapshotData& snap, State& state) {
+  const std::string what = "restoring the snapshot of step " + std::to_string(snap.step) +
+                           " (rank " + std::to_string(snap.rank) + ")";
+  const auto differ = [&](const std::string& why) {
+    return FailedPreconditionError(what + ": the state differs: " + why);
+  };
+  if (state.config() == nullptr || !(*state.config() == snap.config) ||
+      state.rank() != snap.rank) {
+    return differ("it is laid out for " +
+                  (state.config() ? state.config()->ToString() : std::string("nothing")) +
+                  " rank " + std::to_string(state.rank()) + ", the snapshot for " +
+                  snap.config.ToString() + " rank " + std::to_string(snap.rank));
+  }
+  if (state.tensors().size() != snap.shards.size() ||
+      state.scalars().size() != snap.scalars.size()) {
+    return differ(std::to_string(state.tensors().size()) + " tensors and " +
+                  std::to_string(state.scalars().size()) + " scalars, the snapshot " +
+                  std::to_string(snap.shards.size()) + " and " +
+                  std::to_string(snap.scalars.size()));
+  }
+  for (size_t i = 0; i < snap.shards.size(); ++i) {
+    const State::TensorRef r = state.TensorAt(i);
+    if (!(r.shard == snap.shards[i]) || r.data.bytes != snap.tensors[i].bytes) {
+      return differ("tensor '" + r.spec->name + "' holds " + r.shard.ToString() +
+                    ", the snapshot " + snap.shards[i].ToString());
+    }
+  }
+  for (size_t k = 0; k < snap.scalars.size(); ++k) {
+    if (state.ScalarAt(k).size() != snap.scalars[k].size()) {
+      return differ("scalar '" + state.scalars()[k].name + "' has " +
+                    std::to_string(state.ScalarAt(k).size()) + " bytes, the snapshot " +
+                    std::to_string(snap.scalars[k].size()));
+    }
+  }
+  for (size_t i = 0; i < snap.shards.size(); ++i) {
+    const State::TensorRef r = state.TensorAt(i);
+    if (r.data.bytes == 0) continue;
+    MORPH_RETURN_IF_ERROR(CopyIn(r.data, snap.tensors[i].data, r.data.bytes))
+        << what << ", tensor '" << r.spec->name << "'";
+  }
+  for (size_t k = 0; k < snap.scalars.size(); ++k) {
+    MORPH_ASSIGN_OR_RETURN(std::span<std::byte> blob, state.scalar(state.scalars()[k].name));
+    std::copy(snap.scalars[k].begin(), snap.scalars[k].end(), blob.begin());
+  }
+  return Status::Ok();
+}
 
 std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank) {
   const int n = static_cast<int>(host_of_rank.size());

@@ -78,6 +78,12 @@ struct SnapshotData {
   uint32_t crc32c = 0;                              // of the payload
 };
 
+// Copies `snap` back into `state` (a rollback in place): every shard's bytes (host or CUDA
+// storage) and every scalar. kFailedPrecondition naming the first difference when the state
+// is not laid out as the snapshot was (config, rank, a tensor's shard, a scalar's size, the
+// tensor or scalar count). Training thread (it writes the state).
+Status RestoreFromSnapshot(const SnapshotData& snap, State& state);
+
 // One generation's view of the job, for StartGeneration.
 struct SnapshotGeneration {
   int64_t generation = 0;

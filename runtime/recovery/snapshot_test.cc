@@ -118,6 +118,18 @@ Status TrainAndCheck(const std::string& address, int rank, const std::vector<std
     Fill(*theirs, SeedAt(step));
     MORPH_RETURN_IF_ERROR(SameAs(snap.Held(step), *theirs, step, "held"));
   }
+  // Rollback in place to step 4 from the local copy.
+  MORPH_RETURN_IF_ERROR(RestoreFromSnapshot(*snap.Local(4), *state));
+  if (std::string first; CountDifferences(*state, SeedAt(4), &first) != 0) {
+    return InternalError("after the rollback to step 4: " + first);
+  }
+  MORPH_ASSIGN_OR_RETURN(auto other, MakeState(config, ward));
+  const Status refused = RestoreFromSnapshot(*snap.Local(4), *other);
+  if (refused.code() != StatusCode::kFailedPrecondition ||
+      refused.message().find("rank " + std::to_string(ward) + ", the snapshot for") ==
+          std::string_view::npos) {
+    return InternalError("restoring into another rank's state: " + refused.ToString());
+  }
   if (snap.Local(2) != nullptr || snap.Held(2) != nullptr) {
     return InternalError("step 2 is still held: only two snapshots are kept");
   }
