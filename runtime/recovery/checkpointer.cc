@@ -9,6 +9,11 @@
 #include <vector>
 
 #include "reshard/layout.h"
+#include "reshard/strided_copy.h"
+
+#if MORPH_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace morph {
 namespace {
@@ -257,6 +262,46 @@ StatusOr<int> PruneCheckpoints(const std::string& dir, int keep) {
     ++deleted;
   }
   return deleted;
+}
+
+Status LoadBoxFromCheckpoint(const CheckpointReader& reader, const TensorSpec& spec,
+                             const ParallelConfig& config, const Shard& shard, BufferView dst,
+                             const Box& box) {
+  const std::string what = "loading " + box.ToString() + " of tensor '" + spec.name + "'";
+  MORPH_ASSIGN_OR_RETURN(StridedView to, ViewOf(shard, box), what << " into " << shard.ToString());
+  const int es = DTypeSize(spec.dtype);
+  if (dst.bytes != static_cast<size_t>(shard.NumElements() * es)) {
+    return InvalidArgumentError(what + ": the buffer has " + std::to_string(dst.bytes) +
+                                " bytes, shard " + shard.ToString() + " needs " +
+                                std::to_string(shard.NumElements() * es));
+  }
+  MORPH_ASSIGN_OR_RETURN(Shard whole, Shard::Whole(box));
+  std::vector<char> tmp(static_cast<size_t>(whole.NumElements() * es));
+  MORPH_RETURN_IF_ERROR(reader.Read(InfoFor(spec, config), whole,
+                                    BufferView{tmp.data(), tmp.size(), MemoryKind::kHost}))
+      << what;
+  MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(to, ContiguousView(box.shape())));
+  if (dst.kind == MemoryKind::kHost) {
+    HostStridedCopy(g, dst.data, tmp.data(), es, 0, g.num_elements);
+    return Status::Ok();
+  }
+#if MORPH_WITH_CUDA
+  // Row by row: lost pieces are rare and small next to a whole restore.
+  for (int64_t e = 0; e < g.num_elements; e += g.row) {
+    int64_t off = g.dst_offset, rem = e / g.row;
+    for (int d = g.outer_rank - 1; d >= 0; --d) {
+      off += (rem % g.outer_shape[d]) * g.dst_stride[d];
+      rem /= g.outer_shape[d];
+    }
+    const cudaError_t err = cudaMemcpy(static_cast<char*>(dst.data) + off * es,
+                                       tmp.data() + e * es, static_cast<size_t>(g.row * es),
+                                       cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) return InternalError(what + ": " + cudaGetErrorString(err));
+  }
+  return Status::Ok();
+#else
+  return FailedPreconditionError(what + ": CUDA memory in a build without CUDA");
+#endif
 }
 
 Status RestoreFromCheckpoint(const std::string& path, State& state) {

@@ -154,6 +154,15 @@ StatusOr<int> PruneCheckpoints(const std::string& dir, int keep);
 // when the state holds no layout (not materialized). Training thread (it writes the state).
 Status RestoreFromCheckpoint(const std::string& path, State& state);
 
+// Fills only `box` (planning coordinates, e.g. a LocalPlan's `lost` piece) of `shard` of tensor
+// `spec` in `dst` (the shard's storage, host or CUDA, laid out for `config`) from `reader`;
+// the rest of `dst` is left as it is. kInvalidArgument when `box` is not wholly held by
+// `shard`; CheckpointReader::Read's errors (kNotFound: the tensor is not saved; kDataLoss).
+// Any thread; distinct boxes may be loaded concurrently.
+Status LoadBoxFromCheckpoint(const CheckpointReader& reader, const TensorSpec& spec,
+                             const ParallelConfig& config, const Shard& shard, BufferView dst,
+                             const Box& box);
+
 }  // namespace morph
 
 #endif  // MORPH_RUNTIME_RECOVERY_CHECKPOINTER_H_

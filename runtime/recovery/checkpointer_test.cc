@@ -82,6 +82,33 @@ TEST_F(CheckpointerTest, SaveInOneConfigRestoreInAnotherBitwise) {
   }
 }
 
+TEST_F(CheckpointerTest, LoadBoxFillsOnlyThatBoxOfAStridedShard) {
+  SaveAll(Config(1, 2, 1), 5, 1, 41);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader reader,
+                             CheckpointReader::Open(CheckpointPath(dir_, 5, 1)));
+  const ParallelConfig to = Config(3, 1, 1);
+  for (int r = 0; r < 3; ++r) {
+    MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(to, r));
+    Fill(*s, 41);
+    for (size_t i = 0; i < s->tensors().size(); ++i) {
+      State::TensorRef ref = s->TensorAt(i);
+      if (ref.shard.empty()) continue;
+      // Lose the shard's elements, then load them back box by box (ZeRO shards: partial rows).
+      std::memset(ref.data.data, 0xEE, ref.data.bytes);
+      for (const Box& b : ShardBoxes(ref.shard)) {
+        MORPH_ASSERT_OK(LoadBoxFromCheckpoint(reader, *ref.spec, to, ref.shard, ref.data, b));
+      }
+    }
+    // Padding (vocab's rows 10..11 of a 12-row frame) is not in the checkpoint: zero-filled.
+    ExpectFilled(*s, 41);
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(to, 0));
+  State::TensorRef w1 = s->TensorAt(1);
+  EXPECT_THAT(LoadBoxFromCheckpoint(reader, *w1.spec, to, w1.shard, w1.data,
+                                    Box::FromShape({7, 12})),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1'")));
+}
+
 TEST_F(CheckpointerTest, HybridZeroSavesOneReplicaGroup) {
   SaveAll(Config(4, 1, 1), 5, 1, 99, /*hybrid=*/true);
   MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
