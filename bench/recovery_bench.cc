@@ -192,15 +192,23 @@ int main(int argc, char** argv) {
       const size_t n = std::strlen(key);
       return arg.compare(0, n, key) == 0 ? argv[i] + n : nullptr;
     };
-    if (const char* v = val("--mib=")) a.mib = std::atoll(v);
-    else if (const char* v = val("--steps=")) a.steps = std::atoi(v);
-    else if (const char* v = val("--every=")) a.every = std::atoi(v);
-    else if (const char* v = val("--step_ms=")) a.step_ms = std::atoi(v);
-    else if (const char* v = val("--dir=")) a.dir = v;
-    else if (const char* v = val("--chunk_mib=")) a.chunk_mib = std::atoll(v);
+    if (const char* v = val("--mib="))
+      a.mib = std::atoll(v);
+    else if (const char* v = val("--steps="))
+      a.steps = std::atoi(v);
+    else if (const char* v = val("--every="))
+      a.every = std::atoi(v);
+    else if (const char* v = val("--step_ms="))
+      a.step_ms = std::atoi(v);
+    else if (const char* v = val("--dir="))
+      a.dir = v;
+    else if (const char* v = val("--chunk_mib="))
+      a.chunk_mib = std::atoll(v);
     else {
-      std::fprintf(stderr, "usage: %s [--mib=N] [--steps=N] [--every=N] [--step_ms=N] [--dir=D] [--chunk_mib=N]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--mib=N] [--steps=N] [--every=N] [--step_ms=N] [--dir=D] [--chunk_mib=N]\n",
+          argv[0]);
       return 2;
     }
   }

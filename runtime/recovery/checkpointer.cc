@@ -66,8 +66,7 @@ std::vector<Entry> ListCheckpoints(const std::string& dir) {
     long long step = -1, gen = -1;
     int used = 0;
     if (std::sscanf(name.c_str(), "step-%lld-g%lld%n", &step, &gen, &used) == 2 &&
-        used == static_cast<int>(name.size()) && step >= 0 && gen >= 0 &&
-        e.is_directory(ec)) {
+        used == static_cast<int>(name.size()) && step >= 0 && gen >= 0 && e.is_directory(ec)) {
       out.push_back({step, gen, e.path().string()});
     }
   }
@@ -212,8 +211,7 @@ Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const S
                                   ", \"generation\": " + std::to_string(generation) + "}";
   const std::string path = CheckpointPath(dir_, step, generation);
   MORPH_ASSIGN_OR_RETURN(running_,
-                         SaveCheckpointAsync(path, rank, world, step, config_json, pieces,
-                                             options),
+                         SaveCheckpointAsync(path, rank, world, step, config_json, pieces, options),
                          "checkpoint of step " << step);
   running_step_ = step;
   running_rank_ = rank;
@@ -293,9 +291,8 @@ Status LoadBoxFromCheckpoint(const CheckpointReader& reader, const TensorSpec& s
       off += (rem % g.outer_shape[d]) * g.dst_stride[d];
       rem /= g.outer_shape[d];
     }
-    const cudaError_t err = cudaMemcpy(static_cast<char*>(dst.data) + off * es,
-                                       tmp.data() + e * es, static_cast<size_t>(g.row * es),
-                                       cudaMemcpyHostToDevice);
+    const cudaError_t err = cudaMemcpy(static_cast<char*>(dst.data) + off * es, tmp.data() + e * es,
+                                       static_cast<size_t>(g.row * es), cudaMemcpyHostToDevice);
     if (err != cudaSuccess) return InternalError(what + ": " + cudaGetErrorString(err));
   }
   return Status::Ok();
@@ -365,9 +362,8 @@ Status RestoreFromCheckpoint(const std::string& path, State& state) {
   for (const ScalarSpec& sc : state.scalars()) {
     MORPH_ASSIGN_OR_RETURN(std::span<std::byte> blob, state.scalar(sc.name));
     MORPH_ASSIGN_OR_RETURN(Shard whole, Shard::Whole(Box::FromShape({sc.bytes})));
-    MORPH_RETURN_IF_ERROR(reader.Read(std::string(kScalarTensorPrefix) + sc.name, DType::kU8,
-                                      whole, BufferView{blob.data(), blob.size(),
-                                                        MemoryKind::kHost}))
+    MORPH_RETURN_IF_ERROR(reader.Read(std::string(kScalarTensorPrefix) + sc.name, DType::kU8, whole,
+                                      BufferView{blob.data(), blob.size(), MemoryKind::kHost}))
         << "restoring scalar '" << sc.name << "' from " << path;
   }
   return Status::Ok();

@@ -104,9 +104,9 @@ TEST_F(CheckpointerTest, LoadBoxFillsOnlyThatBoxOfAStridedShard) {
   }
   MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(to, 0));
   State::TensorRef w1 = s->TensorAt(1);
-  EXPECT_THAT(LoadBoxFromCheckpoint(reader, *w1.spec, to, w1.shard, w1.data,
-                                    Box::FromShape({7, 12})),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1'")));
+  EXPECT_THAT(
+      LoadBoxFromCheckpoint(reader, *w1.spec, to, w1.shard, w1.data, Box::FromShape({7, 12})),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1'")));
 }
 
 TEST_F(CheckpointerTest, HybridZeroSavesOneReplicaGroup) {
@@ -130,8 +130,7 @@ TEST_F(CheckpointerTest, NotDueStepsAndDisabledSaveNothing) {
   MORPH_EXPECT_OK(ckpt.MaybeSave(3, 1, *s, 0, 1, Config(1, 1, 1)));
   EXPECT_EQ(ckpt.saves_started(), 0);
   EXPECT_TRUE(fs::is_empty(dir_));
-  EXPECT_THAT(LatestCompleteCheckpoint(dir_),
-              StatusIs(StatusCode::kNotFound, HasSubstr(dir_)));
+  EXPECT_THAT(LatestCompleteCheckpoint(dir_), StatusIs(StatusCode::kNotFound, HasSubstr(dir_)));
   EXPECT_THAT(LatestCompleteCheckpoint(dir_ + "/nope"),
               StatusIs(StatusCode::kNotFound, HasSubstr(dir_ + "/nope")));
 }
@@ -221,16 +220,16 @@ TEST_F(CheckpointerTest, MissingPieceIsDataLossNamingTensorAndBox) {
     if (r == 1) {
       std::erase_if(pieces, [](const CheckpointPiece& p) { return p.tensor.name == "w1"; });
     }
-    MORPH_ASSERT_OK_AND_ASSIGN(auto save, SaveCheckpointAsync(CheckpointPath(dir_, 5, 1), r, 2,
-                                                              5, "", pieces));
+    MORPH_ASSERT_OK_AND_ASSIGN(
+        auto save, SaveCheckpointAsync(CheckpointPath(dir_, 5, 1), r, 2, 5, "", pieces));
     saves.push_back(std::move(save));
     states.push_back(std::move(s));
   }
   for (auto& s : saves) MORPH_ASSERT_OK(s->Wait(Deadline::AfterMs(60000)));
   MORPH_ASSERT_OK_AND_ASSIGN(auto target, MakeState(Config(3, 1, 1), 0));
-  EXPECT_THAT(RestoreFromCheckpoint(CheckpointPath(dir_, 5, 1), *target),
-              StatusIs(StatusCode::kDataLoss,
-                       AllOf(HasSubstr("tensor 'w1'"), HasSubstr("[0,6)x[6,12)"))));
+  EXPECT_THAT(
+      RestoreFromCheckpoint(CheckpointPath(dir_, 5, 1), *target),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr("tensor 'w1'"), HasSubstr("[0,6)x[6,12)"))));
 }
 
 TEST_F(CheckpointerTest, DifferentRegistrationIsFailedPreconditionNamingIt) {

@@ -61,8 +61,8 @@ StatusOr<std::unique_ptr<State>> MakeState(const ParallelConfig& config, int ran
   MORPH_RETURN_IF_ERROR(s->AddTensor("norm", {10}, DType::kF32, Layout::Layer(2)));
   MORPH_RETURN_IF_ERROR(
       s->AddTensor("qkv", {18, 4}, DType::kBF16, Layout::Layer(2).SplitTPBlocks(0, 3)));
-  MORPH_RETURN_IF_ERROR(s->AddTensor("vocab", {10, 4}, DType::kF32,
-                                     Layout::Layer(3).SplitTP(0).PadToMultiple(4)));
+  MORPH_RETURN_IF_ERROR(
+      s->AddTensor("vocab", {10, 4}, DType::kF32, Layout::Layer(3).SplitTP(0).PadToMultiple(4)));
   MORPH_RETURN_IF_ERROR(s->AddTensor("flat", {7}, DType::kF64, Layout::Layer(0).ZeroShard()));
   if (hybrid) {
     MORPH_RETURN_IF_ERROR(s->AddTensor("hz", {20}, DType::kF32, Layout::Layer(0).ZeroShard(2)));

@@ -53,22 +53,21 @@ std::vector<int64_t> EncodeMeta(const SnapshotData& d, const void* base) {
     for (const Interval& iv : s.frame.dims()) m.insert(m.end(), {iv.begin, iv.end});
     m.insert(m.end(), {s.flat_begin, s.flat_end});
     const ConstBufferView& v = d.tensors[i];
-    m.push_back(v.bytes == 0 ? 0 : static_cast<const char*>(v.data) - static_cast<const char*>(base));
+    m.push_back(v.bytes == 0 ? 0
+                             : static_cast<const char*>(v.data) - static_cast<const char*>(base));
     m.push_back(static_cast<int64_t>(v.bytes));
   }
   m.push_back(static_cast<int64_t>(d.scalars.size()));
   for (const auto& s : d.scalars) {
-    m.push_back(s.empty() ? 0
-                          : reinterpret_cast<const char*>(s.data()) -
-                                static_cast<const char*>(base));
+    m.push_back(
+        s.empty() ? 0 : reinterpret_cast<const char*>(s.data()) - static_cast<const char*>(base));
     m.push_back(static_cast<int64_t>(s.size()));
   }
   return m;
 }
 
 // The inverse, with views into `base` (payload of `bytes`). kDataLoss when inconsistent.
-Status DecodeMeta(const std::vector<int64_t>& m, const char* base, int64_t bytes,
-                  SnapshotData& d) {
+Status DecodeMeta(const std::vector<int64_t>& m, const char* base, int64_t bytes, SnapshotData& d) {
   size_t i = 0;
   auto next = [&](int64_t& v) {
     if (i >= m.size()) return false;
@@ -83,8 +82,8 @@ Status DecodeMeta(const std::vector<int64_t>& m, const char* base, int64_t bytes
   if (!next(dp) || !next(tp) || !next(pp) || !next(zs) || !next(mb) || !next(nl) || nl < 0) {
     return bad("config");
   }
-  d.config = ParallelConfig{.dp = static_cast<int>(dp), .tp = static_cast<int>(tp),
-                            .pp = static_cast<int>(pp)};
+  d.config = ParallelConfig{
+      .dp = static_cast<int>(dp), .tp = static_cast<int>(tp), .pp = static_cast<int>(pp)};
   d.config.zero_stage = static_cast<int>(zs);
   d.config.micro_batches = static_cast<int>(mb);
   for (int64_t k = 0; k < nl; ++k) {
@@ -180,8 +179,7 @@ Status RestoreFromSnapshot(const SnapshotData& snap, State& state) {
   const auto differ = [&](const std::string& why) {
     return FailedPreconditionError(what + ": the state differs: " + why);
   };
-  if (state.config() == nullptr || !(*state.config() == snap.config) ||
-      state.rank() != snap.rank) {
+  if (state.config() == nullptr || !(*state.config() == snap.config) || state.rank() != snap.rank) {
     return differ("it is laid out for " +
                   (state.config() ? state.config()->ToString() : std::string("nothing")) +
                   " rank " + std::to_string(state.rank()) + ", the snapshot for " +
@@ -279,8 +277,8 @@ Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration&
   EndGeneration();
   const int world = static_cast<int>(g.hosts.size());
   if (g.rank < 0 || g.rank >= world) {
-    return InvalidArgumentError("snapshot: rank " + std::to_string(g.rank) + " outside a world of " +
-                                std::to_string(world));
+    return InvalidArgumentError("snapshot: rank " + std::to_string(g.rank) +
+                                " outside a world of " + std::to_string(world));
   }
   for (size_t r = 0; r < g.hosts.size(); ++r) {
     if (g.hosts[r].empty()) {
@@ -298,9 +296,8 @@ Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration&
     if (buddies[static_cast<size_t>(r)] == g.rank) ward_ = r;
   }
   auto make = [&](int peer) -> StatusOr<std::unique_ptr<Communicator>> {
-    StatusOr<std::unique_ptr<GlooCommunicator>> c =
-        GlooCommunicator::Create(store, PairName(g.rank, peer), g.rank < peer ? 0 : 1, 2,
-                                 options_.device, deadline);
+    StatusOr<std::unique_ptr<GlooCommunicator>> c = GlooCommunicator::Create(
+        store, PairName(g.rank, peer), g.rank < peer ? 0 : 1, 2, options_.device, deadline);
     if (!c.ok()) {
       return c.status().WithContext("snapshot communicator with rank " + std::to_string(peer) +
                                     " (host " + g.hosts[static_cast<size_t>(peer)] + ")");
@@ -335,8 +332,8 @@ Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
   }
   if (state.rank() != rank_ || state.config() == nullptr || !state.intact()) {
     return FailedPreconditionError("snapshot of step " + std::to_string(step) +
-                                   ": the state is not laid out for rank " +
-                                   std::to_string(rank_) + (state.intact() ? "" : " (not intact)"));
+                                   ": the state is not laid out for rank " + std::to_string(rank_) +
+                                   (state.intact() ? "" : " (not intact)"));
   }
   MORPH_RETURN_IF_ERROR(WaitExchanged(Deadline::After(options_.timeout)))
       << "snapshot of step " << step << ": the previous round";
@@ -529,8 +526,8 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   Header theirs;
   MORPH_RETURN_IF_ERROR(transfer(&mine, sizeof(mine), &theirs, sizeof(theirs)));
   if (theirs.magic != kMagic || theirs.generation != generation || theirs.step != step ||
-      theirs.rank != ward_ || theirs.meta_bytes % sizeof(int64_t) != 0 ||
-      theirs.chunk_bytes == 0 || theirs.meta_bytes > (uint64_t{64} << 20)) {
+      theirs.rank != ward_ || theirs.meta_bytes % sizeof(int64_t) != 0 || theirs.chunk_bytes == 0 ||
+      theirs.meta_bytes > (uint64_t{64} << 20)) {
     return FailedPreconditionError(
         what + ": " + ward_name + " sent a snapshot of generation " +
         std::to_string(theirs.generation) + " step " + std::to_string(theirs.step) + " rank " +
@@ -555,10 +552,10 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   char* in = static_cast<char*>(held.buffer.data());
   uint64_t sent = 0, got = 0;
   while (sent < mine.payload_bytes || got < theirs.payload_bytes) {
-    const size_t sn = static_cast<size_t>(std::min<uint64_t>(mine.chunk_bytes,
-                                                             mine.payload_bytes - sent));
-    const size_t rn = static_cast<size_t>(std::min<uint64_t>(theirs.chunk_bytes,
-                                                             theirs.payload_bytes - got));
+    const size_t sn =
+        static_cast<size_t>(std::min<uint64_t>(mine.chunk_bytes, mine.payload_bytes - sent));
+    const size_t rn =
+        static_cast<size_t>(std::min<uint64_t>(theirs.chunk_bytes, theirs.payload_bytes - got));
     MORPH_RETURN_IF_ERROR(transfer(sn ? base + sent : nullptr, sn, rn ? in + got : nullptr, rn));
     sent += sn;
     got += rn;

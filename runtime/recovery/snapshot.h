@@ -67,10 +67,10 @@ std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank);
 
 // One rank's state at one step, in host memory: what the recovery serves pieces from.
 struct SnapshotData {
-  int64_t generation = -1;  // of the snapshot
-  int64_t step = -1;        // the state at the start of this step
-  int rank = -1;            // whose state, numbered in `generation`
-  ParallelConfig config;    // its layout
+  int64_t generation = -1;                          // of the snapshot
+  int64_t step = -1;                                // the state at the start of this step
+  int rank = -1;                                    // whose state, numbered in `generation`
+  ParallelConfig config;                            // its layout
   std::vector<Shard> shards;                        // by tensor index (registration order)
   std::vector<ConstBufferView> tensors;             // shards' bytes (host); empty when none
   std::vector<std::span<const std::byte>> scalars;  // by scalar index
@@ -190,7 +190,7 @@ class BuddySnapshotter {
   int buddy_ = -1;
   int ward_ = -1;
   std::vector<std::string> hosts_;
-  std::unique_ptr<Communicator> to_buddy_;  // null when none
+  std::unique_ptr<Communicator> to_buddy_;   // null when none
   std::unique_ptr<Communicator> from_ward_;  // null when it is to_buddy_ (buddy == ward)
   Status broken_;
 

@@ -45,8 +45,7 @@ Status SameAs(const SnapshotData* snap, const State& expected, int64_t step, con
   for (size_t i = 0; i < snap->shards.size(); ++i) {
     const State::TensorRef r = expected.TensorAt(i);
     if (!(snap->shards[i] == r.shard) || snap->tensors[i].bytes != r.data.bytes ||
-        (r.data.bytes > 0 &&
-         std::memcmp(snap->tensors[i].data, r.data.data, r.data.bytes) != 0)) {
+        (r.data.bytes > 0 && std::memcmp(snap->tensors[i].data, r.data.data, r.data.bytes) != 0)) {
       return InternalError(name + ": tensor '" + r.spec->name + "' differs");
     }
   }
@@ -94,9 +93,8 @@ Status TrainAndCheck(const std::string& address, int rank, const std::vector<std
   opts.chunk_bytes = 256;  // several chunks even for this small state
   opts.timeout = std::chrono::seconds(30);
   BuddySnapshotter snap(2, opts);
-  MORPH_RETURN_IF_ERROR(
-      snap.StartGeneration(*store, {.generation = 0, .rank = rank, .hosts = hosts},
-                           Deadline::AfterMs(20000)));
+  MORPH_RETURN_IF_ERROR(snap.StartGeneration(
+      *store, {.generation = 0, .rank = rank, .hosts = hosts}, Deadline::AfterMs(20000)));
   Fill(*state, SeedAt(0));
   for (int64_t step = 0; step <= 6; ++step) {
     MORPH_RETURN_IF_ERROR(snap.MaybeBegin(step, *state));
@@ -144,9 +142,9 @@ Status TrainAndCheck(const std::string& address, int rank, const std::vector<std
 void RunJob(const std::vector<std::string>& hosts, const ParallelConfig& config) {
   MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
   const std::string address = server->address();
-  const std::vector<Status> results =
-      RunRankThreads(static_cast<int>(hosts.size()),
-                     [&](int rank) { return TrainAndCheck(address, rank, hosts, config); });
+  const std::vector<Status> results = RunRankThreads(static_cast<int>(hosts.size()), [&](int rank) {
+    return TrainAndCheck(address, rank, hosts, config);
+  });
   MORPH_EXPECT_OK(FirstError(results));
 }
 
@@ -187,8 +185,8 @@ TEST(BuddySnapshotFaultTest, BuddyDyingMidTransferKeepsThePreviousSnapshot) {
   const int64_t bytes = int64_t{16} << 20;
   ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) -> int {
     auto run = [&]() -> Status {
-      MORPH_ASSIGN_OR_RETURN(auto store, TcpStoreClient::Connect(address, kToken, 0,
-                                                                 Deadline::AfterMs(20000)));
+      MORPH_ASSIGN_OR_RETURN(auto store,
+                             TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
       MORPH_ASSIGN_OR_RETURN(auto state, MakeBigState(config, rank, bytes));
       BuddySnapshotOptions opts;
       opts.chunk_bytes = size_t{1} << 20;
