@@ -86,3 +86,10 @@ RUNTIME_BYTES ?= 1GiB
 bench-runtime: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target runtime_bench restart_baseline_bench
 	BUILD_DIR=$(BUILD_DIR) RUNTIME_BYTES=$(RUNTIME_BYTES) bash bench/peers/run_runtime_bench.sh
+
+# Recovery redundancy (runtime/recovery/): per-step cost of periodic checkpoints and buddy
+# snapshots next to plain 100 ms steps, copy and exchange rates, snapshot memory. JSON lines.
+.PHONY: bench-recovery
+bench-recovery: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target recovery_bench
+	$(BUILD_DIR)/bench/recovery_bench

@@ -551,9 +551,22 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
       }
     }
     if (saved != total) {
+      // Name the first box no piece holds (pieces are disjoint here, so some box is missing).
+      std::vector<Box> missing = {Box::FromShape(info.shape)};
+      for (const auto& piece_boxes : boxes) {
+        for (const Box& b : piece_boxes) {
+          std::vector<Box> rest;
+          for (const Box& m : missing) {
+            for (Box& r : Subtract(m, b)) rest.push_back(std::move(r));
+          }
+          missing = std::move(rest);
+        }
+      }
       return DataLossError("checkpoint " + dir + ": saved pieces of tensor '" + info.name +
                            "' hold " + std::to_string(saved) + " of its " + std::to_string(total) +
-                           " elements");
+                           " elements" +
+                           (missing.empty() ? std::string()
+                                            : "; no piece holds " + missing.front().ToString()));
     }
   }
   return reader;

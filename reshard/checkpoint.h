@@ -103,7 +103,8 @@ class CheckpointReader {
   // the checkpoint is incomplete (a rank's folder is missing: its save was interrupted or
   // never ran; leftover temporary folders are named). kDataLoss: an unreadable manifest, a
   // data file whose size differs from its manifest (truncated), ranks that disagree on step,
-  // num_ranks or a tensor's dtype/shape, or saved pieces that overlap or do not cover a tensor.
+  // num_ranks or a tensor's dtype/shape, or saved pieces that overlap or do not cover a tensor
+  // (naming the tensor and the first box no piece holds).
   static StatusOr<CheckpointReader> Open(const std::string& dir);
 
   int64_t step() const { return step_; }

@@ -85,6 +85,10 @@ Status State::AddScalar(std::string name, int64_t bytes) {
 }
 
 State::TensorRef State::TensorAt(size_t index) {
+  return static_cast<const State&>(*this).TensorAt(index);
+}
+
+State::TensorRef State::TensorAt(size_t index) const {
   const Entry& e = *entries_[index];
   TensorRef r;
   r.spec = &specs_[index];

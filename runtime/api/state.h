@@ -134,6 +134,11 @@ class State {
   void MarkTorn() { intact_ = false; }
   // Tensor `index` (registration order) without a lookup; index < tensors().size().
   TensorRef TensorAt(size_t index);
+  // The same for readers (checkpoints, snapshots: runtime/recovery/): they must not write
+  // through the view.
+  TensorRef TensorAt(size_t index) const;
+  // Scalar `index` (registration order); index < scalars().size().
+  std::span<const std::byte> ScalarAt(size_t index) const { return scalar_data_[index]; }
   // Storage for a new shard of tensor `index`, from the tensor's allocator (bytes > 0).
   // Does not change the state. The allocator's error, naming the tensor.
   StatusOr<Buffer> AllocateShard(size_t index, int64_t bytes) const;

@@ -1,0 +1,256 @@
+#include "runtime/recovery/checkpointer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "base/testing.h"
+#include "runtime/recovery/recovery_testutil.h"
+
+namespace morph {
+namespace {
+
+namespace fs = std::filesystem;
+using ::morph::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using namespace ::morph::recovery_testutil;  // NOLINT
+
+class CheckpointerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/morph_checkpointer_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Saves step `step` of generation `gen` from every rank of `config` (states filled with
+  // `seed`), clobbering each state right after MaybeSave returns: the snapshot was taken.
+  void SaveAll(const ParallelConfig& config, int64_t step, int64_t gen, uint64_t seed,
+               bool hybrid = false, int keep = 2) {
+    const int world = config.world();
+    std::vector<std::unique_ptr<State>> states;
+    std::vector<std::unique_ptr<PeriodicCheckpointer>> ckpts;
+    for (int r = 0; r < world; ++r) {
+      MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(config, r, hybrid));
+      Fill(*s, seed);
+      states.push_back(std::move(s));
+      ckpts.push_back(std::make_unique<PeriodicCheckpointer>(dir_, 5, keep));
+    }
+    for (int r = 0; r < world; ++r) {
+      MORPH_ASSERT_OK(ckpts[r]->MaybeSave(step, gen, *states[r], r, world, config));
+      Fill(*states[r], seed + 1000);  // the training step changes the state at once
+    }
+    // Ranks > 0 first, so rank 0's retention pass after its own save sees them complete.
+    for (int r = world - 1; r >= 0; --r) MORPH_ASSERT_OK(ckpts[r]->Flush(Deadline::AfterMs(60000)));
+  }
+
+  std::string dir_;
+};
+
+struct RestoreCase {
+  ParallelConfig from;
+  ParallelConfig to;
+};
+
+TEST_F(CheckpointerTest, SaveInOneConfigRestoreInAnotherBitwise) {
+  const std::vector<ParallelConfig> froms = {Config(1, 2, 1), Config(2, 1, 1)};
+  const std::vector<ParallelConfig> tos = {Config(3, 1, 1), Config(1, 1, 3), Config(1, 3, 1)};
+  int64_t gen = 1;
+  for (const ParallelConfig& from : froms) {
+    for (const ParallelConfig& to : tos) {
+      SCOPED_TRACE(from.ToString() + " -> " + to.ToString());
+      const uint64_t seed = 17 + static_cast<uint64_t>(gen);
+      SaveAll(from, 10, gen, seed);
+      MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
+      EXPECT_EQ(ref.step, 10);
+      EXPECT_EQ(ref.generation, gen);
+      EXPECT_EQ(ref.path, CheckpointPath(dir_, 10, gen));
+      for (int r = 0; r < to.world(); ++r) {
+        MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(to, r));
+        MORPH_ASSERT_OK(RestoreFromCheckpoint(ref.path, *s));
+        ExpectFilled(*s, seed);
+      }
+      ++gen;
+    }
+  }
+}
+
+TEST_F(CheckpointerTest, LoadBoxFillsOnlyThatBoxOfAStridedShard) {
+  SaveAll(Config(1, 2, 1), 5, 1, 41);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader reader,
+                             CheckpointReader::Open(CheckpointPath(dir_, 5, 1)));
+  const ParallelConfig to = Config(3, 1, 1);
+  for (int r = 0; r < 3; ++r) {
+    MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(to, r));
+    Fill(*s, 41);
+    for (size_t i = 0; i < s->tensors().size(); ++i) {
+      State::TensorRef ref = s->TensorAt(i);
+      if (ref.shard.empty()) continue;
+      // Lose the shard's elements, then load them back box by box (ZeRO shards: partial rows).
+      std::memset(ref.data.data, 0xEE, ref.data.bytes);
+      for (const Box& b : ShardBoxes(ref.shard)) {
+        MORPH_ASSERT_OK(LoadBoxFromCheckpoint(reader, *ref.spec, to, ref.shard, ref.data, b));
+      }
+    }
+    // Padding (vocab's rows 10..11 of a 12-row frame) is not in the checkpoint: zero-filled.
+    ExpectFilled(*s, 41);
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(to, 0));
+  State::TensorRef w1 = s->TensorAt(1);
+  EXPECT_THAT(
+      LoadBoxFromCheckpoint(reader, *w1.spec, to, w1.shard, w1.data, Box::FromShape({7, 12})),
+      StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1'")));
+}
+
+TEST_F(CheckpointerTest, HybridZeroSavesOneReplicaGroup) {
+  SaveAll(Config(4, 1, 1), 5, 1, 99, /*hybrid=*/true);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
+  for (const ParallelConfig& to : {Config(2, 1, 1), Config(2, 2, 1)}) {
+    for (int r = 0; r < to.world(); ++r) {
+      MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(to, r, /*hybrid=*/true));
+      MORPH_ASSERT_OK(RestoreFromCheckpoint(ref.path, *s));
+      ExpectFilled(*s, 99);
+    }
+  }
+}
+
+TEST_F(CheckpointerTest, NotDueStepsAndDisabledSaveNothing) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(Config(1, 1, 1), 0));
+  PeriodicCheckpointer off("", 5, 2);
+  EXPECT_FALSE(off.enabled());
+  MORPH_EXPECT_OK(off.MaybeSave(5, 1, *s, 0, 1, Config(1, 1, 1)));
+  PeriodicCheckpointer ckpt(dir_, 5, 2);
+  MORPH_EXPECT_OK(ckpt.MaybeSave(3, 1, *s, 0, 1, Config(1, 1, 1)));
+  EXPECT_EQ(ckpt.saves_started(), 0);
+  EXPECT_TRUE(fs::is_empty(dir_));
+  EXPECT_THAT(LatestCompleteCheckpoint(dir_), StatusIs(StatusCode::kNotFound, HasSubstr(dir_)));
+  EXPECT_THAT(LatestCompleteCheckpoint(dir_ + "/nope"),
+              StatusIs(StatusCode::kNotFound, HasSubstr(dir_ + "/nope")));
+}
+
+TEST_F(CheckpointerTest, BadCallsAreRefusedNamingWhatIsWrong) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(Config(1, 2, 1), 1));
+  PeriodicCheckpointer ckpt(dir_, 5, 2);
+  EXPECT_THAT(ckpt.MaybeSave(5, 1, *s, 2, 2, Config(1, 2, 1)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("rank 2 of world 2")));
+  EXPECT_THAT(ckpt.MaybeSave(5, 1, *s, 0, 2, Config(1, 2, 1)),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("rank 1, not")));
+  State fresh;
+  MORPH_ASSERT_OK(fresh.AddTensor("w", {4}, DType::kF32, Layout::Layer(0)));
+  EXPECT_THAT(RestoreFromCheckpoint(dir_, fresh),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("holds no shards")));
+}
+
+TEST_F(CheckpointerTest, RetentionKeepsTheNewestCompleteOnes) {
+  const ParallelConfig c = Config(1, 2, 1);
+  for (int64_t step : {0, 5, 10, 15}) SaveAll(c, step, 1, 7 + static_cast<uint64_t>(step));
+  // Rank 0's retention after step 15's save kept the newest two.
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 0, 1)));
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 5, 1)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 10, 1)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 1)));
+
+  // Step 20: rank 0 saved, rank 1 not (yet, or died): incomplete, so it counts for nothing and
+  // steps 10 and 15 stay; an incomplete one older than those (an older generation's
+  // interrupted save) goes.
+  MORPH_ASSERT_OK_AND_ASSIGN(auto s0, MakeState(c, 0));
+  {
+    PeriodicCheckpointer only0(dir_, 5, 2);
+    MORPH_ASSERT_OK(only0.MaybeSave(20, 1, *s0, 0, 2, c));
+    MORPH_ASSERT_OK(only0.MaybeSave(15, 0, *s0, 0, 2, c));  // (15, g0) < (15, g1)
+    MORPH_ASSERT_OK(only0.Flush(Deadline::AfterMs(60000)));
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
+  EXPECT_EQ(ref.step, 15);
+  EXPECT_EQ(ref.generation, 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 2));
+  EXPECT_EQ(deleted, 0);  // (15, g0) is older than step 15 g1 but not than step 10: kept
+  MORPH_ASSERT_OK_AND_ASSIGN(deleted, PruneCheckpoints(dir_, 1));
+  EXPECT_EQ(deleted, 2);  // step 10 and (15, g0)
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 20, 1)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 1)));
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 15, 0)));
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 10, 1)));
+}
+
+TEST_F(CheckpointerTest, SaveKilledMidwayNeverCountsAsComplete) {
+  const ParallelConfig c = Config(1, 2, 1);
+  SaveAll(c, 5, 1, 3);
+  // Rank 1 of step 10 is killed while its background write runs (64 MiB, fsynced: far longer
+  // than the instant between MaybeSave's return and the kill); rank 0 finishes.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto s = MakeBigState(c, 1, int64_t{64} << 20);
+    if (!s.ok()) ::_exit(2);
+    PeriodicCheckpointer ckpt(dir_, 5, 2);
+    if (!ckpt.MaybeSave(10, 1, **s, 1, 2, c).ok()) ::_exit(3);
+    ::raise(SIGKILL);
+    ::_exit(4);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exit " << WEXITSTATUS(status);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto s0, MakeBigState(c, 0, int64_t{64} << 20));
+  PeriodicCheckpointer ckpt0(dir_, 5, 2);
+  MORPH_ASSERT_OK(ckpt0.MaybeSave(10, 1, *s0, 0, 2, c));
+  MORPH_ASSERT_OK(ckpt0.Flush(Deadline::AfterMs(60000)));
+  EXPECT_THAT(CheckpointReader::Open(CheckpointPath(dir_, 10, 1)),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("rank 1 of 2")));
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
+  EXPECT_EQ(ref.step, 5);
+}
+
+TEST_F(CheckpointerTest, MissingPieceIsDataLossNamingTensorAndBox) {
+  // Rank 1 of tp=2 saves everything but its half of "w1" (columns 6..11).
+  const ParallelConfig c = Config(1, 2, 1);
+  std::vector<std::unique_ptr<CheckpointSave>> saves;
+  std::vector<std::unique_ptr<State>> states;
+  for (int r = 0; r < 2; ++r) {
+    MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(c, r));
+    Fill(*s, 5);
+    MORPH_ASSERT_OK_AND_ASSIGN(std::vector<CheckpointPiece> pieces, CheckpointPieces(*s, c, r));
+    if (r == 1) {
+      std::erase_if(pieces, [](const CheckpointPiece& p) { return p.tensor.name == "w1"; });
+    }
+    MORPH_ASSERT_OK_AND_ASSIGN(
+        auto save, SaveCheckpointAsync(CheckpointPath(dir_, 5, 1), r, 2, 5, "", pieces));
+    saves.push_back(std::move(save));
+    states.push_back(std::move(s));
+  }
+  for (auto& s : saves) MORPH_ASSERT_OK(s->Wait(Deadline::AfterMs(60000)));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto target, MakeState(Config(3, 1, 1), 0));
+  EXPECT_THAT(
+      RestoreFromCheckpoint(CheckpointPath(dir_, 5, 1), *target),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr("tensor 'w1'"), HasSubstr("[0,6)x[6,12)"))));
+}
+
+TEST_F(CheckpointerTest, DifferentRegistrationIsFailedPreconditionNamingIt) {
+  SaveAll(Config(1, 2, 1), 5, 1, 3);
+  const std::string path = CheckpointPath(dir_, 5, 1);
+  State other;
+  MORPH_ASSERT_OK(other.AddTensor("w1", {6, 10}, DType::kF32, Layout::Layer(1).SplitTP(1)));
+  MORPH_ASSERT_OK(other.Materialize(Config(1, 1, 1), 0));
+  EXPECT_THAT(RestoreFromCheckpoint(path, other),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("tensor 'w1' has shape [6, 10], saved as [6, 12]")));
+  State missing;
+  MORPH_ASSERT_OK(missing.AddTensor("nope", {4}, DType::kF32, Layout::Layer(0)));
+  MORPH_ASSERT_OK(missing.Materialize(Config(1, 1, 1), 0));
+  EXPECT_THAT(RestoreFromCheckpoint(path, missing),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("tensor 'nope' is not in it")));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto fewer, MakeState(Config(1, 1, 1), 0, false, /*scalars=*/false));
+  EXPECT_THAT(RestoreFromCheckpoint(path, *fewer),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("it holds 'scalar:rng', which is not registered")));
+}
+
+}  // namespace
+}  // namespace morph

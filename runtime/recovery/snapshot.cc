@@ -1,0 +1,648 @@
+#include "runtime/recovery/snapshot.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "collectives/gloo_communicator.h"
+#include "reshard/crc32c.h"
+
+#if MORPH_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace morph {
+namespace {
+
+constexpr uint64_t kMagic = 0x50414e5348504d52ull;  // "RMPHSNAP"
+constexpr size_t kAlign = 64;
+constexpr size_t kCopyChunk = size_t{1} << 20;
+
+struct Header {
+  uint64_t magic = kMagic;
+  int64_t generation = 0;
+  int64_t step = 0;
+  int32_t rank = 0;
+  uint32_t crc = 0;
+  uint64_t meta_bytes = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t reserved = 0;
+};
+static_assert(sizeof(Header) == 64);
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string PairName(int a, int b) {
+  return "snapshot/" + std::to_string(std::min(a, b)) + "-" + std::to_string(std::max(a, b));
+}
+
+// The snapshot's description (shards, offsets, scalar sizes, config) as int64 words.
+std::vector<int64_t> EncodeMeta(const SnapshotData& d, const void* base) {
+  std::vector<int64_t> m;
+  const ParallelConfig& c = d.config;
+  m.insert(m.end(), {c.dp, c.tp, c.pp, c.zero_stage, c.micro_batches,
+                     static_cast<int64_t>(c.stage_of_layer.size())});
+  for (int s : c.stage_of_layer) m.push_back(s);
+  m.push_back(static_cast<int64_t>(d.shards.size()));
+  for (size_t i = 0; i < d.shards.size(); ++i) {
+    const Shard& s = d.shards[i];
+    m.push_back(s.frame.rank());
+    for (const Interval& iv : s.frame.dims()) m.insert(m.end(), {iv.begin, iv.end});
+    m.insert(m.end(), {s.flat_begin, s.flat_end});
+    const ConstBufferView& v = d.tensors[i];
+    m.push_back(v.bytes == 0 ? 0
+                             : static_cast<const char*>(v.data) - static_cast<const char*>(base));
+    m.push_back(static_cast<int64_t>(v.bytes));
+  }
+  m.push_back(static_cast<int64_t>(d.scalars.size()));
+  for (const auto& s : d.scalars) {
+    m.push_back(
+        s.empty() ? 0 : reinterpret_cast<const char*>(s.data()) - static_cast<const char*>(base));
+    m.push_back(static_cast<int64_t>(s.size()));
+  }
+  return m;
+}
+
+// The inverse, with views into `base` (payload of `bytes`). kDataLoss when inconsistent.
+Status DecodeMeta(const std::vector<int64_t>& m, const char* base, int64_t bytes, SnapshotData& d) {
+  size_t i = 0;
+  auto next = [&](int64_t& v) {
+    if (i >= m.size()) return false;
+    v = m[i++];
+    return true;
+  };
+  const auto bad = [](const std::string& what) {
+    return DataLossError("snapshot description is inconsistent: " + what);
+  };
+  auto view_ok = [&](int64_t off, int64_t n) { return off >= 0 && n >= 0 && off + n <= bytes; };
+  int64_t dp, tp, pp, zs, mb, nl;
+  if (!next(dp) || !next(tp) || !next(pp) || !next(zs) || !next(mb) || !next(nl) || nl < 0) {
+    return bad("config");
+  }
+  d.config = ParallelConfig{
+      .dp = static_cast<int>(dp), .tp = static_cast<int>(tp), .pp = static_cast<int>(pp)};
+  d.config.zero_stage = static_cast<int>(zs);
+  d.config.micro_batches = static_cast<int>(mb);
+  for (int64_t k = 0; k < nl; ++k) {
+    int64_t s;
+    if (!next(s)) return bad("stage_of_layer");
+    d.config.stage_of_layer.push_back(static_cast<int>(s));
+  }
+  int64_t nt;
+  if (!next(nt) || nt < 0) return bad("tensor count");
+  d.shards.clear();
+  d.tensors.clear();
+  for (int64_t t = 0; t < nt; ++t) {
+    int64_t rank;
+    if (!next(rank) || rank < 0 || rank > 16) return bad("tensor " + std::to_string(t));
+    std::vector<Interval> dims(static_cast<size_t>(rank));
+    for (Interval& iv : dims) {
+      if (!next(iv.begin) || !next(iv.end)) return bad("tensor " + std::to_string(t));
+    }
+    Shard s;
+    s.frame = Box(std::move(dims));
+    int64_t off, n;
+    if (!next(s.flat_begin) || !next(s.flat_end) || !next(off) || !next(n) || !view_ok(off, n)) {
+      return bad("tensor " + std::to_string(t));
+    }
+    d.shards.push_back(std::move(s));
+    d.tensors.emplace_back(n == 0 ? nullptr : base + off, static_cast<size_t>(n),
+                           MemoryKind::kHost);
+  }
+  int64_t ns;
+  if (!next(ns) || ns < 0) return bad("scalar count");
+  d.scalars.clear();
+  for (int64_t k = 0; k < ns; ++k) {
+    int64_t off, n;
+    if (!next(off) || !next(n) || !view_ok(off, n)) return bad("scalar " + std::to_string(k));
+    d.scalars.emplace_back(reinterpret_cast<const std::byte*>(base + off), static_cast<size_t>(n));
+  }
+  if (i != m.size()) return bad("trailing words");
+  return Status::Ok();
+}
+
+Status CopyOut(char* dst, ConstBufferView src, size_t offset, size_t n) {
+  if (src.kind == MemoryKind::kHost) {
+    std::memcpy(dst, static_cast<const char*>(src.data) + offset, n);
+    return Status::Ok();
+  }
+#if MORPH_WITH_CUDA
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, src.data) == cudaSuccess && attr.device >= 0) {
+    cudaSetDevice(attr.device);
+  }
+  const cudaError_t e =
+      cudaMemcpy(dst, static_cast<const char*>(src.data) + offset, n, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) {
+    return InternalError(std::string("copying a shard to the snapshot: ") + cudaGetErrorString(e));
+  }
+  return Status::Ok();
+#else
+  return FailedPreconditionError("a shard is in CUDA memory but morph was built without CUDA");
+#endif
+}
+
+// Newest complete slot, or -1.
+template <typename S>
+int Newest(const std::array<S, 2>& slots) {
+  int best = -1;
+  for (int i = 0; i < 2; ++i) {
+    if (slots[i].complete && (best < 0 || slots[i].data.step > slots[best].data.step)) best = i;
+  }
+  return best;
+}
+
+Status CopyIn(BufferView dst, const void* src, size_t n) {
+  if (dst.kind == MemoryKind::kHost) {
+    std::memcpy(dst.data, src, n);
+    return Status::Ok();
+  }
+#if MORPH_WITH_CUDA
+  const cudaError_t e = cudaMemcpy(dst.data, src, n, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    return InternalError(std::string("copying a snapshot into a shard: ") + cudaGetErrorString(e));
+  }
+  return Status::Ok();
+#else
+  return FailedPreconditionError("a shard is in CUDA memory but morph was built without CUDA");
+#endif
+}
+
+}  // namespace
+
+Status RestoreFromSnapshot(const SnapshotData& snap, State& state) {
+  const std::string what = "restoring the snapshot of step " + std::to_string(snap.step) +
+                           " (rank " + std::to_string(snap.rank) + ")";
+  const auto differ = [&](const std::string& why) {
+    return FailedPreconditionError(what + ": the state differs: " + why);
+  };
+  if (state.config() == nullptr || !(*state.config() == snap.config) || state.rank() != snap.rank) {
+    return differ("it is laid out for " +
+                  (state.config() ? state.config()->ToString() : std::string("nothing")) +
+                  " rank " + std::to_string(state.rank()) + ", the snapshot for " +
+                  snap.config.ToString() + " rank " + std::to_string(snap.rank));
+  }
+  if (state.tensors().size() != snap.shards.size() ||
+      state.scalars().size() != snap.scalars.size()) {
+    return differ(std::to_string(state.tensors().size()) + " tensors and " +
+                  std::to_string(state.scalars().size()) + " scalars, the snapshot " +
+                  std::to_string(snap.shards.size()) + " and " +
+                  std::to_string(snap.scalars.size()));
+  }
+  for (size_t i = 0; i < snap.shards.size(); ++i) {
+    const State::TensorRef r = state.TensorAt(i);
+    if (!(r.shard == snap.shards[i]) || r.data.bytes != snap.tensors[i].bytes) {
+      return differ("tensor '" + r.spec->name + "' holds " + r.shard.ToString() +
+                    ", the snapshot " + snap.shards[i].ToString());
+    }
+  }
+  for (size_t k = 0; k < snap.scalars.size(); ++k) {
+    if (state.ScalarAt(k).size() != snap.scalars[k].size()) {
+      return differ("scalar '" + state.scalars()[k].name + "' has " +
+                    std::to_string(state.ScalarAt(k).size()) + " bytes, the snapshot " +
+                    std::to_string(snap.scalars[k].size()));
+    }
+  }
+  for (size_t i = 0; i < snap.shards.size(); ++i) {
+    const State::TensorRef r = state.TensorAt(i);
+    if (r.data.bytes == 0) continue;
+    MORPH_RETURN_IF_ERROR(CopyIn(r.data, snap.tensors[i].data, r.data.bytes))
+        << what << ", tensor '" << r.spec->name << "'";
+  }
+  for (size_t k = 0; k < snap.scalars.size(); ++k) {
+    MORPH_ASSIGN_OR_RETURN(std::span<std::byte> blob, state.scalar(state.scalars()[k].name));
+    std::copy(snap.scalars[k].begin(), snap.scalars[k].end(), blob.begin());
+  }
+  return Status::Ok();
+}
+
+std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank) {
+  const int n = static_cast<int>(host_of_rank.size());
+  std::vector<std::string> hosts;
+  std::map<std::string, std::vector<int>> ranks_on;
+  for (int r = 0; r < n; ++r) {
+    auto& v = ranks_on[host_of_rank[r]];
+    if (v.empty()) hosts.push_back(host_of_rank[r]);
+    v.push_back(r);
+  }
+  std::vector<int> order;
+  size_t largest = 0;
+  for (const std::string& h : hosts) {
+    const auto& v = ranks_on[h];
+    order.insert(order.end(), v.begin(), v.end());
+    largest = std::max(largest, v.size());
+  }
+  const int shift = static_cast<int>(largest) < n ? static_cast<int>(largest) : 1;
+  std::vector<int> buddy(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) buddy[order[j]] = order[(j + shift) % n];
+  return buddy;
+}
+
+BuddySnapshotter::BuddySnapshotter(int64_t every, BuddySnapshotOptions options)
+    : every_(every), options_(std::move(options)) {
+  if (options_.chunk_bytes == 0) options_.chunk_bytes = size_t{16} << 20;
+}
+
+BuddySnapshotter::~BuddySnapshotter() { EndGeneration(); }
+
+void BuddySnapshotter::JoinRound() {
+  if (round_.joinable()) round_.join();
+}
+
+void BuddySnapshotter::EndGeneration() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (running_) {
+      if (to_buddy_) to_buddy_->Abort();
+      if (from_ward_) from_ward_->Abort();
+    }
+  }
+  JoinRound();
+  to_buddy_.reset();
+  from_ward_.reset();
+  generation_ = -1;
+  buddy_ = ward_ = -1;
+  broken_ = Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  copy_status_ = Status::Ok();
+  exchange_status_ = Status::Ok();
+  copied_ = true;
+}
+
+Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration& g,
+                                         Deadline deadline) {
+  EndGeneration();
+  const int world = static_cast<int>(g.hosts.size());
+  if (g.rank < 0 || g.rank >= world) {
+    return InvalidArgumentError("snapshot: rank " + std::to_string(g.rank) +
+                                " outside a world of " + std::to_string(world));
+  }
+  for (size_t r = 0; r < g.hosts.size(); ++r) {
+    if (g.hosts[r].empty()) {
+      return InvalidArgumentError("snapshot: rank " + std::to_string(r) + " has no host name");
+    }
+  }
+  log_.Set(g.generation, g.rank, world);
+  generation_ = g.generation;
+  rank_ = g.rank;
+  hosts_ = g.hosts;
+  if (!enabled() || world == 1) return Status::Ok();
+  const std::vector<int> buddies = BuddyRanks(g.hosts);
+  buddy_ = buddies[static_cast<size_t>(g.rank)];
+  for (int r = 0; r < world; ++r) {
+    if (buddies[static_cast<size_t>(r)] == g.rank) ward_ = r;
+  }
+  auto make = [&](int peer) -> StatusOr<std::unique_ptr<Communicator>> {
+    StatusOr<std::unique_ptr<GlooCommunicator>> c = GlooCommunicator::Create(
+        store, PairName(g.rank, peer), g.rank < peer ? 0 : 1, 2, options_.device, deadline);
+    if (!c.ok()) {
+      return c.status().WithContext("snapshot communicator with rank " + std::to_string(peer) +
+                                    " (host " + g.hosts[static_cast<size_t>(peer)] + ")");
+    }
+    return std::unique_ptr<Communicator>(std::move(c).value());
+  };
+  // Both at once: the pairs form a cycle, so building them one after the other could wait on
+  // a peer that waits on its own other pair.
+  StatusOr<std::unique_ptr<Communicator>> ward_comm = std::unique_ptr<Communicator>();
+  std::thread ward_thread;
+  if (ward_ != buddy_) ward_thread = std::thread([&] { ward_comm = make(ward_); });
+  StatusOr<std::unique_ptr<Communicator>> buddy_comm = make(buddy_);
+  if (ward_thread.joinable()) ward_thread.join();
+  if (!buddy_comm.ok() || !ward_comm.ok()) {
+    const Status s = !buddy_comm.ok() ? buddy_comm.status() : ward_comm.status();
+    generation_ = -1;
+    buddy_ = ward_ = -1;
+    return s;
+  }
+  to_buddy_ = std::move(buddy_comm).value();
+  from_ward_ = std::move(ward_comm).value();
+  MORPH_VLOG(1, log_) << "snapshots: buddy rank " << buddy_ << " (host "
+                      << hosts_[static_cast<size_t>(buddy_)] << "), ward rank " << ward_;
+  return Status::Ok();
+}
+
+Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
+  if (!Due(step)) return Status::Ok();
+  if (generation_ < 0) {
+    return FailedPreconditionError("snapshot of step " + std::to_string(step) +
+                                   ": no generation started");
+  }
+  if (state.rank() != rank_ || state.config() == nullptr || !state.intact()) {
+    return FailedPreconditionError("snapshot of step " + std::to_string(step) +
+                                   ": the state is not laid out for rank " + std::to_string(rank_) +
+                                   (state.intact() ? "" : " (not intact)"));
+  }
+  MORPH_RETURN_IF_ERROR(WaitExchanged(Deadline::After(options_.timeout)))
+      << "snapshot of step " << step << ": the previous round";
+  JoinRound();
+  if (!broken_.ok()) return broken_;
+
+  // Layout of the copy: tensors in registration order, then scalars, each 64-byte aligned.
+  std::vector<Source> sources;
+  SnapshotData d;
+  d.generation = generation_;
+  d.step = step;
+  d.rank = rank_;
+  d.config = *state.config();
+  size_t off = 0;
+  for (size_t i = 0; i < state.tensors().size(); ++i) {
+    const State::TensorRef ref = state.TensorAt(i);
+    d.shards.push_back(ref.shard);
+    sources.push_back({ConstBufferView(ref.data), off});
+    d.tensors.emplace_back(nullptr, ref.data.bytes, MemoryKind::kHost);
+    off = AlignUp(off + ref.data.bytes);
+  }
+  for (size_t k = 0; k < state.scalars().size(); ++k) {
+    const std::span<const std::byte> blob = state.ScalarAt(k);
+    sources.push_back({ConstBufferView(blob.data(), blob.size(), MemoryKind::kHost), off});
+    d.scalars.emplace_back();
+    off = AlignUp(off + blob.size());
+  }
+  d.bytes = static_cast<int64_t>(off);
+  std::lock_guard<std::mutex> lock(mu_);
+  const int newest_local = Newest(local_);
+  const size_t ls = newest_local == 0 ? 1 : 0;
+  local_[ls].complete = false;
+  local_[ls].data = std::move(d);
+  running_ = true;
+  copied_ = false;
+  copy_status_ = Status::Ok();
+  exchange_status_ = Status::Ok();
+  round_ = std::thread([this, step, gen = generation_, sources = std::move(sources), ls]() mutable {
+    Round(step, gen, std::move(sources), ls);
+  });
+  return Status::Ok();
+}
+
+Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
+  SnapshotData& d = slot.data;
+  const size_t total = static_cast<size_t>(d.bytes);
+  if (slot.buffer.size() < total || slot.buffer.data() == nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the size
+      slot.buffer = Buffer();
+    }
+    MORPH_ASSIGN_OR_RETURN(Buffer b, HostAllocator()(std::max<size_t>(total, kAlign)),
+                           "snapshot buffer of " << total << " bytes");
+    std::lock_guard<std::mutex> lock(mu_);
+    slot.buffer = std::move(b);
+  }
+  char* base = static_cast<char*>(slot.buffer.data());
+  uint32_t crc = 0;
+  size_t at = 0;
+  const size_t nt = d.tensors.size();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const Source& s = sources[i];
+    if (s.offset > at) {  // alignment padding: zeros, part of the checksum
+      std::memset(base + at, 0, s.offset - at);
+      crc = Crc32cExtend(crc, base + at, s.offset - at);
+    }
+    for (size_t done = 0; done < s.view.bytes; done += kCopyChunk) {
+      const size_t n = std::min(kCopyChunk, s.view.bytes - done);
+      MORPH_RETURN_IF_ERROR(CopyOut(base + s.offset + done, s.view, done, n));
+      crc = Crc32cExtend(crc, base + s.offset + done, n);
+    }
+    at = s.offset + s.view.bytes;
+    if (i < nt) {
+      d.tensors[i] = ConstBufferView(s.view.bytes ? base + s.offset : nullptr, s.view.bytes,
+                                     MemoryKind::kHost);
+    } else {
+      d.scalars[i - nt] = std::span<const std::byte>(
+          reinterpret_cast<const std::byte*>(base + s.offset), s.view.bytes);
+    }
+  }
+  if (total > at) {
+    std::memset(base + at, 0, total - at);
+    crc = Crc32cExtend(crc, base + at, total - at);
+  }
+  d.crc32c = crc;
+  return Status::Ok();
+}
+
+void BuddySnapshotter::Round(int64_t step, int64_t generation, std::vector<Source> sources,
+                             size_t ls) {
+  Slot& local = local_[ls];
+  Status copy = Copy(sources, local);
+  size_t hs = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local.complete = copy.ok();
+    copied_ = true;
+    copy_status_ = copy.WithContext("snapshot of step " + std::to_string(step));
+    hs = Newest(held_) == 0 ? 1 : 0;
+    held_[hs].complete = false;
+    cv_.notify_all();
+  }
+  Status ex;
+  if (!copy.ok()) {
+    // The buddy expects this round's messages: fail its side too rather than let it wait.
+    if (to_buddy_) to_buddy_->Abort();
+    if (from_ward_) from_ward_->Abort();
+    ex = copy_status_;
+  } else if (to_buddy_) {
+    ex = Exchange(step, generation, local, hs);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ex.ok() && to_buddy_) held_[hs].complete = true;
+  exchange_status_ = ex;
+  if (!ex.ok()) {
+    broken_ = ex;
+    MORPH_LOG(INFO, log_) << ex;
+  }
+  running_ = false;
+  cv_.notify_all();
+}
+
+Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local, size_t hs) {
+  Slot& held = held_[hs];
+  const std::string buddy_name =
+      "rank " + std::to_string(buddy_) + " (host " + hosts_[static_cast<size_t>(buddy_)] + ")";
+  const std::string ward_name =
+      "rank " + std::to_string(ward_) + " (host " + hosts_[static_cast<size_t>(ward_)] + ")";
+  const std::string what = "snapshot of step " + std::to_string(step);
+  const bool same = from_ward_ == nullptr;
+  const int buddy_peer = rank_ < buddy_ ? 1 : 0;  // the buddy's rank in the pair communicator
+  const int ward_peer = rank_ < ward_ ? 1 : 0;
+  Communicator& ward_comm = same ? *to_buddy_ : *from_ward_;
+  // One step of the exchange: `send` to the buddy and/or `recv` from the ward, concurrently.
+  auto transfer = [&](const void* send, size_t send_n, void* recv, size_t recv_n) -> Status {
+    auto tag = [&](Status s, bool sending) {
+      const int peer = sending ? buddy_ : ward_;
+      CollectiveFailure f;
+      if (const CollectiveFailure* cf = s.collective_failure()) f = *cf;
+      f.peers = {peer};
+      f.group = PairName(rank_, peer);
+      return s
+          .WithContext(sending ? what + ": sending to buddy " + buddy_name
+                               : what + ": receiving the copy of " + ward_name)
+          .WithCollectiveFailure(std::move(f));
+    };
+    P2POp s_op{P2POp::Kind::kSend, buddy_peer, const_cast<void*>(send), send_n};
+    P2POp r_op{P2POp::Kind::kRecv, ward_peer, recv, recv_n};
+    if (same) {
+      std::vector<P2POp> ops;
+      if (send != nullptr) ops.push_back(s_op);
+      if (recv != nullptr) ops.push_back(r_op);
+      if (ops.empty()) return Status::Ok();
+      Status s = to_buddy_->SendRecv(std::move(ops), options_.timeout);
+      return s.ok() ? s : tag(s, send != nullptr);
+    }
+    std::unique_ptr<Work> ws, wr;
+    if (send != nullptr) {
+      StatusOr<std::unique_ptr<Work>> w =
+          to_buddy_->Start(CollectiveOp::SendRecv({s_op}, options_.timeout));
+      if (!w.ok()) return tag(w.status(), true);
+      ws = std::move(w).value();
+    }
+    if (recv != nullptr) {
+      StatusOr<std::unique_ptr<Work>> w =
+          ward_comm.Start(CollectiveOp::SendRecv({r_op}, options_.timeout));
+      if (!w.ok()) {
+        if (ws) (void)ws->Wait(Deadline::After(options_.timeout));
+        return tag(w.status(), false);
+      }
+      wr = std::move(w).value();
+    }
+    const Status ss = ws ? ws->Wait(Deadline::After(options_.timeout)) : Status::Ok();
+    const Status rs = wr ? wr->Wait(Deadline::After(options_.timeout)) : Status::Ok();
+    if (!rs.ok()) return tag(rs, false);  // the ward's failure first: it is what we lose
+    if (!ss.ok()) return tag(ss, true);
+    return Status::Ok();
+  };
+
+  const char* base = static_cast<const char*>(local.buffer.data());
+  const std::vector<int64_t> meta = EncodeMeta(local.data, base);
+  Header mine;
+  mine.generation = generation;
+  mine.step = step;
+  mine.rank = rank_;
+  mine.crc = local.data.crc32c;
+  mine.meta_bytes = meta.size() * sizeof(int64_t);
+  mine.payload_bytes = static_cast<uint64_t>(local.data.bytes);
+  mine.chunk_bytes = options_.chunk_bytes;
+  Header theirs;
+  MORPH_RETURN_IF_ERROR(transfer(&mine, sizeof(mine), &theirs, sizeof(theirs)));
+  if (theirs.magic != kMagic || theirs.generation != generation || theirs.step != step ||
+      theirs.rank != ward_ || theirs.meta_bytes % sizeof(int64_t) != 0 || theirs.chunk_bytes == 0 ||
+      theirs.meta_bytes > (uint64_t{64} << 20)) {
+    return FailedPreconditionError(
+        what + ": " + ward_name + " sent a snapshot of generation " +
+        std::to_string(theirs.generation) + " step " + std::to_string(theirs.step) + " rank " +
+        std::to_string(theirs.rank) +
+        " (every rank must snapshot the same steps of the same generation)");
+  }
+  std::vector<int64_t> their_meta(theirs.meta_bytes / sizeof(int64_t));
+  MORPH_RETURN_IF_ERROR(
+      transfer(meta.data(), mine.meta_bytes, their_meta.data(), theirs.meta_bytes));
+  if (held.buffer.size() < theirs.payload_bytes || held.buffer.data() == nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the size
+      held.buffer = Buffer();
+    }
+    MORPH_ASSIGN_OR_RETURN(
+        Buffer b,
+        HostAllocator()(std::max<size_t>(static_cast<size_t>(theirs.payload_bytes), kAlign)),
+        what << ": buffer for the copy of " << ward_name);
+    std::lock_guard<std::mutex> lock(mu_);
+    held.buffer = std::move(b);
+  }
+  char* in = static_cast<char*>(held.buffer.data());
+  uint64_t sent = 0, got = 0;
+  while (sent < mine.payload_bytes || got < theirs.payload_bytes) {
+    const size_t sn =
+        static_cast<size_t>(std::min<uint64_t>(mine.chunk_bytes, mine.payload_bytes - sent));
+    const size_t rn =
+        static_cast<size_t>(std::min<uint64_t>(theirs.chunk_bytes, theirs.payload_bytes - got));
+    MORPH_RETURN_IF_ERROR(transfer(sn ? base + sent : nullptr, sn, rn ? in + got : nullptr, rn));
+    sent += sn;
+    got += rn;
+    if (sn > 0 && options_.after_chunk_sent) {
+      options_.after_chunk_sent(step, static_cast<int64_t>(sent));
+    }
+  }
+  const uint32_t crc = Crc32c(in, static_cast<size_t>(theirs.payload_bytes));
+  if (crc != theirs.crc) {
+    return DataLossError(what + ": the copy of " + ward_name + " arrived with CRC32C " +
+                         std::to_string(crc) + ", sent with " + std::to_string(theirs.crc));
+  }
+  SnapshotData d;
+  d.generation = generation;
+  d.step = step;
+  d.rank = ward_;
+  d.bytes = static_cast<int64_t>(theirs.payload_bytes);
+  d.crc32c = crc;
+  MORPH_RETURN_IF_ERROR(DecodeMeta(their_meta, in, d.bytes, d))
+      << what << ": the copy of " << ward_name;
+  std::lock_guard<std::mutex> lock(mu_);
+  held.data = std::move(d);
+  return Status::Ok();
+}
+
+Status BuddySnapshotter::WaitCopied(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_until(lock, deadline.when(), [&] { return copied_; })) {
+    return DeadlineExceededError("snapshot: the local copy is still running at its deadline");
+  }
+  return copy_status_;
+}
+
+Status BuddySnapshotter::WaitExchanged(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_until(lock, deadline.when(), [&] { return !running_; })) {
+    return DeadlineExceededError("snapshot: the exchange with the buddy is still running");
+  }
+  return exchange_status_;
+}
+
+int64_t BuddySnapshotter::local_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int i = Newest(local_);
+  return i < 0 ? -1 : local_[i].data.step;
+}
+
+int64_t BuddySnapshotter::held_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int i = Newest(held_);
+  return i < 0 ? -1 : held_[i].data.step;
+}
+
+int BuddySnapshotter::held_rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int i = Newest(held_);
+  return i < 0 ? -1 : held_[i].data.rank;
+}
+
+int64_t BuddySnapshotter::held_generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int i = Newest(held_);
+  return i < 0 ? -1 : held_[i].data.generation;
+}
+
+const SnapshotData* BuddySnapshotter::Local(int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Slot& s : local_) {
+    if (s.complete && s.data.step == step) return &s.data;
+  }
+  return nullptr;
+}
+
+const SnapshotData* BuddySnapshotter::Held(int64_t step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Slot& s : held_) {
+    if (s.complete && s.data.step == step) return &s.data;
+  }
+  return nullptr;
+}
+
+int64_t BuddySnapshotter::memory_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const Slot& s : local_) n += static_cast<int64_t>(s.buffer.size());
+  for (const Slot& s : held_) n += static_cast<int64_t>(s.buffer.size());
+  return n;
+}
+
+}  // namespace morph
