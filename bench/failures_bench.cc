@@ -119,6 +119,16 @@ bool StampState(morph::State& s, int64_t value, bool check, std::string* why) {
   return held == value;
 }
 
+// Resident set of this process (VmRSS), bytes; 0 if unreadable.
+int64_t RssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  }
+  return 0;
+}
+
 int Worker(const WorkerArgs& a) {
   const int64_t process_start_ns = NowNs();
   auto opts = morph::Options::FromEnv();
@@ -202,6 +212,10 @@ int Worker(const WorkerArgs& a) {
     }
     if (!r.EndStep().ok()) return 4;
     put({{"ev", "step"}, {"t", NowNs()}, {"step", step->index()}, {"rank", step->rank()}});
+    if (step->index() % 10 == 9) {  // memory: the state's shards, and everything (snapshots)
+      put({{"ev", "mem"}, {"step", step->index()}, {"rss", RssBytes()},
+           {"local_bytes", r.state().local_bytes()}});
+    }
   }
   return r.Finish().ok() ? 0 : 4;
 }
@@ -322,7 +336,7 @@ int RunFailure(DriverArgs& d, const Case& c) {
   }
   // Warm up past a snapshot (when there are any) and into the next interval, so that the
   // rollback loses steps.
-  const int64_t warm = c.snapshot_every > 0 ? c.snapshot_every + 3 : 6;
+  const int64_t warm = c.snapshot_every > 0 ? 2 * c.snapshot_every + 3 : 10;
   Events e;
   if (!WaitFor([&] {
         e = ReadLogs(job.dir);
@@ -343,6 +357,11 @@ int RunFailure(DriverArgs& d, const Case& c) {
     }
   }
   const double step_s = Median(gaps);
+  int64_t rss_before = 0, local_before = 0;
+  for (const json& j : e.Of("mem")) {
+    rss_before = std::max(rss_before, j["rss"].get<int64_t>());
+    local_before = std::max(local_before, j["local_bytes"].get<int64_t>());
+  }
   std::vector<morph::ChildInfo> kids = job.launcher->children();
   const morph::ChildInfo victim = kids[d.rng() % kids.size()];
   const double offset_s = std::uniform_real_distribution<double>(0, step_s)(d.rng);
@@ -449,6 +468,8 @@ int RunFailure(DriverArgs& d, const Case& c) {
               {"bytes_moved", moved},
               {"victim_worker_index", victim.index},
               {"kill_offset_seconds", offset_s},
+              {"worker_state_bytes_max", local_before},
+              {"worker_rss_max_bytes", rss_before},
               {"verified", verified}};
   if (!why.empty()) out["verify_error"] = why;
   if (c.name == "stall") out["target_seconds"] = 0.5;
@@ -515,7 +536,7 @@ int RunFailure(DriverArgs& d, const Case& c) {
 
 // Mean step time of the middle steps of a `steps`-step job of 4 workers.
 double StepTime(DriverArgs& d, int64_t bytes, bool begin_update, int64_t snapshot_every,
-                int64_t steps) {
+                int64_t steps, int64_t* rss_max) {
   Job job;
   WorkerArgs w{.bytes = bytes, .step_ms = d.step_ms, .begin_update = begin_update,
                .steps = steps};
@@ -539,16 +560,18 @@ double StepTime(DriverArgs& d, int64_t bytes, bool begin_update, int64_t snapsho
   }
   std::sort(ts.begin(), ts.end());
   if (ts.size() < 2) return -1;
+  for (const json& j : e.Of("mem")) *rss_max = std::max(*rss_max, j["rss"].get<int64_t>());
   return (ts.back() - ts.front()) / 1e9 / static_cast<double>(ts.size() - 1);
 }
 
 int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials) {
-  const int64_t steps = 5 + 1 + 3 * std::max<int64_t>(snapshot_every, 10);
+  const int64_t steps = 5 + 1 + 6 * std::max<int64_t>(snapshot_every, 10);
   std::vector<double> plain, bu, snap;
+  int64_t rss[3] = {0, 0, 0};
   for (int t = 0; t < trials; ++t) {  // interleaved, so that the load drifts over all three
-    plain.push_back(StepTime(d, bytes, false, 0, steps));
-    bu.push_back(StepTime(d, bytes, true, 0, steps));
-    snap.push_back(StepTime(d, bytes, true, snapshot_every, steps));
+    plain.push_back(StepTime(d, bytes, false, 0, steps, &rss[0]));
+    bu.push_back(StepTime(d, bytes, true, 0, steps, &rss[1]));
+    snap.push_back(StepTime(d, bytes, true, snapshot_every, steps, &rss[2]));
   }
   for (const std::vector<double>* v : {&plain, &bu, &snap}) {
     if (std::any_of(v->begin(), v->end(), [](double x) { return x <= 0; })) return 1;
@@ -562,9 +585,11 @@ int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials
     j.update(extra);
     std::printf("%s\n", j.dump().c_str());
   };
-  line("plain", p, {{"per_trial", plain}});
-  line("begin_update", b, {{"per_trial", bu}});
-  line("begin_update+snapshot", s, {{"snapshot_every", snapshot_every}, {"per_trial", snap}});
+  line("plain", p, {{"per_trial", plain}, {"worker_rss_max_bytes", rss[0]}});
+  line("begin_update", b, {{"per_trial", bu}, {"worker_rss_max_bytes", rss[1]}});
+  line("begin_update+snapshot", s,
+       {{"snapshot_every", snapshot_every}, {"per_trial", snap}, {"worker_rss_max_bytes", rss[2]},
+        {"rss_vs_plain", rss[0] > 0 ? static_cast<double>(rss[2]) / rss[0] : 0.0}});
   std::fflush(stdout);
   return 0;
 }
@@ -580,7 +605,7 @@ int main(int argc, char** argv) {
   DriverArgs d;
   int64_t bytes = int64_t{1} << 30, stall_bytes = int64_t{16} << 20,
           heal_bytes = int64_t{256} << 20, snapshot_every = 5;
-  int trials = 2;
+  int trials = 3;
   std::string cases = "hybrid,snapshot,stall,heal,step_cost";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
