@@ -18,7 +18,8 @@ Each job (a state size and a lighthouse heartbeat timeout) runs --trials cycles 
      (`step_seconds`, the median interval before the kill);
   4. replica 1 is relaunched (a fresh interpreter): heal = process spawn -> its first
      committed step (it joins the quorum and fetches the survivor's state over TorchFT's HTTP
-     checkpoint transport); `seconds_excl_import` leaves out `import torch, torchft`;
+     checkpoint transport); `seconds_excl_import` leaves out `import torch, torchft` and
+     torch._dynamo, which the first torch.optim optimizer imports;
   5. verified: the joiner's parameter fingerprint equals the survivor's at the same step.
 
 Default jobs: --stall-bytes at heartbeat 5000 ms (the lighthouse default) and 1000 ms, then
@@ -106,6 +107,7 @@ def replica_main(args):
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
     from torchft.optim import OptimizerWrapper
+    import torch._dynamo  # noqa: F401  torch.optim's first optimizer imports it (~10 s here)
     t_import = time.monotonic()
     torch.set_num_threads(1)  # deterministic and fair: both replicas share the host's cores
     pg_class = gloo_group_class(torch, ProcessGroupGloo)
