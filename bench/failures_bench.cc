@@ -424,7 +424,7 @@ int RunFailure(DriverArgs& d, const Case& c) {
         seen_ns = std::min(seen_ns, f["t"].get<int64_t>());
       }
     }
-    mx["detect"] = std::max(mx["detect"], (seen_ns - kill_ns) / 1e9);
+    mx["detect"] = std::max(mx["detect"], std::max<int64_t>(0, seen_ns - kill_ns) / 1e9);
     if (r["rank"].get<int>() < 0) continue;
     // The longest interval between this survivor's completed steps, from its last step before
     // the kill through its third after (a step past its collectives when the kill came may

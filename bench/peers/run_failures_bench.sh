@@ -8,6 +8,7 @@
 #
 #   FAILURES_BYTES=1GiB bench/peers/run_failures_bench.sh
 #   FAILURES_CASES="hybrid,stall" FAILURES_PEERS=0 FAILURES_TORCHFT=0 ...   # morph only
+#   TORCHFT_TRIALS=1 TORCHFT_ARGS="--jobs stall --stall-heartbeats-ms 1000" ...  # a short TorchFT
 #
 # Why DCP runs dp 4 -> 2 and not 4 -> 3: DCP keeps a ZeRO moment as a row-sharded DTensor, and
 # dp 3's flat ranges of these matrices are not whole rows. 4 -> 2 loads fewer bytes (1.43 GB
@@ -47,7 +48,7 @@ fi
 if [[ "$torchft" == 1 ]]; then
   python="$(PEERS_VENV="${PEERS_VENV:-$build/peers-venv}" "$repo/bench/peers/setup_torchft.sh" | tail -n 1)"
   timeout "$timeout_s" "$python" "$repo/bench/peers/torchft_failover.py" \
-    --trials "${TORCHFT_TRIALS:-3}" --dir "$tmp/torchft" | tee -a "$peer_lines" ||
+    --trials "${TORCHFT_TRIALS:-3}" --dir "$tmp/torchft" ${TORCHFT_ARGS:-} | tee -a "$peer_lines" ||
     { echo "run_failures_bench: TorchFT failed, see $tmp/torchft/" >&2; rc=1; }
 fi
 python3 - "$morph_lines" "$peer_lines" <<'PY'
@@ -63,7 +64,8 @@ def torchft(kind, hb, size=None):
             return p
 for m in morph:
     name, sec = m["name"], m["seconds"]
-    out = {"name": "failure_vs_peers/" + name.split("/", 1)[1], "bytes": m["bytes"],
+    short = name[len("failure/"):] if name.startswith("failure/") else name
+    out = {"name": "failure_vs_peers/" + short, "bytes": m["bytes"],
            "seconds": sec}
     if name in ("failure/hybrid", "failure/snapshot") and sec > 0:
         if cpp:
