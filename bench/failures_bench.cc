@@ -396,10 +396,10 @@ int RunFailure(DriverArgs& d, const Case& c) {
     return true;
   };
   if (!WaitFor(recovered, d.timeout_s) || gave_up) {
-    std::fprintf(stderr,
-                 "%s: the survivors did not recover within %llds of the kill (recovered: %zu of "
-                 "3):%s\n",
-                 c.name.c_str(), static_cast<long long>(d.timeout_s), rec.size(),
+    std::fprintf(stderr, "%s: the survivors did not recover (recovered: %zu of 3; %s):%s\n",
+                 c.name.c_str(), rec.size(),
+                 gave_up ? "every survivor's BeginStep failed after the kill"
+                         : ("no progress within " + std::to_string(d.timeout_s) + " s").c_str(),
                  ErrorsOf(e).c_str());
     return 1;
   }
