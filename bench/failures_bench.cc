@@ -133,8 +133,11 @@ int Worker(const WorkerArgs& a) {
   const int64_t process_start_ns = NowNs();
   auto opts = morph::Options::FromEnv();
   if (!opts.ok()) return 4;
-  opts->model = {.num_layers = morph::bench::kReconfigLayers, .tp_candidates = {1},
-                 .pp_candidates = {1}, .global_batch = 12, .zero_stage = 1};
+  opts->model = {.num_layers = morph::bench::kReconfigLayers,
+                 .tp_candidates = {1},
+                 .pp_candidates = {1},
+                 .global_batch = 12,
+                 .zero_stage = 1};
   opts->dataset_samples = 1 << 16;
   std::vector<morph::TensorSpec> model =
       morph::bench::ReconfigModel(static_cast<uint64_t>(a.bytes));
@@ -176,16 +179,26 @@ int Worker(const WorkerArgs& a) {
       std::string why;
       bool ok = StampState(r.state(), step->index(), /*check=*/true, &why);
       put({{"ev", last->recovery ? "recovered" : "joined"},
-           {"generation", last->generation}, {"rank", step->rank()},
-           {"old_rank", last->old_rank}, {"step", step->index()},
-           {"newest_step", last->newest_step}, {"lost_steps", last->lost_steps()},
-           {"source", static_cast<int>(last->source)}, {"stale", last->stale},
-           {"enter_ns", enter_ns}, {"return_ns", return_ns},
+           {"generation", last->generation},
+           {"rank", step->rank()},
+           {"old_rank", last->old_rank},
+           {"step", step->index()},
+           {"newest_step", last->newest_step},
+           {"lost_steps", last->lost_steps()},
+           {"source", static_cast<int>(last->source)},
+           {"stale", last->stale},
+           {"enter_ns", enter_ns},
+           {"return_ns", return_ns},
            {"process_start_ns", process_start_ns},
-           {"abort", last->abort_seconds}, {"communicators", last->communicators_seconds},
-           {"plan", last->plan_seconds}, {"transfer", last->transfer_seconds},
-           {"resume", last->resume_seconds}, {"stall", last->stall_seconds},
-           {"bytes_received", last->bytes_received}, {"verified", ok}, {"why", why}});
+           {"abort", last->abort_seconds},
+           {"communicators", last->communicators_seconds},
+           {"plan", last->plan_seconds},
+           {"transfer", last->transfer_seconds},
+           {"resume", last->resume_seconds},
+           {"stall", last->stall_seconds},
+           {"bytes_received", last->bytes_received},
+           {"verified", ok},
+           {"why", why}});
     }
     first = false;
     if (step->rank() < 0) {  // a standby spare: nothing to train
@@ -213,7 +226,9 @@ int Worker(const WorkerArgs& a) {
     if (!r.EndStep().ok()) return 4;
     put({{"ev", "step"}, {"t", NowNs()}, {"step", step->index()}, {"rank", step->rank()}});
     if (step->index() % 10 == 9) {  // memory: the state's shards, and everything (snapshots)
-      put({{"ev", "mem"}, {"step", step->index()}, {"rss", RssBytes()},
+      put({{"ev", "mem"},
+           {"step", step->index()},
+           {"rss", RssBytes()},
            {"local_bytes", r.state().local_bytes()}});
     }
   }
@@ -285,15 +300,19 @@ morph::Status StartJob(Job& job, const DriverArgs& d, const std::string& tag, in
   fs::create_directories(job.dir);
   morph::LauncherOptions o;
   o.workers = workers;
-  o.argv = {d.self, "--worker", "--bytes", std::to_string(w.bytes), "--zero-group",
-            std::to_string(w.zero_group), "--step-ms", std::to_string(w.step_ms),
-            "--begin-update", w.begin_update ? "1" : "0", "--steps", std::to_string(w.steps),
-            "--out", job.dir.string()};
+  o.argv = {d.self,           "--worker",
+            "--bytes",        std::to_string(w.bytes),
+            "--zero-group",   std::to_string(w.zero_group),
+            "--step-ms",      std::to_string(w.step_ms),
+            "--begin-update", w.begin_update ? "1" : "0",
+            "--steps",        std::to_string(w.steps),
+            "--out",          job.dir.string()};
   o.log_dir = job.dir.string();
   if (snapshot_every > 0) o.env["MORPH_SNAPSHOT_EVERY"] = std::to_string(snapshot_every);
   o.coordinator.serve_http = false;
-  o.coordinator.policy = [configs](int n, const ParallelConfig*,
-                                   const morph::ModelConstraints&) -> std::optional<ParallelConfig> {
+  o.coordinator.policy = [configs](
+                             int n, const ParallelConfig*,
+                             const morph::ModelConstraints&) -> std::optional<ParallelConfig> {
     auto it = configs.upper_bound(n);
     if (it == configs.begin()) return std::nullopt;
     return std::prev(it)->second;
@@ -339,12 +358,14 @@ int RunFailure(DriverArgs& d, const Case& c) {
   // rollback loses steps.
   const int64_t warm = c.snapshot_every > 0 ? 2 * c.snapshot_every + 3 : 10;
   Events e;
-  if (!WaitFor([&] {
-        e = ReadLogs(job.dir);
-        int64_t done = 0;
-        for (const json& j : e.Of("step")) done = std::max<int64_t>(done, j["step"]);
-        return done >= warm;
-      }, d.timeout_s)) {
+  if (!WaitFor(
+          [&] {
+            e = ReadLogs(job.dir);
+            int64_t done = 0;
+            for (const json& j : e.Of("step")) done = std::max<int64_t>(done, j["step"]);
+            return done >= warm;
+          },
+          d.timeout_s)) {
     std::fprintf(stderr, "%s: the job did not reach step %lld:%s\n", c.name.c_str(),
                  static_cast<long long>(warm), ErrorsOf(ReadLogs(job.dir)).c_str());
     return 1;
@@ -419,7 +440,7 @@ int RunFailure(DriverArgs& d, const Case& c) {
       mx[k] = std::max(mx[k], r[k].get<double>());
     }
     int64_t seen_ns = r["enter_ns"].get<int64_t>();  // failure seen: BeginStep entered ...
-    for (const json& f : e.Of("fail")) {              // ... or a collective failed before it
+    for (const json& f : e.Of("fail")) {             // ... or a collective failed before it
       if (f["w"] == r["w"] && f["t"].get<int64_t>() > kill_ns) {
         seen_ns = std::min(seen_ns, f["t"].get<int64_t>());
       }
@@ -442,36 +463,36 @@ int RunFailure(DriverArgs& d, const Case& c) {
       if (it != ts.begin()) stall = std::max(stall, (*it - *(it - 1)) / 1e9);
     }
   }
-  json out = {{"name", "failure/" + c.name},
-              {"bytes", c.bytes},
-              {"seconds", (last_first_ns - kill_ns) / 1e9},  // kill -> first step after recovery
-              {"workers", "4to3"},
-              {"config_after", c.after.ToString()},
-              {"redundancy", c.zero_group > 0 ? "hybrid_zero/" + std::to_string(c.zero_group)
-                                              : "buddy_snapshot/every_" +
-                                                    std::to_string(c.snapshot_every)},
-              {"stall_seconds", stall},
-              {"step_seconds", step_s},
-              {"stall_excess_seconds", stall - step_s},
-              {"detect_seconds", mx["detect"]},
-              {"abort_seconds", mx["abort"]},
-              {"communicators_seconds", mx["communicators"]},
-              {"plan_seconds", mx["plan"]},
-              {"transfer_seconds", mx["transfer"]},
-              {"resume_seconds", mx["resume"]},
-              {"recovery_stall_seconds", mx["stall"]},
-              {"source", first_rec["source"].get<int>() == 0   ? "replicas"
-                         : first_rec["source"].get<int>() == 1 ? "snapshot"
-                                                               : "checkpoint"},
-              {"resumed_step", first_rec["step"]},
-              {"newest_step", first_rec["newest_step"]},
-              {"lost_steps", first_rec["lost_steps"]},
-              {"bytes_moved", moved},
-              {"victim_worker_index", victim.index},
-              {"kill_offset_seconds", offset_s},
-              {"worker_state_bytes_max", local_before},
-              {"worker_rss_max_bytes", rss_before},
-              {"verified", verified}};
+  json out = {
+      {"name", "failure/" + c.name},
+      {"bytes", c.bytes},
+      {"seconds", (last_first_ns - kill_ns) / 1e9},  // kill -> first step after recovery
+      {"workers", "4to3"},
+      {"config_after", c.after.ToString()},
+      {"redundancy", c.zero_group > 0 ? "hybrid_zero/" + std::to_string(c.zero_group)
+                                      : "buddy_snapshot/every_" + std::to_string(c.snapshot_every)},
+      {"stall_seconds", stall},
+      {"step_seconds", step_s},
+      {"stall_excess_seconds", stall - step_s},
+      {"detect_seconds", mx["detect"]},
+      {"abort_seconds", mx["abort"]},
+      {"communicators_seconds", mx["communicators"]},
+      {"plan_seconds", mx["plan"]},
+      {"transfer_seconds", mx["transfer"]},
+      {"resume_seconds", mx["resume"]},
+      {"recovery_stall_seconds", mx["stall"]},
+      {"source", first_rec["source"].get<int>() == 0   ? "replicas"
+                 : first_rec["source"].get<int>() == 1 ? "snapshot"
+                                                       : "checkpoint"},
+      {"resumed_step", first_rec["step"]},
+      {"newest_step", first_rec["newest_step"]},
+      {"lost_steps", first_rec["lost_steps"]},
+      {"bytes_moved", moved},
+      {"victim_worker_index", victim.index},
+      {"kill_offset_seconds", offset_s},
+      {"worker_state_bytes_max", local_before},
+      {"worker_rss_max_bytes", rss_before},
+      {"verified", verified}};
   if (!why.empty()) out["verify_error"] = why;
   if (c.name == "stall") out["target_seconds"] = 0.5;
 
@@ -483,20 +504,23 @@ int RunFailure(DriverArgs& d, const Case& c) {
     const int64_t req_ns = NowNs();
     s = job.launcher->coordinator().Resize(req, morph::Deadline::AfterMs(10000));
     json joined;
-    bool ok = s.ok() && WaitFor([&] {
-      e = ReadLogs(job.dir);
-      for (const json& j : e.Of("joined")) {
-        if (j["process_start_ns"].get<int64_t>() < req_ns) continue;  // a standby given a rank
-        for (const json& st : e.Of("step")) {
-          if (st["w"] == j["w"]) {
-            joined = j;
-            joined["first_step_ns"] = st["t"];
-            return true;
-          }
-        }
-      }
-      return false;
-    }, d.timeout_s);
+    bool ok = s.ok() && WaitFor(
+                            [&] {
+                              e = ReadLogs(job.dir);
+                              for (const json& j : e.Of("joined")) {
+                                if (j["process_start_ns"].get<int64_t>() < req_ns)
+                                  continue;  // a standby given a rank
+                                for (const json& st : e.Of("step")) {
+                                  if (st["w"] == j["w"]) {
+                                    joined = j;
+                                    joined["first_step_ns"] = st["t"];
+                                    return true;
+                                  }
+                                }
+                              }
+                              return false;
+                            },
+                            d.timeout_s);
     if (!ok) {
       std::fprintf(stderr, "heal: the joiner did not complete a step (%s):%s\n",
                    s.ToString().c_str(), ErrorsOf(e).c_str());
@@ -541,17 +565,19 @@ double StepTime(DriverArgs& d, int64_t bytes, bool begin_update, int64_t snapsho
   Job job;
   WorkerArgs w{.bytes = bytes, .step_ms = d.step_ms, .begin_update = begin_update};
   const char* tag = snapshot_every > 0 ? "cost-snap" : begin_update ? "cost-bu" : "cost-plain";
-  morph::Status s = StartJob(job, d, tag, 4, w, snapshot_every,
-                             {{4, morph::bench::ReconfigConfig(4, 1, 1)}});
+  morph::Status s =
+      StartJob(job, d, tag, 4, w, snapshot_every, {{4, morph::bench::ReconfigConfig(4, 1, 1)}});
   if (!s.ok()) return -1;
   Events e;
-  if (!WaitFor([&] {
-        e = ReadLogs(job.dir);
-        for (const json& j : e.Of("step")) {
-          if (j["rank"] == 0 && j["step"].get<int64_t>() >= steps) return true;
-        }
-        return false;
-      }, d.timeout_s)) {
+  if (!WaitFor(
+          [&] {
+            e = ReadLogs(job.dir);
+            for (const json& j : e.Of("step")) {
+              if (j["rank"] == 0 && j["step"].get<int64_t>() >= steps) return true;
+            }
+            return false;
+          },
+          d.timeout_s)) {
     std::fprintf(stderr, "step_cost: the job did not finish %lld steps:%s\n",
                  static_cast<long long>(steps), ErrorsOf(e).c_str());
     return -1;
@@ -582,9 +608,13 @@ int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials
   }
   const double p = Median(plain), b = Median(bu), s = Median(snap);
   auto line = [&](const std::string& variant, double sec, json extra) {
-    json j = {{"name", "consistency_cost/" + variant}, {"bytes", bytes}, {"seconds", sec},
-              {"step_ms", d.step_ms}, {"plain_step_seconds", p},
-              {"overhead_vs_plain", sec / p - 1}, {"target_overhead", 0.05},
+    json j = {{"name", "consistency_cost/" + variant},
+              {"bytes", bytes},
+              {"seconds", sec},
+              {"step_ms", d.step_ms},
+              {"plain_step_seconds", p},
+              {"overhead_vs_plain", sec / p - 1},
+              {"target_overhead", 0.05},
               {"trials", trials}};
     j.update(extra);
     std::printf("%s\n", j.dump().c_str());
@@ -592,7 +622,9 @@ int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials
   line("plain", p, {{"per_trial", plain}, {"worker_rss_max_bytes", rss[0]}});
   line("begin_update", b, {{"per_trial", bu}, {"worker_rss_max_bytes", rss[1]}});
   line("begin_update+snapshot", s,
-       {{"snapshot_every", snapshot_every}, {"per_trial", snap}, {"worker_rss_max_bytes", rss[2]},
+       {{"snapshot_every", snapshot_every},
+        {"per_trial", snap},
+        {"worker_rss_max_bytes", rss[2]},
         {"rss_vs_plain", rss[0] > 0 ? static_cast<double>(rss[2]) / rss[0] : 0.0}});
   std::fflush(stdout);
   return 0;
@@ -621,21 +653,36 @@ int main(int argc, char** argv) {
       return true;
     };
     bool ok = true;
-    if (a == "--worker") worker = true;
-    else if (a == "--bytes") ok = size(bytes);
-    else if (a == "--stall-bytes") ok = size(stall_bytes);
-    else if (a == "--heal-bytes") ok = size(heal_bytes);
-    else if (a == "--zero-group") w.zero_group = std::atoi(next().c_str());
-    else if (a == "--step-ms") w.step_ms = d.step_ms = std::atoll(next().c_str());
-    else if (a == "--begin-update") w.begin_update = next() == "1";
-    else if (a == "--steps") w.steps = std::atoll(next().c_str());
-    else if (a == "--out") w.out = next();
-    else if (a == "--cases") cases = next();
-    else if (a == "--seed") d.rng.seed(std::strtoull(next().c_str(), nullptr, 10));
-    else if (a == "--snapshot-every") snapshot_every = std::atoll(next().c_str());
-    else if (a == "--trials") trials = std::atoi(next().c_str());
-    else if (a == "--timeout-s") d.timeout_s = std::atoll(next().c_str());
-    else ok = false;
+    if (a == "--worker")
+      worker = true;
+    else if (a == "--bytes")
+      ok = size(bytes);
+    else if (a == "--stall-bytes")
+      ok = size(stall_bytes);
+    else if (a == "--heal-bytes")
+      ok = size(heal_bytes);
+    else if (a == "--zero-group")
+      w.zero_group = std::atoi(next().c_str());
+    else if (a == "--step-ms")
+      w.step_ms = d.step_ms = std::atoll(next().c_str());
+    else if (a == "--begin-update")
+      w.begin_update = next() == "1";
+    else if (a == "--steps")
+      w.steps = std::atoll(next().c_str());
+    else if (a == "--out")
+      w.out = next();
+    else if (a == "--cases")
+      cases = next();
+    else if (a == "--seed")
+      d.rng.seed(std::strtoull(next().c_str(), nullptr, 10));
+    else if (a == "--snapshot-every")
+      snapshot_every = std::atoll(next().c_str());
+    else if (a == "--trials")
+      trials = std::atoi(next().c_str());
+    else if (a == "--timeout-s")
+      d.timeout_s = std::atoll(next().c_str());
+    else
+      ok = false;
     if (!ok) {
       std::fprintf(stderr, "failures_bench: bad flag %s (see the header of failures_bench.cc)\n",
                    a.c_str());

@@ -146,7 +146,8 @@ def replica_main(args):
         quorum_timeout=datetime.timedelta(seconds=args.op_timeout),
         connect_timeout=datetime.timedelta(seconds=args.op_timeout))
     optimizer = OptimizerWrapper(manager, adam)
-    emit(ev="ready", t_start=t_start, t_import=t_import, t_state=t_state, t_manager=time.monotonic(),
+    emit(ev="ready", t_start=t_start, t_import=t_import, t_state=t_state,
+         t_manager=time.monotonic(),
          torch=torch.__version__, tensors=len(params), param_bytes=n_param * 4)
 
     compute_s = args.compute_ms / 1000.0
@@ -215,7 +216,8 @@ class Replica:
                                        f"see {self.log.name}")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"{what}: no progress within the timeout, see {self.log.name}")
+                    raise TimeoutError(
+                        f"{what}: no progress within the timeout, see {self.log.name}")
                 self.cond.wait(min(left, 1.0))
 
     def commits(self):
