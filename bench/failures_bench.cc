@@ -212,9 +212,9 @@ int Worker(const WorkerArgs& a) {
     morph::Status st = step->dp().Allreduce(grad.data(), static_cast<int64_t>(grad.size()),
                                             DType::kF32, morph::ReduceOp::kSum, timeout);
     if (st.ok()) {
-      if (a.begin_update) r.BeginUpdate();
-      StampState(r.state(), step->index() + 1, /*check=*/false, nullptr);  // the optimizer step
-      int64_t one = 1;  // stands for the ZeRO allgather of the updated parameters
+      // The step's commit vote: every rank got its gradients, so every rank will update. After
+      // it the update is local (BeginUpdate, as runtime.h asks: after the last collective).
+      int64_t one = 1;
       st = step->dp().Allreduce(&one, 1, DType::kI64, morph::ReduceOp::kSum, timeout);
     }
     if (!st.ok()) {
@@ -223,6 +223,8 @@ int Worker(const WorkerArgs& a) {
       if (!ab.ok()) std::fprintf(stderr, "worker: AbortStep: %s\n", ab.ToString().c_str());
       continue;
     }
+    if (a.begin_update) r.BeginUpdate();
+    StampState(r.state(), step->index() + 1, /*check=*/false, nullptr);  // the optimizer step
     if (!r.EndStep().ok()) return 4;
     put({{"ev", "step"}, {"t", NowNs()}, {"step", step->index()}, {"rank", step->rank()}});
     if (step->index() % 10 == 9) {  // memory: the state's shards, and everything (snapshots)
@@ -393,8 +395,7 @@ int RunFailure(DriverArgs& d, const Case& c) {
     std::fprintf(stderr, "%s: kill %d: %s\n", c.name.c_str(), victim.pid, std::strerror(errno));
     return 1;
   }
-  // Every survivor recovered (3 "recovered" lines of the recovery generation) and each that
-  // holds a rank completed a step after its recovery.
+  // Every survivor that holds a rank in the recovered config recovered and completed a step.
   std::vector<json> rec;
   bool gave_up = false;
   auto recovered = [&] {
@@ -405,7 +406,8 @@ int RunFailure(DriverArgs& d, const Case& c) {
     for (const json& j : e.Of("recovered")) {
       if (j["return_ns"].get<int64_t>() > kill_ns) rec.push_back(j);
     }
-    if (rec.size() < 3) return false;
+    // Survivors with a rank in the new config; a standby waits inside BeginStep for one.
+    if (static_cast<int>(rec.size()) < c.after.world()) return false;
     for (const json& r : rec) {
       if (r["rank"].get<int>() < 0) continue;
       bool stepped = false;
@@ -417,8 +419,8 @@ int RunFailure(DriverArgs& d, const Case& c) {
     return true;
   };
   if (!WaitFor(recovered, d.timeout_s) || gave_up) {
-    std::fprintf(stderr, "%s: the survivors did not recover (recovered: %zu of 3; %s):%s\n",
-                 c.name.c_str(), rec.size(),
+    std::fprintf(stderr, "%s: the survivors did not recover (recovered: %zu of %d; %s):%s\n",
+                 c.name.c_str(), rec.size(), c.after.world(),
                  gave_up ? "every survivor's BeginStep failed after the kill"
                          : ("no progress within " + std::to_string(d.timeout_s) + " s").c_str(),
                  ErrorsOf(e).c_str());
