@@ -93,3 +93,14 @@ bench-runtime: configure
 bench-recovery: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target recovery_bench
 	$(BUILD_DIR)/bench/recovery_bench
+
+# Failures (issue 10): SIGKILL of one of 4 workers, the survivors' recovery by phase (hybrid ZeRO,
+# buddy snapshot), stall, a joiner's heal, the consistency mechanism's per-step cost; next to the
+# checkpoint-restart baselines (C++ restart, PyTorch DCP) and TorchFT (torchft 0.2.0 installed into
+# $(BUILD_DIR)/peers-venv on first use) in one session. FAILURES_BYTES (default 1GiB),
+# FAILURES_CASES, FAILURES_PEERS=0 / FAILURES_TORCHFT=0 for morph alone. JSON lines.
+FAILURES_BYTES ?= 1GiB
+.PHONY: bench-failures
+bench-failures: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target failures_bench restart_baseline_bench
+	BUILD_DIR=$(BUILD_DIR) FAILURES_BYTES=$(FAILURES_BYTES) bash bench/peers/run_failures_bench.sh
