@@ -58,6 +58,14 @@ std::string JoinHostPort(const std::string& host, uint16_t port) {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
+// A connection speaks for the worker it registered as, and only for it: a message whose body
+// names another worker is refused (and the connection closed), never silently re-addressed.
+Status SpeaksForItself(std::string_view field, WorkerId named, WorkerId self) {
+  if (named == self) return Status::Ok();
+  return PermissionDeniedError(std::string(field) + ": names worker " + std::to_string(named) +
+                               ", but this connection is worker " + std::to_string(self));
+}
+
 std::string Ids(const std::vector<WorkerId>& v, size_t max = 16) {
   std::ostringstream os;
   os << "[";
@@ -471,10 +479,14 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
           LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << msg.reason;
           Feed(DeciderEvent::LeaveRequest{id});
         } else if constexpr (std::is_same_v<M, StepReportMsg>) {
-          msg.worker = id;  // a worker speaks for itself only
+          if (Status s = SpeaksForItself("step_report.worker", msg.worker, id); !s.ok()) {
+            return Refuse(c, s);
+          }
           Feed(msg);
         } else if constexpr (std::is_same_v<M, AppliedMsg>) {
-          msg.worker = id;
+          if (Status s = SpeaksForItself("applied.worker", msg.worker, id); !s.ok()) {
+            return Refuse(c, s);
+          }
           if (timing_ && msg.ok) {
             AppliedMsg::Phases& p = timing_->slowest;
             p.communicators_us = std::max(p.communicators_us, msg.phases.communicators_us);
