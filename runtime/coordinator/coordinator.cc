@@ -21,6 +21,7 @@
 
 #include "base/logging.h"
 #include "base/params.h"
+#include "collectives/store_protocol.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/protocol/wire.h"
 
@@ -40,18 +41,6 @@ constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
 constexpr auto kPublishInterval = std::chrono::milliseconds(50);
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-bool TokensEqual(std::string_view a, std::string_view b) {
-  // Constant time in the position of the first difference.
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
 
 std::string JoinHostPort(const std::string& host, uint16_t port) {
   bool v6 = host.find(':') != std::string::npos;
@@ -518,7 +507,7 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
 }
 
 void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& m) {
-  if (!TokensEqual(m.token, options_.token)) {
+  if (!store_wire::TokensEqual(m.token, options_.token)) {  // constant time, as the store
     return Refuse(c, UnauthenticatedError("wrong job token"));
   }
   error_code ec;
