@@ -72,7 +72,9 @@ fuzz_one() {
   fi
   echo "fuzz: running $name for ${seconds} s"
   # shellcheck disable=SC2086  # flags is a list
+  # A finding exits 1: libFuzzer's own default (77) is ctest's "skipped" code here.
   "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 $flags -print_final_stats=1 \
+    -error_exitcode=1 -timeout_exitcode=1 \
     -artifact_prefix="$out/artifacts/" "$out/work" "$root/$corpus"
 }
 

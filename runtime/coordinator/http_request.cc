@@ -13,6 +13,11 @@ void LimitRequestParser(HttpRequestParser& parser, const HttpServerOptions& opti
   parser.body_limit(options.max_body_bytes);
 }
 
+boost::system::error_code CheckHeaderSize(size_t header_bytes, const HttpServerOptions& options) {
+  if (header_bytes > options.max_header_bytes) return http::error::header_limit;
+  return {};
+}
+
 std::optional<ApiReply> ReplyForReadError(const boost::system::error_code& ec,
                                           const HttpServerOptions& options) {
   if (!ec || ec == http::error::end_of_stream) return std::nullopt;
@@ -59,8 +64,8 @@ RequestDecision DecideRequest(const HttpRequest& req, const HttpServerOptions& o
           "Authorization: missing; send \"Authorization: Bearer <job token>\"")));
     }
     if (!TokenMatches(auth, o.token)) {
-      return reply(ReplyForStatus(UnauthenticatedError(
-          "Authorization: not \"Bearer <job token>\" with this job's token")));
+      return reply(ReplyForStatus(
+          UnauthenticatedError("Authorization: not \"Bearer <job token>\" with this job's token")));
     }
   }
   switch (*endpoint) {

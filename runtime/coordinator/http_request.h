@@ -6,7 +6,8 @@
 //
 //   HttpRequestParser parser;
 //   LimitRequestParser(parser, options);
-//   ... feed bytes (http::async_read, or parser.put) ...
+//   ... read the header (http::async_read_header: n bytes), then the body ...
+//   if (!ec) ec = CheckHeaderSize(n, options);
 //   if (ec) { if (auto reply = ReplyForReadError(ec, options)) Send(*reply); Close(); }
 //   RequestDecision d = DecideRequest(parser.get(), options);
 //   switch (d.action) { case RequestDecision::Action::kResize: Submit(d.resize); ... }
@@ -31,6 +32,12 @@ using HttpRequestParser = boost::beast::http::request_parser<boost::beast::http:
 
 // Applies `options`' header and body limits to a parser that has not parsed anything yet.
 void LimitRequestParser(HttpRequestParser& parser, const HttpServerOptions& options);
+
+// http::error::header_limit when a request's header (request line and fields, as the parser
+// consumed them) is larger than options.max_header_bytes, else success. Beast 1.74's
+// header_limit bounds the request line and the fields each on its own when the whole header
+// is in the buffer at the first parse, so the server checks the total it read here.
+boost::system::error_code CheckHeaderSize(size_t header_bytes, const HttpServerOptions& options);
 
 // The reply for a request whose reading failed with `ec`: 413 for a body over
 // max_body_bytes, 431 for headers over max_header_bytes, 400 naming Beast's reason for a

@@ -72,8 +72,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     parser_.emplace();
     LimitRequestParser(*parser_, core_->options);
     stream_.expires_after(core_->options.read_timeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
+    // The header first, to check its whole size (CheckHeaderSize), then the body.
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](error_code ec, size_t header_bytes) {
+                              self->OnHeader(ec, header_bytes);
+                            });
   }
 
   void Close() {
@@ -84,6 +87,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
  private:
+  void OnHeader(error_code ec, size_t header_bytes) {
+    if (closed_) return;
+    if (!ec) ec = CheckHeaderSize(header_bytes, core_->options);
+    if (ec || parser_->is_done()) return OnRead(ec);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
+  }
+
   void OnRead(error_code ec) {
     if (closed_) return;
     if (ec == http::error::end_of_stream || ec == asio::error::connection_reset ||

@@ -118,7 +118,8 @@ std::vector<Listener> ListeningSockets(pid_t pid) {
 
 std::string Describe(const std::vector<Listener>& ls) {
   std::string s;
-  for (const Listener& l : ls) s += (s.empty() ? "" : ", ") + l.address + ":" + std::to_string(l.port);
+  for (const Listener& l : ls)
+    s += (s.empty() ? "" : ", ") + l.address + ":" + std::to_string(l.port);
   return s.empty() ? "(none)" : s;
 }
 
@@ -193,11 +194,12 @@ CoordinatorOptions Options(int initial_world) {
 
 StatusOr<std::unique_ptr<ControlClient>> Register(const Coordinator& c, std::string token,
                                                   WorkerId resume_id = 0) {
-  return ControlClient::Connect(
-      c.control_address(),
-      HelloMsg{.token = std::move(token), .host = "security-test", .pid = ::getpid(),
-               .resume_id = resume_id},
-      RegisterMsg{.manifest = Manifest()}, Deadline::AfterMs(10000));
+  return ControlClient::Connect(c.control_address(),
+                                HelloMsg{.token = std::move(token),
+                                         .host = "security-test",
+                                         .pid = ::getpid(),
+                                         .resume_id = resume_id},
+                                RegisterMsg{.manifest = Manifest()}, Deadline::AfterMs(10000));
 }
 
 // Drives registered workers through the protocol (the real AgentCore) until each is in
@@ -243,7 +245,8 @@ bool Reach(std::vector<Worker*> ws, const std::function<bool(const Generation&)>
   return false;
 }
 bool ReachGeneration(std::vector<Worker*> ws, int64_t gen, Deadline deadline) {
-  return Reach(std::move(ws), [gen](const Generation& g) { return g.id == gen; }, deadline);
+  return Reach(
+      std::move(ws), [gen](const Generation& g) { return g.id == gen; }, deadline);
 }
 StatusOr<Worker> Join(const Coordinator& c) {
   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> client, Register(c, kToken));
@@ -317,7 +320,8 @@ TEST(SecurityTest, NothingButHelloIsHeardBeforeAuthentication) {
   const std::vector<std::pair<WireMessage, std::string>> cases = {
       {RegisterMsg{.manifest = Manifest()}, "the first frame must be hello, got register"},
       {HeartbeatMsg{.step = 1}, "the first frame must be hello, got heartbeat"},
-      {StepReportMsg{.worker = 1, .generation = 1}, "the first frame must be hello, got step_report"},
+      {StepReportMsg{.worker = 1, .generation = 1},
+       "the first frame must be hello, got step_report"},
       {LeaveMsg{.reason = "x"}, "the first frame must be hello, got leave"},
   };
   for (const auto& [frame, message] : cases) {
@@ -338,7 +342,8 @@ TEST(SecurityTest, AConnectionCannotSpeakForAnotherWorker) {
   const WorkerId ia = a.client->welcome().worker, ib = b.client->welcome().worker,
                  ix = x.client->welcome().worker;
   // A step report in b's name, sent on a's connection.
-  MORPH_ASSERT_OK(a.client->Send(StepReportMsg{.worker = ib, .generation = 2, .last_free_step = 7}));
+  MORPH_ASSERT_OK(
+      a.client->Send(StepReportMsg{.worker = ib, .generation = 2, .last_free_step = 7}));
   std::optional<ErrorMsg> e = ClosedWith(*a.client);
   ASSERT_TRUE(e.has_value()) << "a's connection was not closed";
   EXPECT_EQ(e->code, static_cast<int32_t>(StatusCode::kPermissionDenied));
@@ -354,8 +359,9 @@ TEST(SecurityTest, AConnectionCannotSpeakForAnotherWorker) {
   // The impostors are gone; the worker they named is still there, and alone in the job.
   ASSERT_TRUE(WaitFor([&] { return coord->stats().workers_connected == 1; }));
   EXPECT_FALSE(x.client->closed());
-  ASSERT_TRUE(Reach({&x}, [&](const Generation& g) { return g.ranks == std::vector<WorkerId>{ix}; },
-                    Deadline::AfterMs(10000)))
+  ASSERT_TRUE(Reach(
+      {&x}, [&](const Generation& g) { return g.ranks == std::vector<WorkerId>{ix}; },
+      Deadline::AfterMs(10000)))
       << "generation " << x.core->generation().id;
 }
 
@@ -399,9 +405,9 @@ TEST(SecurityTest, AStoreClientWithoutTheTokenIsRefusedAndReadsNothing) {
                                                                 Deadline::AfterMs(5000)));
   MORPH_ASSERT_OK(good->Set("secret", "42", Deadline::AfterMs(5000)));
   for (const std::string& token : {std::string("wrong"), std::string(kToken) + "x"}) {
-    EXPECT_THAT(TcpStoreClient::Connect(coord->store_address(), token, 0, Deadline::AfterMs(5000))
-                    .status(),
-                StatusIs(StatusCode::kUnauthenticated, HasSubstr("the job token was refused")))
+    EXPECT_THAT(
+        TcpStoreClient::Connect(coord->store_address(), token, 0, Deadline::AfterMs(5000)).status(),
+        StatusIs(StatusCode::kUnauthenticated, HasSubstr("the job token was refused")))
         << token;
   }
   // An empty token is refused too (the client sends it; the server compares it).
@@ -519,9 +525,10 @@ TEST(SecurityTest, TheCoordinatorBindsLoopbackByDefault) {
   EXPECT_EQ(o.address, "127.0.0.1");
   EXPECT_EQ(o.http.address, "127.0.0.1");
   MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
-  ExpectAllLoopback(::getpid(), {PortOf(coord->control_address()), coord->store().port(),
-                                 coord->http_port()});
-  EXPECT_EQ(coord->control_address(), "127.0.0.1:" + std::to_string(PortOf(coord->control_address())));
+  ExpectAllLoopback(::getpid(),
+                    {PortOf(coord->control_address()), coord->store().port(), coord->http_port()});
+  EXPECT_EQ(coord->control_address(),
+            "127.0.0.1:" + std::to_string(PortOf(coord->control_address())));
 }
 
 TEST(SecurityTest, OpeningTheControlChannelLeavesTheApiOnLoopback) {
@@ -621,8 +628,8 @@ TEST(SecurityTest, TheRuntimeAndGlooBindLoopbackByDefault) {
   o.start_timeout_ms = 30000;
   {
     MORPH_ASSERT_OK_AND_ASSIGN(auto rt, Runtime::Start(o, [](State& s) {
-      return s.AddTensor("x", {4}, DType::kF32, Layout::Layer(0));
-    }));
+                                 return s.AddTensor("x", {4}, DType::kF32, Layout::Layer(0));
+                               }));
     std::vector<Listener> ls = ListeningSockets(::getpid());
     EXPECT_GE(ls.size(), 3u) << Describe(ls);  // control, store, scheduler API at least
     ExpectAllLoopback(::getpid(), {});

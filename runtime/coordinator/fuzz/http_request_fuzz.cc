@@ -3,7 +3,8 @@
 // parser, limits and decisions as HttpServer, up to 8 pipelined requests per input; and the
 // same bytes as a resize body for ParseResizeBody. Checks, beyond "no crash, no sanitizer
 // report":
-//   - a parsed request never has a body longer than max_body_bytes (chunked or not);
+//   - a parsed request never has a header longer than max_header_bytes nor a body longer than
+//     max_body_bytes (chunked or not);
 //   - a request that cannot be read gets 400, 413 or 431, or no reply (the connection closes);
 //   - a complete request's reply is a 4xx error; a resize is submitted only with exactly
 //     "Authorization: Bearer <token>", a read with token_for_reads likewise;
@@ -91,9 +92,11 @@ void CheckRequests(std::string_view data, const HttpServerOptions& o) {
   for (int i = 0; i < 8; ++i) {
     HttpRequestParser parser;
     LimitRequestParser(parser, o);
-    parser.eager(true);
     boost::system::error_code ec;
     // http::read's loop: feed what there is; at the end of the bytes, the end of the stream.
+    // The header first (not eager), to measure it; then the body.
+    size_t header_bytes = 0;
+    bool header_seen = false;
     while (!parser.is_done()) {
       if (data.empty()) {
         if (!parser.got_some()) return;  // nothing more: the peer closed between requests
@@ -103,6 +106,13 @@ void CheckRequests(std::string_view data, const HttpServerOptions& o) {
       }
       size_t used = parser.put(boost::asio::buffer(data.data(), data.size()), ec);
       data.remove_prefix(used);
+      if (!header_seen) header_bytes += used;
+      if (!header_seen && parser.is_header_done()) {
+        header_seen = true;
+        if (!ec) ec = CheckHeaderSize(header_bytes, o);  // as the server does after the header
+        if (ec) break;
+        parser.eager(true);
+      }
       if (ec == http::error::need_more) {
         ec = {};
         if (used == 0) data = {};  // Beast wants more than there is: the stream ends here
@@ -114,14 +124,18 @@ void CheckRequests(std::string_view data, const HttpServerOptions& o) {
       std::optional<ApiReply> reply = ReplyForReadError(ec, o);
       Require(!reply || reply->status == 400 || reply->status == 413 || reply->status == 431,
               "read error reply is 400, 413 or 431");
+      Require(
+          !(header_seen && header_bytes > o.max_header_bytes) || (reply && reply->status == 431),
+          "a header over max_header_bytes is 431");
       return;
     }
     const HttpRequest& req = parser.get();
+    Require(header_bytes <= o.max_header_bytes, "header within max_header_bytes");
     Require(req.body().size() <= o.max_body_bytes, "body within max_body_bytes");
     RequestDecision d = DecideRequest(req, o);
     auto auth = req[http::field::authorization];
-    bool authorized = !o.token.empty() &&
-                      std::string_view(auth.data(), auth.size()) == "Bearer " + o.token;
+    bool authorized =
+        !o.token.empty() && std::string_view(auth.data(), auth.size()) == "Bearer " + o.token;
     switch (d.action) {
       case RequestDecision::Action::kReply:
         Require(IsError(d.reply.status), "an immediate reply is a 4xx error");

@@ -59,7 +59,8 @@ void CheckFrame(std::string_view frame) {
 }
 
 void CheckBody(uint16_t type, std::string_view body) {
-  FrameHeader h{.version = kWireVersion, .type = type, .length = static_cast<uint32_t>(body.size())};
+  FrameHeader h{
+      .version = kWireVersion, .type = type, .length = static_cast<uint32_t>(body.size())};
   StatusOr<WireMessage> m = DecodeBody(h, body);
   if (!m.ok()) {
     CheckError(m.status());
