@@ -220,7 +220,14 @@ bool Reach(std::vector<Worker*> ws, const std::function<bool(const Generation&)>
       if (!m.ok()) {
         if (m.status().code() != StatusCode::kDeadlineExceeded) return false;
       } else if (auto* p = std::get_if<PrepareMsg>(&*m)) {
-        if (auto r = w->core->OnPrepare(*p, w->next_step)) (void)w->client->Send(*r);
+        if (p->change.recovery) {
+          w->core->OnRecoveryPrepare(*p);
+          if (auto r = w->core->OnRecoveryBuilt(p->next.id)) (void)w->client->Send(*r);
+        } else if (auto r = w->core->OnPrepare(*p, w->next_step)) {
+          (void)w->client->Send(*r);
+        }
+      } else if (auto* ab = std::get_if<AbortMsg>(&*m)) {
+        w->core->OnAbort(*ab);
       } else if (auto* c = std::get_if<CommitMsg>(&*m)) {
         w->core->OnCommit(*c);
       } else if (auto* a = std::get_if<AbandonMsg>(&*m)) {
@@ -235,6 +242,14 @@ bool Reach(std::vector<Worker*> ws, const std::function<bool(const Generation&)>
         case AgentCore::Action::kSwitch:
           w->next_step = w->core->pending_commit()->next.start_step + 1;
           (void)w->client->Send(w->core->SwitchDone(true));
+          break;
+        case AgentCore::Action::kReport:  // a recovery: this worker's whole state is at next_step
+          if (auto r = w->core->OnRecoveryState(w->next_step, true, -1, -1)) {
+            (void)w->client->Send(*r);
+          }
+          break;
+        case AgentCore::Action::kCannotSwitch:
+          (void)w->client->Send(w->core->SwitchDone(false, "generation failed"));
           break;
         default:
           break;
