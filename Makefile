@@ -49,7 +49,8 @@ bench-collectives: build
 	$(MPIRUN) -np 2 $(BUILD_DIR)/bench/collectives_mpi_bench
 	$(MPIRUN) -np 4 $(BUILD_DIR)/bench/collectives_mpi_bench
 
-# libFuzzer (clang-14) on the store's wire format; ctest runs it 60 s (label fuzz).
+# libFuzzer (clang-14) on the store's wire format, the control channel's frames and the
+# scheduler API's requests, FUZZ_SECONDS each; ctest runs each 60 s (label fuzz).
 FUZZ_SECONDS ?= 600
 .PHONY: fuzz
 fuzz: deps

@@ -22,6 +22,7 @@
 
 #include "base/logging.h"
 #include "base/params.h"
+#include "collectives/store_protocol.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/protocol/wire.h"
 
@@ -42,21 +43,17 @@ constexpr auto kPublishInterval = std::chrono::milliseconds(50);
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
-bool TokensEqual(std::string_view a, std::string_view b) {
-  // Constant time in the position of the first difference.
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= x ^ y;
-  }
-  return diff == 0;
-}
-
 std::string JoinHostPort(const std::string& host, uint16_t port) {
   bool v6 = host.find(':') != std::string::npos;
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+// A connection speaks for the worker it registered as, and only for it: a message whose body
+// names another worker is refused (and the connection closed), never silently re-addressed.
+Status SpeaksForItself(std::string_view field, WorkerId named, WorkerId self) {
+  if (named == self) return Status::Ok();
+  return PermissionDeniedError(std::string(field) + ": names worker " + std::to_string(named) +
+                               ", but this connection is worker " + std::to_string(self));
 }
 
 std::string Ids(const std::vector<WorkerId>& v, size_t max = 16) {
@@ -476,10 +473,14 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
           LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << msg.reason;
           Feed(DeciderEvent::LeaveRequest{id});
         } else if constexpr (std::is_same_v<M, StepReportMsg>) {
-          msg.worker = id;  // a worker speaks for itself only
+          if (Status s = SpeaksForItself("step_report.worker", msg.worker, id); !s.ok()) {
+            return Refuse(c, s);
+          }
           Feed(msg);
         } else if constexpr (std::is_same_v<M, AppliedMsg>) {
-          msg.worker = id;
+          if (Status s = SpeaksForItself("applied.worker", msg.worker, id); !s.ok()) {
+            return Refuse(c, s);
+          }
           if (timing_ && msg.ok) {
             AppliedMsg::Phases& p = timing_->slowest;
             p.communicators_us = std::max(p.communicators_us, msg.phases.communicators_us);
@@ -516,7 +517,7 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
 }
 
 void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& m) {
-  if (!TokensEqual(m.token, options_.token)) {
+  if (!store_wire::TokensEqual(m.token, options_.token)) {  // constant time, as the store
     return Refuse(c, UnauthenticatedError("wrong job token"));
   }
   error_code ec;

@@ -14,8 +14,10 @@
 // bytes arrive), reads the body, decodes it and feeds the decider: Hello (the job token, the
 // wire version), then Register (ValidateManifest; the job's manifest is the first registration's
 // or CoordinatorOptions::manifest; a differing one is refused naming the first difference); only
-// then Join. A refused handshake is answered with an ErrorMsg and closed. Heartbeats update the
-// last-seen time, Leave is a leave request, Done marks the worker finished, a connection closed
+// then Join. A refused handshake is answered with an ErrorMsg and closed. A connection speaks
+// for the worker it registered as only: a StepReport or Applied whose `worker` names another is
+// answered with an ErrorMsg kPermissionDenied naming the field, and closed (that worker is then
+// lost). Heartbeats update the last-seen time, Leave is a leave request, Done marks the worker finished, a connection closed
 // otherwise is a loss. The decider's actions run in order: sends are encoded once and queued per
 // connection; ComputePlan runs on a planner thread (PlanChange below) and comes back as
 // PlanReady; a tick drives heartbeat timeouts. Each decision is logged in one line.

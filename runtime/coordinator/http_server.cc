@@ -16,6 +16,7 @@
 
 #include "base/params.h"
 #include "collectives/tcp_store.h"
+#include "runtime/coordinator/http_request.h"
 
 namespace morph {
 namespace {
@@ -69,11 +70,13 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   void Read() {
     if (core_->stopped || closed_) return;
     parser_.emplace();
-    parser_->header_limit(static_cast<uint32_t>(core_->options.max_header_bytes));
-    parser_->body_limit(core_->options.max_body_bytes);
+    LimitRequestParser(*parser_, core_->options);
     stream_.expires_after(core_->options.read_timeout);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
+    // The header first, to check its whole size (CheckHeaderSize), then the body.
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](error_code ec, size_t header_bytes) {
+                              self->OnHeader(ec, header_bytes);
+                            });
   }
 
   void Close() {
@@ -84,6 +87,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
  private:
+  void OnHeader(error_code ec, size_t header_bytes) {
+    if (closed_) return;
+    if (!ec) ec = CheckHeaderSize(header_bytes, core_->options);
+    if (ec || parser_->is_done()) return OnRead(ec);
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](error_code ec, size_t) { self->OnRead(ec); });
+  }
+
   void OnRead(error_code ec) {
     if (closed_) return;
     if (ec == http::error::end_of_stream || ec == asio::error::connection_reset ||
@@ -96,73 +107,35 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       VLOG(1) << "scheduler API: connection dropped after the read timeout";
       return Close();
     }
-    if (ec == http::error::body_limit) {
-      return Reply(
-          ReplyForStatus(ResourceExhaustedError(
-              "body: larger than " + std::to_string(core_->options.max_body_bytes) + " bytes")),
-          /*keep_alive=*/false);
-    }
-    if (ec == http::error::header_limit) {
-      ApiReply r = ReplyForStatus(InvalidArgumentError(
-          "headers: larger than " + std::to_string(core_->options.max_header_bytes) + " bytes"));
-      r.status = 431;
-      return Reply(std::move(r), false);
-    }
     if (ec) {
-      // A request Beast cannot parse (bad method, target, version, chunk): 400, then close.
-      if (ec.category() == http::make_error_code(http::error::bad_target).category()) {
-        return Reply(ReplyForStatus(InvalidArgumentError("request: " + ec.message())), false);
-      }
+      std::optional<ApiReply> reply = ReplyForReadError(ec, core_->options);
+      if (reply) return Reply(*std::move(reply), /*keep_alive=*/false);
       return Close();
     }
     Handle(parser_->release());
   }
 
-  void Handle(http::request<http::string_body> req) {
+  void Handle(HttpRequest req) {
     keep_alive_ = req.keep_alive();
     const HttpServerOptions& o = core_->options;
-    ApiReply error;
-    StatusOr<Endpoint> endpoint =
-        RouteRequest(std::string_view(req.method_string().data(), req.method_string().size()),
-                     std::string_view(req.target().data(), req.target().size()), &error);
-    if (!endpoint.ok()) return Reply(std::move(error), keep_alive_);
-    auto authorization = req[http::field::authorization];
-    std::string_view auth(authorization.data(), authorization.size());
-    bool needs_token = *endpoint == Endpoint::kResize || o.token_for_reads;
-    if (needs_token) {
-      if (o.token.empty()) {
-        return Reply(ReplyForStatus(PermissionDeniedError(
-                         "Authorization: the coordinator has no job token (MORPH_TOKEN or "
-                         "MORPH_TOKEN_FILE), so this call is disabled")),
-                     keep_alive_);
-      }
-      if (auth.empty()) {
-        return Reply(ReplyForStatus(UnauthenticatedError(
-                         "Authorization: missing; send \"Authorization: Bearer <job token>\"")),
-                     keep_alive_);
-      }
-      if (!TokenMatches(auth, o.token)) {
-        return Reply(ReplyForStatus(UnauthenticatedError(
-                         "Authorization: not \"Bearer <job token>\" with this job's token")),
-                     keep_alive_);
-      }
-    }
-    switch (*endpoint) {
-      case Endpoint::kStatus:
+    RequestDecision d = DecideRequest(req, o);
+    switch (d.action) {
+      case RequestDecision::Action::kReply:
+        return Reply(std::move(d.reply), keep_alive_);
+      case RequestDecision::Action::kStatus:
         return Reply({.status = 200, .body = RenderStatusJson(core_->callbacks.snapshot())},
                      keep_alive_);
-      case Endpoint::kMetrics:
+      case RequestDecision::Action::kMetrics:
         return Reply({.status = 200,
                       .content_type = std::string(kMetricsContentType),
                       .body = RenderMetrics(core_->callbacks.snapshot())},
                      keep_alive_);
-      case Endpoint::kResize:
+      case RequestDecision::Action::kResize:
         break;
     }
-    StatusOr<ResizeCall> call = ParseResizeBody(req.body(), o.max_world);
-    if (!call.ok()) return Reply(ReplyForStatus(call.status()), keep_alive_);
+    ResizeCall call = std::move(d.resize);
     int64_t id = ++core_->next_request_id;
-    call->request.request_id = id;
+    call.request.request_id = id;
     uint64_t seq = ++answer_seq_;
     awaiting_ = true;
     answer_timer_.expires_after(o.answer_timeout);
@@ -182,7 +155,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         if (auto self = weak.lock()) self->OnAnswer(seq, id, std::move(s));
       });
     };
-    core_->callbacks.resize(*std::move(call), std::move(answer));
+    core_->callbacks.resize(std::move(call), std::move(answer));
   }
 
   void OnAnswer(uint64_t seq, int64_t id, Status s) {
@@ -241,7 +214,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::shared_ptr<HttpServer::Core> core_;
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::string_body>> parser_;
+  std::optional<HttpRequestParser> parser_;
   http::response<http::string_body> res_;
   asio::steady_timer answer_timer_;
   uint64_t id_;
