@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The elastic GPT against a fixed-configuration reference (ctest gpt_elastic_test).
+#
+#   elastic_test.sh <gpt> <morphrun> <morphctl> <case>
+#   case tp: 3 workers (dp=3) -> 2 (the memory budget forces dp=1 tp=2) -> 4 (dp=2 tp=2)
+#   case pp: 3 workers (dp=3) -> 2 (a smaller budget: dp=1 pp=2)     -> 4 (dp=2 pp=2)
+#
+# Checks: (a) the loss of every step equals the reference run's (1 worker, the same seed and
+# global batch) within TOL (absolute, nats per byte; only the order of float sums differs:
+# measured differences are ~1e-6); (b) with --check-dir, after each reconfiguration every
+# worker compared its new shards of every tensor (parameters and Adam moments), bitwise, with
+# the checkpoint the old configuration saved at that step, read into the new configuration
+# (train.cc exits 3 on a difference); the test checks that each reconfiguration compared
+# tensors and that the expected configurations were reached.
+set -euo pipefail
+gpt=$1
+morphrun=$2
+morphctl=$3
+case_=$4
+STEPS=${STEPS:-24}
+TOL=${TOL:-2e-3}
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "gpt_elastic_test ($case_): $*" >&2; exit 1; }
+export MORPH_TOKEN=gpt-elastic-test-token OPENBLAS_NUM_THREADS=1
+common=(--steps "$STEPS" --quiet --seq 16 --global-batch 12 --micro-batch 2 --seed 99)
+case $case_ in
+  tp) mem=1610000 want=(dp3tp1pp1 dp1tp2pp1 dp2tp2pp1) ;;
+  pp) mem=1560000 want=(dp3tp1pp1 dp1tp1pp2 dp2tp1pp2) ;;
+  *) fail "unknown case $case_" ;;
+esac
+
+# Reference: one worker, no change.
+timeout 120 "$morphrun" -n 1 -- "$gpt" "${common[@]}" --out "$tmp/ref" >"$tmp/ref.log" 2>&1 ||
+  { tail -20 "$tmp/ref.log"; fail "reference run failed"; }
+
+# Elastic: 3 -> 2 -> 4 workers, checked against the checkpoints after each change.
+timeout 150 "$morphrun" -n 3 --max 6 --log-dir "$tmp/logs" -- "$gpt" "${common[@]}" \
+  --out "$tmp/el" --check-dir "$tmp/ck" --device-memory "$mem" >"$tmp/el.log" 2>&1 &
+run=$!
+pids+=("$run")
+api=""
+for _ in $(seq 200); do
+  api=$(sed -n 's/.*scheduler API \([0-9.]*:[0-9]*\).*/\1/p' "$tmp/el.log" | head -1)
+  [ -n "$api" ] && break
+  sleep 0.1
+done
+[ -n "$api" ] || { cat "$tmp/el.log"; fail "morphrun did not start"; }
+at_step() {  # waits until the elastic run logged step >= $1
+  for _ in $(seq 1200); do
+    s=$(tail -n 1 "$tmp/el/metrics.tsv" 2>/dev/null | cut -f1)
+    [ -n "$s" ] && [ "$s" -ge "$1" ] && return 0
+    kill -0 "$run" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  fail "step $1 not reached"
+}
+at_step 4 && "$morphctl" --addr "$api" resize 2 >/dev/null
+at_step 12 && "$morphctl" --addr "$api" resize 4 >/dev/null
+set +e
+wait "$run"
+rc=$?
+set -e
+if [ "$rc" != 0 ]; then
+  tail -20 "$tmp/el.log" >&2
+  grep -h "gpt [0-9]*:" "$tmp"/logs/* >&2 || true
+  fail "elastic run exited $rc"
+fi
+
+# (b) every reconfiguration compared its shards; the configurations are the expected ones.
+[ -s "$tmp/el/events.tsv" ] || fail "no reconfiguration happened"
+cfgs=$(cut -f7 "$tmp/el/events.tsv" | tr '\n' ' ')
+awk -F'\t' '$16 < 1 { exit 1 }' "$tmp/el/events.tsv" ||
+  fail "a reconfiguration compared no tensor: $(cat "$tmp/el/events.tsv")"
+seen="$(head -n 1 "$tmp/el/metrics.tsv" | awk -F'\t' '{ print "dp" $4 "tp" $5 "pp" $6 }') $cfgs"
+for w in "${want[@]}"; do
+  case " $seen " in *" $w "*) ;; *) fail "configuration $w not reached (saw: $seen)" ;; esac
+done
+
+# (a) the loss of every step matches the reference.
+awk -F'\t' -v tol="$TOL" '
+  NR == FNR { ref[$1] = $2; next }
+  { got[$1] = $2 }
+  END {
+    n = 0; worst = 0
+    for (s in ref) {
+      if (!(s in got)) { printf "step %s missing from the elastic run\n", s; exit 1 }
+      d = got[s] - ref[s]; if (d < 0) d = -d
+      if (d > worst) worst = d
+      if (d > tol) { printf "step %s: loss %s, reference %s (|diff| %g > %g)\n", s, got[s], ref[s], d, tol; exit 1 }
+      n++
+    }
+    printf "%d steps match the reference, largest |diff| %g\n", n, worst
+  }' "$tmp/ref/metrics.tsv" "$tmp/el/metrics.tsv" || fail "loss differs from the reference"
+first=$(head -n 1 "$tmp/ref/metrics.tsv" | cut -f2)
+last=$(tail -n 1 "$tmp/ref/metrics.tsv" | cut -f2)
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' ||
+  fail "the loss did not go down: $first -> $last"
+echo "gpt_elastic_test ($case_): passed; configurations $seen; loss $first -> $last"
