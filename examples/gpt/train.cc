@@ -61,7 +61,7 @@ struct Args {
   uint64_t seed = 1234;
   int64_t global_batch = 16;
   int64_t micro_batch = 2;
-  float lr = 3e-3f;
+  float lr = 2e-3f;
   int64_t device_memory = 0;
   std::vector<int> tp_candidates = {1, 2};
   std::vector<int> pp_candidates = {1, 2};
@@ -442,6 +442,11 @@ class Trainer {
   std::vector<float> grads_;
 };
 
+std::string CfgJson(const morph::ParallelConfig& c) {
+  return "{\"dp\": " + std::to_string(c.dp) + ", \"tp\": " + std::to_string(c.tp) +
+         ", \"pp\": " + std::to_string(c.pp) + "}";
+}
+
 // --check-dir: this rank's pieces of every tensor it owns a unique copy of (replicas are saved
 // by DP rank 0 and, when not TP-split, TP rank 0 only).
 Status SaveCheck(morph::State& s, const morph::Step& step, const std::string& dir, int64_t at) {
@@ -457,7 +462,7 @@ Status SaveCheck(morph::State& s, const morph::Step& step, const std::string& di
   }
   MORPH_ASSIGN_OR_RETURN(auto save, morph::SaveCheckpointAsync(dir + "/step-" + std::to_string(at),
                                                                step.rank(), step.world_size(), at,
-                                                               step.config().ToString(), pieces));
+                                                               CfgJson(step.config()), pieces));
   return save->Wait(morph::Deadline::After(kTimeout));
 }
 
@@ -477,10 +482,10 @@ Status CompareCheck(morph::State& s, const std::string& dir, int64_t at, int* co
       const float* got = static_cast<const float*>(t.data.data);
       size_t i = 0;
       while (std::memcmp(&want[i], &got[i], 4) == 0) ++i;
+      char vals[96];
+      std::snprintf(vals, sizeof vals, " is %.9g, the checkpoint says %.9g", got[i], want[i]);
       return morph::DataLossError("step " + std::to_string(at) + ": tensor " + spec.name +
-                                  " local element " + std::to_string(i) + " is " +
-                                  std::to_string(got[i]) + ", the checkpoint says " +
-                                  std::to_string(want[i]));
+                                  " local element " + std::to_string(i) + vals);
     }
     ++*compared;
   }
@@ -623,7 +628,14 @@ int main(int argc, char** argv) {
     }
     double loss = 0;
     st = trainer.Train(rt, *step, &loss);
-    if (st.ok() && !a.check_dir.empty()) st = SaveCheck(state, *step, a.check_dir, s + 1);
+    if (st.ok() && !a.check_dir.empty()) {
+      Status saved = SaveCheck(state, *step, a.check_dir, s + 1);
+      if (!saved.ok()) {
+        exit_code = Fail(3, "check checkpoint of step " + std::to_string(s + 1) + ": " +
+                                saved.ToString());
+        break;
+      }
+    }
     if (!st.ok()) {
       // A collective failed (a peer died or the change aborted it): the runtime recovers at the
       // next BeginStep, which returns the step to train again.
@@ -647,7 +659,7 @@ int main(int argc, char** argv) {
     if (step->rank() == 0) {
       const morph::ParallelConfig& c = step->config();
       char line[256];
-      std::snprintf(line, sizeof line, "%ld\t%.6f\t%d\t%d\t%d\t%d\t%ld\t%.2f\t%.0f\t%.3f",
+      std::snprintf(line, sizeof line, "%ld\t%.9f\t%d\t%d\t%d\t%d\t%ld\t%.2f\t%.0f\t%.3f",
                     static_cast<long>(s), loss, c.world(), c.dp, c.tp, c.pp,
                     static_cast<long>(step->generation()), secs * 1e3, tokens_per_step / secs,
                     std::chrono::duration<double>(

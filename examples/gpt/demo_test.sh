@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# ctest gpt_demo_test: `make demo` in its short form (DEMO_SHORT=1) on this build tree: it must
+# exit 0, install morph, build examples/gpt against the installed prefix, go through every
+# scheduled event, and draw a valid PNG of nonzero size.
+#   demo_test.sh <source-dir> <build-dir>
+set -euo pipefail
+src=$1
+build=$2
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail() { echo "gpt_demo_test: $*" >&2; exit 1; }
+set +e
+DEMO_SHORT=1 BUILD_DIR=$build OUT=$out/demo bash "$src/scripts/demo.sh" >"$out/demo.log" 2>&1
+rc=$?
+set -e
+cat "$out/demo.log"
+[ "$rc" = 0 ] || fail "make demo (short) exited $rc"
+png=$out/demo/loss.png
+[ -s "$png" ] || fail "no plot at $png"
+magic=$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')
+[ "$magic" = 89504e470d0a1a0a ] || fail "$png is not a PNG (magic $magic)"
+grep -q "summary (" "$out/demo.log" || fail "no summary table"
+n=$(wc -l <"$out/demo/events.tsv")
+[ "$n" -ge 4 ] || fail "only $n reconfigurations (want grow, shrink, preemption, grow back)"
+echo "gpt_demo_test: passed ($n reconfigurations, plot $(stat -c %s "$png") bytes)"
