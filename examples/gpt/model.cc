@@ -1,19 +1,11 @@
 // The transformer's math (model.h): one layer's forward and backward on one TP rank, RMSNorm,
-// cross entropy. Matrix products through CBLAS (OpenBLAS).
+// cross entropy. Matrix products through Gemm (gemm_openblas.cc or gemm_cublas.cc).
 #include "model.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
 
 namespace gpt {
-
-void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-          const float* b, int ldb, float beta, float* c, int ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
 
 namespace {
 

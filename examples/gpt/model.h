@@ -4,8 +4,8 @@
 // with its communicators. Megatron-style TP: the fused QKV and the MLP up projection are
 // column-parallel (a rank holds the rows of its heads / hidden units), the attention output and
 // the MLP down projection are row-parallel (a rank holds their columns and produces a partial
-// sum that the caller allreduces over TP). Every matrix product goes through BLAS (OpenBLAS on
-// the CPU build, cuBLAS-compatible row-major sgemm conventions).
+// sum that the caller allreduces over TP). Every matrix product goes through Gemm (OpenBLAS or
+// cuBLAS, below).
 //
 // Weights are stored row-major as [out, in] (y = x W^T), as PyTorch and Megatron do.
 // Not thread-safe; the training thread owns everything here.
@@ -13,6 +13,7 @@
 #define MORPH_EXAMPLES_GPT_MODEL_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace gpt {
@@ -27,6 +28,11 @@ struct Dims {
   int head_dim() const { return d_model / heads; }
 };
 
+// The matrix-product backend, chosen at link time: gemm_openblas.cc (OpenBLAS, one thread per
+// process) or gemm_cublas.cc (cuBLAS-XT on the current GPU, host buffers). InitGemm returns ""
+// when ready, else why not (no GPU); call it once before Gemm.
+std::string InitGemm();
+const char* GemmBackend();
 // C[m,n] (+)= alpha * op(A) op(B), row-major; op = transpose when the flag is set.
 void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
           const float* b, int ldb, float beta, float* c, int ldc);

@@ -14,6 +14,7 @@ bool Noop(void*, float*, int64_t) { return true; }
 }  // namespace
 
 int main() {
+  gpt::InitGemm();
   gpt::Dims d{.vocab = 11, .d_model = 8, .heads = 2, .layers = 1, .seq = 5};
   const int D = d.d_model, F = d.ffn(), ns = 2, N = ns * d.seq;
   std::mt19937 rng(7);

@@ -21,7 +21,6 @@
 // checkpoint of that step read into the new configuration.
 //
 // Exit codes: 0 done (or left the job), 2 usage, 3 a check failed, 4 runtime error.
-#include <cblas.h>
 #include <glog/logging.h>
 #include <unistd.h>
 
@@ -509,7 +508,6 @@ std::string Cfg(const morph::ParallelConfig& c) {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  openblas_set_num_threads(1);
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
@@ -544,6 +542,7 @@ int main(int argc, char** argv) {
     if (tp < 1 || a.dims.heads % tp != 0) return Fail(2, "--tp " + std::to_string(tp) +
                                                       " must divide the heads");
   }
+  if (std::string why = gpt::InitGemm(); !why.empty()) return Fail(2, why);
   std::string error;
   std::string corpus = LoadCorpus(a.data, &error);
   if (!error.empty()) return Fail(2, error);
