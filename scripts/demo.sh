@@ -38,7 +38,10 @@ else
   cmake --install "$BUILD_DIR" --prefix "$prefix" >"$BUILD_DIR/demo-install.log" 2>&1 ||
     { tail -30 "$BUILD_DIR/demo-install.log"; die "install failed"; }
   say "building examples/gpt against the installed morph ($gpt_build)"
-  cmake -S "$here/examples/gpt" -B "$gpt_build" "${gen[@]}" -DCMAKE_PREFIX_PATH="$prefix" \
+  launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$here/examples/gpt" -B "$gpt_build" "${gen[@]}" "${launcher[@]}" \
+    -DCMAKE_PREFIX_PATH="$prefix" -DBUILD_TESTING=OFF \
     >"$BUILD_DIR/demo-gpt.log" 2>&1 &&
     cmake --build "$gpt_build" -j "$JOBS" >>"$BUILD_DIR/demo-gpt.log" 2>&1 ||
     { tail -30 "$BUILD_DIR/demo-gpt.log"; die "examples/gpt did not build against $prefix"; }
@@ -56,7 +59,7 @@ export OPENBLAS_NUM_THREADS=1
 # 4 layers, 4 heads, width 64, 32-byte sequences, 16 sequences per step. The per-rank memory
 # budget makes 2 workers too few for dp=2 (ZeRO's moments shard over dp): the planner then
 # changes tp/pp (docs: examples/gpt/README.md).
-GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "${DEMO_MEMORY:-1610000}")
+GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "${DEMO_MEMORY:-1650000}")
 start=$(date +%s.%N)
 "$BIN/morphrun" -n 4 --max 8 --log-dir "$OUT/logs" -- "$GPT" "${GPT_ARGS[@]}" \
   >"$OUT/morphrun.log" 2>&1 &
