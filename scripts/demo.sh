@@ -68,7 +68,7 @@ cleanup() { kill "$run_pid" 2>/dev/null || true; }
 trap cleanup EXIT
 api=""
 for _ in $(seq 200); do
-  api=$(sed -n 's/.*scheduler API \([0-9.]*:[0-9]*\).*/\1/p' "$OUT/morphrun.log" | head -1)
+  api=$(sed -n 's/.*scheduler API \([0-9.]*:[0-9]*\).*/\1/p' "$OUT/morphrun.log")
   [ -n "$api" ] && break
   kill -0 "$run_pid" 2>/dev/null || break
   sleep 0.1
@@ -76,8 +76,8 @@ done
 [ -n "$api" ] || { cat "$OUT/morphrun.log"; die "morphrun did not start"; }
 ctl() { "$BIN/morphctl" --addr "$api" "$@" >>"$OUT/scheduler.log" 2>&1; }
 
-last_step() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f1; }
-world_now() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f3; }
+last_step() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f1 || true; }
+world_now() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f3 || true; }
 wait_step() {  # until step >= $1 (or the run ended)
   while kill -0 "$run_pid" 2>/dev/null; do
     s=$(last_step)

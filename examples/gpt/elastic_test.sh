@@ -4,6 +4,7 @@
 #   elastic_test.sh <gpt> <morphrun> <morphctl> <case>
 #   case tp: 3 workers (dp=3) -> 2 (the memory budget forces dp=1 tp=2) -> 4 (dp=2 tp=2)
 #   case pp: 3 workers (dp=3) -> 2 (a smaller budget: dp=1 pp=2)     -> 4 (dp=2 pp=2)
+#   case kill: 4 workers (dp=4) -> one SIGKILLed (a recovery: dp=3)
 #
 # Checks: (a) the loss of every step equals the reference run's (1 worker, the same seed and
 # global batch) within TOL (absolute, nats per byte; only the order of float sums differs:
@@ -23,7 +24,7 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  rm -rf "$tmp"
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
 fail() { echo "gpt_elastic_test ($case_): $*" >&2; exit 1; }
@@ -32,6 +33,7 @@ common=(--steps "$STEPS" --quiet --seq 16 --global-batch 12 --micro-batch 2 --se
 case $case_ in
   tp) mem=1610000 want=(dp3tp1pp1 dp1tp2pp1 dp2tp2pp1) ;;
   pp) mem=1560000 want=(dp3tp1pp1 dp1tp1pp2 dp2tp1pp2) ;;
+  kill) mem=1610000 want=(dp4tp1pp1 dp3tp1pp1) ;;
   *) fail "unknown case $case_" ;;
 esac
 
@@ -40,28 +42,37 @@ timeout 120 "$morphrun" -n 1 -- "$gpt" "${common[@]}" --out "$tmp/ref" >"$tmp/re
   { tail -20 "$tmp/ref.log"; fail "reference run failed"; }
 
 # Elastic: 3 -> 2 -> 4 workers, checked against the checkpoints after each change.
-timeout 150 "$morphrun" -n 3 --max 6 --log-dir "$tmp/logs" -- "$gpt" "${common[@]}" \
+n=3
+[ "$case_" = kill ] && n=4
+timeout 150 "$morphrun" -n "$n" --max 6 --log-dir "$tmp/logs" -- "$gpt" "${common[@]}" \
   --out "$tmp/el" --check-dir "$tmp/ck" --device-memory "$mem" >"$tmp/el.log" 2>&1 &
 run=$!
 pids+=("$run")
 api=""
 for _ in $(seq 200); do
-  api=$(sed -n 's/.*scheduler API \([0-9.]*:[0-9]*\).*/\1/p' "$tmp/el.log" | head -1)
+  api=$(sed -n 's/.*scheduler API \([0-9.]*:[0-9]*\).*/\1/p' "$tmp/el.log")
   [ -n "$api" ] && break
   sleep 0.1
 done
 [ -n "$api" ] || { cat "$tmp/el.log"; fail "morphrun did not start"; }
 at_step() {  # waits until the elastic run logged step >= $1
   for _ in $(seq 1200); do
-    s=$(tail -n 1 "$tmp/el/metrics.tsv" 2>/dev/null | cut -f1)
+    s=$(tail -n 1 "$tmp/el/metrics.tsv" 2>/dev/null | cut -f1) || true
     [ -n "$s" ] && [ "$s" -ge "$1" ] && return 0
     kill -0 "$run" 2>/dev/null || return 1
     sleep 0.05
   done
   fail "step $1 not reached"
 }
-at_step 4 && "$morphctl" --addr "$api" resize 2 >/dev/null
-at_step 12 && "$morphctl" --addr "$api" resize 4 >/dev/null
+if [ "$case_" = kill ]; then
+  at_step 6
+  victims=$(ls "$tmp/el/pids")
+  victim=${victims%%$'\n'*}
+  kill -KILL "$victim"
+else
+  at_step 4 && "$morphctl" --addr "$api" resize 2 >/dev/null
+  at_step 12 && "$morphctl" --addr "$api" resize 4 >/dev/null
+fi
 set +e
 wait "$run"
 rc=$?
@@ -82,7 +93,13 @@ for w in "${want[@]}"; do
   case " $seen " in *" $w "*) ;; *) fail "configuration $w not reached (saw: $seen)" ;; esac
 done
 
-# (a) the loss of every step matches the reference.
+if [ "$case_" = kill ]; then
+  awk -F'\t' '$8 == 1 { found = 1 } END { exit !found }' "$tmp/el/events.tsv" ||
+    fail "no recovery among the reconfigurations: $(cat "$tmp/el/events.tsv")"
+fi
+
+# (a) the loss of every step matches the reference (a step trained again after a recovery:
+# its last value).
 awk -F'\t' -v tol="$TOL" '
   NR == FNR { ref[$1] = $2; next }
   { got[$1] = $2 }
