@@ -9,7 +9,7 @@
 #
 # Environment: BUILD_DIR (a configured and built morph tree; the script installs it into
 # $BUILD_DIR/demo-prefix and builds examples/gpt against that prefix, as a user's project would),
-# OUT (results), DEMO_STEPS, DEMO_KILL (0: skip the SIGKILL event), DEMO_SKIP_BUILD=1 (use
+# OUT (results), DEMO_STEPS, DEMO_KILL (1: the SIGKILL event too), DEMO_SKIP_BUILD=1 (use
 # $BUILD_DIR/examples/gpt/gpt as it is). Exit status: morphrun's, or 1 when a check failed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,8 +17,9 @@ BUILD_DIR=${BUILD_DIR:-build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$here/$BUILD_DIR ;; esac
 OUT=${OUT:-$BUILD_DIR/demo}
 SHORT=${DEMO_SHORT:-0}
-KILL=${DEMO_KILL:-1}
-if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-70}; else STEPS=${DEMO_STEPS:-240}; fi
+# The SIGKILL needs failure recovery (issue 10): off by default until it is in main.
+KILL=${DEMO_KILL:-0}
+if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-80}; else STEPS=${DEMO_STEPS:-300}; fi
 JOBS=${JOBS:-2}
 say() { printf '%s\n' "demo: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -59,7 +60,7 @@ export OPENBLAS_NUM_THREADS=1
 # 4 layers, 4 heads, width 64, 32-byte sequences, 16 sequences per step. The per-rank memory
 # budget makes 2 workers too few for dp=2 (ZeRO's moments shard over dp): the planner then
 # changes tp/pp (docs: examples/gpt/README.md).
-GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "${DEMO_MEMORY:-1650000}")
+GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "${DEMO_MEMORY:-1620000}")
 start=$(date +%s.%N)
 "$BIN/morphrun" -n 4 --max 8 --log-dir "$OUT/logs" -- "$GPT" "${GPT_ARGS[@]}" \
   >"$OUT/morphrun.log" 2>&1 &

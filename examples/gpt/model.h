@@ -23,7 +23,7 @@ struct Dims {
   int d_model = 64;
   int heads = 4;
   int layers = 4;
-  int seq = 64;  // tokens per sample (the sample is seq + 1 bytes: inputs and targets)
+  int seq = 32;  // tokens per sample (the sample is seq + 1 bytes: inputs and targets)
   int ffn() const { return 4 * d_model; }
   int head_dim() const { return d_model / heads; }
 };
