@@ -26,7 +26,7 @@ cleanup() {
   # timeout forwards SIGTERM to morphrun, which forwards it to the workers; then any leftover.
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   sleep 1
-  for f in "$tmp"/el/pids/*; do [ -e "$f" ] && kill -KILL "${f##*/}" 2>/dev/null; done
+  for f in "$tmp"/el/pids/*; do [ -e "$f" ] && kill -KILL "${f##*/}" 2>/dev/null || true; done
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   if [ "${KEEP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
 }
