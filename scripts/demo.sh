@@ -203,6 +203,10 @@ printf '\nloss %s -> %s over %s steps\n' "$first_loss" "$last_loss" "$(last_step
 
 # --- plot ---
 if command -v gnuplot >/dev/null; then
+  # A step trained again after a recovery keeps its last value.
+  awk -F'\t' '{ last[$1 + 0] = $0; if ($1 + 0 > max) max = $1 + 0 }
+    END { for (s = 0; s <= max; ++s) if (s in last) print last[s] }' "$OUT/metrics.tsv" \
+    >"$OUT/plot.tsv"
   : >"$OUT/reconf.tsv"
   [ -s "$OUT/events.tsv" ] && cut -f1,5,7 "$OUT/events.tsv" >"$OUT/reconf.tsv"
   {
@@ -217,7 +221,7 @@ if command -v gnuplot >/dev/null; then
       echo "set arrow $i from $s, graph 0 to $s, graph 1 nohead dt 2 lc rgb 'gray40'"
       echo "set label $i '$cfg' at $s, graph 0.97 rotate by 90 right font ',8'"
     done <"$OUT/reconf.tsv"
-    echo "plot '$OUT/metrics.tsv' using 1:2 with lines lw 2 title 'loss', \\"
+    echo "plot '$OUT/plot.tsv' using 1:2 with lines lw 2 title 'loss', \\"
     echo "     '' using 1:3 axes x1y2 with steps lw 2 title 'world size'"
   } >"$OUT/loss.gp"
   gnuplot "$OUT/loss.gp" 2>"$OUT/gnuplot.log" || say "gnuplot failed: $(cat "$OUT/gnuplot.log")"
