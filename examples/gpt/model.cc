@@ -32,8 +32,8 @@ void RmsNormForward(int n, int d, const float* x, const float* g, float* h, floa
   }
 }
 
-void RmsNormBackward(int n, int d, const float* x, const float* g, const float* r,
-                     const float* dh, float* dx, float* dg, bool accumulate_dx) {
+void RmsNormBackward(int n, int d, const float* x, const float* g, const float* r, const float* dh,
+                     float* dx, float* dg, bool accumulate_dx) {
   for (int i = 0; i < n; ++i) {
     const int64_t o = static_cast<int64_t>(i) * d;
     float dot = 0;  // mean(dxhat * xhat)
@@ -71,8 +71,8 @@ double CrossEntropy(int n, int vocab, const float* logits, const int* targets, f
   return total;
 }
 
-bool Layer::Forward(const LayerWeights& w, int n_seq, const float* x, float* out,
-                    LayerCache& c, TpAllreduce allreduce, void* ctx) const {
+bool Layer::Forward(const LayerWeights& w, int n_seq, const float* x, float* out, LayerCache& c,
+                    TpAllreduce allreduce, void* ctx) const {
   const int D = d_.d_model, T = d_.seq, hd = d_.head_dim();
   const int Dl = D / tp_, Hl = d_.heads / tp_, Fl = d_.ffn() / tp_;
   const int N = n_seq * T;

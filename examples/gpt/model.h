@@ -82,8 +82,8 @@ class Layer {
 // RMSNorm with a gain: h = x / rms(x) * g, row by row; r gets 1 / rms per row.
 void RmsNormForward(int n, int d, const float* x, const float* g, float* h, float* r);
 // dx (+)= d/dx, dg += d/dg, given dh.
-void RmsNormBackward(int n, int d, const float* x, const float* g, const float* r,
-                     const float* dh, float* dx, float* dg, bool accumulate_dx);
+void RmsNormBackward(int n, int d, const float* x, const float* g, const float* r, const float* dh,
+                     float* dx, float* dg, bool accumulate_dx);
 
 // Softmax cross entropy over `vocab` logits per row, targets[i] in [0, vocab). Returns the sum
 // of the rows' losses; dlogits = (softmax - onehot) * scale.

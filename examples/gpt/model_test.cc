@@ -1,11 +1,11 @@
 // model_test: the transformer layer's and the head's backward passes against central finite
 // differences (ctest gpt_model_test). Exit 0 when every checked derivative agrees.
+#include "model.h"
+
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
-
-#include "model.h"
 
 namespace {
 

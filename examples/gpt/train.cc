@@ -22,11 +22,10 @@
 //
 // Exit codes: 0 done (or left the job), 2 usage, 3 a check failed, 4 runtime error.
 #include <glog/logging.h>
-#include <unistd.h>
-
 #include <morph/base/dtype.h>
 #include <morph/reshard/checkpoint.h>
 #include <morph/runtime/api/runtime.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -99,8 +98,9 @@ std::string LoadCorpus(const std::string& dir, std::string* error) {
     std::ifstream in(p, std::ios::binary);
     text.append(std::istreambuf_iterator<char>(in), {});
   }
-  if (text.size() < 4096) *error = "corpus under " + dir + " has only " +
-                                   std::to_string(text.size()) + " bytes";
+  if (text.size() < 4096) {
+    *error = "corpus under " + dir + " has only " + std::to_string(text.size()) + " bytes";
+  }
   return text;
 }
 
@@ -212,10 +212,10 @@ class Trainer {
   Status Declare(morph::State& s) {
     for (const Param& p : params_) {
       MORPH_RETURN_IF_ERROR(s.AddTensor(p.name, p.shape, DType::kF32, p.layout));
-      MORPH_RETURN_IF_ERROR(s.AddTensor(p.name + ".adam_m", p.shape, DType::kF32,
-                                        p.layout.ZeroShard()));
-      MORPH_RETURN_IF_ERROR(s.AddTensor(p.name + ".adam_v", p.shape, DType::kF32,
-                                        p.layout.ZeroShard()));
+      MORPH_RETURN_IF_ERROR(
+          s.AddTensor(p.name + ".adam_m", p.shape, DType::kF32, p.layout.ZeroShard()));
+      MORPH_RETURN_IF_ERROR(
+          s.AddTensor(p.name + ".adam_v", p.shape, DType::kF32, p.layout.ZeroShard()));
     }
     return s.AddScalar("tokens", sizeof(int64_t));
   }
@@ -339,8 +339,8 @@ class Trainer {
       std::vector<float> logits(static_cast<size_t>(N) * V);
       gpt::Gemm(false, true, N, V, D, 1.f, head_h[mb].data(), D, hout.w, D, 0.f, logits.data(), V);
       dlogits[mb].resize(logits.size());
-      loss_sum += gpt::CrossEntropy(N, V, logits.data(), tokens[mb].data() + N, scale,
-                                    dlogits[mb].data());
+      loss_sum +=
+          gpt::CrossEntropy(N, V, logits.data(), tokens[mb].data() + N, scale, dlogits[mb].data());
     }
     // Backward, in reverse micro-batch order.
     std::vector<float> grad, dx;
@@ -456,12 +456,12 @@ Status SaveCheck(morph::State& s, const morph::Step& step, const std::string& di
     if (!spec.layout.tp_split() && c.t != 0) continue;
     MORPH_ASSIGN_OR_RETURN(morph::State::TensorRef t, s.tensor(spec.name));
     if (t.shard.empty()) continue;
-    pieces.push_back({morph::TensorInfo{spec.name, spec.dtype, morph::PlanShape(spec), {}},
-                      t.shard, morph::ConstBufferView(t.data)});
+    pieces.push_back({morph::TensorInfo{spec.name, spec.dtype, morph::PlanShape(spec), {}}, t.shard,
+                      morph::ConstBufferView(t.data)});
   }
-  MORPH_ASSIGN_OR_RETURN(auto save, morph::SaveCheckpointAsync(dir + "/step-" + std::to_string(at),
-                                                               step.rank(), step.world_size(), at,
-                                                               CfgJson(step.config()), pieces));
+  MORPH_ASSIGN_OR_RETURN(
+      auto save, morph::SaveCheckpointAsync(dir + "/step-" + std::to_string(at), step.rank(),
+                                            step.world_size(), at, CfgJson(step.config()), pieces));
   return save->Wait(morph::Deadline::After(kTimeout));
 }
 
@@ -474,9 +474,9 @@ Status CompareCheck(morph::State& s, const std::string& dir, int64_t at, int* co
     MORPH_ASSIGN_OR_RETURN(morph::State::TensorRef t, s.tensor(spec.name));
     if (t.shard.empty()) continue;
     std::vector<float> want(static_cast<size_t>(t.shard.NumElements()));
-    MORPH_RETURN_IF_ERROR(ckpt.Read(morph::TensorInfo{spec.name, spec.dtype,
-                                                      morph::PlanShape(spec), {}},
-                                    t.shard, morph::BufferView{want.data(), want.size() * 4}));
+    MORPH_RETURN_IF_ERROR(
+        ckpt.Read(morph::TensorInfo{spec.name, spec.dtype, morph::PlanShape(spec), {}}, t.shard,
+                  morph::BufferView{want.data(), want.size() * 4}));
     if (std::memcmp(want.data(), t.data.data, want.size() * 4) != 0) {
       const float* got = static_cast<const float*>(t.data.data);
       size_t i = 0;
@@ -517,30 +517,46 @@ int main(int argc, char** argv) {
     }
     if (i + 1 >= argc) return Fail(2, "flag " + f + " needs a value");
     std::string v = argv[++i];
-    if (f == "--steps") a.steps = std::atoll(v.c_str());
-    else if (f == "--out") a.out = v;
-    else if (f == "--data") a.data = v;
-    else if (f == "--check-dir") a.check_dir = v;
-    else if (f == "--seed") a.seed = std::strtoull(v.c_str(), nullptr, 10);
-    else if (f == "--global-batch") a.global_batch = std::atoll(v.c_str());
-    else if (f == "--micro-batch") a.micro_batch = std::atoll(v.c_str());
-    else if (f == "--lr") a.lr = std::strtof(v.c_str(), nullptr);
-    else if (f == "--d-model") a.dims.d_model = std::atoi(v.c_str());
-    else if (f == "--heads") a.dims.heads = std::atoi(v.c_str());
-    else if (f == "--layers") a.dims.layers = std::atoi(v.c_str());
-    else if (f == "--seq") a.dims.seq = std::atoi(v.c_str());
-    else if (f == "--device-memory") a.device_memory = std::atoll(v.c_str());
-    else if (f == "--tp") a.tp_candidates = ParseList(v);
-    else if (f == "--pp") a.pp_candidates = ParseList(v);
-    else return Fail(2, "unknown flag " + f);
+    if (f == "--steps")
+      a.steps = std::atoll(v.c_str());
+    else if (f == "--out")
+      a.out = v;
+    else if (f == "--data")
+      a.data = v;
+    else if (f == "--check-dir")
+      a.check_dir = v;
+    else if (f == "--seed")
+      a.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (f == "--global-batch")
+      a.global_batch = std::atoll(v.c_str());
+    else if (f == "--micro-batch")
+      a.micro_batch = std::atoll(v.c_str());
+    else if (f == "--lr")
+      a.lr = std::strtof(v.c_str(), nullptr);
+    else if (f == "--d-model")
+      a.dims.d_model = std::atoi(v.c_str());
+    else if (f == "--heads")
+      a.dims.heads = std::atoi(v.c_str());
+    else if (f == "--layers")
+      a.dims.layers = std::atoi(v.c_str());
+    else if (f == "--seq")
+      a.dims.seq = std::atoi(v.c_str());
+    else if (f == "--device-memory")
+      a.device_memory = std::atoll(v.c_str());
+    else if (f == "--tp")
+      a.tp_candidates = ParseList(v);
+    else if (f == "--pp")
+      a.pp_candidates = ParseList(v);
+    else
+      return Fail(2, "unknown flag " + f);
   }
   if (a.steps < 1 || a.global_batch < 1 || a.micro_batch < 1 || a.dims.layers < 1 ||
       a.dims.heads < 1 || a.dims.d_model % a.dims.heads != 0 || a.dims.seq < 2) {
     return Fail(2, "bad sizes: need steps, batch, layers, heads >= 1, heads | d-model, seq >= 2");
   }
   for (int tp : a.tp_candidates) {
-    if (tp < 1 || a.dims.heads % tp != 0) return Fail(2, "--tp " + std::to_string(tp) +
-                                                      " must divide the heads");
+    if (tp < 1 || a.dims.heads % tp != 0)
+      return Fail(2, "--tp " + std::to_string(tp) + " must divide the heads");
   }
   if (std::string why = gpt::InitGemm(); !why.empty()) return Fail(2, why);
   std::string error;
@@ -552,15 +568,15 @@ int main(int argc, char** argv) {
 
   auto opts = morph::Options::FromEnv();
   if (!opts.ok()) return Fail(4, opts.status().ToString());
-  opts->model = {.num_layers = a.dims.layers,
-                 .num_heads = a.dims.heads,
-                 .tp_candidates = a.tp_candidates,
-                 .pp_candidates = a.pp_candidates,
-                 .global_batch = a.global_batch,
-                 .micro_batches = static_cast<int>(std::max<int64_t>(1, a.global_batch /
-                                                                            a.micro_batch)),
-                 .zero_stage = 1,
-                 .device_memory_bytes = a.device_memory};
+  opts->model = {
+      .num_layers = a.dims.layers,
+      .num_heads = a.dims.heads,
+      .tp_candidates = a.tp_candidates,
+      .pp_candidates = a.pp_candidates,
+      .global_batch = a.global_batch,
+      .micro_batches = static_cast<int>(std::max<int64_t>(1, a.global_batch / a.micro_batch)),
+      .zero_stage = 1,
+      .device_memory_bytes = a.device_memory};
   Trainer trainer(a, std::move(corpus));
   opts->dataset_samples = trainer.dataset_samples();
   opts->dataset_seed = a.seed;
@@ -612,15 +628,15 @@ int main(int argc, char** argv) {
           << Phases(r) << "\t" << r.bytes_received << "\t" << compared;
         AppendLine(a.out + "/events.tsv", e.str());
         if (!a.quiet) {
-          std::printf("gpt: generation %ld -> %ld at step %ld: world %d -> %d, %s -> %s%s, "
-                      "communicators %.1f ms, plan %.1f ms, transfer %.1f ms, resume %.1f ms, "
-                      "stall %.1f ms\n",
-                      static_cast<long>(r.from_generation), static_cast<long>(r.generation),
-                      static_cast<long>(r.step), r.old_config.world(), r.config.world(),
-                      r.old_config.ToString().c_str(), r.config.ToString().c_str(),
-                      r.recovery ? " (recovery)" : "", r.communicators_seconds * 1e3,
-                      r.plan_seconds * 1e3, r.transfer_seconds * 1e3, r.resume_seconds * 1e3,
-                      r.stall_seconds * 1e3);
+          std::printf(
+              "gpt: generation %ld -> %ld at step %ld: world %d -> %d, %s -> %s%s, "
+              "communicators %.1f ms, plan %.1f ms, transfer %.1f ms, resume %.1f ms, "
+              "stall %.1f ms\n",
+              static_cast<long>(r.from_generation), static_cast<long>(r.generation),
+              static_cast<long>(r.step), r.old_config.world(), r.config.world(),
+              r.old_config.ToString().c_str(), r.config.ToString().c_str(),
+              r.recovery ? " (recovery)" : "", r.communicators_seconds * 1e3, r.plan_seconds * 1e3,
+              r.transfer_seconds * 1e3, r.resume_seconds * 1e3, r.stall_seconds * 1e3);
           std::fflush(stdout);
         }
       }
@@ -630,8 +646,8 @@ int main(int argc, char** argv) {
     if (st.ok() && !a.check_dir.empty()) {
       Status saved = SaveCheck(state, *step, a.check_dir, s + 1);
       if (!saved.ok()) {
-        exit_code = Fail(3, "check checkpoint of step " + std::to_string(s + 1) + ": " +
-                                saved.ToString());
+        exit_code =
+            Fail(3, "check checkpoint of step " + std::to_string(s + 1) + ": " + saved.ToString());
         break;
       }
     }
@@ -658,15 +674,16 @@ int main(int argc, char** argv) {
     if (step->rank() == 0) {
       const morph::ParallelConfig& c = step->config();
       char line[256];
-      std::snprintf(line, sizeof line, "%ld\t%.9f\t%d\t%d\t%d\t%d\t%ld\t%.2f\t%.0f\t%.3f",
-                    static_cast<long>(s), loss, c.world(), c.dp, c.tp, c.pp,
-                    static_cast<long>(step->generation()), secs * 1e3, tokens_per_step / secs,
-                    std::chrono::duration<double>(
-                        std::chrono::system_clock::now().time_since_epoch()).count());
+      std::snprintf(
+          line, sizeof line, "%ld\t%.9f\t%d\t%d\t%d\t%d\t%ld\t%.2f\t%.0f\t%.3f",
+          static_cast<long>(s), loss, c.world(), c.dp, c.tp, c.pp,
+          static_cast<long>(step->generation()), secs * 1e3, tokens_per_step / secs,
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count());
       AppendLine(a.out + "/metrics.tsv", line);
       if (!a.quiet) {
-        std::printf("gpt: step %ld loss %.4f %.0f tok/s world %d %s\n", static_cast<long>(s),
-                    loss, tokens_per_step / secs, c.world(), c.ToString().c_str());
+        std::printf("gpt: step %ld loss %.4f %.0f tok/s world %d %s\n", static_cast<long>(s), loss,
+                    tokens_per_step / secs, c.world(), c.ToString().c_str());
         std::fflush(stdout);
       }
       if (!a.check_dir.empty() && s >= 8) {
