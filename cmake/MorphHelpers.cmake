@@ -35,8 +35,6 @@ function(morph_cc_library)
   endif()
   target_include_directories(morph_${A_NAME} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
-    # In-tree users of the <morph/...> form (examples/, built also against an installed morph).
-    $<BUILD_INTERFACE:${MORPH_INSTALLED_HEADERS_DIR}>
     # Consumers write <morph/base/status.h>; the installed copies of morph's headers include
     # each other the same way (morph_install_headers), so this is the only path they need.
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
