@@ -16,6 +16,12 @@ rc=$?
 set -e
 cat "$out/demo.log"
 [ "$rc" = 0 ] || fail "make demo (short) exited $rc"
+# The example built as a user's program: only the installed prefix on its include path.
+cc=$build/gpt-standalone/compile_commands.json
+[ -f "$cc" ] || fail "no $cc (the example was not built against the installed prefix)"
+bad=$(grep -oE -- "(-I|-isystem )[^ ]+" "$cc" | sed -E 's/^(-I|-isystem )//' | sort -u |
+  grep -v "^$build/demo-prefix" | grep -E "^($src|$build)" || true)
+[ -z "$bad" ] || fail "the standalone example used the source or build tree: $bad"
 png=$out/demo/loss.png
 [ -s "$png" ] || fail "no plot at $png"
 magic=$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')
