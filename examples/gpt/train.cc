@@ -10,9 +10,9 @@
 //
 // Per step on each rank: GPipe over the step's micro-batches (all forwards, then all backwards
 // in reverse; activations and their gradients go between stages over step.pp()), the TP
-// allreduces inside each layer (model.cc), one DP allreduce of every gradient, the loss summed
-// over the world, then (BeginUpdate) Adam on this rank's ZeRO range of each tensor and one DP
-// allgather of the updated parameter ranges.
+// allreduces inside each layer (model.cc), one DP reduce-scatter of every gradient (each rank
+// gets the sums for its ZeRO ranges), the loss summed over the world, then (BeginUpdate) Adam on
+// this rank's ZeRO range of each tensor and one DP allgather of the updated parameter ranges.
 //
 // World rank 0 appends one line per step to OUT/metrics.tsv and one per reconfiguration to
 // OUT/events.tsv, and prints a progress line; every worker keeps OUT/pids/<pid> while it runs.
@@ -382,10 +382,27 @@ class Trainer {
         }
       }
     }
-    // Data parallel: every gradient summed over the DP group in one allreduce.
-    if (dp > 1 && !grads_.empty()) {
-      MORPH_RETURN_IF_ERROR(step.dp().Allreduce(grads_.data(), grads_.size(), DType::kF32,
-                                                morph::ReduceOp::kSum, kTimeout));
+    // Data parallel, ZeRO-style: one reduce-scatter over the DP group leaves each rank the sum
+    // of the gradients of its own ZeRO range of every tensor (the slot: per tensor, a chunk of
+    // ceil(n / dp) elements, the last ranks' chunks short or empty, padded with zeros).
+    int64_t slot = 0;
+    for (const Param& p : params_) slot += (p.n + dp - 1) / dp;
+    std::vector<float> reduced;  // this rank's slot, summed over DP
+    if (dp > 1 && slot > 0) {
+      std::vector<float> send(static_cast<size_t>(slot) * dp, 0.f);
+      int64_t off = 0;
+      for (const Param& p : params_) {
+        const int64_t chunk = (p.n + dp - 1) / dp;
+        const float* g = grads_.data() + p.grad_offset;
+        for (int r = 0; r < dp; ++r) {
+          const int64_t b = std::min(r * chunk, p.n), e = std::min((r + 1) * chunk, p.n);
+          std::copy(g + b, g + e, send.data() + r * slot + off);
+        }
+        off += chunk;
+      }
+      reduced.resize(static_cast<size_t>(slot));
+      MORPH_RETURN_IF_ERROR(step.dp().ReduceScatter(send.data(), reduced.data(), slot,
+                                                    DType::kF32, morph::ReduceOp::kSum, kTimeout));
     }
     double l = (last && coords.t == 0) ? loss_sum : 0.0;
     MORPH_RETURN_IF_ERROR(
@@ -399,16 +416,23 @@ class Trainer {
     const float lr = a_.lr * warm, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f;
     const float c1 = 1.f - std::pow(b1, static_cast<float>(t));
     const float c2 = 1.f - std::pow(b2, static_cast<float>(t));
-    int64_t slot = 0;  // allgather slot size: sum of the per-tensor chunks
+    int64_t goff = 0;
     for (Param& p : params_) {
-      const float* g = grads_.data() + p.grad_offset;
+      const int64_t chunk = (p.n + dp - 1) / dp;
+      if (p.zero_begin != std::min(coords.d * chunk, p.n)) {
+        return morph::InternalError("tensor " + p.name + ": ZeRO range starts at " +
+                                    std::to_string(p.zero_begin) + ", the slot at " +
+                                    std::to_string(std::min(coords.d * chunk, p.n)));
+      }
+      // This rank's summed gradient of its range: the reduce-scatter's slot, or (dp = 1) all.
+      const float* g = dp > 1 ? reduced.data() + goff : grads_.data() + p.grad_offset;
+      goff += chunk;
       for (int64_t i = p.zero_begin; i < p.zero_end; ++i) {
         const int64_t j = i - p.zero_begin;
-        p.m[j] = b1 * p.m[j] + (1 - b1) * g[i];
-        p.v[j] = b2 * p.v[j] + (1 - b2) * g[i] * g[i];
+        p.m[j] = b1 * p.m[j] + (1 - b1) * g[j];
+        p.v[j] = b2 * p.v[j] + (1 - b2) * g[j] * g[j];
         p.w[i] -= lr * (p.m[j] / c1) / (std::sqrt(p.v[j] / c2) + eps);
       }
-      slot += (p.n + dp - 1) / dp;
     }
     if (dp > 1 && slot > 0) {
       std::vector<float> mine(static_cast<size_t>(slot), 0.f), all(static_cast<size_t>(slot) * dp);
