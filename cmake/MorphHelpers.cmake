@@ -90,6 +90,7 @@ function(morph_cc_binary)
   _morph_common_flags(${A_NAME})
   if(A_INSTALL)
     install(TARGETS ${A_NAME} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+    set_property(GLOBAL APPEND PROPERTY MORPH_INSTALLED_BINARIES ${A_NAME})
   endif()
 endfunction()
 

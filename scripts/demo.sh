@@ -34,7 +34,8 @@ else
   gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
   say "building morph ($BUILD_DIR) and installing it into $prefix"
-  cmake --build "$BUILD_DIR" -j "$JOBS" >"$BUILD_DIR/demo-build.log" 2>&1 ||
+  # What the install copies (libraries, morphrun, morphctl, morphd; no tests or benchmarks).
+  cmake --build "$BUILD_DIR" -j "$JOBS" --target morph_installables >"$BUILD_DIR/demo-build.log" 2>&1 ||
     { tail -30 "$BUILD_DIR/demo-build.log"; die "build failed (log: $BUILD_DIR/demo-build.log)"; }
   cmake --install "$BUILD_DIR" --prefix "$prefix" >"$BUILD_DIR/demo-install.log" 2>&1 ||
     { tail -30 "$BUILD_DIR/demo-install.log"; die "install failed"; }
