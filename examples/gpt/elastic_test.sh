@@ -4,7 +4,8 @@
 #   elastic_test.sh <gpt> <morphrun> <morphctl> <case>
 #   case tp: 3 workers (dp=3) -> 2 (the memory budget forces dp=1 tp=2) -> 4 (dp=2 tp=2)
 #   case pp: 3 workers (dp=3) -> 2 (a smaller budget: dp=1 pp=2)     -> 4 (dp=2 pp=2)
-#   case kill: 4 workers (dp=4) -> one SIGKILLed (a recovery: dp=3)
+#   case kill: 4 workers (dp=4, moments in hybrid ZeRO groups of 2) -> one SIGKILLed (a
+#              recovery from the surviving replicas: dp=2 and a spare)
 #
 # Checks: (a) the loss of every step equals the reference run's (1 worker, the same seed and
 # global batch) within TOL (absolute, nats per byte; only the order of float sums differs:
@@ -37,12 +38,16 @@ common=(--steps "$STEPS" --quiet --seq 16 --global-batch 12 --micro-batch 2 --se
 case $case_ in
   tp) mem=1610000 want=(dp3tp1pp1 dp1tp2pp1 dp2tp2pp1) ;;
   pp) mem=1560000 want=(dp3tp1pp1 dp1tp1pp2 dp2tp1pp2) ;;
-  kill) mem=1610000 want=(dp4tp1pp1 dp3tp1pp1) ;;
+  # Plain ZeRO keeps one copy of each moment range: a killed worker's would be lost (DATA_LOSS)
+  # without the runtime's snapshots or checkpoints; hybrid ZeRO in groups of 2 keeps dp / 2.
+  kill) mem=0 want=(dp4tp1pp1 dp2tp1pp1) common+=(--zero-group 2) ;;
   *) fail "unknown case $case_" ;;
 esac
 
-# Reference: one worker, no change.
-timeout 120 "$morphrun" -n 1 -- "$gpt" "${common[@]}" --out "$tmp/ref" >"$tmp/ref.log" 2>&1 ||
+# Reference: one worker (two with hybrid ZeRO: dp must be a multiple of its groups), no change.
+ref_n=1
+[ "$case_" = kill ] && ref_n=2
+timeout 120 "$morphrun" -n "$ref_n" -- "$gpt" "${common[@]}" --out "$tmp/ref" >"$tmp/ref.log" 2>&1 ||
   { tail -20 "$tmp/ref.log"; fail "reference run failed"; }
 
 # Elastic: 3 -> 2 -> 4 workers, checked against the checkpoints after each change.
@@ -92,7 +97,8 @@ fi
 # (b) every reconfiguration compared its shards; the configurations are the expected ones.
 [ -s "$tmp/el/events.tsv" ] || fail "no reconfiguration happened"
 cfgs=$(cut -f7 "$tmp/el/events.tsv" | tr '\n' ' ')
-awk -F'\t' '$16 < 1 { exit 1 }' "$tmp/el/events.tsv" ||
+# (A recovery's checkpoint may be incomplete: the lost worker died before saving it.)
+awk -F'\t' '$16 < 1 && $8 != 1 { exit 1 }' "$tmp/el/events.tsv" ||
   fail "a reconfiguration compared no tensor: $(cat "$tmp/el/events.tsv")"
 seen="$(head -n 1 "$tmp/el/metrics.tsv" | awk -F'\t' '{ print "dp" $4 "tp" $5 "pp" $6 }') $cfgs"
 for w in "${want[@]}"; do
