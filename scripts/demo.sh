@@ -9,7 +9,7 @@
 #
 # Environment: BUILD_DIR (a configured and built morph tree; the script installs it into
 # $BUILD_DIR/demo-prefix and builds examples/gpt against that prefix, as a user's project would),
-# OUT (results), DEMO_STEPS, DEMO_KILL (1: the SIGKILL event too), DEMO_SKIP_BUILD=1 (use
+# OUT (results), DEMO_STEPS, DEMO_KILL (0: no SIGKILL; the tp change instead), DEMO_SKIP_BUILD=1 (use
 # $BUILD_DIR/examples/gpt/gpt as it is). Exit status: morphrun's, or 1 when a check failed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,9 +17,10 @@ BUILD_DIR=${BUILD_DIR:-build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$here/$BUILD_DIR ;; esac
 OUT=${OUT:-$BUILD_DIR/demo}
 SHORT=${DEMO_SHORT:-0}
-# The SIGKILL needs failure recovery (issue 10): off by default until it is in main.
-KILL=${DEMO_KILL:-0}
+# DEMO_KILL=0: no SIGKILL, plain ZeRO-1 under a memory budget (the planner changes tp instead).
+KILL=${DEMO_KILL:-1}
 if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-80}; else STEPS=${DEMO_STEPS:-300}; fi
+[ "$SHORT" = 1 ] && [ "$KILL" = 1 ] && STEPS=${DEMO_STEPS:-110}  # room for the fifth event
 JOBS=${JOBS:-2}
 say() { printf '%s\n' "demo: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -62,6 +63,11 @@ export OPENBLAS_NUM_THREADS=1
 # budget makes 2 workers too few for dp=2 (ZeRO's moments shard over dp): the planner then
 # changes tp/pp (docs: examples/gpt/README.md).
 GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "${DEMO_MEMORY:-1620000}")
+# With the SIGKILL: plain ZeRO-1 keeps one copy of each moment range, which a killed worker takes
+# with it (the runtime's snapshots and checkpoints are declared, not built yet); hybrid ZeRO in
+# groups of 2 keeps dp / 2 copies, and the planner then keeps dp even (no memory budget: the
+# run shows dp changes and a recovery instead of the tp change).
+[ "$KILL" = 1 ] && GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --zero-group 2)
 start=$(date +%s.%N)
 "$BIN/morphrun" -n 4 --max 8 --log-dir "$OUT/logs" -- "$GPT" "${GPT_ARGS[@]}" \
   >"$OUT/morphrun.log" 2>&1 &
@@ -79,7 +85,7 @@ done
 ctl() { "$BIN/morphctl" --addr "$api" "$@" >>"$OUT/scheduler.log" 2>&1; }
 
 last_step() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f1 || true; }
-world_now() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f3 || true; }
+gen_now() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f7 || true; }
 wait_step() {  # until step >= $1 (or the run ended)
   while kill -0 "$run_pid" 2>/dev/null; do
     s=$(last_step)
@@ -88,9 +94,10 @@ wait_step() {  # until step >= $1 (or the run ended)
   done
   return 1
 }
-wait_world() {  # until the world size is $1
+wait_change() {  # until a step of a generation after $1 (the reconfiguration landed)
   for _ in $(seq 600); do
-    [ "$(world_now)" = "$1" ] && return 0
+    g=$(gen_now)
+    [ -n "$g" ] && [ "$g" -gt "$1" ] && return 0
     kill -0 "$run_pid" 2>/dev/null || return 1
     sleep 0.2
   done
@@ -105,15 +112,16 @@ event() { printf '%s\n' "$*" >>"$OUT/scheduler.tsv"; say "scheduler: $*"; }
 
 scheduler() {
   local f=$((STEPS / 8))
-  wait_step "$f" && event "step $(last_step): morphctl resize 6" && ctl resize 6 --reason "grow" &&
-    wait_world 6 &&
-    wait_step $(($(last_step) + f)) && event "step $(last_step): morphctl resize 3" &&
-    ctl resize 3 --reason "shrink" && wait_world 3 &&
-    wait_step $(($(last_step) + f)) && v=$(victim) &&
+  local g
+  wait_step "$f" && g=$(gen_now) && event "step $(last_step): morphctl resize 6" &&
+    ctl resize 6 --reason "grow" && wait_change "$g" &&
+    wait_step $(($(last_step) + f)) && g=$(gen_now) && event "step $(last_step): morphctl resize 3" &&
+    ctl resize 3 --reason "shrink" && wait_change "$g" &&
+    wait_step $(($(last_step) + f)) && v=$(victim) && g=$(gen_now) &&
     event "step $(last_step): SIGTERM to worker pid $v (preemption)" && kill -TERM "$v" &&
-    wait_world 2 &&
-    wait_step $(($(last_step) + f)) && event "step $(last_step): morphctl resize 4" &&
-    ctl resize 4 --reason "grow back" && wait_world 4 || return 0
+    wait_change "$g" &&
+    wait_step $(($(last_step) + f)) && g=$(gen_now) && event "step $(last_step): morphctl resize 4" &&
+    ctl resize 4 --reason "grow back" && wait_change "$g" || return 0
   if [ "$KILL" = 1 ]; then
     wait_step $(($(last_step) + f)) && v=$(victim) &&
       event "step $(last_step): SIGKILL to worker pid $v (failure)" && kill -KILL "$v" || true

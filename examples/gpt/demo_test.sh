@@ -10,8 +10,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail() { echo "gpt_demo_test: $*" >&2; exit 1; }
 set +e
-# DEMO_KILL=0 until failure recovery (issue 10) is in main: a SIGKILLed worker ends the job today.
-DEMO_KILL=${DEMO_KILL:-0} DEMO_SHORT=1 BUILD_DIR=$build OUT=$out/demo bash "$src/scripts/demo.sh" >"$out/demo.log" 2>&1
+DEMO_SHORT=1 BUILD_DIR=$build OUT=$out/demo bash "$src/scripts/demo.sh" >"$out/demo.log" 2>&1
 rc=$?
 set -e
 cat "$out/demo.log"
@@ -29,4 +28,8 @@ magic=$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')
 grep -q "summary (" "$out/demo.log" || fail "no summary table"
 n=$(wc -l <"$out/demo/events.tsv")
 [ "$n" -ge 4 ] || fail "only $n reconfigurations (want grow, shrink, preemption, grow back)"
+if [ "${DEMO_KILL:-1}" = 1 ]; then
+  awk -F'\t' '$8 == 1 { found = 1 } END { exit !found }' "$out/demo/events.tsv" ||
+    fail "the SIGKILL was not followed by a recovery"
+fi
 echo "gpt_demo_test: passed ($n reconfigurations, plot $(stat -c %s "$png") bytes)"
