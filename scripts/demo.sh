@@ -94,10 +94,14 @@ wait_step() {  # until step >= $1 (or the run ended)
   done
   return 1
 }
-wait_change() {  # until a step of a generation after $1 (the reconfiguration landed)
+wait_change() {  # until a step of a generation after $1, or $2 more steps (a spare left: no change)
+  local s0
+  s0=$(last_step)
   for _ in $(seq 600); do
     g=$(gen_now)
     [ -n "$g" ] && [ "$g" -gt "$1" ] && return 0
+    s=$(last_step)
+    [ -n "$s" ] && [ -n "$s0" ] && [ "$s" -ge $((s0 + $2)) ] && return 0
     kill -0 "$run_pid" 2>/dev/null || return 1
     sleep 0.2
   done
@@ -114,14 +118,14 @@ scheduler() {
   local f=$((STEPS / 8))
   local g
   wait_step "$f" && g=$(gen_now) && event "step $(last_step): morphctl resize 6" &&
-    ctl resize 6 --reason "grow" && wait_change "$g" &&
+    ctl resize 6 --reason "grow" && wait_change "$g" "$f" &&
     wait_step $(($(last_step) + f)) && g=$(gen_now) && event "step $(last_step): morphctl resize 3" &&
-    ctl resize 3 --reason "shrink" && wait_change "$g" &&
+    ctl resize 3 --reason "shrink" && wait_change "$g" "$f" &&
     wait_step $(($(last_step) + f)) && v=$(victim) && g=$(gen_now) &&
     event "step $(last_step): SIGTERM to worker pid $v (preemption)" && kill -TERM "$v" &&
-    wait_change "$g" &&
+    wait_change "$g" "$f" &&
     wait_step $(($(last_step) + f)) && g=$(gen_now) && event "step $(last_step): morphctl resize 4" &&
-    ctl resize 4 --reason "grow back" && wait_change "$g" || return 0
+    ctl resize 4 --reason "grow back" && wait_change "$g" "$f" || return 0
   if [ "$KILL" = 1 ]; then
     wait_step $(($(last_step) + f)) && v=$(victim) &&
       event "step $(last_step): SIGKILL to worker pid $v (failure)" && kill -KILL "$v" || true
