@@ -1,6 +1,7 @@
 # morph: the two commands of the README, plus benchmarks.
 #   make test                              install deps, configure, build, run every test
 #   make test SANITIZE=address,undefined   the same under ASan+UBSan (separate build folder)
+#   make demo                              the elastic GPT example under a scripted scheduler
 SHELL := /bin/bash
 SANITIZE ?=
 JOBS ?= $(shell nproc)
@@ -105,3 +106,10 @@ FAILURES_BYTES ?= 1GiB
 bench-failures: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target failures_bench restart_baseline_bench
 	BUILD_DIR=$(BUILD_DIR) FAILURES_BYTES=$(FAILURES_BYTES) bash bench/peers/run_failures_bench.sh
+
+# The elastic GPT example (examples/gpt) under morphrun while a scripted scheduler grows,
+# shrinks, preempts and kills workers; a summary table and $(BUILD_DIR)/demo/loss.png.
+# DEMO_SHORT=1: the CI form (gpt_demo_test).
+.PHONY: demo
+demo: configure
+	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) bash scripts/demo.sh

@@ -90,6 +90,7 @@ function(morph_cc_binary)
   _morph_common_flags(${A_NAME})
   if(A_INSTALL)
     install(TARGETS ${A_NAME} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+    set_property(GLOBAL APPEND PROPERTY MORPH_INSTALLED_BINARIES ${A_NAME})
   endif()
 endfunction()
 
@@ -109,7 +110,8 @@ function(morph_install_headers folder)
            "#include <morph/\\1>" _text "${_text}")
     file(WRITE ${_out}.in "${_text}")
     configure_file(${_out}.in ${_out} COPYONLY)  # rewritten only when it changed
-    install(FILES ${_out} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/morph/${folder})
+    get_filename_component(_dir ${_h} DIRECTORY)  # a header in a subfolder keeps it
+    install(FILES ${_out} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/morph/${folder}/${_dir})
   endforeach()
 endfunction()
 

@@ -12,3 +12,9 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/morphConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/morphConfig.cmake ${PROJECT_BINARY_DIR}/morphConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/morph)
+
+# `cmake --build build --target morph_installables`: everything `cmake --install` copies, and
+# nothing else (no tests, no benchmarks): what make demo builds before it installs.
+get_property(_morph_bins GLOBAL PROPERTY MORPH_INSTALLED_BINARIES)
+add_custom_target(morph_installables)
+add_dependencies(morph_installables ${_morph_targets} ${_morph_bins})

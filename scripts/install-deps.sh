@@ -15,6 +15,9 @@ PACKAGES=(
   procps
   prometheus  # promtool, for http_api_test (checks /metrics); 19 MB download
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
+  libopenblas-dev  # examples/gpt: matrix products
+  fortunes-min     # examples/gpt: its training text (/usr/share/games/fortunes)
+  gnuplot-nox      # make demo: the loss plot
 )
 
 missing=()
