@@ -15,6 +15,9 @@ PACKAGES=(
   procps
   prometheus  # promtool, for http_api_test (checks /metrics); 19 MB download
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
+  # Slurm 22.05 for the slurm tests' private cluster (scripts/slurm-local.sh); nothing starts
+  # on install. Never purge libmunge2 with them: Open MPI depends on it.
+  slurmd slurmctld slurm-client munge
 )
 
 missing=()
