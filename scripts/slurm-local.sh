@@ -229,13 +229,13 @@ down_quiet() {
       kill -KILL $pids 2>/dev/null
   fi
   # Tasks of those steps (they carry our SLURM_CONF too).
-  local d
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
+  # One grep over every environment (a fork per process is slow under gVisor).
+  local f
+  for f in $(grep -lsxzF "SLURM_CONF=$CONF" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}
+    p=${p%/environ}
     [ "$p" = "$$" ] && continue
-    if env_has "$p" "SLURM_CONF=$CONF" && env_has "$p" "SLURM_JOB_ID=.*"; then
-      kill -KILL "$p" 2>/dev/null
-    fi
+    env_has "$p" "SLURM_JOB_ID=.*" && kill -KILL "$p" 2>/dev/null
   done
   p=$(pid_of "$STATE/slurmctld.pid")
   if pid_alive "$p"; then

@@ -55,8 +55,11 @@ std::vector<pid_t> ExitedPids(const std::string& text) {
 }
 
 namespace fs = std::filesystem;
+using testing::ApiStatus;
 using testing::CheckSamples;
 using testing::Http;
+using testing::Stable;
+using testing::WaitForStatus;
 using testing::ReadFile;
 using testing::SpawnProcess;
 using testing::WaitExit;
@@ -122,31 +125,6 @@ class LaunchTest : public ::testing::Test {
 };
 
 // ---- morphrun ----
-
-// GET /v1/status as JSON (null when it cannot be read).
-nlohmann::json ApiStatus(uint16_t api_port) {
-  testing::HttpReply r = Http(api_port, "GET", "/v1/status");
-  if (r.code != 200) return nullptr;
-  return nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-}
-
-// Until `pred(status)` holds.
-template <typename Pred>
-bool WaitForStatus(uint16_t api_port, Pred pred, int64_t timeout_ms = 60000) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    nlohmann::json s = ApiStatus(api_port);
-    if (s.is_object() && pred(s)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
-bool Stable(const nlohmann::json& s, int64_t generation, size_t world) {
-  return s.value("generation", int64_t{0}) >= generation && !s.value("resize_in_progress", true) &&
-         s.value("world_size", size_t{0}) == world &&
-         (!s.contains("pending_generation") || s["pending_generation"].is_null());
-}
 
 // The pids morphrun's log says are running (started and not exited).
 std::set<pid_t> RunningWorkers(const std::string& log) {

@@ -1,0 +1,332 @@
+// morph under a real Slurm 22.05 cluster (issue 13): scripts/slurm-local.sh's four emulated
+// nodes, an sbatch job whose script runs `morphrun --slurm`, which starts each elastic_worker as
+// its own job step, and the scheduler acting on the job as an operator would: a step signalled
+// (graceful preemption), extra steps (grow), the node list cut (shrink: SIGKILL), a node set
+// DOWN. elastic_worker checks its state bitwise at every step (exit 3 otherwise); this test
+// checks exit codes, memberships and the consumed sample order (elastic_checks.h).
+//
+// Skipped, saying why, where the daemons cannot run (not root, packages missing, the cluster
+// does not come up). Bounded: every wait polls with a timeout; TearDown cancels the job; the
+// ctest fixture slurm_down stops the cluster even when a case failed.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "runtime/tests/elastic_checks.h"
+
+namespace morph {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::ReadFile;
+using testing::Stable;
+using testing::WaitForStatus;
+
+constexpr char kToken[] = "slurm-test-token";
+
+struct Ran {
+  int code = -1;  // the exit code, -1 when it did not end in time
+  std::string out;
+};
+
+// Runs argv (a program found on PATH or a path) with extra environment, stdout+stderr captured.
+Ran RunCommand(const std::vector<std::string>& argv, const fs::path& log,
+               int64_t timeout_ms = 30000, const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::string> full = {"/usr/bin/env"};
+  full.insert(full.end(), argv.begin(), argv.end());
+  pid_t p = testing::SpawnProcess(full, env, log.string());
+  Ran r;
+  if (p <= 0) return r;
+  std::optional<int> code = testing::WaitExit(p, timeout_ms);
+  if (!code) testing::Stop(p);
+  r.code = code.value_or(-1);
+  r.out = ReadFile(log);
+  return r;
+}
+
+class SlurmTest : public ::testing::Test {
+ protected:
+  // Brings the cluster up once (slurm-local.sh is idempotent); remembers why when it cannot.
+  static void SetUpTestSuite() {
+    skip_ = new std::string();
+    fs::path log = fs::temp_directory_path() / ("morph-slurm-up-" + std::to_string(getpid()));
+    Ran up = RunCommand({"bash", MORPH_SLURM_LOCAL, "up"}, log, 90000);
+    fs::remove(log);
+    if (up.code != 0) {
+      *skip_ = "the private Slurm cluster cannot run here (slurm-local.sh up exited " +
+               std::to_string(up.code) + "): " + up.out;
+      return;
+    }
+    Ran where = RunCommand({"bash", MORPH_SLURM_LOCAL, "env"}, log, 10000);
+    fs::remove(log);
+    std::string env_file = where.out.substr(0, where.out.find('\n'));
+    std::string env = ReadFile(env_file);
+    const std::string key = "export SLURM_CONF=";
+    size_t at = env.find(key);
+    if (at == std::string::npos) {
+      *skip_ = "slurm-local.sh up printed no env file: " + up.out;
+      return;
+    }
+    std::string conf = env.substr(at + key.size());
+    conf = conf.substr(0, conf.find('\n'));
+    setenv("SLURM_CONF", conf.c_str(), 1);
+  }
+
+  void SetUp() override {
+    if (!skip_->empty()) GTEST_SKIP() << *skip_;
+    dir_ = fs::temp_directory_path() /
+           ("morph-slurm-" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "-" +
+            std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    api_ = testing::FreePort();
+  }
+
+  void TearDown() override {
+    if (!skip_->empty()) return;
+    if (!job_.empty() && !JobEnded()) {
+      Slurm({"scancel", job_});
+      WaitJobEnd(20000);
+    }
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // A Slurm client command, output in <dir>/slurm-cmd.out.
+  Ran Slurm(const std::vector<std::string>& argv, int64_t timeout_ms = 20000) {
+    return RunCommand(argv, dir_ / "slurm-cmd.out", timeout_ms);
+  }
+
+  // sbatch on all four nodes, two task slots each (room for joiners), --no-kill (a failed node
+  // does not end the job), the script running morphrun --slurm with elastic_worker.
+  void Submit(int workers, int max_workers, int64_t steps, int64_t step_ms) {
+    steps_ = steps;
+    const fs::path script = dir_ / "job.sh";
+    {
+      std::ofstream s(script);
+      s << "#!/bin/bash\n"
+        << MORPHRUN << " --slurm -n " << workers << " --max " << max_workers << " --api-port "
+        << api_ << " --log-dir " << dir_.string() << " -- " << MORPH_ELASTIC_WORKER
+        << " --steps " << steps << " --out " << dir_.string() << " --step-ms " << step_ms
+        << "\necho $? > " << (dir_ / "morphrun.rc").string() << "\n";
+    }
+    std::map<std::string, std::string> env = {
+        {"MORPH_TOKEN", kToken},           {"MORPH_HEARTBEAT_MS", "50"},
+        {"MORPH_CHANGE_TIMEOUT_MS", "60000"}, {"MORPH_START_TIMEOUT_MS", "60000"},
+        {"MORPH_COORDINATOR", ""},          {"MORPH_TOKEN_FILE", ""},
+        {"MORPH_COORDINATOR_FILE", ""}};
+    Ran r = RunCommand({"sbatch", "-N4", "--ntasks-per-node=2", "--no-kill", "--time=3",
+                        "-J", "morph-test", "-o", (dir_ / "batch.out").string(),
+                        "--chdir", dir_.string(), script.string()},
+                       dir_ / "sbatch.out", 20000, env);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string key = "Submitted batch job ";
+    size_t at = r.out.find(key);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    job_ = r.out.substr(at + key.size());
+    job_ = job_.substr(0, job_.find_first_not_of("0123456789"));
+    ASSERT_FALSE(job_.empty()) << r.out;
+  }
+
+  bool JobEnded() {
+    Ran r = Slurm({"squeue", "-h", "-j", job_, "-o", "%T"});
+    // squeue lists a finished job for a while (COMPLETED) or not at all (an error for -j).
+    return r.code != 0 || r.out.empty() || r.out.find("COMPLET") == 0 ||
+           r.out.find("CANCELLED") == 0 || r.out.find("FAILED") == 0;
+  }
+  bool WaitJobEnd(int64_t timeout_ms) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < until) {
+      if (JobEnded()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return JobEnded();
+  }
+
+  // The job's worker steps by launch index: "morph-<index>" -> (step id, node).
+  struct StepInfo {
+    std::string id, node;
+  };
+  std::map<int, StepInfo> Steps() {
+    std::map<int, StepInfo> out;
+    Ran r = Slurm({"squeue", "-h", "-s", "-j", job_, "-o", "%i %j %N"});
+    std::istringstream lines(r.out);
+    std::string id, name, node;
+    while (lines >> id >> name >> node) {
+      if (name.rfind("morph-", 0) == 0) out[std::stoi(name.substr(6))] = {id, node};
+    }
+    return out;
+  }
+  // Until `count` worker steps run.
+  std::map<int, StepInfo> WaitSteps(size_t count, int64_t timeout_ms = 30000) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::map<int, StepInfo> s = Steps();
+    while (s.size() < count && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      s = Steps();
+    }
+    return s;
+  }
+
+  // The job trains with `world` workers in generation >= g.
+  void WaitStable(int64_t generation, size_t world, int64_t min_step = 0) {
+    ASSERT_TRUE(WaitForStatus(api_, [&](const nlohmann::json& s) {
+      return Stable(s, generation, world) && s.value("step", int64_t{0}) >= min_step;
+    })) << testing::ApiStatus(api_).dump() << "\n" << Logs();
+  }
+
+  // The job ended and morphrun exited `code`; morphrun's "worker N ... exited with C" lines.
+  std::map<int, int> Finish(int code) {
+    EXPECT_TRUE(WaitJobEnd(90000)) << Logs();
+    EXPECT_EQ(ReadFile(dir_ / "morphrun.rc"), std::to_string(code) + "\n") << Logs();
+    std::map<int, int> exits;
+    const std::string text = ReadFile(dir_ / "batch.out");
+    const std::string tag = "morphrun: worker ";
+    for (size_t at = text.find(tag); at != std::string::npos; at = text.find(tag, at + 1)) {
+      size_t line_end = text.find('\n', at);
+      std::string line = text.substr(at, line_end - at);
+      size_t with = line.find(" exited with ");
+      if (with == std::string::npos) continue;
+      exits[std::stoi(line.substr(tag.size()))] = std::stoi(line.substr(with + 13));
+    }
+    return exits;
+  }
+
+  std::string Logs() const {
+    return "---- batch.out\n" + ReadFile(dir_ / "batch.out") + testing::WorkerLogs(dir_);
+  }
+
+  static std::string* skip_;
+  fs::path dir_;
+  uint16_t api_ = 0;
+  std::string job_;
+  int64_t steps_ = 0;
+};
+
+std::string* SlurmTest::skip_ = nullptr;
+
+// Graceful preemption of one worker: `scancel --signal=TERM JOB.STEP` reaches that step only;
+// its worker hands its state to the other three and leaves; nothing is lost.
+TEST_F(SlurmTest, PreemptOneWorkerByStepSignal) {
+  constexpr int64_t kSteps = 60;
+  Submit(4, 4, kSteps, 50);
+  std::map<int, StepInfo> steps = WaitSteps(4);
+  ASSERT_EQ(steps.size(), 4u) << Logs();
+  WaitStable(1, 4, 3);
+  ASSERT_FALSE(HasFatalFailure());
+  const StepInfo victim = steps.at(1);
+  Ran r = Slurm({"scancel", "--signal=TERM", victim.id});
+  // Slurm 22.05 signals the step, then also asks the job's other nodes, which do not run it:
+  // on a multi-node job scancel exits 225 with this error although the step got the signal.
+  if (r.code != 0) {
+    EXPECT_NE(r.out.find("Invalid job id specified"), std::string::npos) << r.code << r.out;
+  }
+  WaitStable(2, 3);
+  ASSERT_FALSE(HasFatalFailure());
+  EXPECT_LT(testing::ApiStatus(api_).value("step", int64_t{0}), kSteps)
+      << "the job ended before the preemption was handled";
+  // Its step ends (the worker left), the other three run on.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (Steps().count(1) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(Steps().count(1), 0u) << "step " << victim.id << " still runs\n" << Logs();
+
+  std::map<int, int> exits = Finish(0);
+  EXPECT_EQ(exits.size(), 4u) << Logs();
+  for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
+  EXPECT_NE(ReadFile(dir_ / "worker-1.log").find("finished at step"), std::string::npos)
+      << "the preempted worker did not leave through Finish\n" << Logs();
+  testing::CheckSamples(dir_, kSteps);
+}
+
+// Grow by extra steps: morphctl asks for 6; morphrun --slurm starts two joiner steps inside the
+// allocation (Slurm cannot grow a running job in 22.05); they receive their state and train.
+TEST_F(SlurmTest, GrowByExtraSteps) {
+  constexpr int64_t kSteps = 60;
+  Submit(4, 6, kSteps, 50);
+  WaitStable(1, 4, 3);
+  ASSERT_FALSE(HasFatalFailure());
+  Ran r = RunCommand({MORPHCTL, "--addr", "127.0.0.1:" + std::to_string(api_), "--token", kToken,
+                      "resize", "6"},
+                     dir_ / "morphctl.out");
+  ASSERT_EQ(r.code, 0) << r.out;
+  WaitStable(2, 6);
+  ASSERT_FALSE(HasFatalFailure());
+  std::map<int, StepInfo> steps = Steps();
+  EXPECT_EQ(steps.size(), 6u) << Logs();
+  EXPECT_TRUE(steps.count(4) && steps.count(5)) << "the joiners are steps morph-4, morph-5";
+  std::map<int, int> exits = Finish(0);
+  EXPECT_EQ(exits.size(), 6u) << Logs();
+  for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
+  testing::CheckSamples(dir_, kSteps);
+}
+
+// Shrink by node list: `scontrol update JobId=X NodeList=n[1-3]` SIGKILLs the task on n4 with no
+// SIGTERM first; the coordinator sees a failure and the other three go on.
+// Needs the failure recovery (a killed worker's survivors recover in place); until it is in
+// main, this case is disabled (DISABLED_, and no ctest entry).
+TEST_F(SlurmTest, DISABLED_ShrinkByNodeList) {
+  constexpr int64_t kSteps = 60;
+  Submit(4, 4, kSteps, 50);
+  std::map<int, StepInfo> steps = WaitSteps(4);
+  ASSERT_EQ(steps.size(), 4u) << Logs();
+  WaitStable(1, 4, 3);
+  ASSERT_FALSE(HasFatalFailure());
+  int victim = -1;
+  for (const auto& [index, s] : steps) {
+    if (s.node == "n4") victim = index;
+  }
+  ASSERT_GE(victim, 0) << "no worker on n4 (one step per node expected)\n" << Logs();
+  Ran r = Slurm({"scontrol", "update", "JobId=" + job_, "NodeList=n[1-3]"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  WaitStable(2, 3);
+  ASSERT_FALSE(HasFatalFailure());
+  std::map<int, int> exits = Finish(0);
+  EXPECT_EQ(exits.size(), 4u) << Logs();
+  for (const auto& [index, code] : exits) {
+    EXPECT_EQ(code, index == victim ? 128 + SIGKILL : 0) << "worker " << index << Logs();
+  }
+  testing::CheckSamples(dir_, kSteps);
+}
+
+// A node set DOWN (sbatch --no-kill: the job survives it): its task dies, the others go on.
+// Needs the failure recovery, as ShrinkByNodeList.
+TEST_F(SlurmTest, DISABLED_SurviveANodeSetDown) {
+  constexpr int64_t kSteps = 60;
+  Submit(4, 4, kSteps, 50);
+  std::map<int, StepInfo> steps = WaitSteps(4);
+  ASSERT_EQ(steps.size(), 4u) << Logs();
+  WaitStable(1, 4, 3);
+  ASSERT_FALSE(HasFatalFailure());
+  int victim = -1;
+  for (const auto& [index, s] : steps) {
+    if (s.node == "n4") victim = index;
+  }
+  ASSERT_GE(victim, 0) << "no worker on n4 (one step per node expected)\n" << Logs();
+  Ran r = Slurm({"scontrol", "update", "NodeName=n4", "State=DOWN", "Reason=morph-slurm-test"});
+  ASSERT_EQ(r.code, 0) << r.out;
+  WaitStable(2, 3);
+  ASSERT_FALSE(HasFatalFailure());
+  std::map<int, int> exits = Finish(0);
+  EXPECT_EQ(exits.size(), 4u) << Logs();
+  for (const auto& [index, code] : exits) {
+    if (index != victim) {
+      EXPECT_EQ(code, 0) << "worker " << index << Logs();
+    }
+  }
+  EXPECT_NE(exits[victim], 0) << "the worker on the DOWN node exited 0?\n" << Logs();
+  testing::CheckSamples(dir_, kSteps);
+  // n4 back in service for the next cases (ReturnToService=2 usually has done it already).
+  Slurm({"scontrol", "update", "NodeName=n4", "State=RESUME"});
+}
+
+}  // namespace
+}  // namespace morph
