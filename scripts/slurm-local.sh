@@ -21,7 +21,7 @@ set -uo pipefail
 STATE=${MORPH_SLURM_DIR:-/tmp/morph-slurm-$(id -u)}
 CONF=$STATE/slurm.conf
 NODES=(n1 n2 n3 n4)
-CPUS_PER_NODE=${MORPH_SLURM_CPUS:-4}  # declared, not real (config_overrides): 16 slots in all
+CPUS_PER_NODE=4  # declared, not real (config_overrides): 16 slots in all
 
 log() { echo "slurm-local: $*" >&2; }
 

@@ -27,7 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using testing::ReadFile;
 using testing::Stable;
-using testing::WaitForStatus;
 
 constexpr char kToken[] = "slurm-test-token";
 
@@ -176,10 +175,23 @@ class SlurmTest : public ::testing::Test {
   }
 
   // The job trains with `world` workers in generation >= g.
-  void WaitStable(int64_t generation, size_t world, int64_t min_step = 0) {
-    ASSERT_TRUE(WaitForStatus(api_, [&](const nlohmann::json& s) {
-      return Stable(s, generation, world) && s.value("step", int64_t{0}) >= min_step;
-    })) << testing::ApiStatus(api_).dump() << "\n" << Logs();
+  // Fails at once when morphrun ended meanwhile (its exit code file appeared).
+  void WaitStable(int64_t generation, size_t world, int64_t min_step = 0,
+                  int64_t timeout_ms = 60000) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < until) {
+      ASSERT_FALSE(fs::exists(dir_ / "morphrun.rc"))
+          << "morphrun exited " << ReadFile(dir_ / "morphrun.rc") << " before generation "
+          << generation << " with " << world << " workers\n" << Logs();
+      nlohmann::json s = testing::ApiStatus(api_);
+      if (s.is_object() && Stable(s, generation, world) &&
+          s.value("step", int64_t{0}) >= min_step) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FAIL() << "no generation " << generation << " with " << world << " workers in "
+           << timeout_ms << " ms: " << testing::ApiStatus(api_).dump() << "\n" << Logs();
   }
 
   // The job ended and morphrun exited `code`; morphrun's "worker N ... exited with C" lines.
