@@ -205,13 +205,20 @@ TEST_F(LaunchTest, MorphrunUsageErrorsNameTheFlag) {
       {{"-n", "1", "--port", "-1", "--", "/bin/true"}, "--port needs a port number"},
       {{"-n", "1", "--log-dir"}, "--log-dir needs a directory"},
       {{"-n", "1", "--bogus", "--", "/bin/true"}, "unknown option '--bogus'"},
+      {{"--slurm", "-n", "1", "--", "/bin/true"},
+       "--slurm runs inside a Slurm allocation (sbatch or salloc): SLURM_JOB_ID is not set"},
+      {{"-n", "1", "--token-file", "t", "--", "/bin/true"},
+       "--token-file and --srun-arg go with --slurm"},
+      {{"-n", "1", "--srun-arg", "--gpus-per-task=1", "--", "/bin/true"},
+       "--token-file and --srun-arg go with --slurm"},
+      {{"--slurm", "-n", "1", "--token-file"}, "--token-file needs a path"},
   };
   int i = 0;
   for (const Case& c : cases) {
     std::vector<std::string> argv = {MORPHRUN};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
     std::string log = "usage-" + std::to_string(i++) + ".out";
-    pid_t p = Spawn(argv, {{"MORPH_TOKEN", kToken}}, log);
+    pid_t p = Spawn(argv, {{"MORPH_TOKEN", kToken}, {"SLURM_JOB_ID", ""}}, log);
     EXPECT_EQ(Exit(p, 10000), 2) << c.message;
     std::string err = ReadFile(dir_ / log);
     EXPECT_NE(err.find("morphrun: " + c.message), std::string::npos) << err;
