@@ -14,7 +14,8 @@
 // --slurm (in an sbatch script or salloc): each worker is `srun -N1 -n1 --exact
 // --kill-on-bad-exit=0 -J morph-<index> [--srun-arg...] PROGRAM`, its own step, so the scheduler
 // can signal or lose one worker (scancel --signal=TERM JOB.STEP); grow requests start new steps
-// in the allocation. The coordinator binds MORPH_COORDINATOR_ADDR (default 0.0.0.0) and workers
+// in the allocation (a forwarded SIGTERM reaches srun, which cancels its step: not a graceful
+// leave). The coordinator binds MORPH_COORDINATOR_ADDR (default 0.0.0.0) and workers
 // dial this host's name (or MORPH_COORDINATOR_ADVERTISE); they read the token from a 0600 file
 // (--token-file, default $SLURM_SUBMIT_DIR/.morph-token-$SLURM_JOB_ID, removed at exit), which
 // must be readable on every node.
