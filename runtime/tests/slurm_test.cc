@@ -329,12 +329,12 @@ TEST_F(SlurmTest, DISABLED_SurviveANodeSetDown) {
   ASSERT_FALSE(HasFatalFailure());
   std::map<int, int> exits = Finish(0);
   EXPECT_EQ(exits.size(), 4u) << Logs();
-  for (const auto& [index, code] : exits) {
-    if (index != victim) {
-      EXPECT_EQ(code, 0) << "worker " << index << Logs();
-    }
-  }
-  EXPECT_NE(exits[victim], 0) << "the worker on the DOWN node exited 0?\n" << Logs();
+  // Slurm 22.05 SIGKILLs the task on the DOWN node, and its srun says "Node failure on n4" and
+  // exits 0 (checked by hand on this cluster): the worker's own log says it never finished.
+  for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
+  const std::string victim_log = ReadFile(dir_ / ("worker-" + std::to_string(victim) + ".log"));
+  EXPECT_NE(victim_log.find("Node failure on n4"), std::string::npos) << Logs();
+  EXPECT_EQ(victim_log.find("finished at step"), std::string::npos) << Logs();
   testing::CheckSamples(dir_, kSteps);
   // n4 back in service for the next cases (ReturnToService=2 usually has done it already).
   Slurm({"scontrol", "update", "NodeName=n4", "State=RESUME"});
