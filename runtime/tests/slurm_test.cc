@@ -227,7 +227,7 @@ std::string* SlurmTest::skip_ = nullptr;
 // Graceful preemption of one worker: `scancel --signal=TERM JOB.STEP` reaches that step only;
 // its worker hands its state to the other three and leaves; nothing is lost.
 TEST_F(SlurmTest, PreemptOneWorkerByStepSignal) {
-  constexpr int64_t kSteps = 60;
+  constexpr int64_t kSteps = 80;
   Submit(4, 4, kSteps, 50);
   std::map<int, StepInfo> steps = WaitSteps(4);
   ASSERT_EQ(steps.size(), 4u) << Logs();
@@ -262,7 +262,7 @@ TEST_F(SlurmTest, PreemptOneWorkerByStepSignal) {
 // Grow by extra steps: morphctl asks for 6; morphrun --slurm starts two joiner steps inside the
 // allocation (Slurm cannot grow a running job in 22.05); they receive their state and train.
 TEST_F(SlurmTest, GrowByExtraSteps) {
-  constexpr int64_t kSteps = 60;
+  constexpr int64_t kSteps = 100;
   Submit(4, 6, kSteps, 50);
   WaitStable(1, 4, 3);
   ASSERT_FALSE(HasFatalFailure());
