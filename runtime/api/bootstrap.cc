@@ -220,6 +220,8 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
       if (o.launcher_rank == 0) {
         std::string bind = o.coordinator_bind == "127.0.0.1" ? "0.0.0.0" : o.coordinator_bind;
         MORPH_ASSIGN_OR_RETURN(r.coordinator, Host(o, o.launcher_size, bind, port, r.token));
+        LOG(INFO) << "Slurm task 0: hosting the coordinator at " << first << ":" << port
+                  << " for " << o.launcher_size << " worker(s)";
         MORPH_RETURN_IF_ERROR(WriteCoordinatorFile(
             o.coordinator_file, r.coordinator->control_address(), r.token));
       }

@@ -106,15 +106,22 @@ class SlurmTest : public ::testing::Test {
   // sbatch on all four nodes, two task slots each (room for joiners), --no-kill (a failed node
   // does not end the job), the script running morphrun --slurm with elastic_worker.
   void Submit(int workers, int max_workers, int64_t steps, int64_t step_ms) {
-    steps_ = steps;
+    std::ostringstream body;
+    body << MORPHRUN << " --slurm -n " << workers << " --max " << max_workers << " --api-port "
+         << api_ << " --log-dir " << dir_.string() << " -- " << Worker(steps, step_ms);
+    SubmitScript(body.str());
+  }
+  std::string Worker(int64_t steps, int64_t step_ms) const {
+    return std::string(MORPH_ELASTIC_WORKER) + " --steps " + std::to_string(steps) + " --out " +
+           dir_.string() + " --step-ms " + std::to_string(step_ms);
+  }
+  // The batch script runs `command`, then writes its exit code to <dir>/morphrun.rc.
+  void SubmitScript(const std::string& command) {
     const fs::path script = dir_ / "job.sh";
     {
       std::ofstream s(script);
-      s << "#!/bin/bash\n"
-        << MORPHRUN << " --slurm -n " << workers << " --max " << max_workers << " --api-port "
-        << api_ << " --log-dir " << dir_.string() << " -- " << MORPH_ELASTIC_WORKER
-        << " --steps " << steps << " --out " << dir_.string() << " --step-ms " << step_ms
-        << "\necho $? > " << (dir_ / "morphrun.rc").string() << "\n";
+      s << "#!/bin/bash\n" << command << "\necho $? > " << (dir_ / "morphrun.rc").string()
+        << "\n";
     }
     std::map<std::string, std::string> env = {
         {"MORPH_TOKEN", kToken},           {"MORPH_HEARTBEAT_MS", "50"},
@@ -219,7 +226,6 @@ class SlurmTest : public ::testing::Test {
   fs::path dir_;
   uint16_t api_ = 0;
   std::string job_;
-  int64_t steps_ = 0;
 };
 
 std::string* SlurmTest::skip_ = nullptr;
@@ -278,6 +284,30 @@ TEST_F(SlurmTest, GrowByExtraSteps) {
   std::map<int, int> exits = Finish(0);
   EXPECT_EQ(exits.size(), 6u) << Logs();
   for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
+  testing::CheckSamples(dir_, kSteps);
+}
+
+// The single-step bootstrap (no morphrun): `srun -n 4` starts all four workers as one step,
+// task 0 (SLURM_PROCID) hosts the coordinator at MORPH_COORDINATOR_PORT on the first node of
+// SLURM_STEP_NODELIST and the others dial it. The emulated node names (n1..n4) do not resolve,
+// so each task's node list is rewritten to this host's name, as on a cluster whose node names
+// are host names.
+TEST_F(SlurmTest, SingleStepTaskZeroHosts) {
+  constexpr int64_t kSteps = 30;
+  const std::string port = std::to_string(testing::FreePort());
+  SubmitScript("export MORPH_COORDINATOR_PORT=" + port +
+               "\nsrun -n4 --kill-on-bad-exit=1 -o " + (dir_ / "worker-%t.log").string() +
+               " bash -c 'SLURM_STEP_NODELIST=$(hostname) exec " + Worker(kSteps, 20) + "'");
+  EXPECT_TRUE(WaitJobEnd(90000)) << Logs();
+  EXPECT_EQ(ReadFile(dir_ / "morphrun.rc"), "0\n") << "srun's exit code\n" << Logs();
+  int finished = 0;
+  for (int t = 0; t < 4; ++t) {
+    finished += ReadFile(dir_ / ("worker-" + std::to_string(t) + ".log")).find("finished at step") !=
+                std::string::npos;
+  }
+  EXPECT_EQ(finished, 4) << Logs();
+  EXPECT_NE(ReadFile(dir_ / "worker-0.log").find("Slurm task 0: hosting the coordinator at"),
+            std::string::npos) << Logs();
   testing::CheckSamples(dir_, kSteps);
 }
 
