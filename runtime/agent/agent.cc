@@ -37,7 +37,7 @@ void Agent::Close() {
 
 void Agent::UpdatePendingLocked() {
   bool p = !connection_.ok() || core_.finished() || core_.pending_commit().has_value() ||
-           core_.gate() != AgentCore::kNoGate || core_.rank() < 0;
+           core_.gate() != AgentCore::kNoGate || core_.rank() < 0 || core_.generation_failed();
   pending_.store(p, std::memory_order_seq_cst);
 }
 
@@ -49,10 +49,13 @@ void Agent::Run() {
     if (now >= next_beat) {
       Status s = client_->Send(HeartbeatMsg{.step = begun_.load()});
       if (!s.ok() && !stop_.load()) {
-        std::lock_guard<std::mutex> l(mu_);
-        connection_ = s;
-        UpdatePendingLocked();
-        cv_.notify_all();
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          connection_ = s;
+          UpdatePendingLocked();
+          cv_.notify_all();
+        }
+        ConnectionLost();
         return;
       }
       next_beat = now + beat;
@@ -63,24 +66,42 @@ void Agent::Run() {
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kDeadlineExceeded) continue;
       if (stop_.load()) return;
-      std::lock_guard<std::mutex> l(mu_);
-      if (!core_.finished()) {
-        connection_ = UnavailableError("connection to the coordinator lost: " +
-                                       std::string(m.status().message()));
-        LOG(WARNING) << "worker " << id() << ": " << connection_.message();
+      bool lost = false;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (!core_.finished()) {
+          if (connection_.ok()) {
+            connection_ = UnavailableError("connection to the coordinator lost: " +
+                                           std::string(m.status().message()));
+          }
+          LOG(WARNING) << "worker " << id() << ": " << connection_.message();
+          lost = true;
+        }
+        UpdatePendingLocked();
+        cv_.notify_all();
       }
-      UpdatePendingLocked();
-      cv_.notify_all();
+      if (lost) ConnectionLost();
       return;
     }
     Handle(std::move(*m));
   }
 }
 
+void Agent::ConnectionLost() {
+  if (lost_reported_.exchange(true) || !options_.on_connection_lost) return;
+  Status why;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    why = connection_;
+  }
+  options_.on_connection_lost(why);
+}
+
 void Agent::Handle(WireMessage m) {
   std::optional<StepReportMsg> report;
   std::optional<PrepareMsg> prepared;
   std::optional<int64_t> abandoned;
+  std::optional<AbortMsg> aborted;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (auto* p = std::get_if<PrepareMsg>(&m)) {
@@ -88,6 +109,8 @@ void Agent::Handle(WireMessage m) {
       bool mine = std::find(parts.begin(), parts.end(), id()) != parts.end() &&
                   p->next.id > core_.generation().id;
       if (mine && options_.on_prepare) {
+        // A recovery stops the training thread at its next boundary at once.
+        if (p->change.recovery) core_.OnRecoveryPrepare(*p);
         prepared = *p;  // reported once the new world is built (ReportPrepared)
       } else {
         // Dekker with NoteBegin: raise the flag, then read the step (see agent.h).
@@ -105,6 +128,9 @@ void Agent::Handle(WireMessage m) {
       if (waiting && !core_.pending_commit()) outcome_ = o->applied;
     } else if (auto* r = std::get_if<ReleaseMsg>(&m)) {
       core_.OnRelease(*r);
+    } else if (auto* ab = std::get_if<AbortMsg>(&m)) {
+      core_.OnAbort(*ab);
+      aborted = *ab;
     } else if (auto* e = std::get_if<ErrorMsg>(&m)) {
       connection_ = Status(static_cast<StatusCode>(e->code), "coordinator: " + e->message);
     } else {
@@ -123,6 +149,7 @@ void Agent::Handle(WireMessage m) {
     options_.on_prepare(p, [this, p] { ReportPrepared(p); });
   }
   if (abandoned && options_.on_abandon) options_.on_abandon(*abandoned);
+  if (aborted && options_.on_abort) options_.on_abort(*aborted);
 }
 
 void Agent::ReportPrepared(const PrepareMsg& p) {
@@ -131,7 +158,9 @@ void Agent::ReportPrepared(const PrepareMsg& p) {
     std::lock_guard<std::mutex> l(mu_);
     // Dekker with NoteBegin: raise the flag, then read the step (see agent.h).
     pending_.store(true, std::memory_order_seq_cst);
-    report = core_.OnPrepare(p, begun_.load(std::memory_order_seq_cst) + 1);
+    report = p.change.recovery
+                 ? core_.OnRecoveryBuilt(p.next.id)
+                 : core_.OnPrepare(p, begun_.load(std::memory_order_seq_cst) + 1);
     UpdatePendingLocked();
     cv_.notify_all();
   }
@@ -141,24 +170,43 @@ void Agent::ReportPrepared(const PrepareMsg& p) {
   }
 }
 
+void Agent::NoteStepFailed() {
+  std::lock_guard<std::mutex> l(mu_);
+  core_.OnStepFailed();
+  UpdatePendingLocked();
+}
+
 StatusOr<Agent::Decision> Agent::Decide(int64_t step, Deadline deadline) {
   std::unique_lock<std::mutex> l(mu_);
   while (true) {
     AgentCore::Action a = core_.AtStep(step);
     if (a == AgentCore::Action::kFinished) return Decision{.action = a};
-    if (a == AgentCore::Action::kSwitch) {
+    if (a == AgentCore::Action::kSwitch || a == AgentCore::Action::kCannotSwitch) {
       return Decision{.action = a, .commit = *core_.pending_commit()};
     }
     if (!connection_.ok()) return connection_;
-    if (a == AgentCore::Action::kProceed) return Decision{.action = a};
+    if (a != AgentCore::Action::kWait) return Decision{.action = a};
     if (cv_.wait_until(l, deadline.when()) == std::cv_status::timeout &&
-        core_.AtStep(step) == AgentCore::Action::kWait) {
+        core_.AtStep(step) == AgentCore::Action::kWait && connection_.ok()) {
       return DeadlineExceededError("step " + std::to_string(step) +
                                    ": no decision from the coordinator in time (worker " +
                                    std::to_string(id()) + ", generation " +
                                    std::to_string(core_.generation().id) + ")");
     }
   }
+}
+
+Status Agent::ReportState(int64_t state_step, bool state_ok, int64_t snapshot_step,
+                         int64_t held_snapshot_step) {
+  std::optional<StepReportMsg> report;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    report = core_.OnRecoveryState(state_step, state_ok, snapshot_step, held_snapshot_step);
+    UpdatePendingLocked();
+    cv_.notify_all();
+  }
+  if (!report) return Status();
+  return client_->Send(*report);
 }
 
 Status Agent::SwitchDone(bool ok, const std::string& error, AppliedMsg::Phases phases) {

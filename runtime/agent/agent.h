@@ -48,6 +48,12 @@ struct AgentOptions {
   std::function<void(const PrepareMsg&, std::function<void()> ready)> on_prepare;
   // Called on the control thread for an abandon: drop what was built for that generation.
   std::function<void(int64_t generation)> on_abandon;
+  // Called on the control thread for the coordinator's Abort of the current generation (a
+  // member was lost): the runtime aborts its collectives and any switch in flight.
+  std::function<void(const AbortMsg&)> on_abort;
+  // Called on the control thread once when the coordinator connection is lost (or it sent an
+  // error): the runtime aborts its collectives so that no worker trains on alone.
+  std::function<void(const Status& why)> on_connection_lost;
 };
 
 class Agent {
@@ -77,6 +83,13 @@ class Agent {
   // Blocks until the core lets `step` proceed, tells it to switch or that it is finished.
   // kUnavailable when the coordinator connection is gone (its reason), kDeadlineExceeded.
   StatusOr<Decision> Decide(int64_t step, Deadline deadline);
+  // The training thread's step failed (Runtime::AbortStep) or its switch did: no step of the
+  // current generation begins any more (AgentCore::OnStepFailed).
+  void NoteStepFailed();
+  // The training thread's half of a recovery's step report (Decide said kReport): the step its
+  // state holds and whether it is whole, and its snapshots' steps (-1: none).
+  Status ReportState(int64_t state_step, bool state_ok, int64_t snapshot_step = -1,
+                     int64_t held_snapshot_step = -1);
   // Reports the switch's result (sends Applied). After ok the core is in the new generation.
   Status SwitchDone(bool ok, const std::string& error = "", AppliedMsg::Phases phases = {});
   // After a failed switch: waits for the coordinator's outcome (true: applied elsewhere).
@@ -102,6 +115,7 @@ class Agent {
   // Answers `p` with the step report (the prepare's work is done).
   void ReportPrepared(const PrepareMsg& p);
   void UpdatePendingLocked();
+  void ConnectionLost();  // calls on_connection_lost once, outside mu_
 
   std::unique_ptr<ControlClient> client_;
   AgentOptions options_;
@@ -110,6 +124,7 @@ class Agent {
   std::atomic<bool> pending_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> leave_sent_{false};
+  std::atomic<bool> lost_reported_{false};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

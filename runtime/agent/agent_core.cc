@@ -28,6 +28,59 @@ std::optional<StepReportMsg> AgentCore::OnPrepare(const PrepareMsg& m, int64_t n
   return StepReportMsg{.worker = me_, .generation = id, .last_free_step = reported_};
 }
 
+void AgentCore::OnRecoveryPrepare(const PrepareMsg& m) {
+  const int64_t id = m.next.id;
+  if (finished_ || id <= gen_.id || id <= closed_ || !m.change.recovery) return;
+  if (commit_ && commit_->next.id >= id) return;
+  if (!Participates(m.change) || m.from_generation != gen_.id || rank() < 0) return;
+  if (recovery_ == id) return;  // duplicate
+  recovery_ = id;
+  failed_gen_ = gen_.id;  // the runtime aborts this generation's collectives
+  recovery_built_ = false;
+  recovery_state_.reset();
+  prepared_ = id;
+  gate_ = -1;  // no step begins until the commit
+}
+
+std::optional<StepReportMsg> AgentCore::RecoveryReportIfComplete() {
+  if (recovery_ == 0 || !recovery_built_ || !recovery_state_) return std::nullopt;
+  return recovery_state_;
+}
+
+std::optional<StepReportMsg> AgentCore::OnRecoveryBuilt(int64_t generation) {
+  if (recovery_ != generation || recovery_built_) return std::nullopt;
+  recovery_built_ = true;
+  return RecoveryReportIfComplete();
+}
+
+std::optional<StepReportMsg> AgentCore::OnRecoveryState(int64_t state_step, bool state_ok,
+                                                        int64_t snapshot_step,
+                                                        int64_t held_snapshot_step) {
+  if (recovery_ == 0 || recovery_state_) return std::nullopt;
+  recovery_state_ = StepReportMsg{.worker = me_,
+                                  .generation = recovery_,
+                                  .last_free_step = state_step,
+                                  .state_step = state_step,
+                                  .state_ok = state_ok,
+                                  .snapshot_step = snapshot_step,
+                                  .held_snapshot_step = held_snapshot_step};
+  return RecoveryReportIfComplete();
+}
+
+void AgentCore::OnAbort(const AbortMsg& m) {
+  if (gen_.id != 0 && m.generation == gen_.id) failed_gen_ = gen_.id;
+}
+
+void AgentCore::OnStepFailed() {
+  if (gen_.id != 0) failed_gen_ = gen_.id;
+}
+
+void AgentCore::ClearRecovery() {
+  recovery_ = 0;
+  recovery_built_ = false;
+  recovery_state_.reset();
+}
+
 void AgentCore::OnCommit(const CommitMsg& m) {
   const int64_t id = m.next.id;
   if (finished_ || id <= gen_.id || id <= closed_) return;
@@ -36,14 +89,17 @@ void AgentCore::OnCommit(const CommitMsg& m) {
   commit_ = m;
   switch_failed_ = false;
   reverted_ = false;
-  // Steps before S run in the old generation; S itself is the switch (AtStep).
-  gate_ = m.next.start_step;
+  ClearRecovery();
+  // Steps before S run in the old generation; S itself is the switch (AtStep). A recovery
+  // switches at the boundary where the worker waits.
+  gate_ = m.change.recovery ? -1 : m.next.start_step;
 }
 
 void AgentCore::OnAbandon(const AbandonMsg& m) {
   if (m.generation <= closed_) return;
   if (commit_ && commit_->next.id == m.generation) return;  // a committed one is never abandoned
   closed_ = m.generation;
+  if (recovery_ == m.generation) ClearRecovery();
   if (prepared_ == m.generation) {
     prepared_ = 0;
     gate_ = kNoGate;
@@ -76,10 +132,14 @@ AgentCore::Action AgentCore::AtStep(int64_t step) const {
   if (commit_) {
     if (switch_failed_) return Action::kWait;
     // A worker without a rank joins the exchange at once (its peers arrive when they reach S).
-    if (rank() < 0 || step >= commit_->next.start_step) return Action::kSwitch;
-    return Action::kProceed;
+    if (rank() < 0 || commit_->change.recovery || step >= commit_->next.start_step) {
+      return Action::kSwitch;
+    }
+    return generation_failed() ? Action::kCannotSwitch : Action::kProceed;
   }
   if (rank() < 0) return Action::kWait;  // a joiner or spare waits for a commit with a rank
+  if (recovery_ != 0) return recovery_state_ ? Action::kWait : Action::kReport;
+  if (generation_failed()) return Action::kWait;
   return step > gate_ ? Action::kWait : Action::kProceed;
 }
 

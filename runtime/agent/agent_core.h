@@ -11,6 +11,8 @@
 //   - it never lets a step past that begin until Commit(g+1, S) or Abandon(g+1);
 //   - at step S it tells the training thread to switch; a worker without a rank (a joiner, a
 //     spare) waits until a commit gives it one and starts at S;
+//   - a recovery's prepare stops the training thread at its next boundary (kReport), whatever
+//     step it is at; the report carries the state's step; the commit switches at once;
 //   - messages are idempotent: duplicates, stale generations and reordered arrivals (a commit
 //     before its prepare, an abandon before its prepare) are harmless.
 //
@@ -36,16 +38,33 @@ class AgentCore {
   // Coordinator messages. `next_step` is the step the training thread will begin next (read
   // with the ordering the caller documents). Returns the report to send, if any.
   std::optional<StepReportMsg> OnPrepare(const PrepareMsg& m, int64_t next_step);
+  // A recovery's prepare (m.change.recovery) as it arrives: from now on the training thread
+  // begins no further step; at its boundary AtStep says kReport. The step report goes out once
+  // both the new world is built (OnRecoveryBuilt) and the state is reported (OnRecoveryState):
+  // each returns the report when it completes the pair.
+  void OnRecoveryPrepare(const PrepareMsg& m);
+  std::optional<StepReportMsg> OnRecoveryBuilt(int64_t generation);
+  std::optional<StepReportMsg> OnRecoveryState(int64_t state_step, bool state_ok,
+                                               int64_t snapshot_step, int64_t held_snapshot_step);
   void OnCommit(const CommitMsg& m);
   void OnAbandon(const AbandonMsg& m);
   void OnOutcome(const OutcomeMsg& m);
   void OnRelease(const ReleaseMsg& m);
+  // The current generation's collectives are gone (the coordinator's Abort, or the training
+  // thread's own failed step, OnStepFailed): no step of it begins any more; a planned commit
+  // whose start step lies ahead cannot be reached (kCannotSwitch); only a recovery follows.
+  void OnAbort(const AbortMsg& m);
+  void OnStepFailed();
+  bool generation_failed() const { return failed_gen_ != 0 && failed_gen_ == gen_.id; }
 
   enum class Action {
     kProceed,  // begin the step in the current generation
     kWait,     // block until the next coordinator message, then ask again
     kSwitch,   // apply pending_commit() now; the step it starts is its start_step
-    kFinished  // this worker is done: Finished() is true
+    kFinished,  // this worker is done: Finished() is true
+    kReport,    // a recovery is prepared: report the state's step (OnRecoveryState), then wait
+    kCannotSwitch  // a planned commit's start step is out of reach (the generation failed):
+                   // answer SwitchDone(false), then wait
   };
   // The training thread at BeginStep(step). A worker without a generation passes any step.
   Action AtStep(int64_t step) const;
@@ -66,8 +85,9 @@ class AgentCore {
   bool reverted() const { return reverted_; }
   WorkerId me() const { return me_; }
 
- private:
   bool Participates(const ChangeParticipants& c) const;
+
+ private:
   bool Exits(const ChangeParticipants& c) const;
 
   WorkerId me_;
@@ -82,6 +102,13 @@ class AgentCore {
   bool switch_failed_ = false;  // SwitchDone(!ok) for commit_, waiting for the Outcome
   bool finished_ = false;
   bool reverted_ = false;
+  // The recovery proposal in progress (0: none), and its two halves of the report.
+  int64_t failed_gen_ = 0;  // the generation whose collectives failed here
+  int64_t recovery_ = 0;
+  bool recovery_built_ = false;
+  std::optional<StepReportMsg> recovery_state_;
+  std::optional<StepReportMsg> RecoveryReportIfComplete();
+  void ClearRecovery();
 };
 
 }  // namespace morph

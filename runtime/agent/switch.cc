@@ -154,6 +154,81 @@ void PreparedSwitch::Abort() {
   if (groups_) groups_->AbortAll();
 }
 
+// kFailedPrecondition "plan digest mismatch: ..." unless `change` has the coordinator's digest.
+static Status CheckDigest(const ChangePlan& change, uint64_t expected) {
+  if (change.digest == expected) return Status::Ok();
+  std::string parts =
+      change.planner
+          ? "computed parts: " +
+                DigestParts(WithMessageLayout(change.planner->digest(), change.executor,
+                                              static_cast<int>(change.participants.size())))
+          : "first generation: manifest, config and ranks";
+  return FailedPreconditionError("plan digest mismatch: coordinator " + DigestHex(expected) +
+                                 ", computed " + DigestHex(change.digest) + " (" + parts + ")");
+}
+
+// This participant's part of `change`, its batches and the byte figures of "Order and memory
+// bound" (PrepareSwitch; ExecuteSwitch for a recovery).
+Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOptions& options) {
+  SwitchStats& planned = sw.planned_;
+  const std::string gen = "generation " + std::to_string(sw.next_.id);
+  if (change.planner) {
+    if (sw.participant_ < 0) {
+      return InvalidArgumentError(gen + ": worker " + std::to_string(sw.me_) +
+                                  " holds a rank but is no participant of the change");
+    }
+    MORPH_ASSIGN_OR_RETURN(sw.plan_, change.planner->PlanFor(sw.participant_),
+                           gen << ": planning participant " << sw.participant_);
+    sw.batches_ = Batches(sw.manifest_.tensors, sw.from_.config, sw.next_.config,
+                           options.batch_bytes);
+    sw.batch_plans_ = SplitPlan(sw.plan_, sw.batches_);
+    // The byte figures of "Order and memory bound" for this worker.
+    const LocalPlan& p = sw.plan_;
+    for (size_t t = 0; t < p.tensors.size(); ++t) {
+      const int64_t n = ShardBytes(p.new_shards[t], p.tensors[t].dtype);
+      planned.old_bytes += ShardBytes(p.old_shards[t], p.tensors[t].dtype);
+      planned.new_bytes += n;
+      planned.largest_shard_bytes = std::max(planned.largest_shard_bytes, n);
+    }
+    // Tensors whose new shard here is exactly the old one keep their buffer (ExecuteSwitch):
+    // nothing is allocated or copied for them.
+    sw.kept_.assign(p.tensors.size(), false);
+    if (!options.stage_old_in_host && !options.keep_old_until_barrier) {
+      std::vector<bool> receives(p.tensors.size(), false);
+      for (const PieceMove& m : p.recvs) receives[static_cast<size_t>(m.tensor)] = true;
+      for (size_t t = 0; t < p.tensors.size(); ++t) {
+        sw.kept_[t] = !receives[t] && p.old_shards[t] && p.new_shards[t] &&
+                       !p.old_shards[t]->empty() && *p.old_shards[t] == *p.new_shards[t];
+      }
+    }
+    int64_t held = planned.old_bytes;  // before the batch
+    bool grew = false;
+    for (const auto& batch : sw.batches_) {
+      int64_t batch_new = 0, delta = 0;
+      for (int32_t t : batch) {
+        const DType dt = p.tensors[static_cast<size_t>(t)].dtype;
+        const int64_t o = ShardBytes(p.old_shards[static_cast<size_t>(t)], dt);
+        const int64_t n = ShardBytes(p.new_shards[static_cast<size_t>(t)], dt);
+        if (sw.kept_[static_cast<size_t>(t)]) continue;  // neither allocated nor released
+        batch_new += n;
+        delta += options.keep_old_until_barrier ? n : n - o;
+        if (n > o) grew = true;
+        if (n < o && grew) planned.sign_consistent = false;
+      }
+      sw.predicted_peak_ = std::max(sw.predicted_peak_, held + batch_new);
+      planned.largest_batch_bytes = std::max(planned.largest_batch_bytes, batch_new);
+      held += delta;
+    }
+    sw.predicted_peak_ = std::max(sw.predicted_peak_, planned.old_bytes);
+    if (options.keep_old_until_barrier) planned.sign_consistent = planned.old_bytes == 0;
+    planned.batches = static_cast<int>(sw.batches_.size());
+    planned.bound_bytes = std::max(planned.old_bytes, planned.new_bytes) +
+                          planned.largest_batch_bytes +
+                          static_cast<int64_t>(sw.executor_.staging_bytes);
+  }
+  return Status::Ok();
+}
+
 StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manifest, WorkerId me,
                                                         const PrepareMsg& prepare, Store& store,
                                                         const CommunicatorFactory& factory,
@@ -175,16 +250,9 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   }
   MORPH_ASSIGN_OR_RETURN(ChangePlan change,
                          PlanForChange(manifest, prepare.from, prepare.next, prepare.change), gen);
-  if (change.digest != prepare.next.plan_digest) {
-    std::string parts =
-        change.planner
-            ? "computed parts: " +
-                  DigestParts(WithMessageLayout(change.planner->digest(), change.executor,
-                                                static_cast<int>(change.participants.size())))
-            : "first generation: manifest, config and ranks";
-    return FailedPreconditionError("plan digest mismatch: coordinator " +
-                                   DigestHex(prepare.next.plan_digest) + ", computed " +
-                                   DigestHex(change.digest) + " (" + parts + ")");
+  // A recovery's digest covers its stale participants, known at the commit (ExecuteSwitch).
+  if (!prepare.change.recovery) {
+    MORPH_RETURN_IF_ERROR(CheckDigest(change, prepare.next.plan_digest));
   }
   sw->participants_ = change.participants;
   sw->participant_ = change.IndexOf(me);
@@ -200,59 +268,8 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   }
 
   SwitchStats& planned = sw->planned_;
-  if (change.planner) {
-    if (sw->participant_ < 0) {
-      return InvalidArgumentError(gen + ": worker " + std::to_string(me) +
-                                  " holds a rank but is no participant of the change");
-    }
-    MORPH_ASSIGN_OR_RETURN(sw->plan_, change.planner->PlanFor(sw->participant_),
-                           gen << ": planning participant " << sw->participant_);
-    sw->batches_ =
-        Batches(manifest.tensors, prepare.from.config, prepare.next.config, options.batch_bytes);
-    sw->batch_plans_ = SplitPlan(sw->plan_, sw->batches_);
-    // The byte figures of "Order and memory bound" for this worker.
-    const LocalPlan& p = sw->plan_;
-    for (size_t t = 0; t < p.tensors.size(); ++t) {
-      const int64_t n = ShardBytes(p.new_shards[t], p.tensors[t].dtype);
-      planned.old_bytes += ShardBytes(p.old_shards[t], p.tensors[t].dtype);
-      planned.new_bytes += n;
-      planned.largest_shard_bytes = std::max(planned.largest_shard_bytes, n);
-    }
-    // Tensors whose new shard here is exactly the old one keep their buffer (ExecuteSwitch):
-    // nothing is allocated or copied for them.
-    sw->kept_.assign(p.tensors.size(), false);
-    if (!options.stage_old_in_host && !options.keep_old_until_barrier) {
-      std::vector<bool> receives(p.tensors.size(), false);
-      for (const PieceMove& m : p.recvs) receives[static_cast<size_t>(m.tensor)] = true;
-      for (size_t t = 0; t < p.tensors.size(); ++t) {
-        sw->kept_[t] = !receives[t] && p.old_shards[t] && p.new_shards[t] &&
-                       !p.old_shards[t]->empty() && *p.old_shards[t] == *p.new_shards[t];
-      }
-    }
-    int64_t held = planned.old_bytes;  // before the batch
-    bool grew = false;
-    for (const auto& batch : sw->batches_) {
-      int64_t batch_new = 0, delta = 0;
-      for (int32_t t : batch) {
-        const DType dt = p.tensors[static_cast<size_t>(t)].dtype;
-        const int64_t o = ShardBytes(p.old_shards[static_cast<size_t>(t)], dt);
-        const int64_t n = ShardBytes(p.new_shards[static_cast<size_t>(t)], dt);
-        if (sw->kept_[static_cast<size_t>(t)]) continue;  // neither allocated nor released
-        batch_new += n;
-        delta += options.keep_old_until_barrier ? n : n - o;
-        if (n > o) grew = true;
-        if (n < o && grew) planned.sign_consistent = false;
-      }
-      sw->predicted_peak_ = std::max(sw->predicted_peak_, held + batch_new);
-      planned.largest_batch_bytes = std::max(planned.largest_batch_bytes, batch_new);
-      held += delta;
-    }
-    sw->predicted_peak_ = std::max(sw->predicted_peak_, planned.old_bytes);
-    if (options.keep_old_until_barrier) planned.sign_consistent = planned.old_bytes == 0;
-    planned.batches = static_cast<int>(sw->batches_.size());
-    planned.bound_bytes = std::max(planned.old_bytes, planned.new_bytes) +
-                          planned.largest_batch_bytes +
-                          static_cast<int64_t>(sw->executor_.staging_bytes);
+  if (!prepare.change.recovery) {
+    MORPH_RETURN_IF_ERROR(PlanSwitch(*sw, change, options));
   }
   planned.seconds.plan = Since(t_plan);
 
@@ -289,7 +306,7 @@ Status CheckCommit(const PreparedSwitch& sw, const CommitMsg& commit) {
     what = "config " + commit.next.config.ToString() + " vs " + n.config.ToString();
   } else if (commit.next.ranks != n.ranks) {
     what = "ranks";
-  } else if (commit.next.plan_digest != n.plan_digest) {
+  } else if (commit.next.plan_digest != n.plan_digest && !commit.change.recovery) {
     what = "plan digest " + DigestHex(commit.next.plan_digest) + " vs " + DigestHex(n.plan_digest);
   } else if (!(commit.from == sw.from())) {
     what = "the generation it starts from";
@@ -302,12 +319,77 @@ Status CheckCommit(const PreparedSwitch& sw, const CommitMsg& commit) {
 
 }  // namespace
 
+// A recovery from a checkpoint: every participant installs its new shards (zero-filled) and
+// fills them and the scalars from the checkpoint; then the closing barrier.
+StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch& sw, const CommitMsg& commit,
+                                            State& state, Deadline) {
+  const std::string gen = "recovery into generation " + std::to_string(commit.next.id) +
+                          " from checkpoint " + commit.recovery.checkpoint;
+  if (!sw.options_.restore_checkpoint) {
+    return FailedPreconditionError(gen + ": this worker cannot restore checkpoints");
+  }
+  SwitchStats stats = sw.planned_;
+  const auto t0 = Clock::now();
+  const size_t nt = state.tensors().size();
+  for (size_t t = 0; t < nt; ++t) state.ReleaseShard(t);
+  const int rank = commit.next.RankOf(sw.me_);
+  std::vector<Shard> shards(nt);
+  std::vector<Buffer> buffers(nt);
+  if (rank >= 0) {
+    for (size_t t = 0; t < nt; ++t) {
+      const TensorSpec& spec = state.tensors()[t];
+      MORPH_ASSIGN_OR_RETURN(shards[t], ShardOf(spec, commit.next.config, rank), gen);
+      const int64_t bytes = ShardBytes(shards[t], spec.dtype);
+      if (bytes == 0) continue;
+      MORPH_ASSIGN_OR_RETURN(buffers[t], state.AllocateShard(t, bytes), gen);
+      stats.new_bytes += bytes;
+    }
+  }
+  state.Install(commit.next.config, rank, std::move(shards), std::move(buffers));
+  if (rank >= 0) {
+    MORPH_RETURN_IF_ERROR(sw.options_.restore_checkpoint(commit.recovery.checkpoint, state))
+        << gen;
+  }
+  stats.seconds.transfer = Since(t0);
+  const auto t_resume = Clock::now();
+  if (sw.change_comm_) {
+    Status barrier = sw.change_comm_->Barrier(sw.options_.timeout);
+    if (!barrier.ok()) return barrier.WithContext(gen + ": closing barrier");
+  }
+  stats.seconds.resume = Since(t_resume);
+  stats.peak_bytes = stats.peak_state_bytes = stats.new_bytes;
+  return stats;
+}
+
 StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit, State& state,
                                     Deadline deadline) {
   const std::string gen = "switch to generation " + std::to_string(sw.next_.id);
   MORPH_RETURN_IF_ERROR(CheckCommit(sw, commit));
-  if (!(commit.change == sw.change_)) {
-    return FailedPreconditionError(gen + ": the commit's participants differ from the prepare's");
+  {
+    ChangeParticipants prepared = sw.change_;
+    prepared.stale = commit.change.stale;  // a recovery's commit adds them
+    if (!(commit.change == prepared)) {
+      return FailedPreconditionError(gen + ": the commit's participants differ from the prepare's");
+    }
+  }
+  const bool recovery = commit.change.recovery;
+  const bool stale = recovery && std::find(commit.change.stale.begin(), commit.change.stale.end(),
+                                           sw.me_) != commit.change.stale.end();
+  if (recovery && commit.recovery.source == RecoveryDecision::Source::kCheckpoint) {
+    if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
+    sw.executed_ = true;
+    return RestoreFromCheckpoint(sw, commit, state, deadline);
+  }
+  if (recovery && !sw.executed_) {
+    // The plan of a recovery depends on its commit (the stale participants).
+    const auto t_plan = Clock::now();
+    MORPH_ASSIGN_OR_RETURN(ChangePlan change,
+                           PlanForChange(sw.manifest_, sw.from_, commit.next, commit.change), gen);
+    MORPH_RETURN_IF_ERROR(CheckDigest(change, commit.next.plan_digest)) << gen;
+    sw.next_ = commit.next;
+    sw.change_ = commit.change;
+    MORPH_RETURN_IF_ERROR(PlanSwitch(sw, change, sw.options_));
+    sw.planned_.seconds.plan += Since(t_plan);
   }
   if (sw.executed_) return FailedPreconditionError(gen + ": already executed");
   if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
@@ -330,8 +412,11 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     stats.seconds.resume = Since(t0);
     return stats;
   }
-  // The state must be what the plan's old shards describe.
-  if (sw.old_rank_ >= 0) {
+  // The state must be what the plan's old shards describe (a stale participant's is not used:
+  // it goes at once).
+  if (stale) {
+    for (size_t t = 0; t < state.tensors().size(); ++t) state.ReleaseShard(t);
+  } else if (sw.old_rank_ >= 0) {
     const ParallelConfig* c = state.config();
     if (c == nullptr || !(*c == sw.from_.config) || state.rank() != sw.old_rank_ ||
         !state.intact()) {
@@ -492,8 +577,16 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       std::memcpy(blob.data() + at, v.data(), v.size());
       at += v.size();
     }
-    Status b = sw.change_comm_->Broadcast(blob.data(), blob.size(), DType::kU8, 0, opt.timeout);
-    if (!b.ok()) return fail(b, "scalar broadcast from participant 0");
+    // From the first participant whose state is used (participant 0 outside a recovery).
+    int root = 0;
+    while (root < sw.num_participants_ &&
+           std::find(commit.change.stale.begin(), commit.change.stale.end(),
+                     sw.participants_[static_cast<size_t>(root)]) != commit.change.stale.end()) {
+      ++root;
+    }
+    Status b =
+        sw.change_comm_->Broadcast(blob.data(), blob.size(), DType::kU8, root, opt.timeout);
+    if (!b.ok()) return fail(b, "scalar broadcast from participant " + std::to_string(root));
     at = 0;
     for (const ScalarSpec& s : state.scalars()) {
       std::span<std::byte> v = *state.scalar(s.name);

@@ -52,6 +52,13 @@
 // released old shards (State::intact() is false then; unless keep_old_until_barrier). Recovery
 // (a new generation from the survivors' intact state, or a checkpoint) is the failures issue's.
 //
+// Recovery (change.recovery): the plan depends on the commit (its stale participants), so
+// PrepareSwitch builds only the communicators and ExecuteSwitch derives and checks the plan
+// from the commit (its time counts in the stall). A stale participant's old shards are released
+// first and never read; it receives its whole new state. The scalars come from the first
+// participant that is not stale. A recovery from a checkpoint moves nothing between
+// participants: every one installs its new shards and restores them (restore_checkpoint).
+//
 // Abandon: destroying a PreparedSwitch releases the change communicator and the new groups
 // (peers still building or using them fail with kUnavailable); the State is untouched.
 //
@@ -78,6 +85,7 @@
 #include "runtime/api/state.h"
 #include "runtime/protocol/manifest.h"
 #include "runtime/protocol/messages.h"
+#include "runtime/protocol/plan_input.h"
 
 namespace morph {
 
@@ -107,6 +115,10 @@ struct SwitchOptions {
   // Tests: called on the training thread after batch `k` (0-based) moved and released its old
   // shards, before the next. Fault injection only.
   std::function<void(int batch)> after_batch;
+  // A recovery from a checkpoint (RecoveryDecision::kCheckpoint): fills every shard and scalar
+  // of the State, already installed for the new config and rank, from the checkpoint at
+  // `path`. Null: such a recovery fails with kFailedPrecondition.
+  std::function<Status(const std::string& path, State& state)> restore_checkpoint;
 };
 
 struct SwitchTimings {
@@ -169,6 +181,9 @@ class PreparedSwitch {
                                                                  const SwitchOptions&, Deadline);
   friend StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch&, const CommitMsg&, State&, Deadline);
   friend std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch&);
+  friend Status PlanSwitch(PreparedSwitch&, const ChangePlan&, const SwitchOptions&);
+  friend StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch&, const CommitMsg&, State&,
+                                                     Deadline);
   PreparedSwitch() = default;
 
   JobManifest manifest_;

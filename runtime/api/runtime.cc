@@ -66,6 +66,11 @@ struct Runtime::Impl {
   std::shared_ptr<GlooDevice> device;
   CommunicatorFactory factory;
   std::unique_ptr<GroupSet> groups;
+  // Guards the `groups` pointer against the control thread's abort (the training thread reads
+  // it unlocked: only it replaces it, under this mutex).
+  std::mutex groups_mu;
+  // When the control thread aborted the collectives for a failure (steady clock, 0: never).
+  std::atomic<int64_t> aborted_at_ns{0};
   Generation gen;
   std::optional<DatasetCursor> cursor;
   int64_t next_step = 0;
@@ -100,8 +105,24 @@ struct Runtime::Impl {
     if (reaper.joinable()) reaper.join();
   }
 
+  // Control thread: a failure (a recovery's prepare, the coordinator gone): every collective
+  // of the running generation returns kAborted from now on, so the training thread reaches its
+  // step boundary instead of hanging on a dead peer.
+  void AbortCollectives(const std::string& why) {
+    std::lock_guard<std::mutex> l(groups_mu);
+    int64_t expected = 0;
+    aborted_at_ns.compare_exchange_strong(
+        expected, SteadyClock::now().time_since_epoch() / std::chrono::nanoseconds(1));
+    if (groups) {
+      LOG(WARNING) << "worker " << agent->id() << ": aborting generation " << groups->generation()
+                   << "'s collectives: " << why;
+      groups->AbortAll();
+    }
+  }
+
   SwitchOptions SwitchOpts() const {
     SwitchOptions s;
+    s.keep_old_until_barrier = opts.keep_old_until_barrier;
     s.batch_bytes = opts.batch_bytes;
     s.executor.chunk_bytes = manifest.chunk_bytes;
     s.executor.staging_bytes = manifest.staging_bytes;
@@ -112,6 +133,9 @@ struct Runtime::Impl {
 
   // Control thread: a prepare for a generation this worker takes part in.
   void StartPrepare(const PrepareMsg& p, std::function<void()> ready) {
+    if (p.change.recovery) {
+      AbortCollectives("generation " + std::to_string(p.next.id) + " recovers from a failure");
+    }
     std::lock_guard<std::mutex> l(prep_mu);
     if (prep && prep->generation >= p.next.id) return;  // a duplicate: the first one reports
     if (prep) stale.push_back(std::move(prep));
@@ -131,11 +155,15 @@ struct Runtime::Impl {
       StatusOr<std::unique_ptr<TcpStoreClient>> s = TcpStoreClient::Connect(
           agent->welcome().store_address, opts.token, p.next.id, deadline);
       if (!s.ok()) {
+        std::lock_guard<std::mutex> l(prep_mu);
         raw->result = s.status();
         return;
       }
       raw->store = std::move(*s);
-      raw->result = PrepareSwitch(manifest, me, p, *raw->store, factory, SwitchOpts(), deadline);
+      StatusOr<std::unique_ptr<PreparedSwitch>> built =
+          PrepareSwitch(manifest, me, p, *raw->store, factory, SwitchOpts(), deadline);
+      std::lock_guard<std::mutex> l(prep_mu);  // on_abort reads it
+      raw->result = std::move(built);
     });
     prep = std::move(job);
   }
@@ -187,6 +215,20 @@ struct Runtime::Impl {
                       .config = c.next.config,
                       .old_rank = gen.RankOf(agent->id()),
                       .rank = c.next.RankOf(agent->id())};
+    if (c.change.recovery) {
+      r.recovery = true;
+      r.source = c.recovery.source;
+      r.newest_step = c.recovery.newest_step;
+      r.stale = std::find(c.change.stale.begin(), c.change.stale.end(), agent->id()) !=
+                c.change.stale.end();
+      const int64_t at = aborted_at_ns.load();
+      if (at != 0) {
+        r.abort_seconds =
+            static_cast<double>(SteadyClock::now().time_since_epoch() / std::chrono::nanoseconds(1) -
+                                at) /
+            1e9;
+      }
+    }
     Status st = Reshard(c, deadline, r);
     if (!st.ok()) {
       LOG(ERROR) << "worker " << agent->id() << ": switch to generation " << c.next.id
@@ -197,6 +239,9 @@ struct Runtime::Impl {
     }
     gen = c.next;
     next_step = c.next.start_step;
+    aborted = false;
+    torn = false;
+    aborted_at_ns.store(0);
     r.stall_seconds = SecondsSince(entered);
     auto us = [](double s) { return static_cast<int64_t>(s * 1e6); };
     MORPH_RETURN_IF_ERROR(agent->SwitchDone(
@@ -210,7 +255,10 @@ struct Runtime::Impl {
               << c.next.config.ToString() << ") rank " << r.rank << " from step " << r.step
               << "; switch " << r.stall_seconds << " s (communicators "
               << r.communicators_seconds << ", plan " << r.plan_seconds << ", transfer "
-              << r.transfer_seconds << ", resume " << r.resume_seconds << ")";
+              << r.transfer_seconds << ", resume " << r.resume_seconds << ")"
+              << (r.recovery ? "; recovery" + std::string(r.stale ? " (stale state)" : "") +
+                                   ", steps lost " + std::to_string(r.lost_steps())
+                             : std::string());
     last_reconfiguration = r;
     if (on_reconfigure && r.rank >= 0) on_reconfigure(r);
     return Status();
@@ -227,11 +275,16 @@ struct Runtime::Impl {
     // closing barrier passed on every participant); tearing Gloo contexts down takes tens of
     // milliseconds, so it happens beside the next steps instead of in the stall.
     JoinReaper();
-    reaper = std::thread([old = std::move(groups), done = std::move(p)]() mutable {
+    std::unique_ptr<GroupSet> old;
+    {
+      std::lock_guard<std::mutex> l(groups_mu);
+      old = std::move(groups);
+      groups = std::move(next);
+    }
+    reaper = std::thread([old = std::move(old), done = std::move(p)]() mutable {
       old.reset();
       done.reset();
     });
-    groups = std::move(next);
     if (c.from.id == 0) fresh = true;  // materialized zero-filled: the caller initializes
     r.communicators_seconds = stats.seconds.communicators;
     r.plan_seconds = stats.seconds.plan;
@@ -256,6 +309,10 @@ struct Runtime::Impl {
       StatusOr<Agent::Decision> dec = agent->Decide(next_step, d);
       if (!dec.ok()) {
         if (!ranked && dec.status().code() == StatusCode::kDeadlineExceeded) continue;
+        if (aborted) {
+          return dec.status().WithContext("step " + std::to_string(next_step) +
+                                          " failed and no recovery followed");
+        }
         return dec.status();
       }
       switch (dec->action) {
@@ -264,11 +321,50 @@ struct Runtime::Impl {
         case AgentCore::Action::kFinished:
           finished = true;
           return true;
-        case AgentCore::Action::kSwitch:
-          MORPH_RETURN_IF_ERROR(Switch(*dec->commit, entered));
+        case AgentCore::Action::kReport: {
+          // A recovery: the step the state holds, and whether it is whole.
+          const bool whole = !torn && state.intact();
+          LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step
+                    << (whole ? " (whole)" : " (torn)");
+          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole));
+          break;
+        }
+        case AgentCore::Action::kCannotSwitch: {
+          // This worker's generation failed before the committed start step: it cannot take
+          // part; the change fails everywhere and a recovery follows.
+          Status sent = agent->SwitchDone(
+              false, "worker " + std::to_string(agent->id()) + ": step " +
+                         std::to_string(next_step) + " failed before the switch step " +
+                         std::to_string(dec->commit ? dec->commit->next.start_step : -1));
+          if (!sent.ok()) return sent;
+          StatusOr<bool> applied = agent->AwaitOutcome(Deadline::AfterMs(opts.change_timeout_ms));
+          if (!applied.ok()) return applied.status();
+          if (*applied) {
+            return AbortedError("worker " + std::to_string(agent->id()) +
+                                ": the others switched without it");
+          }
+          break;
+        }
+        case AgentCore::Action::kSwitch: {
+          Status st = Switch(*dec->commit, entered);
+          if (!st.ok()) {
+            // The change failed here. If nobody passed its closing barrier the old generation
+            // stands and a recovery follows (this worker's state as the switch left it);
+            // otherwise the others went on without this worker's part: it cannot follow.
+            StatusOr<bool> applied =
+                agent->AwaitOutcome(Deadline::AfterMs(opts.change_timeout_ms));
+            if (!applied.ok() || *applied) return st;
+            aborted = true;
+            torn = torn || !state.intact();
+            agent->NoteStepFailed();
+            AbortCollectives("the switch to generation " + std::to_string(dec->commit->next.id) +
+                             " failed: " + std::string(st.message()));
+            break;
+          }
           reconfigured = true;
           agent->NoteBegin(next_step);
           break;
+        }
         case AgentCore::Action::kWait:
           break;
       }
@@ -350,6 +446,14 @@ Status Runtime::Impl::Bootstrap() {
     StartPrepare(p, std::move(ready));
   };
   ao.on_abandon = [this](int64_t g) { AbandonPrepare(g); };
+  ao.on_abort = [this](const AbortMsg& a) {
+    AbortCollectives("coordinator: " + a.reason);
+    std::lock_guard<std::mutex> l(prep_mu);
+    if (prep && prep->result.ok() && *prep->result) (*prep->result)->Abort();
+  };
+  ao.on_connection_lost = [this](const Status& why) {
+    AbortCollectives("the coordinator is gone (" + std::string(why.message()) + ")");
+  };
   HelloMsg hello{.token = opts.token, .host = opts.host, .pid = getpid(), .capabilities = 0};
   MORPH_ASSIGN_OR_RETURN(agent, Agent::Connect(boot.coordinator_address, hello,
                                                RegisterMsg{.manifest = manifest}, ao, deadline));
@@ -414,7 +518,7 @@ StatusOr<Step> Runtime::BeginStep() {
   m.joined_by_change = false;
   if (!m.finished) {
     m.agent->NoteBegin(m.next_step);
-    if (m.agent->pending() || g_leave_requested.load(std::memory_order_relaxed)) {
+    if (m.agent->pending() || m.aborted || g_leave_requested.load(std::memory_order_relaxed)) {
       MORPH_ASSIGN_OR_RETURN(bool done, m.SlowPath(reconfigured));
       if (done) m.finished = true;
     }
@@ -430,7 +534,10 @@ StatusOr<Step> Runtime::BeginStep() {
   return step;
 }
 
-void Runtime::BeginUpdate() { impl_->updating = true; }
+void Runtime::BeginUpdate() {
+  impl_->updating = true;
+  impl_->step_called_begin_update = true;
+}
 
 Status Runtime::EndStep() {
   if (!impl_->in_step) return FailedPreconditionError("EndStep: no step is open");
@@ -446,8 +553,9 @@ Status Runtime::AbortStep(const Status& why) {
   m.in_step = false;
   m.aborted = true;
   // A step that never said where its updates begin may have changed the state anywhere.
-  m.torn = m.torn || m.updating;
+  m.torn = m.torn || m.updating || !m.step_called_begin_update;
   m.updating = false;
+  if (m.torn) m.state.MarkTorn();
   FailureReportMsg report{.generation = m.gen.id, .step = m.next_step, .error = why.ToString()};
   if (const CollectiveFailure* f = why.collective_failure()) {
     for (int r : f->peers) {
@@ -456,6 +564,7 @@ Status Runtime::AbortStep(const Status& why) {
       if (w != 0) report.peers.push_back(w);
     }
   }
+  m.agent->NoteStepFailed();
   LOG(WARNING) << "worker " << m.agent->id() << ": step " << m.next_step << " aborted ("
                << (m.torn ? "state torn" : "state intact") << "): " << why;
   return m.agent->SendFailure(report);

@@ -124,8 +124,10 @@ class Runtime {
   // The step's updates of the registered state begin now (the optimizer step, the ZeRO
   // allgather of updated parameters). Before this call a failed step leaves the state at the
   // step's values, so this worker's state stays usable for the recovery; from it to EndStep a
-  // failure leaves it torn (it then receives its state from replicas). A step that never calls
-  // it counts as updating from its start. One store, no communication.
+  // failure leaves it torn (it then receives its state from replicas). Until a program first
+  // calls it, every step counts as updating from its start (a failure leaves the state torn);
+  // once it did, every step is taken to call it before its first update. One store, no
+  // communication.
   void BeginUpdate();
   // The end of the step begun last. kFailedPrecondition if no step is open.
   Status EndStep();

@@ -129,6 +129,9 @@ class State {
 
   // ---- Used by the switch engine (runtime/agent/switch.cc) ----
 
+  // The runtime: a step's update was cut short (Runtime::AbortStep after BeginUpdate), so the
+  // shards no longer hold one step's values; intact() is false until the next Install.
+  void MarkTorn() { intact_ = false; }
   // Tensor `index` (registration order) without a lookup; index < tensors().size().
   TensorRef TensorAt(size_t index);
   // Storage for a new shard of tensor `index`, from the tensor's allocator (bytes > 0).

@@ -52,6 +52,10 @@ StatusOr<ParallelConfig> ConfigPlanner::Make(int dp, int tp, int pp) const {
 
 std::string ConfigPlanner::Unfit(int dp, int tp, int pp) const {
   if (dp < 1) return "no DP rank left";
+  if (model_.dp_multiple > 1 && dp % model_.dp_multiple != 0) {
+    return "dp=" + std::to_string(dp) + " is not a multiple of " +
+           std::to_string(model_.dp_multiple) + " (hybrid ZeRO groups)";
+  }
   if (pp > model_.num_layers) {
     return "pp=" + std::to_string(pp) + " exceeds " + std::to_string(model_.num_layers) + " layers";
   }
@@ -109,6 +113,7 @@ StatusOr<ConfigChoice> ConfigPlanner::Choose(int workers, const ParallelConfig* 
   if (current) {
     int dp = workers / (current->tp * current->pp);
     dp = static_cast<int>(std::min<int64_t>(dp, model_.global_batch));
+    if (model_.dp_multiple > 1) dp -= dp % model_.dp_multiple;
     if (Unfit(dp, current->tp, current->pp).empty()) {
       MORPH_ASSIGN_OR_RETURN(ParallelConfig c, Make(dp, current->tp, current->pp));
       return explain(c, "keep tp=" + std::to_string(c.tp) + " pp=" + std::to_string(c.pp));
@@ -125,6 +130,7 @@ StatusOr<ConfigChoice> ConfigPlanner::Choose(int workers, const ParallelConfig* 
         continue;
       }
       int dp = static_cast<int>(std::min<int64_t>(workers / (tp * pp), model_.global_batch));
+      if (model_.dp_multiple > 1) dp -= dp % model_.dp_multiple;
       std::string unfit = Unfit(dp, tp, pp);
       if (!unfit.empty()) {
         why_not.push_back("tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + ": " + unfit);

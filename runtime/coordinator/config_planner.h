@@ -37,6 +37,9 @@ struct ModelConstraints {
   int64_t global_batch = 1;  // dp <= global_batch (every DP rank gets a sample)
   int micro_batches = 1;     // per pipeline, for the bubble estimate and the config
   int zero_stage = 0;
+  // dp must be a multiple of this (the least common multiple of the hybrid ZeRO group sizes:
+  // a group size must divide dp). Workers beyond the largest such dp are spares.
+  int dp_multiple = 1;
   // Estimated bytes one rank needs under a config; with device_memory_bytes > 0 a config fits
   // only if the estimate is at most that. Unset: memory always fits.
   std::function<int64_t(const ParallelConfig&)> memory_per_rank;

@@ -36,6 +36,24 @@ TEST(ConfigPlannerTest, KeepsTpAndPpWhenTheyStillFit) {
   EXPECT_EQ(c.explanation, "keep tp=2 pp=1: dp=3 tp=2 pp=1 on 7 workers, 1 spare");
 }
 
+// Hybrid ZeRO groups of 2: dp stays even; the odd worker is a spare (a failure of one of four
+// workers leaves dp=2 and a spare, not a dp the groups do not divide).
+TEST(ConfigPlannerTest, DpIsAMultipleOfTheHybridZeroGroup) {
+  ModelConstraints m = Gpt();
+  m.tp_candidates = {1};
+  m.pp_candidates = {1};
+  m.dp_multiple = 2;
+  ConfigPlanner p = Make(m);
+  ParallelConfig cur{.dp = 4, .tp = 1, .pp = 1, .stage_of_layer = {0, 0, 0, 0, 0, 0, 0, 0}};
+  MORPH_ASSERT_OK_AND_ASSIGN(ConfigChoice c, p.Choose(3, &cur));
+  EXPECT_EQ(c.config.dp, 2);
+  EXPECT_EQ(c.spares, 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(ConfigChoice fresh, p.Choose(5, nullptr));
+  EXPECT_EQ(fresh.config.dp, 4);
+  EXPECT_THAT(p.Choose(1, nullptr), StatusIs(StatusCode::kFailedPrecondition,
+                                             HasSubstr("no DP rank left")));
+}
+
 TEST(ConfigPlannerTest, PicksTheHighestEstimatedThroughputAtStart) {
   ConfigPlanner p = Make(Gpt());
   MORPH_ASSERT_OK_AND_ASSIGN(ConfigChoice c, p.Choose(8, nullptr));

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
@@ -95,6 +96,10 @@ StatusOr<PlannedChange> PlanChange(const JobManifest& manifest, const ConfigPoli
                       .zero_stage = manifest.model.zero_stage,
                       .memory_per_rank = nullptr,
                       .device_memory_bytes = manifest.model.device_memory_bytes};
+  for (const TensorSpec& t : manifest.tensors) {
+    const int g = t.layout.zero_group();
+    if (g > 1) mc.dp_multiple = std::lcm(mc.dp_multiple, g);
+  }
   if (manifest.model.device_memory_bytes > 0) {
     mc.memory_per_rank = [shared](const ParallelConfig& c) {
       return MaxStateBytesPerRank(*shared, c);
@@ -491,6 +496,11 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
         } else if constexpr (std::is_same_v<M, DoneMsg>) {
           LOG(INFO) << "coordinator: worker " << id << " finished training";
           Feed(DeciderEvent::Done{id});
+        } else if constexpr (std::is_same_v<M, FailureReportMsg>) {
+          LOG(WARNING) << "coordinator: worker " << id << " failed step " << msg.step
+                       << " of generation " << msg.generation << " (suspects " << Ids(msg.peers)
+                       << "): " << msg.error;
+          Feed(DeciderEvent::FailureReport{.worker = id, .report = std::move(msg)});
         } else if constexpr (std::is_same_v<M, ErrorMsg>) {
           c->close_after_write = true;
           Gone(c, "worker error " +
@@ -693,6 +703,33 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
               self->Feed(DeciderEvent::PlanReady{.generation = gen, .plan = std::move(plan)});
             });
           });
+        } else if constexpr (std::is_same_v<A, DeciderAction::ChooseRecovery>) {
+          LOG(INFO) << "coordinator: recovery into generation " << a.generation << ": "
+                    << a.reports.size() << " survivors reported their state";
+          std::shared_ptr<const JobManifest> manifest = manifest_;
+          std::function<std::optional<RecoveryCheckpoint>()> latest = options_.latest_checkpoint;
+          std::weak_ptr<Impl> weak = weak_from_this();
+          asio::post(planner_, [weak, manifest, latest, a = std::move(a)] {
+            auto start = Clock::now();
+            StatusOr<RecoveryChoice> choice =
+                manifest ? ChooseRecovery(*manifest, a.from, a.next, a.change, a.reports,
+                                          latest ? latest() : std::nullopt)
+                         : StatusOr<RecoveryChoice>(
+                               FailedPreconditionError("no manifest registered"));
+            double ms = Ms(Clock::now() - start);
+            auto strong = weak.lock();
+            if (!strong) return;
+            asio::post(strong->io_, [weak, gen = a.generation, ms, choice = std::move(choice)] {
+              auto self = weak.lock();
+              if (!self || self->stopping_) return;
+              if (self->timing_) self->timing_->plan_ms += ms;
+              if (choice.ok()) {
+                LOG(INFO) << "coordinator: generation " << gen << " recovers "
+                          << choice->explanation;
+              }
+              self->Feed(DeciderEvent::RecoveryReady{.generation = gen, .choice = std::move(choice)});
+            });
+          });
         } else if constexpr (std::is_same_v<A, DeciderAction::SendPrepare>) {
           if (timing_) {
             timing_->prepared = Clock::now();
@@ -711,6 +748,10 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
                     << std::hex << a.msg.next.plan_digest << std::dec << ") to " << a.to.size()
                     << " participants";
           SendTo(a.to, a.msg, /*commit=*/true);
+        } else if constexpr (std::is_same_v<A, DeciderAction::SendAbort>) {
+          LOG(WARNING) << "coordinator: abort generation " << a.msg.generation << " on "
+                       << a.to.size() << " workers: " << a.msg.reason;
+          SendTo(a.to, a.msg);
         } else if constexpr (std::is_same_v<A, DeciderAction::SendAbandon>) {
           LOG(INFO) << "coordinator: abandon generation " << a.msg.generation
                     << " (a participant was lost before the commit)";

@@ -36,6 +36,7 @@
 #include "collectives/tcp_store.h"
 #include "runtime/coordinator/config_planner.h"
 #include "runtime/coordinator/decider.h"
+#include "runtime/protocol/recovery.h"
 #include "runtime/coordinator/http_api.h"
 #include "runtime/coordinator/http_server.h"
 #include "runtime/protocol/manifest.h"
@@ -60,6 +61,9 @@ struct CoordinatorOptions {
   // number of workers to start. Null: logged only.
   std::function<void(int count)> launch_workers;
   ConfigPolicy policy;  // optional user policy for the config planner
+  // The newest complete checkpoint a recovery may roll back to when no copy of a piece
+  // survives (called on the planner thread). Null: none.
+  std::function<std::optional<RecoveryCheckpoint>()> latest_checkpoint;
   // A handshake (Hello + Register) must complete within this, else the connection is closed.
   int64_t handshake_timeout_ms = 10000;
 

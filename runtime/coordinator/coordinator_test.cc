@@ -167,6 +167,12 @@ class FakeWorker {
               reply = core_->SwitchDone(true);
               break;
             }
+            case AgentCore::Action::kReport:  // a recovery (these simulated workers never fail)
+              reply = core_->OnRecoveryState(next_step_, true, -1, -1);
+              break;
+            case AgentCore::Action::kCannotSwitch:
+              reply = core_->SwitchDone(false, "step failed");
+              break;
             case AgentCore::Action::kWait:
             case AgentCore::Action::kFinished:
               break;

@@ -74,6 +74,11 @@ std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::An
         } else if constexpr (std::is_same_v<E, DeciderEvent::Done>) {
           touch(e.worker);
           OnDone(e.worker, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::FailureReport>) {
+          touch(e.worker);
+          OnFailureReport(e, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::RecoveryReady>) {
+          OnRecoveryReady(e, out);
         }
       },
       event);
@@ -131,6 +136,7 @@ bool Decider::ChangeNeeded() const {
     return static_cast<int>(cand.size()) >= options_.initial_world;
   }
   if (phase_ != Phase::kStable) return false;
+  if (recovery_needed_) return true;
   for (WorkerId w : current_.ranks) {
     if (lost_.count(w)) return true;
     auto it = workers_.find(w);
@@ -174,7 +180,9 @@ void Decider::MaybePropose(Out& out) {
   }
   req.target_world = TargetWorld(req.candidates.size());
   pending_ = Generation{.id = req.generation};
-  pending_change_ = ChangeParticipants{.lost = req.lost};
+  pending_change_ = ChangeParticipants{
+      .lost = req.lost, .recovery = current_.id != 0 && (recovery_needed_ || !req.lost.empty())};
+  choosing_ = false;
   participant_set_.clear();
   answered_.clear();
   reports_.clear();
@@ -208,7 +216,7 @@ void Decider::OnLeave(WorkerId w, Out& out) {
   MaybePropose(out);  // folded into the change in progress' successor if there is one
 }
 
-void Decider::OnLost(WorkerId w, const std::string&, Out& out) {
+void Decider::OnLost(WorkerId w, const std::string& reason, Out& out) {
   auto it = workers_.find(w);
   if (it == workers_.end()) return;  // duplicate, or released
   bool was_done = it->second.done;
@@ -220,7 +228,25 @@ void Decider::OnLost(WorkerId w, const std::string&, Out& out) {
     MaybeComplete(out);
     return;
   }
-  if (ranked) lost_.insert(w);
+  if (ranked) {
+    lost_.insert(w);
+    recovery_needed_ = true;
+  }
+  if (ranked || (pending_ && IsParticipant(w) && phase_ == Phase::kCommitted)) {
+    std::set<WorkerId> to;
+    for (WorkerId r : current_.ranks) {
+      if (!lost_.count(r) && workers_.count(r)) to.insert(r);
+    }
+    if (pending_) {
+      for (WorkerId p : pending_change_.participants) {
+        if (p != w && workers_.count(p)) to.insert(p);
+      }
+    }
+    out.push_back(DeciderAction::SendAbort{
+        std::vector<WorkerId>(to.begin(), to.end()),
+        AbortMsg{.generation = current_.id,
+                 .reason = "worker " + std::to_string(w) + " lost: " + reason}});
+  }
   switch (phase_) {
     case Phase::kPlanning:
       replan_ = true;
@@ -329,7 +355,7 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
     return;
   }
   std::vector<WorkerId> cand = Candidates();
-  bool must_change = !pending_change_.lost.empty();
+  bool must_change = !pending_change_.lost.empty() || pending_change_.recovery;
   for (WorkerId w : current_.ranks) {
     auto it = workers_.find(w);
     if (it != workers_.end() && it->second.leaving) must_change = true;
@@ -417,11 +443,21 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
     out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
   }
   out.push_back(DeciderAction::AdvanceStore{pending_->id});
-  if (current_.id == 0 || OldRanksAlive().empty()) {
+  if (current_.id == 0) {
     Commit(out);
     return;
   }
   phase_ = Phase::kPreparing;
+  if (OldRanksAlive().empty()) {
+    if (!change.recovery) {
+      Commit(out);
+      return;
+    }
+    // Nobody's state survived: only a snapshot or checkpoint can supply it.
+    choosing_ = true;
+    out.push_back(DeciderAction::ChooseRecovery{pending_->id, current_, *pending_, change, {}});
+    return;
+  }
   out.push_back(DeciderAction::SendPrepare{
       change.participants,
       PrepareMsg{.next = *pending_, .from_generation = current_.id, .from = current_, .change = change}});
@@ -429,21 +465,73 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
 
 void Decider::OnReport(const StepReportMsg& m, Out& out) {
   if (phase_ != Phase::kPreparing || !pending_ || m.generation != pending_->id) return;
-  if (CurrentRank(m.worker) < 0 || lost_.count(m.worker)) return;
-  reports_.emplace(m.worker, m.last_free_step);  // a duplicate keeps the first answer
+  if (CurrentRank(m.worker) < 0 || lost_.count(m.worker) || choosing_) return;
+  reports_.emplace(m.worker, m);  // a duplicate keeps the first answer
   // lost_ holds only current_'s ranks: the live old ranks are the rest.
-  if (reports_.size() == current_.ranks.size() - lost_.size()) Commit(out);
+  if (reports_.size() != current_.ranks.size() - lost_.size()) return;
+  if (!pending_change_.recovery) return Commit(out);
+  choosing_ = true;
+  std::vector<StepReportMsg> reports;
+  reports.reserve(reports_.size());
+  for (const auto& [w, r] : reports_) reports.push_back(r);
+  out.push_back(DeciderAction::ChooseRecovery{pending_->id, current_, *pending_, pending_change_,
+                                              std::move(reports)});
 }
 
-void Decider::Commit(Out& out) {
+void Decider::OnRecoveryReady(DeciderEvent::RecoveryReady& e, Out& out) {
+  if (phase_ != Phase::kPreparing || !pending_ || e.generation != pending_->id || !choosing_) {
+    return;  // abandoned meanwhile (a participant was lost): a new proposal is on its way
+  }
+  choosing_ = false;
+  if (!e.choice.ok()) {
+    phase_ = Phase::kFailed;
+    out.push_back(DeciderAction::JobFailed{e.choice.status()});
+    return;
+  }
+  RecoveryChoice& c = *e.choice;
+  pending_->plan_digest = c.plan_digest;
+  pending_change_.stale = c.stale;
+  recovery_decision_ = c.decision;
+  last_explanation_ = c.explanation;
+  Commit(out, c.resume_step);
+}
+
+void Decider::OnFailureReport(const DeciderEvent::FailureReport& e, Out& out) {
+  // Only a failure in the current generation's step matters; one reported against an older
+  // generation is the echo of a change that already happened.
+  if (e.report.generation != current_.id || CurrentRank(e.worker) < 0 || finishing_) return;
+  recovery_needed_ = true;
+  switch (phase_) {
+    case Phase::kPlanning:
+      if (!pending_change_.recovery) replan_ = true;
+      break;
+    case Phase::kPreparing:
+      // A planned change's participants would switch at S with this worker's torn state: start
+      // over as a recovery.
+      if (!pending_change_.recovery) {
+        AbandonPending(out);
+        MaybePropose(out);
+      }
+      break;
+    case Phase::kStable:
+      MaybePropose(out);
+      break;
+    default:
+      break;  // committed: its outcome comes first, then the recovery
+  }
+}
+
+void Decider::Commit(Out& out, std::optional<int64_t> start_step) {
   int64_t s = current_.id == 0 ? 0 : current_.start_step;
-  for (const auto& [w, b] : reports_) s = std::max(s, b + 1);
+  for (const auto& [w, r] : reports_) s = std::max(s, r.last_free_step + 1);
+  if (start_step) s = *start_step;
   pending_->start_step = s;
   phase_ = Phase::kCommitted;
   out.push_back(DeciderAction::SendCommit{
       pending_change_.participants,
       CommitMsg{.next = *pending_, .from_generation = current_.id, .from = current_,
-                .change = pending_change_}});
+                .change = pending_change_,
+                .recovery = pending_change_.recovery ? recovery_decision_ : RecoveryDecision{}}});
 }
 
 void Decider::OnApplied(const AppliedMsg& m, Out& out) {
@@ -485,6 +573,11 @@ void Decider::MaybeFinishChange(Out& out) {
       if (CurrentRank(w) >= 0) lost_.insert(w);
     }
     for (WorkerId w : change.exiting) workers_.erase(w);  // done: they exit on the outcome
+    // A recovery repaired the state; losses during it call for the next one.
+    if (change.recovery) recovery_needed_ = !lost_.empty();
+  } else {
+    // Nobody passed the closing barrier: participants may hold torn or half-released state.
+    recovery_needed_ = true;
   }
   // Not applied: the old generation stands; its ranks lost meanwhile are already in lost_, and
   // the leaving workers are still leaving, so the next proposal takes them out again.
@@ -497,6 +590,7 @@ void Decider::MaybeFinishChange(Out& out) {
 void Decider::AbandonPending(Out& out) {
   out.push_back(DeciderAction::SendAbandon{pending_change_.participants, AbandonMsg{pending_->id}});
   pending_.reset();
+  choosing_ = false;
   phase_ = current_.id == 0 ? Phase::kStarting : Phase::kStable;
 }
 

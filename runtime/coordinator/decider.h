@@ -24,6 +24,14 @@
 // the state once the current change is done. A participant lost before the commit abandons the
 // proposal (Abandon, then a new proposal with a new generation id); one lost after the commit
 // is a failure of the committed generation, handled once the change completes.
+// Abort: when a member of the current generation (or a participant of the change in flight)
+// is lost, every other member and participant gets Abort(current) at once: their collectives
+// and switches cannot complete, so they stop waiting (and begin no step of it).
+// Recovery (a member lost, or a member's collective failed: FailureReport; or a change that
+// failed): the proposal has change.recovery set. Old ranks then stop at their next step boundary
+// (their agents abort the old generation's collectives) and report the step their state holds;
+// once all reported, the shell's ChooseRecovery picks the step and source (recovery.h) and the
+// commit carries them (start_step = the resume step, change.stale, the digest with stale).
 // Completion: a worker whose training loop ended sends Done. From the first Done on the job is
 // finishing: no change is proposed and resizes are refused; a member that closes its connection
 // then is not a loss. Once no change is in progress and every member of the current generation
@@ -47,6 +55,7 @@
 #include "base/parallel_config.h"
 #include "base/status.h"
 #include "runtime/protocol/messages.h"
+#include "runtime/protocol/recovery.h"
 
 namespace morph {
 
@@ -113,13 +122,32 @@ struct DeciderEvent {
   struct Done {  // the worker's training loop ended normally (wire DoneMsg)
     WorkerId worker = 0;
   };
+  // A member's collective failed (Runtime::AbortStep): its step did not complete.
+  struct FailureReport {
+    WorkerId worker = 0;
+    FailureReportMsg report;
+  };
+  // The shell's ChooseRecovery came back.
+  struct RecoveryReady {
+    int64_t generation = 0;
+    StatusOr<RecoveryChoice> choice = InternalError("unset");
+  };
   using Any = std::variant<Join, LeaveRequest, Lost, Heartbeat, Resize, StepReportMsg, AppliedMsg,
-                           PlanReady, Tick, Done>;
+                           PlanReady, Tick, Done, FailureReport, RecoveryReady>;
 };
 
 struct DeciderAction {
   struct ComputePlan {
     PlanRequest request;
+  };
+  // A recovery's reports are in: the shell runs ChooseRecovery (runtime/protocol/recovery.h)
+  // off the I/O thread and feeds RecoveryReady.
+  struct ChooseRecovery {
+    int64_t generation = 0;
+    Generation from;
+    Generation next;
+    ChangeParticipants change;
+    std::vector<StepReportMsg> reports;
   };
   struct SendPrepare {
     std::vector<WorkerId> to;
@@ -132,6 +160,10 @@ struct DeciderAction {
   struct SendAbandon {
     std::vector<WorkerId> to;
     AbandonMsg msg;
+  };
+  struct SendAbort {
+    std::vector<WorkerId> to;
+    AbortMsg msg;
   };
   struct SendOutcome {
     std::vector<WorkerId> to;
@@ -168,7 +200,8 @@ struct DeciderAction {
   };
   using Any =
       std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome, SendRelease,
-                   AdvanceStore, AnswerResize, LaunchWorkers, Disconnect, JobFailed, JobComplete>;
+                   AdvanceStore, AnswerResize, LaunchWorkers, Disconnect, JobFailed, JobComplete,
+                   ChooseRecovery, SendAbort>;
 };
 
 class Decider {
@@ -215,6 +248,8 @@ class Decider {
   void OnPlanReady(DeciderEvent::PlanReady& e, Out& out);
   void OnTick(int64_t now_ms, Out& out);
   void OnDone(WorkerId w, Out& out);
+  void OnFailureReport(const DeciderEvent::FailureReport& e, Out& out);
+  void OnRecoveryReady(DeciderEvent::RecoveryReady& e, Out& out);
   void MaybeComplete(Out& out);
 
   // Proposes the next change if the state calls for one (only when stable or starting).
@@ -222,7 +257,9 @@ class Decider {
   std::vector<WorkerId> Candidates() const;  // connected, not leaving; id order
   int TargetWorld(size_t candidates) const;
   bool ChangeNeeded() const;
-  void Commit(Out& out);
+  // Commits the pending change at `start_step` (a recovery's chosen step), or at the reported
+  // steps' maximum + 1.
+  void Commit(Out& out, std::optional<int64_t> start_step = std::nullopt);
   void MaybeFinishChange(Out& out);
   void AbandonPending(Out& out);
   bool IsParticipant(WorkerId w) const;  // of the change in progress
@@ -247,11 +284,16 @@ class Decider {
   std::string last_explanation_;
   bool finishing_ = false;          // some worker sent Done
   std::set<WorkerId> gone_after_done_;  // members that closed once the job was finishing
+  // The next change must be a recovery: a member of current_ was lost, reported a failed
+  // collective, or a change failed (its participants' state may be torn).
+  bool recovery_needed_ = false;
 
   // The change in progress.
   std::optional<Generation> pending_;
   ChangeParticipants pending_change_;
-  std::map<WorkerId, int64_t> reports_;  // old rank -> last_free_step
+  std::map<WorkerId, StepReportMsg> reports_;  // old rank -> its report
+  bool choosing_ = false;  // a recovery's ChooseRecovery is out
+  RecoveryDecision recovery_decision_;  // the chosen one, for the commit
   std::set<WorkerId> applied_;
   int ok_count_ = 0;  // Applied answers with ok
   std::set<WorkerId> lost_during_commit_;

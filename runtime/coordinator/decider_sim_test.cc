@@ -7,7 +7,9 @@
 //     (all workers switch at the same step boundary);
 //   - each worker's steps are consecutive and a generation's first step is its start step;
 //   - one change at a time; a generation never changes once committed; store generations rise;
-// and at the end the job is live: stable, everybody in the last generation, training.
+// and at the end the job is live: stable, everybody in the last generation, training. Workers
+// holding a rank die too: the survivors are aborted, report the step their state holds, and
+// the recovery resumes every rank at one step (steps from it on are trained again).
 // MORPH_TEST_SEED=<n> runs one seed (printed on failure); MORPH_SIM_RUNS overrides the count.
 #include <gtest/gtest.h>
 
@@ -31,7 +33,8 @@
 namespace morph {
 namespace {
 
-using ToWorker = std::variant<PrepareMsg, CommitMsg, AbandonMsg, OutcomeMsg, ReleaseMsg>;
+using ToWorker =
+    std::variant<PrepareMsg, CommitMsg, AbandonMsg, OutcomeMsg, ReleaseMsg, AbortMsg>;
 
 struct SimWorker {
   explicit SimWorker(WorkerId id) : core(id) {}
@@ -80,6 +83,7 @@ class Sim {
 
   int64_t commits() const { return static_cast<int64_t>(commits_.size()); }
   bool ended() const { return ended_; }
+  int64_t recoveries() const { return recoveries_; }
 
  private:
   struct Event {
@@ -165,11 +169,22 @@ class Sim {
       }
       requests_.insert(r.request_id);
       Feed(DeciderEvent::Resize{r});
-    } else if (!unranked_live.empty() && live.size() > 1) {
+    } else if (kind == 8 && !unranked_live.empty() && live.size() > 1) {
       // A worker with no rank dies (a joiner mid-change, a spare): its peers in the change's
       // exchange fail, the change does not apply, the job goes on.
       WorkerId id = unranked_live[Rand(0, unranked_live.size() - 1)];
       Kill(id);
+    } else if (kind == 9 && live.size() > 2 && kills_ < 3) {
+      // A worker holding a rank dies mid-step, mid-change, anywhere: the survivors' collectives
+      // hang until the recovery aborts them; the job recovers from the survivors' state.
+      std::vector<WorkerId> ranked;
+      for (WorkerId id : live) {
+        if (W(id).core.rank() >= 0) ranked.push_back(id);
+      }
+      if (ranked.size() > 1) {
+        ++kills_;
+        Kill(ranked[Rand(0, ranked.size() - 1)]);
+      }
     }
   }
 
@@ -217,16 +232,44 @@ class Sim {
             Schedule(now_ + Rand(1, 60), [this, req] {
               Feed(DeciderEvent::PlanReady{.generation = req.generation, .plan = Plan(req)});
             });
+          } else if constexpr (std::is_same_v<A, DeciderAction::ChooseRecovery>) {
+            // Pure DP: any whole state holds every piece; the newest whole step wins.
+            DeciderAction::ChooseRecovery req = a;
+            Schedule(now_ + Rand(1, 60), [this, req] {
+              StatusOr<RecoveryChoice> choice = DataLossError("no surviving state");
+              int64_t best = -1;
+              for (const StepReportMsg& r : req.reports) {
+                if (r.state_ok) best = std::max(best, r.state_step);
+              }
+              if (best >= 0) {
+                RecoveryChoice c;
+                c.resume_step = best;
+                for (const StepReportMsg& r : req.reports) {
+                  if (!(r.state_ok && r.state_step == best)) c.stale.push_back(r.worker);
+                }
+                c.plan_digest = 2000 + req.generation;
+                choice = c;
+              }
+              Feed(DeciderEvent::RecoveryReady{.generation = req.generation,
+                                               .choice = std::move(choice)});
+            });
           } else if constexpr (std::is_same_v<A, DeciderAction::SendPrepare>) {
             CheckOneChange(a.msg.next.id);
             for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
           } else if constexpr (std::is_same_v<A, DeciderAction::SendCommit>) {
             CheckOneChange(a.msg.next.id);
+            if (a.msg.change.recovery) {
+              ++recoveries_;
+              // Steps from the resume step on are trained again in the new generation.
+              step_gen_.erase(step_gen_.lower_bound(a.msg.next.start_step), step_gen_.end());
+            }
             auto [it, fresh] = commits_.emplace(a.msg.next.id, a.msg);
             if (!fresh && !(it->second == a.msg)) Fail("generation changed after its commit");
             open_commit_ = a.msg.next.id;
             barrier_parts_[a.msg.next.id] = std::set<WorkerId>(a.msg.change.participants.begin(),
                                                                a.msg.change.participants.end());
+            for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
+          } else if constexpr (std::is_same_v<A, DeciderAction::SendAbort>) {
             for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
           } else if constexpr (std::is_same_v<A, DeciderAction::SendAbandon>) {
             if (open_commit_ == a.msg.generation) Fail("abandoned a committed generation");
@@ -253,6 +296,8 @@ class Sim {
                 a.status.message().starts_with("every worker is leaving") &&
                 decider_.candidates().empty()) {
               ended_ = true;
+            } else if (a.status.code() == StatusCode::kDataLoss && kills_ > 0) {
+              ended_ = true;  // every holder of the state died (never continue without it)
             } else {
               Fail("job failed: " + a.status.ToString());
             }
@@ -297,8 +342,22 @@ class Sim {
         [&](auto& msg) {
           using M = std::decay_t<decltype(msg)>;
           if constexpr (std::is_same_v<M, PrepareMsg>) {
-            auto report = w.core.OnPrepare(msg, w.next_step);
-            if (report) ToCoordinator(to, *report);
+            if (msg.change.recovery) {
+              // The agent aborts the running generation's collectives: a step waiting on them
+              // fails, its updates never began (the state holds the step's values).
+              if (msg.from_generation == w.core.generation().id && w.core.rank() >= 0 &&
+                  w.core.Participates(msg.change) && w.in_step &&
+                  w.in_step_gen == w.core.generation().id) {
+                w.in_step = false;  // the agent aborts the generation's collectives
+                --w.next_step;
+              }
+              w.core.OnRecoveryPrepare(msg);
+              auto report = w.core.OnRecoveryBuilt(msg.next.id);
+              if (report) ToCoordinator(to, *report);
+            } else {
+              auto report = w.core.OnPrepare(msg, w.next_step);
+              if (report) ToCoordinator(to, *report);
+            }
           } else if constexpr (std::is_same_v<M, CommitMsg>) {
             w.core.OnCommit(msg);
           } else if constexpr (std::is_same_v<M, AbandonMsg>) {
@@ -307,6 +366,13 @@ class Sim {
             w.core.OnOutcome(msg);
           } else if constexpr (std::is_same_v<M, ReleaseMsg>) {
             w.core.OnRelease(msg);
+          } else if constexpr (std::is_same_v<M, AbortMsg>) {
+            if (msg.generation == w.core.generation().id && w.core.rank() >= 0 && w.in_step &&
+                w.in_step_gen == msg.generation) {
+              w.in_step = false;  // its step's collectives fail: the step did not happen
+              --w.next_step;
+            }
+            w.core.OnAbort(msg);
           }
         },
         m);
@@ -344,6 +410,17 @@ class Sim {
       case AgentCore::Action::kSwitch:
         ArriveAtBarrier(w);
         break;
+      case AgentCore::Action::kCannotSwitch: {
+        AppliedMsg m = w.core.SwitchDone(false, "step failed before the switch step");
+        ToCoordinator(id, m);
+        break;
+      }
+      case AgentCore::Action::kReport: {
+        auto report = w.core.OnRecoveryState(w.next_step, true, -1, -1);
+        if (report) ToCoordinator(id, *report);
+        Poke(id);
+        break;
+      }
       case AgentCore::Action::kFinished:
         if (!w.reported_exit) {
           w.reported_exit = true;
@@ -502,6 +579,8 @@ class Sim {
   std::map<std::pair<int64_t, int64_t>, std::set<WorkerId>> began_;
   std::string error_;
   bool ended_ = false;
+  int kills_ = 0;  // ranked workers killed
+  int64_t recoveries_ = 0;  // recovery commits
 };
 
 TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
@@ -512,19 +591,22 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
     runs = 1;
   }
   if (const char* r = std::getenv("MORPH_SIM_RUNS")) runs = std::atoi(r);
-  int64_t commits = 0, ended = 0;
+  int64_t commits = 0, ended = 0, recoveries = 0;
   for (int i = 0; i < runs; ++i) {
     uint64_t seed = first + i;
     Sim sim(seed);
     std::string err = sim.Run();
     ASSERT_EQ(err, "") << "seed " << seed << " (MORPH_TEST_SEED=" << seed << ")";
     commits += sim.commits();
+    recoveries += sim.recoveries();
     ended += sim.ended() ? 1 : 0;
   }
   // Few schedules end with every worker gone; most run to a live, quiescent job.
   EXPECT_LE(ended * 10, runs) << ended << " of " << runs << " runs ended";
   // The schedules exercise changes, not just the first generation.
   EXPECT_GT(commits, 3 * runs);
+  // Deaths of ranked workers are recovered from, often.
+  EXPECT_GT(recoveries, runs / 2) << recoveries << " recoveries in " << runs << " runs";
 }
 
 template <typename A>

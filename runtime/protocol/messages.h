@@ -119,6 +119,17 @@ struct CommitMsg {
   friend bool operator==(const CommitMsg&, const CommitMsg&) = default;
 };
 
+// Coordinator -> the members of `generation` (and the participants of a change in flight): a
+// member was lost, so the generation's collectives (and any switch in flight) can no longer
+// complete. Each agent aborts them at once (the training thread's collectives return kAborted
+// instead of waiting for a timeout) and no step of `generation` begins any more: only a change
+// (the recovery that follows) lets the worker train again.
+struct AbortMsg {
+  int64_t generation = 0;
+  std::string reason;
+  friend bool operator==(const AbortMsg&, const AbortMsg&) = default;
+};
+
 // Worker -> coordinator: a collective of generation `generation` failed on this worker during
 // step `step` (Runtime::AbortStep). `peers`: the workers the communicator named as failed
 // (CollectiveFailure), possibly empty. The coordinator treats named members as lost and starts

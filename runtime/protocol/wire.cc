@@ -418,6 +418,14 @@ void Get(Reader& r, StepReportMsg& m) {
   m.snapshot_step = r.I64("snapshot_step");
   m.held_snapshot_step = r.I64("held_snapshot_step");
 }
+void Put(Writer& w, const AbortMsg& m) {
+  w.I64(m.generation);
+  w.Str(m.reason);
+}
+void Get(Reader& r, AbortMsg& m) {
+  m.generation = r.I64("generation");
+  m.reason = r.Str("reason");
+}
 void Put(Writer& w, const FailureReportMsg& m) {
   w.I64(m.generation);
   w.I64(m.step);
@@ -494,7 +502,7 @@ std::string_view WireTypeName(uint16_t type) {
   static constexpr std::string_view kNames[] = {
       "?",           "hello",  "welcome", "heartbeat", "leave",   "error",  "prepare",
       "step_report", "commit", "abandon", "applied",   "outcome", "release", "register",
-      "done",        "failure_report"};
+      "done",        "failure_report", "abort"};
   return type < std::size(kNames) ? kNames[type] : "?";
 }
 

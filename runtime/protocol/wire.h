@@ -36,7 +36,7 @@ namespace morph {
 inline constexpr uint32_t kWireMagic = 0x4850524d;
 // 2: full layouts in Register (extra layers, TP blocks, padding, hybrid ZeRO group), recovery
 //    fields (change.recovery/stale, the commit's RecoveryDecision, the step report's state),
-//    FailureReport.
+//    FailureReport, Abort.
 inline constexpr uint16_t kWireVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
@@ -96,7 +96,7 @@ struct ErrorMsg {
 using WireMessage =
     std::variant<HelloMsg, WelcomeMsg, HeartbeatMsg, LeaveMsg, ErrorMsg, PrepareMsg, StepReportMsg,
                  CommitMsg, AbandonMsg, AppliedMsg, OutcomeMsg, ReleaseMsg, RegisterMsg, DoneMsg,
-                 FailureReportMsg>;
+                 FailureReportMsg, AbortMsg>;
 // The frame type of each alternative is its index + 1 (0 is never valid).
 enum class WireType : uint16_t {
   kHello = 1,
@@ -114,6 +114,7 @@ enum class WireType : uint16_t {
   kRegister,
   kDone,
   kFailureReport,
+  kAbort,
 };
 std::string_view WireTypeName(uint16_t type);
 

@@ -82,7 +82,8 @@ std::vector<WireMessage> Samples() {
       ReleaseMsg{.generation = 7},
       RegisterMsg{.manifest = Manifest()},
       DoneMsg{},
-      FailureReportMsg{.generation = 6, .step = 1231, .peers = {12, 14}, .error = "peer closed"}};
+      FailureReportMsg{.generation = 6, .step = 1231, .peers = {12, 14}, .error = "peer closed"},
+      AbortMsg{.generation = 6, .reason = "worker 13 lost"}};
 }
 
 TEST(WireTest, EveryMessageRoundTrips) {

@@ -41,9 +41,10 @@ std::string WorkerLogs(const fs::path& dir) {
   return out;
 }
 
-void CheckSamples(const fs::path& dir, int64_t steps) {
+void CheckSamples(const fs::path& dir, int64_t steps, bool retrained) {
   std::map<int64_t, std::map<int, std::vector<int64_t>>> by_step;  // step -> dp rank -> samples
   std::map<int64_t, int> dp_of_step;
+  std::map<int64_t, int64_t> gen_of_step;  // the latest generation that trained it
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().extension() != ".samples") continue;
     std::ifstream in(e.path());
@@ -54,6 +55,15 @@ void CheckSamples(const fs::path& dir, int64_t steps) {
       l >> s >> g >> dp >> d;
       std::vector<int64_t> xs;
       for (int64_t x; l >> x;) xs.push_back(x);
+      if (retrained) {
+        auto it = gen_of_step.find(s);
+        if (it != gen_of_step.end() && it->second > g) continue;  // superseded
+        if (it != gen_of_step.end() && it->second < g) {
+          by_step[s].clear();  // trained again in a later generation
+          dp_of_step.erase(s);
+        }
+        gen_of_step[s] = g;
+      }
       ASSERT_FALSE(by_step[s].count(static_cast<int>(d)))
           << "step " << s << " dp rank " << d << " trained twice";
       by_step[s][static_cast<int>(d)] = xs;

@@ -31,7 +31,9 @@ std::string WorkerLogs(const std::filesystem::path& dir);
 // From every DP rank's <dir>/*.samples: every step 0..steps-1 trained exactly once per DP rank,
 // the DP slices disjoint, each step's union the global order's next batch, each epoch a
 // permutation of the dataset.
-void CheckSamples(const std::filesystem::path& dir, int64_t steps);
+// With `retrained`, a step may appear in several generations (a recovery trained it again):
+// the latest generation's entries count.
+void CheckSamples(const std::filesystem::path& dir, int64_t steps, bool retrained = false);
 
 // Starts argv[0] (a path) with this process's environment plus `env` (a value of "" removes the
 // variable), stdout and stderr to `log`, in its own process group. -1 when fork fails.

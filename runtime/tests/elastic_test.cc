@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "runtime/tests/elastic_checks.h"
+#include "runtime/tests/elastic_job.h"
 #include "runtime/tools/launcher.h"
 
 namespace morph {
@@ -27,71 +28,14 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kSteps = 60;
 
-std::string WorkerPath() { return std::string(MORPH_ELASTIC_WORKER); }
-
-ParallelConfig Config(int dp, int tp, int pp) {
-  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
-  c.stage_of_layer = *ParallelConfig::EvenStages(4, pp);
-  return c;
-}
-
-struct Job {
-  fs::path dir;
-  std::unique_ptr<Launcher> launcher;
-};
-
-// Starts `workers` workers; `configs` maps a world size to the config to use (the policy).
-Job StartJob(const std::string& name, int workers, std::map<int, ParallelConfig> configs,
-             int64_t steps = kSteps, int64_t step_ms = 50) {
-  Job job;
-  job.dir = fs::temp_directory_path() / ("morph-elastic-" + name + "-" + std::to_string(getpid()));
-  fs::remove_all(job.dir);
-  fs::create_directories(job.dir);
-  LauncherOptions o;
-  o.workers = workers;
-  o.argv = {WorkerPath(), "--steps", std::to_string(steps), "--out", job.dir.string(),
-            "--step-ms", std::to_string(step_ms)};
-  o.log_dir = job.dir.string();
-  o.kill_grace_ms = 3000;
-  o.env = {{"MORPH_HEARTBEAT_MS", "50"}, {"MORPH_CHANGE_TIMEOUT_MS", "60000"},
-           {"MORPH_START_TIMEOUT_MS", "60000"}, {"MORPH_RESHARD_SHM", "1"}};
-  o.coordinator.serve_http = false;
-  o.coordinator.heartbeat_timeout_ms = 20000;
-  o.coordinator.policy = [configs](int n, const ParallelConfig*,
-                                   const ModelConstraints&) -> std::optional<ParallelConfig> {
-    auto it = configs.upper_bound(n);
-    if (it == configs.begin()) return std::nullopt;
-    return std::prev(it)->second;  // the largest listed world that fits
-  };
-  StatusOr<std::unique_ptr<Launcher>> l = Launcher::Start(std::move(o));
-  EXPECT_TRUE(l.ok()) << l.status();
-  if (l.ok()) job.launcher = std::move(*l);
-  return job;
-}
-
-// The latest step any worker reported.
-int64_t StepOf(Job& job) { return job.launcher->coordinator().Snapshot().step; }
-
-bool WaitForStep(Job& job, int64_t step, int64_t timeout_ms = 60000) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    if (StepOf(job) >= step) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
-bool WaitForGeneration(Job& job, int64_t generation, int64_t timeout_ms = 60000) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    CoordinatorSnapshot s = job.launcher->coordinator().Snapshot();
-    if (s.generation >= generation && !s.pending_generation) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
-std::string Logs(const Job& job) { return testing::WorkerLogs(job.dir); }
+using testing::Config;
+using testing::Job;
+using testing::Logs;
+using testing::Resize;
+using testing::StartJob;
+using testing::StepOf;
+using testing::WaitForGeneration;
+using testing::WaitForStep;
 
 // Waits for the job's end; then every worker exited 0, the last generation has `world` ranks
 // with `config` and `changes` reconfigurations completed after the first generation.
@@ -122,14 +66,6 @@ void Finish(Job& job, const ParallelConfig& config, int64_t changes,
   fs::remove_all(job.dir);
 }
 
-Status Resize(Job& job, std::optional<int> world, int add = 0, std::vector<WorkerId> remove = {}) {
-  ResizeRequest r;
-  r.world_size = world;
-  r.add = add;
-  r.remove = std::move(remove);
-  r.reason = "test";
-  return job.launcher->coordinator().Resize(r, Deadline::AfterMs(10000));
-}
 
 TEST(ElasticTest, Grow2To4To8) {
   Job job = StartJob("grow", 2, {{1, Config(1, 1, 1)}, {2, Config(2, 1, 1)}, {4, Config(4, 1, 1)},

@@ -5,10 +5,19 @@
 // that the world communicator spans the generation. It logs the samples it consumed so the test
 // can check the sequence against the fixed global order.
 //
-//   elastic_worker --steps N --out DIR [--step-ms MS] [--exit-at-step K] [--variant shape]
+//   elastic_worker --steps N --out DIR [--step-ms MS] [--exit-at-step K] [--variant V]
 //
 // --variant shape registers l1.b with another shape (the registration-agreement test: such a
-// worker is refused at Start).
+// worker is refused at Start); --variant hybrid2 shards the ZeRO tensors in DP groups of 2
+// (hybrid ZeRO: every piece has a replica while dp >= 4; the failures tests).
+//
+// Failures (the failures tests kill workers with SIGKILL at random moments): a step's collective
+// that fails ends the step with AbortStep and the loop goes on at the step BeginStep returns
+// (the recovery's). A world barrier before the update is the step's commit vote; the update
+// (after BeginUpdate) is local. A step's samples are logged once consumed (after the first
+// collective), with the generation (a step trained again after a recovery appears again, in a
+// later one); a step that any worker completed was logged by every DP rank (the vote needs
+// them all).
 //
 // Exit codes: 0 done (or left the job), 2 usage, 3 wrong data, 4 runtime error.
 #include <glog/logging.h>
@@ -35,14 +44,17 @@ struct TensorDef {
   Layout layout;
 };
 
-std::vector<TensorDef> Tensors(bool other_shape) {
+// `zero_group` > 0: the ZeRO tensors are hybrid-sharded in DP groups of that size (replicated
+// across groups), so that a worker's death loses no piece.
+std::vector<TensorDef> Tensors(bool other_shape, int zero_group) {
+  auto zero = [&](Layout l) { return zero_group > 0 ? l.ZeroShard(zero_group) : l.ZeroShard(); };
   return {
       {"l0.w", {8, 12}, Layout::Layer(0).SplitTP(1)},
-      {"l0.adam_m", {8, 12}, Layout::Layer(0).SplitTP(1).ZeroShard()},
+      {"l0.adam_m", {8, 12}, zero(Layout::Layer(0).SplitTP(1))},
       {"l1.w", {12, 8}, Layout::Layer(1).SplitTP(0)},
       {"l1.b", {other_shape ? 10 : 8}, Layout::Layer(1)},
-      {"l1.adam_v", {12, 8}, Layout::Layer(1).SplitTP(0).ZeroShard()},
-      {"l3.w", {6, 10}, Layout::Layer(3).SplitTP(0).ZeroShard()},
+      {"l1.adam_v", {12, 8}, zero(Layout::Layer(1).SplitTP(0))},
+      {"l3.w", {6, 10}, zero(Layout::Layer(3).SplitTP(0))},
   };
 }
 
@@ -102,8 +114,10 @@ int main(int argc, char** argv) {
   opts->dataset_samples = 48;  // an epoch every 4 steps
   opts->dataset_seed = 7;
   opts->micro_batch = 2;
-  if (!variant.empty() && variant != "shape") return Fail(2, "unknown --variant " + variant);
-  std::vector<TensorDef> defs = Tensors(variant == "shape");
+  if (!variant.empty() && variant != "shape" && variant != "hybrid2") {
+    return Fail(2, "unknown --variant " + variant);
+  }
+  std::vector<TensorDef> defs = Tensors(variant == "shape", variant == "hybrid2" ? 2 : 0);
   auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {
     for (const TensorDef& d : defs) {
       MORPH_RETURN_IF_ERROR(s.AddTensor(d.name, d.shape, DType::kF32, d.layout));
@@ -127,9 +141,19 @@ int main(int argc, char** argv) {
   };
   if (r.fresh_start() && !fill(r.next_step())) return Fail(4, "cannot fill the state");
   std::ofstream log(out + "/worker-" + std::to_string(r.worker_id()) + ".samples");
-  int64_t generations = 0;
+  int64_t generations = 0, aborted_steps = 0, recoveries = 0, lost_steps = 0;
   r.OnReconfigure([&](const morph::Reconfiguration& c) {
     ++generations;
+    if (c.recovery) {
+      ++recoveries;
+      lost_steps += c.lost_steps();
+      std::fprintf(stderr,
+                   "elastic_worker %ld: recovered at step %ld (newest %ld, %ld steps lost, %s "
+                   "state), abort %.3f s\n",
+                   static_cast<long>(r.worker_id()), static_cast<long>(c.step),
+                   static_cast<long>(c.newest_step), static_cast<long>(c.lost_steps()),
+                   c.stale ? "stale" : "own", c.abort_seconds);
+    }
     std::fprintf(stderr, "elastic_worker %ld: gen %ld rank %d %s at step %ld stall %.3f s\n",
                  static_cast<long>(r.worker_id()), static_cast<long>(c.generation), c.rank,
                  c.config.ToString().c_str(), static_cast<long>(c.step), c.stall_seconds);
@@ -167,7 +191,14 @@ int main(int argc, char** argv) {
     int64_t vals[2] = {1, s};
     morph::Status st = step->world().Allreduce(vals, 2, DType::kI64, morph::ReduceOp::kSum,
                                                std::chrono::milliseconds(60000));
-    if (!st.ok()) return Fail(4, "allreduce: " + std::string(st.message()));
+    if (!st.ok()) {
+      // A peer failed (or the runtime aborted the collective for a recovery): this step did
+      // not happen; BeginStep recovers.
+      morph::Status a = r.AbortStep(st);
+      if (!a.ok()) return Fail(4, "AbortStep: " + std::string(a.message()));
+      ++aborted_steps;
+      continue;
+    }
     if (vals[0] != step->world_size() || vals[1] != s * step->world_size()) {
       return Fail(3, "step " + std::to_string(s) + ": world allreduce " + std::to_string(vals[0]) +
                          "/" + std::to_string(vals[1]));
@@ -179,7 +210,21 @@ int main(int argc, char** argv) {
       log << "\n";
       log.flush();
     }
+    if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    // The commit vote: every rank is ready to update (TorchFT's should_commit). Only after it
+    // does the state change, locally: a failure before leaves every survivor whole at s; a
+    // death after it leaves the survivors whole at s + 1 once they finish their local update.
+    int64_t one = 1;
+    st = step->world().Allreduce(&one, 1, DType::kI64, morph::ReduceOp::kSum,
+                                 std::chrono::milliseconds(60000));
+    if (!st.ok()) {
+      morph::Status a = r.AbortStep(st);
+      if (!a.ok()) return Fail(4, "AbortStep: " + std::string(a.message()));
+      ++aborted_steps;
+      continue;
+    }
     // "Train": every element and the counter advance by one.
+    r.BeginUpdate();
     for (size_t k = 0; k < defs.size(); ++k) {
       auto t = state.tensor(defs[k].name);
       float* p = static_cast<float*>(t->data.data);
@@ -187,15 +232,17 @@ int main(int argc, char** argv) {
     }
     ++counter;
     std::memcpy(c->data(), &counter, sizeof(counter));
-    if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
     if (exit_at >= 0 && s == exit_at) _exit(9);  // dies without a word (the failures tests)
     morph::Status e = r.EndStep();
     if (!e.ok()) return Fail(4, std::string(e.message()));
   }
   morph::Status f = r.Finish();
   if (!f.ok()) return Fail(4, "Finish: " + std::string(f.message()));
-  std::fprintf(stderr, "elastic_worker %ld: finished at step %ld after %ld reconfigurations\n",
+  std::fprintf(stderr,
+               "elastic_worker %ld: finished at step %ld after %ld reconfigurations (%ld "
+               "recoveries, %ld steps aborted, %ld lost)\n",
                static_cast<long>(r.worker_id()), static_cast<long>(r.next_step()),
-               static_cast<long>(generations));
+               static_cast<long>(generations), static_cast<long>(recoveries),
+               static_cast<long>(aborted_steps), static_cast<long>(lost_steps));
   return 0;
 }

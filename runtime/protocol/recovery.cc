@@ -1,0 +1,124 @@
+#include "runtime/protocol/recovery.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "runtime/protocol/plan_input.h"
+
+namespace morph {
+namespace {
+
+std::string Ids(const std::vector<WorkerId>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// The first piece nobody holds when `stale` participants' state is not used, or nullopt when
+// every new shard is covered. Also returns the digest of that change.
+struct Coverage {
+  std::optional<std::string> missing;  // "tensor 'T' box B"
+  uint64_t digest = 0;
+};
+
+StatusOr<Coverage> Check(const JobManifest& manifest, const Generation& from,
+                         const Generation& next, ChangeParticipants change,
+                         std::vector<WorkerId> stale) {
+  change.stale = std::move(stale);
+  MORPH_ASSIGN_OR_RETURN(ChangePlan plan, PlanForChange(manifest, from, next, change));
+  Coverage out;
+  out.digest = plan.digest;
+  if (!plan.planner) return out;
+  std::vector<std::vector<PieceMove>> lost;
+  MORPH_ASSIGN_OR_RETURN(std::vector<LocalPlan> plans, plan.planner->PlanAll(&lost));
+  for (size_t p = 0; p < lost.size() && !out.missing; ++p) {
+    if (lost[p].empty()) continue;
+    const PieceMove& m = lost[p].front();
+    const std::string name = plans[p].tensors.at(static_cast<size_t>(m.tensor)).name;
+    out.missing = "tensor '" + name + "' box " + m.box.ToString() + " (needed by worker " +
+                  std::to_string(plan.participants[p]) + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<RecoveryChoice> ChooseRecovery(const JobManifest& manifest, const Generation& from,
+                                        const Generation& next, const ChangeParticipants& change,
+                                        std::span<const StepReportMsg> reports,
+                                        const std::optional<RecoveryCheckpoint>& checkpoint) {
+  const std::string gen = "recovery into generation " + std::to_string(next.id);
+  std::vector<WorkerId> old_alive;
+  for (WorkerId w : from.ranks) {
+    if (std::find(change.lost.begin(), change.lost.end(), w) == change.lost.end()) {
+      old_alive.push_back(w);
+    }
+  }
+  std::map<WorkerId, const StepReportMsg*> by_worker;
+  for (const StepReportMsg& r : reports) {
+    if (std::find(old_alive.begin(), old_alive.end(), r.worker) == old_alive.end()) {
+      return InvalidArgumentError(gen + ": report of worker " + std::to_string(r.worker) +
+                                  ", which is no surviving old rank");
+    }
+    if (!by_worker.emplace(r.worker, &r).second) {
+      return InvalidArgumentError(gen + ": two reports of worker " + std::to_string(r.worker));
+    }
+  }
+  for (WorkerId w : old_alive) {
+    if (!by_worker.count(w)) {
+      return InvalidArgumentError(gen + ": no report of surviving old rank worker " +
+                                  std::to_string(w));
+    }
+  }
+  RecoveryChoice out;
+  int64_t newest = from.start_step;
+  std::set<int64_t, std::greater<>> steps;  // whole states, newest first
+  for (const auto& [w, r] : by_worker) {
+    newest = std::max(newest, r->state_step);
+    if (r->state_ok && r->state_step >= 0) steps.insert(r->state_step);
+  }
+  out.decision.newest_step = newest;
+  std::string first_missing;
+  for (int64_t v : steps) {
+    std::vector<WorkerId> stale;
+    for (WorkerId w : old_alive) {
+      const StepReportMsg& r = *by_worker.at(w);
+      if (!(r.state_ok && r.state_step == v)) stale.push_back(w);
+    }
+    MORPH_ASSIGN_OR_RETURN(Coverage c, Check(manifest, from, next, change, stale), gen);
+    if (!c.missing) {
+      out.resume_step = v;
+      out.stale = std::move(stale);
+      out.plan_digest = c.digest;
+      out.decision.source = RecoveryDecision::Source::kReplicas;
+      out.explanation = "from the survivors' state at step " + std::to_string(v) + " (stale " +
+                        Ids(out.stale) + ", lost " + Ids(change.lost) + ")";
+      return out;
+    }
+    if (first_missing.empty()) first_missing = *c.missing;
+  }
+  if (steps.empty()) first_missing = "every surviving state is torn";
+  if (checkpoint) {
+    MORPH_ASSIGN_OR_RETURN(Coverage c, Check(manifest, from, next, change, old_alive), gen);
+    out.resume_step = checkpoint->step;
+    out.stale = old_alive;
+    out.plan_digest = c.digest;
+    out.decision.source = RecoveryDecision::Source::kCheckpoint;
+    out.decision.checkpoint = checkpoint->path;
+    out.explanation = "from checkpoint " + checkpoint->path + " at step " +
+                      std::to_string(checkpoint->step) + ": no surviving copy of " +
+                      first_missing;
+    return out;
+  }
+  return DataLossError(gen + ": no copy of " + first_missing + " survives (lost workers " +
+                       Ids(change.lost) + "; the survivors' whole states are at steps " +
+                       [&] {
+                         std::string s;
+                         for (int64_t v : steps) s += (s.empty() ? "" : ",") + std::to_string(v);
+                         return s.empty() ? std::string("none") : s;
+                       }() +
+                       "; no complete checkpoint (MORPH_CHECKPOINT_DIR))");
+}
+
+}  // namespace morph
