@@ -95,6 +95,15 @@ class SlurmTest : public ::testing::Test {
       Slurm({"scancel", job_});
       WaitJobEnd(20000);
     }
+    // A node this case set DOWN goes back in service for the next one (ReturnToService=2 has
+    // usually done it already when its slurmd registered again: then RESUME is refused).
+    if (!downed_.empty()) {
+      Ran state = Slurm({"sinfo", "-h", "-N", "-n", downed_, "-o", "%T"});
+      if (state.out.find("down") != std::string::npos ||
+          state.out.find("drain") != std::string::npos) {
+        Slurm({"scontrol", "update", "NodeName=" + downed_, "State=RESUME"});
+      }
+    }
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
@@ -105,10 +114,15 @@ class SlurmTest : public ::testing::Test {
 
   // sbatch on all four nodes, two task slots each (room for joiners), --no-kill (a failed node
   // does not end the job), the script running morphrun --slurm with elastic_worker.
-  void Submit(int workers, int max_workers, int64_t steps, int64_t step_ms) {
+  // `failures`: the workers' state survives a death (hybrid ZeRO in DP groups of 2, so every
+  // piece has a copy; old shards kept during a switch), as in failure_test.cc.
+  void Submit(int workers, int max_workers, int64_t steps, int64_t step_ms,
+              bool failures = false) {
     std::ostringstream body;
+    if (failures) body << "export MORPH_RESHARD_KEEP_OLD=1\n";
     body << MORPHRUN << " --slurm -n " << workers << " --max " << max_workers << " --api-port "
-         << api_ << " --log-dir " << dir_.string() << " -- " << Worker(steps, step_ms);
+         << api_ << " --log-dir " << dir_.string() << " -- " << Worker(steps, step_ms)
+         << (failures ? " --variant hybrid2" : "");
     SubmitScript(body.str());
   }
   std::string Worker(int64_t steps, int64_t step_ms) const {
@@ -183,7 +197,9 @@ class SlurmTest : public ::testing::Test {
 
   // The job trains with `world` workers in generation >= g.
   // Fails at once when morphrun ended meanwhile (its exit code file appeared).
-  void WaitStable(int64_t generation, size_t world, int64_t min_step = 0,
+  // `standby`: workers beyond the configuration (the planner keeps dp a multiple of the hybrid
+  // ZeRO group: 3 workers train as dp 2 with one spare).
+  void WaitStable(int64_t generation, size_t world, int64_t min_step = 0, size_t standby = 0,
                   int64_t timeout_ms = 60000) {
     auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (std::chrono::steady_clock::now() < until) {
@@ -192,12 +208,14 @@ class SlurmTest : public ::testing::Test {
           << generation << " with " << world << " workers\n" << Logs();
       nlohmann::json s = testing::ApiStatus(api_);
       if (s.is_object() && Stable(s, generation, world) &&
-          s.value("step", int64_t{0}) >= min_step) {
+          s.value("step", int64_t{0}) >= min_step && s.contains("standby") &&
+          s["standby"].size() == standby) {
         return;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    FAIL() << "no generation " << generation << " with " << world << " workers in "
+    FAIL() << "no generation " << generation << " with " << world << " workers (+" << standby
+           << " standby) in "
            << timeout_ms << " ms: " << testing::ApiStatus(api_).dump() << "\n" << Logs();
   }
 
@@ -226,6 +244,7 @@ class SlurmTest : public ::testing::Test {
   fs::path dir_;
   uint16_t api_ = 0;
   std::string job_;
+  std::string downed_;  // a node set DOWN by the case
 };
 
 std::string* SlurmTest::skip_ = nullptr;
@@ -313,11 +332,11 @@ TEST_F(SlurmTest, SingleStepTaskZeroHosts) {
 
 // Shrink by node list: `scontrol update JobId=X NodeList=n[1-3]` SIGKILLs the task on n4 with no
 // SIGTERM first; the coordinator sees a failure and the other three go on.
-// Needs the failure recovery (a killed worker's survivors recover in place); until it is in
-// main, this case is disabled (DISABLED_, and no ctest entry).
-TEST_F(SlurmTest, DISABLED_ShrinkByNodeList) {
+// The workers' state has a surviving copy of every piece (hybrid ZeRO), so the survivors recover
+// in place from the newest step their states cover and train on.
+TEST_F(SlurmTest, ShrinkByNodeList) {
   constexpr int64_t kSteps = 60;
-  Submit(4, 4, kSteps, 50);
+  Submit(4, 4, kSteps, 50, /*failures=*/true);
   std::map<int, StepInfo> steps = WaitSteps(4);
   ASSERT_EQ(steps.size(), 4u) << Logs();
   WaitStable(1, 4, 3);
@@ -329,21 +348,21 @@ TEST_F(SlurmTest, DISABLED_ShrinkByNodeList) {
   ASSERT_GE(victim, 0) << "no worker on n4 (one step per node expected)\n" << Logs();
   Ran r = Slurm({"scontrol", "update", "JobId=" + job_, "NodeList=n[1-3]"});
   ASSERT_EQ(r.code, 0) << r.out;
-  WaitStable(2, 3);
+  WaitStable(2, 2, 0, /*standby=*/1);  // the three survivors: dp 2 and a spare
   ASSERT_FALSE(HasFatalFailure());
   std::map<int, int> exits = Finish(0);
   EXPECT_EQ(exits.size(), 4u) << Logs();
   for (const auto& [index, code] : exits) {
     EXPECT_EQ(code, index == victim ? 128 + SIGKILL : 0) << "worker " << index << Logs();
   }
-  testing::CheckSamples(dir_, kSteps);
+  testing::CheckSamples(dir_, kSteps, /*retrained=*/true);
 }
 
-// A node set DOWN (sbatch --no-kill: the job survives it): its task dies, the others go on.
-// Needs the failure recovery, as ShrinkByNodeList.
-TEST_F(SlurmTest, DISABLED_SurviveANodeSetDown) {
+// A node set DOWN (sbatch --no-kill: the job survives it): its task dies, the others recover
+// in place and go on, as in ShrinkByNodeList.
+TEST_F(SlurmTest, SurviveANodeSetDown) {
   constexpr int64_t kSteps = 60;
-  Submit(4, 4, kSteps, 50);
+  Submit(4, 4, kSteps, 50, /*failures=*/true);
   std::map<int, StepInfo> steps = WaitSteps(4);
   ASSERT_EQ(steps.size(), 4u) << Logs();
   WaitStable(1, 4, 3);
@@ -353,9 +372,10 @@ TEST_F(SlurmTest, DISABLED_SurviveANodeSetDown) {
     if (s.node == "n4") victim = index;
   }
   ASSERT_GE(victim, 0) << "no worker on n4 (one step per node expected)\n" << Logs();
+  downed_ = "n4";  // TearDown puts it back in service
   Ran r = Slurm({"scontrol", "update", "NodeName=n4", "State=DOWN", "Reason=morph-slurm-test"});
   ASSERT_EQ(r.code, 0) << r.out;
-  WaitStable(2, 3);
+  WaitStable(2, 2, 0, /*standby=*/1);  // the three survivors: dp 2 and a spare
   ASSERT_FALSE(HasFatalFailure());
   std::map<int, int> exits = Finish(0);
   EXPECT_EQ(exits.size(), 4u) << Logs();
@@ -365,9 +385,7 @@ TEST_F(SlurmTest, DISABLED_SurviveANodeSetDown) {
   const std::string victim_log = ReadFile(dir_ / ("worker-" + std::to_string(victim) + ".log"));
   EXPECT_NE(victim_log.find("Node failure on n4"), std::string::npos) << Logs();
   EXPECT_EQ(victim_log.find("finished at step"), std::string::npos) << Logs();
-  testing::CheckSamples(dir_, kSteps);
-  // n4 back in service for the next cases (ReturnToService=2 usually has done it already).
-  Slurm({"scontrol", "update", "NodeName=n4", "State=RESUME"});
+  testing::CheckSamples(dir_, kSteps, /*retrained=*/true);
 }
 
 }  // namespace
