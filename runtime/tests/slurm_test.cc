@@ -116,8 +116,7 @@ class SlurmTest : public ::testing::Test {
   // does not end the job), the script running morphrun --slurm with elastic_worker.
   // `failures`: the workers' state survives a death (hybrid ZeRO in DP groups of 2, so every
   // piece has a copy; old shards kept during a switch), as in failure_test.cc.
-  void Submit(int workers, int max_workers, int64_t steps, int64_t step_ms,
-              bool failures = false) {
+  void Submit(int workers, int max_workers, int64_t steps, int64_t step_ms, bool failures = false) {
     std::ostringstream body;
     if (failures) body << "export MORPH_RESHARD_KEEP_OLD=1\n";
     body << MORPHRUN << " --slurm -n " << workers << " --max " << max_workers << " --api-port "
@@ -134,18 +133,19 @@ class SlurmTest : public ::testing::Test {
     const fs::path script = dir_ / "job.sh";
     {
       std::ofstream s(script);
-      s << "#!/bin/bash\n" << command << "\necho $? > " << (dir_ / "morphrun.rc").string()
-        << "\n";
+      s << "#!/bin/bash\n" << command << "\necho $? > " << (dir_ / "morphrun.rc").string() << "\n";
     }
-    std::map<std::string, std::string> env = {
-        {"MORPH_TOKEN", kToken},           {"MORPH_HEARTBEAT_MS", "50"},
-        {"MORPH_CHANGE_TIMEOUT_MS", "60000"}, {"MORPH_START_TIMEOUT_MS", "60000"},
-        {"MORPH_COORDINATOR", ""},          {"MORPH_TOKEN_FILE", ""},
-        {"MORPH_COORDINATOR_FILE", ""}};
-    Ran r = RunCommand({"sbatch", "-N4", "--ntasks-per-node=2", "--no-kill", "--time=3",
-                        "-J", "morph-test", "-o", (dir_ / "batch.out").string(),
-                        "--chdir", dir_.string(), script.string()},
-                       dir_ / "sbatch.out", 20000, env);
+    std::map<std::string, std::string> env = {{"MORPH_TOKEN", kToken},
+                                              {"MORPH_HEARTBEAT_MS", "50"},
+                                              {"MORPH_CHANGE_TIMEOUT_MS", "60000"},
+                                              {"MORPH_START_TIMEOUT_MS", "60000"},
+                                              {"MORPH_COORDINATOR", ""},
+                                              {"MORPH_TOKEN_FILE", ""},
+                                              {"MORPH_COORDINATOR_FILE", ""}};
+    Ran r = RunCommand(
+        {"sbatch", "-N4", "--ntasks-per-node=2", "--no-kill", "--time=3", "-J", "morph-test", "-o",
+         (dir_ / "batch.out").string(), "--chdir", dir_.string(), script.string()},
+        dir_ / "sbatch.out", 20000, env);
     ASSERT_EQ(r.code, 0) << r.out;
     const std::string key = "Submitted batch job ";
     size_t at = r.out.find(key);
@@ -205,7 +205,8 @@ class SlurmTest : public ::testing::Test {
     while (std::chrono::steady_clock::now() < until) {
       ASSERT_FALSE(fs::exists(dir_ / "morphrun.rc"))
           << "morphrun exited " << ReadFile(dir_ / "morphrun.rc") << " before generation "
-          << generation << " with " << world << " workers\n" << Logs();
+          << generation << " with " << world << " workers\n"
+          << Logs();
       nlohmann::json s = testing::ApiStatus(api_);
       if (s.is_object() && Stable(s, generation, world) &&
           s.value("step", int64_t{0}) >= min_step && s.contains("standby") &&
@@ -215,8 +216,8 @@ class SlurmTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     FAIL() << "no generation " << generation << " with " << world << " workers (+" << standby
-           << " standby) in "
-           << timeout_ms << " ms: " << testing::ApiStatus(api_).dump() << "\n" << Logs();
+           << " standby) in " << timeout_ms << " ms: " << testing::ApiStatus(api_).dump() << "\n"
+           << Logs();
   }
 
   // The job ended and morphrun exited `code`; morphrun's "worker N ... exited with C" lines.
@@ -280,7 +281,8 @@ TEST_F(SlurmTest, PreemptOneWorkerByStepSignal) {
   EXPECT_EQ(exits.size(), 4u) << Logs();
   for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
   EXPECT_NE(ReadFile(dir_ / "worker-1.log").find("finished at step"), std::string::npos)
-      << "the preempted worker did not leave through Finish\n" << Logs();
+      << "the preempted worker did not leave through Finish\n"
+      << Logs();
   testing::CheckSamples(dir_, kSteps);
 }
 
@@ -291,9 +293,9 @@ TEST_F(SlurmTest, GrowByExtraSteps) {
   Submit(4, 6, kSteps, 50);
   WaitStable(1, 4, 3);
   ASSERT_FALSE(HasFatalFailure());
-  Ran r = RunCommand({MORPHCTL, "--addr", "127.0.0.1:" + std::to_string(api_), "--token", kToken,
-                      "resize", "6"},
-                     dir_ / "morphctl.out");
+  Ran r = RunCommand(
+      {MORPHCTL, "--addr", "127.0.0.1:" + std::to_string(api_), "--token", kToken, "resize", "6"},
+      dir_ / "morphctl.out");
   ASSERT_EQ(r.code, 0) << r.out;
   WaitStable(2, 6);
   ASSERT_FALSE(HasFatalFailure());
@@ -314,19 +316,21 @@ TEST_F(SlurmTest, GrowByExtraSteps) {
 TEST_F(SlurmTest, SingleStepTaskZeroHosts) {
   constexpr int64_t kSteps = 30;
   const std::string port = std::to_string(testing::FreePort());
-  SubmitScript("export MORPH_COORDINATOR_PORT=" + port +
-               "\nsrun -n4 --kill-on-bad-exit=1 -o " + (dir_ / "worker-%t.log").string() +
+  SubmitScript("export MORPH_COORDINATOR_PORT=" + port + "\nsrun -n4 --kill-on-bad-exit=1 -o " +
+               (dir_ / "worker-%t.log").string() +
                " bash -c 'SLURM_STEP_NODELIST=$(hostname) exec " + Worker(kSteps, 20) + "'");
   EXPECT_TRUE(WaitJobEnd(90000)) << Logs();
   EXPECT_EQ(ReadFile(dir_ / "morphrun.rc"), "0\n") << "srun's exit code\n" << Logs();
   int finished = 0;
   for (int t = 0; t < 4; ++t) {
-    finished += ReadFile(dir_ / ("worker-" + std::to_string(t) + ".log")).find("finished at step") !=
-                std::string::npos;
+    finished +=
+        ReadFile(dir_ / ("worker-" + std::to_string(t) + ".log")).find("finished at step") !=
+        std::string::npos;
   }
   EXPECT_EQ(finished, 4) << Logs();
   EXPECT_NE(ReadFile(dir_ / "worker-0.log").find("Slurm task 0: hosting the coordinator at"),
-            std::string::npos) << Logs();
+            std::string::npos)
+      << Logs();
   testing::CheckSamples(dir_, kSteps);
 }
 

@@ -34,9 +34,10 @@ TEST(LauncherTest, WrapperAndTokenFile) {
   o.wrapper = {"/usr/bin/env", "WRAPPED=w{index}-{index}"};
   // Each worker records what it got and exits; none joins, so the job never completes.
   o.argv = {"/bin/sh", "-c",
-            "out=" + dir.string() + "/out.$MORPH_LAUNCH_INDEX; "
-            "echo \"$WRAPPED|${MORPH_TOKEN-unset}|$MORPH_TOKEN_FILE\" > $out; "
-            "cat \"$MORPH_TOKEN_FILE\" >> $out"};
+            "out=" + dir.string() +
+                "/out.$MORPH_LAUNCH_INDEX; "
+                "echo \"$WRAPPED|${MORPH_TOKEN-unset}|$MORPH_TOKEN_FILE\" > $out; "
+                "cat \"$MORPH_TOKEN_FILE\" >> $out"};
   o.token_file = token_file.string();
   o.coordinator.token = "job-token";
   o.kill_grace_ms = 1000;
