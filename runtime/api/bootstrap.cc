@@ -155,7 +155,8 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
       r.coordinator_address = o.coordinator;
       // A Slurm step joining a job (morphrun --slurm's workers): peers on other nodes dial this
       // worker's data plane, so it listens on the host's name as under the Slurm bootstrap.
-      if (!o.slurm_nodelist.empty() && (r.data_hostname.empty() || r.data_hostname == "127.0.0.1")) {
+      if (!o.slurm_nodelist.empty() &&
+          (r.data_hostname.empty() || r.data_hostname == "127.0.0.1")) {
         r.data_hostname = o.host;
       }
       return r;

@@ -78,8 +78,9 @@ class Launcher {
   // Until the job completes (the coordinator's Wait) and every worker exited: 0 when the job
   // completed and every worker exited 0 or was killed by a signal (exit code >= 128: a failure
   // the job survived, as a scheduler's SIGKILL of a removed node's task); otherwise the first
-  // worker exit code in 1..127, or 1 when the job failed (then any non-zero code counts). Also ends, 2 s after the last worker exited, when every worker is gone
-  // but the job did not complete (nobody is left to finish it). kDeadlineExceeded if the
+  // worker exit code in 1..127, or 1 when the job failed (then any non-zero code counts). Also
+  // ends, 2 s after the last worker exited, when every worker is gone but the job did not
+  // complete (nobody is left to finish it). kDeadlineExceeded if the
   // deadline passed first (workers are left running: the destructor stops them); what it saw
   // carries over to the next call, so a loop of short Waits (morphrun's) ends like one long one.
   StatusOr<int> Wait(Deadline deadline);
