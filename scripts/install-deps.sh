@@ -18,6 +18,10 @@ PACKAGES=(
   libopenblas-dev  # examples/gpt: matrix products
   fortunes-min     # examples/gpt: its training text (/usr/share/games/fortunes)
   gnuplot-nox      # make demo: the loss plot
+
+  # Slurm 22.05 for the slurm tests' private cluster (scripts/slurm-local.sh); nothing starts
+  # on install. Never purge libmunge2 with them: Open MPI depends on it.
+  slurmd slurmctld slurm-client munge
 )
 
 missing=()

@@ -41,17 +41,15 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
 
 }  // namespace
 
-Status WriteCoordinatorFile(const std::string& path, const std::string& address,
-                            const std::string& token) {
-  if (path.empty()) return Status();
-  auto fail = [&](const std::string& what) {
-    return FailedPreconditionError("MORPH_COORDINATOR_FILE=" + path + ": " + what + ": " +
+Status WritePrivateFile(const std::string& path, const std::string& body,
+                        const std::string& what) {
+  auto fail = [&](const std::string& step) {
+    return FailedPreconditionError(what + "=" + path + ": " + step + ": " +
                                    std::strerror(errno));
   };
   std::string tmp = path + ".tmp." + std::to_string(getpid());
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return fail("cannot create " + tmp);
-  std::string body = address + "\n" + token + "\n";
   size_t done = 0;
   while (done < body.size()) {
     ssize_t n = write(fd, body.data() + done, body.size() - done);
@@ -76,6 +74,12 @@ Status WriteCoordinatorFile(const std::string& path, const std::string& address,
     return s;
   }
   return Status();
+}
+
+Status WriteCoordinatorFile(const std::string& path, const std::string& address,
+                            const std::string& token) {
+  if (path.empty()) return Status();
+  return WritePrivateFile(path, address + "\n" + token + "\n", "MORPH_COORDINATOR_FILE");
 }
 
 StatusOr<std::string> RandomToken() {
@@ -149,6 +153,12 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
                                        "MORPH_TOKEN_FILE (Options::token)");
       }
       r.coordinator_address = o.coordinator;
+      // A Slurm step joining a job (morphrun --slurm's workers): peers on other nodes dial this
+      // worker's data plane, so it listens on the host's name as under the Slurm bootstrap.
+      if (!o.slurm_nodelist.empty() &&
+          (r.data_hostname.empty() || r.data_hostname == "127.0.0.1")) {
+        r.data_hostname = o.host;
+      }
       return r;
     case Bootstrap::kHost: {
       if (r.token.empty()) {
@@ -211,6 +221,8 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
       if (o.launcher_rank == 0) {
         std::string bind = o.coordinator_bind == "127.0.0.1" ? "0.0.0.0" : o.coordinator_bind;
         MORPH_ASSIGN_OR_RETURN(r.coordinator, Host(o, o.launcher_size, bind, port, r.token));
+        LOG(INFO) << "Slurm task 0: hosting the coordinator at " << first << ":" << port
+                  << " for " << o.launcher_size << " worker(s)";
         MORPH_RETURN_IF_ERROR(WriteCoordinatorFile(
             o.coordinator_file, r.coordinator->control_address(), r.token));
       }

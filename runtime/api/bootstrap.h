@@ -40,6 +40,12 @@ StatusOr<std::string> FirstSlurmHost(const std::string& nodelist);
 Status WriteCoordinatorFile(const std::string& path, const std::string& address,
                             const std::string& token);
 
+// Writes `body` to `path` with mode 0600 through a temporary file renamed over it (the token file
+// morphrun --slurm hands its workers, the coordinator file). kFailedPrecondition naming
+// `what`=path and the system's reason when it cannot be written.
+Status WritePrivateFile(const std::string& path, const std::string& body,
+                        const std::string& what);
+
 // 32 hex digits from the system's random source.
 StatusOr<std::string> RandomToken();
 

@@ -90,6 +90,49 @@ TEST(BootstrapTest, SlurmNeedsASharedToken) {
   EXPECT_EQ(r->coordinator, nullptr);  // only task 0 hosts
 }
 
+// morphrun --slurm's workers: one step each (SLURM_PROCID 0 in every one), the coordinator's
+// address given. They join, and their data plane listens on the host's name, not loopback.
+TEST(BootstrapTest, ASlurmStepJoiningAJobListensOnItsHostName) {
+  Options o;
+  o.coordinator = "batchhost:4000";
+  o.token = "t";
+  o.launcher_rank = 0;
+  o.launcher_size = 1;
+  o.slurm_nodelist = "node5";
+  o.host = "node5";
+  o.data_hostname = "127.0.0.1";  // the default
+  StatusOr<BootstrapResult> r = ResolveBootstrap(o, Deadline::AfterMs(100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, Bootstrap::kJoin);
+  EXPECT_EQ(r->coordinator_address, "batchhost:4000");
+  EXPECT_EQ(r->coordinator, nullptr);  // SLURM_PROCID 0 does not host when told whom to join
+  EXPECT_EQ(r->data_hostname, "node5");
+  o.data_hostname = "10.1.2.3";  // an explicit choice stays
+  r = ResolveBootstrap(o, Deadline::AfterMs(100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->data_hostname, "10.1.2.3");
+}
+
+TEST(BootstrapTest, WritePrivateFileNamesWhatItWrites) {
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("morph-private-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::string path = (dir / "token").string();
+  ASSERT_TRUE(WritePrivateFile(path, "secret\n", "token file").ok());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "secret\n");
+  struct stat st;
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::string bad = (dir / "no" / "token").string();
+  EXPECT_THAT(WritePrivateFile(bad, "x", "token file"),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("token file=" + bad + ": cannot create")));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BootstrapTest, RandomTokensDiffer) {
   StatusOr<std::string> a = RandomToken(), b = RandomToken();
   ASSERT_TRUE(a.ok() && b.ok());

@@ -190,6 +190,29 @@ HttpReply Http(uint16_t port, const std::string& method, const std::string& targ
   return reply;
 }
 
+nlohmann::json ApiStatus(uint16_t api_port) {
+  HttpReply r = Http(api_port, "GET", "/v1/status");
+  if (r.code != 200) return nullptr;
+  return nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+}
+
+bool WaitForStatus(uint16_t api_port, const std::function<bool(const nlohmann::json&)>& pred,
+                   int64_t timeout_ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    nlohmann::json s = ApiStatus(api_port);
+    if (s.is_object() && pred(s)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+bool Stable(const nlohmann::json& s, int64_t generation, size_t world) {
+  return s.value("generation", int64_t{0}) >= generation && !s.value("resize_in_progress", true) &&
+         s.value("world_size", size_t{0}) == world &&
+         (!s.contains("pending_generation") || s["pending_generation"].is_null());
+}
+
 uint16_t FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};

@@ -11,10 +11,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace morph::testing {
 
@@ -52,6 +55,14 @@ struct HttpReply {
 };
 HttpReply Http(uint16_t port, const std::string& method, const std::string& target,
                const std::string& body = "", const std::string& token = "");
+
+// GET /v1/status of the scheduler API on 127.0.0.1:api_port as JSON (null when unreadable).
+nlohmann::json ApiStatus(uint16_t api_port);
+// Polls ApiStatus every 20 ms until `pred` holds for it; false after `timeout_ms`.
+bool WaitForStatus(uint16_t api_port, const std::function<bool(const nlohmann::json&)>& pred,
+                   int64_t timeout_ms = 60000);
+// A status at `generation` or later with `world` members and no resize under way or pending.
+bool Stable(const nlohmann::json& s, int64_t generation, size_t world);
 
 // A TCP port that was free a moment ago on 127.0.0.1.
 uint16_t FreePort();

@@ -55,8 +55,11 @@ std::vector<pid_t> ExitedPids(const std::string& text) {
 }
 
 namespace fs = std::filesystem;
+using testing::ApiStatus;
 using testing::CheckSamples;
 using testing::Http;
+using testing::Stable;
+using testing::WaitForStatus;
 using testing::ReadFile;
 using testing::SpawnProcess;
 using testing::WaitExit;
@@ -122,31 +125,6 @@ class LaunchTest : public ::testing::Test {
 };
 
 // ---- morphrun ----
-
-// GET /v1/status as JSON (null when it cannot be read).
-nlohmann::json ApiStatus(uint16_t api_port) {
-  testing::HttpReply r = Http(api_port, "GET", "/v1/status");
-  if (r.code != 200) return nullptr;
-  return nlohmann::json::parse(r.body, nullptr, /*allow_exceptions=*/false);
-}
-
-// Until `pred(status)` holds.
-template <typename Pred>
-bool WaitForStatus(uint16_t api_port, Pred pred, int64_t timeout_ms = 60000) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    nlohmann::json s = ApiStatus(api_port);
-    if (s.is_object() && pred(s)) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return false;
-}
-
-bool Stable(const nlohmann::json& s, int64_t generation, size_t world) {
-  return s.value("generation", int64_t{0}) >= generation && !s.value("resize_in_progress", true) &&
-         s.value("world_size", size_t{0}) == world &&
-         (!s.contains("pending_generation") || s["pending_generation"].is_null());
-}
 
 // The pids morphrun's log says are running (started and not exited).
 std::set<pid_t> RunningWorkers(const std::string& log) {
@@ -227,13 +205,20 @@ TEST_F(LaunchTest, MorphrunUsageErrorsNameTheFlag) {
       {{"-n", "1", "--port", "-1", "--", "/bin/true"}, "--port needs a port number"},
       {{"-n", "1", "--log-dir"}, "--log-dir needs a directory"},
       {{"-n", "1", "--bogus", "--", "/bin/true"}, "unknown option '--bogus'"},
+      {{"--slurm", "-n", "1", "--", "/bin/true"},
+       "--slurm runs inside a Slurm allocation (sbatch or salloc): SLURM_JOB_ID is not set"},
+      {{"-n", "1", "--token-file", "t", "--", "/bin/true"},
+       "--token-file and --srun-arg go with --slurm"},
+      {{"-n", "1", "--srun-arg", "--gpus-per-task=1", "--", "/bin/true"},
+       "--token-file and --srun-arg go with --slurm"},
+      {{"--slurm", "-n", "1", "--token-file"}, "--token-file needs a path"},
   };
   int i = 0;
   for (const Case& c : cases) {
     std::vector<std::string> argv = {MORPHRUN};
     argv.insert(argv.end(), c.args.begin(), c.args.end());
     std::string log = "usage-" + std::to_string(i++) + ".out";
-    pid_t p = Spawn(argv, {{"MORPH_TOKEN", kToken}}, log);
+    pid_t p = Spawn(argv, {{"MORPH_TOKEN", kToken}, {"SLURM_JOB_ID", ""}}, log);
     EXPECT_EQ(Exit(p, 10000), 2) << c.message;
     std::string err = ReadFile(dir_ / log);
     EXPECT_NE(err.find("morphrun: " + c.message), std::string::npos) << err;

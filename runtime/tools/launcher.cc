@@ -31,6 +31,10 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
   c.http.token = c.token;
   c.initial_world = l->options_.workers;
   c.max_world = l->options_.max_workers;
+  if (!l->options_.token_file.empty()) {
+    MORPH_RETURN_IF_ERROR(
+        WritePrivateFile(l->options_.token_file, c.token + "\n", "token file"));
+  }
   Launcher* raw = l.get();
   c.launch_workers = [raw](int count) {
     int n = raw->Spawn(count);
@@ -57,6 +61,7 @@ Launcher::~Launcher() {
     if (c.running) waitpid(c.pid, nullptr, 0);
   }
   if (coordinator_) coordinator_->Stop();
+  if (!options_.token_file.empty()) unlink(options_.token_file.c_str());
 }
 
 Status Launcher::SpawnOne() {
@@ -72,7 +77,13 @@ Status Launcher::SpawnOne() {
   }
   for (const auto& [k, v] : options_.env) env_strings.push_back(k + "=" + v);
   env_strings.push_back("MORPH_COORDINATOR=" + coordinator_->control_address());
-  env_strings.push_back("MORPH_TOKEN=" + options_.coordinator.token);
+  if (options_.token_file.empty()) {
+    env_strings.push_back("MORPH_TOKEN=" + options_.coordinator.token);
+  } else {
+    env_strings.push_back("MORPH_TOKEN_FILE=" + options_.token_file);
+  }
+  // One spawn at a time (the coordinator's launcher thread and Start's), so indexes are unique.
+  std::lock_guard<std::mutex> spawning(spawn_mu_);
   int index;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -84,8 +95,16 @@ Status Launcher::SpawnOne() {
     log_path = options_.log_dir + "/worker-" + std::to_string(index) + ".log";
   }
   // Everything the child needs is built before fork (no allocation after it).
+  std::vector<std::string> args;
+  for (std::string a : options_.wrapper) {
+    for (size_t at = a.find("{index}"); at != std::string::npos; at = a.find("{index}", at)) {
+      a.replace(at, 7, std::to_string(index));
+    }
+    args.push_back(std::move(a));
+  }
+  args.insert(args.end(), options_.argv.begin(), options_.argv.end());
   std::vector<char*> argv, envp;
-  for (std::string& a : options_.argv) argv.push_back(a.data());
+  for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -165,19 +184,16 @@ StatusOr<int> Launcher::Wait(Deadline deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     bool running = false;
-    int first_bad = 0, first_failed = 0;  // any non-zero exit; one that is not a kill
+    int first_bad = 0, first_error = 0;  // any non-zero code; a code the worker chose (< 128)
     for (const ChildInfo& c : children()) {
       running |= c.running;
-      if (!c.running && c.exit_code != 0 && first_bad == 0) first_bad = c.exit_code;
-      if (!c.running && c.exit_code != 0 && c.exit_code < 128 && first_failed == 0) {
-        first_failed = c.exit_code;
-      }
+      if (c.running || c.exit_code == 0) continue;
+      if (first_bad == 0) first_bad = c.exit_code;
+      if (c.exit_code < 128 && first_error == 0) first_error = c.exit_code;
     }
     if (job && !running) {
       if (!job->ok()) return first_bad ? first_bad : 1;
-      // The job completed: workers killed by a signal on the way were failures it recovered
-      // from (it never completes with missing state), not the job's.
-      return first_failed;
+      return first_error;
     }
     // Every worker is gone but the job did not complete: nobody is left to finish it (after a
     // grace period for the last workers' messages to be read).

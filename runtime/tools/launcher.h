@@ -8,6 +8,10 @@
 //   MORPH_ASSIGN_OR_RETURN(auto launcher, Launcher::Start(std::move(o)));
 //   MORPH_ASSIGN_OR_RETURN(int code, launcher->Wait(Deadline::AfterMs(3600000)));
 //
+// Under Slurm (morphrun --slurm, docs/operations.md "Slurm") each worker is its own job step:
+// `wrapper` = {"srun", "-N1", "-n1", "--exact", ...} is put before argv, so the child is the
+// step's srun, and the token reaches the step through `token_file` rather than the environment.
+//
 // Threads: Start, Wait and the destructor on one thread; Spawn, Signal, children() and
 // coordinator() from any thread.
 #ifndef MORPH_RUNTIME_TOOLS_LAUNCHER_H_
@@ -41,6 +45,12 @@ struct LauncherOptions {
   // after this long.
   int64_t kill_grace_ms = 10000;
   CoordinatorOptions coordinator;  // token generated when empty; initial_world = workers
+  // Put before argv for every worker (e.g. srun and its options); "{index}" in an element is
+  // replaced by the worker's launch index. Empty: argv is started directly.
+  std::vector<std::string> wrapper;
+  // When set, the token is written to this file (mode 0600, removed when the Launcher ends)
+  // and workers get MORPH_TOKEN_FILE=<path> instead of MORPH_TOKEN.
+  std::string token_file;
 };
 
 struct ChildInfo {
@@ -53,7 +63,8 @@ struct ChildInfo {
 class Launcher {
  public:
   // kInvalidArgument for an empty argv or workers < 1; the coordinator's Start errors;
-  // kInternal when a worker cannot be started (fork/exec, naming the program).
+  // kFailedPrecondition when the token file cannot be written; kInternal when a worker cannot
+  // be started (fork/exec, naming the program).
   static StatusOr<std::unique_ptr<Launcher>> Start(LauncherOptions options);
   ~Launcher();  // stops the workers (SIGTERM, then SIGKILL) and the coordinator
 
@@ -65,9 +76,11 @@ class Launcher {
   std::vector<ChildInfo> children() const;
 
   // Until the job completes (the coordinator's Wait) and every worker exited: 0 when the job
-  // completed and every worker exited 0 or was killed by a signal (a failure the job recovered
-  // from); otherwise the first non-zero worker exit code, or 1 when the job failed. Also ends, 2 s after the last worker exited, when every worker is gone
-  // but the job did not complete (nobody is left to finish it). kDeadlineExceeded if the
+  // completed and every worker exited 0 or was killed by a signal (exit code >= 128: a failure
+  // the job survived, as a scheduler's SIGKILL of a removed node's task); otherwise the first
+  // worker exit code in 1..127, or 1 when the job failed (then any non-zero code counts). Also
+  // ends, 2 s after the last worker exited, when every worker is gone but the job did not
+  // complete (nobody is left to finish it). kDeadlineExceeded if the
   // deadline passed first (workers are left running: the destructor stops them); what it saw
   // carries over to the next call, so a loop of short Waits (morphrun's) ends like one long one.
   StatusOr<int> Wait(Deadline deadline);
@@ -82,6 +95,7 @@ class Launcher {
   // Wait's progress (Wait's thread): the job's outcome once known, and since when no worker ran.
   std::optional<Status> job_;
   std::optional<std::chrono::steady_clock::time_point> all_gone_;
+  std::mutex spawn_mu_;  // SpawnOne, whole (Start's thread and the coordinator's launcher thread)
   mutable std::mutex mu_;
   std::vector<ChildInfo> children_;
 };

@@ -1,12 +1,24 @@
-// morphrun: runs an elastic job on this machine (docs/operations.md "morphrun").
+// morphrun: runs an elastic job on this machine, or inside a Slurm allocation with one job step
+// per worker (docs/operations.md "morphrun" and "Slurm").
 //
 //   morphrun -n 4 [--max 8] [--log-dir DIR] [--port P] [--api-port P] -- ./train args...
+//   morphrun --slurm -n 4 [--max 8] [--token-file F] [--srun-arg A]... -- ./train args...
 //
 // Hosts the coordinator (its scheduler API on 127.0.0.1:<api-port>, the token in MORPH_TOKEN or
 // generated), starts the workers, starts joiners on grow requests, reaps leavers, forwards
 // SIGINT/SIGTERM to the workers (a preemption notice for each) and exits with the job's status:
-// 0 when it completed, a worker's non-zero exit code, 1 when it failed without one, 128 + the
-// signal when a forwarded SIGINT/SIGTERM ended it before it completed, 2 for a usage error.
+// 0 when it completed (workers killed by a signal were failures it survived), a worker's exit
+// code in 1..127, 1 when it failed without one, 128 + the signal when a forwarded SIGINT/SIGTERM
+// ended it before it completed, 2 for a usage error.
+//
+// --slurm (in an sbatch script or salloc): each worker is `srun -N1 -n1 --exact
+// --kill-on-bad-exit=0 -J morph-<index> [--srun-arg...] PROGRAM`, its own step, so the scheduler
+// can signal or lose one worker (scancel --signal=TERM JOB.STEP); grow requests start new steps
+// in the allocation (a forwarded SIGTERM reaches srun, which cancels its step: not a graceful
+// leave). The coordinator binds MORPH_COORDINATOR_ADDR (default 0.0.0.0) and workers
+// dial this host's name (or MORPH_COORDINATOR_ADVERTISE); they read the token from a 0600 file
+// (--token-file, default $SLURM_SUBMIT_DIR/.morph-token-$SLURM_JOB_ID, removed at exit), which
+// must be readable on every node.
 #include <glog/logging.h>
 #include <signal.h>
 
@@ -15,6 +27,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "base/params.h"
 #include "collectives/tcp_store.h"
@@ -28,7 +41,9 @@ void OnSignal(int sig) { g_signal.store(sig); }
 int Usage(const std::string& why) {
   std::cerr << "morphrun: " << why << "\n"
             << "usage: morphrun -n N [--max M] [--log-dir DIR] [--port P] [--api-port P] -- "
-               "PROGRAM [ARGS...]\n";
+               "PROGRAM [ARGS...]\n"
+            << "       morphrun --slurm -n N [--max M] [--token-file F] [--srun-arg A]... "
+               "[options above] -- PROGRAM [ARGS...]\n";
   return 2;
 }
 
@@ -48,7 +63,9 @@ int main(int argc, char** argv) {
   morph::LauncherOptions o;
   int api_port = 0, port = 0;
   int i = 1;
-  bool have_n = false;
+  bool have_n = false, slurm = false;
+  std::string slurm_token_file;
+  std::vector<std::string> srun_args;
   for (; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--") {
@@ -72,6 +89,14 @@ int main(int argc, char** argv) {
     } else if (a == "--log-dir") {
       if (i + 1 >= argc) return Usage("--log-dir needs a directory");
       o.log_dir = argv[++i];
+    } else if (a == "--slurm") {
+      slurm = true;
+    } else if (a == "--token-file") {
+      if (i + 1 >= argc || argv[i + 1][0] == 0) return Usage("--token-file needs a path");
+      slurm_token_file = argv[++i];
+    } else if (a == "--srun-arg") {
+      if (i + 1 >= argc) return Usage("--srun-arg needs an argument for srun");
+      srun_args.push_back(argv[++i]);
     } else {
       return Usage("unknown option '" + a + "' (the program follows --)");
     }
@@ -80,6 +105,29 @@ int main(int argc, char** argv) {
   if (i >= argc) return Usage("no program given after --");
   if (o.max_workers < o.workers) return Usage("--max is below -n");
   for (; i < argc; ++i) o.argv.push_back(argv[i]);
+  if (!slurm && (!slurm_token_file.empty() || !srun_args.empty())) {
+    return Usage("--token-file and --srun-arg go with --slurm");
+  }
+  if (slurm) {
+    const char* job = std::getenv("SLURM_JOB_ID");
+    if (job == nullptr || *job == 0) {
+      return Usage("--slurm runs inside a Slurm allocation (sbatch or salloc): SLURM_JOB_ID is "
+                   "not set");
+    }
+    if (slurm_token_file.empty()) {
+      const char* submit = std::getenv("SLURM_SUBMIT_DIR");
+      slurm_token_file = std::string(submit && *submit ? submit : ".") + "/.morph-token-" + job;
+    }
+    o.token_file = slurm_token_file;
+    o.wrapper = {"srun", "-N1", "-n1", "--exact", "--kill-on-bad-exit=0", "-J", "morph-{index}"};
+    o.wrapper.insert(o.wrapper.end(), srun_args.begin(), srun_args.end());
+    // Workers on other nodes dial this one: bind every interface unless told, advertise this
+    // host's name (the coordinator's default for 0.0.0.0) unless told.
+    const char* bind = std::getenv("MORPH_COORDINATOR_ADDR");
+    o.coordinator.address = bind && *bind ? bind : "0.0.0.0";
+    const char* advertise = std::getenv("MORPH_COORDINATOR_ADVERTISE");
+    if (advertise && *advertise) o.coordinator.advertise_host = advertise;
+  }
 
   auto http = morph::HttpServerOptions::FromEnv();
   if (!http.ok()) return Usage(std::string(http.status().message()));
