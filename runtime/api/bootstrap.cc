@@ -31,6 +31,7 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   c.initial_world = initial_world;
   c.max_world = o.max_world;
   c.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
+  c.checkpoint_dir = o.checkpoint_dir;
   c.http.address = o.api_address;
   c.http.port = o.api_port;
   c.http.token_for_reads = o.api_token_for_reads;

@@ -18,6 +18,7 @@
 #include "runtime/api/bootstrap.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/plan_input.h"
+#include "runtime/recovery/checkpointer.h"
 
 namespace morph {
 namespace {
@@ -123,9 +124,15 @@ struct Runtime::Impl {
     }
   }
 
+  // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.
+  std::unique_ptr<PeriodicCheckpointer> checkpointer;
+
   SwitchOptions SwitchOpts() const {
     SwitchOptions s;
     s.keep_old_until_barrier = opts.keep_old_until_barrier;
+    s.restore_checkpoint = [](const std::string& path, State& st) {
+      return RestoreFromCheckpoint(path, st);
+    };
     s.batch_bytes = opts.batch_bytes;
     s.executor.chunk_bytes = manifest.chunk_bytes;
     s.executor.staging_bytes = manifest.staging_bytes;
@@ -480,6 +487,10 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
                                                 .seed = o.dataset_seed,
                                                 .shuffle = o.dataset_shuffle}));
   impl->cursor.emplace(std::move(cursor));
+  if (!impl->opts.checkpoint_dir.empty() && impl->opts.checkpoint_every > 0) {
+    impl->checkpointer = std::make_unique<PeriodicCheckpointer>(
+        impl->opts.checkpoint_dir, impl->opts.checkpoint_every, impl->opts.checkpoint_keep);
+  }
   MORPH_RETURN_IF_ERROR(impl->Bootstrap());
   std::unique_ptr<Runtime> rt(new Runtime(std::move(impl)));
   if (rt->impl_->opts.handle_sigterm) {
@@ -598,8 +609,15 @@ StatusOr<Step> Runtime::BeginStep() {
                      &*m.cursor);
     return step;
   }
-  StepAccess::Fill(step, false, reconfigured, m.next_step, m.gen, m.gen.RankOf(m.agent->id()),
-                   m.opts.micro_batch, m.groups.get(), &*m.cursor);
+  const int rank = m.gen.RankOf(m.agent->id());
+  if (m.checkpointer && rank >= 0 && m.checkpointer->Due(m.next_step)) {
+    // The state holds this step's values: snapshot it (the write goes on in the background).
+    Status c = m.checkpointer->MaybeSave(m.next_step, m.gen.id, m.state, rank,
+                                         m.gen.config.world(), m.gen.config);
+    if (!c.ok()) LOG(WARNING) << "checkpoint of step " << m.next_step << " not taken: " << c;
+  }
+  StepAccess::Fill(step, false, reconfigured, m.next_step, m.gen, rank, m.opts.micro_batch,
+                   m.groups.get(), &*m.cursor);
   m.in_step = true;
   return step;
 }

@@ -1,5 +1,7 @@
 #include "runtime/coordinator/coordinator.h"
 
+#include "runtime/recovery/checkpointer.h"
+
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -133,6 +135,7 @@ StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   o.initial_world = static_cast<int>(initial);
   o.max_world = static_cast<int>(max_world);
   MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
+  MORPH_ASSIGN_OR_RETURN(o.checkpoint_dir, params::CheckpointDir());
   MORPH_ASSIGN_OR_RETURN(o.http, HttpServerOptions::FromEnv());
   MORPH_ASSIGN_OR_RETURN(o.store, TcpStoreServerOptions::FromEnv());
   return o;
@@ -891,6 +894,14 @@ void Coordinator::Impl::Publish() {
 // ---- Coordinator -----------------------------------------------------------------------------
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
+  if (!options.latest_checkpoint && !options.checkpoint_dir.empty()) {
+    options.latest_checkpoint = [dir = options.checkpoint_dir]()
+        -> std::optional<RecoveryCheckpoint> {
+      StatusOr<CheckpointRef> c = LatestCompleteCheckpoint(dir);
+      if (!c.ok()) return std::nullopt;
+      return RecoveryCheckpoint{.step = c->step, .path = c->path};
+    };
+  }
   auto impl = std::make_shared<Impl>(std::move(options));
   Status s = impl->Start();
   if (!s.ok()) {

@@ -64,8 +64,10 @@ struct CoordinatorOptions {
   std::function<void(int count)> launch_workers;
   ConfigPolicy policy;  // optional user policy for the config planner
   // The newest complete checkpoint a recovery may roll back to when no copy of a piece
-  // survives (called on the planner thread). Null: none.
+  // survives (called on the planner thread). Null: the newest complete one in checkpoint_dir
+  // (the workers' MORPH_CHECKPOINT_DIR), if set.
   std::function<std::optional<RecoveryCheckpoint>()> latest_checkpoint;
+  std::string checkpoint_dir;
   // A handshake (Hello + Register) must complete within this, else the connection is closed.
   int64_t handshake_timeout_ms = 10000;
 

@@ -148,9 +148,12 @@ int main(int argc, char** argv) {
       ++recoveries;
       lost_steps += c.lost_steps();
       std::fprintf(stderr,
-                   "elastic_worker %ld: recovered at step %ld (newest %ld, %ld steps lost, %s "
-                   "state), abort %.3f s\n",
+                   "elastic_worker %ld: recovered at step %ld from %s (newest %ld, %ld steps "
+                   "lost, %s state), abort %.3f s\n",
                    static_cast<long>(r.worker_id()), static_cast<long>(c.step),
+                   c.source == morph::RecoveryDecision::Source::kCheckpoint ? "checkpoint"
+                   : c.source == morph::RecoveryDecision::Source::kSnapshot ? "snapshots"
+                                                                             : "replicas",
                    static_cast<long>(c.newest_step), static_cast<long>(c.lost_steps()),
                    c.stale ? "stale" : "own", c.abort_seconds);
     }

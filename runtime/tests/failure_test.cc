@@ -135,5 +135,30 @@ TEST(FailureTest, LossOfEveryCopyStopsTheJobNamingThePiece) {
   }
 }
 
+// Plain ZeRO with periodic checkpoints: a death loses pieces nobody else holds, so the job rolls
+// back to the newest complete checkpoint (every rank, every piece read from it into the new
+// shards), reports the steps lost, and completes; each worker checks its state bitwise.
+TEST(FailureTest, LossOfEveryCopyIsRecoveredFromTheCheckpoint) {
+  const std::filesystem::path ckpt = std::filesystem::temp_directory_path() /
+                                     ("morph-failure-ckpt-" + std::to_string(getpid()));
+  std::filesystem::remove_all(ckpt);
+  JobOptions jo{.steps = kSteps,
+                .step_ms = 10,
+                .env = {{"MORPH_CHECKPOINT_DIR", ckpt.string()},
+                        {"MORPH_CHECKPOINT_EVERY", "4"},
+                        {"MORPH_CHANGE_TIMEOUT_MS", "15000"}}};
+  Job job = StartJob("ckpt", 4, {{3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(testing::WaitForStep(job, 10)) << Logs(job);
+  std::vector<ChildInfo> kids = job.launcher->children();
+  kill(kids[1].pid, SIGKILL);
+  FinishAfterKills(job, {kids[1].pid}, kSteps, "checkpoint");
+  const std::string logs = Logs(job);
+  EXPECT_NE(logs.find("from checkpoint (newest"), std::string::npos) << logs;
+  job.launcher.reset();
+  std::filesystem::remove_all(job.dir);
+  std::filesystem::remove_all(ckpt);
+}
+
 }  // namespace
 }  // namespace morph

@@ -1,5 +1,7 @@
 #include "runtime/tools/launcher.h"
 
+#include <cstdlib>
+
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <signal.h>
@@ -29,6 +31,16 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
     MORPH_ASSIGN_OR_RETURN(c.token, RandomToken());
   }
   c.http.token = c.token;
+  // The workers' checkpoint folder (their environment: the launcher's, plus `env`) is where a
+  // recovery finds the newest complete checkpoint.
+  if (c.checkpoint_dir.empty()) {
+    auto it = l->options_.env.find("MORPH_CHECKPOINT_DIR");
+    if (it != l->options_.env.end()) {
+      c.checkpoint_dir = it->second;
+    } else if (const char* d = std::getenv("MORPH_CHECKPOINT_DIR")) {
+      c.checkpoint_dir = d;
+    }
+  }
   c.initial_world = l->options_.workers;
   c.max_world = l->options_.max_workers;
   if (!l->options_.token_file.empty()) {
