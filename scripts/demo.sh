@@ -20,7 +20,7 @@ SHORT=${DEMO_SHORT:-0}
 # DEMO_KILL=0: no SIGKILL, plain ZeRO-1 under a memory budget (the planner changes tp instead).
 KILL=${DEMO_KILL:-1}
 if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-80}; else STEPS=${DEMO_STEPS:-300}; fi
-[ "$SHORT" = 1 ] && [ "$KILL" = 1 ] && STEPS=${DEMO_STEPS:-110}  # room for the fifth event
+[ "$SHORT" = 1 ] && [ "$KILL" = 1 ] && STEPS=${DEMO_STEPS:-150}  # room for the fifth event
 JOBS=${JOBS:-2}
 say() { printf '%s\n' "demo: $*" >&2; }
 die() { say "$*"; exit 1; }

@@ -365,9 +365,10 @@ struct Runtime::Impl {
     JoinStale(/*all=*/false);
     while (true) {
       if (g_leave_requested.exchange(false)) agent->RequestLeave("SIGTERM (preemption notice)");
-      // A worker without a rank (a spare, a joiner) waits as long as the job runs.
+      // A worker without a rank (a spare, a joiner) waits as long as the job runs, looking at
+      // the SIGTERM flag every 100 ms (a preempted spare's leave request goes out at once).
       bool ranked = gen.RankOf(agent->id()) >= 0;
-      Deadline d = Deadline::AfterMs(ranked ? opts.change_timeout_ms : opts.heartbeat_ms * 10);
+      Deadline d = Deadline::AfterMs(ranked ? opts.change_timeout_ms : 100);
       StatusOr<Agent::Decision> dec = agent->Decide(next_step, d);
       if (!dec.ok()) {
         if (!ranked && dec.status().code() == StatusCode::kDeadlineExceeded) continue;
