@@ -288,7 +288,10 @@ struct Runtime::Impl {
     return Status();
   }
 
-  // Installs what `p`'s switch built (its groups, its store) as the running generation.
+  // Installs what `p`'s switch built (its groups, its store) as the running generation. The
+  // old generation's communicators and the change communicator are done with (the closing
+  // barrier passed); tearing Gloo contexts down takes tens of milliseconds, so it happens on
+  // the reaper thread beside the next steps instead of in the stall.
   void AdoptGroups(std::unique_ptr<Prepared> p) {
     std::unique_ptr<GroupSet> next = TakeGroups(**p->result);
     if (p->store) store = std::move(p->store);
@@ -331,22 +334,7 @@ struct Runtime::Impl {
       return executed.status();
     }
     SwitchStats stats = *executed;
-    std::unique_ptr<GroupSet> next = TakeGroups(prepared);
-    if (p->store) store = std::move(p->store);
-    // The old generation's communicators and the change communicator are done with (the
-    // closing barrier passed on every participant); tearing Gloo contexts down takes tens of
-    // milliseconds, so it happens beside the next steps instead of in the stall.
-    JoinReaper();
-    std::unique_ptr<GroupSet> old;
-    {
-      std::lock_guard<std::mutex> l(groups_mu);
-      old = std::move(groups);
-      groups = std::move(next);
-    }
-    reaper = std::thread([old = std::move(old), done = std::move(p)]() mutable {
-      old.reset();
-      done.reset();
-    });
+    AdoptGroups(std::move(p));
     if (c.from.id == 0) fresh = true;  // materialized zero-filled: the caller initializes
     r.communicators_seconds = stats.seconds.communicators;
     r.plan_seconds = stats.seconds.plan;
