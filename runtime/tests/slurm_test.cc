@@ -246,6 +246,20 @@ class SlurmTest : public ::testing::Test {
   uint16_t api_ = 0;
   std::string job_;
   std::string downed_;  // a node set DOWN by the case
+
+  // The failure cases' start: 4 workers, one step per node, hybrid ZeRO (every piece has a
+  // surviving copy), stable in generation 1; `victim` gets the index of the worker on n4.
+  void StartFourWithOneOnN4(int64_t steps, int& victim) {
+    Submit(4, 4, steps, 50, /*failures=*/true);
+    std::map<int, StepInfo> started = WaitSteps(4);
+    ASSERT_EQ(started.size(), 4u) << Logs();
+    WaitStable(1, 4, 3);
+    ASSERT_FALSE(HasFatalFailure());
+    for (const auto& [index, s] : started) {
+      if (s.node == "n4") victim = index;
+    }
+    ASSERT_GE(victim, 0) << "no worker on n4 (one step per node expected)\n" << Logs();
+  }
 };
 
 std::string* SlurmTest::skip_ = nullptr;
@@ -340,16 +354,9 @@ TEST_F(SlurmTest, SingleStepTaskZeroHosts) {
 // in place from the newest step their states cover and train on.
 TEST_F(SlurmTest, ShrinkByNodeList) {
   constexpr int64_t kSteps = 60;
-  Submit(4, 4, kSteps, 50, /*failures=*/true);
-  std::map<int, StepInfo> steps = WaitSteps(4);
-  ASSERT_EQ(steps.size(), 4u) << Logs();
-  WaitStable(1, 4, 3);
-  ASSERT_FALSE(HasFatalFailure());
   int victim = -1;
-  for (const auto& [index, s] : steps) {
-    if (s.node == "n4") victim = index;
-  }
-  ASSERT_GE(victim, 0) << "no worker on n4 (one step per node expected)\n" << Logs();
+  StartFourWithOneOnN4(kSteps, victim);
+  ASSERT_FALSE(HasFatalFailure());
   Ran r = Slurm({"scontrol", "update", "JobId=" + job_, "NodeList=n[1-3]"});
   ASSERT_EQ(r.code, 0) << r.out;
   WaitStable(2, 2, 0, /*standby=*/1);  // the three survivors: dp 2 and a spare
@@ -366,16 +373,9 @@ TEST_F(SlurmTest, ShrinkByNodeList) {
 // in place and go on, as in ShrinkByNodeList.
 TEST_F(SlurmTest, SurviveANodeSetDown) {
   constexpr int64_t kSteps = 60;
-  Submit(4, 4, kSteps, 50, /*failures=*/true);
-  std::map<int, StepInfo> steps = WaitSteps(4);
-  ASSERT_EQ(steps.size(), 4u) << Logs();
-  WaitStable(1, 4, 3);
-  ASSERT_FALSE(HasFatalFailure());
   int victim = -1;
-  for (const auto& [index, s] : steps) {
-    if (s.node == "n4") victim = index;
-  }
-  ASSERT_GE(victim, 0) << "no worker on n4 (one step per node expected)\n" << Logs();
+  StartFourWithOneOnN4(kSteps, victim);
+  ASSERT_FALSE(HasFatalFailure());
   downed_ = "n4";  // TearDown puts it back in service
   Ran r = Slurm({"scontrol", "update", "NodeName=n4", "State=DOWN", "Reason=morph-slurm-test"});
   ASSERT_EQ(r.code, 0) << r.out;
