@@ -113,3 +113,12 @@ bench-failures: configure
 .PHONY: demo
 demo: configure
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) bash scripts/demo.sh
+
+# Failure soak (issue 10): failure_test's seeded SIGKILL trials for SOAK_TRIALS seeds (default
+# 200, from SOAK_FIRST_SEED), one process per seed with a timeout; the failing seeds' logs in
+# $(BUILD_DIR)/soak/, a summary and one JSON line at the end. Not part of `make test`.
+SOAK_TRIALS ?= 200
+.PHONY: soak
+soak: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target failure_test elastic_worker
+	SOAK_TRIALS=$(SOAK_TRIALS) bash scripts/soak.sh $(BUILD_DIR)
