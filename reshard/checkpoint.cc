@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -57,12 +58,40 @@ class Fd {
   int fd_;
 };
 
-Status WriteAll(int fd, const char* p, size_t n, const std::string& path) {
+// Keeps a save's writes at or below `bytes_per_second` (0: no limit): after each write, sleeps
+// until the bytes written so far could have been written at that rate since the first one.
+// Writes are cut into pieces of a twentieth of a second's worth, so the rate holds within one
+// file too.
+class WritePacer {
+ public:
+  explicit WritePacer(uint64_t bytes_per_second) : rate_(bytes_per_second) {}
+  size_t Chunk(size_t n) const {
+    return rate_ == 0 ? n : std::min<size_t>(n, std::max<uint64_t>(1, rate_ / 20));
+  }
+  void Wrote(size_t n) {
+    if (rate_ == 0) return;
+    written_ += n;
+    const auto due = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(static_cast<double>(written_) /
+                                                                static_cast<double>(rate_)));
+    std::this_thread::sleep_until(due);
+  }
+
+ private:
+  uint64_t rate_;
+  uint64_t written_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+Status WriteAll(int fd, const char* p, size_t n, const std::string& path,
+                WritePacer* pacer = nullptr) {
   while (n > 0) {
-    const size_t step = std::min<size_t>(n, size_t{1} << 30);
+    size_t step = std::min<size_t>(n, size_t{1} << 30);
+    if (pacer != nullptr) step = pacer->Chunk(step);
     MORPH_ASSIGN_SYSCALL_OR_RETURN(ssize_t w, ::write(fd, p, step), "writing " << path);
     p += w;
     n -= static_cast<size_t>(w);
+    if (pacer != nullptr) pacer->Wrote(static_cast<size_t>(w));
   }
   return Status();
 }
@@ -184,7 +213,8 @@ Status CopyToHost(void* dst, ConstBufferView src) {
 
 Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step, const json& config,
                  const std::vector<CheckpointPiece>& pieces, const std::vector<const char*>& data,
-                 uint64_t block_bytes) {
+                 uint64_t block_bytes, uint64_t max_bytes_per_second) {
+  WritePacer pacer(max_bytes_per_second);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return ErrnoToStatus(ec.value(), "create_directories(" + dir + ")", __FILE__, __LINE__);
@@ -211,10 +241,10 @@ Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step, 
     auto put = [&](const std::string& name, const Shard& shard, const char* bytes,
                    size_t n) -> Status {
       const uint64_t pad = (kAlign - offset % kAlign) % kAlign;
-      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), kZeros, pad, data_path));
+      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), kZeros, pad, data_path, &pacer));
       crc.Feed(kZeros, pad);
       offset += pad;
-      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), bytes, n, data_path));
+      MORPH_RETURN_IF_ERROR(WriteAll(file.get(), bytes, n, data_path, &pacer));
       crc.Feed(bytes, n);
       jpieces.push_back(
           {{"tensor", name}, {"shard", ShardToJson(shard)}, {"offset", offset}, {"bytes", n}});
@@ -266,7 +296,7 @@ Status WriteRank(const std::string& dir, int rank, int num_ranks, int64_t step, 
                                    ::open(man_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
                                    "creating " << man_path);
     Fd man(mfd);
-    MORPH_RETURN_IF_ERROR(WriteAll(man.get(), text.data(), text.size(), man_path));
+    MORPH_RETURN_IF_ERROR(WriteAll(man.get(), text.data(), text.size(), man_path, &pacer));
     MORPH_SYSCALL_RETURN_IF_ERROR(::fsync(man.get())) << "syncing " << man_path;
     MORPH_RETURN_IF_ERROR(man.Close(man_path));
     MORPH_RETURN_IF_ERROR(SyncDir(tmp));
@@ -298,8 +328,9 @@ class SaveImpl final : public CheckpointSave {
         std::thread([this, dir = std::move(dir), rank, num_ranks, step, config = std::move(config),
                      pieces = std::move(pieces), snapshot = std::move(snapshot),
                      data = std::move(data), block = options.block_bytes,
+                     rate = options.max_bytes_per_second,
                      pool = options.snapshot_pool]() mutable {
-          Status s = WriteRank(dir, rank, num_ranks, step, config, pieces, data, block);
+          Status s = WriteRank(dir, rank, num_ranks, step, config, pieces, data, block, rate);
           if (pool && snapshot.size() > 0) pool->Give(std::move(snapshot));
           std::lock_guard<std::mutex> lock(mu_);
           status_ = std::move(s);

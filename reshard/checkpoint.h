@@ -74,6 +74,10 @@ struct CheckpointSaveOptions {
   std::shared_ptr<CheckpointSnapshotPool> snapshot_pool;
   // Bytes covered by one checksum; also the read granularity of loads.
   uint64_t block_bytes = uint64_t{1} << 20;
+  // The most bytes per second the write may put into files (data and manifest; 0: no limit),
+  // so that a background save does not take a shared disk or file system from training or
+  // other jobs. A save takes at least its bytes / this rate.
+  uint64_t max_bytes_per_second = 0;
 };
 
 class CheckpointSave {

@@ -53,7 +53,7 @@ for ((i = 0; i < trials; i++)); do
   else
     why="exit $rc"
     [ $rc -eq 124 ] || [ $rc -eq 137 ] && why="still running after ${seed_timeout} s (killed)"
-    tests=$(grep -o '^\[  FAILED  \] [A-Za-z_.]*' "$log" | sort -u | awk '{print $4}' | paste -sd, -)
+    tests=$(grep -o '^\[  FAILED  \] [A-Za-z_.][A-Za-z_.]*' "$log" | sort -u | awk '{print $4}' | paste -sd, -)
     failed+=("$seed")
     echo "soak: seed $seed FAILED: $why${tests:+ in $tests} (${secs} s); log: $log"
   fi

@@ -35,6 +35,7 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_every, params::CheckpointEvery());
   MORPH_ASSIGN_OR_RETURN(int64_t keep, params::CheckpointKeep());
   o.checkpoint_keep = static_cast<int>(keep);
+  MORPH_ASSIGN_OR_RETURN(o.checkpoint_max_bytes_per_second, params::CheckpointMaxBytesPerS());
   MORPH_ASSIGN_OR_RETURN(o.snapshot_every, params::SnapshotEvery());
   MORPH_ASSIGN_OR_RETURN(std::string token, params::Token());
   MORPH_ASSIGN_OR_RETURN(std::string token_file, params::TokenFile());

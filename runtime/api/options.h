@@ -99,6 +99,9 @@ struct Options {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 2;
+  // MORPH_CHECKPOINT_MAX_BYTES_PER_S: the most bytes per second one rank's save writes (0: no
+  // limit), so that saves leave a shared disk or file system to training and other jobs.
+  uint64_t checkpoint_max_bytes_per_second = 0;
   // In-memory buddy snapshots (Gemini): every MORPH_SNAPSHOT_EVERY steps (0: off) each rank
   // copies its state into host memory and sends the copy to its buddy, a rank on another host
   // when there is one. Costs two copies of the rank's state in host memory.

@@ -478,7 +478,8 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
   impl->cursor.emplace(std::move(cursor));
   if (!impl->opts.checkpoint_dir.empty() && impl->opts.checkpoint_every > 0) {
     impl->checkpointer = std::make_unique<PeriodicCheckpointer>(
-        impl->opts.checkpoint_dir, impl->opts.checkpoint_every, impl->opts.checkpoint_keep);
+        impl->opts.checkpoint_dir, impl->opts.checkpoint_every, impl->opts.checkpoint_keep,
+        /*wait_ms=*/600000, impl->opts.checkpoint_max_bytes_per_second);
   }
   MORPH_RETURN_IF_ERROR(impl->Bootstrap());
   std::unique_ptr<Runtime> rt(new Runtime(std::move(impl)));

@@ -113,8 +113,12 @@ std::string CheckpointPath(const std::string& dir, int64_t step, int64_t generat
 }
 
 PeriodicCheckpointer::PeriodicCheckpointer(std::string dir, int64_t every, int keep,
-                                           int64_t wait_ms)
-    : dir_(std::move(dir)), every_(every), keep_(std::max(1, keep)), wait_ms_(wait_ms) {}
+                                           int64_t wait_ms, uint64_t max_bytes_per_second)
+    : dir_(std::move(dir)),
+      every_(every),
+      keep_(std::max(1, keep)),
+      wait_ms_(wait_ms),
+      max_bytes_per_second_(max_bytes_per_second) {}
 
 PeriodicCheckpointer::~PeriodicCheckpointer() {
   running_.reset();  // joins the writer
@@ -205,6 +209,7 @@ Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const S
   CheckpointSaveOptions options;
   options.snapshot = true;
   options.snapshot_pool = pool_;
+  options.max_bytes_per_second = max_bytes_per_second_;
   const std::string config_json = "{\"dp\": " + std::to_string(config.dp) +
                                   ", \"tp\": " + std::to_string(config.tp) +
                                   ", \"pp\": " + std::to_string(config.pp) +

@@ -62,7 +62,9 @@ class PeriodicCheckpointer {
   // Saves every `every` steps into `dir`, keeping the newest `keep` complete checkpoints
   // (keep < 1 is taken as 1). Disabled (MaybeSave does nothing) when `dir` is empty or
   // every <= 0. `wait_ms` bounds MaybeSave's wait for a previous save still writing.
-  PeriodicCheckpointer(std::string dir, int64_t every, int keep, int64_t wait_ms = 600000);
+  // `max_bytes_per_second` caps each save's write rate (CheckpointSaveOptions; 0: no limit).
+  PeriodicCheckpointer(std::string dir, int64_t every, int keep, int64_t wait_ms = 600000,
+                       uint64_t max_bytes_per_second = 0);
   // Waits for the running save and retention pass (a save cannot be cut short).
   ~PeriodicCheckpointer();
   PeriodicCheckpointer(const PeriodicCheckpointer&) = delete;
@@ -117,6 +119,7 @@ class PeriodicCheckpointer {
   int64_t every_;
   int keep_;
   int64_t wait_ms_;
+  uint64_t max_bytes_per_second_;
   LogContext log_{"checkpoint"};
   std::shared_ptr<CheckpointSnapshotPool> pool_ = std::make_shared<CheckpointSnapshotPool>();
   std::unique_ptr<CheckpointSave> running_;

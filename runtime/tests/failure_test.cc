@@ -6,6 +6,9 @@
 // the fixed global order (a step trained again after a recovery counts once, from its latest
 // generation). With plain ZeRO a death loses pieces: the job stops with kDataLoss naming one.
 //
+// A kill during a periodic checkpoint's save (writes slowed by MORPH_CHECKPOINT_MAX_BYTES_PER_S)
+// leaves a torn checkpoint folder that the recovery never uses: it rolls back to an older one.
+//
 // MORPH_FAILURE_TRIALS (default 20) sets the number of seeded trials; MORPH_TEST_SEED runs one.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -15,6 +18,8 @@
 #include <random>
 #include <thread>
 
+#include "reshard/checkpoint.h"
+#include "runtime/recovery/checkpointer.h"
 #include "runtime/tests/elastic_checks.h"
 #include "runtime/tests/elastic_job.h"
 
@@ -158,6 +163,140 @@ TEST(FailureTest, LossOfEveryCopyIsRecoveredFromTheCheckpoint) {
   job.launcher.reset();
   std::filesystem::remove_all(job.dir);
   std::filesystem::remove_all(ckpt);
+}
+
+// ---- a kill during a periodic checkpoint's save ----
+
+namespace fs = std::filesystem;
+
+// The half-written rank folders of process `pid` under the checkpoint folder `dir`
+// (<dir>/step-S-gG/.rank-R.tmp-<pid>-N, reshard/checkpoint.h): a save it had not finished.
+std::vector<fs::path> SavesInProgress(const fs::path& dir, pid_t pid) {
+  std::vector<fs::path> out;
+  const std::string mark = ".tmp-" + std::to_string(pid) + "-";
+  std::error_code ec;
+  for (const auto& step : fs::directory_iterator(dir, ec)) {
+    std::error_code ec2;
+    for (const auto& e : fs::directory_iterator(step.path(), ec2)) {
+      if (e.path().filename().string().find(mark) != std::string::npos) out.push_back(e.path());
+    }
+  }
+  return out;
+}
+
+// The N of the "step-N-g..." folder name `name`.
+int64_t StepOfFolder(const std::string& name) {
+  return std::strtoll(name.c_str() + std::string("step-").size(), nullptr, 10);
+}
+
+// Plain ZeRO with periodic checkpoints whose writes are slowed down (MORPH_CHECKPOINT_MAX_BYTES_
+// PER_S) so that a save lasts a few hundred milliseconds: a worker is killed while its save of
+// step S is being written (its temporary rank folder is there before and after the kill). Its
+// death loses pieces nobody else holds, so the job rolls back to the newest complete checkpoint,
+// which must be an older one: the torn step-S folder never loads (LatestCompleteCheckpoint skips
+// it). The job completes, every worker checked its state bitwise at every step, the samples are
+// the fixed order. Seeded like the trials above (MORPH_TEST_SEED runs one).
+void RunCheckpointTrial(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto rand = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  const std::string trial = "checkpoint save, seed " + std::to_string(seed) +
+                            " (MORPH_TEST_SEED=" + std::to_string(seed) + ")";
+  const size_t victim_index = static_cast<size_t>(rand(0, 3));
+  const int64_t after_step = rand(2, 10);
+  const int64_t delay_ms = rand(0, 40);  // into the save; a save lasts >= 150 ms at 8 KiB/s
+  constexpr int64_t kCheckpointSteps = 32;
+  const fs::path ckpt = fs::temp_directory_path() / ("morph-failure-ckpt-save-" +
+                                                     std::to_string(seed) + "-" +
+                                                     std::to_string(getpid()));
+  fs::remove_all(ckpt);
+  JobOptions jo{.steps = kCheckpointSteps,
+                .step_ms = 10,
+                .env = {{"MORPH_CHECKPOINT_DIR", ckpt.string()},
+                        {"MORPH_CHECKPOINT_EVERY", "4"},
+                        {"MORPH_CHECKPOINT_KEEP", "1000"},  // every folder stays for the checks
+                        {"MORPH_CHECKPOINT_MAX_BYTES_PER_S", "8KiB"},
+                        {"MORPH_CHANGE_TIMEOUT_MS", "15000"}}};
+  Job job = StartJob("ckpt-save-" + std::to_string(seed), 4,
+                     {{3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher) << trial;
+  ASSERT_TRUE(testing::WaitForStep(job, after_step)) << trial << "\n" << Logs(job);
+  const pid_t victim = job.launcher->children()[victim_index].pid;
+  // A save newer than a complete checkpoint (a kill during the very first save leaves nothing
+  // to roll back to: the job stops with DATA_LOSS, as LossOfEveryCopyStopsTheJobNamingThePiece
+  // checks).
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  StatusOr<CheckpointRef> complete = LatestCompleteCheckpoint(ckpt.string());
+  while (!complete.ok() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    complete = LatestCompleteCheckpoint(ckpt.string());
+  }
+  ASSERT_TRUE(complete.ok()) << trial << ": " << complete.status() << "\n" << Logs(job);
+  auto newer_save = [&] {
+    for (const fs::path& p : SavesInProgress(ckpt, victim)) {
+      if (StepOfFolder(p.parent_path().filename().string()) > complete->step) return true;
+    }
+    return false;
+  };
+  while (!newer_save() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  ASSERT_TRUE(newer_save()) << trial << ": worker " << victim_index
+                            << " started no save after step " << complete->step << "\n"
+                            << Logs(job);
+  std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  ASSERT_EQ(kill(victim, SIGKILL), 0) << trial;
+  // The kill landed inside the save: its temporary folder was never renamed into place.
+  std::vector<fs::path> torn = SavesInProgress(ckpt, victim);
+  ASSERT_EQ(torn.size(), 1u) << trial << ": the save ended before the kill (delay " << delay_ms
+                             << " ms)";
+  const fs::path torn_folder = torn[0].parent_path();
+  const int64_t torn_step = StepOfFolder(torn_folder.filename().string());
+  FinishAfterKills(job, {victim}, kCheckpointSteps, trial);
+
+  // The torn checkpoint never loads, and the recovery used an older, complete one.
+  StatusOr<CheckpointReader> r = CheckpointReader::Open(torn_folder.string());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << trial << ": " << r.status();
+  const std::string logs = Logs(job);
+  std::vector<int64_t> recovered;
+  const std::string before = "recovered at step ";
+  for (size_t at = logs.find(before); at != std::string::npos; at = logs.find(before, at + 1)) {
+    const size_t eol = logs.find('\n', at);
+    if (logs.substr(at, eol - at).find(" from checkpoint (newest") == std::string::npos) continue;
+    recovered.push_back(std::strtoll(logs.c_str() + at + before.size(), nullptr, 10));
+  }
+  ASSERT_FALSE(recovered.empty()) << trial << ": no recovery from a checkpoint\n" << logs;
+  for (int64_t step : recovered) {
+    EXPECT_LE(step, torn_step - 4) << trial << ": recovered at step " << step
+                                   << ", the torn save was of step " << torn_step;
+    bool complete = false;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+      if (e.path().filename().string().rfind("step-" + std::to_string(step) + "-g", 0) == 0 &&
+          CheckpointReader::Open(e.path().string()).ok()) {
+        complete = true;
+      }
+    }
+    EXPECT_TRUE(complete) << trial << ": no complete checkpoint of step " << step;
+  }
+  if (!::testing::Test::HasFailure()) {
+    job.launcher.reset();
+    fs::remove_all(job.dir);
+    fs::remove_all(ckpt);
+  }
+}
+
+TEST(FailureTest, SeededKillsDuringACheckpointSaveUseTheNewestCompleteOne) {
+  int trials = 2;
+  uint64_t first = 1;
+  if (const char* s = std::getenv("MORPH_TEST_SEED")) {
+    first = std::strtoull(s, nullptr, 10);
+    trials = 1;
+  }
+  for (int i = 0; i < trials && !HasFailure(); ++i) {
+    RunCheckpointTrial(first + static_cast<uint64_t>(i));
+  }
 }
 
 }  // namespace
