@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -376,6 +377,71 @@ TEST_F(LaunchTest, MpirunJobGrowsByAWorkerStartedOutsideIt) {
   std::string joined = ReadFile(dir_ / "joiner.log");
   EXPECT_NE(joined.find("after 0 reconfigurations"), std::string::npos) << joined;
   CheckSamples(dir_, kSteps);
+}
+// The ranks mpirun started, by OMPI_COMM_WORLD_RANK (its children, from /proc).
+std::map<int, pid_t> MpiRanks(pid_t mpirun) {
+  std::map<int, pid_t> ranks;
+  const std::string children = ReadFile("/proc/" + std::to_string(mpirun) + "/task/" +
+                                        std::to_string(mpirun) + "/children");
+  for (const std::string& c : NumbersAfter(" " + children, " ")) {
+    const std::string env = ReadFile("/proc/" + c + "/environ");
+    const std::string key = std::string(1, '\0') + "OMPI_COMM_WORLD_RANK=";
+    std::vector<std::string> rank = NumbersAfter(std::string(1, '\0') + env, key);
+    if (!rank.empty()) ranks[std::stoi(rank[0])] = std::stoi(c);
+  }
+  return ranks;
+}
+
+// Lines in the *.samples files of `dir` (steps trained, per DP rank).
+size_t SampleLines(const fs::path& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".samples") n += static_cast<size_t>(Count(ReadFile(e.path()), "\n"));
+  }
+  return n;
+}
+
+// mpirun --enable-recovery (Open MPI 4.1): a rank killed with SIGKILL mid-run, the other three go
+// on (hybrid ZeRO: the dead rank's pieces have replicas; dp 2 and a spare), complete the job and
+// mpirun exits 0. Rank 0 is spared: it hosts the coordinator (its death is the coordinator's,
+// see CoordinatorDeathTest). Skipped where this mpirun has no --enable-recovery.
+TEST_F(LaunchTest, MpirunEnableRecoveryGoesOnWithoutAKilledRank) {
+  std::map<std::string, std::string> env = WorkerEnv();
+  env["MORPH_TOKEN"] = "";
+  env["MORPH_CHANGE_TIMEOUT_MS"] = "15000";
+  std::vector<std::string> probe = Mpirun(1, {"/bin/true"}, {});
+  probe.insert(probe.begin() + 1, "--enable-recovery");
+  if (Exit(Spawn(probe, env, "probe.log"), 30000) != 0) {
+    GTEST_SKIP() << "mpirun has no --enable-recovery here: " << ReadFile(dir_ / "probe.log");
+  }
+  constexpr int64_t kSteps = 120;
+  std::vector<std::string> worker = Worker(kSteps, 40);
+  worker.insert(worker.end(), {"--variant", "hybrid2"});
+  std::vector<std::string> argv = Mpirun(4, worker, env);
+  argv.insert(argv.begin() + 1, "--enable-recovery");
+  pid_t p = Spawn(argv, env, "mpirun.log");
+  // Every rank trains a few steps first.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((MpiRanks(p).size() < 4 || SampleLines(dir_) < 4 * 5) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::map<int, pid_t> ranks = MpiRanks(p);
+  ASSERT_EQ(ranks.size(), 4u) << ReadFile(dir_ / "mpirun.log");
+  ASSERT_GE(SampleLines(dir_), 4u * 5) << Logs() << ReadFile(dir_ / "mpirun.log");
+  ASSERT_EQ(kill(ranks[2], SIGKILL), 0);
+  EXPECT_EQ(Exit(p, 90000), 0) << ReadFile(dir_ / "mpirun.log");
+  const std::string log = ReadFile(dir_ / "mpirun.log");
+  EXPECT_LT(SampleLines(dir_), 4u * kSteps) << "the job ended before the kill";
+  // The two ranks of the new generation recovered from the replicas, nothing lost; no worker
+  // failed (their errors: "BeginStep: ...", "AbortStep: ...", "step N: <wrong data>").
+  EXPECT_EQ(Count(log, "from replicas (newest "), 2) << log;
+  EXPECT_EQ(Count(log, " 0 steps lost"), 2) << log;
+  EXPECT_EQ(Count(log, "finished at step " + std::to_string(kSteps + 1)), 2) << log;
+  for (const char* bad : {": BeginStep: ", ": AbortStep: ", ": Finish: ", ", expected "}) {
+    EXPECT_EQ(log.find(bad), std::string::npos) << bad << "\n" << log;
+  }
+  CheckSamples(dir_, kSteps, /*retrained=*/true);
 }
 #endif  // MORPH_MPIEXEC
 
