@@ -205,7 +205,7 @@ void RunCheckpointTrial(uint64_t seed) {
                             " (MORPH_TEST_SEED=" + std::to_string(seed) + ")";
   const size_t victim_index = static_cast<size_t>(rand(0, 3));
   const int64_t after_step = rand(2, 10);
-  const int64_t delay_ms = rand(0, 40);  // into the save; a save lasts >= 150 ms at 8 KiB/s
+  const int64_t delay_ms = rand(0, 30);  // into the save; a save lasts >= 250 ms at 6 KiB/s
   constexpr int64_t kCheckpointSteps = 32;
   const fs::path ckpt = fs::temp_directory_path() / ("morph-failure-ckpt-save-" +
                                                      std::to_string(seed) + "-" +
@@ -216,7 +216,7 @@ void RunCheckpointTrial(uint64_t seed) {
                 .env = {{"MORPH_CHECKPOINT_DIR", ckpt.string()},
                         {"MORPH_CHECKPOINT_EVERY", "4"},
                         {"MORPH_CHECKPOINT_KEEP", "1000"},  // every folder stays for the checks
-                        {"MORPH_CHECKPOINT_MAX_BYTES_PER_S", "8KiB"},
+                        {"MORPH_CHECKPOINT_MAX_BYTES_PER_S", "6KiB"},
                         {"MORPH_CHANGE_TIMEOUT_MS", "15000"}}};
   Job job = StartJob("ckpt-save-" + std::to_string(seed), 4,
                      {{3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
@@ -233,9 +233,14 @@ void RunCheckpointTrial(uint64_t seed) {
     complete = LatestCompleteCheckpoint(ckpt.string());
   }
   ASSERT_TRUE(complete.ok()) << trial << ": " << complete.status() << "\n" << Logs(job);
+  // A save that starts from now on (one already under way may be about to end).
+  const std::vector<fs::path> already = SavesInProgress(ckpt, victim);
   auto newer_save = [&] {
     for (const fs::path& p : SavesInProgress(ckpt, victim)) {
-      if (StepOfFolder(p.parent_path().filename().string()) > complete->step) return true;
+      if (StepOfFolder(p.parent_path().filename().string()) > complete->step &&
+          std::find(already.begin(), already.end(), p) == already.end()) {
+        return true;
+      }
     }
     return false;
   };
