@@ -248,6 +248,18 @@ void Agent::RequestLeave(const std::string& reason) {
 
 Status Agent::SendDone() { return client_->Send(DoneMsg{}); }
 
-Status Agent::SendFailure(const FailureReportMsg& report) { return client_->Send(report); }
+Status Agent::SendFailure(const FailureReportMsg& report) {
+  // A failure report right after the coordinator died (its death aborted the step) says so,
+  // as BeginStep would, rather than what the socket said.
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!connection_.ok()) return connection_;
+  }
+  Status s = client_->Send(report);
+  if (s.code() == StatusCode::kUnavailable) {
+    return UnavailableError("connection to the coordinator lost: " + std::string(s.message()));
+  }
+  return s;
+}
 
 }  // namespace morph

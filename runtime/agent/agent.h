@@ -103,7 +103,8 @@ class Agent {
   void RequestLeave(const std::string& reason);
   // Sends Done: this worker's training ended normally. Any thread.
   Status SendDone();
-  // Sends a FailureReport (Runtime::AbortStep). Any thread.
+  // Sends a FailureReport (Runtime::AbortStep). Any thread. kUnavailable ("connection to the
+  // coordinator lost: ...") when the coordinator is gone.
   Status SendFailure(const FailureReportMsg& report);
   // Closes the connection and joins the control thread. Idempotent.
   void Close();

@@ -136,7 +136,9 @@ class Runtime {
   // Ends the open step as failed: a collective returned an error (kAborted after the runtime
   // aborted it because a peer failed, kUnavailable / kDeadlineExceeded with the failed peers).
   // Tells the coordinator which peers `why` names (its CollectiveFailure), so that it starts a
-  // recovery; the next BeginStep applies it. kFailedPrecondition if no step is open.
+  // recovery; the next BeginStep applies it. kFailedPrecondition if no step is open;
+  // kUnavailable ("connection to the coordinator lost: ...") when the coordinator is gone (its
+  // death aborted the step): the job cannot go on, end the program.
   Status AbortStep(const Status& why);
 
   // True once this worker left the job (its state moved away) or was released.

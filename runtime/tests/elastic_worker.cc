@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
   });
   while (true) {
     auto step = r.BeginStep();
-    if (!step.ok()) return Fail(4, "BeginStep: " + std::string(step.status().message()));
+    if (!step.ok()) return Fail(4, "BeginStep: " + step.status().ToString());
     if (step->done()) break;
     const int64_t s = step->index();
     if (s >= steps) {
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
       // A peer failed (or the runtime aborted the collective for a recovery): this step did
       // not happen; BeginStep recovers.
       morph::Status a = r.AbortStep(st);
-      if (!a.ok()) return Fail(4, "AbortStep: " + std::string(a.message()));
+      if (!a.ok()) return Fail(4, "AbortStep: " + a.ToString());
       ++aborted_steps;
       continue;
     }
@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
                                  std::chrono::milliseconds(60000));
     if (!st.ok()) {
       morph::Status a = r.AbortStep(st);
-      if (!a.ok()) return Fail(4, "AbortStep: " + std::string(a.message()));
+      if (!a.ok()) return Fail(4, "AbortStep: " + a.ToString());
       ++aborted_steps;
       continue;
     }
