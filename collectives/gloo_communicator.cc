@@ -788,9 +788,13 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   GlooStoreAdapter adapter(&scoped, deadline);
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(
-        std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
-                                      Min(deadline, Deadline::AfterMs(3600000)).Remaining())));
+    // Gloo waits up to 5x the context's timeout for a pair to connect (tcp/pair.h waitUntil:
+    // "a longer timeout when waiting for initial connect"): a fifth of what is left keeps the
+    // rendezvous within the deadline when a peer goes silent. Operations pass their own
+    // timeouts, so nothing else reads this one.
+    context->setTimeout(std::max(
+        milliseconds(1), std::chrono::duration_cast<milliseconds>(
+                             Min(deadline, Deadline::AfterMs(3600000)).Remaining()) / 5));
     ScopedSigpipeBlock no_sigpipe;
     context->connectFullMesh(adapter, device->impl()->device);
     impl->context_ = std::move(context);
