@@ -13,6 +13,7 @@ PACKAGES=(
   nlohmann-json3-dev
   openmpi-bin libopenmpi-dev
   procps
+  iproute2         # netns_test: hosts as network namespaces (ip netns, veth, bridge)
   prometheus  # promtool, for http_api_test (checks /metrics); 19 MB download
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
   libopenblas-dev  # examples/gpt: matrix products
