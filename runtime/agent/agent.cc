@@ -11,6 +11,10 @@ StatusOr<std::unique_ptr<Agent>> Agent::Connect(const std::string& address,
                                                 AgentOptions options, Deadline deadline) {
   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> client,
                          ControlClient::Connect(address, hello, reg, deadline));
+  if (options.coordinator_timeout_ms > 0) {
+    MORPH_RETURN_IF_ERROR(client->SetUnackedTimeout(
+        std::chrono::milliseconds(options.coordinator_timeout_ms)));
+  }
   return std::unique_ptr<Agent>(new Agent(std::move(client), std::move(options)));
 }
 

@@ -40,6 +40,9 @@ namespace morph {
 
 struct AgentOptions {
   int64_t heartbeat_ms = 1000;
+  // Heartbeats unacknowledged this long mean the coordinator's host went silent: the
+  // connection counts as lost (ControlClient::SetUnackedTimeout). 0: TCP's own limit.
+  int64_t coordinator_timeout_ms = 0;
   // Called on the control thread when a prepare names this worker as a participant (old rank
   // or joiner): the runtime starts building the new generation beside the running one, and
   // calls `ready` (any thread, once) when that is done, or failed. Only then does the agent

@@ -75,7 +75,10 @@ struct Options {
 
   // --- timing ---
   int64_t heartbeat_ms = 1000;           // MORPH_HEARTBEAT_MS
-  int64_t heartbeat_timeout_ms = 10000;  // MORPH_HEARTBEAT_TIMEOUT_MS (hosted coordinator; 0: never)
+  // MORPH_HEARTBEAT_TIMEOUT_MS: a worker silent this long is lost (hosted coordinator), and a
+  // coordinator host that acknowledges none of this worker's heartbeats this long is gone
+  // (the connection is closed: BeginStep returns kUnavailable). 0: never / TCP's own limit.
+  int64_t heartbeat_timeout_ms = 10000;
   int64_t start_timeout_ms = 300000;     // MORPH_START_TIMEOUT_MS: Start's whole wait
   int64_t change_timeout_ms = 300000;    // MORPH_CHANGE_TIMEOUT_MS: one reconfiguration
   int64_t leave_deadline_ms = 30000;     // MORPH_LEAVE_DEADLINE_MS: SIGTERM -> state moved away

@@ -505,6 +505,7 @@ Status Runtime::Impl::Bootstrap() {
 
   AgentOptions ao;
   ao.heartbeat_ms = opts.heartbeat_ms;
+  ao.coordinator_timeout_ms = opts.heartbeat_timeout_ms;  // a silent coordinator host is lost
   ao.on_prepare = [this](const PrepareMsg& p, std::function<void()> ready) {
     StartPrepare(p, std::move(ready));
   };

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -169,6 +170,16 @@ ControlClient::ControlClient(int fd, std::string address) : fd_(fd), address_(st
 ControlClient::~ControlClient() {
   Close();
   ::close(fd_);
+}
+
+Status ControlClient::SetUnackedTimeout(std::chrono::milliseconds timeout) {
+  const unsigned int ms = static_cast<unsigned int>(
+      std::clamp<int64_t>(timeout.count(), 0, std::numeric_limits<int>::max()));
+  if (::setsockopt(fd_, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms)) != 0) {
+    return InternalError("control connection to " + address_ + ": TCP_USER_TIMEOUT " +
+                         std::to_string(ms) + " ms: " + std::strerror(errno));
+  }
+  return Status::Ok();
 }
 
 void ControlClient::Close() {

@@ -21,6 +21,7 @@
 #define MORPH_RUNTIME_PROTOCOL_CONTROL_CLIENT_H_
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,6 +62,12 @@ class ControlClient {
   // An ErrorMsg from the coordinator is not returned as a message: it closes the connection and
   // Receive returns kUnavailable. One thread at a time.
   StatusOr<WireMessage> Receive(Deadline deadline);
+  // Data sent and left unacknowledged for `timeout` closes the connection (TCP_USER_TIMEOUT):
+  // then Send and Receive return kUnavailable. With heartbeats going out, a coordinator whose
+  // host went silent (link down, host frozen: no connection closes) is noticed within
+  // `timeout` instead of TCP's retransmission limit (about 15 minutes). 0: the kernel's
+  // default. kInternal when the socket refuses the option. Any thread.
+  Status SetUnackedTimeout(std::chrono::milliseconds timeout);
   // Closes the connection; a blocked Receive returns kUnavailable promptly. Any thread;
   // idempotent.
   void Close();

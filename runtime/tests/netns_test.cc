@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -160,6 +161,7 @@ TEST_F(NetnsTest, AHostCutOffIsDetectedByHeartbeatAndTheJobGoesOn) {
                              {"MORPH_TOKEN_FILE", ""},
                              {"MORPH_COORDINATOR_FILE", ""},
                              {"MORPH_HEARTBEAT_MS", "50"},
+                             {"MORPH_HEARTBEAT_TIMEOUT_MS", std::to_string(kHeartbeatTimeoutMs)},
                              {"MORPH_CHANGE_TIMEOUT_MS", "15000"},
                              {"MORPH_START_TIMEOUT_MS", "60000"},
                              {"MORPH_GLOO_HOSTNAME", Address(i)}},
@@ -207,10 +209,27 @@ TEST_F(NetnsTest, AHostCutOffIsDetectedByHeartbeatAndTheJobGoesOn) {
   EXPECT_NE(logs.find("from replicas (newest "), std::string::npos) << logs;
   std::printf("netns: host %d cut off; the job completed %.1f s later (heartbeat timeout %.1f s)\n",
               kCut, seconds, kHeartbeatTimeoutMs / 1e3);
-  // The cut-off worker cannot reach anyone; it is killed in TearDown. Its samples stop at the
-  // cut, which the check allows (a step trained again later counts from its latest generation).
-  kill(workers[kCut], SIGKILL);
-  WaitExit(workers[kCut], 5000);
+  // The cut-off worker cannot reach anyone: its heartbeats go unacknowledged, so after the
+  // heartbeat timeout it takes the coordinator as gone, aborts its collectives and stops
+  // (exit 4, UNAVAILABLE) instead of waiting alone.
+  const int64_t bound_ms = kHeartbeatTimeoutMs + 8000;
+  const int64_t left = bound_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      Clock::now() - cut).count();
+  std::optional<int> cut_code = WaitExit(workers[kCut], std::max<int64_t>(left, 0));
+  EXPECT_TRUE(cut_code.has_value()) << "the cut-off worker still runs " << bound_ms
+                                    << " ms after the cut\n"
+                                    << ReadFile(dir_ / ("worker-" + std::to_string(kCut) + ".log"));
+  if (cut_code) {
+    EXPECT_EQ(*cut_code, 4);
+    const std::string cut_log = ReadFile(dir_ / ("worker-" + std::to_string(kCut) + ".log"));
+    EXPECT_NE(cut_log.find("Step: UNAVAILABLE: connection to the coordinator lost"),
+              std::string::npos)
+        << cut_log;
+  }
+  std::printf("netns: the cut-off worker stopped %.1f s after the cut\n",
+              std::chrono::duration<double>(Clock::now() - cut).count());
+  // Its samples stop at the cut, which the check allows (a step trained again later counts
+  // from its latest generation).
   testing::CheckSamples(dir_, kSteps, /*retrained=*/true);
 }
 
