@@ -9,7 +9,8 @@
 // A kill during a periodic checkpoint's save (writes slowed by MORPH_CHECKPOINT_MAX_BYTES_PER_S)
 // leaves a torn checkpoint folder that the recovery never uses: it rolls back to an older one.
 //
-// MORPH_FAILURE_TRIALS (default 20) sets the number of seeded trials; MORPH_TEST_SEED runs one.
+// MORPH_FAILURE_TRIALS (default 20) sets the number of seeded trials; MORPH_TEST_SEED runs one;
+// MORPH_TEST_KEEP keeps every trial's logs (under the temp folder, morph-elastic-kill-*).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -101,7 +102,7 @@ void RunTrial(uint64_t seed) {
   FinishAfterKills(job, victims, kSteps, trial + " moment " + std::to_string(moment));
   if (!::testing::Test::HasFailure()) {
     job.launcher.reset();
-    std::filesystem::remove_all(job.dir);
+    if (std::getenv("MORPH_TEST_KEEP") == nullptr) std::filesystem::remove_all(job.dir);
   }
 }
 
