@@ -150,7 +150,13 @@ template <typename S>
 int Newest(const std::array<S, 2>& slots) {
   int best = -1;
   for (int i = 0; i < 2; ++i) {
-    if (slots[i].complete && (best < 0 || slots[i].data.step > slots[best].data.step)) best = i;
+    // By (generation, step): after a rollback a later generation's copy is newer than an
+    // older generation's copy of a later step.
+    if (slots[i].complete &&
+        (best < 0 || std::pair(slots[i].data.generation, slots[i].data.step) >
+                         std::pair(slots[best].data.generation, slots[best].data.step))) {
+      best = i;
+    }
   }
   return best;
 }
@@ -621,18 +627,44 @@ int64_t BuddySnapshotter::held_generation() const {
   return i < 0 ? -1 : held_[i].data.generation;
 }
 
-const SnapshotData* BuddySnapshotter::Local(int64_t step) const {
+namespace {
+template <typename S>
+std::vector<int64_t> CompleteSteps(const std::array<S, 2>& slots, int64_t generation) {
+  std::vector<int64_t> out;
+  for (const S& s : slots) {
+    if (s.complete && s.data.generation == generation) out.push_back(s.data.step);
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+}  // namespace
+
+std::vector<int64_t> BuddySnapshotter::LocalSteps(int64_t generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CompleteSteps(local_, generation);
+}
+
+std::vector<int64_t> BuddySnapshotter::HeldSteps(int64_t generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CompleteSteps(held_, generation);
+}
+
+const SnapshotData* BuddySnapshotter::Local(int64_t step, int64_t generation) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Slot& s : local_) {
-    if (s.complete && s.data.step == step) return &s.data;
+    if (s.complete && s.data.step == step && (generation < 0 || s.data.generation == generation)) {
+      return &s.data;
+    }
   }
   return nullptr;
 }
 
-const SnapshotData* BuddySnapshotter::Held(int64_t step) const {
+const SnapshotData* BuddySnapshotter::Held(int64_t step, int64_t generation) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Slot& s : held_) {
-    if (s.complete && s.data.step == step) return &s.data;
+    if (s.complete && s.data.step == step && (generation < 0 || s.data.generation == generation)) {
+      return &s.data;
+    }
   }
   return nullptr;
 }

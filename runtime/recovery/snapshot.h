@@ -157,10 +157,15 @@ class BuddySnapshotter {
   int64_t held_step() const;
   int held_rank() const;
   int64_t held_generation() const;
-  // The complete local / held copy of `step`, or null when not held (either buffer: the
-  // newest or the one before it). Valid until the next MaybeBegin or StartGeneration.
-  const SnapshotData* Local(int64_t step) const;
-  const SnapshotData* Held(int64_t step) const;
+  // Steps of the complete local / held copies of generation `generation` (at most two each),
+  // newest first: what a recovery report says this rank can serve.
+  std::vector<int64_t> LocalSteps(int64_t generation) const;
+  std::vector<int64_t> HeldSteps(int64_t generation) const;
+  // The complete local / held copy of `step` (taken in `generation`; -1: any), or null when not
+  // held (either buffer: the newest or the one before it). Valid until the next MaybeBegin or
+  // StartGeneration.
+  const SnapshotData* Local(int64_t step, int64_t generation = -1) const;
+  const SnapshotData* Held(int64_t step, int64_t generation = -1) const;
   // Host bytes held in snapshot buffers (two local, two held).
   int64_t memory_bytes() const;
 
