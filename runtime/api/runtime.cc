@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -151,7 +152,9 @@ struct Runtime::Impl {
     const int rank = gen.RankOf(agent->id());
     snapshot_warned = false;
     if (!snapshots || rank < 0 || !store) return;
-    Deadline d = Deadline::AfterMs(opts.change_timeout_ms);
+    // Bounded more tightly than a change: it runs in the switch's stall, and a peer that died
+    // right after the switch would hold the training thread here (the abort cannot reach it).
+    Deadline d = Deadline::AfterMs(std::min<int64_t>(opts.change_timeout_ms, 30000));
     Status st = [&]() -> Status {
       char name[256] = {};
       std::string host = opts.host;
