@@ -39,10 +39,9 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
   SwitchStats stats = sw.planned_;
   const auto t_plan = Clock::now();
   const std::vector<WorkerId>& holders = commit.recovery.snapshot_holders;
-  MORPH_ASSIGN_OR_RETURN(SnapshotChangePlan plan,
-                         PlanForSnapshot(sw.manifest_, sw.from_, commit.next, commit.change,
-                                         holders),
-                         gen);
+  MORPH_ASSIGN_OR_RETURN(
+      SnapshotChangePlan plan,
+      PlanForSnapshot(sw.manifest_, sw.from_, commit.next, commit.change, holders), gen);
   if (plan.digest != commit.next.plan_digest) {
     return FailedPreconditionError(gen + ": plan digest mismatch: coordinator " +
                                    DigestHex(commit.next.plan_digest) + ", computed " +
@@ -60,8 +59,7 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
   for (size_t r = 0; r < holders.size(); ++r) {
     if (holders[r] == sw.me_ && sw.from_.ranks[r] != sw.me_) ward = static_cast<int>(r);
   }
-  auto sources = [&](const LocalPlan& p, bool held,
-                     std::vector<OldShardData>& olds) -> Status {
+  auto sources = [&](const LocalPlan& p, bool held, std::vector<OldShardData>& olds) -> Status {
     if (!HasOldShards(p)) return Status::Ok();
     const int rank = held ? ward : sw.old_rank_;
     const std::string what = (held ? "the copy it holds of old rank " : "its own copy (old rank ") +
@@ -110,7 +108,8 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     const int64_t bytes = s->NumElements() * DTypeSize(rounds.own.tensors[t].dtype);
     if (bytes == 0) continue;
     StatusOr<Buffer> b = state.AllocateShard(t, bytes);
-    if (!b.ok()) return fail(b.status(), "new shard of tensor '" + rounds.own.tensors[t].name + "'");
+    if (!b.ok())
+      return fail(b.status(), "new shard of tensor '" + rounds.own.tensors[t].name + "'");
     buffers[t] = std::move(b).value();
     stats.new_bytes += bytes;
     news.push_back({rounds.own.tensors[t].name, rounds.own.tensors[t].dtype, buffers[t].view()});

@@ -631,8 +631,8 @@ TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
   p.change.lost = {dead};
   p.change.recovery = true;
   const std::vector<WorkerId> survivors = {1, 3, 4};
-  MORPH_ASSERT_OK_AND_ASSIGN(p.next.ranks,
-                             AssignRanks(c.manifest_, from, p.change.lost, survivors, p.next.config));
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      p.next.ranks, AssignRanks(c.manifest_, from, p.change.lost, survivors, p.next.config));
   p.change.participants = ParticipantOrder(from, p.change.lost, p.next.ranks);
   std::vector<StepReportMsg> reports;
   for (WorkerId w : survivors) {

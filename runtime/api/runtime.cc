@@ -148,6 +148,8 @@ struct Runtime::Impl {
                    << "'s collectives: " << why;
       groups->AbortAll();
     }
+    // A snapshot round waiting on a dead peer would hold the training thread in BeginStep.
+    if (snapshots) snapshots->Abort();
   }
 
   // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.

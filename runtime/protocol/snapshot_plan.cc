@@ -82,8 +82,9 @@ StatusOr<SnapshotChangePlan> PlanForSnapshot(const JobManifest& manifest, const 
   }
   const std::set<WorkerId> stale(change.stale.begin(), change.stale.end());
   if (stale != expected_stale || stale.size() != change.stale.size()) {
-    return InvalidArgumentError(gen + ": stale workers must be exactly the live old ranks "
-                                      "served by their buddy's copy");
+    return InvalidArgumentError(gen +
+                                ": stale workers must be exactly the live old ranks "
+                                "served by their buddy's copy");
   }
   SnapshotChangePlan out;
   MORPH_ASSIGN_OR_RETURN(out.own, PlanForChange(manifest, from, next, change), gen);
@@ -103,10 +104,9 @@ StatusOr<SnapshotChangePlan> PlanForSnapshot(const JobManifest& manifest, const 
   a.participant_of_new_rank = out.own.planner->assignment().participant_of_new_rank;
   MORPH_ASSIGN_OR_RETURN(Planner held, Planner::Create(std::move(in), std::move(a)),
                          gen << ": the held copies' round");
-  const uint64_t held_digest =
-      WithMessageLayout(held.digest(), out.own.executor,
-                        static_cast<int>(out.own.participants.size()))
-          .combined();
+  const uint64_t held_digest = WithMessageLayout(held.digest(), out.own.executor,
+                                                 static_cast<int>(out.own.participants.size()))
+                                   .combined();
   out.held.emplace(std::move(held));
   out.digest = DigestHasher().Add("snapshot").Add(out.own.digest).Add(held_digest).value();
   return out;
@@ -120,11 +120,10 @@ StatusOr<SnapshotRounds> PlanSnapshotRounds(const SnapshotChangePlan& plan, int3
                          "snapshot recovery, own copies");
   auto data_loss = [&](const PieceMove& m, const Box& box) {
     const std::string name = out.own.tensors.at(static_cast<size_t>(m.tensor)).name;
-    return DataLossError("no snapshot copy of tensor '" + name + "' box " + box.ToString() +
-                         " (needed by participant " + std::to_string(participant) +
-                         ", worker " +
-                         std::to_string(plan.own.participants.at(static_cast<size_t>(participant))) +
-                         ")");
+    return DataLossError(
+        "no snapshot copy of tensor '" + name + "' box " + box.ToString() +
+        " (needed by participant " + std::to_string(participant) + ", worker " +
+        std::to_string(plan.own.participants.at(static_cast<size_t>(participant))) + ")");
   };
   if (!plan.held) {
     if (!lost_own.empty()) return data_loss(lost_own.front(), lost_own.front().box);

@@ -20,7 +20,8 @@
 //       PlanForSnapshot(manifest, from, commit.next, commit.change, holders));
 //   if (plan.digest != commit.next.plan_digest) -> kFailedPrecondition
 //   MORPH_ASSIGN_OR_RETURN(SnapshotRounds mine, PlanSnapshotRounds(plan, participant));
-//   ExecutePlan(mine.own, <own local copy>, news, ...); ExecutePlan(mine.held, <held copy>, news, ...);
+//   ExecutePlan(mine.own, <own local copy>, news, ...); ExecutePlan(mine.held, <held copy>, news,
+//   ...);
 //
 // Pure functions; any thread. Cost: round B's cut plans for this participant's round-B peers
 // (their round-A plans), proportional to their pieces.

@@ -267,8 +267,11 @@ void BuddySnapshotter::EndGeneration() {
     }
   }
   JoinRound();
-  to_buddy_.reset();
-  from_ward_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // Abort() reads them
+    to_buddy_.reset();
+    from_ward_.reset();
+  }
   generation_ = -1;
   buddy_ = ward_ = -1;
   broken_ = Status::Ok();
@@ -276,6 +279,13 @@ void BuddySnapshotter::EndGeneration() {
   copy_status_ = Status::Ok();
   exchange_status_ = Status::Ok();
   copied_ = true;
+}
+
+void BuddySnapshotter::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!running_) return;
+  if (to_buddy_) to_buddy_->Abort();
+  if (from_ward_) from_ward_->Abort();
 }
 
 Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration& g,
@@ -323,8 +333,11 @@ Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration&
     buddy_ = ward_ = -1;
     return s;
   }
-  to_buddy_ = std::move(buddy_comm).value();
-  from_ward_ = std::move(ward_comm).value();
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // Abort() reads them
+    to_buddy_ = std::move(buddy_comm).value();
+    from_ward_ = std::move(ward_comm).value();
+  }
   MORPH_VLOG(1, log_) << "snapshots: buddy rank " << buddy_ << " (host "
                       << hosts_[static_cast<size_t>(buddy_)] << "), ward rank " << ward_;
   return Status::Ok();
