@@ -665,6 +665,20 @@ TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
   EXPECT_EQ(choice.decision.snapshot_holders, (std::vector<WorkerId>{1, 4, 3, 4}));
   EXPECT_NE(choice.explanation.find("from snapshot of step " + std::to_string(snap_step)),
             std::string::npos);
+  {
+    // A checkpoint of a later step loses fewer steps and wins; one of an earlier step does not.
+    StatusOr<RecoveryChoice> newer = ChooseRecovery(
+        c.manifest_, from, p.next, p.change, reports,
+        RecoveryCheckpoint{.step = snap_step + 1, .path = "/ckpt/newer"});
+    ASSERT_TRUE(newer.ok()) << newer.status();
+    EXPECT_EQ(newer->decision.source, RecoveryDecision::Source::kCheckpoint);
+    EXPECT_EQ(newer->resume_step, snap_step + 1);
+    StatusOr<RecoveryChoice> older = ChooseRecovery(
+        c.manifest_, from, p.next, p.change, reports,
+        RecoveryCheckpoint{.step = snap_step, .path = "/ckpt/same"});
+    ASSERT_TRUE(older.ok()) << older.status();
+    EXPECT_EQ(older->decision.source, RecoveryDecision::Source::kSnapshot);
+  }
 
   auto edit = [&](CommitMsg& commit) {
     commit.next.start_step = choice.resume_step;

@@ -178,7 +178,9 @@ StatusOr<RecoveryChoice> ChooseRecovery(const JobManifest& manifest, const Gener
   MORPH_ASSIGN_OR_RETURN(
       std::optional<RecoveryChoice> snap,
       ChooseSnapshot(manifest, from, next, change, old_alive, by_worker, snapshot_missing), gen);
-  if (snap) {
+  // A newer complete checkpoint loses fewer steps than an older snapshot (a tie: the snapshot,
+  // served from memory).
+  if (snap && !(checkpoint && checkpoint->step > snap->resume_step)) {
     snap->decision.newest_step = newest;
     snap->explanation += ": no surviving copy of " + first_missing;
     return *std::move(snap);

@@ -12,7 +12,8 @@
 //      the rank's copy of k (its buddy); and the two exchange rounds of runtime/protocol/
 //      snapshot_plan.h cover every new piece. Everyone rolls back to k: source kSnapshot,
 //      decision.snapshot_holders = the worker serving each old rank, `stale` = the live old
-//      ranks served by their buddy (their own copy is missing);
+//      ranks served by their buddy (their own copy is missing) — unless the checkpoint below
+//      is of a later step (it loses fewer steps);
 //   3. else the latest complete checkpoint: everyone rolls back to it;
 //   4. else kDataLoss naming the tensor and box that has no copy left.
 //
