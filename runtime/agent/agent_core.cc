@@ -54,14 +54,16 @@ std::optional<StepReportMsg> AgentCore::OnRecoveryBuilt(int64_t generation) {
 }
 
 std::optional<StepReportMsg> AgentCore::OnRecoveryState(int64_t state_step, bool state_ok,
-                                                        const SnapshotHoldings& snapshots) {
+                                                        const SnapshotHoldings& snapshots,
+                                                        int64_t undo_step) {
   if (recovery_ == 0 || recovery_state_) return std::nullopt;
   recovery_state_ = StepReportMsg{.worker = me_,
                                   .generation = recovery_,
                                   .last_free_step = state_step,
                                   .state_step = state_step,
                                   .state_ok = state_ok,
-                                  .snapshots = snapshots};
+                                  .snapshots = snapshots,
+                                  .undo_step = undo_step};
   return RecoveryReportIfComplete();
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "runtime/agent/agent.h"
 #include "runtime/agent/switch.h"
 #include "runtime/api/bootstrap.h"
+#include "runtime/api/undo.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
@@ -150,6 +152,20 @@ struct Runtime::Impl {
     }
     // A snapshot round waiting on a dead peer would hold the training thread in BeginStep.
     if (snapshots) snapshots->Abort();
+  }
+
+  // MORPH_UNDO_COPY: this rank's state as it was at its last BeginUpdate.
+  UndoCopy undo;
+  bool undo_warned = false;
+  int64_t UndoStep() { return opts.undo_copy ? undo.StepFor(state, gen.id) : -1; }
+  void PutBackUndo() {
+    const int64_t v = UndoStep();
+    LOG(INFO) << "worker " << agent->id() << ": recovery: put back the undo copy of step " << v
+              << " (the state was " << (torn || !state.intact() ? "torn" : "whole") << " at step "
+              << next_step << ")";
+    undo.PutBack(state);
+    torn = false;
+    next_step = v;
   }
 
   // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.
@@ -392,6 +408,14 @@ struct Runtime::Impl {
             1e9;
       }
     }
+    if (c.change.recovery && !r.stale &&
+        c.recovery.source == RecoveryDecision::Source::kReplicas) {
+      // The commit resumes at a step this worker holds (ChooseRecovery): its live state if whole
+      // there, else its undo copy (the same rule as ChooseRecovery's).
+      const int64_t v = c.next.start_step;
+      const bool whole = !torn && state.intact();
+      if (!(whole && next_step == v) && UndoStep() == v) PutBackUndo();
+    }
     Status st = Reshard(c, deadline, r);
     if (!st.ok()) {
       LOG(ERROR) << "worker " << agent->id() << ": switch to generation " << c.next.id
@@ -517,15 +541,18 @@ struct Runtime::Impl {
           // A recovery: the step the state holds, and whether it is whole.
           const bool whole = !torn && state.intact();
           const SnapshotHoldings snaps = EndSnapshots();
+          const int64_t undo_step = UndoStep();
           LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step
                     << (whole ? " (whole)" : " (torn)")
+                    << (undo_step >= 0 ? ", undo copy of step " + std::to_string(undo_step)
+                                       : std::string())
                     << (snapshots ? "; snapshots: own " + std::to_string(snaps.local_step) + "/" +
                                         std::to_string(snaps.local_prev_step) + ", held " +
                                         std::to_string(snaps.held_step) + "/" +
                                         std::to_string(snaps.held_prev_step) + " of rank " +
                                         std::to_string(snaps.held_rank)
                                   : std::string());
-          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole, snaps));
+          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole, snaps, undo_step));
           break;
         }
         case AgentCore::Action::kCannotSwitch: {
@@ -785,6 +812,13 @@ void Runtime::BeginUpdate() {
       m.snapshot_warned = true;
       LOG(WARNING) << "worker " << m.agent->id() << ": snapshot of step " << m.next_step
                    << " not copied: " << c;
+    }
+  }
+  if (m.opts.undo_copy && m.in_step && !m.updating) {
+    Status s = m.undo.Take(m.state, m.next_step, m.gen.id);
+    if (!s.ok() && !m.undo_warned) {
+      LOG(WARNING) << "worker " << m.agent->id() << ": no undo copy: " << s;
+      m.undo_warned = true;
     }
   }
   m.updating = true;

@@ -100,6 +100,10 @@ struct StepReportMsg {
   bool state_ok = true;
   // Buddy snapshots (MORPH_SNAPSHOT_EVERY), recovery prepares only.
   SnapshotHoldings snapshots;
+  // MORPH_UNDO_COPY: the step of the copy of its state this worker took at its last
+  // BeginUpdate, which it can put back locally (-1: none). A worker whose update went through
+  // while a peer's did not (the commit vote reached some ranks only) can thus go back a step.
+  int64_t undo_step = -1;
   friend bool operator==(const StepReportMsg&, const StepReportMsg&) = default;
 };
 

@@ -413,6 +413,7 @@ void Put(Writer& w, const StepReportMsg& m) {
   w.I64(m.snapshots.held_step);
   w.I64(m.snapshots.held_prev_step);
   w.I64(m.snapshots.held_rank);
+  w.I64(m.undo_step);
 }
 void Get(Reader& r, StepReportMsg& m) {
   m.worker = r.I64("worker");
@@ -425,6 +426,7 @@ void Get(Reader& r, StepReportMsg& m) {
   m.snapshots.held_step = r.I64("snapshots.held_step");
   m.snapshots.held_prev_step = r.I64("snapshots.held_prev_step");
   m.snapshots.held_rank = r.I64("snapshots.held_rank");
+  m.undo_step = r.I64("undo_step");
 }
 void Put(Writer& w, const AbortMsg& m) {
   w.I64(m.generation);
