@@ -16,6 +16,7 @@
 #include "runtime/agent/agent.h"
 #include "runtime/agent/switch.h"
 #include "runtime/api/bootstrap.h"
+#include "runtime/api/data_plane.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
@@ -66,6 +67,7 @@ struct Runtime::Impl {
   std::unique_ptr<TcpStoreClient> store;  // the job's store, generation of the last change
   std::shared_ptr<GlooDevice> device;
   CommunicatorFactory factory;
+  bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
   std::unique_ptr<GroupSet> groups;
   // Guards the `groups` pointer against the control thread's abort (the training thread reads
   // it unlocked: only it replaces it, under this mutex).
@@ -130,6 +132,8 @@ struct Runtime::Impl {
   SwitchOptions SwitchOpts() const {
     SwitchOptions s;
     s.keep_old_until_barrier = opts.keep_old_until_barrier;
+    // The change communicator is Gloo (host memory only): CUDA shards go through host copies.
+    s.stage_old_in_host = cuda_state;
     s.restore_checkpoint = [](const std::string& path, State& st) {
       return RestoreFromCheckpoint(path, st);
     };
@@ -461,6 +465,9 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
     MORPH_RETURN_IF_ERROR(declare(impl->state));
   }
   impl->state.Seal();
+  for (size_t t = 0; t < impl->state.tensors().size(); ++t) {
+    if (impl->state.memory_of(t) == MemoryKind::kCuda) impl->cuda_state = true;
+  }
   JobManifest& m = impl->manifest;
   m.model = o.model;
   impl->state.FillManifest(m);
@@ -500,7 +507,10 @@ Status Runtime::Impl::Bootstrap() {
   if (!boot.data_hostname.empty()) gloo.hostname = boot.data_hostname;
   gloo.iface = opts.data_iface;
   MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(gloo));
-  factory = GlooFactory(device);
+  // The step groups on the chosen backend (NCCL: this thread's CUDA device set here, before any
+  // CUDA shard is allocated); reconfiguration traffic on Gloo (runtime/api/data_plane.h).
+  MORPH_ASSIGN_OR_RETURN(DataPlane data_plane, MakeDataPlane(opts, device));
+  factory = std::move(data_plane.factory);
 
   AgentOptions ao;
   ao.heartbeat_ms = opts.heartbeat_ms;
