@@ -788,9 +788,13 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   GlooStoreAdapter adapter(&scoped, deadline);
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(
-        std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
-                                      Min(deadline, Deadline::AfterMs(3600000)).Remaining())));
+    // Gloo waits up to 5x the context timeout for a pair's first connection (tcp/pair.h
+    // waitUntil), one pair after another: a fifth of what is left keeps the whole rendezvous
+    // inside `deadline` when a peer published its address and died before connecting.
+    // Operations carry their own timeouts (CollectiveOp::timeout), never this default.
+    const milliseconds left = std::chrono::duration_cast<milliseconds>(
+        Min(deadline, Deadline::AfterMs(3600000)).Remaining());
+    context->setTimeout(std::max(milliseconds(1), left / 5));
     ScopedSigpipeBlock no_sigpipe;
     context->connectFullMesh(adapter, device->impl()->device);
     impl->context_ = std::move(context);

@@ -6,7 +6,8 @@
 // the fixed global order (a step trained again after a recovery counts once, from its latest
 // generation). With plain ZeRO a death loses pieces: the job stops with kDataLoss naming one.
 //
-// MORPH_FAILURE_TRIALS (default 20) sets the number of seeded trials; MORPH_TEST_SEED runs one.
+// MORPH_FAILURE_TRIALS (default 20) sets the number of seeded trials; MORPH_TEST_SEED runs one;
+// MORPH_TEST_KEEP keeps every trial's logs (under the temp folder, morph-elastic-kill-*).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -96,7 +97,7 @@ void RunTrial(uint64_t seed) {
   FinishAfterKills(job, victims, kSteps, trial + " moment " + std::to_string(moment));
   if (!::testing::Test::HasFailure()) {
     job.launcher.reset();
-    std::filesystem::remove_all(job.dir);
+    if (std::getenv("MORPH_TEST_KEEP") == nullptr) std::filesystem::remove_all(job.dir);
   }
 }
 
