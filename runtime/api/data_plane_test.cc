@@ -17,8 +17,6 @@
 #include "runtime/api/runtime.h"
 
 #if MORPH_WITH_CUDA
-#include <cuda_runtime_api.h>
-
 #include "collectives/nccl_communicator.h"
 #endif
 
@@ -189,41 +187,6 @@ TEST(DataPlaneTest, RuntimeStartWithNcclWithoutGpuFailsBeforeJoining) {
       o, [](State& s) { return s.AddTensor("x", {4}, DType::kF32, Layout::Layer(0)); });
   EXPECT_THAT(rt.status(),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("MORPH_BACKEND=nccl: ")));
-}
-
-// On a GPU (tests/gpu/run.sh): a one-worker job with the NCCL backend and a CUDA tensor; the
-// step's world communicator is NCCL and reduces the tensor's device memory in place.
-TEST(DataPlaneTest, NcclRuntimeReducesCudaStateOnTheGpu) {
-  std::string why;
-  if (!HaveGpu(&why)) GTEST_SKIP() << "no GPU: " << why;
-#if MORPH_WITH_CUDA
-  Options o;
-  o.bootstrap = Bootstrap::kHost;
-  o.model = {.num_layers = 1, .global_batch = 4};
-  o.dataset_samples = 8;
-  o.heartbeat_ms = 50;
-  o.start_timeout_ms = 60000;
-  o.handle_sigterm = false;
-  o.backend = Backend::kNccl;
-  MORPH_ASSERT_OK_AND_ASSIGN(auto rt, Runtime::Start(o, [](State& s) {
-                               return s.AddTensor("x", {4}, DType::kF32, Layout::Layer(0),
-                                                  MemoryKind::kCuda);
-                             }));
-  MORPH_ASSERT_OK_AND_ASSIGN(Step step, rt->BeginStep());
-  EXPECT_EQ(step.world().capabilities().backend, "nccl");
-  MORPH_ASSERT_OK_AND_ASSIGN(State::TensorRef x, rt->state().tensor("x"));
-  ASSERT_EQ(x.data.kind, MemoryKind::kCuda);
-  const float in[4] = {1.5f, -2.f, 3.25f, 4.f};
-  float out[4] = {};
-  ASSERT_EQ(cudaMemcpy(x.data.data, in, sizeof in, cudaMemcpyHostToDevice), cudaSuccess);
-  MORPH_ASSERT_OK(step.world().Allreduce(x.data.data, 4, DType::kF32, ReduceOp::kSum,
-                                         std::chrono::seconds(30)));
-  ASSERT_EQ(cudaMemcpy(out, x.data.data, sizeof out, cudaMemcpyDeviceToHost), cudaSuccess);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], in[i]) << i;  // one rank: the sum is itself
-  MORPH_ASSERT_OK(rt->EndStep());
-  MORPH_ASSERT_OK(rt->Finish());
-  std::printf("gpu-note: Runtime with MORPH_BACKEND=nccl: allreduce of CUDA state passed\n");
-#endif
 }
 
 }  // namespace
