@@ -15,6 +15,8 @@
 #include "base/testing.h"
 #include "collectives/gloo_communicator.h"
 #include "runtime/api/runtime.h"
+#include "runtime/protocol/manifest.h"
+#include "runtime/protocol/wire.h"
 
 #if MORPH_WITH_CUDA
 #include "collectives/nccl_communicator.h"
@@ -187,6 +189,25 @@ TEST(DataPlaneTest, RuntimeStartWithNcclWithoutGpuFailsBeforeJoining) {
       o, [](State& s) { return s.AddTensor("x", {4}, DType::kF32, Layout::Layer(0)); });
   EXPECT_THAT(rt.status(),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("MORPH_BACKEND=nccl: ")));
+}
+
+// Every worker of a job must use one backend (a group cannot mix Gloo and NCCL): the backend
+// travels in the registration's manifest, and a worker whose backend differs is refused with
+// the field named instead of timing out in the first rendezvous.
+TEST(DataPlaneTest, BackendIsPartOfTheRegistrationAgreement) {
+  JobManifest a;
+  a.model.global_batch = 4;
+  JobManifest b = a;
+  b.backend = "nccl";
+  EXPECT_EQ(FirstDifference(a, a), "");
+  EXPECT_EQ(FirstDifference(a, b), "backend (MORPH_BACKEND): gloo vs nccl");
+  MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m,
+                             DecodeFrame(EncodeFrame(WireMessage{RegisterMsg{.manifest = b}})));
+  ASSERT_TRUE(std::holds_alternative<RegisterMsg>(m));
+  EXPECT_EQ(std::get<RegisterMsg>(m).manifest.backend, "nccl");
+  b.backend = "mpi";
+  EXPECT_THAT(ValidateManifest(b), StatusIs(StatusCode::kInvalidArgument,
+                                            HasSubstr("backend: 'mpi' is not gloo or nccl")));
 }
 
 }  // namespace

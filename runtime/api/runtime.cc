@@ -541,6 +541,7 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
   m.dataset_shuffle = o.dataset_shuffle;
   m.chunk_bytes = o.chunk_bytes;
   m.staging_bytes = o.staging_bytes;
+  m.backend = BackendName(o.backend);
   MORPH_RETURN_IF_ERROR(ValidateManifest(m));
   MORPH_ASSIGN_OR_RETURN(DatasetCursor cursor,
                          DatasetCursor::Create({.num_samples = o.dataset_samples,
