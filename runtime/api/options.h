@@ -127,7 +127,7 @@ struct Options {
   // does not parse; kNotFound / kPermissionDenied for an unreadable MORPH_TOKEN_FILE.
   static StatusOr<Options> FromEnv();
   // kInvalidArgument naming the field: micro_batch < 1, initial_world < 1 or > max_world,
-  // heartbeat_ms < 1, a timeout < 1, ValidateManifest's errors for the model.
+  // heartbeat_ms < 1, a timeout < 1, cuda_device < -1, ValidateManifest's errors for the model.
   Status Validate() const;
 };
 
