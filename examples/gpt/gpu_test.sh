@@ -83,8 +83,11 @@ PY
 
 run_case 1
 gpus=1
-command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 1)
-if [ "${gpus:-1}" -ge 2 ] || [ "${NCCL_MULTI_RANK_GPU_ENABLE:-0}" = 1 ]; then
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  [ "${gpus:-0}" -ge 1 ] 2>/dev/null || gpus=1
+fi
+if [ "$gpus" -ge 2 ] || [ "${NCCL_MULTI_RANK_GPU_ENABLE:-0}" = 1 ]; then
   run_case 2
 else
   echo "gpu-note: gpt_nccl 2 workers skipped: $gpus GPU and NCCL_MULTI_RANK_GPU_ENABLE unset" \
