@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "runtime/agent/switch.h"
 #include "runtime/api/bootstrap.h"
 #include "runtime/api/data_plane.h"
+#include "runtime/api/undo.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
@@ -136,6 +138,20 @@ struct Runtime::Impl {
                    << "'s collectives: " << why;
       groups->AbortAll();
     }
+  }
+
+  // MORPH_UNDO_COPY: this rank's state as it was at its last BeginUpdate.
+  UndoCopy undo;
+  bool undo_warned = false;
+  int64_t UndoStep() { return opts.undo_copy ? undo.StepFor(state, gen.id) : -1; }
+  void PutBackUndo() {
+    const int64_t v = UndoStep();
+    LOG(INFO) << "worker " << agent->id() << ": recovery: put back the undo copy of step " << v
+              << " (the state was " << (torn || !state.intact() ? "torn" : "whole") << " at step "
+              << next_step << ")";
+    undo.PutBack(state);
+    torn = false;
+    next_step = v;
   }
 
   // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.
@@ -322,6 +338,13 @@ struct Runtime::Impl {
             1e9;
       }
     }
+    if (c.change.recovery && !r.stale) {
+      // The commit resumes at a step this worker holds (ChooseRecovery): its live state if whole
+      // there, else its undo copy (the same rule as ChooseRecovery's).
+      const int64_t v = c.next.start_step;
+      const bool whole = !torn && state.intact();
+      if (!(whole && next_step == v) && UndoStep() == v) PutBackUndo();
+    }
     Status st = Reshard(c, deadline, r);
     if (!st.ok()) {
       LOG(ERROR) << "worker " << agent->id() << ": switch to generation " << c.next.id
@@ -444,9 +467,12 @@ struct Runtime::Impl {
         case AgentCore::Action::kReport: {
           // A recovery: the step the state holds, and whether it is whole.
           const bool whole = !torn && state.intact();
+          const int64_t undo_step = UndoStep();
           LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step
-                    << (whole ? " (whole)" : " (torn)");
-          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole));
+                    << (whole ? " (whole)" : " (torn)")
+                    << (undo_step >= 0 ? ", undo copy of step " + std::to_string(undo_step)
+                                       : std::string());
+          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole, -1, -1, undo_step));
           break;
         }
         case AgentCore::Action::kCannotSwitch: {
@@ -685,8 +711,16 @@ StatusOr<Step> Runtime::BeginStep() {
 }
 
 void Runtime::BeginUpdate() {
-  impl_->updating = true;
-  impl_->step_called_begin_update = true;
+  Impl& m = *impl_;
+  if (m.opts.undo_copy && m.in_step && !m.updating) {
+    Status s = m.undo.Take(m.state, m.next_step, m.gen.id);
+    if (!s.ok() && !m.undo_warned) {
+      LOG(WARNING) << "worker " << m.agent->id() << ": no undo copy: " << s;
+      m.undo_warned = true;
+    }
+  }
+  m.updating = true;
+  m.step_called_begin_update = true;
 }
 
 Status Runtime::EndStep() {

@@ -65,9 +65,13 @@ void RunTrial(uint64_t seed) {
                 .step_ms = 10,
                 .extra_args = {"--variant", "hybrid2"},
                 // A switch cut short keeps the old state whole (the recovery may use it).
-                // An abandoned change's communicators that wait on a dead peer give up at
-                // the change timeout (the workers' exit waits for them).
-                .env = {{"MORPH_RESHARD_KEEP_OLD", "1"}, {"MORPH_CHANGE_TIMEOUT_MS", "15000"}},
+                // The change timeout is above the heartbeat timeout: a survivor that cannot
+                // report its state is dropped by the coordinator before the others give up.
+                // The undo copy lets a worker whose commit vote completed go back a step
+                // when a dying peer's vote reached only some of the others.
+                .env = {{"MORPH_RESHARD_KEEP_OLD", "1"},
+                        {"MORPH_UNDO_COPY", "1"},
+                        {"MORPH_CHANGE_TIMEOUT_MS", "30000"}},
                 .heartbeat_timeout_ms = 20000};
   Job job = StartJob("kill-" + std::to_string(seed), workers,
                      {{2, Config(2, 1, 1)}, {4, Config(4, 1, 1)}, {6, Config(6, 1, 1)}}, jo);
