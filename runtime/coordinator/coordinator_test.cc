@@ -454,8 +454,9 @@ TEST(CoordinatorTest, AnOversizedHeaderClosesTheConnectionWithoutAllocating) {
     MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m, DecodeFrame(raw.ReadToEnd()));
     ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));
     EXPECT_EQ(std::get<ErrorMsg>(m).code, static_cast<int>(StatusCode::kFailedPrecondition));
-    EXPECT_THAT(std::get<ErrorMsg>(m).message, HasSubstr("wire version " + std::to_string(kWireVersion + 1) +
-                                  ", this side speaks " + std::to_string(kWireVersion)));
+    EXPECT_THAT(std::get<ErrorMsg>(m).message,
+                HasSubstr("wire version " + std::to_string(kWireVersion + 1) +
+                          ", this side speaks " + std::to_string(kWireVersion)));
   }
   // The coordinator goes on serving: a real worker still gets in.
   auto w = StartWorkers(*coord, 2);
