@@ -22,20 +22,30 @@ std::string InitGemm() {
            (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") +
            "): run the OpenBLAS build (gpt) instead";
   }
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) device = 0;
-  if (cublasXtCreate(&g_handle) != CUBLAS_STATUS_SUCCESS) return "cublasXtCreate failed";
-  if (cublasXtDeviceSelect(g_handle, 1, &device) != CUBLAS_STATUS_SUCCESS) {
-    return "cublasXtDeviceSelect failed for device " + std::to_string(device);
-  }
   return "";
 }
+
+namespace {
+// The handle on the device current at the first product: the runtime's (MORPH_CUDA_DEVICE or
+// the local rank, made current by Runtime::Start) when the program started the runtime first.
+cublasXtHandle_t Handle() {
+  if (g_handle != nullptr) return g_handle;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  if (cublasXtCreate(&g_handle) != CUBLAS_STATUS_SUCCESS ||
+      cublasXtDeviceSelect(g_handle, 1, &device) != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "gpt: cublasXt setup failed on device %d\n", device);
+    std::abort();
+  }
+  return g_handle;
+}
+}  // namespace
 
 const char* GemmBackend() { return "cublas"; }
 
 void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
           const float* b, int ldb, float beta, float* c, int ldc) {
-  cublasStatus_t s = cublasXtSgemm(g_handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+  cublasStatus_t s = cublasXtSgemm(Handle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a,
                                    lda, &beta, c, ldc);
   if (s != CUBLAS_STATUS_SUCCESS) {

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "device.h"
 #include "model.h"
 
 namespace {
@@ -66,6 +67,9 @@ struct Args {
   std::vector<int> pp_candidates = {1, 2};
   gpt::Dims dims;
   bool quiet = false;
+  // --backend: the step communicators' (Options::backend); this build's default: NCCL where the
+  // state lives on the GPU (gpt_nccl), else what MORPH_BACKEND says (gloo).
+  std::string backend;
 };
 
 int Fail(int code, const std::string& why) {
@@ -116,6 +120,10 @@ struct Param {
   float* w = nullptr;
   float* m = nullptr;
   float* v = nullptr;
+  // CUDA state (gpt_nccl): w/m/v point into these host copies of the shards at dw/dm/dv,
+  // refreshed at Bind and written back after the update.
+  float *dw = nullptr, *dm = nullptr, *dv = nullptr;
+  std::vector<float> hw = {}, hm = {}, hv = {};
   int64_t n = 0;  // TP-local elements
   int64_t zero_begin = 0, zero_end = 0;
   int64_t grad_offset = 0;
@@ -176,21 +184,69 @@ void ForEachGlobal(const morph::Shard& s, const std::vector<int64_t>& shape, Fn 
   }
 }
 
+// One operation's buffers in its communicator's memory: the host buffers themselves (Gloo), or
+// device copies (NCCL moves device memory only: MORPH_BACKEND=nccl, gpt_nccl), copied in before
+// the operation and out after it. The math stays on the host buffers either way.
+class CommMemory {
+ public:
+  explicit CommMemory(const morph::Communicator& c) : device_(!c.capabilities().host_memory) {}
+  // What to hand the communicator for `bytes` at `host`: `in` copies them there now, `out`
+  // copies them back in Done().
+  morph::StatusOr<void*> Use(void* host, size_t bytes, bool in, bool out) {
+    if (!device_ || bytes == 0) return host;
+    MORPH_ASSIGN_OR_RETURN(void* dev, gpt::DeviceScratch(next_slot_++, bytes));
+    if (in) {
+      MORPH_RETURN_IF_ERROR(gpt::Copy(dev, host, bytes));
+    }
+    if (out) outs_.push_back({host, dev, bytes});
+    return dev;
+  }
+  // After the operation succeeded.
+  Status Done() {
+    for (const Out& o : outs_) {
+      MORPH_RETURN_IF_ERROR(gpt::Copy(o.host, o.dev, o.bytes));
+    }
+    outs_.clear();
+    return Status::Ok();
+  }
+
+ private:
+  struct Out {
+    void* host;
+    void* dev;
+    size_t bytes;
+  };
+  bool device_;
+  int next_slot_ = 0;
+  std::vector<Out> outs_;
+};
+
+// In-place allreduce (sum) of host buffer `data` over `c`, in the communicator's memory.
+template <typename T>
+Status AllreduceSum(morph::Communicator& c, T* data, size_t count, DType dtype) {
+  CommMemory mem(c);
+  MORPH_ASSIGN_OR_RETURN(void* buf, mem.Use(data, count * sizeof(T), true, true));
+  MORPH_RETURN_IF_ERROR(c.Allreduce(buf, count, dtype, morph::ReduceOp::kSum, kTimeout));
+  return mem.Done();
+}
+
 struct Comm {
   morph::Communicator* c;
   Status* status;
 };
 bool TpAllreduce(void* ctx, float* data, int64_t count) {
   Comm* cm = static_cast<Comm*>(ctx);
-  *cm->status = cm->c->Allreduce(data, static_cast<size_t>(count), DType::kF32,
-                                 morph::ReduceOp::kSum, kTimeout);
+  *cm->status = AllreduceSum(*cm->c, data, static_cast<size_t>(count), DType::kF32);
   return cm->status->ok();
 }
 
 Status PpTransfer(morph::Communicator& pp, bool send, int peer, float* data, int64_t count) {
-  morph::P2POp op{send ? morph::P2POp::Kind::kSend : morph::P2POp::Kind::kRecv, peer, data,
-                  static_cast<size_t>(count) * sizeof(float)};
-  return pp.SendRecv({op}, kTimeout);
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  CommMemory mem(pp);
+  MORPH_ASSIGN_OR_RETURN(void* buf, mem.Use(data, bytes, send, !send));
+  morph::P2POp op{send ? morph::P2POp::Kind::kSend : morph::P2POp::Kind::kRecv, peer, buf, bytes};
+  MORPH_RETURN_IF_ERROR(pp.SendRecv({op}, kTimeout));
+  return mem.Done();
 }
 
 void AppendLine(const std::string& path, const std::string& line) {
@@ -213,11 +269,12 @@ class Trainer {
 
   Status Declare(morph::State& s) {
     for (const Param& p : params_) {
-      MORPH_RETURN_IF_ERROR(s.AddTensor(p.name, p.shape, DType::kF32, p.layout));
-      MORPH_RETURN_IF_ERROR(
-          s.AddTensor(p.name + ".adam_m", p.shape, DType::kF32, p.layout.ZeroShard(zero_group_)));
-      MORPH_RETURN_IF_ERROR(
-          s.AddTensor(p.name + ".adam_v", p.shape, DType::kF32, p.layout.ZeroShard(zero_group_)));
+      const morph::MemoryKind mem = gpt::StateMemory();
+      MORPH_RETURN_IF_ERROR(s.AddTensor(p.name, p.shape, DType::kF32, p.layout, mem));
+      MORPH_RETURN_IF_ERROR(s.AddTensor(p.name + ".adam_m", p.shape, DType::kF32,
+                                        p.layout.ZeroShard(zero_group_), mem));
+      MORPH_RETURN_IF_ERROR(s.AddTensor(p.name + ".adam_v", p.shape, DType::kF32,
+                                        p.layout.ZeroShard(zero_group_), mem));
     }
     return s.AddScalar("tokens", sizeof(int64_t));
   }
@@ -235,6 +292,21 @@ class Trainer {
       p.m = static_cast<float*>(m.data.data);
       p.v = static_cast<float*>(v.data.data);
       p.n = w.shard.NumElements();
+      if (device_state_) {
+        const int64_t nm = std::max<int64_t>(m.shard.NumElements(), 0);
+        p.dw = p.w;
+        p.dm = p.m;
+        p.dv = p.v;
+        p.hw.resize(static_cast<size_t>(p.n));
+        p.hm.resize(static_cast<size_t>(nm));
+        p.hv.resize(static_cast<size_t>(nm));
+        MORPH_RETURN_IF_ERROR(gpt::Copy(p.hw.data(), p.dw, p.hw.size() * sizeof(float)));
+        MORPH_RETURN_IF_ERROR(gpt::Copy(p.hm.data(), p.dm, p.hm.size() * sizeof(float)));
+        MORPH_RETURN_IF_ERROR(gpt::Copy(p.hv.data(), p.dv, p.hv.size() * sizeof(float)));
+        p.w = p.hw.data();
+        p.m = p.hm.data();
+        p.v = p.hv.data();
+      }
       p.zero_begin = m.shard.flat_begin;
       p.zero_end = std::max(m.shard.flat_begin, m.shard.flat_end);
       if (p.n > 0 && !(m.shard.frame == w.shard.frame)) {
@@ -247,17 +319,19 @@ class Trainer {
     return Status::Ok();
   }
 
-  void Init(morph::State& s) {
+  Status Init(morph::State& s) {
     for (size_t k = 0; k < params_.size(); ++k) {
       Param& p = params_[k];
       auto t = s.tensor(p.name);
       if (!t.ok() || t->shard.empty()) continue;
-      float* w = static_cast<float*>(t->data.data);
+      std::vector<float> w(static_cast<size_t>(t->shard.NumElements()));
       std::vector<int64_t> shape = morph::PlanShape(*t->spec);
       ForEachGlobal(t->shard, shape, [&](int64_t j, int64_t g) {
         w[j] = p.init_std == 0 ? 1.f : p.init_std * Normal(a_.seed, k, g);
       });
+      MORPH_RETURN_IF_ERROR(gpt::Copy(t->data.data, w.data(), w.size() * sizeof(float)));
     }
+    return Status::Ok();
   }
 
   // One training step; the loss (mean over the global batch's tokens) in *loss.
@@ -402,8 +476,7 @@ class Trainer {
     // the same sums.
     const bool scatter = groups == dp;
     if (dp > 1 && !scatter && !grads_.empty()) {
-      MORPH_RETURN_IF_ERROR(step.dp().Allreduce(grads_.data(), grads_.size(), DType::kF32,
-                                                morph::ReduceOp::kSum, kTimeout));
+      MORPH_RETURN_IF_ERROR(AllreduceSum(step.dp(), grads_.data(), grads_.size(), DType::kF32));
     }
     if (dp > 1 && scatter && slot > 0) {
       std::vector<float> send(static_cast<size_t>(slot) * dp, 0.f);
@@ -418,12 +491,15 @@ class Trainer {
         off += (p.n + groups - 1) / groups;
       }
       reduced.resize(static_cast<size_t>(slot));
-      MORPH_RETURN_IF_ERROR(step.dp().ReduceScatter(send.data(), reduced.data(), slot, DType::kF32,
+      CommMemory mem(step.dp());
+      MORPH_ASSIGN_OR_RETURN(void* in, mem.Use(send.data(), send.size() * 4, true, false));
+      MORPH_ASSIGN_OR_RETURN(void* out, mem.Use(reduced.data(), reduced.size() * 4, false, true));
+      MORPH_RETURN_IF_ERROR(step.dp().ReduceScatter(in, out, static_cast<size_t>(slot), DType::kF32,
                                                     morph::ReduceOp::kSum, kTimeout));
+      MORPH_RETURN_IF_ERROR(mem.Done());
     }
     double l = (last && coords.t == 0) ? loss_sum : 0.0;
-    MORPH_RETURN_IF_ERROR(
-        step.world().Allreduce(&l, 1, DType::kF64, morph::ReduceOp::kSum, kTimeout));
+    MORPH_RETURN_IF_ERROR(AllreduceSum(step.world(), &l, 1, DType::kF64));
     *loss = l / static_cast<double>(step.global_batch() * T);
 
     // The update, as a transaction: Adam on this rank's ZeRO range into scratch (new moments
@@ -464,8 +540,11 @@ class Trainer {
     std::vector<float> all;
     if (dp > 1 && slot > 0) {
       all.resize(static_cast<size_t>(slot) * dp);
-      MORPH_RETURN_IF_ERROR(
-          step.dp().Allgather(mine.data(), all.data(), mine.size(), DType::kF32, kTimeout));
+      CommMemory mem(step.dp());
+      MORPH_ASSIGN_OR_RETURN(void* in, mem.Use(mine.data(), mine.size() * 4, true, false));
+      MORPH_ASSIGN_OR_RETURN(void* out, mem.Use(all.data(), all.size() * 4, false, true));
+      MORPH_RETURN_IF_ERROR(step.dp().Allgather(in, out, mine.size(), DType::kF32, kTimeout));
+      MORPH_RETURN_IF_ERROR(mem.Done());
     }
     rt.BeginUpdate();
     int64_t off = 0;
@@ -486,6 +565,13 @@ class Trainer {
       }
       off += chunk;
     }
+    if (device_state_) {  // the host copies' new values into the state
+      for (Param& p : params_) {
+        MORPH_RETURN_IF_ERROR(gpt::Copy(p.dw, p.hw.data(), p.hw.size() * sizeof(float)));
+        MORPH_RETURN_IF_ERROR(gpt::Copy(p.dm, p.hm.data(), p.hm.size() * sizeof(float)));
+        MORPH_RETURN_IF_ERROR(gpt::Copy(p.dv, p.hv.data(), p.hv.size() * sizeof(float)));
+      }
+    }
     return Status::Ok();
   }
 
@@ -493,6 +579,7 @@ class Trainer {
   Args a_;
   std::string corpus_;
   int zero_group_ = 0;
+  bool device_state_ = gpt::StateMemory() == morph::MemoryKind::kCuda;
   int64_t stride_ = 32;
   std::vector<Param> params_;
   std::map<std::string, size_t> index_;
@@ -608,6 +695,8 @@ int main(int argc, char** argv) {
       a.tp_candidates = ParseList(v);
     else if (f == "--pp")
       a.pp_candidates = ParseList(v);
+    else if (f == "--backend")
+      a.backend = v;
     else
       return Fail(2, "unknown flag " + f);
   }
@@ -619,7 +708,14 @@ int main(int argc, char** argv) {
     if (tp < 1 || a.dims.heads % tp != 0)
       return Fail(2, "--tp " + std::to_string(tp) + " must divide the heads");
   }
+  if (std::string why = gpt::InitStateMemory(); !why.empty()) return Fail(2, why);
   if (std::string why = gpt::InitGemm(); !why.empty()) return Fail(2, why);
+  const bool device_state = gpt::StateMemory() == morph::MemoryKind::kCuda;
+  if (device_state && !a.check_dir.empty()) {
+    return Fail(2,
+                "--check-dir: the layout-free checkpoint reads host memory; gpt_nccl keeps "
+                "its state on the GPU");
+  }
   std::string error;
   std::string corpus = LoadCorpus(a.data, &error);
   if (!error.empty()) return Fail(2, error);
@@ -629,6 +725,19 @@ int main(int argc, char** argv) {
 
   auto opts = morph::Options::FromEnv();
   if (!opts.ok()) return Fail(4, opts.status().ToString());
+  if (a.backend.empty() && device_state && std::getenv("MORPH_BACKEND") == nullptr) {
+    a.backend = "nccl";
+  }
+  if (!a.backend.empty()) {
+    auto b = morph::ParseBackend("--backend", a.backend);
+    if (!b.ok()) return Fail(2, b.status().ToString());
+    opts->backend = *b;
+  }
+  if (opts->backend == morph::Backend::kNccl && !device_state) {
+    return Fail(2,
+                "--backend nccl: NCCL moves device memory and this build keeps its state in "
+                "host memory; run gpt_nccl");
+  }
   opts->model = {
       .num_layers = a.dims.layers,
       .num_heads = a.dims.heads,
@@ -647,7 +756,9 @@ int main(int argc, char** argv) {
   morph::Runtime& rt = **started;
   morph::State& state = rt.state();
   AppendLine(pid_file, std::to_string(rt.worker_id()));
-  if (rt.fresh_start()) trainer.Init(state);
+  if (rt.fresh_start()) {
+    if (Status st = trainer.Init(state); !st.ok()) return Fail(4, "Init: " + st.ToString());
+  }
 
   const int64_t tokens_per_step = a.global_batch * a.dims.seq;
   auto last_end = Clock::now();

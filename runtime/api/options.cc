@@ -10,6 +10,15 @@
 
 namespace morph {
 
+const char* BackendName(Backend b) { return b == Backend::kNccl ? "nccl" : "gloo"; }
+
+StatusOr<Backend> ParseBackend(std::string_view what, std::string_view text) {
+  if (text == "gloo") return Backend::kGloo;
+  if (text == "nccl") return Backend::kNccl;
+  return InvalidArgumentError(std::string(what) + "=" + std::string(text) +
+                              ": not a backend (gloo or nccl)");
+}
+
 StatusOr<Options> Options::FromEnv() {
   Options o;
   MORPH_ASSIGN_OR_RETURN(o.coordinator, params::Coordinator());
@@ -46,6 +55,10 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.coordinator_file, params::CoordinatorFile());
   MORPH_ASSIGN_OR_RETURN(o.data_hostname, params::GlooHostname());
   MORPH_ASSIGN_OR_RETURN(o.data_iface, params::GlooIface());
+  MORPH_ASSIGN_OR_RETURN(std::string backend, params::Backend());
+  MORPH_ASSIGN_OR_RETURN(o.backend, ParseBackend("MORPH_BACKEND", backend));
+  MORPH_ASSIGN_OR_RETURN(int64_t cuda_device, params::CudaDevice());
+  o.cuda_device = static_cast<int>(cuda_device);
   MORPH_ASSIGN_OR_RETURN(o.api_address, params::ApiAddr());
   MORPH_ASSIGN_OR_RETURN(int64_t api_port, params::ApiPort());
   o.api_port = static_cast<uint16_t>(api_port);
@@ -73,6 +86,14 @@ StatusOr<Options> Options::FromEnv() {
     }
   }
   if (o.launcher_size > 0) o.initial_world = o.launcher_size;
+  // The local rank, for the CUDA device: mpirun's, Slurm's, else morphrun's launch index.
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MORPH_LAUNCH_INDEX"}) {
+    MORPH_ASSIGN_OR_RETURN(int local, env_int(name));
+    if (local >= 0) {
+      o.launcher_local_rank = local;
+      break;
+    }
+  }
   char host[HOST_NAME_MAX + 1] = {};
   if (gethostname(host, sizeof(host)) == 0) o.host = host;
   return o;
@@ -102,6 +123,10 @@ Status Options::Validate() const {
   if (checkpoint_every > 0 && checkpoint_dir.empty()) {
     return InvalidArgumentError("checkpoint_every: set without checkpoint_dir "
                                 "(MORPH_CHECKPOINT_DIR)");
+  }
+  if (cuda_device < -1) {
+    return InvalidArgumentError("cuda_device: must be -1 (the local rank) or a device index, got " +
+                                std::to_string(cuda_device));
   }
   if (dataset_samples < 1) {
     return InvalidArgumentError("dataset_samples: must be at least 1, got " +

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 #include "runtime/protocol/manifest.h"
@@ -31,6 +32,16 @@
 namespace morph {
 
 enum class Bootstrap { kAuto, kJoin, kMpi, kSlurm, kHost };
+
+// Backend of the communicators a step hands out (world, dp, tp, pp; docs/operations.md
+// "Backends"). kNccl needs a CUDA build and a GPU; the buffers passed to those communicators are
+// then CUDA device memory. Reconfiguration traffic (the reshard transport, scalars, the closing
+// barrier) goes over Gloo with either.
+enum class Backend { kGloo, kNccl };
+// "gloo" / "nccl".
+const char* BackendName(Backend b);
+// kInvalidArgument naming `what` (e.g. "MORPH_BACKEND") for anything but "gloo" or "nccl".
+StatusOr<Backend> ParseBackend(std::string_view what, std::string_view text);
 
 struct Options {
   // --- the model and its data (equal on every worker; checked at registration) ---
@@ -67,6 +78,14 @@ struct Options {
   // 127.0.0.1, or the host name under Slurm).
   std::string data_hostname;
   std::string data_iface;  // MORPH_GLOO_IFACE: an interface instead of data_hostname
+  // The step communicators' backend (MORPH_BACKEND) and, with kNccl, this worker's CUDA device
+  // (MORPH_CUDA_DEVICE; -1: launcher_local_rank modulo the devices, 0 without one). Start makes
+  // that device current on the calling thread (cudaSetDevice) before it allocates CUDA shards.
+  Backend backend = Backend::kGloo;
+  int cuda_device = -1;
+  // This process's index on its host as the launcher says (FromEnv: OMPI_COMM_WORLD_LOCAL_RANK,
+  // SLURM_LOCALID, morphrun's MORPH_LAUNCH_INDEX); -1 when none says.
+  int launcher_local_rank = -1;
   // The hosted coordinator's scheduler API (MORPH_API_ADDR, MORPH_API_PORT,
   // MORPH_API_TOKEN_FOR_READS).
   std::string api_address = "127.0.0.1";
@@ -121,7 +140,7 @@ struct Options {
   // does not parse; kNotFound / kPermissionDenied for an unreadable MORPH_TOKEN_FILE.
   static StatusOr<Options> FromEnv();
   // kInvalidArgument naming the field: micro_batch < 1, initial_world < 1 or > max_world,
-  // heartbeat_ms < 1, a timeout < 1, ValidateManifest's errors for the model.
+  // heartbeat_ms < 1, a timeout < 1, cuda_device < -1, ValidateManifest's errors for the model.
   Status Validate() const;
 };
 

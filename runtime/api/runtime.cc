@@ -18,6 +18,7 @@
 #include "runtime/agent/agent.h"
 #include "runtime/agent/switch.h"
 #include "runtime/api/bootstrap.h"
+#include "runtime/api/data_plane.h"
 #include "runtime/api/undo.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/plan_input.h"
@@ -82,6 +83,7 @@ struct Runtime::Impl {
   std::unique_ptr<TcpStoreClient> store;  // the job's store, generation of the last change
   std::shared_ptr<GlooDevice> device;
   CommunicatorFactory factory;
+  bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
   std::unique_ptr<GroupSet> groups;
   // Guards the `groups` pointer against the control thread's abort (the training thread reads
   // it unlocked: only it replaces it, under this mutex).
@@ -226,6 +228,8 @@ struct Runtime::Impl {
   SwitchOptions SwitchOpts() const {
     SwitchOptions s;
     s.keep_old_until_barrier = opts.keep_old_until_barrier;
+    // The change communicator is Gloo (host memory only): CUDA shards go through host copies.
+    s.stage_old_in_host = cuda_state;
     s.restore_checkpoint = [](const std::string& path, State& st) {
       return RestoreFromCheckpoint(path, st);
     };
@@ -636,6 +640,9 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
     MORPH_RETURN_IF_ERROR(declare(impl->state));
   }
   impl->state.Seal();
+  for (size_t t = 0; t < impl->state.tensors().size(); ++t) {
+    if (impl->state.memory_of(t) == MemoryKind::kCuda) impl->cuda_state = true;
+  }
   JobManifest& m = impl->manifest;
   m.model = o.model;
   impl->state.FillManifest(m);
@@ -644,6 +651,7 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
   m.dataset_shuffle = o.dataset_shuffle;
   m.chunk_bytes = o.chunk_bytes;
   m.staging_bytes = o.staging_bytes;
+  m.backend = BackendName(o.backend);
   MORPH_RETURN_IF_ERROR(ValidateManifest(m));
   MORPH_ASSIGN_OR_RETURN(DatasetCursor cursor,
                          DatasetCursor::Create({.num_samples = o.dataset_samples,
@@ -676,7 +684,10 @@ Status Runtime::Impl::Bootstrap() {
   if (!boot.data_hostname.empty()) gloo.hostname = boot.data_hostname;
   gloo.iface = opts.data_iface;
   MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(gloo));
-  factory = GlooFactory(device);
+  // The step groups on the chosen backend (NCCL: this thread's CUDA device set here, before any
+  // CUDA shard is allocated); reconfiguration traffic on Gloo (runtime/api/data_plane.h).
+  MORPH_ASSIGN_OR_RETURN(DataPlane data_plane, MakeDataPlane(opts, device));
+  factory = std::move(data_plane.factory);
   if (opts.snapshot_every > 0) {
     BuddySnapshotOptions so;
     so.device = device;

@@ -449,7 +449,7 @@ TEST(CoordinatorTest, AnOversizedHeaderClosesTheConnectionWithoutAllocating) {
     // Another wire version is refused naming both versions.
     RawConn raw(coord->control_address());
     std::string hello = EncodeFrame(HelloMsg{.token = kToken});
-    hello[4] = static_cast<char>(kWireVersion + 1);
+    hello[4] = static_cast<char>(kWireVersion + 1);  // the u16 version's low byte
     raw.Write(hello);
     MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m, DecodeFrame(raw.ReadToEnd()));
     ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));

@@ -51,6 +51,9 @@ std::string TensorDifference(const TensorSpec& a, const TensorSpec& b, size_t in
 }  // namespace
 
 Status ValidateManifest(const JobManifest& m) {
+  if (m.backend != "gloo" && m.backend != "nccl") {
+    return InvalidArgumentError("backend: '" + m.backend + "' is not gloo or nccl");
+  }
   std::set<std::string, std::less<>> names;
   for (const TensorSpec& t : m.tensors) {
     MORPH_RETURN_IF_ERROR(ValidateTensorSpec(t));
@@ -139,6 +142,7 @@ std::string FirstDifference(const JobManifest& a, const JobManifest& b) {
   if (a.staging_bytes != b.staging_bytes) {
     return Diff("staging_bytes (MORPH_RESHARD_STAGING_BYTES)", a.staging_bytes, b.staging_bytes);
   }
+  if (a.backend != b.backend) return Diff("backend (MORPH_BACKEND)", a.backend, b.backend);
   return "";
 }
 

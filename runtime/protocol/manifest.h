@@ -56,12 +56,17 @@ struct JobManifest {
   // ExecutorOptions that cut messages; equal everywhere (they are part of the plan digest).
   uint64_t chunk_bytes = uint64_t{4} << 20;
   uint64_t staging_bytes = uint64_t{256} << 20;
+  // The step communicators' backend ("gloo", "nccl": Options::backend): a group cannot mix them,
+  // so a worker with another one is refused at registration instead of timing out in a
+  // rendezvous.
+  std::string backend = "gloo";
   friend bool operator==(const JobManifest&, const JobManifest&) = default;
 };
 
 // kInvalidArgument naming the tensor or field: a tensor that does not validate
 // (ValidateTensorSpec), a duplicate tensor or scalar name, an empty scalar name, a scalar of
-// negative size or over 1 MiB, dataset_samples < 1, global_batch < 1.
+// negative size or over 1 MiB, dataset_samples < 1, global_batch < 1, a backend other than
+// "gloo" or "nccl".
 Status ValidateManifest(const JobManifest& m);
 
 // "" when `a` == `b`; otherwise the first difference, naming it, e.g.

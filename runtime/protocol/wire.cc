@@ -285,6 +285,7 @@ void Put(Writer& w, const RegisterMsg& msg) {
     w.Str(s.name);
     w.I64(s.bytes);
   }
+  w.Str(m.backend);
   w.I64(m.dataset_samples);
   w.U64(m.dataset_seed);
   w.U8(m.dataset_shuffle ? 1 : 0);
@@ -342,6 +343,7 @@ void Get(Reader& r, RegisterMsg& msg) {
     s.bytes = r.I64("scalar.bytes");
     m.scalars.push_back(std::move(s));
   }
+  m.backend = r.Str("backend");
   m.dataset_samples = r.I64("dataset_samples");
   m.dataset_seed = r.U64("dataset_seed");
   m.dataset_shuffle = GetBool(r, "dataset_shuffle") == 1;

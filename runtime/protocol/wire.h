@@ -40,7 +40,8 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 // 3: StepReportMsg::undo_step.
 // 4: the step report's SnapshotHoldings (both copies of each side, whose copy is held) and the
 //    commit's RecoveryDecision::snapshot_holders.
-inline constexpr uint16_t kWireVersion = 4;
+// 5: JobManifest::backend (the step communicators' backend) in Register.
+inline constexpr uint16_t kWireVersion = 5;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;
