@@ -7,6 +7,7 @@
 
 #include "base/params.h"
 #include "collectives/tcp_store.h"
+#include "runtime/coordinator/coordinator.h"
 
 namespace morph {
 
@@ -35,6 +36,7 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_every, params::CheckpointEvery());
   MORPH_ASSIGN_OR_RETURN(int64_t keep, params::CheckpointKeep());
   o.checkpoint_keep = static_cast<int>(keep);
+  MORPH_ASSIGN_OR_RETURN(o.resume, params::Resume());
   MORPH_ASSIGN_OR_RETURN(o.snapshot_every, params::SnapshotEvery());
   MORPH_ASSIGN_OR_RETURN(std::string token, params::Token());
   MORPH_ASSIGN_OR_RETURN(std::string token_file, params::TokenFile());
@@ -101,6 +103,7 @@ Status Options::Validate() const {
     return InvalidArgumentError("checkpoint_every: set without checkpoint_dir "
                                 "(MORPH_CHECKPOINT_DIR)");
   }
+  MORPH_RETURN_IF_ERROR(ParseResumeMode(resume, "resume").status());
   if (dataset_samples < 1) {
     return InvalidArgumentError("dataset_samples: must be at least 1, got " +
                                 std::to_string(dataset_samples));

@@ -99,6 +99,11 @@ struct Options {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 2;
+  // Resume at start, for the coordinator this worker hosts (mpirun rank 0, Slurm task 0, a
+  // lone worker): MORPH_RESUME "auto" (on a restart, SLURM_RESTART_COUNT > 0), "always" or
+  // "never" — whether the job's first generation starts from the newest complete checkpoint in
+  // checkpoint_dir (docs/operations.md "Whole-job restart"). Then fresh_start() is false.
+  std::string resume = "auto";
   // In-memory buddy snapshots (Gemini): every MORPH_SNAPSHOT_EVERY steps (0: off) each rank
   // copies its state into host memory and sends the copy to its buddy, a rank on another host
   // when there is one. Costs two copies of the rank's state in host memory.

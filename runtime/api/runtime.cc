@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -245,6 +246,10 @@ struct Runtime::Impl {
       r.newest_step = c.recovery.newest_step;
       r.stale = std::find(c.change.stale.begin(), c.change.stale.end(), agent->id()) !=
                 c.change.stale.end();
+      if (c.recovery.source == RecoveryDecision::Source::kCheckpoint) {
+        r.checkpoint = c.recovery.checkpoint;
+        r.resumed = c.from.id == 0;  // resume at start (MORPH_RESUME)
+      }
       const int64_t at = aborted_at_ns.load();
       if (at != 0) {
         r.abort_seconds =
@@ -280,9 +285,12 @@ struct Runtime::Impl {
               << "; switch " << r.stall_seconds << " s (communicators "
               << r.communicators_seconds << ", plan " << r.plan_seconds << ", transfer "
               << r.transfer_seconds << ", resume " << r.resume_seconds << ")"
-              << (r.recovery ? "; recovery" + std::string(r.stale ? " (stale state)" : "") +
+              << (r.resumed ? "; resumed from checkpoint " +
+                                  std::filesystem::path(r.checkpoint).filename().string() + " (" +
+                                  r.checkpoint + ")"
+                  : r.recovery ? "; recovery" + std::string(r.stale ? " (stale state)" : "") +
                                    ", steps lost " + std::to_string(r.lost_steps())
-                             : std::string());
+                               : std::string());
     last_reconfiguration = r;
     if (on_reconfigure && r.rank >= 0) on_reconfigure(r);
     return Status();
@@ -335,7 +343,8 @@ struct Runtime::Impl {
     }
     SwitchStats stats = *executed;
     AdoptGroups(std::move(p));
-    if (c.from.id == 0) fresh = true;  // materialized zero-filled: the caller initializes
+    // Materialized zero-filled: the caller initializes (unless it resumed from a checkpoint).
+    if (c.from.id == 0 && !c.change.recovery) fresh = true;
     r.communicators_seconds = stats.seconds.communicators;
     r.plan_seconds = stats.seconds.plan;
     r.transfer_seconds = stats.seconds.transfer;
