@@ -125,25 +125,32 @@ StatusOr<PlannedChange> PlanChange(const JobManifest& manifest, const ConfigPoli
 
 namespace {
 
-// Resume at start, on the planner thread: the checkpoint `lookup` names, if it holds exactly
-// the job's registered tensors and scalars.
-StatusOr<std::optional<RecoveryCheckpoint>> ResumeCheckpoint(
-    const std::shared_ptr<const JobManifest>& manifest,
+// Resume at start, on the planner thread: the checkpoint `lookup` names (none: a fresh start),
+// if it holds exactly the job's registered tensors and scalars; else the event's status says
+// why the job cannot start.
+DeciderEvent::ResumeReady ResumeCheckpoint(
+    int64_t generation, const std::shared_ptr<const JobManifest>& manifest,
     const std::function<std::optional<RecoveryCheckpoint>()>& lookup) {
-  if (!manifest) return FailedPreconditionError("no manifest registered");
-  std::optional<RecoveryCheckpoint> c = lookup ? lookup() : std::nullopt;
-  if (!c) return c;
-  MORPH_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(c->path),
-                         "resuming from checkpoint " << c->path);
-  if (reader.step() != c->step) {
-    return FailedPreconditionError("resuming from checkpoint " + c->path + ": it holds step " +
-                                   std::to_string(reader.step()) + ", not " +
-                                   std::to_string(c->step));
+  DeciderEvent::ResumeReady out{.generation = generation};
+  if (!manifest) {
+    out.status = FailedPreconditionError("no manifest registered");
+    return out;
   }
-  MORPH_RETURN_IF_ERROR(
-      CheckCheckpointMatches(reader, c->path, manifest->tensors, manifest->scalars))
-      << "resuming the job";
-  return c;
+  out.checkpoint = lookup ? lookup() : std::nullopt;
+  if (!out.checkpoint) return out;
+  const RecoveryCheckpoint& c = *out.checkpoint;
+  StatusOr<CheckpointReader> reader = CheckpointReader::Open(c.path);
+  if (!reader.ok()) {
+    out.status = reader.status().WithContext("resuming from checkpoint " + c.path);
+  } else if (reader->step() != c.step) {
+    out.status = FailedPreconditionError("resuming from checkpoint " + c.path + ": it holds step " +
+                                         std::to_string(reader->step()) + ", not " +
+                                         std::to_string(c.step));
+  } else {
+    out.status = CheckCheckpointMatches(*reader, c.path, manifest->tensors, manifest->scalars);
+    if (!out.status.ok()) out.status = out.status.WithContext("resuming the job");
+  }
+  return out;
 }
 
 }  // namespace
@@ -816,21 +823,22 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
           std::weak_ptr<Impl> weak = weak_from_this();
           asio::post(planner_, [weak, manifest, lookup, gen = a.generation] {
             auto start = Clock::now();
-            StatusOr<std::optional<RecoveryCheckpoint>> found = ResumeCheckpoint(manifest, lookup);
+            DeciderEvent::ResumeReady found = ResumeCheckpoint(gen, manifest, lookup);
             double ms = Ms(Clock::now() - start);
             auto strong = weak.lock();
             if (!strong) return;
-            asio::post(strong->io_, [weak, gen, ms, found = std::move(found)] {
+            asio::post(strong->io_, [weak, gen, ms, found = std::move(found)]() mutable {
               auto self = weak.lock();
               if (!self || self->stopping_) return;
               if (self->timing_) self->timing_->plan_ms += ms;
-              if (!found.ok()) {
+              if (!found.status.ok()) {
                 LOG(ERROR) << "coordinator: generation " << gen << " cannot resume: "
-                           << found.status();
-              } else if (found->has_value()) {
-                LOG(INFO) << "coordinator: generation " << gen << " resumed from checkpoint "
-                          << std::filesystem::path((*found)->path).filename().string()
-                          << " at step " << (*found)->step << " (" << (*found)->path << ")";
+                           << found.status;
+              } else if (found.checkpoint) {
+                LOG(INFO) << "coordinator: generation " << gen << " resumes from checkpoint "
+                          << std::filesystem::path(found.checkpoint->path).filename().string()
+                          << " at step " << found.checkpoint->step << " ("
+                          << found.checkpoint->path << ")";
               } else if (self->options_.restart_count > 0) {
                 LOG(WARNING) << "coordinator: a restart (SLURM_RESTART_COUNT="
                              << self->options_.restart_count
@@ -839,7 +847,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
               } else {
                 LOG(INFO) << "coordinator: no complete checkpoint to resume from: a fresh start";
               }
-              self->Feed(DeciderEvent::ResumeReady{.generation = gen, .checkpoint = std::move(found)});
+              self->Feed(std::move(found));
             });
           });
         } else if constexpr (std::is_same_v<A, DeciderAction::SendPrepare>) {

@@ -46,7 +46,7 @@
 
 namespace morph {
 
-// Resume at start (MORPH_RESUME, docs/operations.md "Whole-job restart"): whether a job's first
+// Resume at start (MORPH_RESUME, docs/operations.md "Whole-job preemption and requeue"): whether a job's first
 // generation starts from the newest complete checkpoint of an earlier run instead of afresh.
 //   kAuto:   on a restart, i.e. SLURM_RESTART_COUNT > 0 (a requeued Slurm job), when there is
 //            a complete checkpoint; otherwise a fresh start;

@@ -524,14 +524,14 @@ void Decider::OnResumeReady(DeciderEvent::ResumeReady& e, Out& out) {
     return;  // abandoned meanwhile (a worker was lost): a new proposal asks again
   }
   choosing_ = false;
-  if (!e.checkpoint.ok()) {
+  if (!e.status.ok()) {
     phase_ = Phase::kFailed;
     pending_.reset();
-    out.push_back(DeciderAction::JobFailed{e.checkpoint.status()});
+    out.push_back(DeciderAction::JobFailed{e.status});
     return;
   }
-  if (!e.checkpoint->has_value()) return Commit(out);  // nothing to resume from: a fresh start
-  const RecoveryCheckpoint& c = **e.checkpoint;
+  if (!e.checkpoint) return Commit(out);  // nothing to resume from: a fresh start
+  const RecoveryCheckpoint& c = *e.checkpoint;
   pending_change_.recovery = true;
   recovery_decision_ = RecoveryDecision{.source = RecoveryDecision::Source::kCheckpoint,
                                         .newest_step = c.step,

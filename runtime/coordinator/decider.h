@@ -144,11 +144,13 @@ struct DeciderEvent {
     int64_t generation = 0;
     StatusOr<RecoveryChoice> choice = InternalError("unset");
   };
-  // The shell's FindResumeCheckpoint came back: the checkpoint to resume from (nullopt: none,
-  // a fresh start), or why the job cannot start (its manifest does not match the job's).
+  // The shell's FindResumeCheckpoint came back: the checkpoint to resume from (none: a fresh
+  // start), or, when `status` is not OK, why the job cannot start (the checkpoint does not
+  // match the job's manifest).
   struct ResumeReady {
     int64_t generation = 0;
-    StatusOr<std::optional<RecoveryCheckpoint>> checkpoint = InternalError("unset");
+    Status status;
+    std::optional<RecoveryCheckpoint> checkpoint;
   };
   using Any = std::variant<Join, LeaveRequest, Lost, Heartbeat, Resize, StepReportMsg, AppliedMsg,
                            PlanReady, Tick, Done, FailureReport, RecoveryReady, ResumeReady>;
