@@ -127,6 +127,9 @@ struct Runtime::Impl {
 
   // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.
   std::unique_ptr<PeriodicCheckpointer> checkpointer;
+  // The step the last switch restored from a checkpoint (resume at start, a checkpoint
+  // recovery), -1 otherwise: that step is on storage already and is not saved again.
+  int64_t restored_step = -1;
 
   SwitchOptions SwitchOpts() const {
     SwitchOptions s;
@@ -268,6 +271,7 @@ struct Runtime::Impl {
     }
     gen = c.next;
     next_step = c.next.start_step;
+    restored_step = r.checkpoint.empty() ? -1 : r.step;
     aborted = false;
     torn = false;
     aborted_at_ns.store(0);
@@ -608,7 +612,8 @@ StatusOr<Step> Runtime::BeginStep() {
     return step;
   }
   const int rank = m.gen.RankOf(m.agent->id());
-  if (m.checkpointer && rank >= 0 && m.checkpointer->Due(m.next_step)) {
+  if (m.checkpointer && rank >= 0 && m.checkpointer->Due(m.next_step) &&
+      m.next_step != m.restored_step) {
     // The state holds this step's values: snapshot it (the write goes on in the background).
     Status c = m.checkpointer->MaybeSave(m.next_step, m.gen.id, m.state, rank,
                                          m.gen.config.world(), m.gen.config);

@@ -234,6 +234,7 @@ TEST(FailureTest, ANewJobResumesFromTheNewestCompleteCheckpoint) {
 
   jo.env["MORPH_RESUME"] = "auto";
   jo.env["SLURM_RESTART_COUNT"] = "1";
+  jo.env["MORPH_CHECKPOINT_KEEP"] = "100";  // every folder the second job writes stays
   Job second = StartJob("resume-second", 3, {{3, Config(3, 1, 1)}}, jo);
   ASSERT_TRUE(second.launcher);
   code = second.launcher->Wait(Deadline::AfterMs(90000));
@@ -249,6 +250,13 @@ TEST(FailureTest, ANewJobResumesFromTheNewestCompleteCheckpoint) {
   // The second job numbers its generations after the first one's (its checkpoint folders never
   // share a name with the first job's).
   EXPECT_GT(second.launcher->coordinator().Snapshot().generation, latest->generation);
+  // The step it resumed from is on storage already: not saved again.
+  for (const auto& e : std::filesystem::directory_iterator(ckpt.path)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name.rfind("step-" + std::to_string(latest->step) + "-", 0) != 0 ||
+                e.path() == latest->path)
+        << name;
+  }
   for (const auto& e : std::filesystem::directory_iterator(first.dir)) {
     if (e.path().extension() == ".samples") {
       std::filesystem::copy_file(e.path(), second.dir / ("first-" + e.path().filename().string()));
