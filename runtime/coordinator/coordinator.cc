@@ -143,9 +143,9 @@ DeciderEvent::ResumeReady ResumeCheckpoint(
   if (!reader.ok()) {
     out.status = reader.status().WithContext("resuming from checkpoint " + c.path);
   } else if (reader->step() != c.step) {
-    out.status = FailedPreconditionError("resuming from checkpoint " + c.path + ": it holds step " +
-                                         std::to_string(reader->step()) + ", not " +
-                                         std::to_string(c.step));
+    out.status =
+        FailedPreconditionError("resuming from checkpoint " + c.path + ": it holds step " +
+                                std::to_string(reader->step()) + ", not " + std::to_string(c.step));
   } else {
     out.status = CheckCheckpointMatches(*reader, c.path, manifest->tensors, manifest->scalars);
     if (!out.status.ok()) out.status = out.status.WithContext("resuming the job");
@@ -249,12 +249,12 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   Impl(CoordinatorOptions options, std::function<std::optional<RecoveryCheckpoint>()> resume_lookup)
       : options_(std::move(options)),
         resume_lookup_(resume_lookup ? std::move(resume_lookup) : options_.latest_checkpoint),
-        decider_(DeciderOptions{.initial_world = options_.initial_world,
-                                .max_world = options_.max_world,
-                                .heartbeat_timeout_ms = options_.heartbeat_timeout_ms,
-                                .resume = options_.ResumeEnabled() &&
-                                          static_cast<bool>(resume_lookup_),
-                                .first_generation = options_.first_generation}),
+        decider_(
+            DeciderOptions{.initial_world = options_.initial_world,
+                           .max_world = options_.max_world,
+                           .heartbeat_timeout_ms = options_.heartbeat_timeout_ms,
+                           .resume = options_.ResumeEnabled() && static_cast<bool>(resume_lookup_),
+                           .first_generation = options_.first_generation}),
         acceptor_(io_),
         tick_(io_),
         publish_timer_(io_),
@@ -832,13 +832,13 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
               if (!self || self->stopping_) return;
               if (self->timing_) self->timing_->plan_ms += ms;
               if (!found.status.ok()) {
-                LOG(ERROR) << "coordinator: generation " << gen << " cannot resume: "
-                           << found.status;
+                LOG(ERROR) << "coordinator: generation " << gen
+                           << " cannot resume: " << found.status;
               } else if (found.checkpoint) {
                 LOG(INFO) << "coordinator: generation " << gen << " resumes from checkpoint "
                           << std::filesystem::path(found.checkpoint->path).filename().string()
-                          << " at step " << found.checkpoint->step << " ("
-                          << found.checkpoint->path << ")";
+                          << " at step " << found.checkpoint->step << " (" << found.checkpoint->path
+                          << ")";
               } else if (self->options_.restart_count > 0) {
                 LOG(WARNING) << "coordinator: a restart (SLURM_RESTART_COUNT="
                              << self->options_.restart_count
@@ -1028,8 +1028,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
       }
       return *resumed;
     };
-    resume_lookup = [dir = options.checkpoint_dir,
-                     resumed]() -> std::optional<RecoveryCheckpoint> {
+    resume_lookup = [dir = options.checkpoint_dir, resumed]() -> std::optional<RecoveryCheckpoint> {
       StatusOr<CheckpointRef> c = LatestCompleteCheckpoint(dir);
       if (!c.ok()) return std::nullopt;
       *resumed = RecoveryCheckpoint{.step = c->step, .path = c->path};

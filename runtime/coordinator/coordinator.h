@@ -46,8 +46,9 @@
 
 namespace morph {
 
-// Resume at start (MORPH_RESUME, docs/operations.md "Whole-job preemption and requeue"): whether a job's first
-// generation starts from the newest complete checkpoint of an earlier run instead of afresh.
+// Resume at start (MORPH_RESUME, docs/operations.md "Whole-job preemption and requeue"): whether a
+// job's first generation starts from the newest complete checkpoint of an earlier run instead of
+// afresh.
 //   kAuto:   on a restart, i.e. SLURM_RESTART_COUNT > 0 (a requeued Slurm job), when there is
 //            a complete checkpoint; otherwise a fresh start;
 //   kAlways: whenever there is a complete checkpoint (a job relaunched by hand, another
@@ -56,7 +57,8 @@ namespace morph {
 //            them and a recovery never reads theirs).
 enum class ResumeMode : uint8_t { kAuto, kAlways, kNever };
 // "auto", "always", "never" (any case). kInvalidArgument naming `what` (the variable) otherwise.
-StatusOr<ResumeMode> ParseResumeMode(std::string_view value, std::string_view what = "MORPH_RESUME");
+StatusOr<ResumeMode> ParseResumeMode(std::string_view value,
+                                     std::string_view what = "MORPH_RESUME");
 std::string_view ResumeModeName(ResumeMode mode);
 // SLURM_RESTART_COUNT's value (unset or empty: 0). kInvalidArgument for anything but a count.
 StatusOr<int64_t> ParseRestartCount(const char* value);

@@ -224,10 +224,9 @@ struct DeciderAction {
   struct JobComplete {
     int64_t generation = 0;
   };
-  using Any =
-      std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome, SendRelease,
-                   AdvanceStore, AnswerResize, LaunchWorkers, Disconnect, JobFailed, JobComplete,
-                   ChooseRecovery, SendAbort, FindResumeCheckpoint>;
+  using Any = std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome,
+                           SendRelease, AdvanceStore, AnswerResize, LaunchWorkers, Disconnect,
+                           JobFailed, JobComplete, ChooseRecovery, SendAbort, FindResumeCheckpoint>;
 };
 
 class Decider {

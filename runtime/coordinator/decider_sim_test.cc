@@ -289,8 +289,8 @@ class Sim {
                 found.status = FailedPreconditionError("checkpoint does not match: tensor 'w'");
               } else if (kind < 14) {
                 const int64_t step = 4 * Rand(0, 12);
-                found.checkpoint = RecoveryCheckpoint{.step = step,
-                                                      .path = "ckpt/step-" + std::to_string(step)};
+                found.checkpoint =
+                    RecoveryCheckpoint{.step = step, .path = "ckpt/step-" + std::to_string(step)};
               }
               Feed(found);
             });
@@ -303,11 +303,11 @@ class Sim {
             if (a.msg.from_generation == 0) {
               // The first generation: afresh at 0, or resumed at the checkpoint's step.
               const bool from_ckpt = a.msg.change.recovery;
-              if (from_ckpt && (!resume_ || a.msg.recovery.source !=
-                                                RecoveryDecision::Source::kCheckpoint ||
-                                a.msg.recovery.checkpoint !=
-                                    "ckpt/step-" + std::to_string(a.msg.next.start_step) ||
-                                a.msg.recovery.newest_step != a.msg.next.start_step)) {
+              if (from_ckpt &&
+                  (!resume_ || a.msg.recovery.source != RecoveryDecision::Source::kCheckpoint ||
+                   a.msg.recovery.checkpoint !=
+                       "ckpt/step-" + std::to_string(a.msg.next.start_step) ||
+                   a.msg.recovery.newest_step != a.msg.next.start_step)) {
                 Fail("a first generation's recovery that is no resume from its checkpoint");
               }
               if (!from_ckpt && a.msg.next.start_step != 0) Fail("a fresh start past step 0");
@@ -646,7 +646,7 @@ class Sim {
   int kills_ = 0;  // ranked workers killed
   bool resume_ = false;  // resume at start (a restarted job)
   int64_t first_generation_ = 1;
-  int64_t resumed_ = 0;  // first generations resumed from a checkpoint
+  int64_t resumed_ = 0;     // first generations resumed from a checkpoint
   int64_t recoveries_ = 0;  // recovery commits
 };
 
@@ -741,15 +741,15 @@ TEST(DeciderTest, ResumeCommitsTheFirstGenerationAtTheCheckpointsStep) {
     EXPECT_EQ(finds.empty() ? -1 : finds[0].generation, g);
     return g;
   };
-  const DeciderOptions opts{.initial_world = 2, .max_world = 2, .resume = true,
-                            .first_generation = 4};
+  const DeciderOptions opts{
+      .initial_world = 2, .max_world = 2, .resume = true, .first_generation = 4};
   {
     Decider d(opts);
     const int64_t g = start(d);
     EXPECT_EQ(g, 4);
-    auto out = d.Handle(0, DeciderEvent::ResumeReady{
-                               .generation = g,
-                               .checkpoint = RecoveryCheckpoint{.step = 12, .path = "c/step-12-g3"}});
+    auto out = d.Handle(0, DeciderEvent::ResumeReady{.generation = g,
+                                                     .checkpoint = RecoveryCheckpoint{
+                                                         .step = 12, .path = "c/step-12-g3"}});
     auto commits = Actions<DeciderAction::SendCommit>(out);
     ASSERT_EQ(commits.size(), 1u);
     const CommitMsg& c = commits[0].msg;
@@ -779,8 +779,9 @@ TEST(DeciderTest, ResumeCommitsTheFirstGenerationAtTheCheckpointsStep) {
   {
     Decider d(opts);
     const int64_t g = start(d);
-    auto out = d.Handle(0, DeciderEvent::ResumeReady{
-                               .generation = g, .status = FailedPreconditionError("tensor 'w' differs")});
+    auto out =
+        d.Handle(0, DeciderEvent::ResumeReady{
+                        .generation = g, .status = FailedPreconditionError("tensor 'w' differs")});
     auto failed = Actions<DeciderAction::JobFailed>(out);
     ASSERT_EQ(failed.size(), 1u);
     EXPECT_EQ(failed[0].status.code(), StatusCode::kFailedPrecondition);

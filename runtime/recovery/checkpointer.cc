@@ -224,19 +224,17 @@ Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const S
   return Status::Ok();
 }
 
-StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir,
-                                                 int64_t min_generation) {
+StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir, int64_t min_generation) {
   std::vector<Entry> all = ListCheckpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (it->generation < min_generation) continue;
     StatusOr<CheckpointReader> r = CheckpointReader::Open(it->path);
     if (r.ok() && r->step() == it->step) return CheckpointRef{it->step, it->generation, it->path};
   }
-  return NotFoundError("no complete checkpoint in " + dir +
-                       (min_generation > 0
-                            ? " of generation " + std::to_string(min_generation) + " or later"
-                            : "") +
-                       (all.empty() ? "" : " (" + std::to_string(all.size()) + " folders)"));
+  return NotFoundError(
+      "no complete checkpoint in " + dir +
+      (min_generation > 0 ? " of generation " + std::to_string(min_generation) + " or later" : "") +
+      (all.empty() ? "" : " (" + std::to_string(all.size()) + " folders)"));
 }
 
 int64_t NewestCheckpointGeneration(const std::string& dir) {

@@ -278,8 +278,8 @@ TEST_F(CheckpointerTest, ResumeHelpersCheckTheManifestAndNumberGenerations) {
   tensors[0].dtype = DType::kI32;
   EXPECT_THAT(CheckCheckpointMatches(reader, path, tensors, s0->scalars()),
               StatusIs(StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr(path), HasSubstr("tensor '" + tensors[0].name +
-                                                        "' is i32, saved as f32"))));
+                       AllOf(HasSubstr(path),
+                             HasSubstr("tensor '" + tensors[0].name + "' is i32, saved as f32"))));
   std::vector<ScalarSpec> scalars = s0->scalars();
   scalars.push_back({"extra", 4});
   EXPECT_THAT(CheckCheckpointMatches(reader, path, s0->tensors(), scalars),

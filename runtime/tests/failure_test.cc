@@ -275,8 +275,8 @@ TEST(FailureTest, ResumeFromAMismatchedCheckpointFailsNamingTheTensor) {
   CheckpointFolder ckpt("resume-mismatch");
   RunToCompletion(ckpt, "resume-mismatch-first");
   ASSERT_FALSE(HasFatalFailure());
-  JobOptions jo{.steps = kSteps, .step_ms = 10, .extra_args = {"--variant", "shape"},
-                .env = ckpt.Env()};
+  JobOptions jo{
+      .steps = kSteps, .step_ms = 10, .extra_args = {"--variant", "shape"}, .env = ckpt.Env()};
   jo.env["MORPH_RESUME"] = "always";
   Job job = StartJob("resume-mismatch", 4, {{4, Config(4, 1, 1)}}, jo);
   ASSERT_TRUE(job.launcher);

@@ -144,9 +144,9 @@ class SlurmTest : public ::testing::Test {
                                               {"MORPH_COORDINATOR", ""},
                                               {"MORPH_TOKEN_FILE", ""},
                                               {"MORPH_COORDINATOR_FILE", ""}};
-    std::vector<std::string> argv = {"sbatch", "-N4", "--ntasks-per-node=2", "--no-kill",
-                                     "--time=3", "-J", "morph-test", "-o",
-                                     (dir_ / "batch.out").string(), "--chdir", dir_.string()};
+    std::vector<std::string> argv = {
+        "sbatch",     "-N4", "--ntasks-per-node=2",         "--no-kill", "--time=3",   "-J",
+        "morph-test", "-o",  (dir_ / "batch.out").string(), "--chdir",   dir_.string()};
     argv.insert(argv.end(), sbatch_extra.begin(), sbatch_extra.end());
     argv.push_back(script.string());
     Ran r = RunCommand(argv, dir_ / "sbatch.out", 20000, env);
@@ -440,8 +440,8 @@ TEST_F(SlurmTest, RequeueResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(exits.size(), 4u) << Logs();
   for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
   const fs::path second = dir_ / "run-1";
-  const std::string resumed = "resumed at step " + std::to_string(latest->step) +
-                              " from checkpoint " + latest->path;
+  const std::string resumed =
+      "resumed at step " + std::to_string(latest->step) + " from checkpoint " + latest->path;
   for (int w = 0; w < 4; ++w) {
     const std::string log = ReadFile(second / ("worker-" + std::to_string(w) + ".log"));
     EXPECT_NE(log.find(resumed), std::string::npos) << "worker " << w << ": " << log;
