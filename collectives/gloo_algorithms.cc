@@ -160,15 +160,54 @@ void ReduceInRankOrder(Workspace& ws, const std::vector<const uint8_t*>& pieces,
 
 }  // namespace
 
+void AbortableWaits::Add(gloo::transport::UnboundBuffer* b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bufs_.push_back(b);
+  if (aborted_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+}
+
+void AbortableWaits::Remove(gloo::transport::UnboundBuffer* b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase(bufs_, b);
+}
+
+void AbortableWaits::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  for (gloo::transport::UnboundBuffer* b : bufs_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+}
+
+void Messenger::Track(gloo::transport::UnboundBuffer* b) {
+  if (waits_ != nullptr) waits_->Add(b);
+}
+
+void Messenger::Forget() {
+  if (waits_ != nullptr) {
+    for (Posted& p : posted_) waits_->Remove(p.buf.get());
+  }
+  posted_.clear();
+}
+
 uint64_t Messenger::Slot(uint32_t step) const {
   return kSlotBase | (uint64_t{tag_ & 0x7fffffffu} << 16) | (step & 0xffffu);
 }
 
 void Messenger::Recv(int peer, uint32_t step, void* data, size_t bytes) {
+  RecvFromSlot(peer, Slot(step), data, bytes);
+}
+
+void Messenger::RecvFromSlot(int peer, uint64_t slot, void* data, size_t bytes) {
   if (bytes == 0) return;
   auto buf = ctx_->createUnboundBuffer(data, bytes);
-  buf->recv(peer, Slot(step));
+  Track(buf.get());
   posted_.push_back({std::move(buf), false, peer});
+  posted_.back().buf->recv(peer, slot);
 }
 
 void Messenger::Send(int peer, uint32_t step, const void* data, size_t bytes) {
@@ -178,8 +217,9 @@ void Messenger::Send(int peer, uint32_t step, const void* data, size_t bytes) {
 void Messenger::SendToSlot(int peer, uint64_t slot, const void* data, size_t bytes) {
   if (bytes == 0) return;
   auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), bytes);
-  buf->send(peer, slot);
+  Track(buf.get());
   posted_.push_back({std::move(buf), true, peer});
+  posted_.back().buf->send(peer, slot);
 }
 
 Mailboxes::Mailboxes(gloo::Context* ctx, int rank, int size, size_t bytes)
@@ -252,7 +292,7 @@ Status Messenger::WaitAll() {
                           std::to_string(p.peer) + " aborted");
     }
   }
-  posted_.clear();
+  Forget();
   return Status::Ok();
 }
 

@@ -43,27 +43,58 @@ class Workspace {
   std::vector<uint8_t> bufs_[3];
 };
 
+// The unbound buffers an operation is waiting on, so that Abort() from another thread wakes
+// those waits whatever state Gloo left them in. Gloo's pair signal is not enough: a send whose
+// write to a peer that just died failed with EPIPE is dropped by Gloo's event loop without a
+// completion or an error, and its waitSend would sit until the operation's timeout (seen: a
+// survivor's one-shot allreduce held 60 s after its runtime aborted it). Thread-safe.
+class AbortableWaits {
+ public:
+  // Registers `b` (aborted at once when Abort() already ran) / forgets it.
+  void Add(gloo::transport::UnboundBuffer* b);
+  void Remove(gloo::transport::UnboundBuffer* b);
+  // Wakes every registered buffer's waitSend/waitRecv with false, and every later one's.
+  void Abort();
+
+ private:
+  std::mutex mu_;
+  bool aborted_ = false;
+  std::vector<gloo::transport::UnboundBuffer*> bufs_;
+};
+
 // The messages of one collective: unbound-buffer sends and receives on slots derived from
 // the collective's tag and a step number, so that they never match another operation's.
 class Messenger {
  public:
+  // `waits` (may be null) is told of every buffer this posts, until WaitAll or destruction.
   Messenger(gloo::Context* ctx, Workspace* workspace, uint32_t tag, Deadline deadline,
-            std::string what)
-      : ctx_(ctx), workspace_(workspace), tag_(tag), deadline_(deadline), what_(std::move(what)) {}
+            std::string what, AbortableWaits* waits = nullptr)
+      : ctx_(ctx),
+        workspace_(workspace),
+        tag_(tag),
+        deadline_(deadline),
+        what_(std::move(what)),
+        waits_(waits) {}
+  ~Messenger() { Forget(); }
+  Messenger(const Messenger&) = delete;
+  Messenger& operator=(const Messenger&) = delete;
   Workspace& workspace() { return *workspace_; }
   Deadline deadline() const { return deadline_; }
   const std::string& what() const { return what_; }
   // Posts a receive / a send of `bytes` (none when 0). Buffers stay valid until WaitAll.
   void Recv(int peer, uint32_t step, void* data, size_t bytes);
   void Send(int peer, uint32_t step, const void* data, size_t bytes);
-  // A send on an explicit slot (a Mailboxes round).
+  // A send / a receive on an explicit slot (a Mailboxes round, a point-to-point sequence).
   void SendToSlot(int peer, uint64_t slot, const void* data, size_t bytes);
+  void RecvFromSlot(int peer, uint64_t slot, void* data, size_t bytes);
   // Waits for everything posted (receives first). kAborted naming the peer if a wait was
   // aborted; Gloo's exception on an error or at the deadline.
   Status WaitAll();
 
  private:
   uint64_t Slot(uint32_t step) const;
+  void Track(gloo::transport::UnboundBuffer* b);
+  void Forget();  // unregisters (and then frees) everything posted
   struct Posted {
     std::unique_ptr<gloo::transport::UnboundBuffer> buf;
     bool send;
@@ -74,6 +105,7 @@ class Messenger {
   uint32_t tag_;
   Deadline deadline_;
   std::string what_;
+  AbortableWaits* waits_;
   std::vector<Posted> posted_;
 };
 

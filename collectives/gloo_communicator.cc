@@ -257,10 +257,7 @@ class GlooCommunicator::Impl {
     broken_.store(true);
     SignalAllPairs("morph: communicator aborted");
     // A wait on a pair that already failed is not always woken by the signal; these are.
-    for (gloo::transport::UnboundBuffer* b : inflight_) {
-      b->abortWaitRecv();
-      b->abortWaitSend();
-    }
+    waits_.Abort();
     if (mailboxes_ != nullptr) mailboxes_->Abort();
   }
 
@@ -477,7 +474,7 @@ class GlooCommunicator::Impl {
           return Status::Ok();
         }
         gloo_algorithms::Messenger m(context_.get(), &workspace_, tag, Deadline::After(op.timeout),
-                                     Describe() + ": reduce_scatter");
+                                     Describe() + ": reduce_scatter", &waits_);
         if (op.count * esize * size_ <= GlooCommunicator::kOneShotMaxBytes) {
           return gloo_algorithms::ReduceScatterDirect(m, *mailboxes_, rank_, size_, op.send,
                                                       op.recv, op.count, op.dtype, op.reduce);
@@ -522,7 +519,7 @@ class GlooCommunicator::Impl {
                           milliseconds timeout, uint32_t tag) {
     if (count == 0 || size_ == 1) return Status::Ok();
     gloo_algorithms::Messenger m(context_.get(), &workspace_, tag, Deadline::After(timeout),
-                                 Describe() + ": allreduce");
+                                 Describe() + ": allreduce", &waits_);
     if (count * DTypeSize(dtype) <= GlooCommunicator::kOneShotMaxBytes) {
       return gloo_algorithms::AllreduceOneShot(m, *mailboxes_, rank_, size_, buf, count, dtype,
                                                reduce);
@@ -572,50 +569,21 @@ class GlooCommunicator::Impl {
   };
   Status Exchange(const std::vector<Message>& messages, uint64_t slot_base, Deadline deadline,
                   std::vector<uint64_t>& send_seq, std::vector<uint64_t>& recv_seq) {
-    struct Posted {
-      std::unique_ptr<gloo::transport::UnboundBuffer> buf;
-      bool send;
-      int peer;
-    };
-    std::vector<Posted> posted;
-    posted.reserve(messages.size());
-    // The posted buffers are visible to Abort (which wakes their waits) while they exist.
-    struct Unregister {
-      Impl* impl;
-      ~Unregister() {
-        std::lock_guard<std::mutex> lock(impl->mu_);
-        impl->inflight_.clear();
-      }
-    } unregister{this};
-    for (int pass = 0; pass < 2; ++pass) {
-      for (const Message& m : messages) {
-        if ((pass == 0) == m.send || m.bytes == 0) continue;
-        posted.push_back({context_->createUnboundBuffer(m.data, m.bytes), m.send, m.peer});
-        gloo::transport::UnboundBuffer* buf = posted.back().buf.get();
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          inflight_.push_back(buf);
-          if (aborted_.load()) buf->abortWaitRecv(), buf->abortWaitSend();
-        }
-        uint64_t& seq = m.send ? send_seq[m.peer] : recv_seq[m.peer];
+    gloo_algorithms::Messenger m(context_.get(), &workspace_, 0, deadline,
+                                 Describe() + ": send/recv", &waits_);
+    for (int pass = 0; pass < 2; ++pass) {  // receives first
+      for (const Message& msg : messages) {
+        if ((pass == 0) == msg.send || msg.bytes == 0) continue;
+        uint64_t& seq = msg.send ? send_seq[msg.peer] : recv_seq[msg.peer];
         uint64_t slot = slot_base | (seq++ & kP2PSlotMask);
-        if (m.send) {
-          buf->send(m.peer, slot);
+        if (msg.send) {
+          m.SendToSlot(msg.peer, slot, msg.data, msg.bytes);
         } else {
-          buf->recv(m.peer, slot);
+          m.RecvFromSlot(msg.peer, slot, msg.data, msg.bytes);
         }
       }
     }
-    for (Posted& p : posted) {
-      milliseconds left =
-          std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
-      bool ok = p.send ? p.buf->waitSend(left) : p.buf->waitRecv(left);
-      if (!ok) {
-        return AbortedError(Describe() + ": send/recv with peer " + std::to_string(p.peer) +
-                            " aborted");
-      }
-    }
-    return Status::Ok();
+    return m.WaitAll();
   }
 
   // Two phases. First every pair that exchanges messages in this group compares the number
@@ -692,7 +660,7 @@ class GlooCommunicator::Impl {
   std::atomic<bool> stopping_sentinel_{false};
   Status peer_lost_;  // under mu_
   std::vector<int> closed_peers_;  // under mu_: see NoteClosedPeersLocked
-  std::vector<gloo::transport::UnboundBuffer*> inflight_;  // the op thread's posted buffers; mu_
+  gloo_algorithms::AbortableWaits waits_;  // what the running operation waits on (Abort wakes)
   std::chrono::steady_clock::time_point peer_lost_at_;
 
   // Used by the op thread only.
@@ -788,9 +756,13 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   GlooStoreAdapter adapter(&scoped, deadline);
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    context->setTimeout(
-        std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(
-                                      Min(deadline, Deadline::AfterMs(3600000)).Remaining())));
+    // Gloo waits up to 5x the context timeout for a pair's first connection (tcp/pair.h
+    // waitUntil), one pair after another: a fifth of what is left keeps the whole rendezvous
+    // inside `deadline` when a peer published its address and died before connecting.
+    // Operations carry their own timeouts (CollectiveOp::timeout), never this default.
+    const milliseconds left = std::chrono::duration_cast<milliseconds>(
+        Min(deadline, Deadline::AfterMs(3600000)).Remaining());
+    context->setTimeout(std::max(milliseconds(1), left / 5));
     ScopedSigpipeBlock no_sigpipe;
     context->connectFullMesh(adapter, device->impl()->device);
     impl->context_ = std::move(context);

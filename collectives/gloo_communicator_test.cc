@@ -258,6 +258,84 @@ TEST(GlooCommunicatorTest, RendezvousFailures) {
               StatusIs(StatusCode::kAborted, HasSubstr("generation 1 is older")));
 }
 
+// A peer's store that fails every call after the peer published its own Gloo address (key
+// `dies_after`): the peer's rendezvous throws there and its pairs close, as a process killed
+// between publishing and connecting leaves them.
+class DyingStore : public Store {
+ public:
+  DyingStore(std::shared_ptr<KvTable> table, int64_t generation, std::string dies_after)
+      : inner_(std::move(table), generation), dies_after_(std::move(dies_after)) {}
+  int64_t generation() const override { return inner_.generation(); }
+  Status Set(std::string_view key, std::string_view value, Deadline d) override {
+    if (dead_) return UnavailableError("dead");
+    Status s = inner_.Set(key, value, d);
+    if (key == dies_after_) dead_ = true;
+    return s;
+  }
+  StatusOr<std::string> Get(std::string_view key, Deadline d) override {
+    if (dead_) return UnavailableError("dead");
+    return inner_.Get(key, d);
+  }
+  StatusOr<int64_t> Add(std::string_view key, int64_t delta, Deadline d) override {
+    if (dead_) return UnavailableError("dead");
+    return inner_.Add(key, delta, d);
+  }
+  StatusOr<std::string> CompareAndSet(std::string_view key,
+                                      const std::optional<std::string>& expected,
+                                      std::string_view desired, Deadline d) override {
+    if (dead_) return UnavailableError("dead");
+    return inner_.CompareAndSet(key, expected, desired, d);
+  }
+  Status Wait(std::span<const std::string> keys, Deadline d) override {
+    if (dead_) return UnavailableError("dead");
+    return inner_.Wait(keys, d);
+  }
+  Status AdvanceGeneration(int64_t generation, Deadline d) override {
+    return inner_.AdvanceGeneration(generation, d);
+  }
+
+ private:
+  MemoryStore inner_;
+  std::string dies_after_;
+  bool dead_ = false;
+};
+
+// Gloo waits up to 5x its context timeout for a pair's first connection. A rank whose peer
+// published its address and then died (the listening side of that pair) must still give up
+// at its own deadline, not five deadlines later (an abandoned change's communicators held a
+// worker's exit for 75 s at a 15 s change timeout).
+TEST(GlooCommunicatorTest, APeerThatDiesBeforeConnectingEndsTheRendezvousAtTheDeadline) {
+  constexpr int kWorld = 4;
+  constexpr int kDeadlineMs = 1500;
+  for (int dead = 0; dead < kWorld; ++dead) {
+    auto table = std::make_shared<KvTable>();
+    auto dev = Device();
+    std::vector<double> seconds(kWorld, 0);
+    std::vector<Status> result(kWorld);
+    RunRankThreads(kWorld, [&](int rank) -> Status {
+      auto t0 = std::chrono::steady_clock::now();
+      if (rank == dead) {
+        DyingStore store(table, 0, "gloo/w/" + std::to_string(rank));
+        result[rank] = GlooCommunicator::Create(store, "w", rank, kWorld, dev,
+                                                Deadline::AfterMs(kDeadlineMs))
+                           .status();
+      } else {
+        MemoryStore store(table, 0);
+        result[rank] = GlooCommunicator::Create(store, "w", rank, kWorld, dev,
+                                                Deadline::AfterMs(kDeadlineMs))
+                           .status();
+      }
+      seconds[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return Status::Ok();
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      EXPECT_FALSE(result[r].ok()) << "dead " << dead << " rank " << r;
+      EXPECT_LT(seconds[r], kDeadlineMs / 1000.0 + 1.0)
+          << "dead " << dead << " rank " << r << ": " << result[r];
+    }
+  }
+}
+
 // /proc counts of this process.
 int CountFds() {
   int n = 0;

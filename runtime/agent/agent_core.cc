@@ -55,7 +55,8 @@ std::optional<StepReportMsg> AgentCore::OnRecoveryBuilt(int64_t generation) {
 
 std::optional<StepReportMsg> AgentCore::OnRecoveryState(int64_t state_step, bool state_ok,
                                                         int64_t snapshot_step,
-                                                        int64_t held_snapshot_step) {
+                                                        int64_t held_snapshot_step,
+                                                        int64_t undo_step) {
   if (recovery_ == 0 || recovery_state_) return std::nullopt;
   recovery_state_ = StepReportMsg{.worker = me_,
                                   .generation = recovery_,
@@ -63,7 +64,8 @@ std::optional<StepReportMsg> AgentCore::OnRecoveryState(int64_t state_step, bool
                                   .state_step = state_step,
                                   .state_ok = state_ok,
                                   .snapshot_step = snapshot_step,
-                                  .held_snapshot_step = held_snapshot_step};
+                                  .held_snapshot_step = held_snapshot_step,
+                                  .undo_step = undo_step};
   return RecoveryReportIfComplete();
 }
 

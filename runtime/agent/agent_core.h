@@ -45,7 +45,8 @@ class AgentCore {
   void OnRecoveryPrepare(const PrepareMsg& m);
   std::optional<StepReportMsg> OnRecoveryBuilt(int64_t generation);
   std::optional<StepReportMsg> OnRecoveryState(int64_t state_step, bool state_ok,
-                                               int64_t snapshot_step, int64_t held_snapshot_step);
+                                               int64_t snapshot_step, int64_t held_snapshot_step,
+                                               int64_t undo_step = -1);
   void OnCommit(const CommitMsg& m);
   void OnAbandon(const AbandonMsg& m);
   void OnOutcome(const OutcomeMsg& m);

@@ -90,6 +90,13 @@ struct Options {
   // cut short by a failure then leaves the old state whole, so the recovery can use it. Costs
   // the old state's bytes during a switch (peak old + new).
   bool keep_old_until_barrier = false;
+  // Copy this rank's shards and scalars at every BeginUpdate (MORPH_UNDO_COPY; host storage
+  // only). A failure can stop the ranks on either side of a step's update: one whose commit
+  // vote completed applied it while one that missed a dying peer's vote did not. With this
+  // copy the first can go back a step, so a recovery finds every piece at one step; a state
+  // torn by a failure during the update is replaced by the copy too. Costs one more copy of the
+  // state in memory and one memcpy of it per step.
+  bool undo_copy = false;
 
   // --- failures (docs/design.md §4 "Failure"; equal on all workers) ---
   // Periodic asynchronous checkpoints in the layout-free format (reshard/checkpoint.h), the

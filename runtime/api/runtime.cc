@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <random>
@@ -17,6 +18,7 @@
 #include "runtime/agent/agent.h"
 #include "runtime/agent/switch.h"
 #include "runtime/api/bootstrap.h"
+#include "runtime/api/undo.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
@@ -93,16 +95,28 @@ struct Runtime::Impl {
   bool joined_by_change = false;
 
   // The new generation built beside the running one, between its prepare and its switch step.
+  // Shared by the runtime and the thread that builds it: an abandoned one still building when
+  // the runtime goes away (its communicators wait on a peer that died, up to the change
+  // timeout) is detached and ends on its own, touching nothing of the runtime's.
   struct Prepared {
     int64_t generation = 0;
-    std::unique_ptr<TcpStoreClient> store;
     std::thread thread;
+    std::mutex mu;  // `store` and `result` while the thread runs
+    std::unique_ptr<TcpStoreClient> store;
     StatusOr<std::unique_ptr<PreparedSwitch>> result = InternalError("not built yet");
-    std::atomic<bool> finished{false};  // the thread is done (JoinStale(false) joins it)
+    std::atomic<bool> finished{false};  // the thread is done (JoinStale joins it)
   };
+  using PreparedPtr = std::shared_ptr<Prepared>;
   std::mutex prep_mu;
-  std::unique_ptr<Prepared> prep;                  // the latest prepare
-  std::vector<std::unique_ptr<Prepared>> stale;    // abandoned ones, joined by the training thread
+  PreparedPtr prep;                 // the latest prepare
+  std::vector<PreparedPtr> stale;   // abandoned ones, joined by the training thread
+  // Whether the agent may still be told that a prepare is built (false once the runtime is
+  // being destroyed: a detached prepare's thread must not call into it).
+  struct ReadyGate {
+    std::mutex mu;
+    bool open = true;
+  };
+  std::shared_ptr<ReadyGate> ready_gate = std::make_shared<ReadyGate>();
   std::thread reaper;  // tears down the last change's old communicators
   void JoinReaper() {
     if (reaper.joinable()) reaper.join();
@@ -123,6 +137,20 @@ struct Runtime::Impl {
                    << "'s collectives: " << why;
       groups->AbortAll();
     }
+  }
+
+  // MORPH_UNDO_COPY: this rank's state as it was at its last BeginUpdate.
+  UndoCopy undo;
+  bool undo_warned = false;
+  int64_t UndoStep() { return opts.undo_copy ? undo.StepFor(state, gen.id) : -1; }
+  void PutBackUndo() {
+    const int64_t v = UndoStep();
+    LOG(INFO) << "worker " << agent->id() << ": recovery: put back the undo copy of step " << v
+              << " (the state was " << (torn || !state.intact() ? "torn" : "whole") << " at step "
+              << next_step << ")";
+    undo.PutBack(state);
+    torn = false;
+    next_step = v;
   }
 
   // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.
@@ -153,34 +181,58 @@ struct Runtime::Impl {
     std::lock_guard<std::mutex> l(prep_mu);
     if (prep && prep->generation >= p.next.id) return;  // a duplicate: the first one reports
     if (prep) stale.push_back(std::move(prep));
-    auto job = std::make_unique<Prepared>();
+    auto job = std::make_shared<Prepared>();
     job->generation = p.next.id;
-    Prepared* raw = job.get();
-    WorkerId me = agent->id();
-    job->thread = std::thread([this, raw, p, me, ready = std::move(ready)] {
+    // The thread gets copies of what it reads (see Prepared).
+    struct Inputs {
+      JobManifest manifest;
+      WorkerId me;
+      std::string store_address;
+      std::string token;
+      int64_t timeout_ms;
+      CommunicatorFactory factory;
+      SwitchOptions options;
+    };
+    Inputs in{manifest,   agent->id(), agent->welcome().store_address, opts.token,
+              opts.change_timeout_ms, factory, SwitchOpts()};
+    job->thread = std::thread([job_ref = job, p, in = std::move(in), gate = ready_gate,
+                               ready = std::move(ready)] {
+      Prepared* raw = job_ref.get();
       // Answer the prepare however this ends (a failure shows at the switch step).
       struct Ready {
         const std::function<void()>& f;
+        ReadyGate& gate;
         std::atomic<bool>& finished;
         ~Ready() {
-          f();
+          {
+            std::lock_guard<std::mutex> l(gate.mu);
+            if (gate.open) f();
+          }
           finished.store(true);
         }
-      } answer{ready, raw->finished};
-      Deadline deadline = Deadline::AfterMs(opts.change_timeout_ms);
+      } answer{ready, *gate, raw->finished};
+      const auto began = SteadyClock::now();
+      Deadline deadline = Deadline::AfterMs(in.timeout_ms);
       // A fresh client (the training thread's `store` may not exist yet: a prepare can arrive
       // while Start is still connecting).
-      StatusOr<std::unique_ptr<TcpStoreClient>> s = TcpStoreClient::Connect(
-          agent->welcome().store_address, opts.token, p.next.id, deadline);
+      StatusOr<std::unique_ptr<TcpStoreClient>> s =
+          TcpStoreClient::Connect(in.store_address, in.token, p.next.id, deadline);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> l(prep_mu);
+        std::lock_guard<std::mutex> l(raw->mu);
         raw->result = s.status();
         return;
       }
-      raw->store = std::move(*s);
+      TcpStoreClient* client = s->get();
+      {
+        std::lock_guard<std::mutex> l(raw->mu);
+        raw->store = std::move(*s);
+      }
       StatusOr<std::unique_ptr<PreparedSwitch>> built =
-          PrepareSwitch(manifest, me, p, *raw->store, factory, SwitchOpts(), deadline);
-      std::lock_guard<std::mutex> l(prep_mu);  // on_abort reads it
+          PrepareSwitch(in.manifest, in.me, p, *client, in.factory, in.options, deadline);
+      LOG(INFO) << "worker " << in.me << ": generation " << p.next.id << " prepared in "
+                << std::chrono::duration<double>(SteadyClock::now() - began).count() << " s"
+                << (built.ok() ? std::string() : ": " + built.status().ToString());
+      std::lock_guard<std::mutex> l(raw->mu);  // on_abort reads it
       raw->result = std::move(built);
     });
     prep = std::move(job);
@@ -191,31 +243,60 @@ struct Runtime::Impl {
     if (prep && prep->generation == generation) stale.push_back(std::move(prep));
   }
 
-  // Joins abandoned prepares: all of them (`all`, at the end), or only those whose thread is
-  // done (at a step boundary: one still connecting to a peer that died ends at its deadline,
-  // and the training thread must not wait for it).
-  void JoinStale(bool all = true) {
-    std::vector<std::unique_ptr<Prepared>> done;
+  // Joins the abandoned prepares whose thread is done (at a step boundary: one still
+  // connecting to a peer that died ends at its deadline, and the training thread must not wait
+  // for it).
+  void JoinStale() {
+    std::vector<PreparedPtr> done;
     {
       std::lock_guard<std::mutex> l(prep_mu);
-      if (all) {
-        done.swap(stale);
-      } else {
-        for (auto& p : stale) {
-          if (p->finished.load()) done.push_back(std::move(p));
-        }
-        std::erase(stale, nullptr);
+      for (auto& p : stale) {
+        if (p->finished.load()) done.push_back(std::move(p));
       }
+      std::erase(stale, nullptr);
     }
     for (auto& p : done) {
       if (p->thread.joinable()) p->thread.join();
     }
   }
 
+  // At the end: every prepare still held. Those done within `grace` are joined; the others
+  // (waiting on a dead peer up to the change timeout) are detached after the agent is shut
+  // off from them, so that a worker leaves at once when its job is over.
+  void JoinOrDetachPrepares(std::chrono::milliseconds grace) {
+    std::vector<PreparedPtr> all;
+    {
+      std::lock_guard<std::mutex> l(prep_mu);
+      all.swap(stale);
+      if (prep) all.push_back(std::move(prep));
+    }
+    const auto until = SteadyClock::now() + grace;
+    for (auto& p : all) {
+      while (!p->finished.load() && SteadyClock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    {
+      std::lock_guard<std::mutex> l(ready_gate->mu);
+      ready_gate->open = false;
+    }
+    for (auto& p : all) {
+      if (!p->thread.joinable()) continue;
+      if (p->finished.load()) {
+        p->thread.join();
+      } else {
+        LOG(WARNING) << "worker " << (agent ? agent->id() : 0) << ": generation " << p->generation
+                     << "'s abandoned build is still waiting on its peers; left to end at its "
+                        "deadline";
+        p->thread.detach();
+      }
+    }
+  }
+
   // The prepared switch for `generation`, built now if the prepare never came (the first
   // change of a joiner that registered after the prepare, or a commit without a prepare).
-  StatusOr<std::unique_ptr<Prepared>> TakePrepared(const CommitMsg& c, Deadline deadline) {
-    std::unique_ptr<Prepared> mine;
+  StatusOr<PreparedPtr> TakePrepared(const CommitMsg& c, Deadline deadline) {
+    PreparedPtr mine;
     {
       std::lock_guard<std::mutex> l(prep_mu);
       if (prep && prep->generation == c.next.id) mine = std::move(prep);
@@ -224,7 +305,7 @@ struct Runtime::Impl {
       if (mine->thread.joinable()) mine->thread.join();
       return mine;
     }
-    mine = std::make_unique<Prepared>();
+    mine = std::make_shared<Prepared>();
     mine->generation = c.next.id;
     MORPH_ASSIGN_OR_RETURN(mine->store, store->ForGeneration(c.next.id, deadline));
     mine->result =
@@ -260,6 +341,13 @@ struct Runtime::Impl {
                                 at) /
             1e9;
       }
+    }
+    if (c.change.recovery && !r.stale) {
+      // The commit resumes at a step this worker holds (ChooseRecovery): its live state if whole
+      // there, else its undo copy (the same rule as ChooseRecovery's).
+      const int64_t v = c.next.start_step;
+      const bool whole = !torn && state.intact();
+      if (!(whole && next_step == v) && UndoStep() == v) PutBackUndo();
     }
     Status st = Reshard(c, deadline, r);
     if (!st.ok()) {
@@ -304,7 +392,7 @@ struct Runtime::Impl {
   // old generation's communicators and the change communicator are done with (the closing
   // barrier passed); tearing Gloo contexts down takes tens of milliseconds, so it happens on
   // the reaper thread beside the next steps instead of in the stall.
-  void AdoptGroups(std::unique_ptr<Prepared> p) {
+  void AdoptGroups(PreparedPtr p) {
     std::unique_ptr<GroupSet> next = TakeGroups(**p->result);
     if (p->store) store = std::move(p->store);
     JoinReaper();
@@ -334,10 +422,10 @@ struct Runtime::Impl {
                  << " (its switch failed only at the closing barrier)";
     return true;
   }
-  std::unique_ptr<Prepared> half_applied;
+  PreparedPtr half_applied;
 
   Status Reshard(const CommitMsg& c, Deadline deadline, Reconfiguration& r) {
-    MORPH_ASSIGN_OR_RETURN(std::unique_ptr<Prepared> p, TakePrepared(c, deadline));
+    MORPH_ASSIGN_OR_RETURN(PreparedPtr p, TakePrepared(c, deadline));
     if (!p->result.ok()) return p->result.status();
     PreparedSwitch& prepared = **p->result;
     StatusOr<SwitchStats> executed = ExecuteSwitch(prepared, c, state, deadline);
@@ -363,7 +451,7 @@ struct Runtime::Impl {
   // Waits for and applies decisions until step `next_step` may begin (or this worker is done).
   StatusOr<bool> SlowPath(bool& reconfigured) {
     auto entered = SteadyClock::now();
-    JoinStale(/*all=*/false);
+    JoinStale();
     while (true) {
       if (g_leave_requested.exchange(false)) agent->RequestLeave("SIGTERM (preemption notice)");
       // A worker without a rank (a spare, a joiner) waits as long as the job runs, looking at
@@ -388,9 +476,12 @@ struct Runtime::Impl {
         case AgentCore::Action::kReport: {
           // A recovery: the step the state holds, and whether it is whole.
           const bool whole = !torn && state.intact();
+          const int64_t undo_step = UndoStep();
           LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step
-                    << (whole ? " (whole)" : " (torn)");
-          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole));
+                    << (whole ? " (whole)" : " (torn)")
+                    << (undo_step >= 0 ? ", undo copy of step " + std::to_string(undo_step)
+                                       : std::string());
+          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole, -1, -1, undo_step));
           break;
         }
         case AgentCore::Action::kCannotSwitch: {
@@ -525,8 +616,9 @@ Status Runtime::Impl::Bootstrap() {
     AbortCollectives("coordinator: " + a.reason, a.generation);
     // A switch being built from that generation cannot complete either.
     std::lock_guard<std::mutex> l(prep_mu);
-    if (prep && prep->result.ok() && *prep->result &&
-        (*prep->result)->from().id == a.generation) {
+    if (!prep) return;
+    std::lock_guard<std::mutex> r(prep->mu);
+    if (prep->result.ok() && *prep->result && (*prep->result)->from().id == a.generation) {
       (*prep->result)->Abort();
     }
   };
@@ -573,11 +665,7 @@ Runtime::~Runtime() {
     if (!s.ok()) LOG(WARNING) << "Runtime: " << s;
   }
   if (impl_->agent) impl_->agent->Close();
-  {
-    std::lock_guard<std::mutex> l(impl_->prep_mu);
-    if (impl_->prep) impl_->stale.push_back(std::move(impl_->prep));
-  }
-  impl_->JoinStale();
+  impl_->JoinOrDetachPrepares(std::chrono::milliseconds(1000));
   impl_->JoinReaper();
   impl_->groups.reset();
   if (impl_->coordinator) impl_->coordinator->Stop();
@@ -626,8 +714,16 @@ StatusOr<Step> Runtime::BeginStep() {
 }
 
 void Runtime::BeginUpdate() {
-  impl_->updating = true;
-  impl_->step_called_begin_update = true;
+  Impl& m = *impl_;
+  if (m.opts.undo_copy && m.in_step && !m.updating) {
+    Status s = m.undo.Take(m.state, m.next_step, m.gen.id);
+    if (!s.ok() && !m.undo_warned) {
+      LOG(WARNING) << "worker " << m.agent->id() << ": no undo copy: " << s;
+      m.undo_warned = true;
+    }
+  }
+  m.updating = true;
+  m.step_called_begin_update = true;
 }
 
 Status Runtime::EndStep() {

@@ -139,7 +139,9 @@ class Runtime {
   // failure leaves it torn (it then receives its state from replicas). Until a program first
   // calls it, every step counts as updating from its start (a failure leaves the state torn);
   // once it did, every step is taken to call it before its first update. One store, no
-  // communication.
+  // communication; with Options::undo_copy (MORPH_UNDO_COPY) also a copy of this rank's
+  // shards and scalars, which a recovery may put back (a worker whose update went through
+  // while a peer's did not goes back a step).
   void BeginUpdate();
   // The end of the step begun last. kFailedPrecondition if no step is open.
   Status EndStep();

@@ -139,6 +139,10 @@ class State {
   TensorRef TensorAt(size_t index) const;
   // Scalar `index` (registration order); index < scalars().size().
   std::span<const std::byte> ScalarAt(size_t index) const { return scalar_data_[index]; }
+  // The runtime's undo copy (MORPH_UNDO_COPY) puts every shard and scalar back to one step's
+  // values through TensorAt / MutableScalarAt, then says so: intact() is true again.
+  std::span<std::byte> MutableScalarAt(size_t index) { return scalar_data_[index]; }
+  void MarkWhole() { intact_ = true; }
   // Storage for a new shard of tensor `index`, from the tensor's allocator (bytes > 0).
   // Does not change the state. The allocator's error, naming the tensor.
   StatusOr<Buffer> AllocateShard(size_t index, int64_t bytes) const;

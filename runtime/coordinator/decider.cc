@@ -40,6 +40,7 @@ Decider::Decider(DeciderOptions options)
 std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::Any event) {
   Out out;
   if (phase_ == Phase::kFailed || phase_ == Phase::kComplete) return out;
+  now_ms_ = now_ms;
   // Any message from a worker proves it alive.
   auto touch = [&](WorkerId w) {
     auto it = workers_.find(w);
@@ -480,6 +481,7 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
     out.push_back(DeciderAction::ChooseRecovery{pending_->id, current_, *pending_, change, {}});
     return;
   }
+  recovery_prepared_ms_ = change.recovery ? now_ms_ : -1;
   out.push_back(DeciderAction::SendPrepare{
       change.participants,
       PrepareMsg{.next = *pending_, .from_generation = current_.id, .from = current_, .change = change}});
@@ -656,6 +658,24 @@ void Decider::OnTick(int64_t now_ms, Out& out) {
         "no heartbeat for more than " + std::to_string(options_.heartbeat_timeout_ms) + " ms";
     out.push_back(DeciderAction::Disconnect{w, reason});
     OnLost(w, reason, out);
+  }
+  // A recovery waits for every survivor's state: one that cannot report holds up the job.
+  if (phase_ == Phase::kPreparing && pending_ && pending_change_.recovery && !choosing_ &&
+      recovery_prepared_ms_ >= 0 &&
+      now_ms - recovery_prepared_ms_ > options_.heartbeat_timeout_ms) {
+    std::vector<WorkerId> hung;
+    for (WorkerId w : OldRanksAlive()) {
+      if (!reports_.count(w)) hung.push_back(w);
+    }
+    for (WorkerId w : hung) {
+      if (phase_ != Phase::kPreparing || !workers_.count(w)) break;  // already replanned
+      std::string reason = "no state report for generation " + std::to_string(pending_->id) +
+                           "'s recovery within " +
+                           std::to_string(options_.heartbeat_timeout_ms) +
+                           " ms (its training thread did not reach a step boundary)";
+      out.push_back(DeciderAction::Disconnect{w, reason});
+      OnLost(w, reason, out);
+    }
   }
 }
 

@@ -70,7 +70,8 @@ struct DeciderOptions {
   int initial_world = 1;
   // Largest world a resize may ask for.
   int max_world = 1 << 16;
-  // A worker silent for longer is lost (MORPH_HEARTBEAT_TIMEOUT_MS); 0: never.
+  // A worker silent for longer is lost (MORPH_HEARTBEAT_TIMEOUT_MS); 0: never. So is a
+  // survivor that has not reported its state this long after a recovery's prepare.
   int64_t heartbeat_timeout_ms = 0;
   // Resume at start (MORPH_RESUME): before committing the job's first generation, ask the
   // shell for a checkpoint to resume from (FindResumeCheckpoint); with one, the first generation
@@ -322,6 +323,11 @@ class Decider {
   ChangeParticipants pending_change_;
   std::map<WorkerId, StepReportMsg> reports_;  // old rank -> its report
   bool choosing_ = false;  // a recovery's ChooseRecovery is out
+  // When the pending recovery's prepare went out (-1: none). A survivor that has not reported
+  // its state a heartbeat timeout later is hung (its training thread cannot reach its step
+  // boundary, e.g. a collective the abort did not wake) and is dropped like a silent one.
+  int64_t recovery_prepared_ms_ = -1;
+  int64_t now_ms_ = 0;  // the clock of the event being handled
   RecoveryDecision recovery_decision_;  // the chosen one, for the commit
   std::set<WorkerId> applied_;
   int ok_count_ = 0;  // Applied answers with ok

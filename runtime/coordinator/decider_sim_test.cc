@@ -801,5 +801,49 @@ TEST(DeciderTest, ResumeCommitsTheFirstGenerationAtTheCheckpointsStep) {
   }
 }
 
+// A survivor whose training thread cannot reach its step boundary after an abort (a collective
+// the abort did not wake) never reports its state: a heartbeat timeout after the recovery's
+// prepare it is dropped like a silent worker, and the recovery goes on without it (before, the
+// others waited until their own change timeout and the job failed).
+TEST(DeciderTest, ASurvivorThatNeverReportsItsStateIsDroppedAfterTheHeartbeatTimeout) {
+  Decider d(DeciderOptions{.initial_world = 3, .max_world = 3, .heartbeat_timeout_ms = 1000});
+  d.Handle(0, DeciderEvent::Join{.worker = 1});
+  d.Handle(0, DeciderEvent::Join{.worker = 2});
+  d.Handle(0, DeciderEvent::Join{.worker = 3});
+  PlannedChange g1{.config = ParallelConfig{.dp = 3}, .ranks = {1, 2, 3}, .plan_digest = 1};
+  d.Handle(0, DeciderEvent::PlanReady{.generation = 1, .plan = g1});
+  for (WorkerId w : {1, 2, 3}) d.Handle(0, AppliedMsg{.worker = w, .generation = 1});
+  auto out = d.Handle(100, DeciderEvent::Lost{.worker = 3, .reason = "killed"});
+  auto plans = Actions<DeciderAction::ComputePlan>(out);
+  ASSERT_EQ(plans.size(), 1u);
+  PlannedChange g2{.config = ParallelConfig{.dp = 2}, .ranks = {1, 2}, .plan_digest = 2};
+  out = d.Handle(100, DeciderEvent::PlanReady{.generation = plans[0].request.generation, .plan = g2});
+  auto prepares = Actions<DeciderAction::SendPrepare>(out);
+  ASSERT_EQ(prepares.size(), 1u);
+  ASSERT_TRUE(prepares[0].msg.change.recovery);
+  d.Handle(200, StepReportMsg{.worker = 1, .generation = prepares[0].msg.next.id,
+                              .last_free_step = 7, .state_step = 7, .state_ok = true});
+  // Worker 2 keeps heartbeating (its control thread is fine) but never reports.
+  for (int64_t t = 300; t <= 1000; t += 100) {
+    EXPECT_TRUE(Actions<DeciderAction::Disconnect>(d.Handle(t, DeciderEvent::Heartbeat{.worker = 2}))
+                    .empty());
+    d.Handle(t, DeciderEvent::Heartbeat{.worker = 1});
+    EXPECT_TRUE(Actions<DeciderAction::Disconnect>(d.Handle(t, DeciderEvent::Tick{})).empty()) << t;
+  }
+  d.Handle(1150, DeciderEvent::Heartbeat{.worker = 1});
+  d.Handle(1150, DeciderEvent::Heartbeat{.worker = 2});
+  out = d.Handle(1150, DeciderEvent::Tick{});
+  auto dropped = Actions<DeciderAction::Disconnect>(out);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_EQ(dropped[0].worker, 2);
+  EXPECT_NE(dropped[0].reason.find("no state report for generation 2's recovery within 1000 ms"),
+            std::string::npos)
+      << dropped[0].reason;
+  // The recovery starts over without it.
+  plans = Actions<DeciderAction::ComputePlan>(out);
+  ASSERT_EQ(plans.size(), 1u);
+  EXPECT_EQ(plans[0].request.candidates, std::vector<WorkerId>{1});
+}
+
 }  // namespace
 }  // namespace morph

@@ -88,6 +88,10 @@ struct StepReportMsg {
   // snapshot, and of the copy it holds for the rank it is the buddy of (-1: none).
   int64_t snapshot_step = -1;
   int64_t held_snapshot_step = -1;
+  // MORPH_UNDO_COPY: the step of the copy of its state this worker took at its last
+  // BeginUpdate, which it can put back locally (-1: none). A worker whose update went through
+  // while a peer's did not (the commit vote reached some ranks only) can thus go back a step.
+  int64_t undo_step = -1;
   friend bool operator==(const StepReportMsg&, const StepReportMsg&) = default;
 };
 

@@ -77,14 +77,19 @@ StatusOr<RecoveryChoice> ChooseRecovery(const JobManifest& manifest, const Gener
   for (const auto& [w, r] : by_worker) {
     newest = std::max(newest, r->state_step);
     if (r->state_ok && r->state_step >= 0) steps.insert(r->state_step);
+    if (r->undo_step >= 0) steps.insert(r->undo_step);
   }
   out.decision.newest_step = newest;
+  // Whether worker `r` can hold step `v`'s values: its live state, or its undo copy (put back
+  // before the exchange; runtime.cc, Switch).
+  auto holds = [](const StepReportMsg& r, int64_t v) {
+    return (r.state_ok && r.state_step == v) || r.undo_step == v;
+  };
   std::string first_missing;
   for (int64_t v : steps) {
     std::vector<WorkerId> stale;
     for (WorkerId w : old_alive) {
-      const StepReportMsg& r = *by_worker.at(w);
-      if (!(r.state_ok && r.state_step == v)) stale.push_back(w);
+      if (!holds(*by_worker.at(w), v)) stale.push_back(w);
     }
     MORPH_ASSIGN_OR_RETURN(Coverage c, Check(manifest, from, next, change, stale), gen);
     if (!c.missing) {

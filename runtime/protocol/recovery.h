@@ -6,7 +6,9 @@
 //   1. the newest step v such that the survivors whose state is whole and at v hold a copy of
 //      every piece the new generation needs (replicas: DP copies of parameters, hybrid ZeRO
 //      groups, TP/PP duplicates); survivors at another step or torn are `stale` (they receive
-//      everything, like joiners, and roll forward or back to v);
+//      everything, like joiners, and roll forward or back to v). A survivor whose undo copy
+//      (StepReportMsg::undo_step, MORPH_UNDO_COPY) is at v counts as holding v: it puts the
+//      copy back first;
 //   2. else the newest step at which every old rank's buddy snapshot survives (own copy or the
 //      buddy's), when snapshots are on: everyone rolls back to it;
 //   3. else the latest complete checkpoint: everyone rolls back to it;

@@ -408,6 +408,7 @@ void Put(Writer& w, const StepReportMsg& m) {
   w.U8(m.state_ok ? 1 : 0);
   w.I64(m.snapshot_step);
   w.I64(m.held_snapshot_step);
+  w.I64(m.undo_step);
 }
 void Get(Reader& r, StepReportMsg& m) {
   m.worker = r.I64("worker");
@@ -417,6 +418,7 @@ void Get(Reader& r, StepReportMsg& m) {
   m.state_ok = GetBool(r, "state_ok") == 1;
   m.snapshot_step = r.I64("snapshot_step");
   m.held_snapshot_step = r.I64("held_snapshot_step");
+  m.undo_step = r.I64("undo_step");
 }
 void Put(Writer& w, const AbortMsg& m) {
   w.I64(m.generation);

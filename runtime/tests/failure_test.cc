@@ -6,7 +6,8 @@
 // the fixed global order (a step trained again after a recovery counts once, from its latest
 // generation). With plain ZeRO a death loses pieces: the job stops with kDataLoss naming one.
 //
-// MORPH_FAILURE_TRIALS (default 20) sets the number of seeded trials; MORPH_TEST_SEED runs one.
+// MORPH_FAILURE_TRIALS (default 20) sets the number of seeded trials; MORPH_TEST_SEED runs one;
+// MORPH_TEST_KEEP keeps every trial's logs (under the temp folder, morph-elastic-kill-*).
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -67,9 +68,13 @@ void RunTrial(uint64_t seed) {
                 .step_ms = 10,
                 .extra_args = {"--variant", "hybrid2"},
                 // A switch cut short keeps the old state whole (the recovery may use it).
-                // An abandoned change's communicators that wait on a dead peer give up at
-                // the change timeout (the workers' exit waits for them).
-                .env = {{"MORPH_RESHARD_KEEP_OLD", "1"}, {"MORPH_CHANGE_TIMEOUT_MS", "15000"}},
+                // The change timeout is above the heartbeat timeout: a survivor that cannot
+                // report its state is dropped by the coordinator before the others give up.
+                // The undo copy lets a worker whose commit vote completed go back a step
+                // when a dying peer's vote reached only some of the others.
+                .env = {{"MORPH_RESHARD_KEEP_OLD", "1"},
+                        {"MORPH_UNDO_COPY", "1"},
+                        {"MORPH_CHANGE_TIMEOUT_MS", "30000"}},
                 .heartbeat_timeout_ms = 20000};
   Job job = StartJob("kill-" + std::to_string(seed), workers,
                      {{2, Config(2, 1, 1)}, {4, Config(4, 1, 1)}, {6, Config(6, 1, 1)}}, jo);
@@ -99,7 +104,7 @@ void RunTrial(uint64_t seed) {
   FinishAfterKills(job, victims, kSteps, trial + " moment " + std::to_string(moment));
   if (!::testing::Test::HasFailure()) {
     job.launcher.reset();
-    std::filesystem::remove_all(job.dir);
+    if (std::getenv("MORPH_TEST_KEEP") == nullptr) std::filesystem::remove_all(job.dir);
   }
 }
 
