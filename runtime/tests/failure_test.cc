@@ -234,8 +234,8 @@ TEST(FailureTest, ANewJobResumesFromTheNewestCompleteCheckpoint) {
   first.launcher.reset();
   StatusOr<CheckpointRef> latest = LatestCompleteCheckpoint(ckpt.path.string());
   ASSERT_TRUE(latest.ok()) << latest.status();
-  ASSERT_GE(latest->step, 8);
-  ASSERT_LE(latest->step, 12);
+  ASSERT_GE(latest->step, 8);  // (the workers may be a few steps past 13 when killed)
+  ASSERT_LT(latest->step, kSteps);
 
   jo.env["MORPH_RESUME"] = "auto";
   jo.env["SLURM_RESTART_COUNT"] = "1";
