@@ -196,13 +196,12 @@ StatusOr<Agent::Decision> Agent::Decide(int64_t step, Deadline deadline) {
   }
 }
 
-Status Agent::ReportState(int64_t state_step, bool state_ok, int64_t snapshot_step,
-                         int64_t held_snapshot_step, int64_t undo_step) {
+Status Agent::ReportState(int64_t state_step, bool state_ok, const SnapshotHoldings& snapshots,
+                         int64_t undo_step) {
   std::optional<StepReportMsg> report;
   {
     std::lock_guard<std::mutex> l(mu_);
-    report =
-        core_.OnRecoveryState(state_step, state_ok, snapshot_step, held_snapshot_step, undo_step);
+    report = core_.OnRecoveryState(state_step, state_ok, snapshots, undo_step);
     UpdatePendingLocked();
     cv_.notify_all();
   }

@@ -88,8 +88,8 @@ class Agent {
   void NoteStepFailed();
   // The training thread's half of a recovery's step report (Decide said kReport): the step its
   // state holds and whether it is whole, and its snapshots' steps (-1: none).
-  Status ReportState(int64_t state_step, bool state_ok, int64_t snapshot_step = -1,
-                     int64_t held_snapshot_step = -1, int64_t undo_step = -1);
+  Status ReportState(int64_t state_step, bool state_ok, const SnapshotHoldings& snapshots = {},
+                     int64_t undo_step = -1);
   // Reports the switch's result (sends Applied). After ok the core is in the new generation.
   Status SwitchDone(bool ok, const std::string& error = "", AppliedMsg::Phases phases = {});
   // After a failed switch: waits for the coordinator's outcome (true: applied elsewhere).

@@ -54,8 +54,7 @@ std::optional<StepReportMsg> AgentCore::OnRecoveryBuilt(int64_t generation) {
 }
 
 std::optional<StepReportMsg> AgentCore::OnRecoveryState(int64_t state_step, bool state_ok,
-                                                        int64_t snapshot_step,
-                                                        int64_t held_snapshot_step,
+                                                        const SnapshotHoldings& snapshots,
                                                         int64_t undo_step) {
   if (recovery_ == 0 || recovery_state_) return std::nullopt;
   recovery_state_ = StepReportMsg{.worker = me_,
@@ -63,8 +62,7 @@ std::optional<StepReportMsg> AgentCore::OnRecoveryState(int64_t state_step, bool
                                   .last_free_step = state_step,
                                   .state_step = state_step,
                                   .state_ok = state_ok,
-                                  .snapshot_step = snapshot_step,
-                                  .held_snapshot_step = held_snapshot_step,
+                                  .snapshots = snapshots,
                                   .undo_step = undo_step};
   return RecoveryReportIfComplete();
 }

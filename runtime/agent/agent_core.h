@@ -45,8 +45,16 @@ class AgentCore {
   void OnRecoveryPrepare(const PrepareMsg& m);
   std::optional<StepReportMsg> OnRecoveryBuilt(int64_t generation);
   std::optional<StepReportMsg> OnRecoveryState(int64_t state_step, bool state_ok,
-                                               int64_t snapshot_step, int64_t held_snapshot_step,
+                                               const SnapshotHoldings& snapshots,
                                                int64_t undo_step = -1);
+  // The same with only the newest local and held snapshot steps (tests).
+  std::optional<StepReportMsg> OnRecoveryState(int64_t state_step, bool state_ok,
+                                               int64_t snapshot_step, int64_t held_snapshot_step,
+                                               int64_t undo_step = -1) {
+    return OnRecoveryState(
+        state_step, state_ok,
+        SnapshotHoldings{.local_step = snapshot_step, .held_step = held_snapshot_step}, undo_step);
+  }
   void OnCommit(const CommitMsg& m);
   void OnAbandon(const AbandonMsg& m);
   void OnOutcome(const OutcomeMsg& m);

@@ -8,6 +8,7 @@
 
 #include "base/logging.h"
 #include "reshard/plan_digest.h"
+#include "runtime/agent/switch_internal.h"
 #include "runtime/protocol/plan_input.h"
 
 #if MORPH_WITH_CUDA
@@ -130,7 +131,8 @@ Status CopyBytes(BufferView dst, ConstBufferView src) {
 #endif
 }
 
-// "participant 2 (worker 12), participant 3 (worker 5)" for the peers a failure names.
+}  // namespace
+
 std::string NamePeers(const Status& s, const std::vector<WorkerId>& participants) {
   std::string out;
   for (int p : s.failed_peers()) {
@@ -142,8 +144,6 @@ std::string NamePeers(const Status& s, const std::vector<WorkerId>& participants
   }
   return out;
 }
-
-}  // namespace
 
 PreparedSwitch::~PreparedSwitch() = default;
 
@@ -379,6 +379,12 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
     sw.executed_ = true;
     return RestoreFromCheckpoint(sw, commit, state, deadline);
+  }
+  if (recovery && commit.recovery.source == RecoveryDecision::Source::kSnapshot) {
+    if (sw.executed_) return FailedPreconditionError(gen + ": already executed");
+    if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
+    sw.executed_ = true;
+    return RestoreFromSnapshots(sw, commit, state, deadline);
   }
   if (recovery && !sw.executed_) {
     // The plan of a recovery depends on its commit (the stale participants).

@@ -58,6 +58,11 @@
 // first and never read; it receives its whole new state. The scalars come from the first
 // participant that is not stale. A recovery from a checkpoint moves nothing between
 // participants: every one installs its new shards and restores them (restore_checkpoint).
+// A recovery from buddy snapshots (kSnapshot, runtime/protocol/snapshot_plan.h) reads no live
+// shard: every participant releases its old shards, allocates its new ones, and runs two
+// exchanges into them — round A from each worker's own local copy of the snapshot step, round B
+// from the copies the buddies hold for the lost ranks (SwitchOptions::snapshot) — then the
+// scalars from the first participant serving its own copy, then the closing barrier.
 //
 // Abandon: destroying a PreparedSwitch releases the change communicator and the new groups
 // (peers still building or using them fail with kUnavailable); the State is untouched.
@@ -86,6 +91,7 @@
 #include "runtime/protocol/manifest.h"
 #include "runtime/protocol/messages.h"
 #include "runtime/protocol/plan_input.h"
+#include "runtime/recovery/snapshot.h"
 
 namespace morph {
 
@@ -119,6 +125,12 @@ struct SwitchOptions {
   // of the State, already installed for the new config and rank, from the checkpoint at
   // `path`. Null: such a recovery fails with kFailedPrecondition.
   std::function<Status(const std::string& path, State& state)> restore_checkpoint;
+  // A recovery from buddy snapshots (RecoveryDecision::kSnapshot): this worker's complete copy
+  // of `step` of the generation the change starts from, its own (held = false) or the one it
+  // holds for its ward (held = true); null when it has none. Called on the training thread;
+  // the copy must stay valid until ExecuteSwitch returns. Null function: such a recovery fails
+  // with kFailedPrecondition.
+  std::function<const SnapshotData*(int64_t step, bool held)> snapshot;
 };
 
 struct SwitchTimings {
@@ -189,6 +201,8 @@ class PreparedSwitch {
   friend Status PlanSwitch(PreparedSwitch&, const ChangePlan&, const SwitchOptions&);
   friend StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch&, const CommitMsg&, State&,
                                                      Deadline);
+  friend StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch&, const CommitMsg&, State&,
+                                                    Deadline);
   PreparedSwitch() = default;
 
   JobManifest manifest_;

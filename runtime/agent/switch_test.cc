@@ -21,6 +21,7 @@
 #include "collectives/rank_harness.h"
 #include "reshard/reshard_testutil.h"
 #include "runtime/protocol/plan_input.h"
+#include "runtime/protocol/recovery.h"
 
 namespace morph {
 namespace {
@@ -132,9 +133,11 @@ class Cluster {
       const PrepareMsg& prepare,
       const std::function<void(WorkerId, SwitchOptions&, std::unique_ptr<PreparedSwitch>*)>& tweak =
           nullptr,
-      const SwitchOptions& base = Defaults()) {
+      const SwitchOptions& base = Defaults(),
+      const std::function<void(CommitMsg&)>& edit_commit = nullptr) {
     CommitMsg commit{prepare.next, prepare.from_generation, prepare.from, prepare.change};
     commit.next.start_step = 100 * commit.next.id;
+    if (edit_commit) edit_commit(commit);
     std::vector<WorkerId> workers = prepare.change.participants;
     if (prepare.from.id == 0) workers = prepare.next.ranks;
     std::map<WorkerId, CommunicatorFactory> factories;
@@ -554,6 +557,155 @@ TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthers) {
 
 TEST(SwitchTest, ParticipantThatDisappearsMidTransferFailsTheOthersOverTcp) {
   DisappearMidTransfer(/*shared_memory=*/false);
+}
+
+// One rank's buddy snapshot as the BuddySnapshotter keeps it: a host copy of every shard and
+// scalar of a State at one step.
+struct HostSnapshot {
+  std::vector<std::vector<char>> tensors;
+  std::vector<std::vector<std::byte>> scalars;
+  SnapshotData data;
+};
+
+std::unique_ptr<HostSnapshot> TakeSnapshot(const State& s, int64_t generation, int64_t step) {
+  auto out = std::make_unique<HostSnapshot>();
+  SnapshotData& d = out->data;
+  d.generation = generation;
+  d.step = step;
+  d.rank = s.rank();
+  d.config = *s.config();
+  for (size_t t = 0; t < s.tensors().size(); ++t) {
+    State::TensorRef ref = s.TensorAt(t);
+    const char* p = static_cast<const char*>(ref.data.data);
+    out->tensors.emplace_back(p, p + ref.data.bytes);
+    d.shards.push_back(ref.shard);
+  }
+  for (size_t k = 0; k < s.scalars().size(); ++k) {
+    std::span<const std::byte> v = s.ScalarAt(k);
+    out->scalars.emplace_back(v.begin(), v.end());
+  }
+  for (const auto& t : out->tensors) {
+    d.tensors.emplace_back(t.empty() ? nullptr : t.data(), t.size(), MemoryKind::kHost);
+  }
+  for (const auto& v : out->scalars) d.scalars.emplace_back(v.data(), v.size());
+  return out;
+}
+
+// Plain ZeRO (each moment shard exactly once): a dead rank's moments survive only in its
+// buddy's snapshot. Every rank rolls back to the snapshot step from its own copy, the dead
+// rank's pieces come from its buddy's, and the result is bitwise the snapshot's state.
+TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
+  Cluster c;
+  const std::vector<WorkerId> workers = {1, 2, 3, 4};
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(4, 1, 1), workers));
+  const Generation from = c.current_;
+  const int64_t snap_step = from.start_step + 8;
+  const int64_t now_step = from.start_step + 10;
+  // Hosts a, a, b, b: rank r's buddy is (r + 2) % 4, so rank r holds the copy of rank (r + 2) % 4.
+  const std::vector<std::string> hosts = {"a", "a", "b", "b"};
+  const std::vector<int> buddy = BuddyRanks(hosts);
+  ASSERT_EQ(buddy, (std::vector<int>{2, 3, 0, 1}));
+  std::map<WorkerId, std::unique_ptr<HostSnapshot>> local, held;
+  for (int r = 0; r < 4; ++r) {
+    const WorkerId w = from.ranks[static_cast<size_t>(r)];
+    local[w] = TakeSnapshot(*c.states_.at(w), from.id, snap_step);
+    held[from.ranks[static_cast<size_t>(buddy[static_cast<size_t>(r)])]] =
+        TakeSnapshot(*c.states_.at(w), from.id, snap_step);
+  }
+  // Training went on past the snapshot: the live state no longer holds its values.
+  for (WorkerId w : workers) {
+    State& s = *c.states_.at(w);
+    for (size_t t = 0; t < s.tensors().size(); ++t) {
+      State::TensorRef ref = s.TensorAt(t);
+      if (ref.data.bytes > 0) std::memset(ref.data.data, 0x5a, ref.data.bytes);
+    }
+    for (const ScalarSpec& sc : c.manifest_.scalars) {
+      std::span<std::byte> v = *s.scalar(sc.name);
+      std::fill(v.begin(), v.end(), std::byte{0x77});
+    }
+  }
+  // Worker 2 (rank 1) dies; worker 4 (rank 3) holds its copy.
+  const WorkerId dead = 2;
+  PrepareMsg p{.from_generation = from.id, .from = from};
+  p.next = Generation{.id = from.id + 1, .config = Config(3, 1, 1)};
+  p.change.lost = {dead};
+  p.change.recovery = true;
+  const std::vector<WorkerId> survivors = {1, 3, 4};
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      p.next.ranks, AssignRanks(c.manifest_, from, p.change.lost, survivors, p.next.config));
+  p.change.participants = ParticipantOrder(from, p.change.lost, p.next.ranks);
+  std::vector<StepReportMsg> reports;
+  for (WorkerId w : survivors) {
+    const int r = from.RankOf(w);
+    const int ward = static_cast<int>(std::find(buddy.begin(), buddy.end(), r) - buddy.begin());
+    reports.push_back({.worker = w, .generation = p.next.id, .last_free_step = now_step,
+                       .state_step = now_step, .state_ok = true,
+                       .snapshots = {.local_step = snap_step, .local_prev_step = snap_step - 4,
+                                     .held_step = snap_step, .held_prev_step = snap_step - 4,
+                                     .held_rank = ward}});
+  }
+  // Without the buddy's held copy, nothing covers rank 1's moments.
+  {
+    std::vector<StepReportMsg> no_held = reports;
+    for (StepReportMsg& r : no_held) r.snapshots.held_step = r.snapshots.held_prev_step = -1;
+    StatusOr<RecoveryChoice> none =
+        ChooseRecovery(c.manifest_, from, p.next, p.change, no_held, std::nullopt);
+    EXPECT_EQ(none.status().code(), StatusCode::kDataLoss) << none.status();
+    EXPECT_NE(none.status().message().find("has no snapshot of step " + std::to_string(snap_step)),
+              std::string::npos)
+        << none.status();
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(RecoveryChoice choice,
+                             ChooseRecovery(c.manifest_, from, p.next, p.change, reports,
+                                            std::nullopt));
+  EXPECT_EQ(choice.decision.source, RecoveryDecision::Source::kSnapshot) << choice.explanation;
+  EXPECT_EQ(choice.resume_step, snap_step);
+  EXPECT_EQ(choice.decision.newest_step, now_step);
+  EXPECT_TRUE(choice.stale.empty());
+  EXPECT_EQ(choice.decision.snapshot_holders, (std::vector<WorkerId>{1, 4, 3, 4}));
+  EXPECT_NE(choice.explanation.find("from snapshot of step " + std::to_string(snap_step)),
+            std::string::npos);
+  {
+    // A checkpoint of a later step loses fewer steps and wins; one of an earlier step does not.
+    StatusOr<RecoveryChoice> newer = ChooseRecovery(
+        c.manifest_, from, p.next, p.change, reports,
+        RecoveryCheckpoint{.step = snap_step + 1, .path = "/ckpt/newer"});
+    ASSERT_TRUE(newer.ok()) << newer.status();
+    EXPECT_EQ(newer->decision.source, RecoveryDecision::Source::kCheckpoint);
+    EXPECT_EQ(newer->resume_step, snap_step + 1);
+    StatusOr<RecoveryChoice> older = ChooseRecovery(
+        c.manifest_, from, p.next, p.change, reports,
+        RecoveryCheckpoint{.step = snap_step, .path = "/ckpt/same"});
+    ASSERT_TRUE(older.ok()) << older.status();
+    EXPECT_EQ(older->decision.source, RecoveryDecision::Source::kSnapshot);
+  }
+
+  auto edit = [&](CommitMsg& commit) {
+    commit.next.start_step = choice.resume_step;
+    commit.next.plan_digest = choice.plan_digest;
+    commit.change.stale = choice.stale;
+    commit.recovery = choice.decision;
+  };
+  auto tweak = [&](WorkerId w, SwitchOptions& o, std::unique_ptr<PreparedSwitch>*) {
+    o.snapshot = [&, w](int64_t step, bool is_held) -> const SnapshotData* {
+      auto& m = is_held ? held : local;
+      auto it = m.find(w);
+      return it == m.end() || it->second->data.step != step ? nullptr : &it->second->data;
+    };
+  };
+  c.states_.erase(dead);
+  std::map<WorkerId, WorkerResult> r = c.Run(p, tweak, Cluster::Defaults(), edit);
+  ASSERT_EQ(r.size(), 3u);
+  int64_t received = 0;
+  for (auto& [w, res] : r) {
+    ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
+    EXPECT_EQ(res.stats.batches, 2) << "two rounds";
+    received += res.stats.bytes_received;
+  }
+  EXPECT_GT(received, 0);
+  ASSERT_EQ(c.current_.id, p.next.id);
+  // Scalars as set at the start (the snapshot's), tensors bitwise their reference slices.
+  c.Verify(from.id);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
+#include "runtime/recovery/snapshot.h"
 
 namespace morph {
 namespace {
@@ -36,6 +38,18 @@ double SecondsSince(SteadyClock::time_point t) {
 std::atomic<bool> g_leave_requested{false};
 
 void OnSigterm(int) { Runtime::RequestLeaveFromSignal(); }
+
+const char* SourceName(RecoveryDecision::Source s) {
+  switch (s) {
+    case RecoveryDecision::Source::kReplicas:
+      return "replicas";
+    case RecoveryDecision::Source::kSnapshot:
+      return "snapshots";
+    case RecoveryDecision::Source::kCheckpoint:
+      return "checkpoint";
+  }
+  return "?";
+}
 
 PrepareMsg AsPrepare(const CommitMsg& c) {
   return PrepareMsg{.next = c.next, .from_generation = c.from_generation, .from = c.from,
@@ -137,6 +151,8 @@ struct Runtime::Impl {
                    << "'s collectives: " << why;
       groups->AbortAll();
     }
+    // A snapshot round waiting on a dead peer would hold the training thread in BeginStep.
+    if (snapshots) snapshots->Abort();
   }
 
   // MORPH_UNDO_COPY: this rank's state as it was at its last BeginUpdate.
@@ -158,12 +174,70 @@ struct Runtime::Impl {
   // The step the last switch restored from a checkpoint (resume at start, a checkpoint
   // recovery), -1 otherwise: that step is on storage already and is not saved again.
   int64_t restored_step = -1;
+  // In-memory buddy snapshots (MORPH_SNAPSHOT_EVERY): a recovery's source when a piece has no
+  // live copy left (runtime/recovery/snapshot.h). Training thread only.
+  std::unique_ptr<BuddySnapshotter> snapshots;
+  bool snapshot_warned = false;  // one warning per generation for a snapshot not taken
+
+  // The snapshots' generation: collectively over `gen`'s world, through its store (this
+  // worker's host under "snapshot/host/<rank>", then everyone's). A failure only turns the
+  // snapshots off for this generation (the recovery then has the other sources).
+  void StartSnapshots() {
+    const int rank = gen.RankOf(agent->id());
+    snapshot_warned = false;
+    if (!snapshots || rank < 0 || !store) return;
+    // Bounded more tightly than a change: it runs in the switch's stall, and a peer that died
+    // right after the switch would hold the training thread here (the abort cannot reach it).
+    Deadline d = Deadline::AfterMs(std::min<int64_t>(opts.change_timeout_ms, 30000));
+    Status st = [&]() -> Status {
+      char name[256] = {};
+      std::string host = opts.host;
+      if (host.empty() && gethostname(name, sizeof(name) - 1) == 0) host = name;
+      if (host.empty()) host = "localhost";
+      MORPH_RETURN_IF_ERROR(store->Set("snapshot/host/" + std::to_string(rank), host, d));
+      SnapshotGeneration g{.generation = gen.id, .rank = rank};
+      for (int r = 0; r < gen.config.world(); ++r) {
+        MORPH_ASSIGN_OR_RETURN(std::string h, store->Get("snapshot/host/" + std::to_string(r), d));
+        g.hosts.push_back(std::move(h));
+      }
+      return snapshots->StartGeneration(*store, g, d);
+    }();
+    if (!st.ok()) {
+      snapshot_warned = true;
+      LOG(WARNING) << "worker " << agent->id() << ": generation " << gen.id
+                   << ": buddy snapshots off for this generation: " << st;
+    }
+  }
+
+  // What this worker can serve from its snapshots of the current generation (a recovery report);
+  // ends the snapshots' generation first (a round in flight is cut off, its copies not used).
+  SnapshotHoldings EndSnapshots() {
+    SnapshotHoldings h;
+    if (!snapshots) return h;
+    snapshots->EndGeneration();
+    const std::vector<int64_t> local = snapshots->LocalSteps(gen.id);
+    const std::vector<int64_t> held = snapshots->HeldSteps(gen.id);
+    if (!local.empty()) h.local_step = local[0];
+    if (local.size() > 1) h.local_prev_step = local[1];
+    if (!held.empty() && snapshots->held_generation() == gen.id) {
+      h.held_step = held[0];
+      if (held.size() > 1) h.held_prev_step = held[1];
+      h.held_rank = snapshots->held_rank();
+    }
+    return h;
+  }
 
   SwitchOptions SwitchOpts() const {
     SwitchOptions s;
     s.keep_old_until_barrier = opts.keep_old_until_barrier;
     s.restore_checkpoint = [](const std::string& path, State& st) {
       return RestoreFromCheckpoint(path, st);
+    };
+    // Read at the switch step (training thread), while `gen` is still the generation the
+    // change starts from.
+    s.snapshot = [this](int64_t step, bool held) -> const SnapshotData* {
+      if (!snapshots) return nullptr;
+      return held ? snapshots->Held(step, gen.id) : snapshots->Local(step, gen.id);
     };
     s.batch_bytes = opts.batch_bytes;
     s.executor.chunk_bytes = manifest.chunk_bytes;
@@ -342,7 +416,8 @@ struct Runtime::Impl {
             1e9;
       }
     }
-    if (c.change.recovery && !r.stale) {
+    if (c.change.recovery && !r.stale &&
+        c.recovery.source == RecoveryDecision::Source::kReplicas) {
       // The commit resumes at a step this worker holds (ChooseRecovery): its live state if whole
       // there, else its undo copy (the same rule as ChooseRecovery's).
       const int64_t v = c.next.start_step;
@@ -363,6 +438,7 @@ struct Runtime::Impl {
     aborted = false;
     torn = false;
     aborted_at_ns.store(0);
+    StartSnapshots();
     r.stall_seconds = SecondsSince(entered);
     auto us = [](double s) { return static_cast<int64_t>(s * 1e6); };
     MORPH_RETURN_IF_ERROR(agent->SwitchDone(
@@ -380,8 +456,9 @@ struct Runtime::Impl {
               << (r.resumed ? "; resumed from checkpoint " +
                                   std::filesystem::path(r.checkpoint).filename().string() + " (" +
                                   r.checkpoint + ")"
-                  : r.recovery ? "; recovery" + std::string(r.stale ? " (stale state)" : "") +
-                                   ", steps lost " + std::to_string(r.lost_steps())
+                  : r.recovery ? "; recovery from " + std::string(SourceName(r.source)) +
+                                     (r.stale ? " (stale state)" : "") + ", steps lost " +
+                                     std::to_string(r.lost_steps())
                                : std::string());
     last_reconfiguration = r;
     if (on_reconfigure && r.rank >= 0) on_reconfigure(r);
@@ -476,12 +553,19 @@ struct Runtime::Impl {
         case AgentCore::Action::kReport: {
           // A recovery: the step the state holds, and whether it is whole.
           const bool whole = !torn && state.intact();
+          const SnapshotHoldings snaps = EndSnapshots();
           const int64_t undo_step = UndoStep();
           LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step
                     << (whole ? " (whole)" : " (torn)")
                     << (undo_step >= 0 ? ", undo copy of step " + std::to_string(undo_step)
-                                       : std::string());
-          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole, -1, -1, undo_step));
+                                       : std::string())
+                    << (snapshots ? "; snapshots: own " + std::to_string(snaps.local_step) + "/" +
+                                        std::to_string(snaps.local_prev_step) + ", held " +
+                                        std::to_string(snaps.held_step) + "/" +
+                                        std::to_string(snaps.held_prev_step) + " of rank " +
+                                        std::to_string(snaps.held_rank)
+                                  : std::string());
+          MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole, snaps, undo_step));
           break;
         }
         case AgentCore::Action::kCannotSwitch: {
@@ -605,6 +689,12 @@ Status Runtime::Impl::Bootstrap() {
   gloo.iface = opts.data_iface;
   MORPH_ASSIGN_OR_RETURN(device, GlooDevice::Create(gloo));
   factory = GlooFactory(device);
+  if (opts.snapshot_every > 0) {
+    BuddySnapshotOptions so;
+    so.device = device;
+    so.timeout = std::chrono::milliseconds(opts.change_timeout_ms);
+    snapshots = std::make_unique<BuddySnapshotter>(opts.snapshot_every, so);
+  }
 
   AgentOptions ao;
   ao.heartbeat_ms = opts.heartbeat_ms;
@@ -707,6 +797,20 @@ StatusOr<Step> Runtime::BeginStep() {
                                          m.gen.config.world(), m.gen.config);
     if (!c.ok()) LOG(WARNING) << "checkpoint of step " << m.next_step << " not taken: " << c;
   }
+  if (m.snapshots && rank >= 0 && m.snapshots->Due(m.next_step)) {
+    // The state holds this step's values: copy it (the copy and the exchange with the buddy go
+    // on in the background; BeginUpdate waits for the copy). A program that never called
+    // BeginUpdate may change the state anywhere in the step: it waits for the copy here.
+    Status c = m.snapshots->MaybeBegin(m.next_step, m.state);
+    if (c.ok() && !m.step_called_begin_update) {
+      c = m.snapshots->WaitCopied(Deadline::AfterMs(m.opts.change_timeout_ms));
+    }
+    if (!c.ok() && !m.snapshot_warned) {
+      m.snapshot_warned = true;
+      LOG(WARNING) << "worker " << m.agent->id() << ": snapshot of step " << m.next_step
+                   << " not taken: " << c;
+    }
+  }
   StepAccess::Fill(step, false, reconfigured, m.next_step, m.gen, rank, m.opts.micro_batch,
                    m.groups.get(), &*m.cursor);
   m.in_step = true;
@@ -715,6 +819,15 @@ StatusOr<Step> Runtime::BeginStep() {
 
 void Runtime::BeginUpdate() {
   Impl& m = *impl_;
+  if (m.snapshots && !m.updating) {
+    // The step's snapshot copy (if one was begun) must be done before the state changes.
+    Status c = m.snapshots->WaitCopied(Deadline::AfterMs(m.opts.change_timeout_ms));
+    if (!c.ok() && !m.snapshot_warned) {
+      m.snapshot_warned = true;
+      LOG(WARNING) << "worker " << m.agent->id() << ": snapshot of step " << m.next_step
+                   << " not copied: " << c;
+    }
+  }
   if (m.opts.undo_copy && m.in_step && !m.updating) {
     Status s = m.undo.Take(m.state, m.next_step, m.gen.id);
     if (!s.ok() && !m.undo_warned) {

@@ -449,12 +449,14 @@ TEST(CoordinatorTest, AnOversizedHeaderClosesTheConnectionWithoutAllocating) {
     // Another wire version is refused naming both versions.
     RawConn raw(coord->control_address());
     std::string hello = EncodeFrame(HelloMsg{.token = kToken});
-    hello[4] = 3;
+    hello[4] = static_cast<char>(kWireVersion + 1);
     raw.Write(hello);
     MORPH_ASSERT_OK_AND_ASSIGN(WireMessage m, DecodeFrame(raw.ReadToEnd()));
     ASSERT_TRUE(std::holds_alternative<ErrorMsg>(m));
     EXPECT_EQ(std::get<ErrorMsg>(m).code, static_cast<int>(StatusCode::kFailedPrecondition));
-    EXPECT_THAT(std::get<ErrorMsg>(m).message, HasSubstr("wire version 3, this side speaks 2"));
+    EXPECT_THAT(std::get<ErrorMsg>(m).message,
+                HasSubstr("wire version " + std::to_string(kWireVersion + 1) +
+                          ", this side speaks " + std::to_string(kWireVersion)));
   }
   // The coordinator goes on serving: a real worker still gets in.
   auto w = StartWorkers(*coord, 2);

@@ -72,6 +72,20 @@ struct PrepareMsg {
   friend bool operator==(const PrepareMsg&, const PrepareMsg&) = default;
 };
 
+// A worker's buddy snapshots of the generation it reports from (runtime/recovery/snapshot.h):
+// its own complete local copies and the complete copies it holds for its ward, each the newest
+// and the one before it (both are kept while the next is made). -1: none.
+struct SnapshotHoldings {
+  int64_t local_step = -1;
+  int64_t local_prev_step = -1;
+  int64_t held_step = -1;
+  int64_t held_prev_step = -1;
+  int64_t held_rank = -1;  // the old rank whose copies it holds (-1: none)
+  bool HasLocal(int64_t s) const { return s >= 0 && (s == local_step || s == local_prev_step); }
+  bool HasHeld(int64_t s) const { return s >= 0 && (s == held_step || s == held_prev_step); }
+  friend bool operator==(const SnapshotHoldings&, const SnapshotHoldings&) = default;
+};
+
 // Old rank -> coordinator: the highest step it may begin in the old generation without a
 // decision (it waits in BeginStep before any later step until the commit or an abandon).
 struct StepReportMsg {
@@ -84,10 +98,8 @@ struct StepReportMsg {
   // failed switch released old shards). -1 / true otherwise.
   int64_t state_step = -1;
   bool state_ok = true;
-  // Buddy snapshots (MORPH_SNAPSHOT_EVERY): the step of this worker's own complete local
-  // snapshot, and of the copy it holds for the rank it is the buddy of (-1: none).
-  int64_t snapshot_step = -1;
-  int64_t held_snapshot_step = -1;
+  // Buddy snapshots (MORPH_SNAPSHOT_EVERY), recovery prepares only.
+  SnapshotHoldings snapshots;
   // MORPH_UNDO_COPY: the step of the copy of its state this worker took at its last
   // BeginUpdate, which it can put back locally (-1: none). A worker whose update went through
   // while a peer's did not (the commit vote reached some ranks only) can thus go back a step.
@@ -107,6 +119,9 @@ struct RecoveryDecision {
   // trained but are lost and are trained again.
   int64_t newest_step = 0;
   std::string checkpoint;  // kCheckpoint: its directory
+  // kSnapshot: for each old rank r of `from`, the worker that serves its state at
+  // next.start_step: from.ranks[r] itself (its own local copy) or r's buddy (the held copy).
+  std::vector<WorkerId> snapshot_holders;
   friend bool operator==(const RecoveryDecision&, const RecoveryDecision&) = default;
 };
 

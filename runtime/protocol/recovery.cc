@@ -5,6 +5,7 @@
 #include <set>
 
 #include "runtime/protocol/plan_input.h"
+#include "runtime/protocol/snapshot_plan.h"
 
 namespace morph {
 namespace {
@@ -40,6 +41,80 @@ StatusOr<Coverage> Check(const JobManifest& manifest, const Generation& from,
                   std::to_string(plan.participants[p]) + ")";
   }
   return out;
+}
+
+// Option 2: the newest step k at which every old rank's state survives in a buddy snapshot: its
+// own worker alive with its local copy of k, else a survivor holding its copy of k (its buddy).
+// nullopt when no step qualifies (`why` says what was missing at the newest candidate).
+StatusOr<std::optional<RecoveryChoice>> ChooseSnapshot(
+    const JobManifest& manifest, const Generation& from, const Generation& next,
+    const ChangeParticipants& change, const std::vector<WorkerId>& old_alive,
+    const std::map<WorkerId, const StepReportMsg*>& by_worker, std::string& why) {
+  std::set<int64_t, std::greater<>> steps;
+  for (const auto& [w, r] : by_worker) {
+    for (int64_t s : {r->snapshots.local_step, r->snapshots.local_prev_step,
+                      r->snapshots.held_step, r->snapshots.held_prev_step}) {
+      if (s >= 0) steps.insert(s);
+    }
+  }
+  if (steps.empty()) {
+    why = "no survivor reported a snapshot";
+    return std::optional<RecoveryChoice>();
+  }
+  auto alive = [&](WorkerId w) {
+    return std::find(old_alive.begin(), old_alive.end(), w) != old_alive.end();
+  };
+  for (int64_t k : steps) {
+    std::vector<WorkerId> holders(from.ranks.size(), -1);
+    std::vector<WorkerId> stale;
+    std::string missing;
+    for (size_t r = 0; r < from.ranks.size() && missing.empty(); ++r) {
+      const WorkerId w = from.ranks[r];
+      if (alive(w) && by_worker.at(w)->snapshots.HasLocal(k)) {
+        holders[r] = w;
+        continue;
+      }
+      for (const auto& [b, rep] : by_worker) {
+        if (rep->snapshots.held_rank == static_cast<int64_t>(r) && rep->snapshots.HasHeld(k)) {
+          holders[r] = b;
+          break;
+        }
+      }
+      if (holders[r] < 0) {
+        missing = "old rank " + std::to_string(r) + " (worker " + std::to_string(w) +
+                  ") has no snapshot of step " + std::to_string(k) + " left";
+      } else if (alive(w)) {
+        stale.push_back(w);
+      }
+    }
+    if (missing.empty()) {
+      ChangeParticipants c = change;
+      c.stale = stale;
+      MORPH_ASSIGN_OR_RETURN(SnapshotChangePlan plan,
+                             PlanForSnapshot(manifest, from, next, c, holders));
+      for (size_t p = 0; p < plan.own.participants.size() && missing.empty(); ++p) {
+        StatusOr<SnapshotRounds> rounds = PlanSnapshotRounds(plan, static_cast<int32_t>(p));
+        if (rounds.status().code() == StatusCode::kDataLoss) {
+          missing = std::string(rounds.status().message());
+        } else if (!rounds.ok()) {
+          return rounds.status();
+        }
+      }
+      if (missing.empty()) {
+        RecoveryChoice out;
+        out.resume_step = k;
+        out.stale = std::move(stale);
+        out.plan_digest = plan.digest;
+        out.decision.source = RecoveryDecision::Source::kSnapshot;
+        out.decision.snapshot_holders = std::move(holders);
+        out.explanation = "from snapshot of step " + std::to_string(k) + " (holders " +
+                          Ids(out.decision.snapshot_holders) + ", lost " + Ids(change.lost) + ")";
+        return std::optional<RecoveryChoice>(std::move(out));
+      }
+    }
+    if (why.empty()) why = missing;
+  }
+  return std::optional<RecoveryChoice>();
 }
 
 }  // namespace
@@ -104,6 +179,17 @@ StatusOr<RecoveryChoice> ChooseRecovery(const JobManifest& manifest, const Gener
     if (first_missing.empty()) first_missing = *c.missing;
   }
   if (steps.empty()) first_missing = "every surviving state is torn";
+  std::string snapshot_missing;
+  MORPH_ASSIGN_OR_RETURN(
+      std::optional<RecoveryChoice> snap,
+      ChooseSnapshot(manifest, from, next, change, old_alive, by_worker, snapshot_missing), gen);
+  // A newer complete checkpoint loses fewer steps than an older snapshot (a tie: the snapshot,
+  // served from memory).
+  if (snap && !(checkpoint && checkpoint->step > snap->resume_step)) {
+    snap->decision.newest_step = newest;
+    snap->explanation += ": no surviving copy of " + first_missing;
+    return *std::move(snap);
+  }
   if (checkpoint) {
     MORPH_ASSIGN_OR_RETURN(Coverage c, Check(manifest, from, next, change, old_alive), gen);
     out.resume_step = checkpoint->step;
@@ -123,6 +209,7 @@ StatusOr<RecoveryChoice> ChooseRecovery(const JobManifest& manifest, const Gener
                          for (int64_t v : steps) s += (s.empty() ? "" : ",") + std::to_string(v);
                          return s.empty() ? std::string("none") : s;
                        }() +
+                       "; snapshots: " + snapshot_missing +
                        "; no complete checkpoint (MORPH_CHECKPOINT_DIR))");
 }
 

@@ -9,8 +9,13 @@
 //      everything, like joiners, and roll forward or back to v). A survivor whose undo copy
 //      (StepReportMsg::undo_step, MORPH_UNDO_COPY) is at v counts as holding v: it puts the
 //      copy back first;
-//   2. else the newest step at which every old rank's buddy snapshot survives (own copy or the
-//      buddy's), when snapshots are on: everyone rolls back to it;
+//   2. else the newest step k at which every old rank's buddy snapshot survives (StepReportMsg::
+//      snapshots): the rank's worker alive with its local copy of k, else a survivor holding
+//      the rank's copy of k (its buddy); and the two exchange rounds of runtime/protocol/
+//      snapshot_plan.h cover every new piece. Everyone rolls back to k: source kSnapshot,
+//      decision.snapshot_holders = the worker serving each old rank, `stale` = the live old
+//      ranks served by their buddy (their own copy is missing) — unless the checkpoint below
+//      is of a later step (it loses fewer steps);
 //   3. else the latest complete checkpoint: everyone rolls back to it;
 //   4. else kDataLoss naming the tensor and box that has no copy left.
 //
@@ -24,7 +29,8 @@
 //   commit.next.start_step = c.resume_step; commit.change.stale = c.stale;
 //   commit.next.plan_digest = c.plan_digest; commit.recovery = c.decision;
 //
-// Pure function; any thread. Cost: one PlanAll per candidate step (a few per recovery).
+// Pure function; any thread. Cost: one PlanAll per candidate step (a few per recovery), and
+// for option 2 both rounds' plans of every participant per candidate snapshot step.
 #ifndef MORPH_RUNTIME_PROTOCOL_RECOVERY_H_
 #define MORPH_RUNTIME_PROTOCOL_RECOVERY_H_
 

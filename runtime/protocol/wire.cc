@@ -377,6 +377,7 @@ void Put(Writer& w, const M& m) {
     w.U8(static_cast<uint8_t>(m.recovery.source));
     w.I64(m.recovery.newest_step);
     w.Str(m.recovery.checkpoint);
+    w.Ids(m.recovery.snapshot_holders);
   }
 }
 template <typename M>
@@ -398,6 +399,7 @@ void Get(Reader& r, M& m) {
     m.recovery.source = static_cast<RecoveryDecision::Source>(source);
     m.recovery.newest_step = r.I64("recovery.newest_step");
     m.recovery.checkpoint = r.Str("recovery.checkpoint");
+    m.recovery.snapshot_holders = r.Ids("recovery.snapshot_holders");
   }
 }
 void Put(Writer& w, const StepReportMsg& m) {
@@ -406,8 +408,11 @@ void Put(Writer& w, const StepReportMsg& m) {
   w.I64(m.last_free_step);
   w.I64(m.state_step);
   w.U8(m.state_ok ? 1 : 0);
-  w.I64(m.snapshot_step);
-  w.I64(m.held_snapshot_step);
+  w.I64(m.snapshots.local_step);
+  w.I64(m.snapshots.local_prev_step);
+  w.I64(m.snapshots.held_step);
+  w.I64(m.snapshots.held_prev_step);
+  w.I64(m.snapshots.held_rank);
   w.I64(m.undo_step);
 }
 void Get(Reader& r, StepReportMsg& m) {
@@ -416,8 +421,11 @@ void Get(Reader& r, StepReportMsg& m) {
   m.last_free_step = r.I64("last_free_step");
   m.state_step = r.I64("state_step");
   m.state_ok = GetBool(r, "state_ok") == 1;
-  m.snapshot_step = r.I64("snapshot_step");
-  m.held_snapshot_step = r.I64("held_snapshot_step");
+  m.snapshots.local_step = r.I64("snapshots.local_step");
+  m.snapshots.local_prev_step = r.I64("snapshots.local_prev_step");
+  m.snapshots.held_step = r.I64("snapshots.held_step");
+  m.snapshots.held_prev_step = r.I64("snapshots.held_prev_step");
+  m.snapshots.held_rank = r.I64("snapshots.held_rank");
   m.undo_step = r.I64("undo_step");
 }
 void Put(Writer& w, const AbortMsg& m) {

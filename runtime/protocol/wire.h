@@ -37,7 +37,10 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 // 2: full layouts in Register (extra layers, TP blocks, padding, hybrid ZeRO group), recovery
 //    fields (change.recovery/stale, the commit's RecoveryDecision, the step report's state),
 //    FailureReport, Abort.
-inline constexpr uint16_t kWireVersion = 3;  // 3: StepReportMsg::undo_step
+// 3: StepReportMsg::undo_step.
+// 4: the step report's SnapshotHoldings (both copies of each side, whose copy is held) and the
+//    commit's RecoveryDecision::snapshot_holders.
+inline constexpr uint16_t kWireVersion = 4;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;

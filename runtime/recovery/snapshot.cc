@@ -150,7 +150,13 @@ template <typename S>
 int Newest(const std::array<S, 2>& slots) {
   int best = -1;
   for (int i = 0; i < 2; ++i) {
-    if (slots[i].complete && (best < 0 || slots[i].data.step > slots[best].data.step)) best = i;
+    // By (generation, step): after a rollback a later generation's copy is newer than an
+    // older generation's copy of a later step.
+    if (slots[i].complete &&
+        (best < 0 || std::pair(slots[i].data.generation, slots[i].data.step) >
+                         std::pair(slots[best].data.generation, slots[best].data.step))) {
+      best = i;
+    }
   }
   return best;
 }
@@ -261,8 +267,11 @@ void BuddySnapshotter::EndGeneration() {
     }
   }
   JoinRound();
-  to_buddy_.reset();
-  from_ward_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // Abort() reads them
+    to_buddy_.reset();
+    from_ward_.reset();
+  }
   generation_ = -1;
   buddy_ = ward_ = -1;
   broken_ = Status::Ok();
@@ -270,6 +279,13 @@ void BuddySnapshotter::EndGeneration() {
   copy_status_ = Status::Ok();
   exchange_status_ = Status::Ok();
   copied_ = true;
+}
+
+void BuddySnapshotter::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!running_) return;
+  if (to_buddy_) to_buddy_->Abort();
+  if (from_ward_) from_ward_->Abort();
 }
 
 Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration& g,
@@ -317,8 +333,11 @@ Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration&
     buddy_ = ward_ = -1;
     return s;
   }
-  to_buddy_ = std::move(buddy_comm).value();
-  from_ward_ = std::move(ward_comm).value();
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // Abort() reads them
+    to_buddy_ = std::move(buddy_comm).value();
+    from_ward_ = std::move(ward_comm).value();
+  }
   MORPH_VLOG(1, log_) << "snapshots: buddy rank " << buddy_ << " (host "
                       << hosts_[static_cast<size_t>(buddy_)] << "), ward rank " << ward_;
   return Status::Ok();
@@ -621,18 +640,44 @@ int64_t BuddySnapshotter::held_generation() const {
   return i < 0 ? -1 : held_[i].data.generation;
 }
 
-const SnapshotData* BuddySnapshotter::Local(int64_t step) const {
+namespace {
+template <typename S>
+std::vector<int64_t> CompleteSteps(const std::array<S, 2>& slots, int64_t generation) {
+  std::vector<int64_t> out;
+  for (const S& s : slots) {
+    if (s.complete && s.data.generation == generation) out.push_back(s.data.step);
+  }
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+}  // namespace
+
+std::vector<int64_t> BuddySnapshotter::LocalSteps(int64_t generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CompleteSteps(local_, generation);
+}
+
+std::vector<int64_t> BuddySnapshotter::HeldSteps(int64_t generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CompleteSteps(held_, generation);
+}
+
+const SnapshotData* BuddySnapshotter::Local(int64_t step, int64_t generation) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Slot& s : local_) {
-    if (s.complete && s.data.step == step) return &s.data;
+    if (s.complete && s.data.step == step && (generation < 0 || s.data.generation == generation)) {
+      return &s.data;
+    }
   }
   return nullptr;
 }
 
-const SnapshotData* BuddySnapshotter::Held(int64_t step) const {
+const SnapshotData* BuddySnapshotter::Held(int64_t step, int64_t generation) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Slot& s : held_) {
-    if (s.complete && s.data.step == step) return &s.data;
+    if (s.complete && s.data.step == step && (generation < 0 || s.data.generation == generation)) {
+      return &s.data;
+    }
   }
   return nullptr;
 }

@@ -30,8 +30,9 @@
 // memory_bytes() says how much.
 //
 // Threads: StartGeneration, EndGeneration, MaybeBegin, WaitCopied, WaitExchanged and the
-// accessors are called by one thread (the training thread); one background thread per round
-// copies and exchanges. A SnapshotData pointer stays valid until the next MaybeBegin.
+// accessors are called by one thread (the training thread), Abort by any; one background
+// thread per round copies and exchanges. A SnapshotData pointer stays valid until the next
+// MaybeBegin.
 #ifndef MORPH_RUNTIME_RECOVERY_SNAPSHOT_H_
 #define MORPH_RUNTIME_RECOVERY_SNAPSHOT_H_
 
@@ -128,6 +129,11 @@ class BuddySnapshotter {
   // Aborts a round in flight (its held copy stays incomplete: the previous one is kept), joins
   // the background thread and drops the communicators. Idempotent.
   void EndGeneration();
+  // Any thread (the runtime's control thread on a failure): makes a round in flight fail at
+  // once with kAborted instead of waiting on a dead peer, so the training thread blocked in
+  // MaybeBegin or WaitExchanged reaches its step boundary. Copies already complete stay; the
+  // generation's snapshots are broken until the next StartGeneration. Nothing when idle.
+  void Abort();
 
   // At the start of step `step` (training thread): when Due(step), waits for the previous
   // round to end (up to the options' timeout), then starts a round in the background: copy
@@ -157,10 +163,15 @@ class BuddySnapshotter {
   int64_t held_step() const;
   int held_rank() const;
   int64_t held_generation() const;
-  // The complete local / held copy of `step`, or null when not held (either buffer: the
-  // newest or the one before it). Valid until the next MaybeBegin or StartGeneration.
-  const SnapshotData* Local(int64_t step) const;
-  const SnapshotData* Held(int64_t step) const;
+  // Steps of the complete local / held copies of generation `generation` (at most two each),
+  // newest first: what a recovery report says this rank can serve.
+  std::vector<int64_t> LocalSteps(int64_t generation) const;
+  std::vector<int64_t> HeldSteps(int64_t generation) const;
+  // The complete local / held copy of `step` (taken in `generation`; -1: any), or null when not
+  // held (either buffer: the newest or the one before it). Valid until the next MaybeBegin or
+  // StartGeneration.
+  const SnapshotData* Local(int64_t step, int64_t generation = -1) const;
+  const SnapshotData* Held(int64_t step, int64_t generation = -1) const;
   // Host bytes held in snapshot buffers (two local, two held).
   int64_t memory_bytes() const;
 

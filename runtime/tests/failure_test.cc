@@ -168,6 +168,28 @@ TEST(FailureTest, LossOfEveryCopyIsRecoveredFromTheCheckpoint) {
   std::filesystem::remove_all(ckpt);
 }
 
+// Plain ZeRO with buddy snapshots every 4 steps (and no checkpoint): a death loses moment shards
+// nobody else holds live, so every rank rolls back to the newest snapshot step whose every old
+// rank's copy survives (the dead rank's in its buddy's memory), reports the steps lost, and
+// completes; each worker checks its state bitwise at every step.
+TEST(FailureTest, LossOfEveryLiveCopyIsRecoveredFromBuddySnapshots) {
+  JobOptions jo{.steps = kSteps,
+                .step_ms = 10,
+                .env = {{"MORPH_SNAPSHOT_EVERY", "4"}, {"MORPH_CHANGE_TIMEOUT_MS", "15000"}}};
+  Job job = StartJob("snapshot", 4, {{3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(testing::WaitForStep(job, 10)) << Logs(job);
+  std::vector<ChildInfo> kids = job.launcher->children();
+  kill(kids[1].pid, SIGKILL);
+  FinishAfterKills(job, {kids[1].pid}, kSteps, "snapshot");
+  const std::string logs = Logs(job);
+  EXPECT_NE(logs.find("from snapshots (newest"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("recovery from snapshots, steps lost"), std::string::npos) << logs;
+  EXPECT_EQ(logs.find("DATA_LOSS"), std::string::npos) << logs;
+  job.launcher.reset();
+  std::filesystem::remove_all(job.dir);
+}
+
 // ---- Whole-job restart (issue 13): resume at start from the newest complete checkpoint ----
 
 // The lowest step any worker of a job logged samples for (-1: none), from <dir>/*.samples.
