@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -32,6 +33,8 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   c.max_world = o.max_world;
   c.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
   c.checkpoint_dir = o.checkpoint_dir;
+  MORPH_ASSIGN_OR_RETURN(c.resume, ParseResumeMode(o.resume, "resume"));
+  MORPH_ASSIGN_OR_RETURN(c.restart_count, ParseRestartCount(std::getenv("SLURM_RESTART_COUNT")));
   c.http.address = o.api_address;
   c.http.port = o.api_port;
   c.http.token_for_reads = o.api_token_for_reads;

@@ -7,6 +7,7 @@
 
 #include "base/params.h"
 #include "collectives/tcp_store.h"
+#include "runtime/coordinator/coordinator.h"
 
 namespace morph {
 
@@ -46,6 +47,8 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(int64_t keep, params::CheckpointKeep());
   o.checkpoint_keep = static_cast<int>(keep);
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_max_bytes_per_second, params::CheckpointMaxBytesPerS());
+
+  MORPH_ASSIGN_OR_RETURN(o.resume, params::Resume());
   MORPH_ASSIGN_OR_RETURN(o.snapshot_every, params::SnapshotEvery());
   MORPH_ASSIGN_OR_RETURN(std::string token, params::Token());
   MORPH_ASSIGN_OR_RETURN(std::string token_file, params::TokenFile());
@@ -128,6 +131,8 @@ Status Options::Validate() const {
     return InvalidArgumentError("cuda_device: must be -1 (the local rank) or a device index, got " +
                                 std::to_string(cuda_device));
   }
+
+  MORPH_RETURN_IF_ERROR(ParseResumeMode(resume, "resume").status());
   if (dataset_samples < 1) {
     return InvalidArgumentError("dataset_samples: must be at least 1, got " +
                                 std::to_string(dataset_samples));

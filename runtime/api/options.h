@@ -131,6 +131,13 @@ struct Options {
   // MORPH_CHECKPOINT_MAX_BYTES_PER_S: the most bytes per second one rank's save writes (0: no
   // limit), so that saves leave a shared disk or file system to training and other jobs.
   uint64_t checkpoint_max_bytes_per_second = 0;
+
+  // Resume at start, for the coordinator this worker hosts (mpirun rank 0, Slurm task 0, a
+  // lone worker): MORPH_RESUME "auto" (on a restart, SLURM_RESTART_COUNT > 0), "always" or
+  // "never" — whether the job's first generation starts from the newest complete checkpoint in
+  // checkpoint_dir (docs/operations.md "Whole-job preemption and requeue"). Then fresh_start() is
+  // false.
+  std::string resume = "auto";
   // In-memory buddy snapshots (Gemini): every MORPH_SNAPSHOT_EVERY steps (0: off) each rank
   // copies its state into host memory and sends the copy to its buddy, a rank on another host
   // when there is one. Costs two copies of the rank's state in host memory.

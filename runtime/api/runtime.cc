@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -172,6 +173,9 @@ struct Runtime::Impl {
 
   // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.
   std::unique_ptr<PeriodicCheckpointer> checkpointer;
+  // The step the last switch restored from a checkpoint (resume at start, a checkpoint
+  // recovery), -1 otherwise: that step is on storage already and is not saved again.
+  int64_t restored_step = -1;
   // In-memory buddy snapshots (MORPH_SNAPSHOT_EVERY): a recovery's source when a piece has no
   // live copy left (runtime/recovery/snapshot.h). Training thread only.
   std::unique_ptr<BuddySnapshotter> snapshots;
@@ -404,6 +408,10 @@ struct Runtime::Impl {
       r.newest_step = c.recovery.newest_step;
       r.stale = std::find(c.change.stale.begin(), c.change.stale.end(), agent->id()) !=
                 c.change.stale.end();
+      if (c.recovery.source == RecoveryDecision::Source::kCheckpoint) {
+        r.checkpoint = c.recovery.checkpoint;
+        r.resumed = c.from.id == 0;  // resume at start (MORPH_RESUME)
+      }
       const int64_t at = aborted_at_ns.load();
       if (at != 0) {
         r.abort_seconds =
@@ -430,6 +438,7 @@ struct Runtime::Impl {
     }
     gen = c.next;
     next_step = c.next.start_step;
+    restored_step = r.checkpoint.empty() ? -1 : r.step;
     aborted = false;
     torn = false;
     aborted_at_ns.store(0);
@@ -448,10 +457,13 @@ struct Runtime::Impl {
               << "; switch " << r.stall_seconds << " s (communicators "
               << r.communicators_seconds << ", plan " << r.plan_seconds << ", transfer "
               << r.transfer_seconds << ", resume " << r.resume_seconds << ")"
-              << (r.recovery ? "; recovery from " + std::string(SourceName(r.source)) +
-                                   (r.stale ? " (stale state)" : "") + ", steps lost " +
-                                   std::to_string(r.lost_steps())
-                             : std::string());
+              << (r.resumed ? "; resumed from checkpoint " +
+                                  std::filesystem::path(r.checkpoint).filename().string() + " (" +
+                                  r.checkpoint + ")"
+                  : r.recovery ? "; recovery from " + std::string(SourceName(r.source)) +
+                                     (r.stale ? " (stale state)" : "") + ", steps lost " +
+                                     std::to_string(r.lost_steps())
+                               : std::string());
     last_reconfiguration = r;
     if (on_reconfigure && r.rank >= 0) on_reconfigure(r);
     return Status();
@@ -504,7 +516,8 @@ struct Runtime::Impl {
     }
     SwitchStats stats = *executed;
     AdoptGroups(std::move(p));
-    if (c.from.id == 0) fresh = true;  // materialized zero-filled: the caller initializes
+    // Materialized zero-filled: the caller initializes (unless it resumed from a checkpoint).
+    if (c.from.id == 0 && !c.change.recovery) fresh = true;
     r.communicators_seconds = stats.seconds.communicators;
     r.plan_seconds = stats.seconds.plan;
     r.transfer_seconds = stats.seconds.transfer;
@@ -790,7 +803,8 @@ StatusOr<Step> Runtime::BeginStep() {
     return step;
   }
   const int rank = m.gen.RankOf(m.agent->id());
-  if (m.checkpointer && rank >= 0 && m.checkpointer->Due(m.next_step)) {
+  if (m.checkpointer && rank >= 0 && m.checkpointer->Due(m.next_step) &&
+      m.next_step != m.restored_step) {
     // The state holds this step's values: snapshot it (the write goes on in the background).
     Status c = m.checkpointer->MaybeSave(m.next_step, m.gen.id, m.state, rank,
                                          m.gen.config.world(), m.gen.config);

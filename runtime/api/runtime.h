@@ -77,6 +77,11 @@ struct Reconfiguration {
   bool stale = false;
   // Failure detected (the abort reached this worker) -> the recovery's commit arrived.
   double abort_seconds = 0;
+  // The job's first generation resumed from a checkpoint of an earlier run (resume at start:
+  // recovery is true, source kCheckpoint, no steps lost).
+  bool resumed = false;
+  // A recovery or resume from a checkpoint: its folder (<dir>/step-<step>-g<generation>).
+  std::string checkpoint;
 };
 
 class Runtime {
@@ -86,11 +91,16 @@ class Runtime {
   // Joins the job, registers the state `declare` adds, and returns once this worker holds a
   // rank in a committed generation with its state in place: freshly allocated (zero-filled) in
   // the job's first generation (fresh_start()), or received from peers when joining a running
-  // job. A worker that the job does not need yet (a standby spare) waits here until a change
-  // gives it a rank, or until Start's timeout.
+  // job, or — a job restarted with resume at start (Options::resume, MORPH_RESUME) on a folder
+  // holding a complete checkpoint — read from the newest one: then fresh_start() is false,
+  // next_step() is the checkpoint's step and last_reconfiguration()->resumed is true. A worker
+  // that the job does not need yet (a standby spare) waits here until a change gives it a rank,
+  // or until Start's timeout.
   // Errors: Options::Validate's and `declare`'s; kFailedPrecondition "registration differs from
   // the job's: <the first difference>" when this worker registered other tensors, shapes, dtypes
-  // or layouts than the job; kUnauthenticated for a wrong token; kUnavailable /
+  // or layouts than the job; kFailedPrecondition "...checkpoint P does not match the registered
+  // state: tensor 'T' ..." when the checkpoint to resume from holds other tensors, shapes,
+  // dtypes or scalars (the job does not start); kUnauthenticated for a wrong token; kUnavailable /
   // kDeadlineExceeded when the coordinator cannot be reached or the job did not start in time.
   static StatusOr<std::unique_ptr<Runtime>> Start(Options options, const Declare& declare);
 

@@ -7,6 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <array>
 #include <atomic>
@@ -119,6 +123,72 @@ StatusOr<PlannedChange> PlanChange(const JobManifest& manifest, const ConfigPoli
                        .explanation = choice.explanation};
 }
 
+namespace {
+
+// Resume at start, on the planner thread: the checkpoint `lookup` names (none: a fresh start),
+// if it holds exactly the job's registered tensors and scalars; else the event's status says
+// why the job cannot start.
+DeciderEvent::ResumeReady ResumeCheckpoint(
+    int64_t generation, const std::shared_ptr<const JobManifest>& manifest,
+    const std::function<std::optional<RecoveryCheckpoint>()>& lookup) {
+  DeciderEvent::ResumeReady out{.generation = generation};
+  if (!manifest) {
+    out.status = FailedPreconditionError("no manifest registered");
+    return out;
+  }
+  out.checkpoint = lookup ? lookup() : std::nullopt;
+  if (!out.checkpoint) return out;
+  const RecoveryCheckpoint& c = *out.checkpoint;
+  StatusOr<CheckpointReader> reader = CheckpointReader::Open(c.path);
+  if (!reader.ok()) {
+    out.status = reader.status().WithContext("resuming from checkpoint " + c.path);
+  } else if (reader->step() != c.step) {
+    out.status =
+        FailedPreconditionError("resuming from checkpoint " + c.path + ": it holds step " +
+                                std::to_string(reader->step()) + ", not " + std::to_string(c.step));
+  } else {
+    out.status = CheckCheckpointMatches(*reader, c.path, manifest->tensors, manifest->scalars);
+    if (!out.status.ok()) out.status = out.status.WithContext("resuming the job");
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<ResumeMode> ParseResumeMode(std::string_view value, std::string_view what) {
+  std::string v(value);
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (v == "auto") return ResumeMode::kAuto;
+  if (v == "always") return ResumeMode::kAlways;
+  if (v == "never") return ResumeMode::kNever;
+  return InvalidArgumentError(std::string(what) + ": '" + std::string(value) +
+                              "' is not one of auto, always, never");
+}
+
+std::string_view ResumeModeName(ResumeMode mode) {
+  switch (mode) {
+    case ResumeMode::kAuto:
+      return "auto";
+    case ResumeMode::kAlways:
+      return "always";
+    case ResumeMode::kNever:
+      return "never";
+  }
+  return "?";
+}
+
+StatusOr<int64_t> ParseRestartCount(const char* value) {
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(value, &end, 10);
+  if (errno != 0 || *end != '\0' || n < 0) {
+    return InvalidArgumentError("SLURM_RESTART_COUNT: '" + std::string(value) +
+                                "' is not a count of restarts");
+  }
+  return static_cast<int64_t>(n);
+}
+
 StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   CoordinatorOptions o;
   MORPH_ASSIGN_OR_RETURN(o.address, params::CoordinatorAddr());
@@ -136,6 +206,9 @@ StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   o.max_world = static_cast<int>(max_world);
   MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_dir, params::CheckpointDir());
+  MORPH_ASSIGN_OR_RETURN(std::string resume, params::Resume());
+  MORPH_ASSIGN_OR_RETURN(o.resume, ParseResumeMode(resume));
+  MORPH_ASSIGN_OR_RETURN(o.restart_count, ParseRestartCount(std::getenv("SLURM_RESTART_COUNT")));
   MORPH_ASSIGN_OR_RETURN(o.http, HttpServerOptions::FromEnv());
   MORPH_ASSIGN_OR_RETURN(o.store, TcpStoreServerOptions::FromEnv());
   return o;
@@ -172,11 +245,16 @@ struct Conn : std::enable_shared_from_this<Conn> {
 
 class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl> {
  public:
-  explicit Impl(CoordinatorOptions options)
+  // `resume_lookup`: where resume at start finds its checkpoint (null: latest_checkpoint).
+  Impl(CoordinatorOptions options, std::function<std::optional<RecoveryCheckpoint>()> resume_lookup)
       : options_(std::move(options)),
-        decider_(DeciderOptions{.initial_world = options_.initial_world,
-                                .max_world = options_.max_world,
-                                .heartbeat_timeout_ms = options_.heartbeat_timeout_ms}),
+        resume_lookup_(resume_lookup ? std::move(resume_lookup) : options_.latest_checkpoint),
+        decider_(
+            DeciderOptions{.initial_world = options_.initial_world,
+                           .max_world = options_.max_world,
+                           .heartbeat_timeout_ms = options_.heartbeat_timeout_ms,
+                           .resume = options_.ResumeEnabled() && static_cast<bool>(resume_lookup_),
+                           .first_generation = options_.first_generation}),
         acceptor_(io_),
         tick_(io_),
         publish_timer_(io_),
@@ -215,6 +293,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   }
 
   CoordinatorOptions options_;
+  std::function<std::optional<RecoveryCheckpoint>()> resume_lookup_;  // planner thread
   std::string advertise_host_;
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
@@ -734,6 +813,43 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
               self->Feed(DeciderEvent::RecoveryReady{.generation = gen, .choice = std::move(choice)});
             });
           });
+        } else if constexpr (std::is_same_v<A, DeciderAction::FindResumeCheckpoint>) {
+          LOG(INFO) << "coordinator: generation " << a.generation
+                    << " is the job's first: looking for a checkpoint to resume from (MORPH_RESUME="
+                    << ResumeModeName(options_.resume.value_or(ResumeMode::kNever))
+                    << ", SLURM_RESTART_COUNT=" << options_.restart_count << ")";
+          std::shared_ptr<const JobManifest> manifest = manifest_;
+          std::function<std::optional<RecoveryCheckpoint>()> lookup = resume_lookup_;
+          std::weak_ptr<Impl> weak = weak_from_this();
+          asio::post(planner_, [weak, manifest, lookup, gen = a.generation] {
+            auto start = Clock::now();
+            DeciderEvent::ResumeReady found = ResumeCheckpoint(gen, manifest, lookup);
+            double ms = Ms(Clock::now() - start);
+            auto strong = weak.lock();
+            if (!strong) return;
+            asio::post(strong->io_, [weak, gen, ms, found = std::move(found)]() mutable {
+              auto self = weak.lock();
+              if (!self || self->stopping_) return;
+              if (self->timing_) self->timing_->plan_ms += ms;
+              if (!found.status.ok()) {
+                LOG(ERROR) << "coordinator: generation " << gen
+                           << " cannot resume: " << found.status;
+              } else if (found.checkpoint) {
+                LOG(INFO) << "coordinator: generation " << gen << " resumes from checkpoint "
+                          << std::filesystem::path(found.checkpoint->path).filename().string()
+                          << " at step " << found.checkpoint->step << " (" << found.checkpoint->path
+                          << ")";
+              } else if (self->options_.restart_count > 0) {
+                LOG(WARNING) << "coordinator: a restart (SLURM_RESTART_COUNT="
+                             << self->options_.restart_count
+                             << ") but no complete checkpoint to resume from in '"
+                             << self->options_.checkpoint_dir << "': the job starts afresh";
+              } else {
+                LOG(INFO) << "coordinator: no complete checkpoint to resume from: a fresh start";
+              }
+              self->Feed(std::move(found));
+            });
+          });
         } else if constexpr (std::is_same_v<A, DeciderAction::SendPrepare>) {
           if (timing_) {
             timing_->prepared = Clock::now();
@@ -894,15 +1010,39 @@ void Coordinator::Impl::Publish() {
 // ---- Coordinator -----------------------------------------------------------------------------
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
+  if (options.first_generation <= 0) {
+    options.first_generation =
+        options.checkpoint_dir.empty() ? 1 : NewestCheckpointGeneration(options.checkpoint_dir) + 1;
+  }
+  std::function<std::optional<RecoveryCheckpoint>()> resume_lookup;
   if (!options.latest_checkpoint && !options.checkpoint_dir.empty()) {
-    options.latest_checkpoint = [dir = options.checkpoint_dir]()
-        -> std::optional<RecoveryCheckpoint> {
+    // A recovery reads this job's own checkpoints (generation >= first_generation: an earlier
+    // run's are another training's state unless this job resumed from one) or the one it
+    // resumed from, whichever is newer. Both run on the planner thread.
+    auto resumed = std::make_shared<std::optional<RecoveryCheckpoint>>();
+    options.latest_checkpoint = [dir = options.checkpoint_dir, floor = options.first_generation,
+                                 resumed]() -> std::optional<RecoveryCheckpoint> {
+      StatusOr<CheckpointRef> c = LatestCompleteCheckpoint(dir, floor);
+      if (c.ok() && (!resumed->has_value() || c->step >= (*resumed)->step)) {
+        return RecoveryCheckpoint{.step = c->step, .path = c->path};
+      }
+      return *resumed;
+    };
+    resume_lookup = [dir = options.checkpoint_dir, resumed]() -> std::optional<RecoveryCheckpoint> {
       StatusOr<CheckpointRef> c = LatestCompleteCheckpoint(dir);
       if (!c.ok()) return std::nullopt;
-      return RecoveryCheckpoint{.step = c->step, .path = c->path};
+      *resumed = RecoveryCheckpoint{.step = c->step, .path = c->path};
+      return *resumed;
     };
   }
-  auto impl = std::make_shared<Impl>(std::move(options));
+  if (options.ResumeEnabled() && !options.latest_checkpoint) {
+    LOG(WARNING) << "coordinator: MORPH_RESUME=" << ResumeModeName(*options.resume)
+                 << (options.restart_count > 0
+                         ? " on restart " + std::to_string(options.restart_count)
+                         : std::string())
+                 << " but no checkpoint folder (MORPH_CHECKPOINT_DIR): the job starts afresh";
+  }
+  auto impl = std::make_shared<Impl>(std::move(options), std::move(resume_lookup));
   Status s = impl->Start();
   if (!s.ok()) {
     impl->Stop();

@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/deadline.h"
 #include "base/status.h"
@@ -44,6 +45,23 @@
 #include "runtime/protocol/manifest.h"
 
 namespace morph {
+
+// Resume at start (MORPH_RESUME, docs/operations.md "Whole-job preemption and requeue"): whether a
+// job's first generation starts from the newest complete checkpoint of an earlier run instead of
+// afresh.
+//   kAuto:   on a restart, i.e. SLURM_RESTART_COUNT > 0 (a requeued Slurm job), when there is
+//            a complete checkpoint; otherwise a fresh start;
+//   kAlways: whenever there is a complete checkpoint (a job relaunched by hand, another
+//            scheduler's restart); otherwise a fresh start;
+//   kNever:  always a fresh start (the old checkpoints stay; the job's own are numbered after
+//            them and a recovery never reads theirs).
+enum class ResumeMode : uint8_t { kAuto, kAlways, kNever };
+// "auto", "always", "never" (any case). kInvalidArgument naming `what` (the variable) otherwise.
+StatusOr<ResumeMode> ParseResumeMode(std::string_view value,
+                                     std::string_view what = "MORPH_RESUME");
+std::string_view ResumeModeName(ResumeMode mode);
+// SLURM_RESTART_COUNT's value (unset or empty: 0). kInvalidArgument for anything but a count.
+StatusOr<int64_t> ParseRestartCount(const char* value);
 
 struct CoordinatorOptions {
   std::string address = "127.0.0.1";  // control-channel bind address (MORPH_COORDINATOR_ADDR)
@@ -68,11 +86,28 @@ struct CoordinatorOptions {
   // (the workers' MORPH_CHECKPOINT_DIR), if set.
   std::function<std::optional<RecoveryCheckpoint>()> latest_checkpoint;
   std::string checkpoint_dir;
+  // Resume at start (see ResumeMode): the first generation commits at the step of the newest
+  // complete checkpoint (latest_checkpoint when set, else the newest in checkpoint_dir), after
+  // checking that it holds exactly the job's registered tensors and scalars (else the job
+  // fails with kFailedPrecondition naming the first difference). `restart_count` is the
+  // scheduler's count of restarts (SLURM_RESTART_COUNT) for kAuto.
+  // Unset: never (the Launcher sets both from the workers' environment, FromEnv from this
+  // process's).
+  std::optional<ResumeMode> resume;
+  int64_t restart_count = 0;
+  bool ResumeEnabled() const {
+    return resume == ResumeMode::kAlways || (resume == ResumeMode::kAuto && restart_count > 0);
+  }
+  // The job's first generation id. 0: after the newest generation a checkpoint folder in
+  // checkpoint_dir names (NewestCheckpointGeneration), so a job restarted on an earlier run's
+  // checkpoints never writes into a folder of theirs; 1 when there is none.
+  int64_t first_generation = 0;
   // A handshake (Hello + Register) must complete within this, else the connection is closed.
   int64_t handshake_timeout_ms = 10000;
 
   // MORPH_COORDINATOR_ADDR, MORPH_COORDINATOR_PORT, MORPH_COORDINATOR_ADVERTISE, MORPH_TOKEN /
-  // MORPH_TOKEN_FILE, MORPH_INITIAL_WORLD, MORPH_MAX_WORLD, MORPH_HEARTBEAT_TIMEOUT_MS, plus
+  // MORPH_TOKEN_FILE, MORPH_INITIAL_WORLD, MORPH_MAX_WORLD, MORPH_HEARTBEAT_TIMEOUT_MS,
+  // MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto) and SLURM_RESTART_COUNT, plus
   // HttpServerOptions::FromEnv and TcpStoreServerOptions::FromEnv. kInvalidArgument naming the
   // variable for a bad value; kFailedPrecondition when no token is set; kNotFound /
   // kPermissionDenied for an unreadable token file. Any thread.

@@ -34,7 +34,8 @@ std::string_view DeciderPhaseName(Decider::Phase phase) {
   return "?";
 }
 
-Decider::Decider(DeciderOptions options) : options_(options) {}
+Decider::Decider(DeciderOptions options)
+    : options_(options), last_id_(std::max<int64_t>(1, options.first_generation) - 1) {}
 
 std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::Any event) {
   Out out;
@@ -80,6 +81,8 @@ std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::An
           OnFailureReport(e, out);
         } else if constexpr (std::is_same_v<E, DeciderEvent::RecoveryReady>) {
           OnRecoveryReady(e, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::ResumeReady>) {
+          OnResumeReady(e, out);
         }
       },
       event);
@@ -457,6 +460,13 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
   }
   out.push_back(DeciderAction::AdvanceStore{pending_->id});
   if (current_.id == 0) {
+    if (options_.resume) {
+      // The job's first generation: a checkpoint of an earlier run may supply its state.
+      phase_ = Phase::kPreparing;
+      choosing_ = true;
+      out.push_back(DeciderAction::FindResumeCheckpoint{pending_->id});
+      return;
+    }
     Commit(out);
     return;
   }
@@ -508,6 +518,27 @@ void Decider::OnRecoveryReady(DeciderEvent::RecoveryReady& e, Out& out) {
   recovery_decision_ = c.decision;
   last_explanation_ = c.explanation;
   Commit(out, c.resume_step);
+}
+
+void Decider::OnResumeReady(DeciderEvent::ResumeReady& e, Out& out) {
+  if (phase_ != Phase::kPreparing || !pending_ || current_.id != 0 ||
+      e.generation != pending_->id || !choosing_) {
+    return;  // abandoned meanwhile (a worker was lost): a new proposal asks again
+  }
+  choosing_ = false;
+  if (!e.status.ok()) {
+    phase_ = Phase::kFailed;
+    pending_.reset();
+    out.push_back(DeciderAction::JobFailed{e.status});
+    return;
+  }
+  if (!e.checkpoint) return Commit(out);  // nothing to resume from: a fresh start
+  const RecoveryCheckpoint& c = *e.checkpoint;
+  pending_change_.recovery = true;
+  recovery_decision_ = RecoveryDecision{
+      .source = RecoveryDecision::Source::kCheckpoint, .newest_step = c.step, .checkpoint = c.path};
+  last_explanation_ += "; resumed from checkpoint " + c.path + " at step " + std::to_string(c.step);
+  Commit(out, c.step);
 }
 
 void Decider::OnFailureReport(const DeciderEvent::FailureReport& e, Out& out) {

@@ -32,6 +32,12 @@
 // (their agents abort the old generation's collectives) and report the step their state holds;
 // once all reported, the shell's ChooseRecovery picks the step and source (recovery.h) and the
 // commit carries them (start_step = the resume step, change.stale, the digest with stale).
+// Resume at start (DeciderOptions::resume): the first generation's plan is followed by
+// FindResumeCheckpoint instead of the commit (phase kPreparing, nothing sent yet); with a
+// checkpoint the commit is a recovery (change.recovery, RecoveryDecision::kCheckpoint) at the
+// checkpoint's step, so every worker fills its new shards and the scalars from it; without one
+// the commit is the usual fresh start at step 0; an error fails the job. A worker lost
+// meanwhile abandons the proposal as for any prepare.
 // Completion: a worker whose training loop ended sends Done. From the first Done on the job is
 // finishing: no change is proposed and resizes are refused; a member that closes its connection
 // then is not a loss. Once no change is in progress and every member of the current generation
@@ -67,6 +73,12 @@ struct DeciderOptions {
   // A worker silent for longer is lost (MORPH_HEARTBEAT_TIMEOUT_MS); 0: never. So is a
   // survivor that has not reported its state this long after a recovery's prepare.
   int64_t heartbeat_timeout_ms = 0;
+  // Resume at start (MORPH_RESUME): before committing the job's first generation, ask the
+  // shell for a checkpoint to resume from (FindResumeCheckpoint); with one, the first generation
+  // is a recovery from it (kCheckpoint) at its step.
+  bool resume = false;
+  // The id of the job's first generation (ids only grow from there); values below 1 mean 1.
+  int64_t first_generation = 1;
 };
 
 // What the shell must compute for a proposal: a configuration and an assignment of candidates
@@ -133,8 +145,16 @@ struct DeciderEvent {
     int64_t generation = 0;
     StatusOr<RecoveryChoice> choice = InternalError("unset");
   };
+  // The shell's FindResumeCheckpoint came back: the checkpoint to resume from (none: a fresh
+  // start), or, when `status` is not OK, why the job cannot start (the checkpoint does not
+  // match the job's manifest).
+  struct ResumeReady {
+    int64_t generation = 0;
+    Status status;
+    std::optional<RecoveryCheckpoint> checkpoint;
+  };
   using Any = std::variant<Join, LeaveRequest, Lost, Heartbeat, Resize, StepReportMsg, AppliedMsg,
-                           PlanReady, Tick, Done, FailureReport, RecoveryReady>;
+                           PlanReady, Tick, Done, FailureReport, RecoveryReady, ResumeReady>;
 };
 
 struct DeciderAction {
@@ -149,6 +169,12 @@ struct DeciderAction {
     Generation next;
     ChangeParticipants change;
     std::vector<StepReportMsg> reports;
+  };
+  // DeciderOptions::resume: the job's first generation `generation` is planned; the shell looks
+  // for the newest complete checkpoint, checks it against the job's manifest (off the I/O
+  // thread) and feeds ResumeReady.
+  struct FindResumeCheckpoint {
+    int64_t generation = 0;
   };
   struct SendPrepare {
     std::vector<WorkerId> to;
@@ -199,10 +225,9 @@ struct DeciderAction {
   struct JobComplete {
     int64_t generation = 0;
   };
-  using Any =
-      std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome, SendRelease,
-                   AdvanceStore, AnswerResize, LaunchWorkers, Disconnect, JobFailed, JobComplete,
-                   ChooseRecovery, SendAbort>;
+  using Any = std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome,
+                           SendRelease, AdvanceStore, AnswerResize, LaunchWorkers, Disconnect,
+                           JobFailed, JobComplete, ChooseRecovery, SendAbort, FindResumeCheckpoint>;
 };
 
 class Decider {
@@ -251,6 +276,7 @@ class Decider {
   void OnDone(WorkerId w, Out& out);
   void OnFailureReport(const DeciderEvent::FailureReport& e, Out& out);
   void OnRecoveryReady(DeciderEvent::RecoveryReady& e, Out& out);
+  void OnResumeReady(DeciderEvent::ResumeReady& e, Out& out);
   void MaybeComplete(Out& out);
 
   // Proposes the next change if the state calls for one (only when stable or starting).

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <queue>
 #include <random>
 #include <set>
@@ -60,8 +61,30 @@ class Sim {
   std::string Run() {
     std::uniform_int_distribution<int> n0(1, 4);
     int initial = n0(rng_);
-    decider_ = Decider(DeciderOptions{.initial_world = initial, .max_world = 12});
+    // A third of the schedules are a restarted job: resume at start, generations numbered after
+    // an earlier run's, a checkpoint found (or none, or one that does not match).
+    resume_ = Chance(0.33);
+    first_generation_ = resume_ ? Rand(1, 5) : 1;
+    decider_ = Decider(DeciderOptions{.initial_world = initial,
+                                      .max_world = 12,
+                                      .resume = resume_,
+                                      .first_generation = first_generation_});
     for (int i = 0; i < initial; ++i) SpawnWorker(Rand(0, 20));
+    if (resume_ && Chance(0.3)) {
+      // An initial worker dies while the checkpoint is looked up (or before): the proposal is
+      // abandoned; a replacement arrives and the job starts with it.
+      Schedule(Rand(10, 80), [this] {
+        if (decider_.current().id != 0) return;
+        for (auto& [id, w] : workers_) {
+          if (w.alive && w.connected) {
+            ++kills_;  // it may hold a rank already (a commit on its way)
+            Kill(id);
+            SpawnWorker(Rand(1, 50));
+            return;
+          }
+        }
+      });
+    }
     const int64_t chaos_until = 3000;
     for (int64_t t = Rand(20, 80); t < chaos_until; t += Rand(20, 150)) {
       Schedule(t, [this] { Chaos(); });
@@ -82,6 +105,7 @@ class Sim {
   }
 
   int64_t commits() const { return static_cast<int64_t>(commits_.size()); }
+  int64_t resumed() const { return resumed_; }
   bool ended() const { return ended_; }
   int64_t recoveries() const { return recoveries_; }
 
@@ -253,11 +277,42 @@ class Sim {
               Feed(DeciderEvent::RecoveryReady{.generation = req.generation,
                                                .choice = std::move(choice)});
             });
+          } else if constexpr (std::is_same_v<A, DeciderAction::FindResumeCheckpoint>) {
+            if (!resume_) Fail("looked for a checkpoint to resume from with resume off");
+            // Again only when the first generation did not apply (a participant died in it).
+            if (decider_.current().id != 0) Fail("looked for a checkpoint in a running job");
+            const int64_t gen = a.generation;
+            Schedule(now_ + Rand(1, 60), [this, gen] {
+              DeciderEvent::ResumeReady found{.generation = gen};
+              const int64_t kind = Rand(0, 19);
+              if (kind == 0) {
+                found.status = FailedPreconditionError("checkpoint does not match: tensor 'w'");
+              } else if (kind < 14) {
+                const int64_t step = 4 * Rand(0, 12);
+                found.checkpoint =
+                    RecoveryCheckpoint{.step = step, .path = "ckpt/step-" + std::to_string(step)};
+              }
+              Feed(found);
+            });
           } else if constexpr (std::is_same_v<A, DeciderAction::SendPrepare>) {
             CheckOneChange(a.msg.next.id);
             for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
           } else if constexpr (std::is_same_v<A, DeciderAction::SendCommit>) {
             CheckOneChange(a.msg.next.id);
+            if (a.msg.next.id < first_generation_) Fail("a generation below the first one");
+            if (a.msg.from_generation == 0) {
+              // The first generation: afresh at 0, or resumed at the checkpoint's step.
+              const bool from_ckpt = a.msg.change.recovery;
+              if (from_ckpt &&
+                  (!resume_ || a.msg.recovery.source != RecoveryDecision::Source::kCheckpoint ||
+                   a.msg.recovery.checkpoint !=
+                       "ckpt/step-" + std::to_string(a.msg.next.start_step) ||
+                   a.msg.recovery.newest_step != a.msg.next.start_step)) {
+                Fail("a first generation's recovery that is no resume from its checkpoint");
+              }
+              if (!from_ckpt && a.msg.next.start_step != 0) Fail("a fresh start past step 0");
+              if (from_ckpt) ++resumed_;
+            }
             if (a.msg.change.recovery) {
               ++recoveries_;
               // Steps from the resume step on are trained again in the new generation.
@@ -298,6 +353,9 @@ class Sim {
               ended_ = true;
             } else if (a.status.code() == StatusCode::kDataLoss && kills_ > 0) {
               ended_ = true;  // every holder of the state died (never continue without it)
+            } else if (resume_ && decider_.current().id == 0 &&
+                       a.status.message().starts_with("checkpoint does not match")) {
+              ended_ = true;  // the checkpoint to resume from is another job's: never start
             } else {
               Fail("job failed: " + a.status.ToString());
             }
@@ -505,6 +563,12 @@ class Sim {
   }
 
   void CheckOneChange(int64_t id) {
+    // A change whose every participant died has nobody to send its outcome to.
+    if (open_commit_ != 0 && open_commit_ != id) {
+      bool any_alive = false;
+      for (WorkerId p : barrier_parts_[open_commit_]) any_alive = any_alive || W(p).alive;
+      if (!any_alive) open_commit_ = 0;
+    }
     if (open_commit_ != 0 && open_commit_ != id) {
       Fail("generation " + std::to_string(id) + " proposed while " + std::to_string(open_commit_) +
            " is committed without an outcome");
@@ -580,6 +644,9 @@ class Sim {
   std::string error_;
   bool ended_ = false;
   int kills_ = 0;  // ranked workers killed
+  bool resume_ = false;  // resume at start (a restarted job)
+  int64_t first_generation_ = 1;
+  int64_t resumed_ = 0;     // first generations resumed from a checkpoint
   int64_t recoveries_ = 0;  // recovery commits
 };
 
@@ -591,7 +658,7 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
     runs = 1;
   }
   if (const char* r = std::getenv("MORPH_SIM_RUNS")) runs = std::atoi(r);
-  int64_t commits = 0, ended = 0, recoveries = 0;
+  int64_t commits = 0, ended = 0, recoveries = 0, resumed = 0;
   for (int i = 0; i < runs; ++i) {
     uint64_t seed = first + i;
     Sim sim(seed);
@@ -599,6 +666,7 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
     ASSERT_EQ(err, "") << "seed " << seed << " (MORPH_TEST_SEED=" << seed << ")";
     commits += sim.commits();
     recoveries += sim.recoveries();
+    resumed += sim.resumed();
     ended += sim.ended() ? 1 : 0;
   }
   // Few schedules end with every worker gone; most run to a live, quiescent job.
@@ -607,6 +675,8 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
   EXPECT_GT(commits, 3 * runs);
   // Deaths of ranked workers are recovered from, often.
   EXPECT_GT(recoveries, runs / 2) << recoveries << " recoveries in " << runs << " runs";
+  // About a fifth of the schedules resume their first generation from a checkpoint.
+  EXPECT_GT(resumed * 10, runs) << resumed << " resumed in " << runs << " runs";
 }
 
 template <typename A>
@@ -650,6 +720,85 @@ TEST(DeciderTest, DoneFromEveryMemberCompletesTheJob) {
   EXPECT_EQ(complete[0].generation, 1);
   EXPECT_EQ(d.phase(), Decider::Phase::kComplete);
   EXPECT_TRUE(d.Handle(100000, DeciderEvent::Tick{}).empty());
+}
+
+// Resume at start: the first generation's plan is followed by FindResumeCheckpoint, not a
+// commit; the checkpoint's answer commits it as a recovery at the checkpoint's step (or afresh
+// at 0 without one); an error fails the job; a worker lost meanwhile abandons the proposal and
+// the stale answer is ignored. Generation ids start at first_generation.
+TEST(DeciderTest, ResumeCommitsTheFirstGenerationAtTheCheckpointsStep) {
+  const PlannedChange plan{.config = ParallelConfig{.dp = 2}, .ranks = {1, 2}, .plan_digest = 9};
+  auto start = [&](Decider& d) {
+    d.Handle(0, DeciderEvent::Join{.worker = 1});
+    auto out = d.Handle(0, DeciderEvent::Join{.worker = 2});
+    auto plans = Actions<DeciderAction::ComputePlan>(out);
+    EXPECT_EQ(plans.size(), 1u);
+    const int64_t g = plans.empty() ? 0 : plans[0].request.generation;
+    out = d.Handle(0, DeciderEvent::PlanReady{.generation = g, .plan = plan});
+    EXPECT_TRUE(Actions<DeciderAction::SendCommit>(out).empty());
+    auto finds = Actions<DeciderAction::FindResumeCheckpoint>(out);
+    EXPECT_EQ(finds.size(), 1u);
+    EXPECT_EQ(finds.empty() ? -1 : finds[0].generation, g);
+    return g;
+  };
+  const DeciderOptions opts{
+      .initial_world = 2, .max_world = 2, .resume = true, .first_generation = 4};
+  {
+    Decider d(opts);
+    const int64_t g = start(d);
+    EXPECT_EQ(g, 4);
+    auto out = d.Handle(0, DeciderEvent::ResumeReady{.generation = g,
+                                                     .checkpoint = RecoveryCheckpoint{
+                                                         .step = 12, .path = "c/step-12-g3"}});
+    auto commits = Actions<DeciderAction::SendCommit>(out);
+    ASSERT_EQ(commits.size(), 1u);
+    const CommitMsg& c = commits[0].msg;
+    EXPECT_EQ(c.next.id, 4);
+    EXPECT_EQ(c.next.start_step, 12);
+    EXPECT_EQ(c.from_generation, 0);
+    EXPECT_TRUE(c.change.recovery);
+    EXPECT_EQ(c.recovery.source, RecoveryDecision::Source::kCheckpoint);
+    EXPECT_EQ(c.recovery.checkpoint, "c/step-12-g3");
+    EXPECT_EQ(c.recovery.newest_step, 12);
+    EXPECT_EQ(c.next.ranks, plan.ranks);
+    d.Handle(0, AppliedMsg{.worker = 1, .generation = 4});
+    d.Handle(0, AppliedMsg{.worker = 2, .generation = 4});
+    EXPECT_EQ(d.current().id, 4);
+    EXPECT_EQ(d.current().start_step, 12);
+    EXPECT_EQ(d.phase(), Decider::Phase::kStable);
+  }
+  {
+    Decider d(opts);
+    const int64_t g = start(d);
+    auto out = d.Handle(0, DeciderEvent::ResumeReady{.generation = g});
+    auto commits = Actions<DeciderAction::SendCommit>(out);
+    ASSERT_EQ(commits.size(), 1u);
+    EXPECT_EQ(commits[0].msg.next.start_step, 0);
+    EXPECT_FALSE(commits[0].msg.change.recovery);
+  }
+  {
+    Decider d(opts);
+    const int64_t g = start(d);
+    auto out =
+        d.Handle(0, DeciderEvent::ResumeReady{
+                        .generation = g, .status = FailedPreconditionError("tensor 'w' differs")});
+    auto failed = Actions<DeciderAction::JobFailed>(out);
+    ASSERT_EQ(failed.size(), 1u);
+    EXPECT_EQ(failed[0].status.code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(failed[0].status.message(), "tensor 'w' differs");
+    EXPECT_EQ(d.phase(), Decider::Phase::kFailed);
+  }
+  {
+    Decider d(opts);
+    const int64_t g = start(d);
+    auto out = d.Handle(0, DeciderEvent::Lost{.worker = 2, .reason = "killed"});
+    EXPECT_EQ(Actions<DeciderAction::SendAbandon>(out).size(), 1u);
+    EXPECT_TRUE(d.Handle(0, DeciderEvent::ResumeReady{.generation = g}).empty());
+    out = d.Handle(0, DeciderEvent::Join{.worker = 3});
+    auto plans = Actions<DeciderAction::ComputePlan>(out);
+    ASSERT_EQ(plans.size(), 1u);
+    EXPECT_GT(plans[0].request.generation, g);
+  }
 }
 
 // A survivor whose training thread cannot reach its step boundary after an abort (a collective

@@ -229,14 +229,23 @@ Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const S
   return Status::Ok();
 }
 
-StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir) {
+StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir, int64_t min_generation) {
   std::vector<Entry> all = ListCheckpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->generation < min_generation) continue;
     StatusOr<CheckpointReader> r = CheckpointReader::Open(it->path);
     if (r.ok() && r->step() == it->step) return CheckpointRef{it->step, it->generation, it->path};
   }
-  return NotFoundError("no complete checkpoint in " + dir +
-                       (all.empty() ? "" : " (" + std::to_string(all.size()) + " incomplete)"));
+  return NotFoundError(
+      "no complete checkpoint in " + dir +
+      (min_generation > 0 ? " of generation " + std::to_string(min_generation) + " or later" : "") +
+      (all.empty() ? "" : " (" + std::to_string(all.size()) + " folders)"));
+}
+
+int64_t NewestCheckpointGeneration(const std::string& dir) {
+  int64_t newest = 0;
+  for (const Entry& e : ListCheckpoints(dir)) newest = std::max(newest, e.generation);
+  return newest;
 }
 
 StatusOr<int> PruneCheckpoints(const std::string& dir, int keep) {
@@ -306,28 +315,24 @@ Status LoadBoxFromCheckpoint(const CheckpointReader& reader, const TensorSpec& s
 #endif
 }
 
-Status RestoreFromCheckpoint(const std::string& path, State& state) {
-  if (state.config() == nullptr || state.rank() < 0) {
-    return FailedPreconditionError("restoring " + path +
-                                   ": the state holds no shards (not materialized, or standby)");
-  }
-  MORPH_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(path));
-  const ParallelConfig& config = *state.config();
+Status CheckCheckpointMatches(const CheckpointReader& reader, const std::string& path,
+                              const std::vector<TensorSpec>& tensors,
+                              const std::vector<ScalarSpec>& scalars) {
   std::map<std::string, const TensorInfo*, std::less<>> saved;
   for (const TensorInfo& t : reader.tensors()) saved.emplace(t.name, &t);
   const auto differ = [&](const std::string& what) {
     return FailedPreconditionError("checkpoint " + path +
                                    " does not match the registered state: " + what);
   };
-  // Registration agreement first, naming the first difference; nothing is written before.
   size_t expected = 0;
-  for (const TensorSpec& spec : state.tensors()) {
+  for (const TensorSpec& spec : tensors) {
     ++expected;
-    const TensorInfo want = InfoFor(spec, config);
+    // Planning coordinates: the shape the checkpoint format saw (InfoFor without padding).
+    const TensorSpec want = PlanningSpec(spec);
     auto it = saved.find(spec.name);
     if (it == saved.end()) return differ("tensor '" + spec.name + "' is not in it");
-    if (it->second->dtype != want.dtype) {
-      return differ("tensor '" + spec.name + "' is " + std::string(DTypeName(want.dtype)) +
+    if (it->second->dtype != spec.dtype) {
+      return differ("tensor '" + spec.name + "' is " + std::string(DTypeName(spec.dtype)) +
                     ", saved as " + std::string(DTypeName(it->second->dtype)));
     }
     if (it->second->shape != want.shape) {
@@ -335,7 +340,7 @@ Status RestoreFromCheckpoint(const std::string& path, State& state) {
                     ", saved as " + ShapeString(it->second->shape));
     }
   }
-  for (const ScalarSpec& sc : state.scalars()) {
+  for (const ScalarSpec& sc : scalars) {
     ++expected;
     const std::string name = std::string(kScalarTensorPrefix) + sc.name;
     auto it = saved.find(name);
@@ -350,13 +355,25 @@ Status RestoreFromCheckpoint(const std::string& path, State& state) {
   if (saved.size() != expected) {
     for (const TensorInfo& t : reader.tensors()) {
       bool known = false;
-      for (const TensorSpec& spec : state.tensors()) known = known || spec.name == t.name;
-      for (const ScalarSpec& sc : state.scalars()) {
+      for (const TensorSpec& spec : tensors) known = known || spec.name == t.name;
+      for (const ScalarSpec& sc : scalars) {
         known = known || t.name == std::string(kScalarTensorPrefix) + sc.name;
       }
       if (!known) return differ("it holds '" + t.name + "', which is not registered");
     }
   }
+  return Status::Ok();
+}
+
+Status RestoreFromCheckpoint(const std::string& path, State& state) {
+  if (state.config() == nullptr || state.rank() < 0) {
+    return FailedPreconditionError("restoring " + path +
+                                   ": the state holds no shards (not materialized, or standby)");
+  }
+  MORPH_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(path));
+  const ParallelConfig& config = *state.config();
+  // Registration agreement first, naming the first difference; nothing is written before.
+  MORPH_RETURN_IF_ERROR(CheckCheckpointMatches(reader, path, state.tensors(), state.scalars()));
   for (size_t i = 0; i < state.tensors().size(); ++i) {
     State::TensorRef ref = state.TensorAt(i);
     if (ref.shard.empty()) continue;

@@ -137,9 +137,26 @@ class PeriodicCheckpointer {
 };
 
 // The newest complete checkpoint under `dir` (CheckpointReader::Open succeeds; any world size),
-// newest by (step, generation). kNotFound naming `dir` when there is none (or no such folder).
-// Any thread.
-StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir);
+// newest by (step, generation), among those of generation >= `min_generation` (a job's own:
+// a job started on a folder of an earlier run's checkpoints numbers its generations after
+// theirs, NewestCheckpointGeneration). kNotFound naming `dir` when there is none (or no such
+// folder). Any thread.
+StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir,
+                                                 int64_t min_generation = 0);
+
+// The highest generation any checkpoint folder under `dir` names, complete or not (0: none, or
+// no such folder). A job that starts on `dir` numbers its generations above it, so that its
+// folders never share a name with an earlier run's. Any thread.
+int64_t NewestCheckpointGeneration(const std::string& dir);
+
+// Whether the checkpoint `reader` (at `path`) holds exactly `tensors` and `scalars`: the same
+// names, dtypes and (planning) shapes, nothing else. kFailedPrecondition "checkpoint P does not
+// match the registered state: tensor 'T' has shape [..], saved as [..]" (or "is F32, saved as
+// ...", "is not in it", "it holds 'X', which is not registered"), naming the first difference
+// in registration order. Any thread.
+Status CheckCheckpointMatches(const CheckpointReader& reader, const std::string& path,
+                              const std::vector<TensorSpec>& tensors,
+                              const std::vector<ScalarSpec>& scalars);
 
 // Deletes, under `dir`, the complete checkpoints older than the newest `keep` complete ones, and
 // the incomplete ones older than the oldest kept complete one (an interrupted save that can no

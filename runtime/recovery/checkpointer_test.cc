@@ -252,5 +252,39 @@ TEST_F(CheckpointerTest, DifferentRegistrationIsFailedPreconditionNamingIt) {
                        HasSubstr("it holds 'scalar:rng', which is not registered")));
 }
 
+// Resume at start: the manifest check the coordinator runs before committing (no state needed),
+// the newest generation a folder names (incomplete ones too), and the generation floor a
+// restarted job's recovery uses so that it never reads an earlier run's checkpoints.
+TEST_F(CheckpointerTest, ResumeHelpersCheckTheManifestAndNumberGenerations) {
+  EXPECT_EQ(NewestCheckpointGeneration(dir_ + "/nope"), 0);
+  SaveAll(Config(1, 2, 1), 5, 3, 3);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto s0, MakeState(Config(1, 2, 1), 0));
+  {
+    PeriodicCheckpointer only0(dir_, 5, 2);
+    MORPH_ASSERT_OK(only0.MaybeSave(10, 7, *s0, 0, 2, Config(1, 2, 1)));  // incomplete
+    MORPH_ASSERT_OK(only0.Flush(Deadline::AfterMs(60000)));
+  }
+  EXPECT_EQ(NewestCheckpointGeneration(dir_), 7);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef any, LatestCompleteCheckpoint(dir_));
+  EXPECT_EQ(any.step, 5);
+  EXPECT_EQ(any.generation, 3);
+  EXPECT_THAT(LatestCompleteCheckpoint(dir_, 4),
+              StatusIs(StatusCode::kNotFound, HasSubstr("of generation 4 or later")));
+
+  const std::string path = CheckpointPath(dir_, 5, 3);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader reader, CheckpointReader::Open(path));
+  MORPH_ASSERT_OK(CheckCheckpointMatches(reader, path, s0->tensors(), s0->scalars()));
+  std::vector<TensorSpec> tensors = s0->tensors();
+  tensors[0].dtype = DType::kI32;
+  EXPECT_THAT(CheckCheckpointMatches(reader, path, tensors, s0->scalars()),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(path),
+                             HasSubstr("tensor '" + tensors[0].name + "' is i32, saved as f32"))));
+  std::vector<ScalarSpec> scalars = s0->scalars();
+  scalars.push_back({"extra", 4});
+  EXPECT_THAT(CheckCheckpointMatches(reader, path, s0->tensors(), scalars),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("scalar 'extra' is not in it")));
+}
+
 }  // namespace
 }  // namespace morph

@@ -140,6 +140,12 @@ int main(int argc, char** argv) {
     return true;
   };
   if (r.fresh_start() && !fill(r.next_step())) return Fail(4, "cannot fill the state");
+  if (const auto& first = r.last_reconfiguration(); first && first->resumed) {
+    // A restarted job (MORPH_RESUME): the state came from a checkpoint; checked below.
+    std::fprintf(stderr, "elastic_worker %ld: resumed at step %ld from checkpoint %s\n",
+                 static_cast<long>(r.worker_id()), static_cast<long>(r.next_step()),
+                 first->checkpoint.c_str());
+  }
   std::ofstream log(out + "/worker-" + std::to_string(r.worker_id()) + ".samples");
   int64_t generations = 0, aborted_steps = 0, recoveries = 0, lost_steps = 0;
   r.OnReconfigure([&](const morph::Reconfiguration& c) {

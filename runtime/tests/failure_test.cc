@@ -16,10 +16,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
 #include "reshard/checkpoint.h"
+
 #include "runtime/recovery/checkpointer.h"
 #include "runtime/tests/elastic_checks.h"
 #include "runtime/tests/elastic_job.h"
@@ -329,6 +332,163 @@ TEST(FailureTest, LossOfEveryLiveCopyIsRecoveredFromBuddySnapshots) {
   EXPECT_EQ(logs.find("DATA_LOSS"), std::string::npos) << logs;
   job.launcher.reset();
   std::filesystem::remove_all(job.dir);
+}
+
+// ---- Whole-job restart (issue 13): resume at start from the newest complete checkpoint ----
+
+// The lowest step any worker of a job logged samples for (-1: none), from <dir>/*.samples.
+int64_t FirstLoggedStep(const std::filesystem::path& dir) {
+  int64_t first = -1;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".samples") continue;
+    std::ifstream in(e.path());
+    for (int64_t s; in >> s; in.ignore(1 << 20, '\n')) {
+      if (first < 0 || s < first) first = s;
+    }
+  }
+  return first;
+}
+
+// A checkpoint folder of its own, deleted at the end.
+struct CheckpointFolder {
+  explicit CheckpointFolder(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             ("morph-" + name + "-ckpt-" + std::to_string(getpid()))) {
+    std::filesystem::remove_all(path);
+  }
+  ~CheckpointFolder() {
+    if (!::testing::Test::HasFailure()) std::filesystem::remove_all(path);
+  }
+  std::map<std::string, std::string> Env() const {
+    return {{"MORPH_CHECKPOINT_DIR", path.string()},
+            {"MORPH_CHECKPOINT_EVERY", "4"},
+            {"MORPH_CHANGE_TIMEOUT_MS", "15000"}};
+  }
+  std::filesystem::path path;
+};
+
+// A short job of 4 workers that completes, leaving complete checkpoints of steps 0 and 4.
+void RunToCompletion(const CheckpointFolder& ckpt, const std::string& name) {
+  JobOptions jo{.steps = 8, .step_ms = 10, .env = ckpt.Env()};
+  Job job = StartJob(name, 4, {{4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher);
+  StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(job);
+  ASSERT_EQ(*code, 0) << Logs(job);
+  StatusOr<CheckpointRef> latest = LatestCompleteCheckpoint(ckpt.path.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  job.launcher.reset();
+  std::filesystem::remove_all(job.dir);
+}
+
+// A job whose every worker is killed at once (whole-job preemption: nobody is left to hand the
+// state to) leaves only its checkpoints. A new job on the same folder, with another world size
+// (4 workers, then 3) and resume enabled (MORPH_RESUME=auto on a Slurm restart), starts at the
+// newest complete checkpoint's step with every piece of its new shards read from it: each
+// worker checks its state bitwise from its first step on, and the samples of both jobs
+// together are the fixed global order (the steps the first job trained past the checkpoint are
+// trained again, in the second job's later generation).
+TEST(FailureTest, ANewJobResumesFromTheNewestCompleteCheckpoint) {
+  CheckpointFolder ckpt("resume");
+  JobOptions jo{.steps = kSteps, .step_ms = 20, .env = ckpt.Env()};
+  Job first = StartJob("resume-first", 4, {{4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(first.launcher);
+  ASSERT_TRUE(testing::WaitForStep(first, 13)) << Logs(first);
+  for (const ChildInfo& c : first.launcher->children()) kill(c.pid, SIGKILL);
+  StatusOr<int> code = first.launcher->Wait(Deadline::AfterMs(30000));
+  ASSERT_TRUE(code.ok()) << code.status();
+  first.launcher.reset();
+  StatusOr<CheckpointRef> latest = LatestCompleteCheckpoint(ckpt.path.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  ASSERT_GE(latest->step, 8);  // (the workers may be a few steps past 13 when killed)
+  ASSERT_LT(latest->step, kSteps);
+
+  jo.env["MORPH_RESUME"] = "auto";
+  jo.env["SLURM_RESTART_COUNT"] = "1";
+  jo.env["MORPH_CHECKPOINT_KEEP"] = "100";  // every folder the second job writes stays
+  Job second = StartJob("resume-second", 3, {{3, Config(3, 1, 1)}}, jo);
+  ASSERT_TRUE(second.launcher);
+  code = second.launcher->Wait(Deadline::AfterMs(90000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(second);
+  EXPECT_EQ(*code, 0) << Logs(second);
+  for (const ChildInfo& c : second.launcher->children()) {
+    EXPECT_EQ(c.exit_code, 0) << "worker " << c.index << "\n" << Logs(second);
+  }
+  const std::string logs = Logs(second);
+  const std::string resumed = "resumed from checkpoint step-" + std::to_string(latest->step);
+  EXPECT_NE(logs.find(resumed), std::string::npos) << logs;
+  EXPECT_EQ(FirstLoggedStep(second.dir), latest->step) << logs;
+  // The second job numbers its generations after the first one's (its checkpoint folders never
+  // share a name with the first job's).
+  EXPECT_GT(second.launcher->coordinator().Snapshot().generation, latest->generation);
+  // The step it resumed from is on storage already: not saved again.
+  for (const auto& e : std::filesystem::directory_iterator(ckpt.path)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_TRUE(name.rfind("step-" + std::to_string(latest->step) + "-", 0) != 0 ||
+                e.path() == latest->path)
+        << name;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(first.dir)) {
+    if (e.path().extension() == ".samples") {
+      std::filesystem::copy_file(e.path(), second.dir / ("first-" + e.path().filename().string()));
+    }
+  }
+  testing::CheckSamples(second.dir, kSteps, /*retrained=*/true);
+  if (!HasFailure()) {
+    std::filesystem::remove_all(first.dir);
+    std::filesystem::remove_all(second.dir);
+  }
+}
+
+// A checkpoint whose tensors differ from the job's (l1.b registered with another shape): the
+// job does not start, and the error names the tensor.
+TEST(FailureTest, ResumeFromAMismatchedCheckpointFailsNamingTheTensor) {
+  CheckpointFolder ckpt("resume-mismatch");
+  RunToCompletion(ckpt, "resume-mismatch-first");
+  ASSERT_FALSE(HasFatalFailure());
+  JobOptions jo{
+      .steps = kSteps, .step_ms = 10, .extra_args = {"--variant", "shape"}, .env = ckpt.Env()};
+  jo.env["MORPH_RESUME"] = "always";
+  Job job = StartJob("resume-mismatch", 4, {{4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher);
+  StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_NE(*code, 0);
+  Status job_status = job.launcher->coordinator().Wait(Deadline::AfterMs(1000));
+  EXPECT_EQ(job_status.code(), StatusCode::kFailedPrecondition) << job_status;
+  EXPECT_NE(job_status.message().find("tensor 'l1.b'"), std::string::npos) << job_status;
+  const std::string logs = Logs(job);
+  EXPECT_NE(logs.find("FAILED_PRECONDITION"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("tensor 'l1.b'"), std::string::npos) << logs;
+  for (const ChildInfo& c : job.launcher->children()) {
+    EXPECT_EQ(c.exit_code, 4) << "worker " << c.index << "\n" << logs;
+  }
+  EXPECT_EQ(FirstLoggedStep(job.dir), -1) << "a step was trained with the wrong state\n" << logs;
+  if (!HasFailure()) std::filesystem::remove_all(job.dir);
+}
+
+// MORPH_RESUME=never (and auto outside a restart) starts afresh at step 0 beside the old
+// checkpoints, numbering its generations after theirs.
+TEST(FailureTest, ResumeNeverStartsAfresh) {
+  CheckpointFolder ckpt("resume-never");
+  RunToCompletion(ckpt, "resume-never-first");
+  ASSERT_FALSE(HasFatalFailure());
+  for (const std::string mode : {"never", "auto"}) {
+    JobOptions jo{.steps = 12, .step_ms = 10, .env = ckpt.Env()};
+    jo.env["MORPH_RESUME"] = mode;
+    jo.env["SLURM_RESTART_COUNT"] = mode == "auto" ? "0" : "3";
+    Job job = StartJob("resume-" + mode, 3, {{3, Config(3, 1, 1)}}, jo);
+    ASSERT_TRUE(job.launcher);
+    StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(60000));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << Logs(job);
+    const std::string logs = Logs(job);
+    EXPECT_EQ(logs.find("resumed from checkpoint"), std::string::npos) << mode << "\n" << logs;
+    EXPECT_EQ(FirstLoggedStep(job.dir), 0) << mode << "\n" << logs;
+    EXPECT_GT(job.launcher->coordinator().Snapshot().generation, 1) << mode;
+    testing::CheckSamples(job.dir, 12);
+    if (!HasFailure()) std::filesystem::remove_all(job.dir);
+  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime/recovery/checkpointer.h"
 #include "runtime/tests/elastic_checks.h"
 
 namespace morph {
@@ -129,7 +130,8 @@ class SlurmTest : public ::testing::Test {
            dir_.string() + " --step-ms " + std::to_string(step_ms);
   }
   // The batch script runs `command`, then writes its exit code to <dir>/morphrun.rc.
-  void SubmitScript(const std::string& command) {
+  // `sbatch_extra`: more sbatch options.
+  void SubmitScript(const std::string& command, const std::vector<std::string>& sbatch_extra = {}) {
     const fs::path script = dir_ / "job.sh";
     {
       std::ofstream s(script);
@@ -142,10 +144,12 @@ class SlurmTest : public ::testing::Test {
                                               {"MORPH_COORDINATOR", ""},
                                               {"MORPH_TOKEN_FILE", ""},
                                               {"MORPH_COORDINATOR_FILE", ""}};
-    Ran r = RunCommand(
-        {"sbatch", "-N4", "--ntasks-per-node=2", "--no-kill", "--time=3", "-J", "morph-test", "-o",
-         (dir_ / "batch.out").string(), "--chdir", dir_.string(), script.string()},
-        dir_ / "sbatch.out", 20000, env);
+    std::vector<std::string> argv = {
+        "sbatch",     "-N4", "--ntasks-per-node=2",         "--no-kill", "--time=3",   "-J",
+        "morph-test", "-o",  (dir_ / "batch.out").string(), "--chdir",   dir_.string()};
+    argv.insert(argv.end(), sbatch_extra.begin(), sbatch_extra.end());
+    argv.push_back(script.string());
+    Ran r = RunCommand(argv, dir_ / "sbatch.out", 20000, env);
     ASSERT_EQ(r.code, 0) << r.out;
     const std::string key = "Submitted batch job ";
     size_t at = r.out.find(key);
@@ -390,6 +394,81 @@ TEST_F(SlurmTest, SurviveANodeSetDown) {
   EXPECT_NE(victim_log.find("Node failure on n4"), std::string::npos) << Logs();
   EXPECT_EQ(victim_log.find("finished at step"), std::string::npos) << Logs();
   testing::CheckSamples(dir_, kSteps, /*retrained=*/true);
+}
+
+// Whole-job preemption and requeue: an `sbatch --requeue` job whose every task is stopped by
+// `scontrol requeue` (SIGTERM, SIGKILL after KillWait; nobody is left to hand the state to)
+// runs its batch script again with SLURM_RESTART_COUNT=1. morphrun's coordinator (MORPH_RESUME
+// auto) then commits the first generation at the step of the newest complete checkpoint in
+// MORPH_CHECKPOINT_DIR, every worker reads its shards from it and checks them bitwise from its
+// first step on, and the samples of both runs together are the fixed global order.
+// Slurm 22.05 holds a requeued job until now + cred_expire (120 s by default): the test moves
+// its start time to now (`scontrol update JobId=J StartTime=now`), as an operator would.
+TEST_F(SlurmTest, RequeueResumesFromTheLatestCheckpoint) {
+  constexpr int64_t kSteps = 60;
+  const fs::path ckpt = dir_ / "ckpt";
+  // Each run logs into its own folder (run-0, run-1: SLURM_RESTART_COUNT).
+  const std::string run = (dir_ / "run-").string() + "${SLURM_RESTART_COUNT:-0}";
+  SubmitScript("export MORPH_CHECKPOINT_DIR=" + ckpt.string() +
+                   " MORPH_CHECKPOINT_EVERY=4\nmkdir -p " + run + "\n" + MORPHRUN +
+                   " --slurm -n 4 --max 4 --api-port " + std::to_string(api_) + " --log-dir " +
+                   run + " -- " + MORPH_ELASTIC_WORKER + " --steps " + std::to_string(kSteps) +
+                   " --out " + run + " --step-ms 50",
+               {"--requeue", "--open-mode=append"});
+  ASSERT_FALSE(HasFatalFailure());
+  WaitStable(1, 4, 14);
+  ASSERT_FALSE(HasFatalFailure());
+  Ran r = Slurm({"scontrol", "requeue", job_});
+  ASSERT_EQ(r.code, 0) << r.out;
+  // Every task of the first run ends; the job waits for its begin time.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  std::string state;
+  while (std::chrono::steady_clock::now() < until) {
+    state = Slurm({"squeue", "-h", "-j", job_, "-o", "%T"}).out;
+    if (state.rfind("PENDING", 0) == 0 && Steps().empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_EQ(state.rfind("PENDING", 0), 0u) << state << Logs();
+  fs::remove(dir_ / "morphrun.rc");
+  StatusOr<CheckpointRef> latest = LatestCompleteCheckpoint(ckpt.string());
+  ASSERT_TRUE(latest.ok()) << latest.status() << Logs();
+  EXPECT_GE(latest->step, 8);
+  r = Slurm({"scontrol", "update", "JobId=" + job_, "StartTime=now"});
+  ASSERT_EQ(r.code, 0) << r.out;
+
+  std::map<int, int> exits = Finish(0);
+  EXPECT_EQ(exits.size(), 4u) << Logs();
+  for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
+  const fs::path second = dir_ / "run-1";
+  const std::string resumed =
+      "resumed at step " + std::to_string(latest->step) + " from checkpoint " + latest->path;
+  for (int w = 0; w < 4; ++w) {
+    const std::string log = ReadFile(second / ("worker-" + std::to_string(w) + ".log"));
+    EXPECT_NE(log.find(resumed), std::string::npos) << "worker " << w << ": " << log;
+    EXPECT_NE(log.find("finished at step"), std::string::npos) << log;
+  }
+  const std::string batch = ReadFile(dir_ / "batch.out");
+  EXPECT_NE(batch.find("MORPH_RESUME=auto, SLURM_RESTART_COUNT=1"), std::string::npos) << batch;
+  // Both runs' samples: the second run's generations come after the first's (its steps from
+  // the checkpoint on supersede the first run's).
+  const fs::path both = dir_ / "both";
+  fs::create_directories(both);
+  for (const auto& [folder, offset] : {std::pair{dir_ / "run-0", 0}, std::pair{second, 1000}}) {
+    for (const auto& e : fs::directory_iterator(folder)) {
+      if (e.path().extension() != ".samples") continue;
+      std::ifstream in(e.path());
+      std::ofstream out(both / (folder.filename().string() + "-" + e.path().filename().string()));
+      for (std::string line; std::getline(in, line);) {
+        std::istringstream l(line);
+        int64_t step = 0, generation = 0;
+        l >> step >> generation;
+        std::string rest;
+        std::getline(l, rest);
+        out << step << " " << generation + offset << rest << "\n";
+      }
+    }
+  }
+  testing::CheckSamples(both, kSteps, /*retrained=*/true);
 }
 
 }  // namespace

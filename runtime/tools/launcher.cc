@@ -41,6 +41,16 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
       c.checkpoint_dir = d;
     }
   }
+  // So are resume at start (MORPH_RESUME, default auto) and the scheduler's restart count.
+  const auto worker_env = [&](const std::string& name) -> const char* {
+    auto it = l->options_.env.find(name);
+    return it != l->options_.env.end() ? it->second.c_str() : std::getenv(name.c_str());
+  };
+  if (!c.resume) {
+    const char* mode = worker_env("MORPH_RESUME");
+    MORPH_ASSIGN_OR_RETURN(c.resume, ParseResumeMode(mode && *mode ? mode : "auto"));
+    MORPH_ASSIGN_OR_RETURN(c.restart_count, ParseRestartCount(worker_env("SLURM_RESTART_COUNT")));
+  }
   c.initial_world = l->options_.workers;
   c.max_world = l->options_.max_workers;
   if (!l->options_.token_file.empty()) {

@@ -44,7 +44,11 @@ struct LauncherOptions {
   // After the job ended (or on a fatal signal), workers still running get SIGTERM, then SIGKILL
   // after this long.
   int64_t kill_grace_ms = 10000;
-  CoordinatorOptions coordinator;  // token generated when empty; initial_world = workers
+  // Token generated when empty; initial_world = workers. checkpoint_dir (when empty), resume
+  // and restart_count (when resume is unset) come from the workers' environment (this
+  // process's plus `env`): MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto),
+  // SLURM_RESTART_COUNT.
+  CoordinatorOptions coordinator;
   // Put before argv for every worker (e.g. srun and its options); "{index}" in an element is
   // replaced by the worker's launch index. Empty: argv is started directly.
   std::vector<std::string> wrapper;
