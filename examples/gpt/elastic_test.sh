@@ -111,13 +111,20 @@ if [ "$case_" = kill ]; then
 fi
 
 # (a) the loss of every step matches the reference (a step trained again after a recovery:
-# its last value).
-awk -F'\t' -v tol="$TOL" '
+# its last value). World rank 0 logs a step after its update; when the SIGKILL hits rank 0
+# between its update and that line while the survivors completed the step too, the recovery
+# resumes after it and nobody logs it: only the step just before the recovery's may be missing.
+unlogged=-1
+if [ "$case_" = kill ]; then
+  unlogged=$(awk -F'\t' '$8 == 1 { print $1 - 1; exit }' "$tmp/el/events.tsv")
+fi
+awk -F'\t' -v tol="$TOL" -v unlogged="$unlogged" '
   NR == FNR { ref[$1] = $2; next }
   { got[$1] = $2 }
   END {
     n = 0; worst = 0
     for (s in ref) {
+      if (!(s in got) && s + 0 == unlogged + 0) continue
       if (!(s in got)) { printf "step %s missing from the elastic run\n", s; exit 1 }
       d = got[s] - ref[s]; if (d < 0) d = -d
       if (d > worst) worst = d
