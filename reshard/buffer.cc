@@ -1,5 +1,10 @@
 #include "reshard/buffer.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -61,6 +66,32 @@ Allocator HostAllocator() {
     }
     return Buffer::Adopt(p, bytes, MemoryKind::kHost, [](void* q) { std::free(q); });
   };
+}
+
+Status PrefaultHost(BufferView view) {
+  if (view.kind != MemoryKind::kHost) {
+    return InvalidArgumentError("cannot pre-fault " + std::string(MemoryKindName(view.kind)) +
+                                " memory (" + std::to_string(view.bytes) + " bytes)");
+  }
+  if (view.bytes == 0) return Status::Ok();
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(view.data);
+  const uintptr_t end = begin + view.bytes;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+  // madvise wants a page-aligned start; the first page holds view.data's first byte.
+  const uintptr_t aligned = begin / page * page;
+  if (madvise(reinterpret_cast<void*>(aligned), end - aligned, MADV_POPULATE_WRITE) == 0) {
+    return Status::Ok();
+  }
+  // Older kernels (EINVAL), or memory madvise cannot populate: write each page's first byte
+  // back to itself (the compiler may not drop a volatile access).
+  for (uintptr_t p = begin; p < end; p = (p / page + 1) * page) {
+    volatile char* c = reinterpret_cast<volatile char*>(p);
+    *c = *c;
+  }
+  return Status::Ok();
 }
 
 Allocator CudaAllocator(int device) {

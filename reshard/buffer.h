@@ -71,6 +71,14 @@ using Allocator = std::function<StatusOr<Buffer>(size_t bytes)>;
 
 // Host memory aligned to 64 bytes (4 KiB for buffers of 1 MiB or more).
 Allocator HostAllocator();
+// Faults in every page of a host buffer now (MADV_POPULATE_WRITE; where the kernel lacks it,
+// one write of the byte already there per page), so that the first writes into it — a copy,
+// a receive — do not page-fault. Costs what those faults would (about half of it with
+// MADV_POPULATE_WRITE: no trap per page), so it pays where it runs off the critical path (a
+// switch's new shards, pre-allocated while the old generation trains). Contents are kept.
+// kInvalidArgument for a CUDA view. Any thread.
+Status PrefaultHost(BufferView view);
+
 // cudaMalloc on `device`. Without CUDA support in this build every call returns
 // kUnimplemented; without a usable GPU, kUnavailable.
 Allocator CudaAllocator(int device = 0);

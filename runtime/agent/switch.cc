@@ -522,8 +522,10 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       if (keep[j]) continue;
       const int64_t bytes = ShardBytes(plan.new_shards[t], info.dtype);
       if (bytes == 0) continue;
+      const auto t_alloc = Clock::now();
       StatusOr<Buffer> b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
                                                  : state.AllocateShard(t, bytes);
+      stats.alloc_seconds += Since(t_alloc);
       if (!b.ok()) return fail(b.status(), where);
       fresh[j] = std::move(b).value();
       held += bytes;
@@ -536,6 +538,10 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     stats.bytes_sent += r->bytes_sent;
     stats.bytes_received += r->bytes_received;
     stats.bytes_copied += r->bytes_copied;
+    stats.copy_seconds += r->copy_seconds;
+    stats.pack_seconds += r->pack_seconds;
+    stats.wait_seconds += r->wait_seconds;
+    stats.unpack_seconds += r->unpack_seconds;
     stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, r->staging_peak_bytes);
     stats.peak_bytes = std::max(stats.peak_bytes, held + r->staging_peak_bytes);
     for (size_t j = 0; j < sorted.size(); ++j) {
@@ -627,7 +633,10 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   VLOG(1) << gen << ": participant " << sw.participant_ << " of " << sw.num_participants_
           << ", rank " << sw.old_rank_ << " -> " << sw.new_rank_ << ", " << stats.batches
           << " batches, sent " << stats.bytes_sent << " B, received " << stats.bytes_received
-          << " B, peak " << stats.peak_bytes << " B (bound " << stats.bound_bytes << " B)";
+          << " B, copied " << stats.bytes_copied << " B, peak " << stats.peak_bytes << " B (bound "
+          << stats.bound_bytes << " B); transfer " << stats.seconds.transfer << " s: alloc "
+          << stats.alloc_seconds << " copy " << stats.copy_seconds << " pack " << stats.pack_seconds
+          << " wait " << stats.wait_seconds << " unpack " << stats.unpack_seconds;
   return stats;
 }
 

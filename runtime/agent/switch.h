@@ -160,6 +160,10 @@ struct SwitchStats {
   int batches = 0;
   // Tensors whose new shard here equals the old one: kept in their buffer (no copy).
   int shards_kept = 0;
+  // Where the transfer phase went (seconds, summed over the batches): allocating new shards,
+  // and the executor's local copies, packing, waits on the transport and unpacking.
+  double alloc_seconds = 0, copy_seconds = 0, pack_seconds = 0, wait_seconds = 0,
+         unpack_seconds = 0;
 };
 
 // Built between Prepare and S, beside the running generation (DynaTrain-style masking).
