@@ -468,6 +468,85 @@ TEST(SwitchTest, StateWithNoSurvivingHolderIsDataLoss) {
 }
 
 // A commit that is not what was prepared is refused before anything moves; the state is intact.
+// An allocator that counts what it handed out and what came back (pre-allocation tests).
+struct CountingAllocator {
+  struct Counts {
+    std::mutex mu;
+    int64_t outstanding = 0, max_outstanding = 0, total = 0;
+    int buffers = 0;
+  };
+  std::shared_ptr<Counts> counts = std::make_shared<Counts>();
+  Allocator Get() const {
+    return [c = counts](size_t bytes) -> StatusOr<Buffer> {
+      MORPH_ASSIGN_OR_RETURN(Buffer b, HostAllocator()(bytes));
+      void* p = b.data();
+      const size_t n = b.size();
+      {
+        std::lock_guard<std::mutex> l(c->mu);
+        c->outstanding += static_cast<int64_t>(n);
+        c->max_outstanding = std::max(c->max_outstanding, c->outstanding);
+        c->total += static_cast<int64_t>(n);
+        ++c->buffers;
+      }
+      // The Buffer the switch keeps owns a fresh one; the HostAllocator's storage moves in.
+      auto* inner = new Buffer(std::move(b));
+      return Buffer::Adopt(p, n, MemoryKind::kHost, [c, inner, n](void*) {
+        delete inner;
+        std::lock_guard<std::mutex> l(c->mu);
+        c->outstanding -= static_cast<int64_t>(n);
+      });
+    };
+  }
+};
+
+// New shards allocated and pre-faulted in PrepareSwitch (SwitchOptions::preallocate): the state
+// after every change is bitwise the same, the measured peak is the predicted one and stays
+// within the bound, and the pre-allocated buffers are the ones the State ends up holding.
+TEST(SwitchTest, PreallocatedNewShardsKeepTheStateAndTheBound) {
+  CountingAllocator counting;
+  SwitchOptions o = Cluster::Defaults();
+  o.preallocate = counting.Get();
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {10, 11}));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true, o));
+  EXPECT_GT(counting.counts->total, 0) << "the joiners' new shards were not pre-allocated";
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(2, 1, 1), {10, 11, 12, 13}, true, o));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(1, 2, 1), {10, 11, 12}, false, o));
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(1, 1, 2), {10, 11}, false, o));
+  // Single-tensor batches: the bound literally, pre-allocation included.
+  SwitchOptions single = o;
+  single.batch_bytes = 0;
+  ASSERT_NO_FATAL_FAILURE(c.Change(Config(1, 2, 1), {10, 11}, false, single));
+  // Whatever was pre-allocated and is still held is held by the states, as their shards.
+  int64_t pre_installed = 0;
+  for (const auto& [w, s] : c.states_) pre_installed += s->local_bytes();
+  EXPECT_LE(counting.counts->outstanding, pre_installed);
+}
+
+// A prepare that pre-allocated and is then abandoned (its commit refused, then destroyed)
+// releases every pre-allocated buffer, and the state is untouched.
+TEST(SwitchTest, AbandonedPrepareReleasesItsPreallocatedShards) {
+  CountingAllocator counting;
+  SwitchOptions o = Cluster::Defaults();
+  o.preallocate = counting.Get();
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {1, 2}));
+  MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(4, 1, 1), {1, 2, 3, 4}));
+  int64_t held_before_abandon = 0;
+  std::map<WorkerId, WorkerResult> r =
+      c.Run(p, nullptr, o, [](CommitMsg& commit) { commit.next.plan_digest ^= 1; });
+  for (auto& [w, res] : r) {
+    EXPECT_EQ(res.status.code(), StatusCode::kFailedPrecondition) << w << ": " << res.status;
+  }
+  {
+    std::lock_guard<std::mutex> l(counting.counts->mu);
+    held_before_abandon = counting.counts->max_outstanding;
+    EXPECT_GT(held_before_abandon, 0) << "nothing was pre-allocated";
+    EXPECT_EQ(counting.counts->outstanding, 0) << "pre-allocated shards outlived the prepare";
+  }
+  c.Verify(1);  // nothing moved
+}
+
 TEST(SwitchTest, CommitThatDiffersFromThePrepareIsRefused) {
   Cluster c;
   ASSERT_NO_FATAL_FAILURE(c.Start(Config(1, 1, 1), {1}));

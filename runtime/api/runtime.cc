@@ -85,6 +85,7 @@ struct Runtime::Impl {
   std::shared_ptr<GlooDevice> device;
   CommunicatorFactory factory;
   bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
+  bool adopted_state = false;  // some tensor's storage is the user's (AdoptTensor; set in Start)
   std::unique_ptr<GroupSet> groups;
   // Guards the `groups` pointer against the control thread's abort (the training thread reads
   // it unlocked: only it replaces it, under this mutex).
@@ -234,6 +235,9 @@ struct Runtime::Impl {
     s.keep_old_until_barrier = opts.keep_old_until_barrier;
     // The change communicator is Gloo (host memory only): CUDA shards go through host copies.
     s.stage_old_in_host = cuda_state;
+    // Morph-owned host shards: new ones are allocated and pre-faulted while the old generation
+    // trains (switch.h "Pre-allocation").
+    if (!cuda_state && !adopted_state) s.preallocate = HostAllocator();
     s.restore_checkpoint = [](const std::string& path, State& st) {
       return RestoreFromCheckpoint(path, st);
     };
@@ -655,6 +659,7 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
   impl->state.Seal();
   for (size_t t = 0; t < impl->state.tensors().size(); ++t) {
     if (impl->state.memory_of(t) == MemoryKind::kCuda) impl->cuda_state = true;
+    if (impl->state.adopted(t)) impl->adopted_state = true;
   }
   JobManifest& m = impl->manifest;
   m.model = o.model;

@@ -180,6 +180,8 @@ Buffer State::TakeShard(size_t index) {
   return std::move(e.data);
 }
 
+bool State::adopted(size_t index) const { return entries_[index]->adopted; }
+
 MemoryKind State::memory_of(size_t index) const {
   const Entry& e = *entries_[index];
   if (e.data.size() > 0) return e.data.kind();

@@ -155,6 +155,9 @@ class State {
   // The memory kind of the current storage of tensor `index` (its registration's kind for an
   // empty shard of a morph-owned tensor; host for an adopted tensor with no storage yet).
   MemoryKind memory_of(size_t index) const;
+  // True for a tensor registered with AdoptTensor (its storage comes from the user's
+  // allocator, on the training thread).
+  bool adopted(size_t index) const;
   // Installs the new layout: `shards[i]` / `buffers[i]` for every tensor (empty Buffer where
   // the shard is empty), laid out for `config` / `rank` (-1: none). Releases whatever storage
   // was still held.
