@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -32,7 +33,8 @@ Buffer::Buffer(Buffer&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       bytes_(std::exchange(o.bytes_, 0)),
       kind_(o.kind_),
-      release_(std::exchange(o.release_, nullptr)) {}
+      release_(std::exchange(o.release_, nullptr)),
+      mapped_(std::exchange(o.mapped_, false)) {}
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
@@ -41,6 +43,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     bytes_ = std::exchange(o.bytes_, 0);
     kind_ = o.kind_;
     release_ = std::exchange(o.release_, nullptr);
+    mapped_ = std::exchange(o.mapped_, false);
   }
   return *this;
 }
@@ -52,10 +55,53 @@ void Buffer::Reset() {
   data_ = nullptr;
   bytes_ = 0;
   release_ = nullptr;
+  mapped_ = false;
+}
+
+namespace {
+size_t PageSize() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+size_t RoundToPages(size_t bytes) { return (bytes + PageSize() - 1) / PageSize() * PageSize(); }
+}  // namespace
+
+StatusOr<Buffer> Buffer::MapHost(size_t bytes) {
+  const size_t len = RoundToPages(bytes == 0 ? 1 : bytes);
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return ResourceExhaustedError("mapping " + std::to_string(bytes) +
+                                  " bytes of host memory failed: " + std::strerror(errno));
+  }
+  Buffer b = Adopt(p, bytes, MemoryKind::kHost, [len](void* q) { munmap(q, len); });
+  b.mapped_ = true;
+  return b;
+}
+
+Status MovePages(Buffer& src, Buffer& dst, size_t offset) {
+  const std::string what = "moving the pages of a " + std::to_string(src.size()) +
+                           "-byte buffer into a " + std::to_string(dst.size()) +
+                           "-byte one at offset " + std::to_string(offset);
+  if (!src.page_mapped() || !dst.page_mapped()) {
+    return InvalidArgumentError(what + ": both must be page-mapped host buffers");
+  }
+  if (src.size() == 0 || offset % PageSize() != 0 || offset + src.size() > dst.size()) {
+    return InvalidArgumentError(what + ": needs a non-empty source, a page-aligned offset and "
+                                "room in the destination");
+  }
+  // offset + RoundToPages(src) <= RoundToPages(dst): the mapping moved stays inside dst's.
+  const size_t len = RoundToPages(src.size());
+  void* to = static_cast<char*>(dst.data()) + offset;
+  void* got = mremap(src.data(), len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+  if (got == MAP_FAILED) return InternalError(what + ": mremap: " + std::strerror(errno));
+  // src's mapping is gone (mremap unmapped it): forget it without releasing it.
+  src.data_ = nullptr;
+  src.bytes_ = 0;
+  src.release_ = nullptr;
+  src.mapped_ = false;
+  return Status::Ok();
 }
 
 Allocator HostAllocator() {
   return [](size_t bytes) -> StatusOr<Buffer> {
+    if (bytes >= (size_t{1} << 20)) return Buffer::MapHost(bytes);
     const size_t align = bytes >= (size_t{1} << 20) ? 4096 : 64;
     // aligned_alloc wants a multiple of the alignment; a zero-byte shard still gets a pointer.
     const size_t rounded = (bytes + align - 1) / align * align;

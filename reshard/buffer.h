@@ -56,20 +56,38 @@ class Buffer {
   size_t size() const { return bytes_; }
   MemoryKind kind() const { return kind_; }
   BufferView view() const { return {data_, bytes_, kind_}; }
+  // True for host memory that is a private anonymous mapping of its own (MapHost; what
+  // HostAllocator returns for 1 MiB or more): its pages can be moved (MovePages).
+  bool page_mapped() const { return mapped_; }
+
+  // A page-aligned private anonymous mapping of `bytes` bytes (> 0), not yet faulted in;
+  // kResourceExhausted naming the size when mmap fails. Any thread.
+  static StatusOr<Buffer> MapHost(size_t bytes);
 
  private:
+  friend Status MovePages(Buffer& src, Buffer& dst, size_t offset);
   void Reset();
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemoryKind kind_ = MemoryKind::kHost;
   Release release_;
+  bool mapped_ = false;
 };
+
+// Moves the pages of `src` into `dst` at byte `offset`, without copying a byte (mremap): dst's
+// bytes [offset, offset + src.size()) then hold src's, the rest of the last page moved is
+// undefined, and src is empty. How a growing shard that contains its old one keeps the resident
+// part in place (runtime/agent/switch.h). kInvalidArgument (nothing changed) unless both are
+// page_mapped(), src is not empty, `offset` is a multiple of the page size and
+// offset + src.size() <= dst.size(); kInternal naming errno if mremap fails (nothing changed).
+// Any thread; not concurrently with other uses of either buffer.
+Status MovePages(Buffer& src, Buffer& dst, size_t offset);
 
 // Returns a buffer of exactly `bytes` bytes (contents undefined), or kResourceExhausted
 // naming the size. Called from any thread.
 using Allocator = std::function<StatusOr<Buffer>(size_t bytes)>;
 
-// Host memory aligned to 64 bytes (4 KiB for buffers of 1 MiB or more).
+// Host memory aligned to 64 bytes; buffers of 1 MiB or more are page-mapped (MapHost).
 Allocator HostAllocator();
 // Faults in every page of a host buffer now (MADV_POPULATE_WRITE; where the kernel lacks it,
 // one write of the byte already there per page), so that the first writes into it — a copy,

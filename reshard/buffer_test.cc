@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "base/testing.h"
+
 namespace morph {
 namespace {
 
@@ -56,6 +58,60 @@ TEST(PrefaultHostTest, HostAllocatorBufferIsResidentAfterPrefault) {
   ASSERT_TRUE(PrefaultHost(b->view()).ok());
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   EXPECT_GE(ResidentPages(b->data(), b->size()), (size_t{8} << 20) / page);
+}
+
+std::vector<unsigned char> Pattern(size_t n, int seed) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<unsigned char>(i * 13 + seed);
+  return v;
+}
+
+TEST(MovePagesTest, MovesTheSourceIntoTheDestinationAtAPageAlignedOffset) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer dst, Buffer::MapHost(10 * page + 300));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer src, Buffer::MapHost(3 * page + 77));  // a partial last page
+  EXPECT_TRUE(dst.page_mapped());
+  const auto d = Pattern(dst.size(), 1), s = Pattern(src.size(), 2);
+  std::memcpy(dst.data(), d.data(), d.size());
+  std::memcpy(src.data(), s.data(), s.size());
+  const size_t offset = 4 * page;
+  MORPH_ASSERT_OK(MovePages(src, dst, offset));
+  EXPECT_EQ(src.size(), 0u);
+  EXPECT_EQ(src.data(), nullptr);
+  const auto* got = static_cast<const unsigned char*>(dst.data());
+  EXPECT_EQ(std::memcmp(got, d.data(), offset), 0) << "bytes before the offset changed";
+  EXPECT_EQ(std::memcmp(got + offset, s.data(), s.size()), 0) << "the moved bytes differ";
+  // Bytes past the moved pages are dst's own.
+  const size_t after = offset + 4 * page;
+  EXPECT_EQ(std::memcmp(got + after, d.data() + after, d.size() - after), 0);
+}
+
+TEST(MovePagesTest, RefusesWhatItCannotMove) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer dst, Buffer::MapHost(4 * page));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer src, Buffer::MapHost(2 * page));
+  Status s = MovePages(src, dst, 100);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("page-aligned offset"), std::string_view::npos) << s;
+  s = MovePages(src, dst, 3 * page);  // past the end
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  std::vector<char> heap(2 * page);
+  Buffer adopted = Buffer::Adopt(heap.data(), heap.size(), MemoryKind::kHost, nullptr);
+  s = MovePages(adopted, dst, 0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("page-mapped"), std::string_view::npos) << s;
+  EXPECT_EQ(src.size(), 2 * page) << "a refused move changed the source";
+  EXPECT_EQ(adopted.size(), heap.size());
+}
+
+TEST(MovePagesTest, HostAllocatorMapsLargeBuffersOnly) {
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer big, HostAllocator()(size_t{1} << 20));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer small, HostAllocator()(4096));
+  EXPECT_TRUE(big.page_mapped());
+  EXPECT_FALSE(small.page_mapped());
+  Buffer moved = std::move(big);
+  EXPECT_TRUE(moved.page_mapped());
+  EXPECT_FALSE(big.page_mapped());  // NOLINT: moved-from is empty
 }
 
 }  // namespace
