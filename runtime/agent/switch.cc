@@ -1,5 +1,7 @@
 #include "runtime/agent/switch.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -9,6 +11,7 @@
 
 #include "base/logging.h"
 #include "reshard/plan_digest.h"
+#include "reshard/strided_copy.h"
 #include "runtime/agent/switch_internal.h"
 #include "runtime/protocol/plan_input.h"
 
@@ -106,6 +109,47 @@ std::vector<LocalPlan> SplitPlan(const LocalPlan& full,
   distribute(full.local_copies, &LocalPlan::local_copies);
   distribute(full.lost, &LocalPlan::lost);
   return out;
+}
+
+// Pre-faults a new shard's buffer, except the range [offset, offset + resident) that a grow in
+// place fills with the old shard's pages (offset < 0: none).
+Status PrefaultFresh(BufferView v, int64_t offset, size_t resident) {
+  if (offset < 0 || resident == 0) return PrefaultHost(v);
+  char* p = static_cast<char*>(v.data);
+  const size_t off = static_cast<size_t>(offset);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t end = std::min(v.bytes, (off + resident) / page * page);  // a partial page: faulted
+  MORPH_RETURN_IF_ERROR(PrefaultHost({p, off, v.kind}));
+  return PrefaultHost({p + end, v.bytes - end, v.kind});
+}
+
+// Byte offset at which tensor `t`'s old shard here lies, contiguous and in order, in its new
+// shard's storage, when that offset is page-aligned and the plan keeps the whole old shard
+// resident (its local copies cover it): then the old buffer's pages can become that part of the
+// new one (MovePages). -1 otherwise.
+int64_t GrowOffset(const LocalPlan& p, size_t t) {
+  if (!p.old_shards[t] || !p.new_shards[t]) return -1;
+  const Shard& o = *p.old_shards[t];
+  const Shard& n = *p.new_shards[t];
+  if (o.empty() || n.NumElements() <= o.NumElements()) return -1;
+  int64_t at = -1;  // elements
+  if (o.frame == n.frame) {
+    if (n.flat_begin <= o.flat_begin && o.flat_end <= n.flat_end) at = o.flat_begin - n.flat_begin;
+  } else if (o.flat_begin == 0 && o.frame.NumElements().ok() &&
+             o.flat_end == *o.frame.NumElements() && n.frame.Contains(o.frame)) {
+    StatusOr<StridedView> v = ViewOf(n, o.frame);
+    if (v.ok()) {
+      if (auto off = ContiguousOffset(*v, 0, o.NumElements())) at = *off;
+    }
+  }
+  if (at < 0) return -1;
+  int64_t resident = 0;
+  for (const PieceMove& m : p.local_copies) {
+    if (static_cast<size_t>(m.tensor) == t) resident += m.box.NumElements().value_or(0);
+  }
+  if (resident != o.NumElements()) return -1;  // padding, or part of it is not kept
+  const int64_t bytes = at * DTypeSize(p.tensors[t].dtype);
+  return bytes % sysconf(_SC_PAGESIZE) == 0 ? bytes : -1;
 }
 
 std::string DigestParts(const PlanDigest& d) {
@@ -217,7 +261,8 @@ void Preallocate(PreparedSwitch& sw, const Allocator& alloc) {
         break;
       }
       StatusOr<Buffer> b = alloc(static_cast<size_t>(n));
-      Status s = b.ok() ? PrefaultHost(b->view()) : b.status();
+      const size_t resident = static_cast<size_t>(ShardBytes(p.old_shards[t], p.tensors[t].dtype));
+      Status s = b.ok() ? PrefaultFresh(b->view(), sw.grow_offset_[t], resident) : b.status();
       if (!s.ok()) {
         VLOG(1) << "generation " << sw.next_.id << ": pre-allocating tensor '" << p.tensors[t].name
                 << "' failed, nothing pre-allocated: " << s;
@@ -262,7 +307,9 @@ Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOpti
     // Tensors whose new shard here is exactly the old one keep their buffer (ExecuteSwitch):
     // nothing is allocated or copied for them.
     sw.kept_.assign(p.tensors.size(), false);
+    sw.grow_offset_.assign(p.tensors.size(), -1);
     if (!options.stage_old_in_host && !options.keep_old_until_barrier) {
+      for (size_t t = 0; t < p.tensors.size(); ++t) sw.grow_offset_[t] = GrowOffset(p, t);
       std::vector<bool> receives(p.tensors.size(), false);
       for (const PieceMove& m : p.recvs) receives[static_cast<size_t>(m.tensor)] = true;
       for (size_t t = 0; t < p.tensors.size(); ++t) {
@@ -550,6 +597,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   }
 
   std::vector<Buffer> new_buffers(nt);
+  std::vector<Buffer> taken(nt);  // old shards taken out of the State to be grown in place
   const int num_batches = static_cast<int>(sw.batches_.size());
   for (int k = 0; k < num_batches; ++k) {
     const LocalPlan& bp = sw.batch_plans_[static_cast<size_t>(k)];
@@ -570,51 +618,69 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     // parameter replicated over DP when only dp changes) keeps its buffer: nothing is
     // allocated or copied for it; it still sends from it. Not with host staging or when the
     // old state must stay intact until the barrier.
-    std::vector<bool> keep(sorted.size(), false);
-    const LocalPlan* run = &bp;
-    LocalPlan trimmed;
-    {
-      bool any = false;
-      for (size_t j = 0; j < sorted.size(); ++j) {
-        const size_t t = static_cast<size_t>(sorted[j]);
-        keep[j] = sw.kept_[t] && old_view[t].bytes > 0;
-        any |= keep[j];
-      }
-      if (any) {
-        trimmed = bp;
-        std::erase_if(trimmed.local_copies,
-                      [&](const PieceMove& m) { return keep[static_cast<size_t>(m.tensor)]; });
-        for (size_t j = 0; j < sorted.size(); ++j) {
-          if (keep[j]) trimmed.new_shards[j].reset();
-        }
-        run = &trimmed;
-      }
+    std::vector<bool> keep(sorted.size(), false), moved(sorted.size(), false);
+    bool any_keep = false, any_moved = false;
+    for (size_t j = 0; j < sorted.size(); ++j) {
+      const size_t t = static_cast<size_t>(sorted[j]);
+      keep[j] = sw.kept_[t] && old_view[t].bytes > 0;
+      any_keep |= keep[j];
     }
     for (size_t j = 0; j < sorted.size(); ++j) {
       const size_t t = static_cast<size_t>(sorted[j]);
       const TensorInfo& info = plan.tensors[t];
-      if (old_view[t].bytes > 0) olds.push_back({info.name, info.dtype, old_view[t]});
       if (keep[j]) continue;
       const int64_t bytes = ShardBytes(plan.new_shards[t], info.dtype);
       if (bytes == 0) continue;
       if (t < sw.prealloc_.size() && sw.prealloc_[t].size() > 0) {
         fresh[j] = std::move(sw.prealloc_[t]);  // counted in `held` from the start
-        news.push_back({info.name, info.dtype, fresh[j].view()});
-        continue;
+      } else {
+        const auto t_alloc = Clock::now();
+        StatusOr<Buffer> b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
+                                                   : state.AllocateShard(t, bytes);
+        // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
+        if (b.ok() && opt.preallocate && !opt.stage_old_in_host) {
+          Status f = PrefaultFresh(b->view(), sw.grow_offset_[t], old_view[t].bytes);
+          if (!f.ok()) b = f;
+        }
+        stats.alloc_seconds += Since(t_alloc);
+        if (!b.ok()) return fail(b.status(), where);
+        fresh[j] = std::move(b).value();
+        held += bytes;
       }
-      const auto t_alloc = Clock::now();
-      StatusOr<Buffer> b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
-                                                 : state.AllocateShard(t, bytes);
-      // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
-      if (b.ok() && opt.preallocate && !opt.stage_old_in_host) {
-        Status f = PrefaultHost(b->view());
-        if (!f.ok()) b = f;
+      // Growing in place (switch.h "Growing in place"): the old shard's pages become the
+      // resident part of the new one; it still sends from there.
+      if (sw.grow_offset_[t] >= 0 && old_view[t].bytes > 0) {
+        taken[t] = state.TakeShard(t);
+        if (MovePages(taken[t], fresh[j], static_cast<size_t>(sw.grow_offset_[t])).ok()) {
+          old_view[t] = ConstBufferView(static_cast<char*>(fresh[j].data()) + sw.grow_offset_[t],
+                                        old_view[t].bytes, MemoryKind::kHost);
+          moved[j] = any_moved = true;
+          ++stats.shards_grown;
+        }
       }
-      stats.alloc_seconds += Since(t_alloc);
-      if (!b.ok()) return fail(b.status(), where);
-      fresh[j] = std::move(b).value();
-      held += bytes;
-      news.push_back({info.name, info.dtype, fresh[j].view()});
+    }
+    const LocalPlan* run = &bp;
+    LocalPlan trimmed;
+    if (any_keep || any_moved) {
+      trimmed = bp;
+      // A moved tensor's resident pieces are in place: listed as covered (`lost` is what the
+      // executor counts as covered and never writes).
+      for (const PieceMove& m : trimmed.local_copies) {
+        if (moved[static_cast<size_t>(m.tensor)]) trimmed.lost.push_back(m);
+      }
+      std::erase_if(trimmed.local_copies, [&](const PieceMove& m) {
+        return keep[static_cast<size_t>(m.tensor)] || moved[static_cast<size_t>(m.tensor)];
+      });
+      for (size_t j = 0; j < sorted.size(); ++j) {
+        if (keep[j]) trimmed.new_shards[j].reset();
+      }
+      run = &trimmed;
+    }
+    for (size_t j = 0; j < sorted.size(); ++j) {
+      const size_t t = static_cast<size_t>(sorted[j]);
+      const TensorInfo& info = plan.tensors[t];
+      if (old_view[t].bytes > 0) olds.push_back({info.name, info.dtype, old_view[t]});
+      if (fresh[j].size() > 0) news.push_back({info.name, info.dtype, fresh[j].view()});
     }
     stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
     StatusOr<ExecutorStats> r =
@@ -645,6 +711,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       if (!opt.keep_old_until_barrier && sw.new_rank_ >= 0 && old_view[t].bytes > 0) {
         held -= static_cast<int64_t>(old_view[t].bytes);
         old_host[t] = Buffer();
+        taken[t] = Buffer();  // a grow in place that could not move it
         state.ReleaseShard(t);
         old_view[t] = ConstBufferView();
       }

@@ -58,6 +58,15 @@
 // the same bound. Shards not pre-allocated are pre-faulted when allocated (half the cost of
 // faulting them by the copy or the receive). An abandoned prepare releases them.
 //
+// Growing in place. A tensor whose old shard here is a contiguous, in-order part of its new
+// shard at a page-aligned byte offset (a ZeRO range that grows over the same frame; a TP split
+// on dim 0 that merges), all of it resident per the plan, with page-mapped storage on both
+// sides (HostAllocator's for 1 MiB or more): its old buffer's pages are moved into the new one
+// (MovePages) instead of copied, the plan's local copies for it are dropped (counted as
+// covered), and it sends from there. Pre-faulting skips that range. Memory accounting is
+// unchanged (conservative: the old shard still counts until the batch ends). A switch that
+// fails in a batch that moved pages has lost those old shards too (State::intact() is false).
+//
 // Failure. Any error stops the switch on this worker and names what failed (the batch and its
 // tensors; the worker and participant of a peer that disappeared, from the communicator's
 // failed peers). The State then keeps its old config and rank; old shards of batches not yet
@@ -181,6 +190,8 @@ struct SwitchStats {
   int shards_kept = 0;
   // New shards allocated and pre-faulted in PrepareSwitch (SwitchOptions::preallocate).
   int64_t preallocated_bytes = 0;
+  // Tensors whose old shard's pages became the resident part of the new one (MovePages).
+  int shards_grown = 0;
   int shards_preallocated = 0;
   // Where the transfer phase went (seconds, summed over the batches): allocating new shards,
   // and the executor's local copies, packing, waits on the transport and unpacking.
@@ -248,6 +259,7 @@ class PreparedSwitch {
   std::vector<LocalPlan> batch_plans_;
   int64_t predicted_peak_ = 0;
   std::vector<bool> kept_;  // per tensor: new shard == old shard here, kept in place
+  std::vector<int64_t> grow_offset_;  // per tensor: grown in place at this byte offset, or -1
   std::vector<Buffer> prealloc_;  // per tensor: its new shard's storage, pre-allocated
   int64_t prealloc_bytes_ = 0;
   SwitchStats planned_;

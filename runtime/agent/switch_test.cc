@@ -71,9 +71,9 @@ struct WorkerResult {
 
 class Cluster {
  public:
-  Cluster() {
+  explicit Cluster(std::vector<TensorSpec> tensors = Tensors()) {
     manifest_.model.num_layers = 2;
-    manifest_.tensors = Tensors();
+    manifest_.tensors = std::move(tensors);
     manifest_.scalars = kScalars;
     // Small messages and staging, so that the staging term does not hide the state bound.
     manifest_.chunk_bytes = 4096;
@@ -521,6 +521,52 @@ TEST(SwitchTest, PreallocatedNewShardsKeepTheStateAndTheBound) {
   int64_t pre_installed = 0;
   for (const auto& [w, s] : c.states_) pre_installed += s->local_bytes();
   EXPECT_LE(counting.counts->outstanding, pre_installed);
+}
+
+// Shards large enough for page-mapped storage (HostAllocator, >= 1 MiB) whose old shard is a
+// page-aligned contiguous part of the new one — a ZeRO range that grows, a TP split on dim 0
+// that merges — are grown in place (MovePages: the resident part is not copied), with and
+// without pre-allocation; the state stays bitwise right, the peak as predicted and bounded.
+TEST(SwitchTest, GrowingShardsKeepTheirResidentPagesInPlace) {
+  const std::vector<TensorSpec> big = {
+      {"l0.w", DType::kF32, {1024, 1024}, Layout::Layer(0).SplitTP(0)},
+      {"l0.w.exp_avg", DType::kF32, {1024, 1024}, Layout::Layer(0).ZeroShard()},
+      {"l1.w.exp_avg", DType::kF32, {1024, 768}, Layout::Layer(1).SplitTP(1).ZeroShard()},
+      {"l1.ln", DType::kF32, {7}, Layout::Layer(1)},
+  };
+  for (bool preallocate : {false, true}) {
+    SCOPED_TRACE(preallocate ? "pre-allocated" : "allocated at the switch");
+    SwitchOptions o = Cluster::Defaults();
+    o.batch_bytes = 8 << 20;
+    if (preallocate) o.preallocate = HostAllocator();
+    Cluster c(big);
+    c.manifest_.chunk_bytes = 1 << 20;
+    c.manifest_.staging_bytes = 8 << 20;
+    ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 2, 1), {1, 2, 3, 4}));
+    // dp 2 -> 1 with tp 2 kept: ZeRO ranges double (offset 0 on the survivors).
+    PrepareMsg p;
+    auto r = c.Propose(Config(1, 2, 1), {1, 2, 3, 4}, o, &p);
+    int grown = 0;
+    for (auto& [w, res] : r) {
+      ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+      EXPECT_EQ(res.stats.peak_state_bytes, res.predicted_peak) << w;
+      grown += res.stats.shards_grown;
+    }
+    EXPECT_GE(grown, 2) << "no ZeRO range grew in place";
+    c.Verify(1);
+    // tp 2 -> 1: l0.w's dim-0 half is the new shard's first or second half (offset 2 MiB).
+    r = c.Propose(Config(1, 1, 1), {1, 2}, o, &p);
+    grown = 0;
+    for (auto& [w, res] : r) {
+      ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+      EXPECT_EQ(res.stats.peak_state_bytes, res.predicted_peak) << w;
+      grown += res.stats.shards_grown;
+    }
+    EXPECT_GE(grown, 1) << "the dim-0 TP half did not grow in place";
+    c.Verify(1);
+    // And back out: dp 1 -> 2 (ranges shrink: copied as before).
+    ASSERT_NO_FATAL_FAILURE(c.Change(Config(2, 1, 1), {1, 2}, true, o));
+  }
 }
 
 // A prepare that pre-allocated and is then abandoned (its commit refused, then destroyed)
