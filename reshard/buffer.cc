@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -73,6 +74,44 @@ StatusOr<Buffer> Buffer::MapHost(size_t bytes) {
   Buffer b = Adopt(p, bytes, MemoryKind::kHost, [len](void* q) { munmap(q, len); });
   b.mapped_ = true;
   return b;
+}
+
+bool PagePool::Put(Buffer& b) {
+  if (!b.mapped_ || b.data_ == nullptr) return false;
+  const size_t len = RoundToPages(b.bytes_ == 0 ? 1 : b.bytes_);
+  regions_.push_back({static_cast<char*>(b.data_), len});
+  bytes_ += len;
+  b.data_ = nullptr;
+  b.bytes_ = 0;
+  b.release_ = nullptr;
+  b.mapped_ = false;
+  return true;
+}
+
+StatusOr<Buffer> PagePool::Get(size_t bytes, size_t* recycled) {
+  *recycled = 0;
+  MORPH_ASSIGN_OR_RETURN(Buffer b, Buffer::MapHost(bytes));
+  const size_t len = RoundToPages(bytes == 0 ? 1 : bytes);
+  char* to = static_cast<char*>(b.data());
+  while (*recycled < len && !regions_.empty()) {
+    Region& r = regions_.back();
+    const size_t k = std::min(r.bytes, len - *recycled);
+    // Moves the region's first k bytes; the rest of it stays mapped where it was.
+    if (mremap(r.data, k, k, MREMAP_MAYMOVE | MREMAP_FIXED, to + *recycled) == MAP_FAILED) break;
+    *recycled += k;
+    bytes_ -= k;
+    r.data += k;
+    r.bytes -= k;
+    if (r.bytes == 0) regions_.pop_back();
+  }
+  *recycled = std::min(*recycled, bytes);
+  return b;
+}
+
+void PagePool::Clear() {
+  for (const Region& r : regions_) munmap(r.data, r.bytes);
+  regions_.clear();
+  bytes_ = 0;
 }
 
 Status MovePages(Buffer& src, Buffer& dst, size_t offset) {

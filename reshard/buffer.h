@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <functional>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -66,6 +67,7 @@ class Buffer {
 
  private:
   friend Status MovePages(Buffer& src, Buffer& dst, size_t offset);
+  friend class PagePool;
   void Reset();
   void* data_ = nullptr;
   size_t bytes_ = 0;
@@ -82,6 +84,37 @@ class Buffer {
 // offset + src.size() <= dst.size(); kInternal naming errno if mremap fails (nothing changed).
 // Any thread; not concurrently with other uses of either buffer.
 Status MovePages(Buffer& src, Buffer& dst, size_t offset);
+
+// Pages of released page-mapped buffers, handed to new ones without a page fault (mremap): in a
+// switch, the old shards released after one batch back the new shards allocated for the next
+// (runtime/agent/switch.h). Recycled pages keep whatever they held: only for buffers that are
+// written in full before they are read. One owner thread.
+class PagePool {
+ public:
+  PagePool() = default;
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+  ~PagePool() { Clear(); }
+
+  // Takes `b`'s pages (b is empty afterwards) when it is page_mapped(); false (b untouched)
+  // otherwise.
+  bool Put(Buffer& b);
+  // A page-mapped buffer of `bytes` (> 0) whose first pages come from the pool, as many as it
+  // holds (*recycled: how many bytes); the rest is fresh (not faulted in). kResourceExhausted
+  // when mapping fails.
+  StatusOr<Buffer> Get(size_t bytes, size_t* recycled);
+  size_t bytes() const { return bytes_; }
+  // Unmaps whatever the pool holds.
+  void Clear();
+
+ private:
+  struct Region {
+    char* data;
+    size_t bytes;  // whole pages
+  };
+  std::vector<Region> regions_;
+  size_t bytes_ = 0;
+};
 
 // Returns a buffer of exactly `bytes` bytes (contents undefined), or kResourceExhausted
 // naming the size. Called from any thread.

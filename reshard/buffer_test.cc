@@ -114,5 +114,41 @@ TEST(MovePagesTest, HostAllocatorMapsLargeBuffersOnly) {
   EXPECT_FALSE(big.page_mapped());  // NOLINT: moved-from is empty
 }
 
+TEST(PagePoolTest, NewBuffersTakeTheReleasedPagesFirst) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer a, Buffer::MapHost(3 * page + 5));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer b, Buffer::MapHost(2 * page));
+  std::memset(a.data(), 7, a.size());
+  std::memset(b.data(), 9, b.size());
+  std::vector<char> heap(page);
+  Buffer adopted = Buffer::Adopt(heap.data(), heap.size(), MemoryKind::kHost, nullptr);
+  PagePool pool;
+  EXPECT_FALSE(pool.Put(adopted));
+  EXPECT_EQ(adopted.size(), heap.size());
+  ASSERT_TRUE(pool.Put(a));
+  ASSERT_TRUE(pool.Put(b));
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(pool.bytes(), 6 * page);
+  // 5 pages: b's two, then three of a's four; the pool keeps one page.
+  size_t recycled = 0;
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer c, pool.Get(5 * page, &recycled));
+  EXPECT_EQ(recycled, 5 * page);
+  EXPECT_EQ(pool.bytes(), page);
+  EXPECT_TRUE(c.page_mapped());
+  EXPECT_EQ(ResidentPages(c.data(), c.size()), 5u) << "recycled pages are already faulted in";
+  const auto* p = static_cast<const unsigned char*>(c.data());
+  EXPECT_EQ(p[0], 9);  // b's pages first
+  EXPECT_EQ(p[2 * page], 7);
+  std::memset(c.data(), 1, c.size());  // writable throughout
+  // More than the pool holds: its last page, then fresh ones.
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer d, pool.Get(3 * page, &recycled));
+  EXPECT_EQ(recycled, page);
+  EXPECT_EQ(pool.bytes(), 0u);
+  std::memset(d.data(), 2, d.size());
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer e, pool.Get(page, &recycled));
+  EXPECT_EQ(recycled, 0u);
+  pool.Clear();
+}
+
 }  // namespace
 }  // namespace morph

@@ -598,6 +598,9 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
 
   std::vector<Buffer> new_buffers(nt);
   std::vector<Buffer> taken(nt);  // old shards taken out of the State to be grown in place
+  // Recycling (switch.h): the old shards released after batch k back batch k+1's new shards.
+  const bool recycle = opt.preallocate && !opt.stage_old_in_host && !opt.keep_old_until_barrier;
+  PagePool pool;
   const int num_batches = static_cast<int>(sw.batches_.size());
   for (int k = 0; k < num_batches; ++k) {
     const LocalPlan& bp = sw.batch_plans_[static_cast<size_t>(k)];
@@ -635,12 +638,24 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
         fresh[j] = std::move(sw.prealloc_[t]);  // counted in `held` from the start
       } else {
         const auto t_alloc = Clock::now();
-        StatusOr<Buffer> b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
-                                                   : state.AllocateShard(t, bytes);
-        // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
-        if (b.ok() && opt.preallocate && !opt.stage_old_in_host) {
-          Status f = PrefaultFresh(b->view(), sw.grow_offset_[t], old_view[t].bytes);
-          if (!f.ok()) b = f;
+        StatusOr<Buffer> b = Buffer();
+        if (recycle && pool.bytes() > 0 && sw.grow_offset_[t] < 0) {
+          size_t recycled = 0;
+          b = pool.Get(static_cast<size_t>(bytes), &recycled);
+          if (b.ok() && recycled < b->size()) {
+            Status f = PrefaultHost({static_cast<char*>(b->data()) + recycled,
+                                     b->size() - recycled, MemoryKind::kHost});
+            if (!f.ok()) b = f;
+          }
+          stats.recycled_bytes += static_cast<int64_t>(recycled);
+        } else {
+          b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
+                                    : state.AllocateShard(t, bytes);
+          // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
+          if (b.ok() && opt.preallocate && !opt.stage_old_in_host) {
+            Status f = PrefaultFresh(b->view(), sw.grow_offset_[t], old_view[t].bytes);
+            if (!f.ok()) b = f;
+          }
         }
         stats.alloc_seconds += Since(t_alloc);
         if (!b.ok()) return fail(b.status(), where);
@@ -659,6 +674,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
         }
       }
     }
+    pool.Clear();  // what this batch did not reuse (the bound counts it as released)
     const LocalPlan* run = &bp;
     LocalPlan trimmed;
     if (any_keep || any_moved) {
@@ -711,6 +727,11 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       if (!opt.keep_old_until_barrier && sw.new_rank_ >= 0 && old_view[t].bytes > 0) {
         held -= static_cast<int64_t>(old_view[t].bytes);
         old_host[t] = Buffer();
+        if (recycle) {
+          Buffer b = state.TakeShard(t);
+          if (!pool.Put(b)) b = Buffer();
+          if (!pool.Put(taken[t])) taken[t] = Buffer();
+        }
         taken[t] = Buffer();  // a grow in place that could not move it
         state.ReleaseShard(t);
         old_view[t] = ConstBufferView();
@@ -732,6 +753,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     stats.release_seconds += Since(t_release);
     if (opt.after_batch) opt.after_batch(k);
   }
+  pool.Clear();
   stats.peak_bytes = std::max(stats.peak_bytes, stats.peak_state_bytes);
   stats.seconds.transfer = Since(t_transfer);
 
@@ -791,7 +813,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   VLOG(1) << gen << ": participant " << sw.participant_ << " of " << sw.num_participants_
           << ", rank " << sw.old_rank_ << " -> " << sw.new_rank_ << ", " << stats.batches
           << " batches, sent " << stats.bytes_sent << " B, received " << stats.bytes_received
-          << " B, copied " << stats.bytes_copied << " B, pre-allocated " << stats.preallocated_bytes
+          << " B, copied " << stats.bytes_copied << " B, pre-allocated " << stats.preallocated_bytes << " B, recycled " << stats.recycled_bytes
           << " B, peak " << stats.peak_bytes << " B (bound "
           << stats.bound_bytes << " B); transfer " << stats.seconds.transfer << " s: alloc "
           << stats.alloc_seconds << " copy " << stats.copy_seconds << " pack " << stats.pack_seconds

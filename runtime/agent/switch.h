@@ -67,6 +67,11 @@
 // unchanged (conservative: the old shard still counts until the batch ends). A switch that
 // fails in a batch that moved pages has lost those old shards too (State::intact() is false).
 //
+// Recycling (with preallocate, not with keep_old_until_barrier): the old shards released after
+// batch k go into a PagePool and back the new shards allocated for batch k+1 (already faulted
+// pages, moved by mremap, no copy; what is left is unmapped once batch k+1 is allocated). So a
+// page is held no longer than the accounting above says, and the bound is unchanged.
+//
 // Failure. Any error stops the switch on this worker and names what failed (the batch and its
 // tensors; the worker and participant of a peer that disappeared, from the communicator's
 // failed peers). The State then keeps its old config and rank; old shards of batches not yet
@@ -190,6 +195,8 @@ struct SwitchStats {
   int shards_kept = 0;
   // New shards allocated and pre-faulted in PrepareSwitch (SwitchOptions::preallocate).
   int64_t preallocated_bytes = 0;
+  // New-shard bytes backed by pages of old shards released in the batch before (PagePool).
+  int64_t recycled_bytes = 0;
   // Tensors whose old shard's pages became the resident part of the new one (MovePages).
   int shards_grown = 0;
   int shards_preallocated = 0;

@@ -564,8 +564,25 @@ TEST(SwitchTest, GrowingShardsKeepTheirResidentPagesInPlace) {
     }
     EXPECT_GE(grown, 1) << "the dim-0 TP half did not grow in place";
     c.Verify(1);
-    // And back out: dp 1 -> 2 (ranges shrink: copied as before).
-    ASSERT_NO_FATAL_FAILURE(c.Change(Config(2, 1, 1), {1, 2}, true, o));
+    // And back out: dp 1 -> 2 (ranges shrink: copied as before). With pre-allocation the old
+    // shards released after a batch back the next batch's new ones (PagePool).
+    // One tensor per batch, so that later batches allocate after earlier ones released.
+    SwitchOptions single = o;
+    single.batch_bytes = 0;
+    r = c.Propose(Config(2, 1, 1), {1, 2}, single, &p);
+    int64_t recycled = 0;
+    for (auto& [w, res] : r) {
+      ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+      EXPECT_EQ(res.stats.peak_state_bytes, res.predicted_peak) << w;
+      EXPECT_LE(res.stats.peak_bytes, res.stats.bound_bytes) << w;
+      recycled += res.stats.recycled_bytes;
+    }
+    if (preallocate) {
+      EXPECT_GT(recycled, 0) << "no released page was reused";
+    } else {
+      EXPECT_EQ(recycled, 0);
+    }
+    c.Verify(1);
   }
 }
 
