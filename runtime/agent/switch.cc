@@ -190,7 +190,24 @@ std::string NamePeers(const Status& s, const std::vector<WorkerId>& participants
   return out;
 }
 
-PreparedSwitch::~PreparedSwitch() = default;
+PreparedSwitch::~PreparedSwitch() {
+  prealloc_stop_.store(true);
+  if (prealloc_thread_.joinable()) prealloc_thread_.join();
+}
+
+void PreparedSwitch::WaitForPreallocation() {
+  std::unique_lock<std::mutex> l(prealloc_mu_);
+  prealloc_cv_.wait(l, [&] { return prealloc_done_ >= prealloc_order_.size(); });
+}
+
+// Tensor t's pre-allocated buffer, once the pre-allocation thread got to it (empty if it
+// failed or stopped before it).
+Buffer TakePreallocated(PreparedSwitch& sw, size_t t) {
+  std::unique_lock<std::mutex> l(sw.prealloc_mu_);
+  const size_t pos = static_cast<size_t>(sw.pre_pos_[t]);
+  sw.prealloc_cv_.wait(l, [&] { return sw.prealloc_done_ > pos; });
+  return std::move(sw.prealloc_[t]);
+}
 
 void PreparedSwitch::Abort() {
   aborted_.store(true);
@@ -226,7 +243,7 @@ int64_t PredictPeak(const PreparedSwitch& sw, bool keep_old) {
       const DType dt = p.tensors[t].dtype;
       const int64_t o = ShardBytes(p.old_shards[t], dt);
       const int64_t n = ShardBytes(p.new_shards[t], dt);
-      const bool pre = t < sw.prealloc_.size() && sw.prealloc_[t].size() > 0;
+      const bool pre = t < sw.pre_pos_.size() && sw.pre_pos_[t] >= 0;
       if (!pre) batch_new += n;
       delta += (pre ? 0 : n) - (keep_old ? 0 : o);
     }
@@ -237,48 +254,62 @@ int64_t PredictPeak(const PreparedSwitch& sw, bool keep_old) {
 }
 
 // Pre-allocation (switch.h): the prefix of the execution order whose new shards fit
-// O + Σ n_t <= max(max(O, N) + E, the peak without), allocated with `alloc` and pre-faulted.
-// Best effort: an allocation that fails leaves nothing pre-allocated (ExecuteSwitch allocates
-// as usual and reports the error if it fails again then). PrepareSwitch's thread.
-void Preallocate(PreparedSwitch& sw, const Allocator& alloc) {
+// O + Σ n_t <= max(max(O, N) + E, the peak without). Decided here (PrepareSwitch), filled by
+// FillPreallocation on the switch's own thread.
+void PlanPreallocation(PreparedSwitch& sw) {
   const LocalPlan& p = sw.plan_;
   const SwitchStats& planned = sw.planned_;
   const int64_t limit =
       std::max(std::max(planned.old_bytes, planned.new_bytes) + planned.largest_batch_bytes,
                sw.predicted_peak_);
-  std::vector<Buffer> bufs(p.tensors.size());
+  sw.pre_pos_.assign(p.tensors.size(), -1);
+  sw.prealloc_.resize(p.tensors.size());
   int64_t total = 0;
-  int count = 0;
-  bool full = false;
   for (const auto& batch : sw.batches_) {
     for (int32_t i : batch) {
       const size_t t = static_cast<size_t>(i);
       if (sw.kept_[t]) continue;
       const int64_t n = ShardBytes(p.new_shards[t], p.tensors[t].dtype);
       if (n == 0) continue;
-      if (planned.old_bytes + total + n > limit) {
-        full = true;
-        break;
-      }
-      StatusOr<Buffer> b = alloc(static_cast<size_t>(n));
-      const size_t resident = static_cast<size_t>(ShardBytes(p.old_shards[t], p.tensors[t].dtype));
-      Status s = b.ok() ? PrefaultFresh(b->view(), sw.grow_offset_[t], resident) : b.status();
-      if (!s.ok()) {
-        VLOG(1) << "generation " << sw.next_.id << ": pre-allocating tensor '" << p.tensors[t].name
-                << "' failed, nothing pre-allocated: " << s;
-        return;  // bufs go
-      }
-      bufs[t] = std::move(b).value();
+      if (planned.old_bytes + total + n > limit) goto done;
+      sw.pre_pos_[t] = static_cast<int>(sw.prealloc_order_.size());
+      sw.prealloc_order_.push_back(i);
       total += n;
-      ++count;
     }
-    if (full) break;
   }
-  sw.prealloc_ = std::move(bufs);
+done:
   sw.prealloc_bytes_ = total;
   sw.planned_.preallocated_bytes = total;
-  sw.planned_.shards_preallocated = count;
+  sw.planned_.shards_preallocated = static_cast<int>(sw.prealloc_order_.size());
   sw.predicted_peak_ = PredictPeak(sw, sw.options_.keep_old_until_barrier);
+}
+
+// Allocates (`alloc`) and pre-faults the planned shards in order, publishing each as it is
+// ready; stops early when the switch is destroyed or aborted. A failed allocation leaves that
+// shard (and the rest) to ExecuteSwitch, which allocates it and reports the error if it fails
+// again. The pre-allocation thread.
+void FillPreallocation(PreparedSwitch& sw, const Allocator& alloc) {
+  const LocalPlan& p = sw.plan_;
+  for (size_t k = 0; k < sw.prealloc_order_.size(); ++k) {
+    if (sw.prealloc_stop_.load() || sw.aborted_.load()) break;
+    const size_t t = static_cast<size_t>(sw.prealloc_order_[k]);
+    const int64_t n = ShardBytes(p.new_shards[t], p.tensors[t].dtype);
+    StatusOr<Buffer> b = alloc(static_cast<size_t>(n));
+    const size_t resident = static_cast<size_t>(ShardBytes(p.old_shards[t], p.tensors[t].dtype));
+    Status s = b.ok() ? PrefaultFresh(b->view(), sw.grow_offset_[t], resident) : b.status();
+    if (!s.ok()) {
+      VLOG(1) << "generation " << sw.next_.id << ": pre-allocating tensor '" << p.tensors[t].name
+              << "' failed, left to the switch: " << s;
+      break;
+    }
+    std::lock_guard<std::mutex> l(sw.prealloc_mu_);
+    sw.prealloc_[t] = std::move(b).value();
+    sw.prealloc_done_ = k + 1;
+    sw.prealloc_cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> l(sw.prealloc_mu_);
+  sw.prealloc_done_ = sw.prealloc_order_.size();
+  sw.prealloc_cv_.notify_all();
 }
 
 // This participant's part of `change`, its batches and the byte figures of "Order and memory
@@ -331,7 +362,8 @@ Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOpti
       }
       planned.largest_batch_bytes = std::max(planned.largest_batch_bytes, batch_new);
     }
-    sw.prealloc_.clear();
+    sw.pre_pos_.clear();
+    sw.prealloc_order_.clear();
     sw.prealloc_bytes_ = 0;
     sw.predicted_peak_ = PredictPeak(sw, options.keep_old_until_barrier);
     if (options.keep_old_until_barrier) planned.sign_consistent = planned.old_bytes == 0;
@@ -388,11 +420,14 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   planned.seconds.plan = Since(t_plan);
 
   const auto t_comm = Clock::now();
-  // Joined before `sw` is returned or destroyed (declared after it).
-  std::jthread prealloc;
+  // Filled in the background (the old generation trains on); ExecuteSwitch waits per shard,
+  // ~PreparedSwitch stops and joins it.
   if (options.preallocate && !options.stage_old_in_host && change.planner &&
       !prepare.change.recovery) {
-    prealloc = std::jthread([&sw, &options] { Preallocate(*sw, options.preallocate); });
+    PlanPreallocation(*sw);
+    PreparedSwitch* raw = sw.get();
+    raw->prealloc_thread_ =
+        std::thread([raw, alloc = options.preallocate] { FillPreallocation(*raw, alloc); });
   }
   if (change.planner) {
     MORPH_ASSIGN_OR_RETURN(
@@ -411,7 +446,6 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
                                          prepare.next.config.world(), deadline),
                            gen << ": communicators of rank " << sw->new_rank_);
   }
-  if (prealloc.joinable()) prealloc.join();
   planned.seconds.communicators = Since(t_comm);
   return sw;
 }
@@ -634,9 +668,13 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       if (keep[j]) continue;
       const int64_t bytes = ShardBytes(plan.new_shards[t], info.dtype);
       if (bytes == 0) continue;
-      if (t < sw.prealloc_.size() && sw.prealloc_[t].size() > 0) {
-        fresh[j] = std::move(sw.prealloc_[t]);  // counted in `held` from the start
-      } else {
+      const bool pre = t < sw.pre_pos_.size() && sw.pre_pos_[t] >= 0;
+      if (pre) {
+        const auto t_wait = Clock::now();
+        fresh[j] = TakePreallocated(sw, t);  // counted in `held` from the start
+        stats.prealloc_wait_seconds += Since(t_wait);
+      }
+      if (fresh[j].size() == 0) {
         const auto t_alloc = Clock::now();
         StatusOr<Buffer> b = Buffer();
         if (recycle && pool.bytes() > 0 && sw.grow_offset_[t] < 0) {
@@ -660,7 +698,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
         stats.alloc_seconds += Since(t_alloc);
         if (!b.ok()) return fail(b.status(), where);
         fresh[j] = std::move(b).value();
-        held += bytes;
+        if (!pre) held += bytes;  // a pre-allocated one that failed is counted already
       }
       // Growing in place (switch.h "Growing in place"): the old shard's pages become the
       // resident part of the new one; it still sends from there.
@@ -813,7 +851,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   VLOG(1) << gen << ": participant " << sw.participant_ << " of " << sw.num_participants_
           << ", rank " << sw.old_rank_ << " -> " << sw.new_rank_ << ", " << stats.batches
           << " batches, sent " << stats.bytes_sent << " B, received " << stats.bytes_received
-          << " B, copied " << stats.bytes_copied << " B, pre-allocated " << stats.preallocated_bytes << " B, recycled " << stats.recycled_bytes
+          << " B, copied " << stats.bytes_copied << " B, pre-allocated " << stats.preallocated_bytes << " B (waited " << stats.prealloc_wait_seconds << " s), recycled " << stats.recycled_bytes
           << " B, peak " << stats.peak_bytes << " B (bound "
           << stats.bound_bytes << " B); transfer " << stats.seconds.transfer << " s: alloc "
           << stats.alloc_seconds << " copy " << stats.copy_seconds << " pack " << stats.pack_seconds

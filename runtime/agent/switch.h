@@ -47,10 +47,12 @@
 // max_k held_k + staging, which PreparedSwitch::predicted_peak_bytes() computes before anything
 // moves; SwitchStats::sign_consistent says whether the bound is guaranteed.
 //
-// Pre-allocation (SwitchOptions::preallocate). PrepareSwitch, on its own thread while the old
-// generation still trains and while the communicators build, allocates and pre-faults
-// (PrefaultHost) new shards in execution order — a prefix Q of the tensors that are not kept —
-// while O + Σ_Q n_t <= max(max(O, N) + E, the peak without it). ExecuteSwitch writes into them
+// Pre-allocation (SwitchOptions::preallocate). PrepareSwitch picks new shards in execution
+// order — a prefix Q of the tensors that are not kept — while O + Σ_Q n_t <= max(max(O, N) + E,
+// the peak without it), and a thread of the PreparedSwitch allocates and pre-faults
+// (PrefaultHost) them in that order while the old generation still trains; PrepareSwitch does
+// not wait for it (a joiner answers its prepare at once). ExecuteSwitch waits for each one
+// only when its batch needs it (SwitchStats::prealloc_wait_seconds) and writes into it
 // instead of allocating, so the transfer phase takes no first-touch page faults for them (on
 // this VM a fresh page costs more than copying it: 0.6 GB/s against 5). The held bytes during
 // batch k are then O + Σ_Q n_t - Σ_{D_k} o_t while Q reaches past k, and what they were
@@ -101,9 +103,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "base/deadline.h"
@@ -195,6 +200,7 @@ struct SwitchStats {
   int shards_kept = 0;
   // New shards allocated and pre-faulted in PrepareSwitch (SwitchOptions::preallocate).
   int64_t preallocated_bytes = 0;
+  double prealloc_wait_seconds = 0;  // ExecuteSwitch waiting for the pre-allocation thread
   // New-shard bytes backed by pages of old shards released in the batch before (PagePool).
   int64_t recycled_bytes = 0;
   // Tensors whose old shard's pages became the resident part of the new one (MovePages).
@@ -233,6 +239,9 @@ class PreparedSwitch {
   // change applied elsewhere (Outcome), the worker follows: AdoptNewState, then TakeGroups.
   bool new_state_complete() const { return new_complete_; }
 
+  // Blocks until the background pre-allocation is done (tests; ExecuteSwitch waits per shard).
+  void WaitForPreallocation();
+
   // Makes a running ExecuteSwitch (and every later one) fail with kAborted: aborts the change
   // communicator and the new groups. Any thread, but not concurrently with TakeGroups.
   void Abort();
@@ -245,7 +254,9 @@ class PreparedSwitch {
   friend StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch&, const CommitMsg&, State&, Deadline);
   friend std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch&);
   friend Status PlanSwitch(PreparedSwitch&, const ChangePlan&, const SwitchOptions&);
-  friend void Preallocate(PreparedSwitch&, const Allocator&);
+  friend void PlanPreallocation(PreparedSwitch&);
+  friend void FillPreallocation(PreparedSwitch&, const Allocator&);
+  friend Buffer TakePreallocated(PreparedSwitch&, size_t);
   friend int64_t PredictPeak(const PreparedSwitch&, bool keep_old);
   friend StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch&, const CommitMsg&, State&,
                                                      Deadline);
@@ -267,8 +278,17 @@ class PreparedSwitch {
   int64_t predicted_peak_ = 0;
   std::vector<bool> kept_;  // per tensor: new shard == old shard here, kept in place
   std::vector<int64_t> grow_offset_;  // per tensor: grown in place at this byte offset, or -1
-  std::vector<Buffer> prealloc_;  // per tensor: its new shard's storage, pre-allocated
+  // Pre-allocation: which tensors (their position in prealloc_order_, or -1), the order the
+  // background thread fills them in, and the buffers it published (under prealloc_mu_).
+  std::vector<int> pre_pos_;
+  std::vector<int32_t> prealloc_order_;
   int64_t prealloc_bytes_ = 0;
+  std::mutex prealloc_mu_;
+  std::condition_variable prealloc_cv_;
+  std::vector<Buffer> prealloc_;
+  size_t prealloc_done_ = 0;
+  std::atomic<bool> prealloc_stop_{false};
+  std::thread prealloc_thread_;  // joined by the destructor
   SwitchStats planned_;
   std::unique_ptr<Communicator> change_comm_;
   std::unique_ptr<CommTransport> transport_;

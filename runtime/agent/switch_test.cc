@@ -171,6 +171,7 @@ class Cluster {
             if (p.ok() && !all_prepared) return AbortedError("abandoned: a peer failed to prepare");
           }
           MORPH_ASSIGN_OR_RETURN(sw, std::move(p));
+          if (wait_for_preallocation_) sw->WaitForPreallocation();
           r.predicted_peak = sw->predicted_peak_bytes();
           MORPH_ASSIGN_OR_RETURN(r.stats, ExecuteSwitch(*sw, commit, *states_.at(w), deadline));
           std::unique_ptr<GroupSet> groups = TakeGroups(*sw);
@@ -340,6 +341,7 @@ class Cluster {
   int64_t next_id_ = 0;
   int abandoned_ = 0;  // proposals abandoned because communicators failed to build
   bool last_run_prepared_ = true;
+  bool wait_for_preallocation_ = false;  // before executing (else ExecuteSwitch waits per shard)
   std::map<WorkerId, std::unique_ptr<State>> states_;
   Generation current_;
   int64_t scalar_generation_ = 1;
@@ -595,6 +597,7 @@ TEST(SwitchTest, AbandonedPrepareReleasesItsPreallocatedShards) {
   Cluster c;
   ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {1, 2}));
   MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(4, 1, 1), {1, 2, 3, 4}));
+  c.wait_for_preallocation_ = true;  // so that there is something to release
   int64_t held_before_abandon = 0;
   std::map<WorkerId, WorkerResult> r =
       c.Run(p, nullptr, o, [](CommitMsg& commit) { commit.next.plan_digest ^= 1; });
