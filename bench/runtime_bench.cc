@@ -11,7 +11,8 @@
 //
 // One JSON object per line: {"name": "reconfigure", "change": "dp4to2", "bytes": ..., "seconds":
 // <request -> first step>, "stall_seconds", "transfer_seconds", ..., "bytes_moved",
-// "raw_bandwidth_bytes_per_s", "transfer_vs_raw"}. ratio_vs_dcp and ratio_vs_cpp_baseline are
+// "raw_bandwidth_bytes_per_s", "transfer_vs_raw", "raw_all_ranks_bytes_per_s" (every old rank
+// sending 64 MiB to the next at once), "transfer_vs_raw_all_ranks"}. ratio_vs_dcp and ratio_vs_cpp_baseline are
 // added by bench/peers/run_runtime_bench.sh, which runs the peers in the same session.
 #include <glog/logging.h>
 #include <unistd.h>
@@ -109,6 +110,26 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
     if (step->index() == 1 && step->generation() == 1) {
       double raw = raw_bandwidth();
       if (raw > 0) log << "{\"generation\":1,\"raw_bandwidth\":" << raw << "}\n";
+      // Every rank at once: rank r sends 64 MiB to r+1 and receives 64 MiB from r-1 (Gloo p2p),
+      // so that every process moves bytes concurrently on the shared cores, as in a reshard.
+      if (step->world_size() >= 2) {
+        const int w = step->world_size(), me = step->rank();
+        std::vector<char> out(size_t{64} << 20), in(size_t{64} << 20);
+        std::memset(out.data(), 1, out.size());
+        std::memset(in.data(), 0, in.size());
+        using K = morph::P2POp::Kind;
+        (void)step->world().Barrier(std::chrono::milliseconds(60000));
+        auto t = std::chrono::steady_clock::now();
+        morph::Status st = step->world().SendRecv(
+            {morph::P2POp{K::kSend, (me + 1) % w, out.data(), out.size()},
+             morph::P2POp{K::kRecv, (me + w - 1) % w, in.data(), in.size()}},
+            std::chrono::milliseconds(60000));
+        double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        if (st.ok()) {
+          log << "{\"generation\":1,\"raw_ring_bytes\":" << in.size()
+              << ",\"raw_ring_seconds\":" << sec << "}\n";
+        }
+      }
     }
     if (step->reconfigured() && r.last_reconfiguration()) {
       const morph::Reconfiguration& last = *r.last_reconfiguration();
@@ -144,6 +165,8 @@ struct Parsed {
   int64_t joiner_start_to_first_step_ns = 0;  // the slowest joiner's
   int workers = 0;
   double raw = 0;
+  // All old ranks at once (ring of Gloo p2p): bytes received in all / the slowest rank's time.
+  double ring_bytes = 0, ring_seconds = 0;
 };
 
 Parsed ReadLogs(const fs::path& dir, int64_t generation) {
@@ -158,6 +181,11 @@ Parsed ReadLogs(const fs::path& dir, int64_t generation) {
         return at == std::string::npos ? 0.0 : std::atof(line.c_str() + at + k.size() + 3);
       };
       p.raw = std::max(p.raw, field("raw_bandwidth"));  // any generation
+      if (line.find("raw_ring_bytes") != std::string::npos) {
+        p.ring_bytes += field("raw_ring_bytes");
+        p.ring_seconds = std::max(p.ring_seconds, field("raw_ring_seconds"));
+        continue;
+      }
       if (static_cast<int64_t>(field("generation")) != generation) continue;
       ++p.workers;
       for (const char* k : {"communicators", "plan", "transfer", "resume", "stall",
@@ -252,15 +280,18 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
     return 0;
   }
   double transfer_bw = p.max["transfer"] > 0 ? p.sum_received / p.max["transfer"] : 0;
+  const double ring = p.ring_seconds > 0 ? p.ring_bytes / p.ring_seconds : 0;
   std::printf(
       "{\"name\":\"reconfigure\",\"change\":\"%s\",\"bytes\":%lld,\"seconds\":%.4f,"
       "\"stall_seconds\":%.4f,\"communicators_seconds\":%.4f,\"plan_seconds\":%.4f,"
       "\"transfer_seconds\":%.4f,\"resume_seconds\":%.4f,\"stall_minus_transfer_seconds\":%.4f,"
       "\"bytes_moved\":%.0f,\"raw_bandwidth_bytes_per_s\":%.0f,\"transfer_bandwidth_bytes_per_s\":"
-      "%.0f,\"transfer_vs_raw\":%.3f,\"peak_bytes_max\":%.0f,\"bound_bytes_max\":%.0f}\n",
+      "%.0f,\"transfer_vs_raw\":%.3f,\"raw_all_ranks_bytes_per_s\":%.0f,"
+      "\"transfer_vs_raw_all_ranks\":%.3f,\"peak_bytes_max\":%.0f,\"bound_bytes_max\":%.0f}\n",
       c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"], p.max["communicators"],
       p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
-      p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, p.max["peak_bytes"],
+      p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, ring,
+      ring > 0 ? transfer_bw / ring : 0.0, p.max["peak_bytes"],
       p.max["bound_bytes"]);
   std::fflush(stdout);
   if (!std::getenv("MORPH_BENCH_KEEP")) fs::remove_all(dir);  // keep: logs for a look
