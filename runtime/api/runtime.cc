@@ -115,7 +115,9 @@ Status Runtime::Impl::Bootstrap() {
   factory = std::move(data_plane.factory);
   if (opts.snapshot_every > 0) {
     BuddySnapshotOptions so;
-    so.device = device;
+    // Its own device, so its own Gloo event loop: a round's hundreds of MB are read on that
+    // thread, which would otherwise delay the step's collectives behind them.
+    MORPH_ASSIGN_OR_RETURN(so.device, GlooDevice::Create(gloo));
     so.timeout = std::chrono::milliseconds(opts.change_timeout_ms);
     snapshots = std::make_unique<BuddySnapshotter>(opts.snapshot_every, so);
   }
