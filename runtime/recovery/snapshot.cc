@@ -605,13 +605,14 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   uint64_t checked_got = 0;
   std::deque<Started> flight;
   Status failed;
-  auto drain = [&]() {  // after an error: nothing may touch the buffers when we return
+  // After an error: stop what is still queued or moving. Not waited for: a Gloo wait the abort
+  // does not wake would hold this round (and the recovery that ends it) for the op timeout; the
+  // buffers stay allocated, the generation's snapshots are broken, and its communicators are
+  // destroyed (their op threads joined) before any later round reuses them.
+  auto drain = [&]() {
     to_buddy_->Abort();
     if (from_ward_) from_ward_->Abort();
-    while (!flight.empty()) {
-      (void)finish(flight.front());
-      flight.pop_front();
-    }
+    flight.clear();
   };
   auto complete_front = [&]() -> Status {
     Started st = std::move(flight.front());
