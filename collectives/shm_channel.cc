@@ -464,6 +464,11 @@ Status ShmChannel::ReceiveNext(Peer& p) {
                                    ", the receive posted here expects " + std::to_string(r.tag) +
                                    " (the two sides run different plans or steps)");
   }
+  const auto copy_start = std::chrono::steady_clock::now();
+  auto copied = [&] {
+    stats_.copy_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
+  };
   Runs local(reinterpret_cast<uint64_t>(r.base), r.bytes, r.strided, r.geometry,
              /*src_side=*/false, r.elem_size, r.begin, r.end);
   Runs remote(d.base, d.bytes, d.strided != 0, d.geometry, /*src_side=*/true, d.elem_size, d.begin,
@@ -488,6 +493,7 @@ Status ShmChannel::ReceiveNext(Peer& p) {
       return InternalError(what + ": layouts cover fewer bytes than the message's " +
                            std::to_string(r.bytes));
     }
+    copied();
     ++stats_.mapped_messages;
     stats_.mapped_bytes += r.bytes;
     return FinishReceive(p, what);
@@ -533,6 +539,7 @@ Status ShmChannel::ReceiveNext(Peer& p) {
     }
     done += batch;
   }
+  copied();
   ++stats_.vm_readv_messages;
   stats_.vm_readv_bytes += r.bytes;
   return FinishReceive(p, what);

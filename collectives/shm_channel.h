@@ -113,6 +113,7 @@ class ShmChannel {
     uint64_t mapped_bytes = 0;
     uint64_t vm_readv_messages = 0;  // by process_vm_readv
     uint64_t vm_readv_bytes = 0;
+    double copy_seconds = 0;  // inside the copies (both paths), mapping included
   };
   const Stats& stats() const { return stats_; }
 
