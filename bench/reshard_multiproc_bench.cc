@@ -6,7 +6,8 @@
 //   - "shm": CommTransport::Create with the processes' ShmArena (old shards live in it, as
 //     morph-owned host storage would): same-host receivers map the senders' segments and memcpy,
 //     next to memcpy of the bytes landing in each process's new shards, by all 4 processes at
-//     once: ratio_vs_memcpy = memcpy_seconds / seconds, speedup_vs_tcp = gloo_tcp seconds / seconds;
+//     once: ratio_vs_memcpy = memcpy_seconds / seconds, speedup_vs_tcp = gloo_tcp seconds /
+//     seconds;
 //   - "shm_vm_readv": the same without the arena, so every message goes by process_vm_readv.
 // Page state is the same on both sides of each comparison: sources and destinations are written
 // before the first pass and reused (a receiver maps the senders' segments afresh in every
@@ -137,7 +138,8 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
   for (const PieceMove& p : plan.recvs)
     from[static_cast<size_t>(p.peer)] += static_cast<size_t>(PieceBytes(plan, p));
   size_t local_bytes = 0;
-  for (const PieceMove& p : plan.local_copies) local_bytes += static_cast<size_t>(PieceBytes(plan, p));
+  for (const PieceMove& p : plan.local_copies)
+    local_bytes += static_cast<size_t>(PieceBytes(plan, p));
   size_t landing = 0;
   for (const PieceMove& p : plan.recvs) landing += static_cast<size_t>(PieceBytes(plan, p));
   for (const PieceMove& p : plan.local_copies) landing += static_cast<size_t>(PieceBytes(plan, p));
@@ -218,15 +220,14 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
     if (mode == 0) tcp_seconds = seconds;
     if (std::getenv("BENCH_DEBUG")) {
       const ShmChannel::Stats after = transport.shm_stats();
-      std::fprintf(stderr,
-                   "%s %s rank %d: %s; shm messages mapped %llu, vm_readv %llu, copying %.3f s "
-                   "(all passes)\n",
-                   s.name.c_str(), mode_name, me, stats.ToString().c_str(),
-                   static_cast<unsigned long long>(after.mapped_messages -
-                                                   shm_before.mapped_messages),
-                   static_cast<unsigned long long>(after.vm_readv_messages -
-                                                   shm_before.vm_readv_messages),
-                   after.copy_seconds - shm_before.copy_seconds);
+      std::fprintf(
+          stderr,
+          "%s %s rank %d: %s; shm messages mapped %llu, vm_readv %llu, copying %.3f s "
+          "(all passes)\n",
+          s.name.c_str(), mode_name, me, stats.ToString().c_str(),
+          static_cast<unsigned long long>(after.mapped_messages - shm_before.mapped_messages),
+          static_cast<unsigned long long>(after.vm_readv_messages - shm_before.vm_readv_messages),
+          after.copy_seconds - shm_before.copy_seconds);
     }
     // Over TCP: the bytes on the wire (each counted once, at its receiver); shm: what lands.
     const double moved_here =
@@ -248,8 +249,8 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
           "\"processes\":%d}\n",
           s.name.c_str(), mode_name, bytes, seconds, bytes / seconds / 1e9,
           mode == 0 ? "raw" : "memcpy", baseline, mode == 0 ? "raw" : "memcpy",
-          bytes / baseline / 1e9, mode == 0 ? "raw" : "memcpy", ratio, best_ratio, messages, strided, staging,
-          tcp_seconds / seconds, mode == 0 ? best_local_ratio : 0.0, kRanks);
+          bytes / baseline / 1e9, mode == 0 ? "raw" : "memcpy", ratio, best_ratio, messages,
+          strided, staging, tcp_seconds / seconds, mode == 0 ? best_local_ratio : 0.0, kRanks);
       std::fflush(stdout);
     }
   }
@@ -263,9 +264,9 @@ Status Child(const std::string& address, int me, int64_t mb, int reps) {
                                                              Deadline::AfterMs(30000)));
   CommTransport tcp(comm.get(), kTimeout);
   ShmArena arena;
-  MORPH_ASSIGN_OR_RETURN(auto shm, CommTransport::Create(comm.get(), kTimeout,
-                                                         CommTransportOptions{.arena = &arena},
-                                                         Deadline::AfterMs(30000)));
+  MORPH_ASSIGN_OR_RETURN(
+      auto shm, CommTransport::Create(comm.get(), kTimeout, CommTransportOptions{.arena = &arena},
+                                      Deadline::AfterMs(30000)));
   MORPH_ASSIGN_OR_RETURN(auto pvr,
                          CommTransport::Create(comm.get(), kTimeout, CommTransportOptions{},
                                                Deadline::AfterMs(30000)));

@@ -67,7 +67,9 @@ class CommTransport : public Transport {
   // True if messages with `peer` go by shared memory.
   bool IsSharedMemoryPeer(int peer) const { return shm_ != nullptr && shm_->IsLocal(peer); }
   // What this rank received over shared memory so far, by path (zeros without shared memory).
-  ShmChannel::Stats shm_stats() const { return shm_ != nullptr ? shm_->stats() : ShmChannel::Stats{}; }
+  ShmChannel::Stats shm_stats() const {
+    return shm_ != nullptr ? shm_->stats() : ShmChannel::Stats{};
+  }
 
   // kInvalidArgument naming the op for a peer out of range or equal to this rank, or a
   // malformed StridedLayout (bytes != (end - begin) * elem_size, range outside the geometry).

@@ -153,10 +153,10 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
   ShmArena shm_arena;
   MORPH_ASSIGN_OR_RETURN(
       auto transport,
-      CommTransport::Create(comm.get(), std::chrono::seconds(20),
-                            CommTransportOptions{.shared_memory = shm,
-                                                 .arena = arena ? &shm_arena : nullptr},
-                            Deadline::AfterMs(20000)));
+      CommTransport::Create(
+          comm.get(), std::chrono::seconds(20),
+          CommTransportOptions{.shared_memory = shm, .arena = arena ? &shm_arena : nullptr},
+          Deadline::AfterMs(20000)));
   // Send-side memory: arena segments or plain vectors.
   std::vector<Buffer> segments;
   std::vector<std::vector<uint16_t>> vectors;
@@ -366,9 +366,10 @@ Status SegmentSenderKilled(const std::string& address, int rank) {
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "segkill", rank, 2, nullptr,
                                                              Deadline::AfterMs(20000)));
   ShmArena arena;
-  MORPH_ASSIGN_OR_RETURN(auto transport, CommTransport::Create(comm.get(), std::chrono::seconds(20),
-                                                               CommTransportOptions{.arena = &arena},
-                                                               Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(
+      auto transport,
+      CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                            CommTransportOptions{.arena = &arena}, Deadline::AfterMs(20000)));
   if (!transport->IsSharedMemoryPeer(1 - rank)) {
     return ShmExpected() ? InternalError("no shared-memory peer") : Status::Ok();
   }
@@ -388,12 +389,12 @@ Status SegmentSenderKilled(const std::string& address, int rank) {
   const auto start = std::chrono::steady_clock::now();
   Status s1 = w1->Wait(Deadline::AfterMs(20000));
   auto gone = [](const Status& s) {
-    return s.code() == StatusCode::kUnavailable &&
-           s.message().find("rank 1") != std::string::npos;
+    return s.code() == StatusCode::kUnavailable && s.message().find("rank 1") != std::string::npos;
   };
   if (s1.ok()) {
     for (size_t i = 0; i < kBytes; ++i) {
-      if (first[i] != Byte(1, 0, 0, i)) return InternalError("byte " + std::to_string(i) + " wrong");
+      if (first[i] != Byte(1, 0, 0, i))
+        return InternalError("byte " + std::to_string(i) + " wrong");
     }
     Status s2 = w2->Wait(Deadline::AfterMs(20000));
     if (!gone(s2)) return InternalError("second receive: " + s2.ToString());

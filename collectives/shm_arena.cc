@@ -20,8 +20,8 @@ struct ShmArena::Impl {
     if (bytes == 0) return Buffer();
     auto fail = [&](const char* what) {
       return ResourceExhaustedError("shared host memory: " + std::string(what) + " of " +
-                                    std::to_string(bytes) + " bytes failed: " +
-                                    std::strerror(errno));
+                                    std::to_string(bytes) +
+                                    " bytes failed: " + std::strerror(errno));
     };
     const int fd = memfd_create("morph-shard", MFD_CLOEXEC);
     if (fd < 0) return fail("memfd_create");

@@ -211,8 +211,7 @@ struct ShmChannel::Peer {
 };
 
 StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(Communicator& comm, bool enable,
-                                                         Deadline deadline,
-                                                         const ShmArena* arena) {
+                                                         Deadline deadline, const ShmArena* arena) {
   std::unique_ptr<ShmChannel> ch(new ShmChannel());
   ch->arena_ = arena;
   const int n = comm.size(), me = comm.rank();
@@ -238,8 +237,7 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(Communicator& comm, boo
   };
   Identity mine{HostIdentity(), getpid()};
   std::vector<Identity> ids(static_cast<size_t>(n));
-  MORPH_RETURN_IF_ERROR(
-      comm.Allgather(&mine, ids.data(), sizeof(Identity), DType::kU8, timeout()))
+  MORPH_RETURN_IF_ERROR(comm.Allgather(&mine, ids.data(), sizeof(Identity), DType::kU8, timeout()))
       << "shm channel: exchanging host identities";
   std::vector<int> group;  // same-host ranks, this one included, ascending
   for (int r = 0; r < n; ++r) {
@@ -559,8 +557,8 @@ const char* ShmChannel::MapSegment(Peer& p, const Descriptor& d) {
     // sender's fd is gone; this message only.
     if (errno == EPERM || errno == EACCES || errno == ENOSYS) {
       p.getfd_refused = true;
-      VLOG(1) << name_ << ": pidfd_getfd on rank " << p.rank << " refused ("
-                    << std::strerror(errno) << "): process_vm_readv for its messages";
+      VLOG(1) << name_ << ": pidfd_getfd on rank " << p.rank << " refused (" << std::strerror(errno)
+              << "): process_vm_readv for its messages";
     }
     return nullptr;
   }
