@@ -141,7 +141,9 @@ class Runtime {
   // once it did, every step is taken to call it before its first update. One store, no
   // communication; with Options::undo_copy (MORPH_UNDO_COPY) also a copy of this rank's
   // shards and scalars, which a recovery may put back (a worker whose update went through
-  // while a peer's did not goes back a step).
+  // while a peer's did not goes back a step). That copy is read on a background thread from
+  // BeginStep on, so with undo_copy nothing may write the registered state between BeginStep
+  // and BeginUpdate (the contract above, which the copy relies on).
   void BeginUpdate();
   // The end of the step begun last. kFailedPrecondition if no step is open.
   Status EndStep();
