@@ -12,8 +12,9 @@
 // One JSON object per line: {"name": "reconfigure", "change": "dp4to2", "bytes": ..., "seconds":
 // <request -> first step>, "stall_seconds", "transfer_seconds", ..., "bytes_moved",
 // "raw_bandwidth_bytes_per_s", "transfer_vs_raw", "raw_all_ranks_bytes_per_s" (every old rank
-// sending 64 MiB to the next at once), "transfer_vs_raw_all_ranks"}. ratio_vs_dcp and ratio_vs_cpp_baseline are
-// added by bench/peers/run_runtime_bench.sh, which runs the peers in the same session.
+// sending 64 MiB to the next at once), "transfer_vs_raw_all_ranks"}. ratio_vs_dcp and
+// ratio_vs_cpp_baseline are added by bench/peers/run_runtime_bench.sh, which runs the peers in the
+// same session.
 #include <glog/logging.h>
 #include <unistd.h>
 
@@ -120,10 +121,10 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
         using K = morph::P2POp::Kind;
         (void)step->world().Barrier(std::chrono::milliseconds(60000));
         auto t = std::chrono::steady_clock::now();
-        morph::Status st = step->world().SendRecv(
-            {morph::P2POp{K::kSend, (me + 1) % w, out.data(), out.size()},
-             morph::P2POp{K::kRecv, (me + w - 1) % w, in.data(), in.size()}},
-            std::chrono::milliseconds(60000));
+        morph::Status st =
+            step->world().SendRecv({morph::P2POp{K::kSend, (me + 1) % w, out.data(), out.size()},
+                                    morph::P2POp{K::kRecv, (me + w - 1) % w, in.data(), in.size()}},
+                                   std::chrono::milliseconds(60000));
         double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
         if (st.ok()) {
           log << "{\"generation\":1,\"raw_ring_bytes\":" << in.size()
@@ -291,8 +292,7 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
       c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"], p.max["communicators"],
       p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
       p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, ring,
-      ring > 0 ? transfer_bw / ring : 0.0, p.max["peak_bytes"],
-      p.max["bound_bytes"]);
+      ring > 0 ? transfer_bw / ring : 0.0, p.max["peak_bytes"], p.max["bound_bytes"]);
   std::fflush(stdout);
   if (!std::getenv("MORPH_BENCH_KEEP")) fs::remove_all(dir);  // keep: logs for a look
   return 0;

@@ -122,7 +122,8 @@ Status MovePages(Buffer& src, Buffer& dst, size_t offset) {
     return InvalidArgumentError(what + ": both must be page-mapped host buffers");
   }
   if (src.size() == 0 || offset % PageSize() != 0 || offset + src.size() > dst.size()) {
-    return InvalidArgumentError(what + ": needs a non-empty source, a page-aligned offset and "
+    return InvalidArgumentError(what +
+                                ": needs a non-empty source, a page-aligned offset and "
                                 "room in the destination");
   }
   // offset + RoundToPages(src) <= RoundToPages(dst): the mapping moved stays inside dst's.
