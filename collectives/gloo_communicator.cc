@@ -400,7 +400,10 @@ class GlooCommunicator::Impl {
       if (!error_.ok()) return error_;
     }
     Status s = Execute(op);
-    if (!s.ok() && !aborted_.load() && s.code() == StatusCode::kUnavailable) {
+    // The shared-memory path needs no such delay: every rank there sees a dead peer's pidfd
+    // itself and names it before any rank that merely left (ShmCollectives::PeerFailure).
+    const bool in_shm = shm_ != nullptr && shm_->Handles(op);
+    if (!s.ok() && !aborted_.load() && s.code() == StatusCode::kUnavailable && !in_shm) {
       // A peer's connection closed. Before this rank closes its own pairs (below), let that
       // closure reach the other ranks: a rank that saw ours first would name this survivor,
       // not the dead peer, in its failed_peers. (Seen 2 times in 8 kill tests without it.)
@@ -866,5 +869,6 @@ Status GlooCommunicator::Run(CollectiveOp op) {
 
 void GlooCommunicator::Abort() { impl_->Abort("Abort() called"); }
 bool GlooCommunicator::broken() const { return impl_->broken_.load(); }
+bool GlooCommunicator::shared_memory() const { return impl_->shm_ != nullptr; }
 
 }  // namespace morph

@@ -51,8 +51,9 @@ struct GlooOptions {
   // or unable to map the segment: TCP, and an INFO line says why). shm_collectives.h;
   // docs/collectives.md, "Same-host shared memory".
   bool shared_memory = true;
-  // How long a shared-memory wait busy-polls before it sleeps on a futex.
-  std::chrono::microseconds shm_spin{20};
+  // How long a shared-memory wait busy-polls before it sleeps on a futex; negative: 20 us when
+  // the process may use at least as many CPUs as the communicator has ranks, else 0.
+  std::chrono::microseconds shm_spin{-1};
 
   // MORPH_GLOO_HOSTNAME, MORPH_GLOO_IFACE, MORPH_GLOO_UNBIND_THREADS, MORPH_GLOO_SHM and
   // MORPH_GLOO_SHM_SPIN_US, read now (the defaults above where unset): call once, at the top
@@ -107,6 +108,9 @@ class GlooCommunicator : public Communicator {
   Status Run(CollectiveOp op) override;
   void Abort() override;
   bool broken() const override;
+  // Whether small collectives go through shared memory (decided in Create, the same on every
+  // rank). Any thread.
+  bool shared_memory() const;
 
   class Impl;
 

@@ -1,6 +1,7 @@
 #include "collectives/shm_collectives.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -25,6 +26,8 @@ constexpr uint32_t kLeft = 1;    // aborted or failed (Fail)
 constexpr uint32_t kClosed = 2;  // communicator destroyed (Close)
 // How often a sleeping waiter looks at the peers' pidfds.
 constexpr auto kPollSlice = std::chrono::milliseconds(10);
+// Options::spin's automatic value when the host has a core for every rank.
+constexpr auto kAutoSpin = std::chrono::microseconds(20);
 
 // One rank's words: the first line written by its owner only, the second by whoever wakes it.
 struct alignas(64) Control {
@@ -76,7 +79,15 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
   std::unique_ptr<ShmCollectives> shm(new ShmCollectives());
   shm->rank_ = rank;
   shm->size_ = size;
-  shm->spin_ = options.spin;
+  if (options.spin.count() >= 0) {
+    shm->spin_ = options.spin;
+  } else {
+    // Spinning only pays when the peers have cores to arrive on meanwhile.
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    shm->spin_ = size <= n ? kAutoSpin : std::chrono::microseconds(0);
+  }
   shm->what_ = what;
   const size_t bytes = Segment::Bytes(size);
   std::string name;  // rank 0's, while it may still have to unlink it
@@ -223,6 +234,11 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
                            std::string_view kind) {
   const uint64_t k = ++seq_;
   const size_t bytes = op.count * DTypeSize(op.dtype);
+  const Clock::time_point deadline = Clock::now() + op.timeout;
+  // This rank's buffer for k last held k - 2: every peer must have read it, which each
+  // announces by publishing k - 1. Usually known already (the wait of k - 1 saw it); not
+  // after a broadcast, whose root does not wait for the others.
+  MORPH_RETURN_IF_ERROR(WaitForPeers(k - 1, -1, deadline, op.timeout, kind));
   uint8_t* mine = Data(rank_, k);
   switch (op.kind) {
     case CollectiveOp::Kind::kAllreduce:
@@ -242,7 +258,12 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
       break;
   }
   Publish(k);
-  MORPH_RETURN_IF_ERROR(WaitForPeers(k, op.timeout, kind));
+  // A broadcast needs the root's data only (the root needs nothing); the rest everyone's.
+  if (op.kind != CollectiveOp::Kind::kBroadcast) {
+    MORPH_RETURN_IF_ERROR(WaitForPeers(k, -1, deadline, op.timeout, kind));
+  } else if (rank_ != op.root) {
+    MORPH_RETURN_IF_ERROR(WaitForPeers(k, op.root, deadline, op.timeout, kind));
+  }
   switch (op.kind) {
     case CollectiveOp::Kind::kAllreduce:
     case CollectiveOp::Kind::kReduceScatter: {
@@ -279,26 +300,25 @@ void ShmCollectives::Publish(uint64_t seq) {
   }
 }
 
-Status ShmCollectives::WaitForPeers(uint64_t seq, std::chrono::milliseconds timeout,
-                                    std::string_view kind) {
+Status ShmCollectives::WaitForPeers(uint64_t seq, int only, Clock::time_point deadline,
+                                    std::chrono::milliseconds timeout, std::string_view kind) {
   auto what = [&] { return what_ + ": " + std::string(kind); };
   auto ready = [&] {
     for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && segment_->control(p)->seq.load(std::memory_order_seq_cst) < seq) {
+      if (p != rank_ && (only < 0 || p == only) &&
+          segment_->control(p)->seq.load(std::memory_order_seq_cst) < seq) {
         return false;
       }
     }
     return true;
   };
   if (ready()) return Status::Ok();
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point spin_end = start + spin_;
+  const Clock::time_point spin_end = Clock::now() + spin_;
   for (uint32_t i = 1; !failed_.load(std::memory_order_relaxed); ++i) {
     if (ready()) return Status::Ok();
     CpuRelax();
     if (i % 64 == 0 && Clock::now() >= spin_end) break;
   }
-  const Clock::time_point deadline = start + timeout;
   Control* me = segment_->control(rank_);
   for (;;) {
     if (failed_.load(std::memory_order_acquire)) {
@@ -306,12 +326,13 @@ Status ShmCollectives::WaitForPeers(uint64_t seq, std::chrono::milliseconds time
           .WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}, ""});
     }
     if (ready()) return Status::Ok();
-    MORPH_RETURN_IF_ERROR(PeerFailure(seq, kind));
+    MORPH_RETURN_IF_ERROR(PeerFailure(seq, only, kind));
     const Clock::time_point now = Clock::now();
     if (now >= deadline) {
       std::vector<int> late;
       for (int p = 0; p < size_; ++p) {
-        if (p != rank_ && segment_->control(p)->seq.load(std::memory_order_acquire) < seq) {
+        if (p != rank_ && (only < 0 || p == only) &&
+            segment_->control(p)->seq.load(std::memory_order_acquire) < seq) {
           late.push_back(p);
         }
       }
@@ -330,7 +351,7 @@ Status ShmCollectives::WaitForPeers(uint64_t seq, std::chrono::milliseconds time
   }
 }
 
-Status ShmCollectives::PeerFailure(uint64_t seq, std::string_view kind) const {
+Status ShmCollectives::PeerFailure(uint64_t seq, int only, std::string_view kind) const {
   auto what = [&] { return what_ + ": " + std::string(kind); };
   // A peer that exited is the cause; one that left (failed, aborted, destroyed) may have left
   // in reaction to it, so it is named only when no peer is dead.
@@ -340,7 +361,7 @@ Status ShmCollectives::PeerFailure(uint64_t seq, std::string_view kind) const {
     if (p == rank_) continue;
     Control* c = segment_->control(p);
     const uint32_t state = c->state.load(std::memory_order_acquire);
-    const bool blocks = c->seq.load(std::memory_order_acquire) < seq;
+    const bool blocks = (only < 0 || p == only) && c->seq.load(std::memory_order_acquire) < seq;
     if (shm_support::PidfdExited(pidfds_[p])) {
       dead.push_back(p);
       dead_blocks = dead_blocks || blocks;

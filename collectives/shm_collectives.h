@@ -16,6 +16,9 @@
 // operation k only at k + 2, after every peer published k + 1, which each does only once it
 // has read everything of k. So one wait per operation, no acknowledgements.
 //
+// A broadcast's root does not wait for the others (it returns once its data is published), so
+// its next operation first waits until every peer published the broadcast (read its data).
+//
 // Waiting: a bounded spin (Options::spin, _mm_pause), then futex waits on this rank's doorbell
 // word, which a publisher rings only when the waiter said it sleeps; every 10 ms a sleeping
 // waiter also polls the peers' pidfds. An oversubscribed host (more ranks than cores) spends at
@@ -62,8 +65,10 @@ class ShmCollectives {
 
   struct Options {
     bool enable = true;
-    // How long a wait busy-polls before it sleeps on the futex.
-    std::chrono::microseconds spin{20};
+    // How long a wait busy-polls before it sleeps on the futex. Negative: 20 us when this
+    // process may run on at least as many CPUs as the communicator has ranks, else 0 (spinning
+    // on an oversubscribed host takes the core a late peer needs: measured 5x slower).
+    std::chrono::microseconds spin{-1};
   };
 
   // An allgather of `bytes` per rank over the communicator's TCP path (used twice).
@@ -107,10 +112,12 @@ class ShmCollectives {
 
  private:
   ShmCollectives() = default;
-  // Waits until every peer published `seq`.
-  Status WaitForPeers(uint64_t seq, std::chrono::milliseconds timeout, std::string_view kind);
-  // The error for a wait that cannot finish because a peer exited or left, or OK.
-  Status PeerFailure(uint64_t seq, std::string_view kind) const;
+  // Waits until every peer (`only` < 0) or peer `only` published `seq`, up to `deadline`
+  // (the op's `timeout` after its start).
+  Status WaitForPeers(uint64_t seq, int only, std::chrono::steady_clock::time_point deadline,
+                      std::chrono::milliseconds timeout, std::string_view kind);
+  // The error for such a wait that cannot finish because a peer exited or left, or OK.
+  Status PeerFailure(uint64_t seq, int only, std::string_view kind) const;
   void Publish(uint64_t seq);
   void SetState(uint32_t state);
   uint8_t* Data(int rank, uint64_t seq) const;
