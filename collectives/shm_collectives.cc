@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -234,7 +235,9 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
                            std::string_view kind) {
   const uint64_t k = ++seq_;
   const size_t bytes = op.count * DTypeSize(op.dtype);
-  const Clock::time_point deadline = Clock::now() + op.timeout;
+  // Clamped so that the sum cannot overflow (a year is "for ever" here).
+  const Clock::time_point deadline =
+      Clock::now() + std::min<std::chrono::milliseconds>(op.timeout, std::chrono::hours(24 * 365));
   // This rank's buffer for k last held k - 2: every peer must have read it, which each
   // announces by publishing k - 1. Usually known already (the wait of k - 1 saw it); not
   // after a broadcast, whose root does not wait for the others.
@@ -314,7 +317,7 @@ Status ShmCollectives::WaitForPeers(uint64_t seq, int only, Clock::time_point de
   };
   if (ready()) return Status::Ok();
   const Clock::time_point spin_end = Clock::now() + spin_;
-  for (uint32_t i = 1; !failed_.load(std::memory_order_relaxed); ++i) {
+  for (uint32_t i = 1; spin_.count() > 0 && !failed_.load(std::memory_order_relaxed); ++i) {
     if (ready()) return Status::Ok();
     CpuRelax();
     if (i % 64 == 0 && Clock::now() >= spin_end) break;
