@@ -103,6 +103,9 @@ struct Progress {
   std::atomic<int64_t> commit_bytes{0};
   std::atomic<bool> stop{false};
   std::atomic<int> errors{0};
+  // The generation the bench knows to be a recovery (case 3): its prepare is answered with the
+  // state report a real worker sends at its step boundary.
+  std::atomic<int64_t> recovery_generation{-1};
 };
 
 int64_t NowNs() {
@@ -185,8 +188,11 @@ void ClientThread(uint16_t port, int workers, const std::string& hello, const st
             int64_t now = NowNs(), zero = 0;
             p.first_prepare_ns[slot].compare_exchange_strong(zero, now);
             p.last_prepare_ns[slot] = now;
-            SendAll(w.fd, EncodeFrame(StepReportMsg{
-                              .worker = w.core->me(), .generation = id, .last_free_step = 10}));
+            StepReportMsg report{.worker = w.core->me(), .generation = id, .last_free_step = 10};
+            // A recovery: every simulated worker's state is whole at step 10 (its heartbeats'
+            // step), as a real worker reports it at its boundary.
+            if (id == p.recovery_generation.load()) report.state_step = 10;
+            SendAll(w.fd, EncodeFrame(report));
           } else {
             int slot = static_cast<int>(id % 8);
             p.commits[slot]++;
@@ -207,7 +213,16 @@ void ClientThread(uint16_t port, int workers, const std::string& hello, const st
           w.welcomed = true;
           p.welcomed++;
         } else if (auto* pre = std::get_if<PrepareMsg>(&*m)) {
-          if (auto r = w.core->OnPrepare(*pre, /*next_step=*/10)) SendAll(w.fd, EncodeFrame(*r));
+          if (pre->change.recovery) {
+            // What the agent and the training thread do: the new world is built, and the state
+            // at the boundary (step 10, whole) is reported; the report goes out with the second.
+            w.core->OnRecoveryPrepare(*pre);
+            std::optional<StepReportMsg> r = w.core->OnRecoveryBuilt(pre->next.id);
+            if (auto r2 = w.core->OnRecoveryState(10, true, SnapshotHoldings{})) r = r2;
+            if (r) SendAll(w.fd, EncodeFrame(*r));
+          } else if (auto r = w.core->OnPrepare(*pre, /*next_step=*/10)) {
+            SendAll(w.fd, EncodeFrame(*r));
+          }
         } else if (auto* c = std::get_if<CommitMsg>(&*m)) {
           int slot = static_cast<int>(c->next.id % 8);
           p.commits[slot]++;
@@ -372,6 +387,7 @@ int Run(int workers, int threads) {
     CoordinatorSnapshot before = coord.Snapshot();
     WorkerId victim = before.members.back().worker;
     int survivors = static_cast<int>(before.members.size()) - 1;
+    p.recovery_generation = before.generation + 1;
     auto t0 = Clock::now();
     {
       std::lock_guard<std::mutex> lock(close_mu);

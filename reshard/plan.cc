@@ -451,7 +451,93 @@ struct Ctx {
   }
 };
 
+// Every region of a new shard that old rank `r` holds (the pieces `r` could serve, whether or not
+// anyone needs them): for each tensor `r` holds a shard of, on_shard(tensor, shard), then
+// on_region(tensor, d, t, region index, region, old stages, new stages) for each region of new
+// shard (d, t) held by `r`, in tensor, t, d, region order.
+template <class OnShard, class OnRegion>
+void ForEachServedRegion(const PlanInput& in, int32_t r, OnShard&& on_shard, OnRegion&& on_region) {
+  const ParallelConfig& oc = in.old_config;
+  const ParallelConfig& nc = in.new_config;
+  std::vector<Region> regions;
+  std::vector<int> olds, news;
+  const auto c = oc.CoordsOf(r);
+  for (size_t ti = 0; ti < in.tensors.size(); ++ti) {
+    const TensorSpec& spec = in.tensors[ti];
+    if (!OnStageUnchecked(spec, oc, c.p)) continue;
+    const Shard have = ShardOfUnchecked(spec, oc, r);
+    if (have.empty()) continue;
+    on_shard(ti, have);
+    StagesInto(spec, oc, olds);
+    StagesInto(spec, nc, news);
+    const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
+    int t_first = 0, t_last = 0;
+    if (split) {
+      const int kd = spec.layout.tp_dim();
+      const int64_t slice = SplitLength(spec, nc) / nc.tp;
+      const Interval i =
+          Intersect(have.frame.dim(kd), Interval{0, spec.shape[static_cast<size_t>(kd)]});
+      if (i.empty()) continue;  // all padding
+      t_first = static_cast<int>(i.begin / slice);
+      t_last = static_cast<int>((i.end - 1) / slice);
+    }
+    // New shards are indexed by (ZeRO range, TP rank); their replicas hold the same.
+    const int groups = zero ? ZeroGroupSize(spec.layout, nc) : 1;
+    for (int t = t_first; t <= t_last; ++t) {
+      int d_first = 0, d_last = 0;
+      if (zero) {
+        const Box frame = TpBoxOf(spec, nc, t);
+        const int64_t n = NumEl(frame);
+        d_first = groups;
+        d_last = -1;
+        std::vector<Box> bs = split ? IntersectShard(have, frame) : ShardBoxes(have);
+        ClipToState(spec, bs);
+        for (const Box& b : bs) {
+          const DpSpan sp =
+              ZeroRanksOf(n, groups, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
+          if (sp.first > sp.last) continue;
+          d_first = std::min(d_first, sp.first);
+          d_last = std::max(d_last, sp.last);
+        }
+      }
+      for (int d = d_first; d <= d_last; ++d) {
+        const Shard need = ShardAt(spec, nc, d, t);
+        RegionsOf(spec, oc, need, regions);
+        for (size_t ri = 0; ri < regions.size(); ++ri) {
+          if (regions[ri].HeldBy(c.d, c.t)) on_region(ti, d, t, ri, regions[ri], olds, news);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+std::optional<Planner::LostPiece> Planner::FirstLostPiece() const {
+  const PlanInput& in = *in_;
+  const Ctx ctx{in, assignment_};
+  std::vector<int> holders;
+  std::optional<LostPiece> found;
+  // A piece nobody alive holds was held by gone old ranks only: looking at theirs finds it.
+  for (int32_t r = 0; r < in.old_config.world() && !found; ++r) {
+    if (in.old_participant_of_rank[static_cast<size_t>(r)] >= 0) continue;
+    ForEachServedRegion(
+        in, r, [](size_t, const Shard&) {},
+        [&](size_t ti, int d, int t, size_t, const Region& rg, const std::vector<int>& olds,
+            const std::vector<int>& news) {
+          if (found || news.empty()) return;
+          ctx.Holders(rg, olds, holders);
+          if (!holders.empty()) return;
+          const int s = in.new_config.RankOf({news.front(), d, t});
+          found =
+              LostPiece{.tensor = static_cast<int32_t>(ti),
+                        .box = rg.box,
+                        .new_rank = s,
+                        .participant = assignment_.participant_of_new_rank[static_cast<size_t>(s)]};
+        });
+  }
+  return found;
+}
 
 StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) const {
   const PlanInput& in = *in_;
@@ -529,73 +615,30 @@ StatusOr<LocalPlan> Planner::PlanFor(int32_t q, std::vector<PieceMove>* lost) co
   }
 
   if (r >= 0) {  // what q serves, to whom
-    const auto c = oc.CoordsOf(r);
-    for (size_t ti = 0; ti < nt; ++ti) {
-      const TensorSpec& spec = in.tensors[ti];
-      if (!OnStageUnchecked(spec, oc, c.p)) continue;
-      const Shard have = ShardOfUnchecked(spec, oc, r);
-      if (have.empty()) continue;
-      lp.old_shards[ti] = have;
-      StagesInto(spec, oc, olds);
-      StagesInto(spec, nc, news);
-      const bool split = spec.layout.tp_split(), zero = spec.layout.zero_sharded();
-      int t_first = 0, t_last = 0;
-      if (split) {
-        const int kd = spec.layout.tp_dim();
-        const int64_t slice = SplitLength(spec, nc) / nc.tp;
-        const Interval i =
-            Intersect(have.frame.dim(kd), Interval{0, spec.shape[static_cast<size_t>(kd)]});
-        if (i.empty()) continue;  // all padding
-        t_first = static_cast<int>(i.begin / slice);
-        t_last = static_cast<int>((i.end - 1) / slice);
-      }
-      // New shards are indexed by (ZeRO range, TP rank); Receivers adds their replicas.
-      const int groups = zero ? ZeroGroupSize(spec.layout, nc) : 1;
-      for (int t = t_first; t <= t_last; ++t) {
-        int d_first = 0, d_last = 0;
-        if (zero) {
-          const Box frame = TpBoxOf(spec, nc, t);
-          const int64_t n = NumEl(frame);
-          d_first = groups;
-          d_last = -1;
-          std::vector<Box> bs = split ? IntersectShard(have, frame) : ShardBoxes(have);
-          ClipToState(spec, bs);
-          for (const Box& b : bs) {
-            const DpSpan sp =
-                ZeroRanksOf(n, groups, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
-            if (sp.first > sp.last) continue;
-            d_first = std::min(d_first, sp.first);
-            d_last = std::max(d_last, sp.last);
-          }
-        }
-        for (int d = d_first; d <= d_last; ++d) {
-          const Shard need = ShardAt(spec, nc, d, t);
-          RegionsOf(spec, oc, need, regions);
-          for (size_t ri = 0; ri < regions.size(); ++ri) {
-            const Region& rg = regions[ri];
-            if (!rg.HeldBy(c.d, c.t)) continue;
-            ctx.Receivers(spec, news, d, t, rg, olds, recv_ranks);
-            if (recv_ranks.empty()) continue;
-            ctx.Holders(rg, olds, holders);
-            const int h = static_cast<int>(holders.size());
-            const int me = static_cast<int>(std::lower_bound(holders.begin(), holders.end(), r) -
-                                            holders.begin());
-            const int k = ChunkCount(rg.box, static_cast<int>(recv_ranks.size()), h);
-            const size_t rot = (ti + ri) % static_cast<size_t>(h);
-            for (size_t j = 0; j < recv_ranks.size(); ++j) {
-              for (int ch = 0; ch < k; ++ch) {
-                if (static_cast<int>((j * k + ch + rot) % h) != me) continue;
-                lp.sends.push_back(
-                    {static_cast<int32_t>(ti),
-                     assignment_.participant_of_new_rank[static_cast<size_t>(recv_ranks[j])],
-                     Chunk(rg.box, k, ch)});
-              }
+    ForEachServedRegion(
+        in, r, [&](size_t ti, const Shard& have) { lp.old_shards[ti] = have; },
+        [&](size_t ti, int d, int t, size_t ri, const Region& rg, const std::vector<int>& olds,
+            const std::vector<int>& news) {
+          ctx.Receivers(in.tensors[ti], news, d, t, rg, olds, recv_ranks);
+          if (recv_ranks.empty()) return;
+          ctx.Holders(rg, olds, holders);
+          const int h = static_cast<int>(holders.size());
+          const int me = static_cast<int>(std::lower_bound(holders.begin(), holders.end(), r) -
+                                          holders.begin());
+          const int k = ChunkCount(rg.box, static_cast<int>(recv_ranks.size()), h);
+          const size_t rot = (ti + ri) % static_cast<size_t>(h);
+          for (size_t j = 0; j < recv_ranks.size(); ++j) {
+            for (int ch = 0; ch < k; ++ch) {
+              if (static_cast<int>((j * k + ch + rot) % h) != me) continue;
+              lp.sends.push_back(
+                  {static_cast<int32_t>(ti),
+                   assignment_.participant_of_new_rank[static_cast<size_t>(recv_ranks[j])],
+                   Chunk(rg.box, k, ch)});
             }
           }
-        }
-      }
-    }
+        });
   }
+
   SortMoves(lp.sends);
   SortMoves(lp.recvs);
   SortMoves(lp.local_copies);

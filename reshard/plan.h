@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "base/parallel_config.h"
@@ -137,6 +138,20 @@ class Planner {
   // participant as context. `lost`, if given, gets one list per participant.
   StatusOr<std::vector<LocalPlan>> PlanAll(
       std::vector<std::vector<PieceMove>>* lost = nullptr) const;
+
+  // The first piece of a new shard that no surviving old rank holds (a recovery's coverage
+  // check), or nullopt when every new shard is covered. Such a piece was held only by old ranks
+  // that are gone (old_participant_of_rank -1: lost or stale), so only their shards are looked
+  // at: the cost is proportional to what the gone ranks held, not to the world (PlanAll(&lost)
+  // finds the same pieces from every participant's side). `box` is in the planner's
+  // coordinates, as PlanFor's lost pieces; `new_rank` needs it (its `participant`, or -1).
+  struct LostPiece {
+    int32_t tensor = -1;
+    Box box;
+    int32_t new_rank = -1;
+    int32_t participant = -1;
+  };
+  std::optional<LostPiece> FirstLostPiece() const;
 
   // Needed and resident bytes of the assignment, computed from per-class aggregates (cost
   // grows with world size times distinct tensor shapes, not with tensors).

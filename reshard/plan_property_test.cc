@@ -138,6 +138,11 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
       ++brute;
     }
     auto plans_or = p.PlanAll();
+    // The recovery's coverage check, from the gone ranks' side only, agrees with every
+    // participant's plan.
+    const std::optional<Planner::LostPiece> first_lost = p.FirstLostPiece();
+    ASSERT_EQ(first_lost.has_value(), !plans_or.ok())
+        << "FirstLostPiece disagrees with PlanAll: " << plans_or.status();
     if (!plans_or.ok()) {
       ASSERT_EQ(plans_or.status().code(), StatusCode::kDataLoss) << plans_or.status();
       // Genuine: some needed element has no surviving old holder.
@@ -171,6 +176,15 @@ TEST(PlanPropertyTest, RandomReconfigurations) {
       std::vector<std::vector<PieceMove>> lost_pieces;
       MORPH_ASSERT_OK_AND_ASSIGN(auto partial, p.PlanAll(&lost_pieces));
       MORPH_ASSERT_OK(testutil::ApplyAndCheck(in, p.assignment(), partial, &lost_pieces));
+      // FirstLostPiece's piece is one the participant it names finds lost in its own plan.
+      ASSERT_GE(first_lost->participant, 0);
+      ASSERT_EQ(p.assignment().participant_of_new_rank[static_cast<size_t>(first_lost->new_rank)],
+                first_lost->participant);
+      const auto& mine = lost_pieces[static_cast<size_t>(first_lost->participant)];
+      ASSERT_TRUE(std::any_of(mine.begin(), mine.end(), [&](const PieceMove& m) {
+        return m.tensor == first_lost->tensor && m.box == first_lost->box;
+      })) << "tensor " << first_lost->tensor << " box " << first_lost->box.ToString()
+          << " is not among participant " << first_lost->participant << "'s lost pieces";
       MORPH_ASSERT_OK_AND_ASSIGN(PlanSummary sum, p.Summarize(partial, &lost_pieces));
       ASSERT_GT(sum.bytes_lost, 0);
       ASSERT_EQ(sum.bytes_moved + sum.bytes_lost, sum.bytes_lower_bound);

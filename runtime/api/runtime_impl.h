@@ -1,0 +1,184 @@
+// Private to the runtime (not installed): Runtime::Impl, the state behind morph::Runtime and the
+// machinery it runs on, defined across runtime.cc (Start, Bootstrap, the public calls),
+// runtime_prepare.cc (building the next generation beside the running one, buddy snapshots,
+// aborting collectives) and runtime_switch.cc (the slow path of BeginStep: decisions, the switch,
+// recovery). Threads: the training thread owns everything unless a member's comment says
+// otherwise; the control (agent) thread calls StartPrepare, AbandonPrepare, AbortCollectives.
+#ifndef MORPH_RUNTIME_API_RUNTIME_IMPL_H_
+#define MORPH_RUNTIME_API_RUNTIME_IMPL_H_
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/gloo_communicator.h"
+#include "collectives/groups.h"
+#include "collectives/tcp_store.h"
+#include "runtime/agent/agent.h"
+#include "runtime/agent/switch.h"
+#include "runtime/api/runtime.h"
+#include "runtime/api/undo.h"
+#include "runtime/coordinator/coordinator.h"
+#include "runtime/recovery/checkpointer.h"
+#include "runtime/recovery/snapshot.h"
+
+namespace morph {
+
+using SteadyClock = std::chrono::steady_clock;
+
+inline double SecondsSince(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+// Set by SIGTERM's handler (Runtime::RequestLeaveFromSignal), read at step boundaries.
+std::atomic<bool>& LeaveRequestedBySignal();
+
+struct Runtime::Impl {
+  Options opts;
+  JobManifest manifest;
+  State state;
+  std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<Agent> agent;
+  std::unique_ptr<TcpStoreClient> store;  // the job's store, generation of the last change
+  std::shared_ptr<GlooDevice> device;
+  CommunicatorFactory factory;
+  bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
+  std::unique_ptr<GroupSet> groups;
+  // Guards the `groups` pointer against the control thread's abort (the training thread reads
+  // it unlocked: only it replaces it, under this mutex).
+  std::mutex groups_mu;
+  // When the control thread aborted the collectives for a failure (steady clock, 0: never).
+  std::atomic<int64_t> aborted_at_ns{0};
+  Generation gen;
+  std::optional<DatasetCursor> cursor;
+  int64_t next_step = 0;
+  bool in_step = false;
+  // BeginUpdate was called in the open step: a failure now leaves the state torn.
+  bool updating = false;
+  // The last step ended in AbortStep: BeginStep must recover before training on. `torn`: the
+  // abort came after BeginUpdate (or the step never called it).
+  bool aborted = false;
+  bool torn = false;
+  bool step_called_begin_update = false;
+  bool fresh = false;
+  bool finished = false;
+  bool done_sent = false;
+  std::function<void(const Reconfiguration&)> on_reconfigure;
+  std::optional<Reconfiguration> last_reconfiguration;
+  // A switch inside Start (a joiner's first generation): its first step is reconfigured().
+  bool joined_by_change = false;
+
+  // The new generation built beside the running one, between its prepare and its switch step.
+  // Shared by the runtime and the thread that builds it: an abandoned one still building when
+  // the runtime goes away (its communicators wait on a peer that died, up to the change
+  // timeout) is detached and ends on its own, touching nothing of the runtime's.
+  struct Prepared {
+    int64_t generation = 0;
+    std::thread thread;
+    std::mutex mu;  // `store` and `result` while the thread runs
+    std::unique_ptr<TcpStoreClient> store;
+    StatusOr<std::unique_ptr<PreparedSwitch>> result = InternalError("not built yet");
+    std::atomic<bool> finished{false};  // the thread is done (JoinStale joins it)
+  };
+  using PreparedPtr = std::shared_ptr<Prepared>;
+  std::mutex prep_mu;
+  PreparedPtr prep;                // the latest prepare
+  std::vector<PreparedPtr> stale;  // abandoned ones, joined by the training thread
+  // Whether the agent may still be told that a prepare is built (false once the runtime is
+  // being destroyed: a detached prepare's thread must not call into it).
+  struct ReadyGate {
+    std::mutex mu;
+    bool open = true;
+  };
+  std::shared_ptr<ReadyGate> ready_gate = std::make_shared<ReadyGate>();
+  std::thread reaper;  // tears down the last change's old communicators
+  void JoinReaper() {
+    if (reaper.joinable()) reaper.join();
+  }
+
+  // Control thread: a failure (a recovery's prepare, the coordinator gone): every collective
+  // of the running generation returns kAborted from now on, so the training thread reaches its
+  // step boundary instead of hanging on a dead peer.
+  void AbortCollectives(const std::string& why, int64_t generation = -1);
+
+  // MORPH_UNDO_COPY: this rank's state as it was at its last BeginUpdate.
+  UndoCopy undo;
+  bool undo_warned = false;
+  int64_t UndoStep() { return opts.undo_copy ? undo.StepFor(state, gen.id) : -1; }
+  void PutBackUndo();
+
+  // Periodic checkpoints (MORPH_CHECKPOINT_DIR / _EVERY): the last resort of a recovery.
+  std::unique_ptr<PeriodicCheckpointer> checkpointer;
+  // The step the last switch restored from a checkpoint (resume at start, a checkpoint
+  // recovery), -1 otherwise: that step is on storage already and is not saved again.
+  int64_t restored_step = -1;
+  // In-memory buddy snapshots (MORPH_SNAPSHOT_EVERY): a recovery's source when a piece has no
+  // live copy left (runtime/recovery/snapshot.h). Training thread only.
+  std::unique_ptr<BuddySnapshotter> snapshots;
+  bool snapshot_warned = false;  // one warning per generation for a snapshot not taken
+
+  // The snapshots' generation: collectively over `gen`'s world, through its store (this
+  // worker's host under "snapshot/host/<rank>", then everyone's). A failure only turns the
+  // snapshots off for this generation (the recovery then has the other sources).
+  void StartSnapshots();
+
+  // What this worker can serve from its snapshots of the current generation (a recovery report);
+  // ends the snapshots' generation first (a round in flight is cut off, its copies not used).
+  SnapshotHoldings EndSnapshots();
+
+  SwitchOptions SwitchOpts() const;
+
+  // Control thread: a prepare for a generation this worker takes part in.
+  void StartPrepare(const PrepareMsg& p, std::function<void()> ready);
+
+  void AbandonPrepare(int64_t generation);
+
+  // Joins the abandoned prepares whose thread is done (at a step boundary: one still
+  // connecting to a peer that died ends at its deadline, and the training thread must not wait
+  // for it).
+  void JoinStale();
+
+  // At the end: every prepare still held. Those done within `grace` are joined; the others
+  // (waiting on a dead peer up to the change timeout) are detached after the agent is shut
+  // off from them, so that a worker leaves at once when its job is over.
+  void JoinOrDetachPrepares(std::chrono::milliseconds grace);
+
+  // The prepared switch for `generation`, built now if the prepare never came (the first
+  // change of a joiner that registered after the prepare, or a commit without a prepare).
+  StatusOr<PreparedPtr> TakePrepared(const CommitMsg& c, Deadline deadline);
+
+  // The training thread applies `c` (its switch step, or a joiner's first generation).
+  Status Switch(const CommitMsg& c, SteadyClock::time_point entered);
+
+  // Installs what `p`'s switch built (its groups, its store) as the running generation. The
+  // old generation's communicators and the change communicator are done with (the closing
+  // barrier passed); tearing Gloo contexts down takes tens of milliseconds, so it happens on
+  // the reaper thread beside the next steps instead of in the stall.
+  void AdoptGroups(PreparedPtr p);
+
+  // A switch that failed only at its closing barrier while the change applied elsewhere: this
+  // worker's new state is whole; it follows into the new generation.
+  bool FollowAppliedChange(const CommitMsg& c);
+  PreparedPtr half_applied;
+
+  Status Reshard(const CommitMsg& c, Deadline deadline, Reconfiguration& r);
+
+  // Waits for and applies decisions until step `next_step` may begin (or this worker is done).
+  StatusOr<bool> SlowPath(bool& reconfigured);
+
+  Status Bootstrap();
+
+  // The worker holding rank `r` of this worker's group `group` (a GroupBuilder name: "world",
+  // "dp/...", "tp/...", "pp/..."), or 0 when that cannot be told.
+  WorkerId WorkerOfGroupRank(const std::string& group, int r) const;
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_API_RUNTIME_IMPL_H_
