@@ -810,8 +810,8 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   if (size > 1) {
     // Symmetric decision over the TCP path (two small allgathers), before the first operation.
     auto allgather = [&](const void* send, void* recv, size_t bytes) {
-      const milliseconds left = std::max(
-          milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
+      const milliseconds left =
+          std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
       ScopedSigpipeBlock no_sigpipe;
       return impl->RunOne(CollectiveOp::Allgather(send, recv, bytes, DType::kU8, left));
     };
@@ -823,8 +823,8 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       return shm.status();
     }
     if (*shm == nullptr) {
-      MORPH_LOG(INFO, impl->log_) << impl->Describe() << ": small collectives over TCP: "
-                                  << why_not;
+      MORPH_LOG(INFO, impl->log_) << impl->Describe()
+                                  << ": small collectives over TCP: " << why_not;
     } else {
       std::lock_guard<std::mutex> lock(impl->mu_);
       impl->shm_ = std::move(*shm);

@@ -38,9 +38,9 @@ StatusOr<std::unique_ptr<GlooCommunicator>> Build(Store& store, const std::strin
 
 // Runs fn(rank, store) in `world` forked ranks; the parent may act meanwhile (`parent`, given
 // the store address) and returns the exit codes.
-std::vector<int> RunForked(int world, const std::function<Status(int, TcpStoreClient&)>& fn,
-                           const std::function<void(ForkedRanks&, const std::string&)>& parent =
-                               nullptr) {
+std::vector<int> RunForked(
+    int world, const std::function<Status(int, TcpStoreClient&)>& fn,
+    const std::function<void(ForkedRanks&, const std::string&)>& parent = nullptr) {
   ForkedRanks ranks = ForkedRanks::Fork(world, [&](int rank, const std::string& address) {
     Status s = [&]() -> Status {
       MORPH_ASSIGN_OR_RETURN(auto store,
@@ -98,8 +98,7 @@ Status CompareWithTcp(GlooCommunicator& shm, GlooCommunicator& tcp) {
                   DType::kI8, DType::kU8}) {
     const size_t es = DTypeSize(t);
     for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, (size_t{64} << 10) / es}) {
-      const std::string what =
-          std::string(DTypeName(t)) + " count " + std::to_string(count) + ": ";
+      const std::string what = std::string(DTypeName(t)) + " count " + std::to_string(count) + ": ";
       std::vector<uint8_t> in(count * es * world), a, b;
       Fill(t, in.data(), count * world, rank);
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
@@ -159,7 +158,8 @@ Status ExpectPeerLeft(GlooCommunicator& comm, int peer) {
   const Clock::time_point start = Clock::now();
   Status s = comm.Allreduce(&v, 1, DType::kI32, ReduceOp::kSum, kTimeout);
   if (s.code() != StatusCode::kUnavailable ||
-      std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) != std::vector<int>{peer} ||
+      std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+          std::vector<int>{peer} ||
       Clock::now() - start > std::chrono::seconds(2)) {
     return InternalError("allreduce after rank " + std::to_string(peer) + " left: " + s.ToString());
   }
@@ -182,8 +182,7 @@ TEST_P(GlooShmWorldTest, SmallCollectivesTakeSharedMemoryAndMatchTcpBitForBit) {
       return InternalError("the segment's name is still in /dev/shm after Create");
     }
     MORPH_RETURN_IF_ERROR(CheckAllCollectives(*shm, kTimeout));
-    MORPH_RETURN_IF_ERROR(
-        CheckReductionOrder(*shm, GlooCommunicator::kOneShotMaxBytes, kTimeout));
+    MORPH_RETURN_IF_ERROR(CheckReductionOrder(*shm, GlooCommunicator::kOneShotMaxBytes, kTimeout));
     return CompareWithTcp(*shm, *tcp);
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
@@ -206,7 +205,8 @@ TEST(GlooShmTest, AbortFromAnotherThreadWakesASharedMemoryWait) {
     MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "abort", rank, 2, true));
     if (!comm->shared_memory()) return InternalError("no shared memory");
     if (rank == 1) {
-      MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"aborted"}, Deadline::AfterMs(20000)));
+      MORPH_RETURN_IF_ERROR(
+          store.Wait(std::vector<std::string>{"aborted"}, Deadline::AfterMs(20000)));
       return ExpectPeerLeft(*comm, 0);
     }
     Clock::time_point aborted_at;
@@ -277,7 +277,9 @@ TEST(GlooShmTest, SigkilledPeerMidWaitIsUnavailableNamingIt) {
       [&](ForkedRanks& ranks, const std::string& address) {
         auto store = TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000));
         store.status().CheckOk("parent store");
-        (*store)->Wait(std::vector<std::string>{"waiting/0", "waiting/1", "waiting/2"}, Deadline::AfterMs(30000))
+        (*store)
+            ->Wait(std::vector<std::string>{"waiting/0", "waiting/1", "waiting/2"},
+                   Deadline::AfterMs(30000))
             .CheckOk("ranks ready");
         std::this_thread::sleep_for(milliseconds(300));  // the survivors sleep on the futex
         const auto killed_at = Clock::now().time_since_epoch();
@@ -317,7 +319,8 @@ TEST(GlooShmTest, TimeoutAndDestroyedPeer) {
       other.reset();  // rank 1 waits for it below
       return Status::Ok();
     }
-    MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"timed_out"}, Deadline::AfterMs(20000)));
+    MORPH_RETURN_IF_ERROR(
+        store.Wait(std::vector<std::string>{"timed_out"}, Deadline::AfterMs(20000)));
     MORPH_RETURN_IF_ERROR(ExpectPeerLeft(*comm, 0));
     const Clock::time_point start = Clock::now();
     Status s = other->Barrier(kTimeout);

@@ -273,8 +273,7 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
       const size_t offset = op.kind == CollectiveOp::Kind::kAllreduce ? 0 : bytes * rank_;
       std::vector<const uint8_t*> pieces(static_cast<size_t>(size_));
       for (int p = 0; p < size_; ++p) pieces[p] = Data(p, k) + offset;
-      gloo_algorithms::ReduceInRankOrder(workspace, pieces, op.count, op.dtype, op.reduce,
-                                         op.recv);
+      gloo_algorithms::ReduceInRankOrder(workspace, pieces, op.count, op.dtype, op.reduce, op.recv);
       break;
     }
     case CollectiveOp::Kind::kAllgather:
@@ -339,9 +338,9 @@ Status ShmCollectives::WaitForPeers(uint64_t seq, int only, Clock::time_point de
           late.push_back(p);
         }
       }
-      return DeadlineExceededError(
-                 what() + ": did not finish in " + std::to_string(timeout.count()) +
-                 " ms: rank(s) " + RankList(late) + " had not arrived (shared memory)")
+      return DeadlineExceededError(what() + ": did not finish in " +
+                                   std::to_string(timeout.count()) + " ms: rank(s) " +
+                                   RankList(late) + " had not arrived (shared memory)")
           .WithCollectiveFailure({CollectiveFailure::Kind::kTimeout, {}, ""});
     }
     const uint32_t bell = me->doorbell.load(std::memory_order_acquire);
@@ -383,10 +382,10 @@ Status ShmCollectives::PeerFailure(uint64_t seq, int only, std::string_view kind
         .WithCollectiveFailure({CollectiveFailure::Kind::kPeerClosed, dead, ""});
   }
   if (!left.empty()) {
-    return UnavailableError(what() + ": peer rank(s) " + RankList(left) +
-                            (closed ? " destroyed their communicator or failed"
-                                    : " aborted or failed") +
-                            " before this operation (shared memory)")
+    return UnavailableError(
+               what() + ": peer rank(s) " + RankList(left) +
+               (closed ? " destroyed their communicator or failed" : " aborted or failed") +
+               " before this operation (shared memory)")
         .WithCollectiveFailure({CollectiveFailure::Kind::kPeerClosed, left, ""});
   }
   return Status::Ok();

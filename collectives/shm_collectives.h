@@ -98,8 +98,7 @@ class ShmCollectives {
   // after Fail(); kUnavailable naming the peer that exited or failed; kDeadlineExceeded at
   // op.timeout. Each error carries its CollectiveFailure; after one, the caller must call
   // Fail() (the communicator does). `kind` names the operation in messages ("allreduce").
-  Status Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace,
-             std::string_view kind);
+  Status Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace, std::string_view kind);
 
   // This rank leaves for good: its waits, now and later, return kAborted; peers waiting for it
   // fail. Idempotent. Any thread.

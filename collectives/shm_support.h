@@ -57,8 +57,8 @@ inline void FutexWait(std::atomic<uint32_t>* word, uint32_t value,
 
 // Wakes every waiter of `word` (after the caller changed it).
 inline void FutexWakeAll(std::atomic<uint32_t>* word) {
-  (void)syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr,
-                nullptr, 0);
+  (void)syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+                0);
 }
 
 // Bumps a doorbell word and wakes its waiters: a waiter that read the old value before it
