@@ -16,8 +16,10 @@
 //             (Coordinator::Resize add 1, the Launcher starts it): its process start -> its first
 //             completed step (target < 1 s), and the survivors' stall while it joins.
 //   step_cost 4 workers, 1 GiB, 100 ms steps: mean step time without the consistency mechanism,
-//             with Runtime::BeginUpdate, and with BeginUpdate + buddy snapshots every
-//             --snapshot-every steps; overhead_vs_plain (target < 0.05).
+//             with Runtime::BeginUpdate, with BeginUpdate + the undo copy (MORPH_UNDO_COPY), and
+//             with BeginUpdate + buddy snapshots every --snapshot-every steps;
+//             overhead_vs_plain (target < 0.05). --cost-variants begin_update,undo,snapshot
+//             picks which run next to plain.
 //
 // Fields of a failure line: `seconds` = SIGKILL -> the first step completed by every survivor
 // that holds a rank; phases (max over survivors): detect (SIGKILL -> the survivor's collective
@@ -32,6 +34,7 @@
 //
 //   failures_bench [--cases hybrid,snapshot,stall,heal,step_cost] [--bytes 1GiB] [--seed 1]
 //                  [--step-ms 100] [--snapshot-every 5] [--stall-bytes 16MiB] [--heal-bytes 256MiB]
+//                  [--trials 3] [--cost-variants begin_update,undo,snapshot]
 //
 // Every wait is bounded (--timeout-s); the Launcher stops its workers when a case ends.
 #include <glog/logging.h>
@@ -296,7 +299,7 @@ struct DriverArgs {
 
 morph::Status StartJob(Job& job, const DriverArgs& d, const std::string& tag, int workers,
                        const WorkerArgs& w, int64_t snapshot_every,
-                       std::map<int, ParallelConfig> configs) {
+                       std::map<int, ParallelConfig> configs, bool undo_copy = false) {
   job.dir = fs::temp_directory_path() / ("morph-fbench-" + tag + "-" + std::to_string(getpid()));
   fs::remove_all(job.dir);
   fs::create_directories(job.dir);
@@ -311,6 +314,7 @@ morph::Status StartJob(Job& job, const DriverArgs& d, const std::string& tag, in
             "--out",          job.dir.string()};
   o.log_dir = job.dir.string();
   if (snapshot_every > 0) o.env["MORPH_SNAPSHOT_EVERY"] = std::to_string(snapshot_every);
+  if (undo_copy) o.env["MORPH_UNDO_COPY"] = "1";
   o.coordinator.serve_http = false;
   o.coordinator.policy = [configs](
                              int n, const ParallelConfig*,
@@ -434,7 +438,13 @@ int RunFailure(DriverArgs& d, const Case& c) {
   int64_t moved = 0;
   json first_rec = rec[0];
   std::string why;
+  json per_survivor = json::array();
   for (const json& r : rec) {
+    per_survivor.push_back({{"rank", r["rank"]},
+                            {"communicators", r["communicators"]},
+                            {"transfer", r["transfer"]},
+                            {"resume", r["resume"]},
+                            {"stall", r["stall"]}});
     verified = verified && r["verified"].get<bool>();
     if (!r["verified"].get<bool>() && why.empty()) why = r.value("why", "");
     moved += r["bytes_received"].get<int64_t>();
@@ -474,6 +484,7 @@ int RunFailure(DriverArgs& d, const Case& c) {
       {"redundancy", c.zero_group > 0 ? "hybrid_zero/" + std::to_string(c.zero_group)
                                       : "buddy_snapshot/every_" + std::to_string(c.snapshot_every)},
       {"stall_seconds", stall},
+      {"per_survivor", per_survivor},  // phases of each (rank -1: a standby now)
       {"step_seconds", step_s},
       {"stall_excess_seconds", stall - step_s},
       {"detect_seconds", mx["detect"]},
@@ -563,12 +574,15 @@ int RunFailure(DriverArgs& d, const Case& c) {
 
 // Mean step time of rank 0's steps 5..steps (whole snapshot intervals) in a 4-worker job.
 double StepTime(DriverArgs& d, int64_t bytes, bool begin_update, int64_t snapshot_every,
-                int64_t steps, int64_t* rss_max) {
+                int64_t steps, int64_t* rss_max, bool undo_copy = false) {
   Job job;
   WorkerArgs w{.bytes = bytes, .step_ms = d.step_ms, .begin_update = begin_update};
-  const char* tag = snapshot_every > 0 ? "cost-snap" : begin_update ? "cost-bu" : "cost-plain";
-  morph::Status s =
-      StartJob(job, d, tag, 4, w, snapshot_every, {{4, morph::bench::ReconfigConfig(4, 1, 1)}});
+  const char* tag = snapshot_every > 0 ? "cost-snap"
+                    : undo_copy        ? "cost-undo"
+                    : begin_update     ? "cost-bu"
+                                       : "cost-plain";
+  morph::Status s = StartJob(job, d, tag, 4, w, snapshot_every,
+                             {{4, morph::bench::ReconfigConfig(4, 1, 1)}}, undo_copy);
   if (!s.ok()) return -1;
   Events e;
   if (!WaitFor(
@@ -596,19 +610,24 @@ double StepTime(DriverArgs& d, int64_t bytes, bool begin_update, int64_t snapsho
   return (ts.back() - ts.front()) / 1e9 / static_cast<double>(ts.size() - 1);
 }
 
-int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials) {
+int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials,
+                const std::string& variants) {
   const int64_t steps = 5 + 6 * std::max<int64_t>(snapshot_every, 10);  // last step timed
-  std::vector<double> plain, bu, snap;
-  int64_t rss[3] = {0, 0, 0};
-  for (int t = 0; t < trials; ++t) {  // interleaved, so that the load drifts over all three
+  std::vector<double> plain, bu, undo, snap;
+  int64_t rss[4] = {0, 0, 0, 0};
+  auto want = [&](const char* v) {
+    return ("," + variants + ",").find(std::string(",") + v + ",") != std::string::npos;
+  };
+  for (int t = 0; t < trials; ++t) {  // interleaved, so that the load drifts over all of them
     plain.push_back(StepTime(d, bytes, false, 0, steps, &rss[0]));
-    bu.push_back(StepTime(d, bytes, true, 0, steps, &rss[1]));
-    snap.push_back(StepTime(d, bytes, true, snapshot_every, steps, &rss[2]));
+    if (want("begin_update")) bu.push_back(StepTime(d, bytes, true, 0, steps, &rss[1]));
+    if (want("undo")) undo.push_back(StepTime(d, bytes, true, 0, steps, &rss[3], true));
+    if (want("snapshot")) snap.push_back(StepTime(d, bytes, true, snapshot_every, steps, &rss[2]));
   }
-  for (const std::vector<double>* v : {&plain, &bu, &snap}) {
+  for (const std::vector<double>* v : {&plain, &bu, &undo, &snap}) {
     if (std::any_of(v->begin(), v->end(), [](double x) { return x <= 0; })) return 1;
   }
-  const double p = Median(plain), b = Median(bu), s = Median(snap);
+  const double p = Median(plain), b = Median(bu), u = Median(undo), s = Median(snap);
   auto line = [&](const std::string& variant, double sec, json extra) {
     json j = {{"name", "consistency_cost/" + variant},
               {"bytes", bytes},
@@ -622,12 +641,22 @@ int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials
     std::printf("%s\n", j.dump().c_str());
   };
   line("plain", p, {{"per_trial", plain}, {"worker_rss_max_bytes", rss[0]}});
-  line("begin_update", b, {{"per_trial", bu}, {"worker_rss_max_bytes", rss[1]}});
-  line("begin_update+snapshot", s,
-       {{"snapshot_every", snapshot_every},
-        {"per_trial", snap},
-        {"worker_rss_max_bytes", rss[2]},
-        {"rss_vs_plain", rss[0] > 0 ? static_cast<double>(rss[2]) / rss[0] : 0.0}});
+  if (!bu.empty()) {
+    line("begin_update", b, {{"per_trial", bu}, {"worker_rss_max_bytes", rss[1]}});
+  }
+  if (!undo.empty()) {
+    line("begin_update+undo_copy", u,
+         {{"per_trial", undo},
+          {"worker_rss_max_bytes", rss[3]},
+          {"rss_vs_plain", rss[0] > 0 ? static_cast<double>(rss[3]) / rss[0] : 0.0}});
+  }
+  if (!snap.empty()) {
+    line("begin_update+snapshot", s,
+         {{"snapshot_every", snapshot_every},
+          {"per_trial", snap},
+          {"worker_rss_max_bytes", rss[2]},
+          {"rss_vs_plain", rss[0] > 0 ? static_cast<double>(rss[2]) / rss[0] : 0.0}});
+  }
   std::fflush(stdout);
   return 0;
 }
@@ -645,6 +674,7 @@ int main(int argc, char** argv) {
           heal_bytes = int64_t{256} << 20, snapshot_every = 5;
   int trials = 3;
   std::string cases = "hybrid,snapshot,stall,heal,step_cost";
+  std::string cost_variants = "begin_update,undo,snapshot";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -679,6 +709,8 @@ int main(int argc, char** argv) {
       d.rng.seed(std::strtoull(next().c_str(), nullptr, 10));
     else if (a == "--snapshot-every")
       snapshot_every = std::atoll(next().c_str());
+    else if (a == "--cost-variants")
+      cost_variants = next();
     else if (a == "--trials")
       trials = std::atoi(next().c_str());
     else if (a == "--timeout-s")
@@ -706,6 +738,6 @@ int main(int argc, char** argv) {
   if (want("snapshot")) rc |= RunFailure(d, {"snapshot", bytes, 0, snapshot_every, false, dp3});
   if (want("stall")) rc |= RunFailure(d, {"stall", stall_bytes, 2, 0, false, dp2});
   if (want("heal")) rc |= RunFailure(d, {"heal", heal_bytes, 2, 0, true, dp2});
-  if (want("step_cost")) rc |= RunStepCost(d, bytes, snapshot_every, trials);
+  if (want("step_cost")) rc |= RunStepCost(d, bytes, snapshot_every, trials, cost_variants);
   return rc;
 }

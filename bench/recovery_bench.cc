@@ -6,7 +6,7 @@
 // the update point (WaitCopied). One JSON object per line.
 //
 //   recovery_bench [--mib=128] [--steps=20] [--every=10] [--step_ms=100] [--dir=/tmp/...]
-//                  [--chunk_mib=16]
+//                  [--chunk_mib=32] [--group=2] [--cases=checkpoint,snapshot]
 #include <unistd.h>
 
 #include <chrono>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/logging.h"
+#include "collectives/gloo_communicator.h"
 #include "collectives/rank_harness.h"
 #include "collectives/tcp_store.h"
 #include "runtime/recovery/checkpointer.h"
@@ -41,8 +42,10 @@ struct Args {
   int steps = 20;
   int every = 10;
   int step_ms = 100;
-  int64_t chunk_mib = 16;
+  int64_t chunk_mib = 32;
+  int64_t group = 2;
   std::string dir;
+  std::string cases = "checkpoint,snapshot";
 };
 
 int Fail(const Status& s) {
@@ -114,7 +117,7 @@ int SnapshotCases(const Args& a) {
   const std::string address = (*server)->address();
   const double base = Baseline(a);
   struct Out {
-    double with = 0, blocking = 0, copy = 0, round = 0;
+    double with = 0, blocking = 0, copy = 0, round = 0, p2p = 0;
     int64_t bytes = 0, memory = 0;
   };
   std::vector<Out> out(2);
@@ -125,6 +128,7 @@ int SnapshotCases(const Args& a) {
     Fill(*state, 7);
     BuddySnapshotOptions opts;
     opts.chunk_bytes = static_cast<size_t>(a.chunk_mib) << 20;
+    opts.chunks_per_group = static_cast<size_t>(a.group);
     BuddySnapshotter snap(a.every, opts);
     MORPH_RETURN_IF_ERROR(snap.StartGeneration(
         *store, {.generation = 0, .rank = rank, .hosts = {"a", "b"}}, Deadline::AfterMs(20000)));
@@ -156,6 +160,18 @@ int SnapshotCases(const Args& a) {
     o.with = Since(t0);
     MORPH_RETURN_IF_ERROR(snap.WaitExchanged(Deadline::AfterMs(600000)));
     o.memory = snap.memory_bytes();
+    // The transport's own rate for the same bytes: one message each way between the two ranks
+    // over a fresh Gloo pair (twice; the second, with warm buffers, is reported).
+    MORPH_ASSIGN_OR_RETURN(auto pair, GlooCommunicator::Create(*store, "bench/p2p", rank, 2, nullptr,
+                                                             Deadline::AfterMs(20000)));
+    std::vector<char> out(static_cast<size_t>(o.bytes), 1), in(static_cast<size_t>(o.bytes), 0);
+    for (int i = 0; i < 2; ++i) {
+      const auto p0 = Clock::now();
+      MORPH_RETURN_IF_ERROR(pair->SendRecv({{P2POp::Kind::kSend, 1 - rank, out.data(), out.size()},
+                                            {P2POp::Kind::kRecv, 1 - rank, in.data(), in.size()}},
+                                           std::chrono::milliseconds(600000)));
+      o.p2p = Since(p0);
+    }
     return Status::Ok();
   });
   if (Status s = FirstError(results); !s.ok()) return Fail(s);
@@ -166,9 +182,11 @@ int SnapshotCases(const Args& a) {
       static_cast<long long>(o.bytes), o.copy, o.bytes / o.copy / 1e9, MemcpyGbPerS(o.bytes));
   std::printf(
       "{\"name\": \"snapshot_round\", \"bytes\": %lld, \"seconds\": %.6f, \"gb_per_s\": %.3f, "
-      "\"memory_bytes\": %lld, \"memory_vs_state\": %.3f}\n",
+      "\"memory_bytes\": %lld, \"memory_vs_state\": %.3f, \"gloo_p2p_seconds\": %.6f, "
+      "\"gloo_p2p_gb_per_s\": %.3f, \"exchange_vs_gloo_p2p\": %.3f}\n",
       static_cast<long long>(o.bytes), o.round, o.bytes / o.round / 1e9,
-      static_cast<long long>(o.memory), static_cast<double>(o.memory) / o.bytes);
+      static_cast<long long>(o.memory), static_cast<double>(o.memory) / o.bytes, o.p2p,
+      o.bytes / o.p2p / 1e9, (o.round - o.copy) / o.p2p);
   std::printf(
       "{\"name\": \"snapshot_per_step\", \"bytes\": %lld, \"seconds\": %.6f, \"every\": %d, "
       "\"step_seconds\": %.3f, \"per_step_overhead\": %.6f, \"baseline_seconds\": %.4f, "
@@ -204,10 +222,14 @@ int main(int argc, char** argv) {
       a.dir = v;
     else if (const char* v = val("--chunk_mib="))
       a.chunk_mib = std::atoll(v);
+    else if (const char* v = val("--group="))
+      a.group = std::atoll(v);
+    else if (const char* v = val("--cases="))
+      a.cases = v;
     else {
       std::fprintf(
           stderr,
-          "usage: %s [--mib=N] [--steps=N] [--every=N] [--step_ms=N] [--dir=D] [--chunk_mib=N]\n",
+          "usage: %s [--mib=N] [--steps=N] [--every=N] [--step_ms=N] [--dir=D] [--chunk_mib=N] [--group=N] [--cases=checkpoint,snapshot]\n",
           argv[0]);
       return 2;
     }
@@ -217,8 +239,9 @@ int main(int argc, char** argv) {
     if (::mkdtemp(tmpl) == nullptr) return 1;
     a.dir = tmpl;
   }
-  int rc = morph::CheckpointCases(a);
-  if (rc == 0) rc = morph::SnapshotCases(a);
+  int rc = 0;
+  if (a.cases.find("checkpoint") != std::string::npos) rc = morph::CheckpointCases(a);
+  if (rc == 0 && a.cases.find("snapshot") != std::string::npos) rc = morph::SnapshotCases(a);
   if (own_dir) std::filesystem::remove_all(a.dir);
   return rc;
 }

@@ -178,7 +178,7 @@ StatusOr<std::unique_ptr<CommTransport>> CommTransport::Create(Communicator* com
   auto t = std::make_unique<CommTransport>(comm, timeout);
   MORPH_ASSIGN_OR_RETURN(
       t->shm_, ShmChannel::Create(*comm, options.shared_memory && comm->capabilities().host_memory,
-                                  deadline));
+                                  deadline, options.arena));
   return t;
 }
 

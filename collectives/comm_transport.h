@@ -9,9 +9,11 @@
 //                             CommTransportOptions::FromEnv(), deadline));
 //   MORPH_RETURN_IF_ERROR(executor.Run(plan, *transport));   // the executor calls Start/Wait
 //
-// Paths. A peer on the same host (see ShmChannel) gets every message by cross-memory attach: the
+// Paths. A peer on the same host (see ShmChannel) gets every message by shared memory: the
 // receiver copies straight from the sender's buffer (its old layout) into its own (the new
-// layout), one copy whether either side is strided. Other peers get the communicator's p2p
+// layout), one copy whether either side is strided — by memcpy from a mapping of the sender's
+// memfd where the buffer came from the sender's ShmArena (options.arena), else by cross-memory
+// attach (process_vm_readv). Other peers get the communicator's p2p
 // (TCP for Gloo): a contiguous op is posted in place; a strided op (host memory only) is gathered
 // into / scattered from a buffer of the transport's pool, one copy per side, the same as the
 // executor's staging would cost, so the executor posts it in place and skips its own staging.
@@ -34,6 +36,10 @@ struct CommTransportOptions {
   // Same-host peers by cross-memory attach (if the system permits it), else TCP for all.
   // Must be equal on all ranks.
   bool shared_memory = true;
+  // This process's shared host memory (may be null; must outlive the transport; may differ
+  // between ranks): messages sent out of its buffers are mapped by same-host receivers and
+  // copied with memcpy instead of process_vm_readv (shm_arena.h).
+  const ShmArena* arena = nullptr;
 
   // MORPH_RESHARD_SHM (default on). kInvalidArgument naming the variable for a bad value.
   static StatusOr<CommTransportOptions> FromEnv();
@@ -60,6 +66,10 @@ class CommTransport : public Transport {
   bool SupportsStridedOps() const override { return comm_->capabilities().host_memory; }
   // True if messages with `peer` go by shared memory.
   bool IsSharedMemoryPeer(int peer) const { return shm_ != nullptr && shm_->IsLocal(peer); }
+  // What this rank received over shared memory so far, by path (zeros without shared memory).
+  ShmChannel::Stats shm_stats() const {
+    return shm_ != nullptr ? shm_->stats() : ShmChannel::Stats{};
+  }
 
   // kInvalidArgument naming the op for a peer out of range or equal to this rank, or a
   // malformed StridedLayout (bytes != (end - begin) * elem_size, range outside the geometry).

@@ -6,12 +6,14 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <thread>
 
 #include "base/testing.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rank_harness.h"
+#include "collectives/shm_arena.h"
 #include "collectives/tcp_store.h"
 #include "reshard/strided_copy.h"
 
@@ -138,8 +140,9 @@ uint16_t Elem(int from, int64_t i, int64_t j) {
 // rank d; rank d lands sender s's block at rows [s R, (s + 1) R) of a [world R, W] matrix (row
 // stride W + 5). Both sides strided, each message split in two (elements [0, h) and [h, R W)) over
 // two groups; pairs with (s + d) % 3 == 0 send contiguously from a packed copy instead. Padding
-// must stay untouched.
-Status StridedExchange(const std::string& address, int rank, int world, bool shm) {
+// must stay untouched. With `arena`, the send buffers are ShmArena segments: same-host receivers
+// must map them (every shared-memory message), else read them by process_vm_readv.
+Status StridedExchange(const std::string& address, int rank, int world, bool shm, bool arena) {
   constexpr int64_t R = 37, W = 53;
   const int64_t K = W * world, src_stride = K + 3, dst_stride = W + 5;
   MORPH_ASSIGN_OR_RETURN(auto store,
@@ -147,10 +150,29 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "strided", rank, world,
                                                              nullptr, Deadline::AfterMs(20000)));
   // TCP: Create with shared memory off (no handshake), as MORPH_RESHARD_SHM=0 does.
+  ShmArena shm_arena;
   MORPH_ASSIGN_OR_RETURN(
       auto transport,
-      CommTransport::Create(comm.get(), std::chrono::seconds(20),
-                            CommTransportOptions{.shared_memory = shm}, Deadline::AfterMs(20000)));
+      CommTransport::Create(
+          comm.get(), std::chrono::seconds(20),
+          CommTransportOptions{.shared_memory = shm, .arena = arena ? &shm_arena : nullptr},
+          Deadline::AfterMs(20000)));
+  // Send-side memory: arena segments or plain vectors.
+  std::vector<Buffer> segments;
+  std::vector<std::vector<uint16_t>> vectors;
+  auto alloc = [&](size_t n, uint16_t fill) -> StatusOr<uint16_t*> {
+    uint16_t* p = nullptr;
+    if (arena) {
+      MORPH_ASSIGN_OR_RETURN(Buffer b, shm_arena.Allocate(n * sizeof(uint16_t)));
+      p = static_cast<uint16_t*>(b.data());
+      segments.push_back(std::move(b));
+    } else {
+      vectors.emplace_back(n);
+      p = vectors.back().data();
+    }
+    std::fill(p, p + n, fill);
+    return p;
+  };
   for (int peer = 0; peer < world; ++peer) {
     if (peer == rank) continue;
     if (transport->IsSharedMemoryPeer(peer) != (shm && ShmExpected())) {
@@ -158,22 +180,22 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
                            std::to_string(transport->IsSharedMemoryPeer(peer)));
     }
   }
-  std::vector<uint16_t> src(static_cast<size_t>(R * src_stride), 0xEEEE);
+  MORPH_ASSIGN_OR_RETURN(uint16_t* const src, alloc(static_cast<size_t>(R * src_stride), 0xEEEE));
   for (int64_t i = 0; i < R; ++i) {
     for (int64_t j = 0; j < K; ++j) src[static_cast<size_t>(i * src_stride + j)] = Elem(rank, i, j);
   }
   std::vector<uint16_t> dst(static_cast<size_t>(world * R * dst_stride), 0xEEEE);
   const StridedView dense = ContiguousView({R, W});
   std::vector<CopyGeometry> send_g(world), recv_g(world);
-  std::vector<std::vector<uint16_t>> packed(world);
+  std::vector<uint16_t*> packed(world);
   for (int peer = 0; peer < world; ++peer) {
     MORPH_ASSIGN_OR_RETURN(send_g[peer],
                            MakeCopyGeometry(dense, StridedView{peer * W, {R, W}, {src_stride, 1}}));
     MORPH_ASSIGN_OR_RETURN(
         recv_g[peer],
         MakeCopyGeometry(StridedView{peer * R * dst_stride, {R, W}, {dst_stride, 1}}, dense));
-    packed[peer].resize(static_cast<size_t>(R * W));
-    HostStridedCopy(send_g[peer], packed[peer].data(), src.data(), 2, 0, R * W);
+    MORPH_ASSIGN_OR_RETURN(packed[peer], alloc(static_cast<size_t>(R * W), 0));
+    HostStridedCopy(send_g[peer], packed[peer], src, 2, 0, R * W);
   }
   const int64_t half = R * W / 2 + 3;
   for (int group = 0; group < 2; ++group) {
@@ -186,10 +208,10 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
     for (int peer = 0; peer < world; ++peer) {
       if (peer == rank) continue;
       if ((rank + peer) % 3 == 0) {
-        sends.push_back({peer, packed[peer].data() + b, bytes});
+        sends.push_back({peer, packed[peer] + b, bytes});
       } else {
         layouts.push_back({&send_g[peer], 2, b, e});
-        sends.push_back({peer, src.data(), bytes, &layouts.back()});
+        sends.push_back({peer, src, bytes, &layouts.back()});
       }
       layouts.push_back({&recv_g[peer], 2, b, e});
       recvs.push_back({peer, dst.data(), bytes, &layouts.back()});
@@ -208,13 +230,26 @@ Status StridedExchange(const std::string& address, int rank, int world, bool shm
       }
     }
   }
-  return comm->Barrier(std::chrono::seconds(20));
+  // Which path carried the shared-memory messages: two per peer.
+  const ShmChannel::Stats st = transport->shm_stats();
+  const uint64_t want = shm && ShmExpected() ? 2 * static_cast<uint64_t>(world - 1) : 0;
+  if (st.mapped_messages != (arena ? want : 0) || st.vm_readv_messages != (arena ? 0 : want)) {
+    return InternalError("shared-memory messages: " + std::to_string(st.mapped_messages) +
+                         " mapped, " + std::to_string(st.vm_readv_messages) +
+                         " by process_vm_readv; want " + std::to_string(want) +
+                         (arena ? " mapped" : " by process_vm_readv"));
+  }
+  MORPH_RETURN_IF_ERROR(comm->Barrier(std::chrono::seconds(20)));
+  // Every segment is freed with its buffer (receivers unmapped theirs at the end of their Wait).
+  segments.clear();
+  if (shm_arena.num_segments() != 0) return InternalError("segments left in the arena");
+  return Status::Ok();
 }
 
-void RunStrided(bool shm) {
+void RunStrided(bool shm, bool arena = false) {
   constexpr int kWorld = 4;
   ForkedRanks ranks = ForkedRanks::Fork(kWorld, [&](int rank, const std::string& address) {
-    return ExitCode(rank, StridedExchange(address, rank, kWorld, shm));
+    return ExitCode(rank, StridedExchange(address, rank, kWorld, shm, arena));
   });
   MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
   ranks.Release(server->address());
@@ -224,6 +259,7 @@ void RunStrided(bool shm) {
 
 TEST(CommTransportTest, StridedOpsOverTcpBitwise) { RunStrided(false); }
 TEST(CommTransportTest, StridedOpsOverSharedMemoryBitwise) { RunStrided(true); }
+TEST(CommTransportTest, StridedOpsFromShmArenaSegmentsBitwise) { RunStrided(true, true); }
 
 // Over shared memory, rank 1 dies (SIGKILL) or aborts while rank 0 waits to send to it and
 // rank 2 waits to receive from it: both fail promptly (not at the 20 s deadline) with
@@ -317,6 +353,94 @@ TEST(CommTransportTest, SharedMemoryPeerKilledOrAbortedFailsOthersPromptly) {
     EXPECT_EQ(codes[1], kill ? 128 + SIGKILL : 0);
     EXPECT_EQ(codes[2], 0);
   }
+}
+
+// A sender whose message lies in its ShmArena dies (SIGKILL) right after posting it: the
+// receiver gets that message intact (its mapping holds the pages; or, if the sender was gone
+// before the receiver mapped the segment, kUnavailable), and its next receive fails promptly with
+// kUnavailable naming the sender. Under ASan this also shows the receiver never touches freed
+// memory.
+Status SegmentSenderKilled(const std::string& address, int rank) {
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "segkill", rank, 2, nullptr,
+                                                             Deadline::AfterMs(20000)));
+  ShmArena arena;
+  MORPH_ASSIGN_OR_RETURN(
+      auto transport,
+      CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                            CommTransportOptions{.arena = &arena}, Deadline::AfterMs(20000)));
+  if (!transport->IsSharedMemoryPeer(1 - rank)) {
+    return ShmExpected() ? InternalError("no shared-memory peer") : Status::Ok();
+  }
+  constexpr size_t kBytes = size_t{16} << 20;
+  if (rank == 1) {
+    MORPH_ASSIGN_OR_RETURN(Buffer b, arena.Allocate(kBytes));
+    auto* p = static_cast<uint8_t*>(b.data());
+    for (size_t i = 0; i < kBytes; ++i) p[i] = Byte(1, 0, 0, i);
+    std::vector<SendOp> sends{{0, b.data(), kBytes}};
+    MORPH_ASSIGN_OR_RETURN(auto work, transport->Start(sends, {}));
+    raise(SIGKILL);
+  }
+  std::vector<uint8_t> first(kBytes, 0), second(1 << 20, 0);
+  std::vector<RecvOp> r1{{1, first.data(), kBytes}}, r2{{1, second.data(), second.size()}};
+  MORPH_ASSIGN_OR_RETURN(auto w1, transport->Start({}, r1));
+  MORPH_ASSIGN_OR_RETURN(auto w2, transport->Start({}, r2));
+  const auto start = std::chrono::steady_clock::now();
+  Status s1 = w1->Wait(Deadline::AfterMs(20000));
+  auto gone = [](const Status& s) {
+    return s.code() == StatusCode::kUnavailable && s.message().find("rank 1") != std::string::npos;
+  };
+  if (s1.ok()) {
+    for (size_t i = 0; i < kBytes; ++i) {
+      if (first[i] != Byte(1, 0, 0, i))
+        return InternalError("byte " + std::to_string(i) + " wrong");
+    }
+    Status s2 = w2->Wait(Deadline::AfterMs(20000));
+    if (!gone(s2)) return InternalError("second receive: " + s2.ToString());
+  } else if (!gone(s1)) {
+    return InternalError("first receive: " + s1.ToString());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (seconds > 3) return InternalError("took " + std::to_string(seconds) + " s to fail");
+  return Status::Ok();
+}
+
+TEST(CommTransportTest, ShmArenaSenderKilledAfterPostingFailsReceiverPromptly) {
+  for (int round = 0; round < 3; ++round) {
+    ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) {
+      return ExitCode(rank, SegmentSenderKilled(address, rank));
+    });
+    MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+    ranks.Release(server->address());
+    std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+    EXPECT_EQ(codes[0], 0) << "round " << round;
+    EXPECT_EQ(codes[1], 128 + SIGKILL) << "round " << round;
+  }
+}
+
+// ShmArena alone: segments are found by any interior address, and forgotten when freed.
+TEST(ShmArenaTest, FindsLiveSegmentsOnly) {
+  ShmArena arena;
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer a, arena.Allocate(3 << 20));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer b, arena.allocator()(4096));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer empty, arena.Allocate(0));
+  EXPECT_EQ(empty.data(), nullptr);
+  const char* pa = static_cast<const char*>(a.data());
+  auto sa = arena.Find(pa + 12345);
+  ASSERT_TRUE(sa.has_value());
+  EXPECT_EQ(sa->base, reinterpret_cast<uint64_t>(pa));
+  EXPECT_EQ(sa->size, uint64_t{3} << 20);
+  const auto past_end = arena.Find(pa + (3 << 20));  // the next segment, if any, not this one
+  EXPECT_TRUE(!past_end.has_value() || past_end->base != sa->base);
+  EXPECT_TRUE(arena.Find(b.data()).has_value());
+  EXPECT_FALSE(arena.Find(&arena).has_value());
+  EXPECT_EQ(arena.num_segments(), 2u);
+  std::memset(a.data(), 7, a.size());  // writable, zero-filled before
+  a = Buffer();
+  EXPECT_FALSE(arena.Find(pa + 12345).has_value());
+  EXPECT_EQ(arena.num_segments(), 1u);
 }
 
 }  // namespace

@@ -14,23 +14,27 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include "base/logging.h"
 #include "collectives/shm_support.h"
+#include "reshard/strided_copy.h"
 
 namespace morph {
 namespace {
 
-constexpr uint64_t kMagic = 0x316d7368'70726f6dull;  // "morphsm1"
+constexpr uint64_t kMagic = 0x326d7368'70726f6dull;  // "morphsm2"
 constexpr uint64_t kRing = 16;                       // descriptors in flight per direction
 constexpr int kMaxIov = 1024;                        // IOV_MAX
 constexpr size_t kMaxBatchBytes = size_t{64} << 20;  // per process_vm_readv call
 constexpr auto kPollInterval = std::chrono::milliseconds(20);
 
+}  // namespace
+
 // A message as the sender describes it to the receiver (lives in the sender's mailbox).
-struct Descriptor {
+struct ShmChannel::Descriptor {
   uint64_t seq;
   uint64_t tag;
   uint64_t bytes;
@@ -40,7 +44,17 @@ struct Descriptor {
   int64_t begin;
   int64_t end;
   CopyGeometry geometry;
+  // The sender's ShmArena segment holding the message (seg_fd < 0: none; read by
+  // process_vm_readv): its fd in the sender, memfd inode, address and size in the sender.
+  int32_t seg_fd;
+  int32_t pad;
+  uint64_t seg_inode;
+  uint64_t seg_base;
+  uint64_t seg_size;
 };
+
+namespace {
+using Descriptor = ShmChannel::Descriptor;
 
 // One direction of one pair: written by the sender (descriptors, posted) and by the receiver
 // (consumed).
@@ -149,16 +163,32 @@ struct ShmChannel::Peer {
   std::deque<MessageRegion> recvs;  // posted, not yet done
   uint64_t recvs_posted = 0;
   uint64_t received = 0;
+  // The peer's segments mapped here (read-only) during a Wait; dropped when no receive from the
+  // peer is pending, so a freed segment's pages are never kept.
+  struct Mapping {
+    uint64_t inode;
+    uint64_t base;  // in the peer
+    uint64_t size;
+    const char* map;
+  };
+  std::vector<Mapping> mappings;
+  bool getfd_refused = false;  // pidfd_getfd failed once: process_vm_readv from then on
 
+  void DropMappings() {
+    for (const Mapping& m : mappings) munmap(const_cast<char*>(m.map), m.size);
+    mappings.clear();
+  }
   ~Peer() {
+    DropMappings();
     if (pidfd >= 0) close(pidfd);
     if (mailbox != nullptr) munmap(mailbox, mailbox_size);
   }
 };
 
 StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(Communicator& comm, bool enable,
-                                                         Deadline deadline) {
+                                                         Deadline deadline, const ShmArena* arena) {
   std::unique_ptr<ShmChannel> ch(new ShmChannel());
+  ch->arena_ = arena;
   const int n = comm.size(), me = comm.rank();
   ch->rank_ = me;
   ch->name_ = "shm channel (rank " + std::to_string(me) + " of " + std::to_string(n) + ")";
@@ -182,8 +212,7 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(Communicator& comm, boo
   };
   Identity mine{HostIdentity(), getpid()};
   std::vector<Identity> ids(static_cast<size_t>(n));
-  MORPH_RETURN_IF_ERROR(
-      comm.Allgather(&mine, ids.data(), sizeof(Identity), DType::kU8, timeout()))
+  MORPH_RETURN_IF_ERROR(comm.Allgather(&mine, ids.data(), sizeof(Identity), DType::kU8, timeout()))
       << "shm channel: exchanging host identities";
   std::vector<int> group;  // same-host ranks, this one included, ascending
   for (int r = 0; r < n; ++r) {
@@ -327,6 +356,15 @@ ShmHandle ShmChannel::PostSend(int peer, const MessageRegion& r) {
   d.begin = r.begin;
   d.end = r.end;
   d.geometry = r.geometry;
+  d.seg_fd = -1;
+  if (arena_ != nullptr) {
+    if (std::optional<ShmArena::Segment> seg = arena_->Find(r.base)) {
+      d.seg_fd = seg->fd;
+      d.seg_inode = seg->inode;
+      d.seg_base = seg->base;
+      d.seg_size = seg->size;
+    }
+  }
   p.unpublished.push_back(d);
   (void)Publish(p);
   return {peer, d.seq};
@@ -399,10 +437,40 @@ Status ShmChannel::ReceiveNext(Peer& p) {
                                    ", the receive posted here expects " + std::to_string(r.tag) +
                                    " (the two sides run different plans or steps)");
   }
+  const auto copy_start = std::chrono::steady_clock::now();
+  auto copied = [&] {
+    stats_.copy_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
+  };
   Runs local(reinterpret_cast<uint64_t>(r.base), r.bytes, r.strided, r.geometry,
              /*src_side=*/false, r.elem_size, r.begin, r.end);
   Runs remote(d.base, d.bytes, d.strided != 0, d.geometry, /*src_side=*/true, d.elem_size, d.begin,
               d.end);
+  if (const char* map = d.seg_fd >= 0 ? MapSegment(p, d) : nullptr) {
+    // The sender's segment is mapped here: plain copies, run by run.
+    uint64_t lp = 0, rp = 0;
+    size_t ll = 0, rl = 0, done = 0;
+    while (done < r.bytes) {
+      if (ll == 0 && !local.Next(&lp, &ll)) break;
+      if (rl == 0 && !remote.Next(&rp, &rl)) break;
+      const size_t t = std::min(ll, rl);
+      if (rp < d.seg_base || rp - d.seg_base > d.seg_size || t > d.seg_size - (rp - d.seg_base)) {
+        return InternalError(what + ": bytes at sender address " + std::to_string(rp) +
+                             " lie outside its segment [" + std::to_string(d.seg_base) + ", +" +
+                             std::to_string(d.seg_size) + ")");
+      }
+      BulkCopy(reinterpret_cast<void*>(lp), map + (rp - d.seg_base), t);
+      lp += t, ll -= t, rp += t, rl -= t, done += t;
+    }
+    if (done != r.bytes) {
+      return InternalError(what + ": layouts cover fewer bytes than the message's " +
+                           std::to_string(r.bytes));
+    }
+    copied();
+    ++stats_.mapped_messages;
+    stats_.mapped_bytes += r.bytes;
+    return FinishReceive(p, what);
+  }
   iovec liov[kMaxIov], riov[kMaxIov];
   uint64_t lp = 0, rp = 0;
   size_t ll = 0, rl = 0, done = 0;
@@ -444,6 +512,46 @@ Status ShmChannel::ReceiveNext(Peer& p) {
     }
     done += batch;
   }
+  copied();
+  ++stats_.vm_readv_messages;
+  stats_.vm_readv_bytes += r.bytes;
+  return FinishReceive(p, what);
+}
+
+// Maps the sender's segment that holds message `d` (or finds it mapped by this Wait): its memfd
+// duplicated by pidfd_getfd, checked to be the same file (inode, size). Null: not mappable, read
+// the message by process_vm_readv instead.
+const char* ShmChannel::MapSegment(Peer& p, const Descriptor& d) {
+  if (p.getfd_refused || p.pidfd < 0) return nullptr;
+  for (const Peer::Mapping& m : p.mappings) {
+    if (m.inode == d.seg_inode && m.base == d.seg_base && m.size == d.seg_size) return m.map;
+  }
+  const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, p.pidfd, d.seg_fd, 0));
+  if (fd < 0) {
+    // Refused (no permission, old kernel): never again for this peer. EBADF and the like: the
+    // sender's fd is gone; this message only.
+    if (errno == EPERM || errno == EACCES || errno == ENOSYS) {
+      p.getfd_refused = true;
+      VLOG(1) << name_ << ": pidfd_getfd on rank " << p.rank << " refused (" << std::strerror(errno)
+              << "): process_vm_readv for its messages";
+    }
+    return nullptr;
+  }
+  struct stat st {};
+  void* map = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == d.seg_inode &&
+      static_cast<uint64_t>(st.st_size) >= d.seg_size) {
+    map = mmap(nullptr, d.seg_size, PROT_READ, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  if (map == MAP_FAILED) return nullptr;
+  p.mappings.push_back({d.seg_inode, d.seg_base, d.seg_size, static_cast<const char*>(map)});
+  return static_cast<const char*>(map);
+}
+
+// After a message's bytes were copied in: checks the sender did not abort meanwhile and
+// acknowledges the message.
+Status ShmChannel::FinishReceive(Peer& p, const std::string& what) {
   // The sender sets its abort flag before it lets go of its buffer after a failure: checked
   // after the copy, so what was read came from live memory.
   if (p.mailbox->aborted.load(std::memory_order_acquire) != 0) {
@@ -458,6 +566,19 @@ Status ShmChannel::ReceiveNext(Peer& p) {
 
 Status ShmChannel::Wait(std::span<const ShmHandle> sends, std::span<const ShmHandle> recvs,
                         Deadline deadline) {
+  Status s = WaitLoop(sends, recvs, deadline);
+  // Segments stay mapped while receives from their peer are pending (later groups' messages
+  // often come from the same segments), and no longer, so that no freed segment's pages are kept
+  // and each reshard maps what it reads afresh. After an error nothing of this channel is read
+  // again.
+  for (auto& p : local_) {
+    if (p->recvs.empty() || !s.ok()) p->DropMappings();
+  }
+  return s;
+}
+
+Status ShmChannel::WaitLoop(std::span<const ShmHandle> sends, std::span<const ShmHandle> recvs,
+                            Deadline deadline) {
   for (;;) {
     if (own_ != nullptr && own_->aborted.load(std::memory_order_acquire) != 0) {
       return AbortedError(name_ + ": aborted");

@@ -115,7 +115,9 @@ Status Runtime::Impl::Bootstrap() {
   factory = std::move(data_plane.factory);
   if (opts.snapshot_every > 0) {
     BuddySnapshotOptions so;
-    so.device = device;
+    // Its own device, so its own Gloo event loop: a round's hundreds of MB are read on that
+    // thread, which would otherwise delay the step's collectives behind them.
+    MORPH_ASSIGN_OR_RETURN(so.device, GlooDevice::Create(gloo));
     so.timeout = std::chrono::milliseconds(opts.change_timeout_ms);
     snapshots = std::make_unique<BuddySnapshotter>(opts.snapshot_every, so);
   }
@@ -237,6 +239,14 @@ StatusOr<Step> Runtime::BeginStep() {
                    << " not taken: " << c;
     }
   }
+  if (m.opts.undo_copy && m.step_called_begin_update) {
+    // The undo copy overlaps forward/backward; BeginUpdate waits for it (undo.h).
+    Status u = m.undo.Begin(m.state, m.next_step, m.gen.id);
+    if (!u.ok() && !m.undo_warned) {
+      LOG(WARNING) << "worker " << m.agent->id() << ": no undo copy: " << u;
+      m.undo_warned = true;
+    }
+  }
   StepAccess::Fill(step, false, reconfigured, m.next_step, m.gen, rank, m.opts.micro_batch,
                    m.groups.get(), &*m.cursor);
   m.in_step = true;
@@ -269,6 +279,7 @@ Status Runtime::EndStep() {
   if (!impl_->in_step) return FailedPreconditionError("EndStep: no step is open");
   impl_->in_step = false;
   impl_->updating = false;
+  impl_->undo.Cancel();  // a step without BeginUpdate: its copy in flight is not the undo copy
   ++impl_->next_step;
   return Status();
 }
@@ -278,6 +289,7 @@ Status Runtime::AbortStep(const Status& why) {
   if (!m.in_step) return FailedPreconditionError("AbortStep: no step is open");
   m.in_step = false;
   m.aborted = true;
+  m.undo.Cancel();  // before the recovery touches the state; the last taken copy stays
   // A step that never said where its updates begin may have changed the state anywhere.
   m.torn = m.torn || m.updating || !m.step_called_begin_update;
   m.updating = false;

@@ -7,6 +7,10 @@
 namespace morph {
 namespace {
 
+// An id list item meaning "a run follows" (zigzag of +1: a single id one above the previous is
+// always written as a run).
+constexpr uint64_t kRunItem = 2;
+
 class Writer {
  public:
   void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
@@ -21,13 +25,26 @@ class Writer {
   }
   // Each id as the zigzag LEB128 varint of its difference from the previous one (wrapping):
   // worker ids are small and mostly ascending, so a 4,096-rank list takes ~1 byte per id.
+  // Items: varint(zigzag(id - previous)), except that a difference of +1 (zigzag 2) means a run:
+  // varint(k >= 1) follows, and the k ids from the previous + 1 ascend by one (wire.h).
   void Ids(const std::vector<int64_t>& v) {
     U32(static_cast<uint32_t>(v.size()));
     uint64_t prev = 0;
-    for (int64_t x : v) {
-      int64_t d = static_cast<int64_t>(static_cast<uint64_t>(x) - prev);
+    for (size_t i = 0; i < v.size();) {
+      const uint64_t x = static_cast<uint64_t>(v[i]);
+      if (x == prev + 1) {
+        uint64_t k = 1;
+        while (i + k < v.size() && static_cast<uint64_t>(v[i + k]) == x + k) ++k;
+        Varint(kRunItem);
+        Varint(k);
+        prev = x + k - 1;
+        i += k;
+        continue;
+      }
+      const int64_t d = static_cast<int64_t>(x - prev);
       Varint((static_cast<uint64_t>(d) << 1) ^ static_cast<uint64_t>(d >> 63));
-      prev = static_cast<uint64_t>(x);
+      prev = x;
+      ++i;
     }
   }
   void Varint(uint64_t v) {
@@ -92,16 +109,48 @@ class Reader {
     return s;
   }
   std::vector<int64_t> Ids(std::string_view field) {
-    uint32_t n = Count(field, 1);  // a varint is at least one byte
+    const uint32_t n = U32(field);
+    if (!ok()) return {};
+    if (n > kMaxIdList) {
+      Fail(field, "count " + std::to_string(n) + " exceeds the limit of " +
+                      std::to_string(kMaxIdList) + " ids");
+      return {};
+    }
+    if (n > ids_left_) {
+      Fail(field, "count " + std::to_string(n) + " takes the frame past " +
+                      std::to_string(kMaxIdsPerFrame) + " ids in all");
+      return {};
+    }
+    ids_left_ -= n;
     std::vector<int64_t> v;
     v.reserve(n);
     uint64_t prev = 0;
-    for (uint32_t i = 0; i < n && ok(); ++i) {
-      uint64_t z = Varint(field);
-      int64_t d = static_cast<int64_t>(z >> 1) ^ -static_cast<int64_t>(z & 1);
-      prev += static_cast<uint64_t>(d);
+    bool after_run = false;
+    while (v.size() < n && ok()) {
+      const uint64_t z = Varint(field);
+      if (!ok()) break;
+      if (z == kRunItem) {
+        // Two runs in a row are one run (not the shortest form).
+        if (after_run) {
+          Fail(field, "a run right after a run");
+          break;
+        }
+        const uint64_t k = Varint(field);
+        if (!ok()) break;
+        if (k == 0 || k > n - v.size()) {
+          Fail(field, "a run of " + std::to_string(k) + " ids with " +
+                          std::to_string(n - v.size()) + " of the count left");
+          break;
+        }
+        for (uint64_t j = 0; j < k; ++j) v.push_back(static_cast<int64_t>(++prev));
+        after_run = true;
+        continue;
+      }
+      prev += static_cast<uint64_t>(static_cast<int64_t>(z >> 1) ^ -static_cast<int64_t>(z & 1));
       v.push_back(static_cast<int64_t>(prev));
+      after_run = false;
     }
+    if (!ok()) return {};
     return v;
   }
   // Only the shortest encoding is accepted (so every accepted frame re-encodes to itself).
@@ -134,6 +183,7 @@ class Reader {
   }
 
  private:
+  uint32_t ids_left_ = kMaxIdsPerFrame;  // ids the frame's lists may still hold
   std::string_view in_;
   std::string_view what_;
   size_t pos_ = 0;

@@ -8,11 +8,15 @@
 //   length  u32  body bytes, at most kMaxFrameBody (a header announcing more is refused before
 //                anything is allocated)
 // All integers little-endian; a list is a u32 count then its items; a string a u32 length then
-// bytes; a list of ids (worker ids, ranks, tensor dimensions) a u32 count then, for each id, the
-// zigzag LEB128 varint (shortest form only) of its difference from the previous id (the first
-// from 0; 64-bit wrapping), so ascending runs of worker ids take one byte each. Every count is checked against the bytes left in the body before anything is
-// allocated, so a frame of n bytes never makes the decoder allocate more than O(n); trailing
-// bytes are an error.
+// bytes; a list of ids (worker ids, ranks, tensor dimensions) a u32 count (at most kMaxIdList)
+// then items, each a zigzag LEB128 varint (shortest form only) of an id's difference from the
+// previous id (the first from 0; 64-bit wrapping), except that the item 2 (a difference of +1)
+// starts a run: a varint k >= 1 follows, and the next k ids each ascend by one (a single id one
+// above the previous is also a run, of 1, and a run never follows a run). So a 4,096-rank
+// generation's ranks take a few bytes, and scattered ids about one byte each. Every count of
+// fixed-size items is checked against the bytes left in the body before anything is
+// allocated, so a frame of n bytes never makes the decoder allocate more than O(n) plus its id
+// lists (at most kMaxIdList ids each, kMaxIdsPerFrame in all); trailing bytes are an error.
 //
 //   std::string bytes = EncodeFrame(WireMessage{CommitMsg{...}});
 //   MORPH_ASSIGN_OR_RETURN(FrameHeader h, DecodeHeader(first_12_bytes));
@@ -41,10 +45,16 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 // 4: the step report's SnapshotHoldings (both copies of each side, whose copy is held) and the
 //    commit's RecoveryDecision::snapshot_holders.
 // 5: JobManifest::backend (the step communicators' backend) in Register.
-inline constexpr uint16_t kWireVersion = 5;
+// 6: id lists run-length coded (ascending runs: a few bytes instead of a byte per id).
+inline constexpr uint16_t kWireVersion = 6;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;
+// The most ids one list may hold (twice the planner's largest world, kMaxPlanWorld: an old and a
+// new world's participants), and all id lists of one frame together (8 MiB decoded): a run of k
+// ids costs a few bytes, so these, not the frame's size, bound what id lists may allocate.
+inline constexpr uint32_t kMaxIdList = 1u << 17;
+inline constexpr uint32_t kMaxIdsPerFrame = 1u << 20;
 // Largest Hello: sent before authentication, so it is kept small.
 inline constexpr uint32_t kMaxHelloBody = 4096;
 

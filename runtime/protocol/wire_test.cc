@@ -2,9 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/testing.h"
@@ -100,6 +106,42 @@ TEST(WireTest, EveryMessageRoundTrips) {
     std::string frame = EncodeFrame(m);
     MORPH_ASSERT_OK_AND_ASSIGN(WireMessage back, DecodeFrame(frame));
     EXPECT_EQ(back, m) << WireTypeName(static_cast<uint16_t>(m.index() + 1));
+  }
+}
+
+// The fuzz target's seed corpus (runtime/protocol/fuzz/corpus): for every sample message a frame
+// ("frame-<type>") and a body led by the byte that selects its type ("body-<type>"), in this
+// wire version. MORPH_WRITE_WIRE_CORPUS=1 rewrites it; the test fails when the version (or an
+// encoding) moves on without it, so the fuzzer never starts from seeds it refuses at once.
+TEST(WireTest, FuzzCorpusIsThisVersion) {
+  namespace fs = std::filesystem;
+  const fs::path dir = MORPH_WIRE_CORPUS_DIR;
+  const bool write = std::getenv("MORPH_WRITE_WIRE_CORPUS") != nullptr;
+  std::vector<WireMessage> all = Samples();
+  all.push_back(CommitMsg{.next = Gen(1), .from_generation = 0});
+  all.push_back(WelcomeMsg{.worker = 3});
+  std::map<std::string, int> seen;
+  constexpr int kTypes = std::variant_size_v<WireMessage>;
+  for (const WireMessage& m : all) {
+    const uint16_t type = static_cast<uint16_t>(m.index() + 1);
+    std::string name(WireTypeName(type));
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (int n = seen[name]++; n > 0) name += "-" + std::to_string(n + 1);
+    const std::string frame = EncodeFrame(m);
+    const std::string body =
+        std::string(1, static_cast<char>(type - 1)) + frame.substr(kFrameHeaderBytes);
+    static_assert(kTypes < 256);
+    for (const auto& [file, bytes] : {std::pair{"frame-" + name, frame}, {"body-" + name, body}}) {
+      if (write) {
+        std::ofstream(dir / file, std::ios::binary) << bytes;
+        continue;
+      }
+      std::ifstream in(dir / file, std::ios::binary);
+      ASSERT_TRUE(in) << (dir / file) << " is missing (MORPH_WRITE_WIRE_CORPUS=1 writes it)";
+      const std::string have((std::istreambuf_iterator<char>(in)), {});
+      EXPECT_EQ(have, bytes) << (dir / file)
+                             << " is not this wire version's encoding (MORPH_WRITE_WIRE_CORPUS=1)";
+    }
   }
 }
 
@@ -262,9 +304,27 @@ TEST(WireTest, IdListsAreShortestFormVarints) {
   CommitMsg large{.next = big, .from_generation = 7, .from = big, .change = {}};
   large.from.id = 7;
   large.change.participants = big.ranks;
-  EXPECT_LT(EncodeFrame(large).size(), 3u * 4096 + 512);
+  // Ascending runs are run-length coded: three 4,096-id lists in a few bytes each (was 12 KB).
+  EXPECT_LT(EncodeFrame(large).size(), 512u);
+  // Any list survives the round trip, runs and scattered ids mixed.
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    Generation g2 = Gen();
+    g2.config.dp = 1 + static_cast<int>(rng() % 64);
+    g2.config.tp = 1;
+    g2.ranks.clear();
+    int64_t x = static_cast<int64_t>(rng() % 5) - 2;
+    for (int r = 0; r < g2.config.dp; ++r) {
+      const uint64_t kind = rng() % 4;
+      x = kind == 0 ? static_cast<int64_t>(rng()) : kind == 1 ? x - 1 : x + 1;
+      g2.ranks.push_back(x);
+    }
+    CommitMsg m2{.next = g2, .from_generation = 6, .from = Gen(6), .change = {}};
+    MORPH_ASSERT_OK_AND_ASSIGN(WireMessage back2, DecodeFrame(EncodeFrame(m2)));
+    ASSERT_EQ(std::get<CommitMsg>(back2), m2) << "list " << i;
+  }
   // Hand-made bodies: an overlong zero, a varint past 64 bits.
-  auto body_with_rank = [](std::string rank_bytes) {
+  auto body_with_ranks = [](uint32_t count, std::string rank_bytes) {
     std::string body;
     auto u32 = [&](uint32_t v) {
       for (int i = 0; i < 4; ++i) body.push_back(static_cast<char>(v >> (8 * i)));
@@ -272,19 +332,45 @@ TEST(WireTest, IdListsAreShortestFormVarints) {
     for (int i = 0; i < 16; ++i) body.push_back(i == 0 ? 7 : 0);  // id 7, start step 0
     for (int v : {1, 1, 1, 0, 1}) u32(v);
     u32(0);  // no layers
-    u32(1);  // one rank
+    u32(count);  // the ranks' count
     return body + rank_bytes;
   };
-  for (auto [bytes, why] :
-       {std::pair<std::string, std::string>{std::string("\x80\x00", 2), "varint not in its shortest form"},
-        {std::string(9, '\xff') + "\x02", "varint overflows 64 bits"}}) {
-    std::string body = body_with_rank(bytes);
+  for (auto [count, bytes, why] :
+       {std::tuple<uint32_t, std::string, std::string>{1, std::string("\x80\x00", 2), "varint not in its shortest form"},
+        {1, std::string(9, '\xff') + "\x02", "varint overflows 64 bits"},
+        // A run of 0 ids, a run longer than the count, a run right after a run (one run), and a
+        // count no list may have (a few bytes would otherwise expand to 2^32 ids).
+        {1, std::string("\x02\x00", 2), "a run of 0 ids with 1 of the count left"},
+        {1, std::string("\x02\x02", 2), "a run of 2 ids with 1 of the count left"},
+        {3, std::string("\x02\x01\x02\x02", 4), "a run right after a run"},
+        {0xffffffffu, std::string("\x02\xff\xff\xff\xff\x0f", 6),
+         "count 4294967295 exceeds the limit of 131072 ids"}}) {
+    std::string body = body_with_ranks(count, bytes);
     FrameHeader h{.version = kWireVersion,
                   .type = static_cast<uint16_t>(WireType::kCommit),
                   .length = static_cast<uint32_t>(body.size())};
     EXPECT_THAT(DecodeBody(h, body).status(),
                 StatusIs(StatusCode::kInvalidArgument, HasSubstr("commit.generation.ranks: " + why)));
   }
+}
+
+TEST(WireTest, IdListsOfOneFrameAreBoundedTogether) {
+  // Runs make a list of k ids a few bytes long, so a small frame could name billions of ids:
+  // nine 131,072-id shapes (a ~100-byte frame) would decode to 9.4 MB; the frame's budget is
+  // kMaxIdsPerFrame ids in all.
+  JobManifest m = Manifest();
+  std::vector<int64_t> run(kMaxIdList);
+  for (size_t i = 0; i < run.size(); ++i) run[i] = static_cast<int64_t>(i + 1);
+  m.tensors.clear();
+  for (int i = 0; i < 9; ++i) {
+    m.tensors.push_back(TensorSpec{"t" + std::to_string(i), DType::kF32, run, Layout()});
+  }
+  const std::string frame = EncodeFrame(RegisterMsg{.manifest = m});
+  EXPECT_LT(frame.size(), 1024u);
+  EXPECT_THAT(DecodeFrame(frame).status(),
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("register.tensor.shape: count 131072 takes the frame past 1048576 "
+                                 "ids in all")));
 }
 
 TEST(WireTest, WelcomeCurrentMustBeItsGeneration) {

@@ -1,6 +1,7 @@
 #include "runtime/recovery/snapshot.h"
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -18,7 +19,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x50414e5348504d52ull;  // "RMPHSNAP"
 constexpr size_t kAlign = 64;
-constexpr size_t kCopyChunk = size_t{1} << 20;
+constexpr size_t kCopyChunk = size_t{256} << 20;  // per memcpy (CUDA: per cudaMemcpy)
 
 struct Header {
   uint64_t magic = kMagic;
@@ -32,6 +33,15 @@ struct Header {
   uint64_t reserved = 0;
 };
 static_assert(sizeof(Header) == 64);
+
+// After the payload: its CRC32C, computed while it moved.
+constexpr uint64_t kTrailerMagic = 0x4c52545053504d52ull;  // "RMPSPTRL"
+struct Trailer {
+  uint64_t magic = kTrailerMagic;
+  uint64_t payload_bytes = 0;
+  uint32_t crc = 0;
+  uint32_t reserved = 0;
+};
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -249,7 +259,8 @@ std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank) {
 
 BuddySnapshotter::BuddySnapshotter(int64_t every, BuddySnapshotOptions options)
     : every_(every), options_(std::move(options)) {
-  if (options_.chunk_bytes == 0) options_.chunk_bytes = size_t{16} << 20;
+  if (options_.chunk_bytes == 0) options_.chunk_bytes = size_t{32} << 20;
+  if (options_.chunks_per_group == 0) options_.chunks_per_group = 1;
 }
 
 BuddySnapshotter::~BuddySnapshotter() { EndGeneration(); }
@@ -409,20 +420,18 @@ Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
     std::lock_guard<std::mutex> lock(mu_);
     slot.buffer = std::move(b);
   }
+  // Only the copy holds the training thread (BeginUpdate waits for it), so it is one pass:
+  // whole shards in one memcpy each (glibc streams copies this large past the cache, with
+  // non-temporal stores), the checksum later, on this thread, while the exchange runs.
   char* base = static_cast<char*>(slot.buffer.data());
-  uint32_t crc = 0;
   size_t at = 0;
   const size_t nt = d.tensors.size();
   for (size_t i = 0; i < sources.size(); ++i) {
     const Source& s = sources[i];
-    if (s.offset > at) {  // alignment padding: zeros, part of the checksum
-      std::memset(base + at, 0, s.offset - at);
-      crc = Crc32cExtend(crc, base + at, s.offset - at);
-    }
+    if (s.offset > at) std::memset(base + at, 0, s.offset - at);  // alignment padding
     for (size_t done = 0; done < s.view.bytes; done += kCopyChunk) {
       const size_t n = std::min(kCopyChunk, s.view.bytes - done);
       MORPH_RETURN_IF_ERROR(CopyOut(base + s.offset + done, s.view, done, n));
-      crc = Crc32cExtend(crc, base + s.offset + done, n);
     }
     at = s.offset + s.view.bytes;
     if (i < nt) {
@@ -433,11 +442,7 @@ Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
           reinterpret_cast<const std::byte*>(base + s.offset), s.view.bytes);
     }
   }
-  if (total > at) {
-    std::memset(base + at, 0, total - at);
-    crc = Crc32cExtend(crc, base + at, total - at);
-  }
-  d.crc32c = crc;
+  if (total > at) std::memset(base + at, 0, total - at);
   return Status::Ok();
 }
 
@@ -463,6 +468,10 @@ void BuddySnapshotter::Round(int64_t step, int64_t generation, std::vector<Sourc
     ex = copy_status_;
   } else if (to_buddy_) {
     ex = Exchange(step, generation, local, hs);
+  } else {
+    const uint32_t crc = Crc32c(local.buffer.data(), static_cast<size_t>(local.data.bytes));
+    std::lock_guard<std::mutex> lock(mu_);
+    local.data.crc32c = crc;
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (ex.ok() && to_buddy_) held_[hs].complete = true;
@@ -486,50 +495,67 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   const int buddy_peer = rank_ < buddy_ ? 1 : 0;  // the buddy's rank in the pair communicator
   const int ward_peer = rank_ < ward_ ? 1 : 0;
   Communicator& ward_comm = same ? *to_buddy_ : *from_ward_;
-  // One step of the exchange: `send` to the buddy and/or `recv` from the ward, concurrently.
-  auto transfer = [&](const void* send, size_t send_n, void* recv, size_t recv_n) -> Status {
-    auto tag = [&](Status s, bool sending) {
-      const int peer = sending ? buddy_ : ward_;
-      CollectiveFailure f;
-      if (const CollectiveFailure* cf = s.collective_failure()) f = *cf;
-      f.peers = {peer};
-      f.group = PairName(rank_, peer);
-      return s
-          .WithContext(sending ? what + ": sending to buddy " + buddy_name
-                               : what + ": receiving the copy of " + ward_name)
-          .WithCollectiveFailure(std::move(f));
-    };
-    P2POp s_op{P2POp::Kind::kSend, buddy_peer, const_cast<void*>(send), send_n};
-    P2POp r_op{P2POp::Kind::kRecv, ward_peer, recv, recv_n};
+  auto tag = [&](Status s, bool sending) {
+    const int peer = sending ? buddy_ : ward_;
+    CollectiveFailure f;
+    if (const CollectiveFailure* cf = s.collective_failure()) f = *cf;
+    f.peers = {peer};
+    f.group = PairName(rank_, peer);
+    return s
+        .WithContext(sending ? what + ": sending to buddy " + buddy_name
+                             : what + ": receiving the copy of " + ward_name)
+        .WithCollectiveFailure(std::move(f));
+  };
+  // One started piece of the exchange: messages to the buddy and/or from the ward, as one
+  // send/recv group per communicator (every message of a group is posted at once).
+  struct Started {
+    std::unique_ptr<Work> send, recv;
+    uint64_t send_end = 0, recv_end = 0;  // payload bytes sent / received once it is done
+    std::vector<uint64_t> chunk_ends;     // for after_chunk_sent
+  };
+  auto start = [&](std::vector<P2POp> sends, std::vector<P2POp> recvs) -> StatusOr<Started> {
+    Started st;
     if (same) {
-      std::vector<P2POp> ops;
-      if (send != nullptr) ops.push_back(s_op);
-      if (recv != nullptr) ops.push_back(r_op);
-      if (ops.empty()) return Status::Ok();
-      Status s = to_buddy_->SendRecv(std::move(ops), options_.timeout);
-      return s.ok() ? s : tag(s, send != nullptr);
-    }
-    std::unique_ptr<Work> ws, wr;
-    if (send != nullptr) {
+      sends.insert(sends.end(), recvs.begin(), recvs.end());
+      if (sends.empty()) return st;
       StatusOr<std::unique_ptr<Work>> w =
-          to_buddy_->Start(CollectiveOp::SendRecv({s_op}, options_.timeout));
+          to_buddy_->Start(CollectiveOp::SendRecv(std::move(sends), options_.timeout));
       if (!w.ok()) return tag(w.status(), true);
-      ws = std::move(w).value();
+      st.send = std::move(w).value();
+      return st;
     }
-    if (recv != nullptr) {
+    if (!sends.empty()) {
       StatusOr<std::unique_ptr<Work>> w =
-          ward_comm.Start(CollectiveOp::SendRecv({r_op}, options_.timeout));
+          to_buddy_->Start(CollectiveOp::SendRecv(std::move(sends), options_.timeout));
+      if (!w.ok()) return tag(w.status(), true);
+      st.send = std::move(w).value();
+    }
+    if (!recvs.empty()) {
+      StatusOr<std::unique_ptr<Work>> w =
+          ward_comm.Start(CollectiveOp::SendRecv(std::move(recvs), options_.timeout));
       if (!w.ok()) {
-        if (ws) (void)ws->Wait(Deadline::After(options_.timeout));
+        if (st.send) (void)st.send->Wait(Deadline::After(options_.timeout));
         return tag(w.status(), false);
       }
-      wr = std::move(w).value();
+      st.recv = std::move(w).value();
     }
-    const Status ss = ws ? ws->Wait(Deadline::After(options_.timeout)) : Status::Ok();
-    const Status rs = wr ? wr->Wait(Deadline::After(options_.timeout)) : Status::Ok();
+    return st;
+  };
+  auto finish = [&](Started& st) -> Status {
+    const Status ss = st.send ? st.send->Wait(Deadline::After(options_.timeout)) : Status::Ok();
+    const Status rs = st.recv ? st.recv->Wait(Deadline::After(options_.timeout)) : Status::Ok();
+    if (same && !ss.ok()) return tag(ss, true);  // one group both ways: the same peer
     if (!rs.ok()) return tag(rs, false);  // the ward's failure first: it is what we lose
     if (!ss.ok()) return tag(ss, true);
     return Status::Ok();
+  };
+  auto send_op = [&](const void* p, size_t n) {
+    return P2POp{P2POp::Kind::kSend, buddy_peer, const_cast<void*>(p), n};
+  };
+  auto recv_op = [&](void* p, size_t n) { return P2POp{P2POp::Kind::kRecv, ward_peer, p, n}; };
+  auto transfer = [&](const void* send, size_t send_n, void* recv, size_t recv_n) -> Status {
+    MORPH_ASSIGN_OR_RETURN(Started st, start({send_op(send, send_n)}, {recv_op(recv, recv_n)}));
+    return finish(st);
   };
 
   const char* base = static_cast<const char*>(local.buffer.data());
@@ -538,7 +564,6 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   mine.generation = generation;
   mine.step = step;
   mine.rank = rank_;
-  mine.crc = local.data.crc32c;
   mine.meta_bytes = meta.size() * sizeof(int64_t);
   mine.payload_bytes = static_cast<uint64_t>(local.data.bytes);
   mine.chunk_bytes = options_.chunk_bytes;
@@ -569,30 +594,103 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
     held.buffer = std::move(b);
   }
   char* in = static_cast<char*>(held.buffer.data());
-  uint64_t sent = 0, got = 0;
-  while (sent < mine.payload_bytes || got < theirs.payload_bytes) {
-    const size_t sn =
-        static_cast<size_t>(std::min<uint64_t>(mine.chunk_bytes, mine.payload_bytes - sent));
-    const size_t rn =
-        static_cast<size_t>(std::min<uint64_t>(theirs.chunk_bytes, theirs.payload_bytes - got));
-    MORPH_RETURN_IF_ERROR(transfer(sn ? base + sent : nullptr, sn, rn ? in + got : nullptr, rn));
-    sent += sn;
-    got += rn;
-    if (sn > 0 && options_.after_chunk_sent) {
-      options_.after_chunk_sent(step, static_cast<int64_t>(sent));
+
+  // The payload, pipelined: groups of chunks_per_group chunks, the next group queued on the
+  // communicators before this thread waits for the previous one, so the wire never waits for
+  // a handshake; while a group moves, this thread checksums what it sends and what arrived.
+  // The checksums (CRC32C of the whole payload) follow in a trailer.
+  const uint64_t group_chunks = std::max<uint64_t>(1, options_.chunks_per_group);
+  uint64_t posted_sent = 0, posted_got = 0, crc_sent = 0;
+  uint32_t my_crc = 0, their_crc = 0;
+  uint64_t checked_got = 0;
+  std::deque<Started> flight;
+  Status failed;
+  // After an error: stop what is still queued or moving. Not waited for: a Gloo wait the abort
+  // does not wake would hold this round (and the recovery that ends it) for the op timeout; the
+  // buffers stay allocated, the generation's snapshots are broken, and its communicators are
+  // destroyed (their op threads joined) before any later round reuses them.
+  auto drain = [&]() {
+    to_buddy_->Abort();
+    if (from_ward_) from_ward_->Abort();
+    flight.clear();
+  };
+  auto complete_front = [&]() -> Status {
+    Started st = std::move(flight.front());
+    flight.pop_front();
+    MORPH_RETURN_IF_ERROR(finish(st));
+    if (st.recv_end > checked_got) {
+      their_crc = Crc32cExtend(their_crc, in + checked_got, st.recv_end - checked_got);
+      checked_got = st.recv_end;
+    }
+    if (options_.after_chunk_sent) {
+      for (uint64_t e : st.chunk_ends) options_.after_chunk_sent(step, static_cast<int64_t>(e));
+    }
+    return Status::Ok();
+  };
+  while (posted_sent < mine.payload_bytes || posted_got < theirs.payload_bytes) {
+    std::vector<P2POp> sends, recvs;
+    std::vector<uint64_t> chunk_ends;
+    for (uint64_t c = 0; c < group_chunks; ++c) {
+      const uint64_t sn = std::min<uint64_t>(mine.chunk_bytes, mine.payload_bytes - posted_sent);
+      const uint64_t rn =
+          std::min<uint64_t>(theirs.chunk_bytes, theirs.payload_bytes - posted_got);
+      if (sn > 0) {
+        sends.push_back(send_op(base + posted_sent, static_cast<size_t>(sn)));
+        posted_sent += sn;
+        chunk_ends.push_back(posted_sent);
+      }
+      if (rn > 0) {
+        recvs.push_back(recv_op(in + posted_got, static_cast<size_t>(rn)));
+        posted_got += rn;
+      }
+    }
+    StatusOr<Started> st = start(std::move(sends), std::move(recvs));
+    if (!st.ok()) {
+      drain();
+      return st.status();
+    }
+    st->send_end = posted_sent;
+    st->recv_end = posted_got;
+    st->chunk_ends = std::move(chunk_ends);
+    flight.push_back(std::move(st).value());
+    // While it moves: the checksum of what it sends (the local copy does not change).
+    my_crc = Crc32cExtend(my_crc, base + crc_sent, posted_sent - crc_sent);
+    crc_sent = posted_sent;
+    if (flight.size() > 1) {
+      if (Status s = complete_front(); !s.ok()) {
+        drain();
+        return s;
+      }
     }
   }
-  const uint32_t crc = Crc32c(in, static_cast<size_t>(theirs.payload_bytes));
-  if (crc != theirs.crc) {
+  while (!flight.empty()) {
+    if (Status s = complete_front(); !s.ok()) {
+      drain();
+      return s;
+    }
+  }
+  Trailer my_trailer{.payload_bytes = mine.payload_bytes, .crc = my_crc};
+  Trailer their_trailer;
+  MORPH_RETURN_IF_ERROR(
+      transfer(&my_trailer, sizeof(my_trailer), &their_trailer, sizeof(their_trailer)));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    local.data.crc32c = my_crc;
+  }
+  if (their_trailer.magic != kTrailerMagic || their_trailer.payload_bytes != theirs.payload_bytes) {
+    return DataLossError(what + ": the copy of " + ward_name + " ended with a bad trailer");
+  }
+  if (their_crc != their_trailer.crc) {
     return DataLossError(what + ": the copy of " + ward_name + " arrived with CRC32C " +
-                         std::to_string(crc) + ", sent with " + std::to_string(theirs.crc));
+                         std::to_string(their_crc) + ", sent with " +
+                         std::to_string(their_trailer.crc));
   }
   SnapshotData d;
   d.generation = generation;
   d.step = step;
   d.rank = ward_;
   d.bytes = static_cast<int64_t>(theirs.payload_bytes);
-  d.crc32c = crc;
+  d.crc32c = their_crc;
   MORPH_RETURN_IF_ERROR(DecodeMeta(their_meta, in, d.bytes, d))
       << what << ": the copy of " << ward_name;
   std::lock_guard<std::mutex> lock(mu_);

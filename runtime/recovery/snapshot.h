@@ -21,8 +21,13 @@
 // rank at the same position on the next host; it is a rotation, so every rank holds exactly one
 // other rank's copy. A world of 1 has no buddy (local copies only).
 //
+// A round: the local copy (one memcpy pass; the only part the training thread waits for, at
+// BeginUpdate), then on the background thread the exchange: header, description, the payload
+// in pipelined groups of messages (the CRC32C of what goes out and of what came in computed
+// while the next group moves), and a trailer with the sender's CRC32C.
+//
 // Completeness. A local copy counts once it is fully copied (WaitCopied); a held copy once all
-// its bytes arrived and their CRC32C equals the sender's. Each side is double-buffered: the
+// its bytes and the trailer arrived and the payload's CRC32C equals the sender's. Each side is double-buffered: the
 // newest complete local and held copies stay intact while the next ones are made, so a rank
 // that dies mid-transfer leaves its buddy's previous held copy (held_step unchanged) and every
 // survivor's previous local copy of the same step. Memory: 2 x this rank's state bytes (two
@@ -98,9 +103,13 @@ struct BuddySnapshotOptions {
   std::shared_ptr<GlooDevice> device;
   // Bound of each transfer operation (a chunk) and of MaybeBegin's wait for the previous round.
   std::chrono::milliseconds timeout{300000};
-  // Bytes per message of the transfer (each chunk waits for the previous one; bigger chunks
-  // move faster: 128 MiB took 1.3 s at 4 MiB, 0.8 s at 64 MiB on a loaded 2-core machine).
-  size_t chunk_bytes = size_t{16} << 20;
+  // Bytes per message of the payload. Messages move in groups of chunks_per_group, posted at
+  // once; the next group is queued before the previous one is waited for, so up to
+  // 2 x chunks_per_group messages are in flight and no handshake stalls the wire. The old
+  // exchange (one 16 MiB message at a time, then a wait) ran at 0.15-0.19 GB/s on a loaded
+  // 2-core VM; docs/performance.md "Recovery redundancy" has today's rates.
+  size_t chunk_bytes = size_t{32} << 20;
+  size_t chunks_per_group = 2;
   // Test hook: called on the background thread after each chunk this rank sent, with the step
   // and the bytes sent so far (fault tests kill the process from it).
   std::function<void(int64_t step, int64_t sent)> after_chunk_sent;

@@ -190,6 +190,7 @@ TEST(BuddySnapshotFaultTest, BuddyDyingMidTransferKeepsThePreviousSnapshot) {
       MORPH_ASSIGN_OR_RETURN(auto state, MakeBigState(config, rank, bytes));
       BuddySnapshotOptions opts;
       opts.chunk_bytes = size_t{1} << 20;
+      opts.chunks_per_group = 2;  // the kill comes with the next group already queued
       opts.timeout = std::chrono::seconds(30);
       if (rank == 1) {
         opts.after_chunk_sent = [](int64_t step, int64_t) {
@@ -227,6 +228,22 @@ TEST(BuddySnapshotFaultTest, BuddyDyingMidTransferKeepsThePreviousSnapshot) {
       MORPH_ASSIGN_OR_RETURN(auto mine0, MakeBigState(config, 0, bytes));
       Fill(*mine0, SeedAt(0));
       MORPH_RETURN_IF_ERROR(SameAs(snap.Local(0), *mine0, 0, "local"));
+      // The rollback: the survivor's state (at step 2's values) back to step 0, bitwise.
+      MORPH_RETURN_IF_ERROR(RestoreFromSnapshot(*snap.Local(0), *state));
+      for (size_t i = 0; i < state->tensors().size(); ++i) {
+        const auto got = state->TensorAt(i).data, want = mine0->TensorAt(i).data;
+        if (got.bytes != want.bytes || std::memcmp(got.data, want.data, got.bytes) != 0) {
+          return InternalError("the rollback to step 0 left tensor " + std::to_string(i) +
+                               " different from step 0's values");
+        }
+      }
+      for (size_t k = 0; k < state->scalars().size(); ++k) {
+        const auto got = state->ScalarAt(k), want = mine0->ScalarAt(k);
+        if (!std::equal(got.begin(), got.end(), want.begin(), want.end())) {
+          return InternalError("the rollback to step 0 left scalar " + std::to_string(k) +
+                               " different from step 0's value");
+        }
+      }
       // The generation's snapshots are broken: the next round says why.
       const Status again = snap.MaybeBegin(4, *state);
       if (again.message().find("rank 1 (host b)") == std::string_view::npos) {
