@@ -73,9 +73,17 @@ TEST(EnvIsolationTest, TheReadersSeeThePoison) {
   EXPECT_THAT(GlooOptions::FromEnv().status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_GLOO_UNBIND_THREADS")));
   ::setenv("MORPH_GLOO_UNBIND_THREADS", "0", 1);
+  EXPECT_THAT(GlooOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_GLOO_SHM")));
+  ::setenv("MORPH_GLOO_SHM", "0", 1);
+  EXPECT_THAT(GlooOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_GLOO_SHM_SPIN_US")));
+  ::setenv("MORPH_GLOO_SHM_SPIN_US", "5", 1);
   MORPH_ASSERT_OK_AND_ASSIGN(GlooOptions gloo, GlooOptions::FromEnv());
   EXPECT_EQ(gloo.iface, "no-such-host.invalid");
   EXPECT_FALSE(gloo.unbind_threads);
+  EXPECT_FALSE(gloo.shared_memory);
+  EXPECT_EQ(gloo.shm_spin, std::chrono::microseconds(5));
   EXPECT_THAT(GlooDevice::Create(gloo).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("no-such-host.invalid")));
   EXPECT_THAT(CollectiveTimeoutFromEnv().status(),
@@ -94,6 +102,8 @@ TEST(EnvIsolationTest, OptionDefaultsAreTheParameterDefaults) {
   EXPECT_EQ(gloo.hostname, GlooOptions{}.hostname);
   EXPECT_EQ(gloo.iface, GlooOptions{}.iface);
   EXPECT_EQ(gloo.unbind_threads, GlooOptions{}.unbind_threads);
+  EXPECT_EQ(gloo.shared_memory, GlooOptions{}.shared_memory);
+  EXPECT_EQ(gloo.shm_spin, GlooOptions{}.shm_spin);
 }
 
 TEST(EnvIsolationTest, StoreServerWithoutOptionsUsesTheDefaults) {

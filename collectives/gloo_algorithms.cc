@@ -148,8 +148,8 @@ Status RingAllgather(Messenger& m, int rank, int size, uint8_t* buf, const std::
   return Status::Ok();
 }
 
-// `pieces[p]` = rank p's contribution (count elements of `t`); out = their reduction in rank
-// order, in `t`.
+}  // namespace
+
 void ReduceInRankOrder(Workspace& ws, const std::vector<const uint8_t*>& pieces, size_t count,
                        DType t, ReduceOp op, void* out) {
   uint8_t* acc = ws.Get(2, count * AccSize(t));
@@ -157,8 +157,6 @@ void ReduceInRankOrder(Workspace& ws, const std::vector<const uint8_t*>& pieces,
   for (size_t p = 1; p < pieces.size(); ++p) Accumulate(acc, pieces[p], count, t, op);
   FromAcc(out, acc, count, t);
 }
-
-}  // namespace
 
 void AbortableWaits::Add(gloo::transport::UnboundBuffer* b) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -150,6 +150,14 @@ class Mailboxes {
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs_;  // [round % kDepth][peer]
 };
 
+// `pieces[p]` = rank p's contribution (count elements of `t`); `out` (may be one of the
+// pieces: all are read before it is written) = their reduction in rank order,
+// ((x0 op x1) op x2) ... op x(size-1), f16/bf16 in f32 rounded once. The one-round algorithms
+// below and the shared-memory path (shm_collectives.h) both reduce with it, so they agree bit
+// for bit.
+void ReduceInRankOrder(Workspace& ws, const std::vector<const uint8_t*>& pieces, size_t count,
+                       DType t, ReduceOp op, void* out);
+
 // In place over `count` elements of `buf`. Every rank sends its buffer to every other rank,
 // then reduces the `size` contributions in rank order: ((x0 op x1) op x2) ... op x(size-1),
 // f16/bf16 in f32 with one rounding at the end. (size - 1) x bytes per rank, one round.

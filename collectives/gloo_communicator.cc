@@ -22,6 +22,7 @@
 #include "base/params.h"
 #include "collectives/gloo_algorithms.h"
 #include "collectives/gloo_support.h"
+#include "collectives/shm_collectives.h"
 
 namespace morph {
 namespace {
@@ -68,6 +69,9 @@ StatusOr<GlooOptions> GlooOptions::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.hostname, params::GlooHostname());
   MORPH_ASSIGN_OR_RETURN(o.iface, params::GlooIface());
   MORPH_ASSIGN_OR_RETURN(o.unbind_threads, params::GlooUnbindThreads());
+  MORPH_ASSIGN_OR_RETURN(o.shared_memory, params::GlooShm());
+  MORPH_ASSIGN_OR_RETURN(int64_t spin_us, params::GlooShmSpinUs());
+  o.shm_spin = std::chrono::microseconds(spin_us);
   return o;
 }
 
@@ -76,6 +80,7 @@ class GlooDevice::Impl {
  public:
   std::shared_ptr<gloo::transport::Device> device;
   bool unbind_threads = true;
+  ShmCollectives::Options shm;
 };
 
 StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& options) {
@@ -94,6 +99,7 @@ StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& opti
   }
   auto impl = std::make_unique<Impl>();
   impl->unbind_threads = options.unbind_threads;
+  impl->shm = {.enable = options.shared_memory, .spin = options.shm_spin};
   try {
     ScopedSigpipeBlock no_sigpipe;  // Gloo's event thread inherits the blocked SIGPIPE
     gloo_support::ScopedUnbind unbind(options.unbind_threads);  // ... and the CPU binding
@@ -153,6 +159,8 @@ class GlooCommunicator::Impl {
       task->cv.notify_all();
     }
     std::lock_guard<std::mutex> lock(mu_);
+    if (shm_ != nullptr) shm_->Close();  // peers waiting for this rank fail now
+    shm_.reset();
     sentinel_.reset();
     mailboxes_.reset();
     context_.reset();
@@ -286,13 +294,17 @@ class GlooCommunicator::Impl {
         return s;
     }
     NoteClosedPeersLocked();
-    f.peers = closed_peers_;
+    // The shared-memory path names the peers it saw exit or leave itself.
+    const CollectiveFailure* own = s.collective_failure();
+    f.peers = own != nullptr && !own->peers.empty() ? own->peers : closed_peers_;
     f.group = name_;
     return s.WithCollectiveFailure(std::move(f));
   }
 
-  // Breaks every pair so that Gloo's waits wake now and peers see the connection close.
+  // Breaks every pair (and leaves the shared-memory segment) so that waits wake now and peers
+  // see the connection close.
   void SignalAllPairs(const std::string& msg) {
+    if (shm_ != nullptr) shm_->Fail();  // wakes this rank's shared-memory wait and the peers'
     if (context_ == nullptr) return;
     for (int i = 0; i < size_; ++i) {
       if (i == rank_) continue;
@@ -362,7 +374,9 @@ class GlooCommunicator::Impl {
   // Gloo's own waits enforce op.timeout; Abort() wakes them as it does the op thread's (and
   // the mailboxes' receives directly).
   std::optional<Status> TryRunInline(const CollectiveOp& op) {
-    if (!SmallEnoughToRunInline(op)) return std::nullopt;
+    if (!SmallEnoughToRunInline(op) && !(shm_ != nullptr && shm_->Handles(op))) {
+      return std::nullopt;
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopping_ || running_ || !queue_.empty()) return std::nullopt;
@@ -386,7 +400,10 @@ class GlooCommunicator::Impl {
       if (!error_.ok()) return error_;
     }
     Status s = Execute(op);
-    if (!s.ok() && !aborted_.load() && s.code() == StatusCode::kUnavailable) {
+    // The shared-memory path needs no such delay: every rank there sees a dead peer's pidfd
+    // itself and names it before any rank that merely left (ShmCollectives::PeerFailure).
+    const bool in_shm = shm_ != nullptr && shm_->Handles(op);
+    if (!s.ok() && !aborted_.load() && s.code() == StatusCode::kUnavailable && !in_shm) {
       // A peer's connection closed. Before this rank closes its own pairs (below), let that
       // closure reach the other ranks: a rank that saw ours first would name this survivor,
       // not the dead peer, in its failed_peers. (Seen 2 times in 8 kill tests without it.)
@@ -414,6 +431,7 @@ class GlooCommunicator::Impl {
     if (op.kind != CollectiveOp::Kind::kSendRecv) {
       tag = static_cast<uint32_t>(++collective_seq_ & 0x7fffffff);
     }
+    if (shm_ != nullptr && shm_->Handles(op)) return shm_->Run(op, workspace_, KindName(op));
     try {
       return ExecuteOrThrow(op, tag);
     } catch (const gloo::IoException& e) {
@@ -432,7 +450,7 @@ class GlooCommunicator::Impl {
     return UnavailableError(msg);
   }
 
-  static std::string KindName(const CollectiveOp& op) {
+  static const char* KindName(const CollectiveOp& op) {
     switch (op.kind) {
       case CollectiveOp::Kind::kAllreduce:
         return "allreduce";
@@ -666,6 +684,9 @@ class GlooCommunicator::Impl {
   // Used by the op thread only.
   gloo_algorithms::Workspace workspace_;
   std::unique_ptr<gloo_algorithms::Mailboxes> mailboxes_;  // null for size 1
+  // Null unless every rank is on this host (and it is enabled). Set in Create, reset in
+  // Shutdown; Fail()/Close() under mu_ from any thread, Run by the thread that runs ops.
+  std::unique_ptr<ShmCollectives> shm_;
   uint64_t collective_seq_ = 0;
   std::vector<uint64_t> send_seq_ = std::vector<uint64_t>(size_, 0);
   std::vector<uint64_t> recv_seq_ = std::vector<uint64_t>(size_, 0);
@@ -786,8 +807,32 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     return UnavailableError(impl->Describe() + ": a peer connection closed while starting: " +
                             e.what());
   }
+  if (size > 1) {
+    // Symmetric decision over the TCP path (two small allgathers), before the first operation.
+    auto allgather = [&](const void* send, void* recv, size_t bytes) {
+      const milliseconds left =
+          std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline.Remaining()));
+      ScopedSigpipeBlock no_sigpipe;
+      return impl->RunOne(CollectiveOp::Allgather(send, recv, bytes, DType::kU8, left));
+    };
+    std::string why_not;
+    StatusOr<std::unique_ptr<ShmCollectives>> shm = ShmCollectives::Create(
+        rank, size, device->impl()->shm, impl->Describe(), allgather, &why_not);
+    if (!shm.ok()) {
+      impl->Shutdown();
+      return shm.status();
+    }
+    if (*shm == nullptr) {
+      MORPH_LOG(INFO, impl->log_) << impl->Describe()
+                                  << ": small collectives over TCP: " << why_not;
+    } else {
+      std::lock_guard<std::mutex> lock(impl->mu_);
+      impl->shm_ = std::move(*shm);
+    }
+  }
   MORPH_VLOG(1, impl->log_)
-      << impl->Describe() << " connected in "
+      << impl->Describe() << (impl->shm_ != nullptr ? " (small collectives in shared memory)" : "")
+      << " connected in "
       << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
       << " ms";
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(std::move(impl)));
@@ -824,5 +869,6 @@ Status GlooCommunicator::Run(CollectiveOp op) {
 
 void GlooCommunicator::Abort() { impl_->Abort("Abort() called"); }
 bool GlooCommunicator::broken() const { return impl_->broken_.load(); }
+bool GlooCommunicator::shared_memory() const { return impl_->shm_ != nullptr; }
 
 }  // namespace morph

@@ -17,11 +17,15 @@
 // the operation in progress wherever it runs: it raises an error on every pair of the
 // context, which wakes Gloo's waits and closes the connections, so peers fail too.
 // Any error does the same. A sentinel receive on every pair notices a peer connection that
-// closed while this rank waits on another pair (docs/collectives.md). SIGPIPE is blocked in
+// closed while this rank waits on another pair (docs/collectives.md). When every rank is on
+// this host, small collectives (allreduce, broadcast, allgather, reduce-scatter up to 64 KiB,
+// barrier) bypass TCP through a shared segment with the same results, bit for bit, and the
+// same failure statuses (GlooOptions::shared_memory, shm_collectives.h). SIGPIPE is blocked in
 // the threads that write to Gloo's sockets; the library installs no signal handler.
 #ifndef MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
 #define MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -42,10 +46,18 @@ struct GlooOptions {
   // that core behind the training thread at every message (8 B allreduce, 2 ranks, busy host:
   // 3 ms bound, 0.16 ms unbound). The calling thread's binding is left as it is.
   bool unbind_threads = true;
+  // Small collectives through shared memory when every rank of a communicator is on this host
+  // (decided once at creation, the same on every rank; any rank with false, on another host,
+  // or unable to map the segment: TCP, and an INFO line says why). shm_collectives.h;
+  // docs/collectives.md, "Same-host shared memory".
+  bool shared_memory = true;
+  // How long a shared-memory wait busy-polls before it sleeps on a futex; negative: 20 us when
+  // the process may use at least as many CPUs as the communicator has ranks, else 0.
+  std::chrono::microseconds shm_spin{-1};
 
-  // MORPH_GLOO_HOSTNAME, MORPH_GLOO_IFACE and MORPH_GLOO_UNBIND_THREADS, read now (the defaults above where unset): call
-  // once, at the top of a program, and pass the result. kInvalidArgument for an unparsable
-  // value. Any thread.
+  // MORPH_GLOO_HOSTNAME, MORPH_GLOO_IFACE, MORPH_GLOO_UNBIND_THREADS, MORPH_GLOO_SHM and
+  // MORPH_GLOO_SHM_SPIN_US, read now (the defaults above where unset): call once, at the top
+  // of a program, and pass the result. kInvalidArgument for an unparsable value. Any thread.
   static StatusOr<GlooOptions> FromEnv();
 };
 
@@ -96,6 +108,9 @@ class GlooCommunicator : public Communicator {
   Status Run(CollectiveOp op) override;
   void Abort() override;
   bool broken() const override;
+  // Whether small collectives go through shared memory (decided in Create, the same on every
+  // rank). Any thread.
+  bool shared_memory() const;
 
   class Impl;
 

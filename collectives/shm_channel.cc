@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "base/logging.h"
+#include "collectives/shm_support.h"
 #include "reshard/strided_copy.h"
 
 namespace morph {
@@ -67,36 +68,10 @@ struct alignas(64) Ring {
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t value, std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
-              static_cast<long>(timeout.count() % 1000000000)};
-  // Shared (not FUTEX_PRIVATE): the word lives in memory mapped by several processes.
-  (void)syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, value, &ts, nullptr, 0);
-}
-
-void RingDoorbell(std::atomic<uint32_t>* doorbell) {
-  doorbell->fetch_add(1, std::memory_order_release);
-  (void)syscall(SYS_futex, reinterpret_cast<uint32_t*>(doorbell), FUTEX_WAKE, INT32_MAX, nullptr,
-                nullptr, 0);
-}
-
-std::string ReadFirstLine(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-// Same kernel (boot id), same PID namespace, same user: process_vm_readv can name the peer's pid.
-uint64_t HostIdentity() {
-  std::string id = ReadFirstLine("/proc/sys/kernel/random/boot_id");
-  struct stat st {};
-  if (stat("/proc/self/ns/pid", &st) == 0) id += "/" + std::to_string(st.st_ino);
-  id += "/" + std::to_string(getuid());
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char c : id) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+using shm_support::FutexWait;
+using shm_support::HostIdentity;
+using shm_support::ReadFirstLine;
+using shm_support::RingDoorbell;
 
 // The byte runs of a message in one process's memory, in message order.
 class Runs {
