@@ -334,7 +334,8 @@ TEST_P(FailureTest, TransportFailureMidPlanLeavesOldDataIntact) {
   int unavailable = 0;
   for (size_t p = 0; p < plans.size(); ++p) {
     ASSERT_FALSE(r.stats[p].ok()) << "participant " << p;
-    EXPECT_THAT(r.stats[p].status().code(), AnyOf(StatusCode::kUnavailable, StatusCode::kAborted));
+    EXPECT_THAT(r.stats[p].status().code(), AnyOf(StatusCode::kUnavailable, StatusCode::kAborted))
+        << r.stats[p].status();
     EXPECT_THAT(std::string(r.stats[p].status().message()),
                 HasSubstr("reshard participant " + std::to_string(p) + " of 4"));
     if (r.stats[p].status().code() == StatusCode::kUnavailable) ++unavailable;

@@ -293,10 +293,12 @@ class InProcWork final : public TransportWork {
   ~InProcWork() override {
     std::unique_lock<std::mutex> lock(state_->mu);
     if (group_->finished) return;
-    // Destroyed without a successful Wait: in-order matching is broken for this rank.
+    // Destroyed without a successful Wait: in-order matching is broken for this rank. Closed
+    // first: Withdraw may wait (releasing the lock) for a copy in flight, and meanwhile a peer
+    // must not match this rank's ops of later groups against what this group withdrew.
+    state_->CloseRank(group_->owner);
     state_->Withdraw(group_.get(), lock);
     group_->finished = true;
-    state_->CloseRank(group_->owner);
   }
 
   Status Wait(Deadline deadline) override {
@@ -354,9 +356,12 @@ class InProcWork final : public TransportWork {
           std::min(deadline.when(), Deadline::Clock::now() + std::chrono::milliseconds(100));
       s.cv.wait_until(lock, until);
     }
+    // Closed before the withdrawal (see the destructor): a peer posting while Withdraw waits
+    // for a copy in flight would otherwise match this rank's next queued op in place of one
+    // this group withdrew (a tag mismatch, 1 run in ~50 of executor_test's FailureTest).
+    s.CloseRank(r);
     s.Withdraw(group_.get(), lock);
     group_->finished = true;
-    s.CloseRank(r);
     return err;
   }
 
