@@ -131,7 +131,7 @@ class Mailboxes {
   // current data must have been consumed).
   void Next();
   // Makes every wait on these receives, now and later, return kAborted (a receive caught in
-  // the middle of its payload is not woken by Gloo's pair signal). Any thread; the others
+  // the middle of its payload is not woken by Gloo's own pair signal). Any thread; the others
   // are the operation thread's.
   void Abort();
 

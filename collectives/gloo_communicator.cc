@@ -348,9 +348,9 @@ class GlooCommunicator::Impl {
 
   // Whether `op` may run on its caller's thread: collectives whose messages are all small
   // (kOneShotMaxBytes), so that a wait can hardly be caught in the middle of a payload, which
-  // Gloo's pair signal does not wake (docs/collectives.md, "Small-message latency"); larger
-  // ones and send/recv groups keep the op thread, whose Wait returns after an abort whatever
-  // Gloo does.
+  // Gloo's own pair signal does not wake (docs/collectives.md, "Small-message latency"; ours,
+  // PairAccess::Signal, now does); larger ones and send/recv groups keep the op thread, whose
+  // Wait notices an abort or a lost peer whatever Gloo does.
   bool SmallEnoughToRunInline(const CollectiveOp& op) const {
     const size_t bytes = op.count * DTypeSize(op.dtype);
     switch (op.kind) {

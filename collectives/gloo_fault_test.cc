@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <span>
 #include <thread>
 
@@ -116,6 +117,67 @@ TEST(GlooFaultTest, KillOneRankDuringAllreduceThenRebuildWithoutIt) {
     } else {
       EXPECT_EQ(codes[r], 0) << "rank " << r;
     }
+  }
+}
+
+// Two ranks run large allreduces (Gloo's own ring, whose buffers morph never sees); the test
+// kills rank 1 at staggered moments of one: rank 0's allreduce must fail at once, never at its
+// timeout. gloo_support_test drives the exact states behind the CI flake this guards against
+// (a payload half-read or half-written when the pair closes); this is the end-to-end check.
+Status AllreduceWhileThePeerDies(const std::string& address, int rank, int trial,
+                                 std::chrono::milliseconds timeout) {
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+  const std::string name = "pair" + std::to_string(trial);
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, name, rank, 2, nullptr,
+                                                             Deadline::AfterMs(20000)));
+  std::vector<float> data(size_t{16} << 20, 1.0f);  // 64 MiB: Gloo's ring, in segments
+  MORPH_RETURN_IF_ERROR(
+      comm->Allreduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum, timeout));
+  MORPH_RETURN_IF_ERROR(store->Set(name + "/looping", "1", Deadline::AfterMs(5000)));
+  Status failure;
+  for (int i = 0; i < 100000 && failure.ok(); ++i) {
+    failure = comm->Allreduce(data.data(), data.size(), DType::kF32, ReduceOp::kSum, timeout);
+  }
+  const int64_t returned_at = NowNs();
+  if (rank == 1) return InternalError("rank 1 was not killed");
+  MORPH_ASSIGN_OR_RETURN(std::string killed_at,
+                         store->Get(name + "/killed_at", Deadline::AfterMs(5000)));
+  const double latency_s = (returned_at - std::stoll(killed_at)) * 1e-9;
+  std::fprintf(stderr, "trial %d: allreduce failed %.3f s after the kill: %s\n", trial, latency_s,
+               failure.ToString().c_str());
+  if (failure.code() != StatusCode::kUnavailable && failure.code() != StatusCode::kAborted) {
+    return InternalError("allreduce failed with the wrong code: " + failure.ToString());
+  }
+  if (latency_s > 5.0) return InternalError("failure noticed only after 5 s");
+  return Status::Ok();
+}
+
+TEST(GlooFaultTest, KillingAPeerMidPayloadFailsTheAllreduceAtOnce) {
+  constexpr std::chrono::milliseconds kTimeout(30000);
+  const char* env = std::getenv("MORPH_MIDPAYLOAD_TRIALS");
+  const int trials = env != nullptr ? std::atoi(env) : 4;
+  for (int trial = 0; trial < trials; ++trial) {
+    ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) {
+      return ExitCode(rank, AllreduceWhileThePeerDies(address, rank, trial, kTimeout));
+    });
+    MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+    ranks.Release(server->address());
+    MORPH_ASSERT_OK_AND_ASSIGN(
+        auto coordinator,
+        TcpStoreClient::Connect(server->address(), kToken, 0, Deadline::AfterMs(5000)));
+    const std::string name = "pair" + std::to_string(trial);
+    const std::vector<std::string> looping = {name + "/looping"};
+    MORPH_ASSERT_OK(coordinator->Wait(looping, Deadline::AfterMs(60000)));
+    // Staggered across an allreduce of 64 MiB (tens of ms on loopback).
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 + 13 * trial));
+    const int64_t killed_at = NowNs();
+    ranks.Kill(1);
+    MORPH_ASSERT_OK(
+        coordinator->Set(name + "/killed_at", std::to_string(killed_at), Deadline::AfterMs(5000)));
+    std::vector<int> codes = ranks.Wait(Deadline::AfterMs(2 * kTimeout.count() + 20000));
+    EXPECT_EQ(codes[0], 0) << "trial " << trial;
+    EXPECT_EQ(codes[1], 128 + SIGKILL) << "trial " << trial;
   }
 }
 

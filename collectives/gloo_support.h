@@ -1,7 +1,8 @@
 // Pieces of the Gloo backend that deal with Gloo itself rather than with our operations:
 // Gloo's rendezvous store over ours, waking a tcp::Pair's waiters, keeping SIGPIPE from
 // killing the process and launcher CPU bindings from Gloo's threads. Internal to collectives/
-// (not installed): only gloo_communicator.cc includes it, with gloo_compat/ on its path.
+// (not installed): gloo_communicator.cc and gloo_support_test.cc include it, with gloo_compat/
+// on their path.
 #ifndef MORPH_COLLECTIVES_GLOO_SUPPORT_H_
 #define MORPH_COLLECTIVES_GLOO_SUPPORT_H_
 
@@ -9,6 +10,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/pair.h>
+#include <gloo/transport/tcp/unbound_buffer.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -66,10 +68,38 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 // tcp::Pair::signalExceptionExternal is what Gloo itself calls when a wait times out: it
 // records an error on the pair, wakes every buffer waiting on it and closes the socket. It is
 // protected; this names it through a derived class, which C++ permits.
+// Gloo's signal wakes the buffers with operations still queued on the pair, but not the one
+// whose payload the pair is reading (rx_) or writing (tx_) at that moment: a receive caught
+// mid-payload would sit until its own timeout. Signal wakes those too, with the pair's error.
+struct UnboundBufferAccess : gloo::transport::tcp::UnboundBuffer {
+  static void Signal(gloo::transport::tcp::UnboundBuffer* buf, std::exception_ptr ex) {
+    auto fn = &UnboundBufferAccess::signalException;
+    (buf->*fn)(std::move(ex));
+  }
+};
+
 struct PairAccess : gloo::transport::tcp::Pair {
   static std::exception_ptr Signal(gloo::transport::tcp::Pair* pair, const std::string& msg) {
     auto fn = &PairAccess::signalExceptionExternal;
-    return (pair->*fn)(msg);
+    std::exception_ptr ex = (pair->*fn)(msg);
+    if (ex != nullptr) WakeInFlight(pair, ex);
+    return ex;
+  }
+
+  // Fails the buffers of the message being read and of the writes still queued (see
+  // UnboundBufferAccess), under the pair's lock as Gloo itself signals buffers. Their weak
+  // references keep a buffer that is being destroyed out of reach.
+  static void WakeInFlight(gloo::transport::tcp::Pair* pair, const std::exception_ptr& ex) {
+    using gloo::transport::tcp::UnboundBuffer;
+    std::mutex& mu = pair->*(&PairAccess::m_);
+    std::lock_guard<std::mutex> lock(mu);
+    auto wake = [&](const gloo::WeakNonOwningPtr<UnboundBuffer>& weak) {
+      if (!weak) return;
+      gloo::NonOwningPtr<UnboundBuffer> buf(weak);
+      if (buf) UnboundBufferAccess::Signal(buf.operator->(), ex);
+    };
+    wake((pair->*(&PairAccess::rx_)).ubuf);
+    for (const gloo::transport::tcp::Op& op : pair->*(&PairAccess::tx_)) wake(op.ubuf);
   }
   // The error Gloo recorded on the pair ("Connection closed by peer ..."), "" if none.
   static std::string Error(gloo::transport::tcp::Pair* pair) {

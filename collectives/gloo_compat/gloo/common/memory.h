@@ -3,7 +3,9 @@
 // declares the three pointer wrappers those headers name, with the same members (a
 // shared_ptr or weak_ptr of T), so that morph can name gloo::transport::tcp::Pair (for
 // dynamic_cast and one out-of-line member function of libgloo). morph never constructs these
-// wrappers itself; libgloo's own copies do. Only gloo_communicator.cc sees this directory.
+// wrappers itself, except that gloo_support.h locks a pair's weak reference to the buffer of
+// a message in flight (NonOwningPtr from WeakNonOwningPtr, as libgloo does) to wake it. Only
+// gloo_communicator.cc sees this directory.
 #pragma once
 
 #include <memory>
