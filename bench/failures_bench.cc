@@ -316,6 +316,7 @@ morph::Status StartJob(Job& job, const DriverArgs& d, const std::string& tag, in
   if (snapshot_every > 0) o.env["MORPH_SNAPSHOT_EVERY"] = std::to_string(snapshot_every);
   if (undo_copy) o.env["MORPH_UNDO_COPY"] = "1";
   o.coordinator.serve_http = false;
+  if (auto watch = morph::params::LocalWatchMs(); watch.ok()) o.coordinator.local_watch_ms = *watch;
   o.coordinator.policy = [configs](
                              int n, const ParallelConfig*,
                              const morph::ModelConstraints&) -> std::optional<ParallelConfig> {

@@ -29,6 +29,7 @@
 #include "base/logging.h"
 #include "base/params.h"
 #include "collectives/store_protocol.h"
+#include "runtime/coordinator/process_watch.h"
 #include "runtime/protocol/plan_input.h"
 #include "runtime/protocol/wire.h"
 
@@ -205,6 +206,7 @@ StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   o.initial_world = static_cast<int>(initial);
   o.max_world = static_cast<int>(max_world);
   MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
+  MORPH_ASSIGN_OR_RETURN(o.local_watch_ms, params::LocalWatchMs());
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_dir, params::CheckpointDir());
   MORPH_ASSIGN_OR_RETURN(std::string resume, params::Resume());
   MORPH_ASSIGN_OR_RETURN(o.resume, ParseResumeMode(resume));
@@ -226,6 +228,11 @@ struct Conn : std::enable_shared_from_this<Conn> {
   State state = State::kHello;
   WorkerId id = 0;
   std::string host;
+  int64_t pid = 0;  // as the Hello said
+  // A same-host worker proven to hold this connection (process_watch.h), and how many watch
+  // ticks in a row have seen its process exiting.
+  std::optional<WatchedProcess> watched;
+  int exiting_ticks = 0;
   std::array<char, kFrameHeaderBytes> header{};
   FrameHeader hdr;
   std::string body;
@@ -257,6 +264,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
                            .first_generation = options_.first_generation}),
         acceptor_(io_),
         tick_(io_),
+        watch_timer_(io_),
         publish_timer_(io_),
         epoch_(Clock::now()) {
     if (options_.manifest) manifest_ = std::make_shared<const JobManifest>(*options_.manifest);
@@ -284,6 +292,10 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   template <typename M>
   void SendTo(const std::vector<WorkerId>& to, const M& msg, bool commit = false);
   void ArmTick();
+  // Same-host workers whose process exits before its connection closes (process_watch.h).
+  void MaybeWatch(const std::shared_ptr<Conn>& c);
+  void ArmWatch();
+  void Watch();
   void MarkDirty();
   CoordinatorSnapshot BuildSnapshot() const;
   void Publish();
@@ -303,6 +315,10 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   Decider decider_;
   tcp::acceptor acceptor_;
   asio::steady_timer tick_;
+  asio::steady_timer watch_timer_;
+  bool watch_armed_ = false;
+  size_t watched_ = 0;          // connections with a WatchedProcess (io thread)
+  std::string local_hostname_;  // what a same-host worker's Hello says
   asio::steady_timer publish_timer_;
   bool publish_armed_ = false;
   std::unique_ptr<TcpStoreServer> store_;
@@ -367,6 +383,10 @@ Status Coordinator::Impl::Start() {
   if (ec) {
     return InvalidArgumentError("address: '" + o.address + "' is not an IP address: " +
                                 ec.message());
+  }
+  {
+    char name[256] = {};
+    if (::gethostname(name, sizeof(name) - 1) == 0) local_hostname_ = name;
   }
   advertise_host_ = o.advertise_host;
   if (advertise_host_.empty()) {
@@ -434,6 +454,7 @@ void Coordinator::Impl::Stop() {
       error_code ec;
       acceptor_.close(ec);
       tick_.cancel();
+      watch_timer_.cancel();
       publish_timer_.cancel();
       if (http_) http_->Stop();
       for (auto& [id, c] : conns_) {
@@ -605,6 +626,7 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
   error_code ec;
   tcp::endpoint remote = c->sock.remote_endpoint(ec);
   c->host = !m.host.empty() ? m.host : ec ? std::string("?") : remote.address().to_string();
+  c->pid = m.pid;
   c->state = Conn::State::kRegister;
 }
 
@@ -632,6 +654,7 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
   c->state = Conn::State::kJoined;
   conns_[c->id] = c;
   hosts_[c->id] = c->host;
+  MaybeWatch(c);
   registered_.fetch_add(1);
   connected_.fetch_add(1);
   const Generation& g = decider_.current();
@@ -670,6 +693,10 @@ void Coordinator::Impl::Gone(const std::shared_ptr<Conn>& c, const std::string& 
       auto c = weak.lock();
       if (!e && c) CloseSocket(c);
     });
+  }
+  if (c->watched) {
+    c->watched.reset();
+    --watched_;
   }
   if (!was_joined || c->gone_reported) return;
   c->gone_reported = true;
@@ -976,6 +1003,75 @@ void Coordinator::Impl::ArmTick() {
     Feed(DeciderEvent::Tick{});
     ArmTick();
   });
+}
+
+void Coordinator::Impl::MaybeWatch(const std::shared_ptr<Conn>& c) {
+  // Bounded: the proof reads /proc/net/tcp and the worker's open files on the io thread.
+  constexpr size_t kMaxWatched = 1024;
+  if (options_.local_watch_ms <= 0 || c->pid <= 0 || c->host != local_hostname_ ||
+      local_hostname_.empty() || watched_ >= kMaxWatched) {
+    return;
+  }
+  error_code e1, e2;
+  tcp::endpoint ours = c->sock.local_endpoint(e1), theirs = c->sock.remote_endpoint(e2);
+  if (e1 || e2) return;
+  auto end = [](const tcp::endpoint& ep) {
+    SocketEnd s;
+    if (ep.address().is_v4()) {
+      auto b = ep.address().to_v4().to_bytes();
+      s.address.assign(reinterpret_cast<const char*>(b.data()), b.size());
+    } else {
+      auto b = ep.address().to_v6().to_bytes();
+      s.address.assign(reinterpret_cast<const char*>(b.data()), b.size());
+    }
+    s.port = ep.port();
+    return s;
+  };
+  c->watched = VerifyPeerProcess(static_cast<pid_t>(c->pid), end(ours), end(theirs));
+  if (!c->watched) {
+    VLOG(1) << "coordinator: worker " << c->id << " says pid " << c->pid
+            << " on this host, not proven to hold its connection: not watched";
+    return;
+  }
+  ++watched_;
+  VLOG(1) << "coordinator: watching worker " << c->id << "'s process " << c->pid;
+  ArmWatch();
+}
+
+void Coordinator::Impl::ArmWatch() {
+  if (watch_armed_ || watched_ == 0 || stopping_) return;
+  watch_armed_ = true;
+  watch_timer_.expires_after(std::chrono::milliseconds(options_.local_watch_ms));
+  watch_timer_.async_wait([this](error_code ec) {
+    watch_armed_ = false;
+    if (ec || stopping_) return;
+    Watch();
+    ArmWatch();
+  });
+}
+
+void Coordinator::Impl::Watch() {
+  std::map<pid_t, bool> gone;  // one look per process (several workers may share one)
+  std::vector<std::shared_ptr<Conn>> lost;
+  for (auto& [id, c] : conns_) {
+    if (!c->watched) continue;
+    auto [it, fresh] = gone.try_emplace(c->watched->pid, false);
+    if (fresh) it->second = ProcessGone(*c->watched);
+    if (!it->second) {
+      c->exiting_ticks = 0;
+      continue;
+    }
+    // Twice in a row, with nothing left to read: frames it sent before it began to exit (a
+    // Done, a failure report) are handled first, as they would be before an end of file.
+    error_code ec;
+    const size_t unread = c->sock.available(ec);
+    if (++c->exiting_ticks >= 2 && unread == 0 && c->body.empty()) lost.push_back(c);
+  }
+  for (const auto& c : lost) {
+    LOG(WARNING) << "coordinator: worker " << c->id << "'s process " << c->pid
+                 << " is exiting while its connection is still open";
+    Gone(c, "its process " + std::to_string(c->pid) + " exited");
+  }
 }
 
 void Coordinator::Impl::MarkDirty() {

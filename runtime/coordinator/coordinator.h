@@ -73,6 +73,10 @@ struct CoordinatorOptions {
   int initial_world = 1;                 // workers that must register before generation 1
   int max_world = 1 << 16;
   int64_t heartbeat_timeout_ms = 10000;  // a silent worker is lost (0: never)
+  // How often to look at same-host workers' processes (MORPH_LOCAL_WATCH_MS; 0: never): one
+  // that is exiting is lost at once, before the kernel has freed its memory and closed its
+  // connection (process_watch.h).
+  int64_t local_watch_ms = 10;
   std::optional<JobManifest> manifest;   // else defined by the first registration
   bool serve_http = true;
   HttpServerOptions http;  // the scheduler API (its token defaults to `token`)
@@ -107,7 +111,7 @@ struct CoordinatorOptions {
 
   // MORPH_COORDINATOR_ADDR, MORPH_COORDINATOR_PORT, MORPH_COORDINATOR_ADVERTISE, MORPH_TOKEN /
   // MORPH_TOKEN_FILE, MORPH_INITIAL_WORLD, MORPH_MAX_WORLD, MORPH_HEARTBEAT_TIMEOUT_MS,
-  // MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto) and SLURM_RESTART_COUNT, plus
+  // MORPH_LOCAL_WATCH_MS, MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto) and SLURM_RESTART_COUNT, plus
   // HttpServerOptions::FromEnv and TcpStoreServerOptions::FromEnv. kInvalidArgument naming the
   // variable for a bad value; kFailedPrecondition when no token is set; kNotFound /
   // kPermissionDenied for an unreadable token file. Any thread.

@@ -6,7 +6,9 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -475,6 +477,62 @@ TEST(CoordinatorTest, ASilentWorkerIsLostAfterTheTimeout) {
   EXPECT_THAT(silent[0]->close_status(), HasSubstr("declared lost: no heartbeat for more than 300"));
   // The survivor carries on alone in generation 2.
   ASSERT_TRUE(WaitFor([&] { return AllIn(talker, 2); }));
+  EXPECT_EQ(talker[0]->gen().ranks, std::vector<WorkerId>{talker[0]->id()});
+}
+
+// A worker on the coordinator's host whose process dies while its connection stays open (here
+// a grandchild holds it; for real, the kernel freeing a SIGKILLed process's memory before it
+// closes its files) is lost at once, not after the heartbeat timeout.
+TEST(CoordinatorTest, ASameHostWorkerWhoseProcessExitsIsLostBeforeItsConnectionCloses) {
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  // Fork before any thread starts (the coordinator's): the child gets the address by a pipe.
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(from_child), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(to_child[1]);
+    close(from_child[0]);
+    char address[256] = {};
+    if (read(to_child[0], address, sizeof(address) - 1) <= 0) _exit(1);
+    auto c = ControlClient::Connect(address,
+                                    HelloMsg{.token = kToken, .host = host, .pid = ::getpid()},
+                                    RegisterMsg{.manifest = Manifest()}, Deadline::AfterMs(10000));
+    if (!c.ok()) _exit(2);
+    pid_t holder = fork();  // keeps the connection open after this process dies
+    if (holder == 0) {
+      for (;;) pause();
+    }
+    (void)!write(from_child[1], &holder, sizeof(holder));
+    for (;;) pause();
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  CoordinatorOptions o = Options(2);
+  o.heartbeat_timeout_ms = 60000;
+  o.local_watch_ms = 10;
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
+  const std::string address = coord->control_address();
+  ASSERT_EQ(write(to_child[1], address.data(), address.size()),
+            static_cast<ssize_t>(address.size()));
+  close(to_child[1]);
+  pid_t holder = -1;
+  ASSERT_EQ(read(from_child[0], &holder, sizeof(holder)), static_cast<ssize_t>(sizeof(holder)));
+  close(from_child[0]);
+  auto talker = StartWorkers(*coord, 1);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(talker, 1); }));
+  ASSERT_EQ(talker[0]->gen().ranks.size(), 2u);
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  const bool recovered = WaitFor([&] { return AllIn(talker, 2); }, 10000);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  kill(holder, SIGKILL);
+  waitpid(child, nullptr, 0);
+  ASSERT_TRUE(recovered) << "still in generation " << talker[0]->generation();
+  EXPECT_LT(seconds, 5.0);  // against a 60 s heartbeat timeout
   EXPECT_EQ(talker[0]->gen().ranks, std::vector<WorkerId>{talker[0]->id()});
 }
 

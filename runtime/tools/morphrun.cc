@@ -134,6 +134,12 @@ int main(int argc, char** argv) {
   o.coordinator.http = *http;
   if (api_port) o.coordinator.http.port = static_cast<uint16_t>(api_port);
   o.coordinator.port = static_cast<uint16_t>(port);
+  auto heartbeat_timeout = morph::params::HeartbeatTimeoutMs();
+  if (!heartbeat_timeout.ok()) return Usage(std::string(heartbeat_timeout.status().message()));
+  o.coordinator.heartbeat_timeout_ms = *heartbeat_timeout;
+  auto local_watch = morph::params::LocalWatchMs();
+  if (!local_watch.ok()) return Usage(std::string(local_watch.status().message()));
+  o.coordinator.local_watch_ms = *local_watch;
   auto token = morph::params::Token();
   auto token_file = morph::params::TokenFile();
   if (token.ok() && token_file.ok() && (!token->empty() || !token_file->empty())) {
