@@ -384,7 +384,11 @@ class GlooCommunicator::Impl {
     }
     Status s;
     {
-      ScopedSigpipeBlock no_sigpipe;
+      // The shared-memory path writes to no socket, and blocking SIGPIPE costs three system
+      // calls (0.8 us measured here), as much as a whole 8 B allreduce there. RunOne blocks it
+      // itself where an error makes it signal the pairs.
+      std::optional<ScopedSigpipeBlock> no_sigpipe;
+      if (shm_ == nullptr || !shm_->Handles(op)) no_sigpipe.emplace();
       s = RunOne(op);
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -417,6 +421,7 @@ class GlooCommunicator::Impl {
         error_ = s = WithFailureLocked(s);
         broken_.store(true);
         // Fail the peers now rather than at their timeouts.
+        ScopedSigpipeBlock no_sigpipe;  // not blocked by a shared-memory caller (TryRunInline)
         SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
                        " failed: " + std::string(s.message()));
       }
