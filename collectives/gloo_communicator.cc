@@ -72,6 +72,8 @@ StatusOr<GlooOptions> GlooOptions::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.shared_memory, params::GlooShm());
   MORPH_ASSIGN_OR_RETURN(int64_t spin_us, params::GlooShmSpinUs());
   o.shm_spin = std::chrono::microseconds(spin_us);
+  MORPH_ASSIGN_OR_RETURN(int64_t yield_us, params::GlooShmYieldUs());
+  o.shm_yield = std::chrono::microseconds(yield_us);
   return o;
 }
 
@@ -99,7 +101,8 @@ StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& opti
   }
   auto impl = std::make_unique<Impl>();
   impl->unbind_threads = options.unbind_threads;
-  impl->shm = {.enable = options.shared_memory, .spin = options.shm_spin};
+  impl->shm = {
+      .enable = options.shared_memory, .spin = options.shm_spin, .yield = options.shm_yield};
   try {
     ScopedSigpipeBlock no_sigpipe;  // Gloo's event thread inherits the blocked SIGPIPE
     gloo_support::ScopedUnbind unbind(options.unbind_threads);  // ... and the CPU binding

@@ -103,6 +103,7 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
     const int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     shm->spin_ = size <= n ? kAutoSpin : std::chrono::microseconds(0);
   }
+  shm->yield_ = std::max(options.yield, std::chrono::microseconds(0));
   shm->what_ = what;
   const size_t bytes = Segment::Bytes(size);
   std::string name;  // rank 0's, while it may still have to unlink it
@@ -377,6 +378,12 @@ Status ShmCollectives::WaitForPeers(uint64_t seq, int only, Clock::time_point de
     if (ready()) return Status::Ok();
     CpuRelax();
     if (i % 64 == 0 && Clock::now() >= spin_end) break;
+  }
+  const Clock::time_point yield_end = Clock::now() + yield_;
+  while (yield_.count() > 0 && !failed_.load(std::memory_order_relaxed)) {
+    sched_yield();
+    if (ready()) return Status::Ok();
+    if (Clock::now() >= yield_end) break;
   }
   Control* me = segment_->control(rank_);
   for (;;) {

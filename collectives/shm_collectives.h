@@ -26,7 +26,8 @@
 // and wait for nothing first. A root that returned from a broadcast has handed its data over:
 // a peer still reads it after the root failed, closed or exited.
 //
-// Waiting: a bounded spin (Options::spin, _mm_pause), then futex waits on this rank's doorbell
+// Waiting: a bounded spin (Options::spin, _mm_pause), a bounded poll between sched_yield()
+// calls (Options::yield), then futex waits on this rank's doorbell
 // word, which a publisher rings only when the waiter said it sleeps and what it waits for is
 // then complete (one wake-up per sleep, not one per peer's publish); every 10 ms a sleeping
 // waiter also polls the peers' pidfds. An oversubscribed host (more ranks than cores) spends at
@@ -82,6 +83,12 @@ class ShmCollectives {
     // process may run on at least as many CPUs as the communicator has ranks, else 0 (spinning
     // on an oversubscribed host takes the core a late peer needs: measured 5x slower).
     std::chrono::microseconds spin{-1};
+    // Then how long it polls with a sched_yield() between looks before it sleeps. On an
+    // oversubscribed host the yield hands the core to a peer this rank waits for; a sleep
+    // costs a futex wake-up and a scheduler hand-off at every operation (4 ranks on 2 cores,
+    // 8 B allreduce: 21-23 us without, 5-7 us with 50 us, load 4). Where nothing else is
+    // runnable it busy-polls; 0: none.
+    std::chrono::microseconds yield{50};
   };
 
   // An allgather of `bytes` per rank over the communicator's TCP path (used twice).
@@ -140,6 +147,7 @@ class ShmCollectives {
   int size_ = 0;
   std::string what_;
   std::chrono::microseconds spin_{0};
+  std::chrono::microseconds yield_{0};
   Segment* segment_ = nullptr;
   size_t segment_bytes_ = 0;
   std::vector<int> pidfds_;  // per rank; -1 for this rank and ranks in this process
