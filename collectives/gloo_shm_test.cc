@@ -189,9 +189,11 @@ size_t BroadcastBytes(int i) {
   return i < kRingSlots ? kSmall[i % 5] : kAny[(i - kRingSlots) % 7];
 }
 
-// Broadcast i from `root`, checked bit for bit on the others.
-Status BroadcastAndCheck(GlooCommunicator& comm, int root, int i, milliseconds timeout) {
-  const size_t bytes = BroadcastBytes(i);
+// Broadcast i (of `bytes`, or BroadcastBytes(i) if 0) from `root`, checked bit for bit on the
+// others.
+Status BroadcastAndCheck(GlooCommunicator& comm, int root, int i, milliseconds timeout,
+                         size_t bytes = 0) {
+  if (bytes == 0) bytes = BroadcastBytes(i);
   const std::vector<uint8_t> expected = Pattern(i, bytes);
   std::vector<uint8_t> buf = comm.rank() == root ? expected : std::vector<uint8_t>(bytes, 0xee);
   Status s = comm.Broadcast(buf.data(), bytes, DType::kU8, root, timeout);
@@ -424,6 +426,34 @@ TEST(GlooShmTest, RootRunsAheadThroughTheRingAndEveryReceiverGetsEveryBroadcast)
     return Status::Ok();
   });
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A full ring with a receiver that reads one 8 B broadcast per 60 ms: the root's broadcasts
+// (1 s timeout each) wait for the one slot they need, not for half the ring (which would take
+// 32 x 60 ms), and none times out. Failed when the root waited for half the ring regardless.
+TEST(GlooShmTest, SlowButProgressingReceiverDoesNotTimeOutTheRoot) {
+  constexpr int kTotal = kRingSlots + 4;
+  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead-slow", rank, 2, true));
+    if (!comm->shared_memory()) return InternalError("no shared memory");
+    if (rank == 0) {
+      for (int i = 0; i < kTotal; ++i) {
+        MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, milliseconds(1000), 8))
+            << "the root, its receiver slow";
+        if (i == kRingSlots - 1) {
+          MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
+        }
+      }
+      return Status::Ok();
+    }
+    MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"ahead"}, Deadline::AfterMs(8000)));
+    for (int i = 0; i < kTotal; ++i) {
+      if (i < 40) std::this_thread::sleep_for(milliseconds(60));
+      MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, kTimeout, 8));
+    }
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 // The root returns from kRingSlots broadcasts nobody has read, then rank 1 is SIGKILLed. Rank 2

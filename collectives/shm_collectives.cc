@@ -29,6 +29,9 @@ constexpr uint32_t kClosed = 2;  // communicator destroyed (Close)
 constexpr auto kPollSlice = std::chrono::milliseconds(10);
 // Options::spin's automatic value when the host has a core for every rank.
 constexpr auto kAutoSpin = std::chrono::microseconds(20);
+// How long a root finding its broadcast ring full waits for half of it to be free before it
+// settles for the one slot it needs (receivers that read slowly must not time it out).
+constexpr auto kHalfRingWait = std::chrono::milliseconds(10);
 
 // One rank's words: the first line written by its owner only, the second by whoever wakes it.
 struct alignas(64) Control {
@@ -271,8 +274,19 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
     // A full ring: wait until the slowest peer freed half of it. Waiting for one slot would
     // make a root that keeps broadcasting sleep and be woken at every broadcast, the cost the
     // ring is for (8 B, 4 ranks on 2 cores, 50 in a row through 16 slots: 40 us each, as
-    // without a ring); this way it sleeps once per half ring.
-    if (read_first > 0 && !Published(read_first, -1)) read_first = k - kRingSlots / 2 + 1;
+    // without a ring); this way it sleeps once per half ring. Bounded by kHalfRingWait, then
+    // the one slot under the op's own deadline: readers that are slow but progressing are no
+    // timeout.
+    if (read_first > 0 && !Published(read_first, -1)) {
+      Status half =
+          WaitForPeers(k - kRingSlots / 2 + 1, -1, std::min(deadline, Clock::now() + kHalfRingWait),
+                       op.timeout, kind);
+      if (half.ok()) {
+        read_first = 0;
+      } else if (half.code() != StatusCode::kDeadlineExceeded || Clock::now() >= deadline) {
+        return half;
+      }
+    }
   } else if (op.kind == CollectiveOp::Kind::kBarrier ||
              (op.kind == CollectiveOp::Kind::kBroadcast && !root)) {
     read_first = 0;
