@@ -79,11 +79,15 @@ TEST(EnvIsolationTest, TheReadersSeeThePoison) {
   EXPECT_THAT(GlooOptions::FromEnv().status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_GLOO_SHM_SPIN_US")));
   ::setenv("MORPH_GLOO_SHM_SPIN_US", "5", 1);
+  EXPECT_THAT(GlooOptions::FromEnv().status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_GLOO_SHM_YIELD_US")));
+  ::setenv("MORPH_GLOO_SHM_YIELD_US", "7", 1);
   MORPH_ASSERT_OK_AND_ASSIGN(GlooOptions gloo, GlooOptions::FromEnv());
   EXPECT_EQ(gloo.iface, "no-such-host.invalid");
   EXPECT_FALSE(gloo.unbind_threads);
   EXPECT_FALSE(gloo.shared_memory);
   EXPECT_EQ(gloo.shm_spin, std::chrono::microseconds(5));
+  EXPECT_EQ(gloo.shm_yield, std::chrono::microseconds(7));
   EXPECT_THAT(GlooDevice::Create(gloo).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("no-such-host.invalid")));
   EXPECT_THAT(CollectiveTimeoutFromEnv().status(),

@@ -72,6 +72,8 @@ StatusOr<GlooOptions> GlooOptions::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.shared_memory, params::GlooShm());
   MORPH_ASSIGN_OR_RETURN(int64_t spin_us, params::GlooShmSpinUs());
   o.shm_spin = std::chrono::microseconds(spin_us);
+  MORPH_ASSIGN_OR_RETURN(int64_t yield_us, params::GlooShmYieldUs());
+  o.shm_yield = std::chrono::microseconds(yield_us);
   return o;
 }
 
@@ -99,7 +101,8 @@ StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& opti
   }
   auto impl = std::make_unique<Impl>();
   impl->unbind_threads = options.unbind_threads;
-  impl->shm = {.enable = options.shared_memory, .spin = options.shm_spin};
+  impl->shm = {
+      .enable = options.shared_memory, .spin = options.shm_spin, .yield = options.shm_yield};
   try {
     ScopedSigpipeBlock no_sigpipe;  // Gloo's event thread inherits the blocked SIGPIPE
     gloo_support::ScopedUnbind unbind(options.unbind_threads);  // ... and the CPU binding
@@ -384,7 +387,11 @@ class GlooCommunicator::Impl {
     }
     Status s;
     {
-      ScopedSigpipeBlock no_sigpipe;
+      // The shared-memory path writes to no socket, and blocking SIGPIPE costs three system
+      // calls (0.8 us measured here), as much as a whole 8 B allreduce there. RunOne blocks it
+      // itself where an error makes it signal the pairs.
+      std::optional<ScopedSigpipeBlock> no_sigpipe;
+      if (shm_ == nullptr || !shm_->Handles(op)) no_sigpipe.emplace();
       s = RunOne(op);
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -417,6 +424,7 @@ class GlooCommunicator::Impl {
         error_ = s = WithFailureLocked(s);
         broken_.store(true);
         // Fail the peers now rather than at their timeouts.
+        ScopedSigpipeBlock no_sigpipe;  // not blocked by a shared-memory caller (TryRunInline)
         SignalAllPairs("morph: peer rank " + std::to_string(rank_) +
                        " failed: " + std::string(s.message()));
       }

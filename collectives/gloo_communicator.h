@@ -54,10 +54,13 @@ struct GlooOptions {
   // How long a shared-memory wait busy-polls before it sleeps on a futex; negative: 20 us when
   // the process may use at least as many CPUs as the communicator has ranks, else 0.
   std::chrono::microseconds shm_spin{-1};
+  // Then how long it polls between sched_yield() calls before it sleeps (shm_collectives.h).
+  std::chrono::microseconds shm_yield{50};
 
-  // MORPH_GLOO_HOSTNAME, MORPH_GLOO_IFACE, MORPH_GLOO_UNBIND_THREADS, MORPH_GLOO_SHM and
-  // MORPH_GLOO_SHM_SPIN_US, read now (the defaults above where unset): call once, at the top
-  // of a program, and pass the result. kInvalidArgument for an unparsable value. Any thread.
+  // MORPH_GLOO_HOSTNAME, MORPH_GLOO_IFACE, MORPH_GLOO_UNBIND_THREADS, MORPH_GLOO_SHM,
+  // MORPH_GLOO_SHM_SPIN_US and MORPH_GLOO_SHM_YIELD_US, read now (the defaults above where unset):
+  // call once, at the top of a program, and pass the result. kInvalidArgument for an unparsable
+  // value. Any thread.
   static StatusOr<GlooOptions> FromEnv();
 };
 

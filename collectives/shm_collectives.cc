@@ -29,6 +29,9 @@ constexpr uint32_t kClosed = 2;  // communicator destroyed (Close)
 constexpr auto kPollSlice = std::chrono::milliseconds(10);
 // Options::spin's automatic value when the host has a core for every rank.
 constexpr auto kAutoSpin = std::chrono::microseconds(20);
+// How long a root finding its broadcast ring full waits for half of it to be free before it
+// settles for the one slot it needs (receivers that read slowly must not time it out).
+constexpr auto kHalfRingWait = std::chrono::milliseconds(10);
 
 // One rank's words: the first line written by its owner only, the second by whoever wakes it.
 struct alignas(64) Control {
@@ -38,7 +41,11 @@ struct alignas(64) Control {
   char pad0[48];
   std::atomic<uint32_t> waiting;   // 1 while the owner may sleep on `doorbell`
   std::atomic<uint32_t> doorbell;  // futex word: bumped to wake the owner
-  char pad1[56];
+  // What the owner waits for while `waiting`: every peer (wait_only < 0) or peer wait_only
+  // to publish wait_seq. Written before `waiting` is set.
+  std::atomic<uint64_t> wait_seq;
+  std::atomic<int32_t> wait_only;
+  char pad1[44];
 };
 static_assert(sizeof(Control) == 128);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -52,22 +59,32 @@ std::string RankList(const std::vector<int>& ranks) {
 
 }  // namespace
 
-// Header (64 bytes), Control[size], then per rank two data buffers of kSlotBytes.
+// Header (64 bytes), Control[size], then per rank two data buffers of kSlotBytes (operation
+// k in buffer k mod 2) and a ring of kRingSlots slots of kRingSlotBytes (a small broadcast's
+// root data: operation k in slot k mod kRingSlots).
 struct ShmCollectives::Segment {
   uint64_t magic;
   int32_t size;
   uint32_t slot_bytes;
-  char pad[48];
+  uint32_t ring_slots;
+  uint32_t ring_slot_bytes;
+  char pad[40];
+
+  static constexpr size_t kRankBytes = 2 * kSlotBytes + kRingSlots * kRingSlotBytes;
 
   Control* control(int rank) {
     return reinterpret_cast<Control*>(reinterpret_cast<char*>(this) + 64) + rank;
   }
-  uint8_t* data(int rank, uint64_t seq) {
+  uint8_t* rank_data(int rank) {
     return reinterpret_cast<uint8_t*>(this) + 64 + sizeof(Control) * static_cast<size_t>(size) +
-           (static_cast<size_t>(rank) * 2 + (seq & 1)) * kSlotBytes;
+           static_cast<size_t>(rank) * kRankBytes;
+  }
+  uint8_t* data(int rank, uint64_t seq) { return rank_data(rank) + (seq & 1) * kSlotBytes; }
+  uint8_t* ring(int rank, uint64_t seq) {
+    return rank_data(rank) + 2 * kSlotBytes + (seq % kRingSlots) * kRingSlotBytes;
   }
   static size_t Bytes(int size) {
-    return 64 + (sizeof(Control) + 2 * kSlotBytes) * static_cast<size_t>(size);
+    return 64 + (sizeof(Control) + kRankBytes) * static_cast<size_t>(size);
   }
 };
 static_assert(sizeof(ShmCollectives::Segment) == 64);
@@ -89,6 +106,7 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
     const int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
     shm->spin_ = size <= n ? kAutoSpin : std::chrono::microseconds(0);
   }
+  shm->yield_ = std::max(options.yield, std::chrono::microseconds(0));
   shm->what_ = what;
   const size_t bytes = Segment::Bytes(size);
   std::string name;  // rank 0's, while it may still have to unlink it
@@ -129,6 +147,8 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
       shm->segment_->magic = kMagic;
       shm->segment_->size = size;
       shm->segment_->slot_bytes = static_cast<uint32_t>(kSlotBytes);
+      shm->segment_->ring_slots = static_cast<uint32_t>(kRingSlots);
+      shm->segment_->ring_slot_bytes = static_cast<uint32_t>(kRingSlotBytes);
       mine.created = 1;
     }
   }
@@ -174,7 +194,8 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
       local_why = std::string("cannot map ") + hellos[0].name + ": " + std::strerror(errno) +
                   " (no shared /dev/shm?)";
     } else if (shm->segment_->magic != kMagic || shm->segment_->size != size ||
-               shm->segment_->slot_bytes != kSlotBytes) {
+               shm->segment_->slot_bytes != kSlotBytes || shm->segment_->ring_slots != kRingSlots ||
+               shm->segment_->ring_slot_bytes != kRingSlotBytes) {
       ok = 0;
       local_why = std::string("segment ") + hellos[0].name + " has an unexpected header";
     }
@@ -238,11 +259,41 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
   // Clamped so that the sum cannot overflow (a year is "for ever" here).
   const Clock::time_point deadline =
       Clock::now() + std::min<std::chrono::milliseconds>(op.timeout, std::chrono::hours(24 * 365));
-  // This rank's buffer for k last held k - 2: every peer must have read it, which each
-  // announces by publishing k - 1. Usually known already (the wait of k - 1 saw it); not
-  // after a broadcast, whose root does not wait for the others.
-  MORPH_RETURN_IF_ERROR(WaitForPeers(k - 1, -1, deadline, op.timeout, kind));
-  uint8_t* mine = Data(rank_, k);
+  // A small broadcast's root writes a ring slot, which last held k - kRingSlots at the latest
+  // (if that was a small broadcast too): it may run that far ahead of the slowest reader.
+  // Other writers use buffer k mod 2, which last held k - 2 at the latest. Either way every
+  // peer must have read it, which each announces by publishing the operation after it.
+  // Usually known already (the wait of k - 1 saw it); not after a broadcast, whose root does
+  // not wait for the others. Barrier and a broadcast's receivers write nothing.
+  const bool root = op.kind == CollectiveOp::Kind::kBroadcast && rank_ == op.root;
+  const bool in_ring = root && bytes <= kRingSlotBytes;
+  uint8_t* mine = in_ring ? segment_->ring(rank_, k) : Data(rank_, k);
+  uint64_t read_first = k - 1;  // every peer must have published it
+  if (in_ring) {
+    read_first = k > kRingSlots ? k - kRingSlots + 1 : 0;
+    // A full ring: wait until the slowest peer freed half of it. Waiting for one slot would
+    // make a root that keeps broadcasting sleep and be woken at every broadcast, the cost the
+    // ring is for (8 B, 4 ranks on 2 cores, 50 in a row through 16 slots: 40 us each, as
+    // without a ring); this way it sleeps once per half ring. Bounded by kHalfRingWait, then
+    // the one slot under the op's own deadline: readers that are slow but progressing are no
+    // timeout.
+    if (read_first > 0 && !Published(read_first, -1)) {
+      Status half =
+          WaitForPeers(k - kRingSlots / 2 + 1, -1, std::min(deadline, Clock::now() + kHalfRingWait),
+                       op.timeout, kind);
+      if (half.ok()) {
+        read_first = 0;
+      } else if (half.code() != StatusCode::kDeadlineExceeded || Clock::now() >= deadline) {
+        return half;
+      }
+    }
+  } else if (op.kind == CollectiveOp::Kind::kBarrier ||
+             (op.kind == CollectiveOp::Kind::kBroadcast && !root)) {
+    read_first = 0;
+  }
+  if (read_first > 0) {
+    MORPH_RETURN_IF_ERROR(WaitForPeers(read_first, -1, deadline, op.timeout, kind));
+  }
   switch (op.kind) {
     case CollectiveOp::Kind::kAllreduce:
       std::memcpy(mine, op.recv, bytes);
@@ -254,7 +305,7 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
       std::memcpy(mine, op.send, bytes * static_cast<size_t>(size_));
       break;
     case CollectiveOp::Kind::kBroadcast:
-      if (rank_ == op.root) std::memcpy(mine, op.recv, bytes);
+      if (root) std::memcpy(mine, op.recv, bytes);
       break;
     case CollectiveOp::Kind::kBarrier:
     case CollectiveOp::Kind::kSendRecv:
@@ -282,7 +333,10 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
       }
       break;
     case CollectiveOp::Kind::kBroadcast:
-      if (rank_ != op.root) std::memcpy(op.recv, Data(op.root, k), bytes);
+      if (!root) {
+        const bool ring = bytes <= kRingSlotBytes;  // as the root decided
+        std::memcpy(op.recv, ring ? segment_->ring(op.root, k) : Data(op.root, k), bytes);
+      }
       break;
     case CollectiveOp::Kind::kBarrier:
     case CollectiveOp::Kind::kSendRecv:
@@ -293,33 +347,57 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
 
 void ShmCollectives::Publish(uint64_t seq) {
   // seq_cst with the waiter's `waiting` store and seq loads (WaitForPeers): either the waiter
-  // sees the new seq before it sleeps, or this sees it waiting and rings.
+  // sees the new seq before it sleeps, or this sees it waiting and rings. A sleeper is rung
+  // only once what it waits for is complete: of several publishers finishing together the
+  // last one in the seq_cst order sees all their seqs. Waking it at every publish instead
+  // costs a context switch each on a shared core (a root waiting for a full ring's readers
+  // was woken at every one of their operations). Taking the flag makes this the one ring for
+  // that sleep (a root running ahead would otherwise ring a woken peer at every broadcast
+  // until it runs).
   segment_->control(rank_)->seq.store(seq, std::memory_order_seq_cst);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Control* c = segment_->control(p);
-    if (c->waiting.load(std::memory_order_seq_cst) != 0) RingDoorbell(&c->doorbell);
+    if (c->waiting.load(std::memory_order_seq_cst) == 0) continue;
+    const uint64_t target = c->wait_seq.load(std::memory_order_relaxed);
+    const int only = c->wait_only.load(std::memory_order_relaxed);
+    bool complete = true;
+    for (int q = 0; q < size_ && complete; ++q) {
+      complete = q == p || (only >= 0 && q != only) ||
+                 segment_->control(q)->seq.load(std::memory_order_seq_cst) >= target;
+    }
+    if (complete && c->waiting.exchange(0, std::memory_order_seq_cst) != 0) {
+      RingDoorbell(&c->doorbell);
+    }
   }
+}
+
+bool ShmCollectives::Published(uint64_t seq, int only) const {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && (only < 0 || p == only) &&
+        segment_->control(p)->seq.load(std::memory_order_seq_cst) < seq) {
+      return false;
+    }
+  }
+  return true;
 }
 
 Status ShmCollectives::WaitForPeers(uint64_t seq, int only, Clock::time_point deadline,
                                     std::chrono::milliseconds timeout, std::string_view kind) {
   auto what = [&] { return what_ + ": " + std::string(kind); };
-  auto ready = [&] {
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && (only < 0 || p == only) &&
-          segment_->control(p)->seq.load(std::memory_order_seq_cst) < seq) {
-        return false;
-      }
-    }
-    return true;
-  };
+  auto ready = [&] { return Published(seq, only); };
   if (ready()) return Status::Ok();
   const Clock::time_point spin_end = Clock::now() + spin_;
   for (uint32_t i = 1; spin_.count() > 0 && !failed_.load(std::memory_order_relaxed); ++i) {
     if (ready()) return Status::Ok();
     CpuRelax();
     if (i % 64 == 0 && Clock::now() >= spin_end) break;
+  }
+  const Clock::time_point yield_end = Clock::now() + yield_;
+  while (yield_.count() > 0 && !failed_.load(std::memory_order_relaxed)) {
+    sched_yield();
+    if (ready()) return Status::Ok();
+    if (Clock::now() >= yield_end) break;
   }
   Control* me = segment_->control(rank_);
   for (;;) {
@@ -344,7 +422,9 @@ Status ShmCollectives::WaitForPeers(uint64_t seq, int only, Clock::time_point de
           .WithCollectiveFailure({CollectiveFailure::Kind::kTimeout, {}, ""});
     }
     const uint32_t bell = me->doorbell.load(std::memory_order_acquire);
-    me->waiting.store(1, std::memory_order_seq_cst);
+    me->wait_seq.store(seq, std::memory_order_relaxed);
+    me->wait_only.store(only, std::memory_order_relaxed);
+    me->waiting.store(1, std::memory_order_seq_cst);  // publishes the two above with it
     if (!ready() && !failed_.load(std::memory_order_acquire)) {
       shm_support::FutexWait(&me->doorbell, bell,
                              std::min<Clock::duration>(kPollSlice, deadline - now));

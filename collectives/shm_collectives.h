@@ -16,13 +16,23 @@
 // operation k only at k + 2, after every peer published k + 1, which each does only once it
 // has read everything of k. So one wait per operation, no acknowledgements.
 //
-// A broadcast's root does not wait for the others (it returns once its data is published), so
-// its next operation first waits until every peer published the broadcast (read its data).
+// A broadcast's root does not wait for the others: it returns once its data is published. Up
+// to kRingSlotBytes, that data goes to the root's ring of kRingSlots slots (operation k in slot
+// k mod kRingSlots), so a root may return from kRingSlots broadcasts before the slowest peer
+// read the first, as MPI's eager root does; the next one that needs a slot waits until every
+// peer published the operation after the slot's last one. The root of a larger broadcast and
+// every rank of an allreduce, allgather or reduce-scatter (they write buffer k mod 2) first
+// wait until every peer published k - 1; a barrier and a broadcast's receivers write nothing
+// and wait for nothing first. A root that returned from a broadcast has handed its data over:
+// a peer still reads it after the root failed, closed or exited.
 //
-// Waiting: a bounded spin (Options::spin, _mm_pause), then futex waits on this rank's doorbell
-// word, which a publisher rings only when the waiter said it sleeps; every 10 ms a sleeping
+// Waiting: a bounded spin (Options::spin, _mm_pause), a bounded poll between sched_yield()
+// calls (Options::yield), then futex waits on this rank's doorbell
+// word, which a publisher rings only when the waiter said it sleeps and what it waits for is
+// then complete (one wake-up per sleep, not one per peer's publish); every 10 ms a sleeping
 // waiter also polls the peers' pidfds. An oversubscribed host (more ranks than cores) spends at
-// most the spin per operation busy.
+// most the spin per operation busy. A publisher takes the `waiting` flag when it rings, so a
+// root running ahead rings a sleeping peer once, not at every broadcast until it runs.
 //
 // Failures (the communicator contract, communicator.h): Fail() (Abort, or any error of the
 // communicator; any thread) sets this rank's state word and rings every doorbell, so its own
@@ -62,6 +72,10 @@ class ShmCollectives {
   // The largest contribution of one rank to one operation: the allreduce or broadcast buffer,
   // one rank's allgather input, the whole reduce-scatter input.
   static constexpr size_t kSlotBytes = size_t{64} << 10;
+  // A broadcast of up to kRingSlotBytes goes through its root's ring of kRingSlots slots, so
+  // that a root may return from that many broadcasts before the slowest peer read the first.
+  static constexpr size_t kRingSlots = 64;
+  static constexpr size_t kRingSlotBytes = size_t{4} << 10;
 
   struct Options {
     bool enable = true;
@@ -69,6 +83,12 @@ class ShmCollectives {
     // process may run on at least as many CPUs as the communicator has ranks, else 0 (spinning
     // on an oversubscribed host takes the core a late peer needs: measured 5x slower).
     std::chrono::microseconds spin{-1};
+    // Then how long it polls with a sched_yield() between looks before it sleeps. On an
+    // oversubscribed host the yield hands the core to a peer this rank waits for; a sleep
+    // costs a futex wake-up and a scheduler hand-off at every operation (4 ranks on 2 cores,
+    // 8 B allreduce: 21-23 us without, 5-7 us with 50 us, load 4). Where nothing else is
+    // runnable it busy-polls; 0: none.
+    std::chrono::microseconds yield{50};
   };
 
   // An allgather of `bytes` per rank over the communicator's TCP path (used twice).
@@ -115,6 +135,8 @@ class ShmCollectives {
   // (the op's `timeout` after its start).
   Status WaitForPeers(uint64_t seq, int only, std::chrono::steady_clock::time_point deadline,
                       std::chrono::milliseconds timeout, std::string_view kind);
+  // Whether every peer (`only` < 0) or peer `only` published `seq`.
+  bool Published(uint64_t seq, int only) const;
   // The error for such a wait that cannot finish because a peer exited or left, or OK.
   Status PeerFailure(uint64_t seq, int only, std::string_view kind) const;
   void Publish(uint64_t seq);
@@ -125,6 +147,7 @@ class ShmCollectives {
   int size_ = 0;
   std::string what_;
   std::chrono::microseconds spin_{0};
+  std::chrono::microseconds yield_{0};
   Segment* segment_ = nullptr;
   size_t segment_bytes_ = 0;
   std::vector<int> pidfds_;  // per rank; -1 for this rank and ranks in this process
