@@ -1006,8 +1006,9 @@ void Coordinator::Impl::ArmTick() {
 }
 
 void Coordinator::Impl::MaybeWatch(const std::shared_ptr<Conn>& c) {
-  // Bounded: the proof reads /proc/net/tcp and the worker's open files on the io thread.
-  constexpr size_t kMaxWatched = 1024;
+  // Bounded: each proof reads /proc/net/tcp (every connection of the host) and the worker's
+  // open files on the io thread; a host runs a few dozen workers at most.
+  constexpr size_t kMaxWatched = 256;
   if (options_.local_watch_ms <= 0 || c->pid <= 0 || c->host != local_hostname_ ||
       local_hostname_.empty() || watched_ >= kMaxWatched) {
     return;
