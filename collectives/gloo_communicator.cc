@@ -86,6 +86,8 @@ class GlooDevice::Impl {
 };
 
 StatusOr<std::shared_ptr<GlooDevice>> GlooDevice::Create(const GlooOptions& options) {
+  // A peer that dies while it connects must not end this process on Gloo's event thread.
+  if (!gloo_support::AcceptGuardLinked()) LOG(WARNING) << "gloo: getpeername guard inactive";
   gloo::transport::tcp::attr attr;
   std::string what;
   if (!options.iface.empty()) {

@@ -26,6 +26,10 @@
 
 namespace morph::gloo_support {
 
+// Whether gloo_accept_guard.cc's getpeername is in this program (it keeps a peer that dies while
+// connecting from ending the process through Gloo's event thread). Calling it links it in.
+bool AcceptGuardLinked();
+
 // Gloo's store interface over ours, blocking up to a real deadline. Gloo wants exceptions;
 // the Status behind the last one is kept so our boundary reports the real code.
 class GlooStoreAdapter : public gloo::rendezvous::Store {

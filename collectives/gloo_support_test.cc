@@ -19,7 +19,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <cstdio>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -177,6 +179,63 @@ TEST_F(RawPeer, SignalWakesASendWhosePayloadThePeerDoesNotRead) {
       pair_, [&] { buf->waitSend(nullptr, kWaitTimeout); }, &what);
   EXPECT_LT(seconds, 2.0) << what;
   EXPECT_NE(what.find("test"), std::string::npos) << what;
+}
+
+// The pair's own lock: while the test holds it, Gloo's event thread leaves the pair's events for
+// later (handleEvents only try-locks), so a connection can be made and reset before Gloo
+// accepts it.
+struct PairLock : tcp::Pair {
+  static std::mutex& Of(tcp::Pair* pair) { return pair->*(&PairLock::m_); }
+};
+
+// A peer that connects and resets its connection before Gloo accepted it: accept(2) still hands
+// the connection out, getpeername(2) on it fails with ENOTCONN, and Gloo's handleConnected
+// enforced that on its event thread, which ended the process. With gloo_accept_guard.cc the
+// pair fails like any closed connection: its connect throws, the process lives.
+TEST(AcceptGuard, APeerThatResetsBeforeGlooAcceptsFailsThePairNotTheProcess) {
+  ASSERT_TRUE(AcceptGuardLinked());
+  tcp::attr attr("127.0.0.1");
+  auto device = tcp::CreateDevice(attr);
+  auto context =
+      std::make_shared<tcp::Context>(std::static_pointer_cast<tcp::Device>(device), 0, 2);
+  context->setTimeout(milliseconds(5000));
+  auto* pair = dynamic_cast<tcp::Pair*>(context->createPair(1).get());
+  ASSERT_NE(pair, nullptr);
+  // A peer address above ours (127.0.0.2), so that this pair is the listening side.
+  sockaddr_in fake{};
+  fake.sin_family = AF_INET;
+  fake.sin_port = htons(1);
+  ASSERT_EQ(inet_pton(AF_INET, "127.0.0.2", &fake.sin_addr), 1);
+  sockaddr_storage fake_ss{};
+  std::memcpy(&fake_ss, &fake, sizeof(fake));
+  const std::vector<char> peer_bytes = tcp::Address(fake_ss).bytes();
+  const sockaddr_storage listening = pair->address().getSockaddr();
+  std::string what;
+  {
+    std::lock_guard<std::mutex> hold(PairLock::Of(pair));
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(s, 0);
+    ASSERT_EQ(::connect(s, reinterpret_cast<const sockaddr*>(&listening), sizeof(sockaddr_in)), 0)
+        << std::strerror(errno);
+    linger reset{.l_onoff = 1, .l_linger = 0};
+    ASSERT_EQ(setsockopt(s, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)), 0);
+    close(s);  // RST: the connection waits, reset, in the backlog
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  // Gloo accepts now, and finds the connection reset when it reads it.
+  std::this_thread::sleep_for(milliseconds(300));
+  auto connecting = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      pair->connect(peer_bytes);
+      return "connected";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  });
+  ASSERT_EQ(connecting.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  what = connecting.get();
+  EXPECT_NE(what, "connected");
+  std::fprintf(stderr, "the pair failed with: %s\n", what.c_str());
 }
 
 }  // namespace
