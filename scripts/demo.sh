@@ -107,7 +107,7 @@ wait_change() {  # until a step of a generation after $1, or $2 more steps (a sp
   done
   return 1
 }
-victim() {  # a live worker's pid (the newest pid file)
+victim() {  # a live member's pid: the newest pid file (members touch theirs every step)
   for f in $(ls -t "$OUT/pids" 2>/dev/null); do
     if kill -0 "$f" 2>/dev/null; then echo "$f"; return; fi
   done

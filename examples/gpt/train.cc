@@ -15,7 +15,8 @@
 // this rank's ZeRO range of each tensor and one DP allgather of the updated parameter ranges.
 //
 // World rank 0 appends one line per step to OUT/metrics.tsv and one per reconfiguration to
-// OUT/events.tsv, and prints a progress line; every worker keeps OUT/pids/<pid> while it runs.
+// OUT/events.tsv, and prints a progress line; every worker keeps OUT/pids/<pid> while it runs,
+// and touches it at every step it trains (a standby spare's stays old).
 // --check-dir DIR (tests): every worker saves its shards each step in the layout-free
 // checkpoint format, and after each reconfiguration compares its new shards, bitwise, with the
 // checkpoint of that step read into the new configuration.
@@ -25,6 +26,8 @@
 #include <morph/base/dtype.h>
 #include <morph/reshard/checkpoint.h>
 #include <morph/runtime/api/runtime.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -770,6 +773,9 @@ int main(int argc, char** argv) {
       break;
     }
     if (step->done()) break;
+    // Only a worker holding a rank trains: its pid file's time says so (a scheduler picking
+    // "the newest pid file" as its victim then picks a member, never a standby spare).
+    (void)utimensat(AT_FDCWD, pid_file.c_str(), nullptr, 0);
     const int64_t s = step->index();
     if (s >= a.steps) {
       (void)rt.EndStep();
