@@ -765,6 +765,7 @@ int main(int argc, char** argv) {
 
   const int64_t tokens_per_step = a.global_batch * a.dims.seq;
   auto last_end = Clock::now();
+  int64_t last_trained = -2;  // the step this worker last began (none yet)
   int exit_code = 0;
   while (true) {
     auto step = rt.BeginStep();
@@ -773,6 +774,10 @@ int main(int argc, char** argv) {
       break;
     }
     if (step->done()) break;
+    // A standby given a rank (or a joiner) times its first step from here, not from the last
+    // step it trained before it waited as a spare.
+    if (step->index() > last_trained + 1) last_end = Clock::now();
+    last_trained = step->index();
     // Only a worker holding a rank trains: its pid file's time says so (a scheduler picking
     // "the newest pid file" as its victim then picks a member, never a standby spare).
     (void)utimensat(AT_FDCWD, pid_file.c_str(), nullptr, 0);

@@ -59,7 +59,9 @@ struct Reconfiguration {
   double plan_seconds = 0;
   double transfer_seconds = 0;
   double resume_seconds = 0;
-  double stall_seconds = 0;  // BeginStep(S) entry to return
+  // BeginStep(S) entry to return; for a worker that held no old rank (a joiner, a standby
+  // given a rank) from the start of the switch, as its wait before that was for a rank.
+  double stall_seconds = 0;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   // Most tensor-state + staging bytes held at once during the switch, and the bound

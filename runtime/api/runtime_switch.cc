@@ -33,6 +33,7 @@ void Runtime::Impl::PutBackUndo() {
 }
 
 Status Runtime::Impl::Switch(const CommitMsg& c, SteadyClock::time_point entered) {
+  const SteadyClock::time_point switch_start = SteadyClock::now();
   Deadline deadline = Deadline::AfterMs(opts.change_timeout_ms);
   Reconfiguration r{.from_generation = gen.id,
                     .generation = c.next.id,
@@ -81,7 +82,9 @@ Status Runtime::Impl::Switch(const CommitMsg& c, SteadyClock::time_point entered
   torn = false;
   aborted_at_ns.store(0);
   StartSnapshots();
-  r.stall_seconds = SecondsSince(entered);
+  // A worker that held no rank (a joiner, a standby) trained nothing that could stall: its
+  // time in BeginStep before the commit is waiting for a rank, so it counts from the switch.
+  r.stall_seconds = SecondsSince(r.old_rank < 0 ? switch_start : entered);
   auto us = [](double s) { return static_cast<int64_t>(s * 1e6); };
   MORPH_RETURN_IF_ERROR(
       agent->SwitchDone(true, "",
