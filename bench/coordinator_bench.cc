@@ -218,7 +218,7 @@ void ClientThread(uint16_t port, int workers, const std::string& hello, const st
             // at the boundary (step 10, whole) is reported; the report goes out with the second.
             w.core->OnRecoveryPrepare(*pre);
             std::optional<StepReportMsg> r = w.core->OnRecoveryBuilt(pre->next.id);
-            if (auto r2 = w.core->OnRecoveryState(10, true, SnapshotHoldings{})) r = r2;
+            if (auto r2 = w.core->OnRecoveryState(StepReportMsg{.state_step = 10})) r = r2;
             if (r) SendAll(w.fd, EncodeFrame(*r));
           } else if (auto r = w.core->OnPrepare(*pre, /*next_step=*/10)) {
             SendAll(w.fd, EncodeFrame(*r));

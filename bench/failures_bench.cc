@@ -15,11 +15,12 @@
 //   heal      --heal-bytes (256 MiB), hybrid ZeRO: after the recovery one joiner is added
 //             (Coordinator::Resize add 1, the Launcher starts it): its process start -> its first
 //             completed step (target < 1 s), and the survivors' stall while it joins.
-//   step_cost 4 workers, 1 GiB, 100 ms steps: mean step time without the consistency mechanism,
-//             with Runtime::BeginUpdate, with BeginUpdate + the undo copy (MORPH_UNDO_COPY), and
-//             with BeginUpdate + buddy snapshots every --snapshot-every steps;
-//             overhead_vs_plain (target < 0.05). --cost-variants begin_update,undo,snapshot
-//             picks which run next to plain.
+//   step_cost 4 workers, 1 GiB, 100 ms steps: mean step time without a consistency mechanism
+//             (no vote), with Runtime::CommitUpdate (the runtime's commit vote: the default
+//             mechanism), with the program's own vote + BeginUpdate + the undo copy
+//             (MORPH_UNDO_COPY), and with CommitUpdate + buddy snapshots every
+//             --snapshot-every steps; overhead_vs_plain (target < 0.05). --cost-variants
+//             commit,undo,snapshot picks which run next to plain.
 //
 // Fields of a failure line: `seconds` = SIGKILL -> the first step completed by every survivor
 // that holds a rank; phases (max over survivors): detect (SIGKILL -> the survivor's collective
@@ -34,7 +35,7 @@
 //
 //   failures_bench [--cases hybrid,snapshot,stall,heal,step_cost] [--bytes 1GiB] [--seed 1]
 //                  [--step-ms 100] [--snapshot-every 5] [--stall-bytes 16MiB] [--heal-bytes 256MiB]
-//                  [--trials 3] [--cost-variants begin_update,undo,snapshot]
+//                  [--trials 3] [--cost-variants commit,undo,snapshot]
 //
 // Every wait is bounded (--timeout-s); the Launcher stops its workers when a case ends.
 #include <glog/logging.h>
@@ -83,7 +84,10 @@ struct WorkerArgs {
   int64_t bytes = int64_t{1} << 30;
   int zero_group = 0;  // 0: plain ZeRO-1
   int64_t step_ms = 100;
-  bool begin_update = true;
+  // The consistency mechanism: "commit" (Runtime::CommitUpdate: the runtime's commit vote, the
+  // default), "vote" (the program's own vote, a 1-element allreduce, then BeginUpdate: what the
+  // undo copy goes with), "plain" (neither: the step without a mechanism).
+  std::string consistency = "commit";
   int64_t steps = int64_t{1} << 40;
   std::string out = ".";
 };
@@ -214,9 +218,9 @@ int Worker(const WorkerArgs& a) {
     std::fill(grad.begin(), grad.end(), 1.0f);
     morph::Status st = step->dp().Allreduce(grad.data(), static_cast<int64_t>(grad.size()),
                                             DType::kF32, morph::ReduceOp::kSum, timeout);
-    if (st.ok()) {
-      // The step's commit vote: every rank got its gradients, so every rank will update. After
-      // it the update is local (BeginUpdate, as runtime.h asks: after the last collective).
+    if (st.ok() && a.consistency == "vote") {
+      // The program's own commit vote: every rank got its gradients, so every rank will
+      // update. After it the update is local (BeginUpdate: after the last collective).
       int64_t one = 1;
       st = step->dp().Allreduce(&one, 1, DType::kI64, morph::ReduceOp::kSum, timeout);
     }
@@ -226,7 +230,16 @@ int Worker(const WorkerArgs& a) {
       if (!ab.ok()) std::fprintf(stderr, "worker: AbortStep: %s\n", ab.ToString().c_str());
       continue;
     }
-    if (a.begin_update) r.BeginUpdate();
+    if (a.consistency == "commit") {
+      // The runtime's commit vote (it ends the step itself when it fails).
+      st = r.CommitUpdate();
+      if (!st.ok()) {
+        put({{"ev", "fail"}, {"t", NowNs()}, {"step", step->index()}, {"why", st.ToString()}});
+        continue;
+      }
+    } else if (a.consistency == "vote") {
+      r.BeginUpdate();
+    }
     StampState(r.state(), step->index() + 1, /*check=*/false, nullptr);  // the optimizer step
     if (!r.EndStep().ok()) return 4;
     put({{"ev", "step"}, {"t", NowNs()}, {"step", step->index()}, {"rank", step->rank()}});
@@ -305,13 +318,13 @@ morph::Status StartJob(Job& job, const DriverArgs& d, const std::string& tag, in
   fs::create_directories(job.dir);
   morph::LauncherOptions o;
   o.workers = workers;
-  o.argv = {d.self,           "--worker",
-            "--bytes",        std::to_string(w.bytes),
-            "--zero-group",   std::to_string(w.zero_group),
-            "--step-ms",      std::to_string(w.step_ms),
-            "--begin-update", w.begin_update ? "1" : "0",
-            "--steps",        std::to_string(w.steps),
-            "--out",          job.dir.string()};
+  o.argv = {d.self,          "--worker",
+            "--bytes",       std::to_string(w.bytes),
+            "--zero-group",  std::to_string(w.zero_group),
+            "--step-ms",     std::to_string(w.step_ms),
+            "--consistency", w.consistency,
+            "--steps",       std::to_string(w.steps),
+            "--out",         job.dir.string()};
   o.log_dir = job.dir.string();
   if (snapshot_every > 0) o.env["MORPH_SNAPSHOT_EVERY"] = std::to_string(snapshot_every);
   if (undo_copy) o.env["MORPH_UNDO_COPY"] = "1";
@@ -574,14 +587,13 @@ int RunFailure(DriverArgs& d, const Case& c) {
 }
 
 // Mean step time of rank 0's steps 5..steps (whole snapshot intervals) in a 4-worker job.
-double StepTime(DriverArgs& d, int64_t bytes, bool begin_update, int64_t snapshot_every,
-                int64_t steps, int64_t* rss_max, bool undo_copy = false) {
+double StepTime(DriverArgs& d, int64_t bytes, const std::string& consistency,
+                int64_t snapshot_every, int64_t steps, int64_t* rss_max, bool undo_copy = false) {
   Job job;
-  WorkerArgs w{.bytes = bytes, .step_ms = d.step_ms, .begin_update = begin_update};
-  const char* tag = snapshot_every > 0 ? "cost-snap"
-                    : undo_copy        ? "cost-undo"
-                    : begin_update     ? "cost-bu"
-                                       : "cost-plain";
+  WorkerArgs w{.bytes = bytes, .step_ms = d.step_ms, .consistency = consistency};
+  const std::string tag = snapshot_every > 0 ? "cost-snap"
+                          : undo_copy        ? "cost-undo"
+                                             : "cost-" + consistency;
   morph::Status s = StartJob(job, d, tag, 4, w, snapshot_every,
                              {{4, morph::bench::ReconfigConfig(4, 1, 1)}}, undo_copy);
   if (!s.ok()) return -1;
@@ -620,10 +632,12 @@ int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials
     return ("," + variants + ",").find(std::string(",") + v + ",") != std::string::npos;
   };
   for (int t = 0; t < trials; ++t) {  // interleaved, so that the load drifts over all of them
-    plain.push_back(StepTime(d, bytes, false, 0, steps, &rss[0]));
-    if (want("begin_update")) bu.push_back(StepTime(d, bytes, true, 0, steps, &rss[1]));
-    if (want("undo")) undo.push_back(StepTime(d, bytes, true, 0, steps, &rss[3], true));
-    if (want("snapshot")) snap.push_back(StepTime(d, bytes, true, snapshot_every, steps, &rss[2]));
+    plain.push_back(StepTime(d, bytes, "plain", 0, steps, &rss[0]));
+    if (want("commit")) bu.push_back(StepTime(d, bytes, "commit", 0, steps, &rss[1]));
+    if (want("undo")) undo.push_back(StepTime(d, bytes, "vote", 0, steps, &rss[3], true));
+    if (want("snapshot")) {
+      snap.push_back(StepTime(d, bytes, "commit", snapshot_every, steps, &rss[2]));
+    }
   }
   for (const std::vector<double>* v : {&plain, &bu, &undo, &snap}) {
     if (std::any_of(v->begin(), v->end(), [](double x) { return x <= 0; })) return 1;
@@ -643,7 +657,7 @@ int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials
   };
   line("plain", p, {{"per_trial", plain}, {"worker_rss_max_bytes", rss[0]}});
   if (!bu.empty()) {
-    line("begin_update", b, {{"per_trial", bu}, {"worker_rss_max_bytes", rss[1]}});
+    line("commit_update", b, {{"per_trial", bu}, {"worker_rss_max_bytes", rss[1]}});
   }
   if (!undo.empty()) {
     line("begin_update+undo_copy", u,
@@ -652,7 +666,7 @@ int RunStepCost(DriverArgs& d, int64_t bytes, int64_t snapshot_every, int trials
           {"rss_vs_plain", rss[0] > 0 ? static_cast<double>(rss[3]) / rss[0] : 0.0}});
   }
   if (!snap.empty()) {
-    line("begin_update+snapshot", s,
+    line("commit_update+snapshot", s,
          {{"snapshot_every", snapshot_every},
           {"per_trial", snap},
           {"worker_rss_max_bytes", rss[2]},
@@ -675,7 +689,7 @@ int main(int argc, char** argv) {
           heal_bytes = int64_t{256} << 20, snapshot_every = 5;
   int trials = 3;
   std::string cases = "hybrid,snapshot,stall,heal,step_cost";
-  std::string cost_variants = "begin_update,undo,snapshot";
+  std::string cost_variants = "commit,undo,snapshot";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -698,8 +712,8 @@ int main(int argc, char** argv) {
       w.zero_group = std::atoi(next().c_str());
     else if (a == "--step-ms")
       w.step_ms = d.step_ms = std::atoll(next().c_str());
-    else if (a == "--begin-update")
-      w.begin_update = next() == "1";
+    else if (a == "--consistency")
+      w.consistency = next();
     else if (a == "--steps")
       w.steps = std::atoll(next().c_str());
     else if (a == "--out")

@@ -11,8 +11,9 @@
 // Per step on each rank: GPipe over the step's micro-batches (all forwards, then all backwards
 // in reverse; activations and their gradients go between stages over step.pp()), the TP
 // allreduces inside each layer (model.cc), one DP reduce-scatter of every gradient (each rank
-// gets the sums for its ZeRO ranges), the loss summed over the world, then (BeginUpdate) Adam on
-// this rank's ZeRO range of each tensor and one DP allgather of the updated parameter ranges.
+// gets the sums for its ZeRO ranges), the loss summed over the world, then Adam on
+// this rank's ZeRO range of each tensor and one DP allgather of the updated parameter ranges,
+// then the commit vote (CommitUpdate) and the local writes into the state.
 //
 // World rank 0 appends one line per step to OUT/metrics.tsv and one per reconfiguration to
 // OUT/events.tsv, and prints a progress line; every worker keeps OUT/pids/<pid> while it runs,
@@ -507,9 +508,11 @@ class Trainer {
 
     // The update, as a transaction: Adam on this rank's ZeRO range into scratch (new moments
     // in `mv`, new parameter values in `mine`, laid out as the allgather's slot), the DP
-    // allgather of the new ranges, and only then (BeginUpdate) the local writes into the state.
-    // A collective that fails (a peer died) thus always leaves the state at the step's values,
-    // which the recovery can use; no communication happens after BeginUpdate.
+    // allgather of the new ranges, the commit vote (CommitUpdate), and only then the local
+    // writes into the state. A collective that fails (a peer died) thus always leaves the state
+    // at the step's values, which the recovery can use; a vote that completed on some ranks
+    // only is settled by the recovery (CommitUpdate then returns OK here too, and the update is
+    // applied: every rank had voted). No communication happens after CommitUpdate.
     const int64_t t = step.index() + 1;
     const float warm = std::min(1.f, static_cast<float>(t) / 20.f);
     const float lr = a_.lr * warm, b1 = 0.9f, b2 = 0.99f, eps = 1e-8f;
@@ -549,7 +552,7 @@ class Trainer {
       MORPH_RETURN_IF_ERROR(step.dp().Allgather(in, out, mine.size(), DType::kF32, kTimeout));
       MORPH_RETURN_IF_ERROR(mem.Done());
     }
-    rt.BeginUpdate();
+    MORPH_RETURN_IF_ERROR(rt.CommitUpdate());
     int64_t off = 0;
     for (Param& p : params_) {
       const int64_t chunk = (p.n + groups - 1) / groups;

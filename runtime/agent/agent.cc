@@ -200,12 +200,11 @@ StatusOr<Agent::Decision> Agent::Decide(int64_t step, Deadline deadline) {
   }
 }
 
-Status Agent::ReportState(int64_t state_step, bool state_ok, const SnapshotHoldings& snapshots,
-                         int64_t undo_step) {
+Status Agent::ReportState(StepReportMsg state) {
   std::optional<StepReportMsg> report;
   {
     std::lock_guard<std::mutex> l(mu_);
-    report = core_.OnRecoveryState(state_step, state_ok, snapshots, undo_step);
+    report = core_.OnRecoveryState(std::move(state));
     UpdatePendingLocked();
     cv_.notify_all();
   }

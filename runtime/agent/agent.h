@@ -89,10 +89,10 @@ class Agent {
   // The training thread's step failed (Runtime::AbortStep) or its switch did: no step of the
   // current generation begins any more (AgentCore::OnStepFailed).
   void NoteStepFailed();
-  // The training thread's half of a recovery's step report (Decide said kReport): the step its
-  // state holds and whether it is whole, and its snapshots' steps (-1: none).
-  Status ReportState(int64_t state_step, bool state_ok, const SnapshotHoldings& snapshots = {},
-                     int64_t undo_step = -1);
+  // The training thread's half of a recovery's step report (Decide said kReport): `state`'s
+  // state fields (the step its state holds and whether it is whole, its snapshots, undo copy
+  // and commit vote; AgentCore::OnRecoveryState).
+  Status ReportState(StepReportMsg state);
   // Reports the switch's result (sends Applied). After ok the core is in the new generation.
   Status SwitchDone(bool ok, const std::string& error = "", AppliedMsg::Phases phases = {});
   // After a failed switch: waits for the coordinator's outcome (true: applied elsewhere).

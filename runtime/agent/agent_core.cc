@@ -53,17 +53,12 @@ std::optional<StepReportMsg> AgentCore::OnRecoveryBuilt(int64_t generation) {
   return RecoveryReportIfComplete();
 }
 
-std::optional<StepReportMsg> AgentCore::OnRecoveryState(int64_t state_step, bool state_ok,
-                                                        const SnapshotHoldings& snapshots,
-                                                        int64_t undo_step) {
+std::optional<StepReportMsg> AgentCore::OnRecoveryState(StepReportMsg state) {
   if (recovery_ == 0 || recovery_state_) return std::nullopt;
-  recovery_state_ = StepReportMsg{.worker = me_,
-                                  .generation = recovery_,
-                                  .last_free_step = state_step,
-                                  .state_step = state_step,
-                                  .state_ok = state_ok,
-                                  .snapshots = snapshots,
-                                  .undo_step = undo_step};
+  state.worker = me_;
+  state.generation = recovery_;
+  state.last_free_step = state.state_step;
+  recovery_state_ = std::move(state);
   return RecoveryReportIfComplete();
 }
 

@@ -44,16 +44,18 @@ class AgentCore {
   // each returns the report when it completes the pair.
   void OnRecoveryPrepare(const PrepareMsg& m);
   std::optional<StepReportMsg> OnRecoveryBuilt(int64_t generation);
-  std::optional<StepReportMsg> OnRecoveryState(int64_t state_step, bool state_ok,
-                                               const SnapshotHoldings& snapshots,
-                                               int64_t undo_step = -1);
+  // `state`: the state fields of the report (state_step, state_ok, snapshots, undo_step,
+  // vote_step, committed_step); the core fills in worker, generation and last_free_step.
+  std::optional<StepReportMsg> OnRecoveryState(StepReportMsg state);
   // The same with only the newest local and held snapshot steps (tests).
   std::optional<StepReportMsg> OnRecoveryState(int64_t state_step, bool state_ok,
                                                int64_t snapshot_step, int64_t held_snapshot_step,
                                                int64_t undo_step = -1) {
     return OnRecoveryState(
-        state_step, state_ok,
-        SnapshotHoldings{.local_step = snapshot_step, .held_step = held_snapshot_step}, undo_step);
+        StepReportMsg{.state_step = state_step,
+                      .state_ok = state_ok,
+                      .snapshots = {.local_step = snapshot_step, .held_step = held_snapshot_step},
+                      .undo_step = undo_step});
   }
   void OnCommit(const CommitMsg& m);
   void OnAbandon(const AbandonMsg& m);

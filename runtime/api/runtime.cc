@@ -203,6 +203,7 @@ StatusOr<Step> Runtime::BeginStep() {
                                    " is still open (call EndStep first)");
   }
   Step step;
+  m.ended_by_vote = false;
   bool reconfigured = m.joined_by_change;
   m.joined_by_change = false;
   if (!m.finished) {
@@ -287,7 +288,10 @@ Status Runtime::EndStep() {
 
 Status Runtime::AbortStep(const Status& why) {
   Impl& m = *impl_;
-  if (!m.in_step) return FailedPreconditionError("AbortStep: no step is open");
+  if (!m.in_step) {
+    if (m.ended_by_vote) return Status();  // CommitUpdate failed and ended the step already
+    return FailedPreconditionError("AbortStep: no step is open");
+  }
   m.in_step = false;
   m.aborted = true;
   m.undo.Cancel();  // before the recovery touches the state; the last taken copy stays

@@ -15,16 +15,23 @@
 //   while (true) {
 //     MORPH_ASSIGN_OR_RETURN(morph::Step step, rt->BeginStep());
 //     if (step.done()) break;                           // this worker left the job
-//     Train(step);                                      // step.dp(), step.samples(), ...
+//     morph::Status st = ForwardBackward(step);         // step.dp(), step.samples(), ...
+//     if (st.ok()) st = rt->CommitUpdate();             // the step's commit vote
+//     if (!st.ok()) {                                   // a peer failed: BeginStep recovers
+//       MORPH_RETURN_IF_ERROR(rt->AbortStep(st));
+//       continue;
+//     }
+//     ApplyUpdate(rt->state());                         // local writes only
 //     MORPH_RETURN_IF_ERROR(rt->EndStep());
 //     if (step.index() + 1 == total_steps) break;
 //   }
 //   return rt->Finish();                                // tells the coordinator; waits if hosting
 //
-// Threads: Start, BeginStep, EndStep, Leave, Finish and the callbacks belong to the training
-// thread (the one that called Start); state() is the training thread's. The runtime runs one
-// control thread of its own (the connection to the coordinator, heartbeats) and, between a
-// change's prepare and its switch step, one thread building the new communicators.
+// Threads: Start, BeginStep, CommitUpdate, EndStep, AbortStep, Finish and the callbacks belong
+// to the training thread (the one that called Start); state() is the training thread's. The
+// runtime runs one control thread of its own (the connection to the coordinator, heartbeats)
+// and, between a change's prepare and its switch step, one thread building the new
+// communicators.
 // RequestLeave is async-signal-safe (the SIGTERM handler calls it).
 #ifndef MORPH_RUNTIME_API_RUNTIME_H_
 #define MORPH_RUNTIME_API_RUNTIME_H_
@@ -147,6 +154,23 @@ class Runtime {
   // BeginStep on, so with undo_copy nothing may write the registered state between BeginStep
   // and BeginUpdate (the contract above, which the copy relies on).
   void BeginUpdate();
+  // The step's commit vote, then BeginUpdate: every rank of the generation votes (one element
+  // allreduced over step.world()) that it holds everything its update needs, so call it after
+  // the step's last collective and apply the update with local writes only. A vote does not
+  // complete everywhere or nowhere (a rank that dies while it is relayed leaves some ranks
+  // with the result and others without); a worker whose vote did not complete waits here for
+  // the recovery, which learns from every survivor whether the vote completed anywhere.
+  //   OK: apply this step's update now, then EndStep. Every rank voted; when the vote failed
+  //       here and passed elsewhere, the recovery resumes at the next step (nothing lost).
+  //   kAborted "step S was not committed: ...": do not apply it. The step is over (as after
+  //       AbortStep); the next BeginStep applies the recovery, from step S.
+  //   kUnavailable: the coordinator is gone (as AbortStep); kFailedPrecondition if no step is
+  //       open or its update already began.
+  // After an error the step is over: AbortStep(error) then returns OK and does nothing, so a
+  // program may end every failed step with AbortStep.
+  // With it, a failure never needs the undo copy to keep every survivor at one step, at the
+  // cost of one small allreduce per step (docs/design.md "Consistency").
+  Status CommitUpdate();
   // The end of the step begun last. kFailedPrecondition if no step is open.
   Status EndStep();
   // Ends the open step as failed: a collective returned an error (kAborted after the runtime
@@ -154,7 +178,8 @@ class Runtime {
   // Tells the coordinator which peers `why` names (its CollectiveFailure), so that it starts a
   // recovery; the next BeginStep applies it. kFailedPrecondition if no step is open;
   // kUnavailable ("connection to the coordinator lost: ...") when the coordinator is gone (its
-  // death aborted the step): the job cannot go on, end the program.
+  // death aborted the step): the job cannot go on, end the program. OK and nothing else after a
+  // CommitUpdate that failed (it ended the step).
   Status AbortStep(const Status& why);
 
   // True once this worker left the job (its state moved away) or was released.

@@ -173,6 +173,23 @@ struct Runtime::Impl {
   // Waits for and applies decisions until step `next_step` may begin (or this worker is done).
   StatusOr<bool> SlowPath(bool& reconfigured);
 
+  // A recovery's step report (the agent said kReport): the state's step, whether it is whole,
+  // the snapshots, the undo copy and the commit vote.
+  Status ReportRecoveryState();
+
+  // The commit vote (Runtime::CommitUpdate): the step whose vote completed last on this worker
+  // in the current generation, and the step whose vote it cast without learning the outcome
+  // (-1: none). Both reset at every switch (a rollback re-reaches older steps).
+  int64_t committed_step = -1;
+  int64_t vote_step = -1;
+  // The open step was ended by a CommitUpdate that failed (AbortStep then does nothing).
+  bool ended_by_vote = false;
+  // One element allreduced over `groups->world()` (a device buffer when the world is NCCL).
+  Status Vote(int64_t step);
+  // CommitUpdate after a vote that did not complete here: reports, waits for the recovery's
+  // commit, and says whether this step's update is to be applied (its vote passed elsewhere).
+  StatusOr<bool> AwaitVoteOutcome(int64_t step);
+
   Status Bootstrap();
 
   // The worker holding rank `r` of this worker's group `group` (a GroupBuilder name: "world",

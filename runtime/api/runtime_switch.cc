@@ -80,6 +80,8 @@ Status Runtime::Impl::Switch(const CommitMsg& c, SteadyClock::time_point entered
   restored_step = r.checkpoint.empty() ? -1 : r.step;
   aborted = false;
   torn = false;
+  committed_step = -1;
+  vote_step = -1;
   aborted_at_ns.store(0);
   StartSnapshots();
   // A worker that held no rank (a joiner, a standby) trained nothing that could stall: its
@@ -188,24 +190,10 @@ StatusOr<bool> Runtime::Impl::SlowPath(bool& reconfigured) {
       case AgentCore::Action::kFinished:
         finished = true;
         return true;
-      case AgentCore::Action::kReport: {
+      case AgentCore::Action::kReport:
         // A recovery: the step the state holds, and whether it is whole.
-        const bool whole = !torn && state.intact();
-        const SnapshotHoldings snaps = EndSnapshots();
-        const int64_t undo_step = UndoStep();
-        LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step
-                  << (whole ? " (whole)" : " (torn)")
-                  << (undo_step >= 0 ? ", undo copy of step " + std::to_string(undo_step)
-                                     : std::string())
-                  << (snapshots ? "; snapshots: own " + std::to_string(snaps.local_step) + "/" +
-                                      std::to_string(snaps.local_prev_step) + ", held " +
-                                      std::to_string(snaps.held_step) + "/" +
-                                      std::to_string(snaps.held_prev_step) + " of rank " +
-                                      std::to_string(snaps.held_rank)
-                                : std::string());
-        MORPH_RETURN_IF_ERROR(agent->ReportState(next_step, whole, snaps, undo_step));
+        MORPH_RETURN_IF_ERROR(ReportRecoveryState());
         break;
-      }
       case AgentCore::Action::kCannotSwitch: {
         // This worker's generation failed before the committed start step: it cannot take
         // part; the change fails everywhere and a recovery follows.

@@ -104,6 +104,15 @@ struct StepReportMsg {
   // BeginUpdate, which it can put back locally (-1: none). A worker whose update went through
   // while a peer's did not (the commit vote reached some ranks only) can thus go back a step.
   int64_t undo_step = -1;
+  // Runtime::CommitUpdate, the step's commit vote (recovery prepares only). `vote_step`: this
+  // worker voted to commit that step and holds everything its update needs, but its vote did
+  // not complete here, so it does not know whether every rank voted (its state is whole at
+  // vote_step; it reaches vote_step + 1 by applying its update). `committed_step`: the newest
+  // step whose vote completed here (every rank of the generation voted). -1: none. A vote that
+  // completed on any survivor means every rank voted: the undecided ones then apply their
+  // update, so the recovery resumes at vote_step + 1 with nothing lost (ChooseRecovery).
+  int64_t vote_step = -1;
+  int64_t committed_step = -1;
   friend bool operator==(const StepReportMsg&, const StepReportMsg&) = default;
 };
 

@@ -148,18 +148,36 @@ StatusOr<RecoveryChoice> ChooseRecovery(const JobManifest& manifest, const Gener
     }
   }
   RecoveryChoice out;
+  // The commit votes (Runtime::CommitUpdate): the vote of step p passed if it completed on any
+  // survivor, or a survivor's state is past p (it could begin p + 1 only after the vote of p
+  // completed on it). Every rank then voted, so every survivor whose vote of p is undecided
+  // holds all its update needs: it applies it on a commit that resumes at p + 1.
+  int64_t committed = -1;
+  for (const auto& [w, r] : by_worker) {
+    committed = std::max({committed, r->committed_step, r->state_step - 1});
+  }
+  auto rolls_forward = [&](const StepReportMsg& r) {
+    return r.vote_step >= 0 && r.state_ok && r.state_step == r.vote_step &&
+           r.vote_step <= committed;
+  };
   int64_t newest = from.start_step;
   std::set<int64_t, std::greater<>> steps;  // whole states, newest first
   for (const auto& [w, r] : by_worker) {
     newest = std::max(newest, r->state_step);
     if (r->state_ok && r->state_step >= 0) steps.insert(r->state_step);
     if (r->undo_step >= 0) steps.insert(r->undo_step);
+    if (rolls_forward(*r)) {
+      steps.insert(r->vote_step + 1);
+      newest = std::max(newest, r->vote_step + 1);
+    }
   }
   out.decision.newest_step = newest;
-  // Whether worker `r` can hold step `v`'s values: its live state, or its undo copy (put back
-  // before the exchange; runtime.cc, Switch).
-  auto holds = [](const StepReportMsg& r, int64_t v) {
-    return (r.state_ok && r.state_step == v) || r.undo_step == v;
+  // Whether worker `r` can hold step `v`'s values: its live state, its undo copy (put back
+  // before the exchange; runtime.cc, Switch), or its state once it applied the update of a
+  // step whose vote passed (CommitUpdate returns OK to it when the commit resumes at v).
+  auto holds = [&](const StepReportMsg& r, int64_t v) {
+    return (r.state_ok && r.state_step == v) || r.undo_step == v ||
+           (rolls_forward(r) && r.vote_step + 1 == v);
   };
   std::string first_missing;
   for (int64_t v : steps) {

@@ -84,6 +84,50 @@ TEST(ChooseRecoveryTest, ATornStateIsReplacedByItsUndoCopy) {
               StatusIs(StatusCode::kDataLoss, HasSubstr("no copy of tensor")));
 }
 
+// The same death with the commit vote in the runtime (Runtime::CommitUpdate): workers 1 and 3
+// voted for step 8 but their vote did not complete (vote_step 8, state whole at 8); worker 2's
+// did (committed_step 8) and it applied the update. Every rank voted, so 1 and 3 hold what their
+// update needs: they apply it, and the recovery resumes at 9 with nothing lost, no undo copy.
+TEST(ChooseRecoveryTest, AnUndecidedVoteRollsForwardWhenItPassedOnASurvivor) {
+  Case c;
+  std::vector<StepReportMsg> r = {Report(1, 8), Report(2, 9), Report(3, 8)};
+  r[0].vote_step = r[2].vote_step = 8;
+  r[1].committed_step = 8;
+  auto choice = ChooseRecovery(Hybrid(), c.from, c.next, c.change, r, std::nullopt);
+  MORPH_ASSERT_OK(choice.status());
+  EXPECT_EQ(choice->resume_step, 9);
+  EXPECT_TRUE(choice->stale.empty());
+  EXPECT_EQ(choice->decision.source, RecoveryDecision::Source::kReplicas);
+  EXPECT_EQ(choice->decision.newest_step, 9);  // nothing lost
+  // A survivor whose state is past the step is the same evidence (it began step 9 only after
+  // its vote of 8 completed).
+  r[1].committed_step = -1;
+  choice = ChooseRecovery(Hybrid(), c.from, c.next, c.change, r, std::nullopt);
+  MORPH_ASSERT_OK(choice.status());
+  EXPECT_EQ(choice->resume_step, 9);
+  EXPECT_TRUE(choice->stale.empty());
+}
+
+// Nobody's vote of step 8 completed (the dying rank never voted): nobody applied anything of
+// step 8, and every survivor resumes there with its own state.
+TEST(ChooseRecoveryTest, AnUndecidedVoteThatPassedNowhereResumesAtItsStep) {
+  Case c;
+  std::vector<StepReportMsg> r = {Report(1, 8), Report(2, 8), Report(3, 8)};
+  for (StepReportMsg& m : r) m.vote_step = 8;
+  r[1].committed_step = 7;
+  auto choice = ChooseRecovery(Hybrid(), c.from, c.next, c.change, r, std::nullopt);
+  MORPH_ASSERT_OK(choice.status());
+  EXPECT_EQ(choice->resume_step, 8);
+  EXPECT_TRUE(choice->stale.empty());
+  EXPECT_EQ(choice->decision.newest_step, 8);
+  // An undecided vote is never taken as passed by a torn survivor at the same step without its
+  // committed_step: torn says nothing about the vote.
+  r[1] = Report(2, 8, /*ok=*/false);
+  r[1].vote_step = -1;
+  EXPECT_THAT(ChooseRecovery(Hybrid(), c.from, c.next, c.change, r, std::nullopt).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("no copy of tensor 'adam_m'")));
+}
+
 TEST(ChooseRecoveryTest, NoCopyFallsBackToTheCheckpoint) {
   Case c;
   std::vector<StepReportMsg> r = {Report(1, 8), Report(2, 9), Report(3, 8)};

@@ -466,6 +466,8 @@ void Put(Writer& w, const StepReportMsg& m) {
   w.I64(m.snapshots.held_prev_step);
   w.I64(m.snapshots.held_rank);
   w.I64(m.undo_step);
+  w.I64(m.vote_step);
+  w.I64(m.committed_step);
 }
 void Get(Reader& r, StepReportMsg& m) {
   m.worker = r.I64("worker");
@@ -479,6 +481,8 @@ void Get(Reader& r, StepReportMsg& m) {
   m.snapshots.held_prev_step = r.I64("snapshots.held_prev_step");
   m.snapshots.held_rank = r.I64("snapshots.held_rank");
   m.undo_step = r.I64("undo_step");
+  m.vote_step = r.I64("vote_step");
+  m.committed_step = r.I64("committed_step");
 }
 void Put(Writer& w, const AbortMsg& m) {
   w.I64(m.generation);

@@ -10,11 +10,14 @@
 // --variant shape registers l1.b with another shape (the registration-agreement test: such a
 // worker is refused at Start); --variant hybrid2 shards the ZeRO tensors in DP groups of 2
 // (hybrid ZeRO: every piece has a replica while dp >= 4; the failures tests).
+// --drop-vote-at S [--drop-vote-rank R] (default rank 0): the worker holding rank R at step S
+// loses the result of its commit vote of S although every rank voted
+// (testing_hooks::DropCommitVoteResult).
 //
 // Failures (the failures tests kill workers with SIGKILL at random moments): a step's collective
 // that fails ends the step with AbortStep and the loop goes on at the step BeginStep returns
-// (the recovery's). A world barrier before the update is the step's commit vote; the update
-// (after BeginUpdate) is local. A step's samples are logged once consumed (after the first
+// (the recovery's). Runtime::CommitUpdate is the step's commit vote; the update after it is
+// local. A step's samples are logged once consumed (after the first
 // collective), with the generation (a step trained again after a recovery appears again, in a
 // later one); a step that any worker completed was logged by every DP rank (the vote needs
 // them all).
@@ -32,6 +35,7 @@
 #include <thread>
 
 #include "runtime/api/runtime.h"
+#include "runtime/api/test_hooks.h"
 
 namespace {
 
@@ -96,7 +100,8 @@ int Fail(int code, const std::string& why) {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  int64_t steps = 20, step_ms = 20, exit_at = -1;
+  int64_t steps = 20, step_ms = 20, exit_at = -1, drop_vote_at = -1;
+  int drop_vote_rank = 0;
   std::string out = ".", variant;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
@@ -105,6 +110,10 @@ int main(int argc, char** argv) {
     else if (a == "--step-ms") step_ms = std::atoll(argv[i + 1]);
     else if (a == "--exit-at-step") exit_at = std::atoll(argv[i + 1]);
     else if (a == "--variant") variant = argv[i + 1];
+    else if (a == "--drop-vote-at")
+      drop_vote_at = std::atoll(argv[i + 1]);
+    else if (a == "--drop-vote-rank")
+      drop_vote_rank = std::atoi(argv[i + 1]);
     else return Fail(2, "unknown flag " + a);
   }
   auto opts = morph::Options::FromEnv();
@@ -220,20 +229,20 @@ int main(int argc, char** argv) {
       log.flush();
     }
     if (step_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
-    // The commit vote: every rank is ready to update (TorchFT's should_commit). Only after it
-    // does the state change, locally: a failure before leaves every survivor whole at s; a
-    // death after it leaves the survivors whole at s + 1 once they finish their local update.
-    int64_t one = 1;
-    st = step->world().Allreduce(&one, 1, DType::kI64, morph::ReduceOp::kSum,
-                                 std::chrono::milliseconds(60000));
+    // The commit vote (TorchFT's should_commit): every rank is ready to update. Only after it
+    // does the state change, locally. A vote that failed here but passed elsewhere returns OK
+    // after the recovery decided (the update is applied, and the recovery resumes after it).
+    if (s == drop_vote_at && step->rank() == drop_vote_rank) {
+      morph::testing_hooks::DropCommitVoteResult(s);
+    }
+    st = r.CommitUpdate();
     if (!st.ok()) {
-      morph::Status a = r.AbortStep(st);
-      if (!a.ok()) return Fail(4, "AbortStep: " + a.ToString());
+      if (st.code() != morph::StatusCode::kAborted)
+        return Fail(4, "CommitUpdate: " + st.ToString());
       ++aborted_steps;
       continue;
     }
     // "Train": every element and the counter advance by one.
-    r.BeginUpdate();
     for (size_t k = 0; k < defs.size(); ++k) {
       auto t = state.tensor(defs[k].name);
       float* p = static_cast<float*>(t->data.data);

@@ -75,11 +75,9 @@ void RunTrial(uint64_t seed) {
                 // A switch cut short keeps the old state whole (the recovery may use it).
                 // The change timeout is above the heartbeat timeout: a survivor that cannot
                 // report its state is dropped by the coordinator before the others give up.
-                // The undo copy lets a worker whose commit vote completed go back a step
-                // when a dying peer's vote reached only some of the others.
-                .env = {{"MORPH_RESHARD_KEEP_OLD", "1"},
-                        {"MORPH_UNDO_COPY", "1"},
-                        {"MORPH_CHANGE_TIMEOUT_MS", "30000"}},
+                // No undo copy: a dying peer's commit vote that reached only some of the
+                // others is settled by CommitUpdate (the undecided roll forward).
+                .env = {{"MORPH_RESHARD_KEEP_OLD", "1"}, {"MORPH_CHANGE_TIMEOUT_MS", "30000"}},
                 .heartbeat_timeout_ms = 20000};
   Job job = StartJob("kill-" + std::to_string(seed), workers,
                      {{2, Config(2, 1, 1)}, {4, Config(4, 1, 1)}, {6, Config(6, 1, 1)}}, jo);
@@ -146,6 +144,42 @@ TEST(FailureTest, LossOfEveryCopyStopsTheJobNamingThePiece) {
       EXPECT_EQ(c.exit_code, 4) << "worker " << c.index << "\n" << logs;
     }
   }
+}
+
+// A commit vote that completed on some ranks only: the worker holding rank 2 at step 6 loses the
+// result of its vote (testing_hooks::DropCommitVoteResult), as when a rank dies while relaying
+// it; the others applied step 6. Plain ZeRO, no undo copy: rank 2's optimizer piece exists only
+// on rank 2, at step 6, while the others hold step 7. The recovery learns that the vote
+// completed elsewhere, rank 2 applies its update (CommitUpdate returns OK after the recovery's
+// commit) and everyone resumes at step 7 with nothing lost or moved. Before CommitUpdate (the
+// program's own vote, then BeginUpdate) the same job stopped with DATA_LOSS.
+TEST(FailureTest, AVoteThatCompletedOnSomeRanksOnlyRollsTheOthersForward) {
+  JobOptions jo{
+      .steps = 12, .step_ms = 10, .extra_args = {"--drop-vote-at", "6", "--drop-vote-rank", "2"}};
+  Job job = StartJob("vote", 4, {{4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher);
+  StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(job);
+  const std::string logs = Logs(job);
+  EXPECT_EQ(*code, 0) << logs;
+  for (const ChildInfo& c : job.launcher->children()) {
+    EXPECT_EQ(c.exit_code, 0) << "worker " << c.index << "\n" << logs;
+  }
+  EXPECT_NE(logs.find("the commit vote of step 6 passed elsewhere: applying its update"),
+            std::string::npos)
+      << logs;
+  // Every worker (the dropped vote's too) recovered at step 7 from its own state.
+  size_t recovered = 0;
+  for (size_t at = logs.find("recovered at step 7 from replicas (newest 7, 0 steps lost, own");
+       at != std::string::npos;
+       at = logs.find("recovered at step 7 from replicas (newest 7, 0 steps lost, own", at + 1)) {
+    ++recovered;
+  }
+  EXPECT_EQ(recovered, 4u) << logs;
+  EXPECT_EQ(logs.find("DATA_LOSS"), std::string::npos) << logs;
+  testing::CheckSamples(job.dir, 12, /*retrained=*/false);
+  job.launcher.reset();
+  std::filesystem::remove_all(job.dir);
 }
 
 // Plain ZeRO with periodic checkpoints: a death loses pieces nobody else holds, so the job rolls
