@@ -10,9 +10,10 @@
 // --variant shape registers l1.b with another shape (the registration-agreement test: such a
 // worker is refused at Start); --variant hybrid2 shards the ZeRO tensors in DP groups of 2
 // (hybrid ZeRO: every piece has a replica while dp >= 4; the failures tests).
-// --drop-vote-at S [--drop-vote-rank R] (default rank 0): the worker holding rank R at step S
-// loses the result of its commit vote of S although every rank voted
-// (testing_hooks::DropCommitVoteResult).
+// --drop-vote-at S [--fault-rank R] (default rank 0): the worker holding rank R at step S of
+// the job's first generation loses the result of its commit vote of S although every rank voted
+// (testing_hooks::DropCommitVoteResult); --die-before-vote-at S: that worker exits (code 9)
+// right before its vote of S.
 //
 // Failures (the failures tests kill workers with SIGKILL at random moments): a step's collective
 // that fails ends the step with AbortStep and the loop goes on at the step BeginStep returns
@@ -100,21 +101,22 @@ int Fail(int code, const std::string& why) {
 int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
-  int64_t steps = 20, step_ms = 20, exit_at = -1, drop_vote_at = -1;
-  int drop_vote_rank = 0;
+  int64_t steps = 20, step_ms = 20, exit_at = -1, drop_vote_at = -1, die_before_vote_at = -1;
+  int fault_rank = 0;
   std::string out = ".", variant;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
+    // clang-format off
     if (a == "--steps") steps = std::atoll(argv[i + 1]);
     else if (a == "--out") out = argv[i + 1];
     else if (a == "--step-ms") step_ms = std::atoll(argv[i + 1]);
     else if (a == "--exit-at-step") exit_at = std::atoll(argv[i + 1]);
     else if (a == "--variant") variant = argv[i + 1];
-    else if (a == "--drop-vote-at")
-      drop_vote_at = std::atoll(argv[i + 1]);
-    else if (a == "--drop-vote-rank")
-      drop_vote_rank = std::atoi(argv[i + 1]);
+    else if (a == "--drop-vote-at") drop_vote_at = std::atoll(argv[i + 1]);
+    else if (a == "--die-before-vote-at") die_before_vote_at = std::atoll(argv[i + 1]);
+    else if (a == "--fault-rank") fault_rank = std::atoi(argv[i + 1]);
     else return Fail(2, "unknown flag " + a);
+    // clang-format on
   }
   auto opts = morph::Options::FromEnv();
   if (!opts.ok()) return Fail(4, std::string(opts.status().message()));
@@ -232,9 +234,9 @@ int main(int argc, char** argv) {
     // The commit vote (TorchFT's should_commit): every rank is ready to update. Only after it
     // does the state change, locally. A vote that failed here but passed elsewhere returns OK
     // after the recovery decided (the update is applied, and the recovery resumes after it).
-    if (s == drop_vote_at && step->rank() == drop_vote_rank) {
-      morph::testing_hooks::DropCommitVoteResult(s);
-    }
+    const bool faulty = step->generation() == 1 && step->rank() == fault_rank;
+    if (faulty && s == drop_vote_at) morph::testing_hooks::DropCommitVoteResult(s);
+    if (faulty && s == die_before_vote_at) _exit(9);
     st = r.CommitUpdate();
     if (!st.ok()) {
       if (st.code() != morph::StatusCode::kAborted)

@@ -155,7 +155,7 @@ TEST(FailureTest, LossOfEveryCopyStopsTheJobNamingThePiece) {
 // program's own vote, then BeginUpdate) the same job stopped with DATA_LOSS.
 TEST(FailureTest, AVoteThatCompletedOnSomeRanksOnlyRollsTheOthersForward) {
   JobOptions jo{
-      .steps = 12, .step_ms = 10, .extra_args = {"--drop-vote-at", "6", "--drop-vote-rank", "2"}};
+      .steps = 12, .step_ms = 10, .extra_args = {"--drop-vote-at", "6", "--fault-rank", "2"}};
   Job job = StartJob("vote", 4, {{4, Config(4, 1, 1)}}, jo);
   ASSERT_TRUE(job.launcher);
   StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(60000));
@@ -180,6 +180,78 @@ TEST(FailureTest, AVoteThatCompletedOnSomeRanksOnlyRollsTheOthersForward) {
   testing::CheckSamples(job.dir, 12, /*retrained=*/false);
   job.launcher.reset();
   std::filesystem::remove_all(job.dir);
+}
+
+// A worker that dies right before its commit vote of step 6 never voted, so no vote of step 6
+// completes anywhere: every survivor's CommitUpdate waits for the recovery and returns kAborted
+// ("step 6 was not committed"), nobody applies step 6, and the job resumes at step 6 from the
+// survivors' own state (hybrid ZeRO: the dead rank's pieces have replicas) with nothing lost.
+TEST(FailureTest, ADeathBeforeTheVoteLeavesTheStepUncommittedEverywhere) {
+  JobOptions jo{
+      .steps = 12,
+      .step_ms = 10,
+      .extra_args = {"--variant", "hybrid2", "--die-before-vote-at", "6", "--fault-rank", "1"}};
+  Job job = StartJob("novote", 4, {{2, Config(2, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher);
+  StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(job);
+  const std::string logs = Logs(job);
+  int died = 0;
+  for (const ChildInfo& c : job.launcher->children()) {
+    EXPECT_FALSE(c.running);
+    if (c.exit_code == 9) {
+      ++died;
+    } else {
+      EXPECT_EQ(c.exit_code, 0) << "worker " << c.index << "\n" << logs;
+    }
+  }
+  EXPECT_EQ(died, 1) << logs;
+  // The three survivors were in their vote of step 6 (the dead worker had run every earlier
+  // collective of the step) and learnt that it did not pass.
+  size_t undecided = 0;
+  const std::string said = "the commit vote of step 6 did not pass: the step is not applied";
+  for (size_t at = logs.find(said); at != std::string::npos; at = logs.find(said, at + 1)) {
+    ++undecided;
+  }
+  EXPECT_EQ(undecided, 3u) << logs;
+  EXPECT_NE(logs.find("recovered at step 6 from replicas (newest 6, 0 steps lost, own"),
+            std::string::npos)
+      << logs;
+  testing::CheckSamples(job.dir, 12, /*retrained=*/true);
+  job.launcher.reset();
+  std::filesystem::remove_all(job.dir);
+}
+
+// A worker that stops (SIGSTOP: alive, its connection open, silent) is lost once its heartbeats
+// are MORPH_HEARTBEAT_TIMEOUT_MS late: the survivors' collectives are aborted and the job goes on
+// without it, within the detection timeout and a bounded recovery, never hanging on it.
+TEST(FailureTest, AStoppedWorkerIsLostAtTheHeartbeatTimeoutAndTheOthersGoOn) {
+  constexpr int64_t kHeartbeatTimeoutMs = 2000;
+  JobOptions jo{.steps = kSteps,
+                .step_ms = 10,
+                .extra_args = {"--variant", "hybrid2"},
+                .env = {{"MORPH_CHANGE_TIMEOUT_MS", "30000"}},
+                .heartbeat_timeout_ms = kHeartbeatTimeoutMs};
+  Job job = StartJob("stopped", 4, {{2, Config(2, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(job.launcher);
+  ASSERT_TRUE(testing::WaitForStep(job, 3)) << Logs(job);
+  std::vector<ChildInfo> kids = job.launcher->children();
+  const auto stopped_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(kids[2].pid, SIGSTOP), 0);
+  // The recovery's generation (2) applied on the survivors.
+  const bool recovered = testing::WaitForGeneration(job, 2, 30000);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  kill(kids[2].pid, SIGKILL);
+  ASSERT_TRUE(recovered) << Logs(job);
+  // Detection is the heartbeat timeout; the rest (abort, reports, commit, switch) is bounded.
+  EXPECT_GE(seconds, kHeartbeatTimeoutMs / 1000.0 * 0.9);
+  EXPECT_LT(seconds, kHeartbeatTimeoutMs / 1000.0 + 10.0) << Logs(job);
+  FinishAfterKills(job, {kids[2].pid}, kSteps, "stopped worker");
+  if (!::testing::Test::HasFailure()) {
+    job.launcher.reset();
+    std::filesystem::remove_all(job.dir);
+  }
 }
 
 // Plain ZeRO with periodic checkpoints: a death loses pieces nobody else holds, so the job rolls

@@ -110,6 +110,34 @@ TEST(RuntimeApiTest, StepsAndRegistrationOutOfOrder) {
   EXPECT_TRUE(r.Finish(10000).ok()) << "idempotent";
 }
 
+// CommitUpdate outside its place: no step open, or the update already begun. In a world of
+// one the vote passes at once.
+TEST(RuntimeApiTest, CommitUpdateOutOfOrder) {
+  StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Start(Valid(), DeclareX);
+  ASSERT_TRUE(rt.ok()) << rt.status();
+  Runtime& r = **rt;
+  EXPECT_THAT(r.CommitUpdate(),
+              StatusIs(StatusCode::kFailedPrecondition, "CommitUpdate: no step is open"));
+  ASSERT_TRUE(r.BeginStep().ok());
+  MORPH_EXPECT_OK(r.CommitUpdate());
+  EXPECT_THAT(r.CommitUpdate(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       "CommitUpdate: the update of step 0 already began (BeginUpdate or "
+                       "CommitUpdate was called)"));
+  MORPH_EXPECT_OK(r.EndStep());
+  ASSERT_TRUE(r.BeginStep().ok());
+  r.BeginUpdate();
+  EXPECT_THAT(r.CommitUpdate(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       "CommitUpdate: the update of step 1 already began (BeginUpdate or "
+                       "CommitUpdate was called)"));
+  MORPH_EXPECT_OK(r.EndStep());
+  // AbortStep is a no-op only after a CommitUpdate that failed.
+  EXPECT_THAT(r.AbortStep(AbortedError("x")),
+              StatusIs(StatusCode::kFailedPrecondition, "AbortStep: no step is open"));
+  EXPECT_TRUE(r.Finish(10000).ok());
+}
+
 TEST(RuntimeApiTest, LeaveFromCodeLetsTheOtherWorkerGoOnAlone) {
   CoordinatorOptions c;
   c.token = "api-test-token";
