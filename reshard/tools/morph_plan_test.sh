@@ -66,6 +66,18 @@ cat >"$TMP/overflow.json" <<'JSON'
 JSON
 expect 2 "exceeds the planner's limit of 2^60 bytes" "$TMP/overflow.json"
 # (Within that limit replicas can still sum past int64; plan_digest_test covers Summarize.)
+# "layers" ranges that together expand past the planner's 2^20 tensors are refused before the
+# expansion goes on (each range alone is within 2^20 layers), naming the entry that crosses it.
+python3 - "$TMP/manylayers.json" <<'PY'
+import json, sys
+t = [{"name": "a.{layer}", "layers": [0, 1048575], "dtype": "f32", "shape": [4]},
+     {"name": "b.{layer}", "layers": [0, 1], "dtype": "f32", "shape": [4]}]
+json.dump({"tensors": t, "old": {"dp": 1, "tp": 1, "pp": 1}, "new": {"dp": 1, "tp": 1, "pp": 1}},
+          open(sys.argv[1], "w"))
+PY
+start=$(date +%s)
+expect 2 '$.tensors[1].layers: the model would have more than 1048576 tensors' "$TMP/manylayers.json"
+(( $(date +%s) - start < 30 )) || fail "manylayers: took $(( $(date +%s) - start )) s"
 # Duplicate keys (nlohmann keeps the last one silently), empty worker names, a directory.
 mk '0,/"dtype": "bf16"/s//"dtype": "bf16", "dtype": "f32"/' dupkey
 expect 2 '$.tensors[0].dtype: duplicate key' "$TMP/dupkey.json"

@@ -170,6 +170,13 @@ Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpe
     if (!zero) return Bad(path + ".zero_group", "needs \"zero\": true (hybrid ZeRO)");
     group = static_cast<int>(v);
   }
+  // The planner refuses more than kMaxPlanTensors tensors; refuse them here, before the
+  // expansion builds them (many "layers" ranges of 2^20 layers each would take minutes).
+  if (static_cast<int64_t>(out.size()) + (last - first + 1) > kMaxPlanTensors) {
+    return Bad(path + (first == last ? std::string() : ".layers"),
+               "the model would have more than " + std::to_string(kMaxPlanTensors) +
+                   " tensors (the planner's limit)");
+  }
   for (int l = first; l <= last; ++l) {
     std::string n = name;
     for (size_t at; (at = n.find("{layer}")) != std::string::npos;) {
