@@ -8,6 +8,7 @@
 #include "base/testing.h"
 #include "collectives/gloo_communicator.h"
 #include "collectives/rank_harness.h"
+#include "collectives/shrinkable_gloo.h"
 
 namespace morph {
 namespace {
@@ -109,60 +110,6 @@ TEST(GroupBuilderTest, BadArguments) {
               StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("world group of generation 0")));
 }
 
-// A test double: a Gloo communicator whose capabilities say it can shrink. Its Shrink builds
-// the smaller world by a Gloo rendezvous under "shrunk-world" in the new generation and
-// records the call, so the test sees which path GroupBuilder::Rebuild took.
-struct ShrinkLog {
-  std::mutex mu;
-  std::vector<ShrinkMode> modes;
-  std::vector<std::vector<int>> excluded;
-};
-
-class ShrinkableGloo : public Communicator {
- public:
-  ShrinkableGloo(std::unique_ptr<Communicator> inner, std::shared_ptr<KvTable> table,
-                 std::shared_ptr<GlooDevice> device, ShrinkLog* log)
-      : inner_(std::move(inner)), table_(std::move(table)), device_(device), log_(log) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  int64_t generation() const override { return inner_->generation(); }
-  Capabilities capabilities() const override {
-    Capabilities c = inner_->capabilities();
-    c.backend = "shrinkable-gloo";
-    c.shrink = true;
-    return c;
-  }
-  StatusOr<std::unique_ptr<Work>> Start(CollectiveOp op) override {
-    return inner_->Start(std::move(op));
-  }
-  void Abort() override { inner_->Abort(); }
-  bool broken() const override { return inner_->broken(); }
-  StatusOr<std::unique_ptr<Communicator>> Shrink(std::span<const int> exclude, ShrinkMode mode,
-                                                 int64_t generation, Deadline deadline) override {
-    {
-      std::lock_guard<std::mutex> lock(log_->mu);
-      log_->modes.push_back(mode);
-      log_->excluded.emplace_back(exclude.begin(), exclude.end());
-    }
-    int below = 0;
-    for (int r : exclude) below += r < rank() ? 1 : 0;
-    MemoryStore store(table_, generation);
-    MORPH_ASSIGN_OR_RETURN(
-        auto next,
-        GlooCommunicator::Create(store, "shrunk-world", rank() - below,
-                                 size() - static_cast<int>(exclude.size()), device_, deadline));
-    inner_.reset();  // released, as a real Shrink releases its parent
-    return std::unique_ptr<Communicator>(
-        new ShrinkableGloo(std::move(next), table_, device_, log_));
-  }
-
- private:
-  std::unique_ptr<Communicator> inner_;
-  std::shared_ptr<KvTable> table_;
-  std::shared_ptr<GlooDevice> device_;
-  ShrinkLog* log_;
-};
-
 // Generation 0: 6 ranks, dp=3 tp=2; ranks 4 and 1 leave (listed unsorted).
 // Generation 1: 4 survivors, dp=2 tp=2, renumbered in order (0,2,3,5 -> 0,1,2,3).
 void RunLeaveScenario(const CommunicatorFactory& factory, ShrinkMode mode, bool expect_shrunk) {
@@ -199,14 +146,7 @@ TEST(GroupBuilderTest, RebuildShrinksTheWorldWhenTheBackendCanShrink) {
   auto device = *GlooDevice::Create(GlooOptions{});
   for (ShrinkMode mode : {ShrinkMode::kPlanned, ShrinkMode::kFailure}) {
     ShrinkLog log;
-    CommunicatorFactory gloo = GlooFactory(device);
-    CommunicatorFactory factory =
-        [&](Store& store, std::string_view name, int rank, int size,
-            Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
-      MORPH_ASSIGN_OR_RETURN(auto inner, gloo(store, name, rank, size, deadline));
-      return std::unique_ptr<Communicator>(
-          new ShrinkableGloo(std::move(inner), table, device, &log));
-    };
+    CommunicatorFactory factory = ShrinkableGlooFactory(GlooFactory(device), table, device, &log);
     RunLeaveScenario(factory, mode, /*expect_shrunk=*/true);
     // Every survivor shrank its world once, with the caller's mode and the leavers sorted;
     // DP/TP/PP were built through the store (the double cannot split).

@@ -154,6 +154,7 @@ void PreparedSwitch::Abort() {
   aborted_.store(true);
   if (transport_) transport_->Abort();
   if (change_comm_) change_comm_->Abort();
+  std::lock_guard<std::mutex> l(groups_mu_);
   if (groups_) groups_->AbortAll();
 }
 
@@ -297,7 +298,26 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
         CommTransport::Create(sw->change_comm_.get(), options.timeout, options.transport, deadline),
         gen << ": change transport");
   }
-  if (sw->new_rank_ >= 0) {
+  sw->store_ = &store;
+  sw->factory_ = factory;
+  if (options.previous_groups_can_shrink && prepare.change.recovery && sw->old_rank_ >= 0 &&
+      sw->new_rank_ >= 0) {
+    // Ranks only leave: next's ranks are from's survivors in their order.
+    std::vector<WorkerId> kept;
+    std::vector<int> leaving;
+    for (size_t r = 0; r < prepare.from.ranks.size(); ++r) {
+      if (prepare.next.RankOf(prepare.from.ranks[r]) >= 0) {
+        kept.push_back(prepare.from.ranks[r]);
+      } else {
+        leaving.push_back(static_cast<int>(r));
+      }
+    }
+    if (kept == prepare.next.ranks && !leaving.empty()) {
+      sw->shrink_groups_ = true;
+      sw->leaving_ = std::move(leaving);
+    }
+  }
+  if (sw->new_rank_ >= 0 && !sw->shrink_groups_) {
     GroupBuilder builder(factory);
     MORPH_ASSIGN_OR_RETURN(sw->groups_,
                            builder.Build(store, prepare.next.config, sw->new_rank_,
@@ -733,7 +753,37 @@ Status AdoptNewState(PreparedSwitch& sw, State& state) {
 }
 
 std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch& prepared) {
+  std::lock_guard<std::mutex> l(prepared.groups_mu_);
   return std::move(prepared.groups_);
+}
+
+Status ShrinkGroups(PreparedSwitch& prepared, std::unique_ptr<GroupSet> previous,
+                    Deadline deadline) {
+  const std::string gen = "generation " + std::to_string(prepared.next_.id);
+  if (!prepared.shrink_groups_) {
+    return FailedPreconditionError(gen + ": the prepared switch builds its own groups");
+  }
+  if (!previous || previous->generation() != prepared.from_.id) {
+    return FailedPreconditionError(
+        gen + ": shrinking needs generation " + std::to_string(prepared.from_.id) +
+        "'s groups, got " +
+        (previous ? "generation " + std::to_string(previous->generation()) : "none"));
+  }
+  if (prepared.aborted_.load()) return AbortedError(gen + ": switch aborted");
+  GroupBuilder builder(prepared.factory_);
+  MORPH_ASSIGN_OR_RETURN(
+      std::unique_ptr<GroupSet> shrunk,
+      builder.Rebuild(std::move(previous), prepared.leaving_, ShrinkMode::kFailure,
+                      *prepared.store_, prepared.next_.config, deadline),
+      gen << ": communicators of rank " << prepared.new_rank_ << " shrunk from generation "
+          << prepared.from_.id);
+  std::lock_guard<std::mutex> l(prepared.groups_mu_);
+  prepared.groups_ = std::move(shrunk);
+  if (prepared.aborted_.load()) {  // Abort() came while it shrank
+    prepared.groups_->AbortAll();
+    return AbortedError(gen + ": switch aborted");
+  }
+  return Status::Ok();
 }
 
 }  // namespace morph

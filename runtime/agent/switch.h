@@ -169,6 +169,14 @@ struct SwitchOptions {
   // the copy must stay valid until ExecuteSwitch returns. Null function: such a recovery fails
   // with kFailedPrecondition.
   std::function<const SnapshotData*(int64_t step, bool held)> snapshot;
+  // The running generation's step communicators can shrink (capabilities().shrink: NCCL's
+  // ncclCommShrink). Then a recovery in which ranks only leave — this worker keeps a rank, and
+  // `next`'s ranks are `from`'s survivors in their order, nobody joining — builds no new groups
+  // here: ShrinkGroups derives them from the previous ones at the switch (no unique id, no
+  // rendezvous; dead ranks do not block it). Planned changes always build theirs here, beside
+  // the running generation: a shrink needs the running communicators, which the training thread
+  // uses until S, and would put its cost into the stall.
+  bool previous_groups_can_shrink = false;
 };
 
 struct SwitchTimings {
@@ -246,6 +254,10 @@ class PreparedSwitch {
   // communicator and the new groups. Any thread, but not concurrently with TakeGroups.
   void Abort();
 
+  // PrepareSwitch built no new groups: ShrinkGroups makes them from the previous generation's
+  // (SwitchOptions::previous_groups_can_shrink).
+  bool shrinks_groups() const { return shrink_groups_; }
+
  private:
   friend StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest&, WorkerId,
                                                                  const PrepareMsg&, Store&,
@@ -253,6 +265,7 @@ class PreparedSwitch {
                                                                  const SwitchOptions&, Deadline);
   friend StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch&, const CommitMsg&, State&, Deadline);
   friend std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch&);
+  friend Status ShrinkGroups(PreparedSwitch&, std::unique_ptr<GroupSet>, Deadline);
   friend Status PlanSwitch(PreparedSwitch&, const ChangePlan&, const SwitchOptions&);
   friend void PlanPreallocation(PreparedSwitch&);
   friend void FillPreallocation(PreparedSwitch&, const Allocator&);
@@ -293,6 +306,12 @@ class PreparedSwitch {
   std::unique_ptr<Communicator> change_comm_;
   std::unique_ptr<CommTransport> transport_;
   std::unique_ptr<GroupSet> groups_;
+  // ShrinkGroups: the old ranks that are not in `next`, and what PrepareSwitch was given.
+  bool shrink_groups_ = false;
+  std::vector<int> leaving_;
+  std::mutex groups_mu_;  // groups_ between ShrinkGroups and Abort()
+  Store* store_ = nullptr;
+  CommunicatorFactory factory_;
   std::atomic<bool> aborted_{false};
   bool executed_ = false;
   bool new_complete_ = false;  // the exchange completed, the barrier failed
@@ -337,6 +356,15 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& c
 // The new generation's communicators (null when this worker holds no rank in `next`, or after
 // the first call). Call after ExecuteSwitch succeeded.
 std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch& prepared);
+
+// When prepared.shrinks_groups(): the new generation's groups from `previous` (the running
+// generation's GroupSet, consumed whatever happens) by GroupBuilder::Rebuild in kFailure mode:
+// the world shrunk without the leaving ranks, DP/TP/PP split from it; TakeGroups returns them.
+// Collective over the workers holding a rank in `next`; call it before ExecuteSwitch, so that
+// a failure fails the switch. kFailedPrecondition when the prepare builds its groups itself or
+// `previous` is not the generation the change starts from; Rebuild's errors. Training thread.
+Status ShrinkGroups(PreparedSwitch& prepared, std::unique_ptr<GroupSet> previous,
+                    Deadline deadline);
 
 }  // namespace morph
 

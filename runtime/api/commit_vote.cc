@@ -37,6 +37,10 @@ void DropCommitVoteResult(int64_t step) { DroppedVoteStep().store(step); }
 }  // namespace testing_hooks
 
 Status Runtime::Impl::Vote(int64_t step) {
+  if (!groups) {
+    return FailedPreconditionError("commit vote of step " + std::to_string(step) +
+                                   ": this worker holds no communicators");
+  }
   Communicator& world = groups->world();
   int64_t votes = 1;
   if (world.capabilities().host_memory) {

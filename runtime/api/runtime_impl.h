@@ -51,6 +51,10 @@ struct Runtime::Impl {
   bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
   bool adopted_state = false;  // some tensor's storage is the user's (AdoptTensor; set in Start)
   std::unique_ptr<GroupSet> groups;
+  // groups->world() can shrink (NCCL): a recovery where ranks only leave shrinks the groups
+  // instead of building new ones (SwitchOptions::previous_groups_can_shrink). Set where `groups`
+  // is replaced; read by the control thread's prepare.
+  std::atomic<bool> groups_can_shrink{false};
   // Guards the `groups` pointer against the control thread's abort (the training thread reads
   // it unlocked: only it replaces it, under this mutex).
   std::mutex groups_mu;

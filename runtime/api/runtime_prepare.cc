@@ -97,6 +97,7 @@ SwitchOptions Runtime::Impl::SwitchOpts() const {
   s.executor.staging_bytes = manifest.staging_bytes;
   s.transport.shared_memory = opts.shared_memory;
   s.timeout = std::chrono::milliseconds(opts.change_timeout_ms);
+  s.previous_groups_can_shrink = groups_can_shrink.load();
   return s;
 }
 

@@ -121,6 +121,7 @@ void Runtime::Impl::AdoptGroups(PreparedPtr p) {
     std::lock_guard<std::mutex> l(groups_mu);
     old = std::move(groups);
     groups = std::move(next);
+    groups_can_shrink.store(groups && groups->world().capabilities().shrink);
   }
   reaper = std::thread([old = std::move(old), done = std::move(p)]() mutable {
     old.reset();
@@ -145,6 +146,20 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
   MORPH_ASSIGN_OR_RETURN(PreparedPtr p, TakePrepared(c, deadline));
   if (!p->result.ok()) return p->result.status();
   PreparedSwitch& prepared = **p->result;
+  if (prepared.shrinks_groups()) {
+    // A recovery where ranks only leave, on a backend that shrinks (NCCL): the new groups come
+    // from the running ones, which the training thread no longer uses (their collectives were
+    // aborted), before the exchange, so that a failure fails the switch.
+    const auto t0 = SteadyClock::now();
+    std::unique_ptr<GroupSet> old;
+    {
+      std::lock_guard<std::mutex> l(groups_mu);
+      old = std::move(groups);
+    }
+    groups_can_shrink.store(false);
+    MORPH_RETURN_IF_ERROR(ShrinkGroups(prepared, std::move(old), deadline));
+    r.communicators_seconds += SecondsSince(t0);
+  }
   StatusOr<SwitchStats> executed = ExecuteSwitch(prepared, c, state, deadline);
   if (!executed.ok()) {
     if (prepared.new_state_complete()) half_applied = std::move(p);
@@ -154,7 +169,7 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
   AdoptGroups(std::move(p));
   // Materialized zero-filled: the caller initializes (unless it resumed from a checkpoint).
   if (c.from.id == 0 && !c.change.recovery) fresh = true;
-  r.communicators_seconds = stats.seconds.communicators;
+  r.communicators_seconds += stats.seconds.communicators;
   r.plan_seconds = stats.seconds.plan;
   r.transfer_seconds = stats.seconds.transfer;
   r.resume_seconds = stats.seconds.resume;
