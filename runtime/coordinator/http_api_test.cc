@@ -284,8 +284,8 @@ std::string CheckExposition(const std::string& text) {
   return "";
 }
 
-// promtool from Debian's `prometheus` package, when installed (it is not in install-deps.sh:
-// the package is a 96 MB server; CheckExposition is the check that always runs).
+// promtool from Debian's `prometheus` package (scripts/install-deps.sh installs it; where it is
+// missing this check is skipped and CheckExposition, which always runs, stands alone).
 std::optional<std::string> Promtool(const std::string& text) {
   if (std::system("command -v promtool > /dev/null 2>&1") != 0) return std::nullopt;
   std::string path = (std::filesystem::temp_directory_path() /
