@@ -19,8 +19,10 @@
 //    "seconds":...,"raw_seconds":...,"ratio_vs_raw":..., ...}
 //   {"name":"reshard_mp/tp4to2/shm","bytes":<landing in new shards>,"seconds":...,
 //    "memcpy_seconds":...,"ratio_vs_memcpy":..., ...}
-// Usage: reshard_multiproc_bench [--mb=1024] [--reps=5]. BENCH_ONLY=<substring> picks
-// scenarios; BENCH_DEBUG=1 prints per-process executor stats. Exchanges use
+// Old shards come from an ShmArena with 2 MiB pages (ShmArena::Options::huge_pages; their
+// allocation cost, outside the reshard, is old_alloc_seconds); --huge-pages=0 keeps 4 KiB pages.
+// Usage: reshard_multiproc_bench [--mb=1024] [--reps=5] [--huge-pages=1]. BENCH_ONLY=<substring>
+// picks scenarios; BENCH_DEBUG=1 prints per-process executor stats. Exchanges use
 // ExecutorOptions::FromEnv() (MORPH_RESHARD_*).
 #include <algorithm>
 #include <chrono>
@@ -114,13 +116,21 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
   std::vector<std::vector<char>> news(plan.tensors.size());
   std::vector<OldShardData> old_views;
   std::vector<NewShardData> new_views;
+  // The old shards' allocation and first fill (ShmArena: with --huge-pages, populated and
+  // collapsed into 2 MiB pages): what the arena's pages cost where they are allocated, outside
+  // the reshard (the slowest process's seconds, printed as old_alloc_seconds).
+  double alloc_seconds = 0;
+  size_t old_bytes = 0;
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     const TensorInfo& info = plan.tensors[t];
     const size_t es = static_cast<size_t>(DTypeSize(info.dtype));
     if (plan.old_shards[t]) {
+      const auto t0 = Clock::now();
       MORPH_ASSIGN_OR_RETURN(
           olds[t], arena.Allocate(static_cast<size_t>(plan.old_shards[t]->NumElements()) * es));
       std::memset(olds[t].data(), static_cast<char>(me + t), olds[t].size());
+      alloc_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      old_bytes += olds[t].size();
       old_views.push_back({info.name, info.dtype,
                            ConstBufferView(olds[t].data(), olds[t].size(), MemoryKind::kHost)});
     }
@@ -130,6 +140,10 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
           {info.name, info.dtype, BufferView{news[t].data(), news[t].size(), MemoryKind::kHost}});
     }
   }
+  MORPH_ASSIGN_OR_RETURN(const double slowest_alloc, Max(comm, alloc_seconds));
+  MORPH_ASSIGN_OR_RETURN(const double all_old_bytes, Sum(comm, static_cast<double>(old_bytes)));
+  MORPH_ASSIGN_OR_RETURN(const double huge_bytes,
+                         Sum(comm, static_cast<double>(arena.huge_bytes())));
   MORPH_ASSIGN_OR_RETURN(ExecutorOptions opts, ExecutorOptions::FromEnv());
   // Bytes per peer, as the plan moves them: the raw baseline sends the same.
   std::vector<size_t> to(kRanks, 0), from(kRanks, 0);
@@ -246,24 +260,26 @@ Status RunScenario(const Scenario& s, Communicator& comm, CommTransport& tcp, Co
           "\"messages\":%.0f,"
           "\"strided_messages\":%.0f,\"staging_peak_bytes\":%.0f,\"speedup_vs_tcp\":%.3f,"
           "\"best_ratio_vs_raw_plus_local_copies\":%.3f,"
+          "\"old_shard_bytes\":%.0f,\"old_alloc_seconds\":%.3f,\"huge_page_bytes\":%.0f,"
           "\"processes\":%d}\n",
           s.name.c_str(), mode_name, bytes, seconds, bytes / seconds / 1e9,
           mode == 0 ? "raw" : "memcpy", baseline, mode == 0 ? "raw" : "memcpy",
           bytes / baseline / 1e9, mode == 0 ? "raw" : "memcpy", ratio, best_ratio, messages,
-          strided, staging, tcp_seconds / seconds, mode == 0 ? best_local_ratio : 0.0, kRanks);
+          strided, staging, tcp_seconds / seconds, mode == 0 ? best_local_ratio : 0.0,
+          all_old_bytes, slowest_alloc, huge_bytes, kRanks);
       std::fflush(stdout);
     }
   }
   return Status::Ok();
 }
 
-Status Child(const std::string& address, int me, int64_t mb, int reps) {
+Status Child(const std::string& address, int me, int64_t mb, int reps, bool huge_pages) {
   MORPH_ASSIGN_OR_RETURN(auto store,
                          TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(30000)));
   MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "bench", me, kRanks, nullptr,
                                                              Deadline::AfterMs(30000)));
   CommTransport tcp(comm.get(), kTimeout);
-  ShmArena arena;
+  ShmArena arena(ShmArena::Options{.huge_pages = huge_pages});
   MORPH_ASSIGN_OR_RETURN(
       auto shm, CommTransport::Create(comm.get(), kTimeout, CommTransportOptions{.arena = &arena},
                                       Deadline::AfterMs(30000)));
@@ -285,19 +301,22 @@ int main(int argc, char** argv) {
   morph::InitLogging(argv[0]);
   int64_t mb = 1024;
   int reps = 5;
+  bool huge_pages = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--mb=", 5) == 0) {
       mb = std::atoll(argv[i] + 5);
     } else if (std::strncmp(argv[i], "--reps=", 7) == 0) {
       reps = std::atoi(argv[i] + 7);
+    } else if (std::strncmp(argv[i], "--huge-pages=", 13) == 0) {
+      huge_pages = std::atoi(argv[i] + 13) != 0;
     } else {
-      std::fprintf(stderr, "usage: %s [--mb=1024] [--reps=5]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--mb=1024] [--reps=5] [--huge-pages=1]\n", argv[0]);
       return 2;
     }
   }
   morph::ForkedRanks ranks =
       morph::ForkedRanks::Fork(morph::kRanks, [&](int rank, const std::string& address) {
-        return morph::ExitCode(rank, morph::Child(address, rank, mb, reps));
+        return morph::ExitCode(rank, morph::Child(address, rank, mb, reps, huge_pages));
       });
   auto server = morph::TcpStoreServer::Start("127.0.0.1", 0, morph::kToken);
   if (!server.ok()) {

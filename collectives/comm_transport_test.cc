@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -418,6 +419,82 @@ TEST(CommTransportTest, ShmArenaSenderKilledAfterPostingFailsReceiverPromptly) {
     EXPECT_EQ(codes[0], 0) << "round " << round;
     EXPECT_EQ(codes[1], 128 + SIGKILL) << "round " << round;
   }
+}
+
+// Segments of 2 MiB pages (ShmArena::Options::huge_pages): a receiver maps them at a 2 MiB
+// boundary and copies each message bitwise, from any offset of the segment.
+Status HugeSegmentExchange(const std::string& address, int rank) {
+  MORPH_ASSIGN_OR_RETURN(auto store,
+                         TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+  MORPH_ASSIGN_OR_RETURN(auto comm, GlooCommunicator::Create(*store, "huge", rank, 2, nullptr,
+                                                             Deadline::AfterMs(20000)));
+  ShmArena arena(ShmArena::Options{.huge_pages = true});
+  MORPH_ASSIGN_OR_RETURN(
+      auto transport,
+      CommTransport::Create(comm.get(), std::chrono::seconds(20),
+                            CommTransportOptions{.arena = &arena}, Deadline::AfterMs(20000)));
+  if (!transport->IsSharedMemoryPeer(1 - rank)) {
+    return ShmExpected() ? InternalError("no shared-memory peer") : Status::Ok();
+  }
+  constexpr size_t kBytes = (size_t{5} << 20) + 12345;  // not a whole number of huge pages
+  constexpr size_t kSplit = (size_t{3} << 20) + 77;
+  if (rank == 1) {
+    MORPH_ASSIGN_OR_RETURN(Buffer b, arena.Allocate(kBytes));
+    auto* p = static_cast<uint8_t*>(b.data());
+    for (size_t i = 0; i < kBytes; ++i) {
+      if (p[i] != 0) return InternalError("segment not zero-filled at byte " + std::to_string(i));
+      p[i] = Byte(1, 0, 0, i);
+    }
+    std::vector<SendOp> sends{{0, p, kSplit}, {0, p + kSplit, kBytes - kSplit}};
+    MORPH_ASSIGN_OR_RETURN(auto work, transport->Start(sends, {}));
+    MORPH_RETURN_IF_ERROR(work->Wait(Deadline::AfterMs(20000)));
+  } else {
+    std::vector<uint8_t> got(kBytes, 0);
+    std::vector<RecvOp> recvs{{1, got.data(), kSplit}, {1, got.data() + kSplit, kBytes - kSplit}};
+    MORPH_ASSIGN_OR_RETURN(auto work, transport->Start({}, recvs));
+    MORPH_RETURN_IF_ERROR(work->Wait(Deadline::AfterMs(20000)));
+    for (size_t i = 0; i < kBytes; ++i) {
+      if (got[i] != Byte(1, 0, 0, i)) return InternalError("byte " + std::to_string(i) + " wrong");
+    }
+    if (transport->shm_stats().mapped_messages != 2) return InternalError("not mapped");
+  }
+  return comm->Barrier(std::chrono::seconds(20));
+}
+
+TEST(CommTransportTest, ShmArenaHugePageSegmentsBitwise) {
+  ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) {
+    return ExitCode(rank, HugeSegmentExchange(address, rank));
+  });
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  ranks.Release(server->address());
+  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(60000));
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+// ShmArena::Options::huge_pages: a segment of 5 MiB + 1 B spans three 2 MiB pages, is zero-filled
+// and writable, found by any interior address (its size the one asked for), and the collapsed
+// bytes are counted while it lives. Where the kernel refuses MADV_COLLAPSE (before 6.1) the
+// segment keeps 4 KiB pages and nothing is counted.
+TEST(ShmArenaTest, HugePageSegments) {
+  ShmArena arena(ShmArena::Options{.huge_pages = true});
+  constexpr size_t kBytes = (size_t{5} << 20) + 1;
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer a, arena.Allocate(kBytes));
+  MORPH_ASSERT_OK_AND_ASSIGN(Buffer small, arena.Allocate(4096));  // below 2 MiB: 4 KiB pages
+  const auto* pa = static_cast<const uint8_t*>(a.data());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(pa) % (size_t{2} << 20), 0u);
+  EXPECT_TRUE(std::all_of(pa, pa + kBytes, [](uint8_t b) { return b == 0; }));
+  std::memset(a.data(), 9, kBytes);
+  auto seg = arena.Find(pa + kBytes - 1);
+  ASSERT_TRUE(seg.has_value());
+  EXPECT_EQ(seg->size, kBytes);
+  if (arena.huge_bytes() == 0) {
+    GTEST_SKIP() << "the kernel did not collapse the segment (MADV_COLLAPSE); 4 KiB pages";
+  }
+  EXPECT_EQ(arena.huge_bytes(), uint64_t{6} << 20);
+  a = Buffer();
+  EXPECT_EQ(arena.huge_bytes(), 0u);
+  EXPECT_EQ(arena.num_segments(), 1u);
 }
 
 // ShmArena alone: segments are found by any interior address, and forgotten when freed.

@@ -43,7 +43,19 @@ class ShmArena {
     uint64_t size = 0;
   };
 
+  struct Options {
+    // Back each segment of at least 2 MiB with 2 MiB pages whatever the host's shared-memory
+    // THP setting: the pages are populated and collapsed (MADV_POPULATE_WRITE, MADV_COLLAPSE,
+    // Linux >= 6.1) when the segment is allocated, so that a receiver that maps it sets up 512x
+    // fewer page-table entries (mapping 4 KiB pages costs about what copying them does on our
+    // VMs) and freeing it is cheap. Allocate then costs what populating the memory does, more
+    // where huge pages need compaction; where the kernel refuses the collapse the segment keeps
+    // its 4 KiB pages (huge_bytes() says what was collapsed).
+    bool huge_pages = false;
+  };
+
   ShmArena();
+  explicit ShmArena(Options options);
   ~ShmArena();
   ShmArena(const ShmArena&) = delete;
   ShmArena& operator=(const ShmArena&) = delete;
@@ -61,6 +73,8 @@ class ShmArena {
 
   // Number of live segments (tests).
   size_t num_segments() const;
+  // Bytes of live segments backed by 2 MiB pages (Options::huge_pages).
+  uint64_t huge_bytes() const;
 
  private:
   struct Impl;

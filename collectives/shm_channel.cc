@@ -541,7 +541,11 @@ const char* ShmChannel::MapSegment(Peer& p, const Descriptor& d) {
   void* map = MAP_FAILED;
   if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == d.seg_inode &&
       static_cast<uint64_t>(st.st_size) >= d.seg_size) {
-    map = mmap(nullptr, d.seg_size, PROT_READ, MAP_SHARED, fd, 0);
+    // A segment of at least 2 MiB may be backed by huge pages (ShmArena::Options::huge_pages):
+    // aligned, each maps with one entry.
+    map = d.seg_size >= shm_support::kHugePage
+              ? shm_support::MapHugeAligned(fd, d.seg_size, PROT_READ)
+              : mmap(nullptr, d.seg_size, PROT_READ, MAP_SHARED, fd, 0);
   }
   close(fd);
   if (map == MAP_FAILED) return nullptr;

@@ -8,6 +8,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -79,6 +80,27 @@ inline bool PidfdExited(int pidfd) {
 }
 
 // One step of a busy-wait: tells the core (and a hyperthread sibling) that this is a spin.
+// 2 MiB: the huge page size ShmArena's segments use, and the alignment of their mappings.
+inline constexpr size_t kHugePage = size_t{2} << 20;
+
+// `bytes` of `fd` mapped MAP_SHARED with `prot` at a 2 MiB-aligned address, so that the kernel
+// can map a segment's huge pages with one entry each; MAP_FAILED (errno set) on failure.
+inline void* MapHugeAligned(int fd, size_t bytes, int prot) {
+  void* area = mmap(nullptr, bytes + kHugePage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (area == MAP_FAILED) return MAP_FAILED;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(area);
+  const uintptr_t aligned = (start + kHugePage - 1) & ~(uintptr_t{kHugePage} - 1);
+  void* p = mmap(reinterpret_cast<void*>(aligned), bytes, prot, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    munmap(area, bytes + kHugePage);
+    return MAP_FAILED;
+  }
+  if (aligned > start) munmap(area, aligned - start);
+  const uintptr_t end = aligned + bytes, area_end = start + bytes + kHugePage;
+  if (area_end > end) munmap(reinterpret_cast<void*>(end), area_end - end);
+  return p;
+}
+
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
