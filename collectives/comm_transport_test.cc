@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "base/testing.h"
@@ -330,13 +331,19 @@ Status SizeMismatch(const std::string& address, int rank) {
   return ok ? Status::Ok() : InternalError("rank " + std::to_string(rank) + " got " + s.ToString());
 }
 
+// Forks `n` ranks running fn(address, rank) against a fresh store server; their exit codes.
+std::vector<int> RunForked(int n, const std::function<Status(const std::string&, int)>& fn,
+                           int64_t timeout_ms) {
+  ForkedRanks ranks = ForkedRanks::Fork(
+      n, [&](int rank, const std::string& address) { return ExitCode(rank, fn(address, rank)); });
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  EXPECT_TRUE(server.ok()) << server.status();
+  ranks.Release(server.ok() ? (*server)->address() : std::string());
+  return ranks.Wait(Deadline::AfterMs(timeout_ms));
+}
+
 TEST(CommTransportTest, SharedMemorySizeMismatchIsInternal) {
-  ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) {
-    return ExitCode(rank, SizeMismatch(address, rank));
-  });
-  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
-  ranks.Release(server->address());
-  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(30000));
+  std::vector<int> codes = RunForked(2, SizeMismatch, 30000);
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[1], 0);
 }
@@ -462,12 +469,7 @@ Status HugeSegmentExchange(const std::string& address, int rank) {
 }
 
 TEST(CommTransportTest, ShmArenaHugePageSegmentsBitwise) {
-  ForkedRanks ranks = ForkedRanks::Fork(2, [&](int rank, const std::string& address) {
-    return ExitCode(rank, HugeSegmentExchange(address, rank));
-  });
-  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
-  ranks.Release(server->address());
-  std::vector<int> codes = ranks.Wait(Deadline::AfterMs(60000));
+  std::vector<int> codes = RunForked(2, HugeSegmentExchange, 60000);
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[1], 0);
 }
