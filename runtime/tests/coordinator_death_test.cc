@@ -120,8 +120,8 @@ class CoordinatorDeathTest : public ::testing::Test {
   }
 
   // Kills `coordinator` with SIGKILL mid-training; then every worker exits with 4 within
-  // kExitBoundMs, saying the coordinator is gone (UNAVAILABLE), and none trained a step past
-  // the one in flight at the death.
+  // kExitBoundMs, saying the coordinator is gone (UNAVAILABLE), and they stopped together (none
+  // trained a step alone).
   void KillCoordinatorAndCheckWorkers(pid_t coordinator, const std::string& what) {
     ASSERT_TRUE(WaitTrained(10)) << what << ": the workers did not train\n" << Logs();
     const std::map<std::string, int64_t> before = LastSteps();
@@ -144,26 +144,29 @@ class CoordinatorDeathTest : public ::testing::Test {
     }
     std::printf("%s: every worker exited %.3f s after the coordinator's death\n", what.c_str(),
                 slowest);
-    // No worker went on alone: at most the step in flight at the death was logged after it (a
-    // step is logged after its first collective, which needs every rank).
+    // No worker went on alone: every step's first collective (after which a step is logged)
+    // needs the whole generation, so the workers stopped together, their last logged steps at
+    // most one apart (the step in flight). The generation may finish a few steps together
+    // before it sees the death: the kernel closes a dying process's sockets only after freeing
+    // its memory (morphrun under ASan closed them two 20 ms steps after the SIGKILL).
     const std::map<std::string, int64_t> after = LastSteps();
+    int64_t lo = INT64_MAX, hi = -1;
     for (const auto& [file, step] : after) {
       ASSERT_TRUE(before.count(file)) << file;
-      EXPECT_LE(step, before.at(file) + 1)
-          << what << ": " << file << " trained steps " << before.at(file) + 1 << ".." << step
-          << " after the coordinator's death\n"
-          << Logs();
+      lo = std::min(lo, step);
+      hi = std::max(hi, step);
+      std::printf("%s: %s trained steps %lld..%lld after the coordinator's death\n", what.c_str(),
+                  file.c_str(), static_cast<long long>(before.at(file) + 1),
+                  static_cast<long long>(step));
     }
+    EXPECT_LE(hi - lo, 1) << what << ": the workers' last steps " << lo << ".." << hi << "\n"
+                          << Logs();
     // Each says why it stopped: the coordinator is gone, with the status code.
     for (int i = 0; i < kWorkers; ++i) {
       const std::string log = ReadFile(dir_ / ("worker-" + std::to_string(i) + ".log"));
-      // "BeginStep: UNAVAILABLE: ...", "AbortStep: UNAVAILABLE: ..." or "CommitUpdate:
-      // UNAVAILABLE: ...", whichever call of the training loop came first after the death.
-      const bool said = log.find("Step: UNAVAILABLE: connection to the coordinator lost") !=
-                            std::string::npos ||
-                        log.find("CommitUpdate: UNAVAILABLE: connection to the coordinator lost") !=
-                            std::string::npos;
-      EXPECT_TRUE(said) << what << ": worker " << i << "\n" << log;
+      // Whichever call of the training loop came first after the death said so.
+      EXPECT_TRUE(testing::StoppedForLostCoordinator(log)) << what << ": worker " << i << "\n"
+                                                           << log;
     }
   }
 

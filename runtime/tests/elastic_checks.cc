@@ -147,6 +147,17 @@ std::string ReadFile(const fs::path& path) {
   return s.str();
 }
 
+bool StoppedForLostCoordinator(const std::string& log) {
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const bool call = line.find("BeginStep: UNAVAILABLE: ") != std::string::npos ||
+                      line.find("AbortStep: UNAVAILABLE: ") != std::string::npos ||
+                      line.find("CommitUpdate: UNAVAILABLE: ") != std::string::npos;
+    if (call && line.find("connection to the coordinator lost") != std::string::npos) return true;
+  }
+  return false;
+}
+
 HttpReply Http(uint16_t port, const std::string& method, const std::string& target,
                const std::string& body, const std::string& token) {
   HttpReply reply;

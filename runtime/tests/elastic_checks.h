@@ -47,6 +47,11 @@ void Stop(pid_t pid, int64_t grace_ms = 3000);
 // The text of a file ("" when it cannot be read).
 std::string ReadFile(const std::filesystem::path& path);
 
+// Whether an elastic_worker log says it stopped because the coordinator is gone: a line where
+// one of the training loop's calls (BeginStep, AbortStep, CommitUpdate) returned UNAVAILABLE
+// with "connection to the coordinator lost" in its message (context may stand between them).
+bool StoppedForLostCoordinator(const std::string& log);
+
 // One HTTP/1.1 request to 127.0.0.1:port (Connection: close), with "Authorization: Bearer
 // <token>" when `token` is not empty. The status code (0 when the request failed) and the body.
 struct HttpReply {
