@@ -77,6 +77,10 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     for (size_t t = 0; t < p.tensors.size(); ++t) {
       const auto& s = p.old_shards[t];
       if (!s || s->empty()) continue;
+      if (held && d->shards[t].empty()) {  // its ward did not send it (BuddyCopiedTensors)
+        return DataLossError(gen + ": " + what + " holds no piece of tensor '" +
+                             p.tensors[t].name + "'");
+      }
       if (!(d->shards[t] == *s)) {
         return FailedPreconditionError(gen + ": " + what + " holds another shard of tensor '" +
                                        p.tensors[t].name + "' than the plan's");

@@ -712,7 +712,10 @@ struct HostSnapshot {
   SnapshotData data;
 };
 
-std::unique_ptr<HostSnapshot> TakeSnapshot(const State& s, int64_t generation, int64_t step) {
+// `sent` (a held copy): only the tensors its rank sends to its buddy (BuddyCopiedTensors), the
+// others listed with an empty shard, as the buddy receives them.
+std::unique_ptr<HostSnapshot> TakeSnapshot(const State& s, int64_t generation, int64_t step,
+                                           const std::vector<bool>& sent = {}) {
   auto out = std::make_unique<HostSnapshot>();
   SnapshotData& d = out->data;
   d.generation = generation;
@@ -721,6 +724,11 @@ std::unique_ptr<HostSnapshot> TakeSnapshot(const State& s, int64_t generation, i
   d.config = *s.config();
   for (size_t t = 0; t < s.tensors().size(); ++t) {
     State::TensorRef ref = s.TensorAt(t);
+    if (!sent.empty() && !sent[t]) {
+      out->tensors.emplace_back();
+      d.shards.emplace_back();
+      continue;
+    }
     const char* p = static_cast<const char*>(ref.data.data);
     out->tensors.emplace_back(p, p + ref.data.bytes);
     d.shards.push_back(ref.shard);
@@ -737,10 +745,20 @@ std::unique_ptr<HostSnapshot> TakeSnapshot(const State& s, int64_t generation, i
 }
 
 // Plain ZeRO (each moment shard exactly once): a dead rank's moments survive only in its
-// buddy's snapshot. Every rank rolls back to the snapshot step from its own copy, the dead
-// rank's pieces come from its buddy's, and the result is bitwise the snapshot's state.
-TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
-  Cluster c;
+// buddy's snapshot, and only they went there (BuddyCopiedTensors: the DP-replicated tensors
+// have a copy on the other host). Every rank rolls back to the snapshot step from its own copy,
+// the dead rank's replicated pieces come from the survivors' own copies and its moments from
+// its buddy's, and the result is bitwise the snapshot's state. `big`: tensors of page-mapped
+// storage, with pre-allocation on as in the runtime.
+void SnapshotRecovery(bool big) {
+  std::vector<TensorSpec> tensors = Tensors();
+  if (big) {
+    tensors = {{"w", DType::kF32, {512, 1024}, Layout::Layer(0)},
+               {"w.m", DType::kF32, {512, 1024}, Layout::Layer(0).ZeroShard()},
+               {"v", DType::kF32, {256, 1024}, Layout::Layer(1)},
+               {"v.m", DType::kF32, {1024, 1024}, Layout::Layer(1).ZeroShard()}};
+  }
+  Cluster c(tensors);
   const std::vector<WorkerId> workers = {1, 2, 3, 4};
   ASSERT_NO_FATAL_FAILURE(c.Start(Config(4, 1, 1), workers));
   const Generation from = c.current_;
@@ -751,11 +769,20 @@ TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
   const std::vector<int> buddy = BuddyRanks(hosts);
   ASSERT_EQ(buddy, (std::vector<int>{2, 3, 0, 1}));
   std::map<WorkerId, std::unique_ptr<HostSnapshot>> local, held;
+  std::map<int, std::vector<int64_t>> held_tensors;  // by the ward's rank
   for (int r = 0; r < 4; ++r) {
     const WorkerId w = from.ranks[static_cast<size_t>(r)];
+    const std::vector<bool> sent = BuddyCopiedTensors(tensors, from.config, r, hosts);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      // Moments (ZeRO, one copy each) go to the buddy; replicated tensors do not.
+      EXPECT_EQ(sent[t], tensors[t].layout.zero_sharded()) << tensors[t].name << " rank " << r;
+      if (sent[t] && !c.states_.at(w)->TensorAt(t).shard.empty()) {
+        held_tensors[r].push_back(static_cast<int64_t>(t));
+      }
+    }
     local[w] = TakeSnapshot(*c.states_.at(w), from.id, snap_step);
     held[from.ranks[static_cast<size_t>(buddy[static_cast<size_t>(r)])]] =
-        TakeSnapshot(*c.states_.at(w), from.id, snap_step);
+        TakeSnapshot(*c.states_.at(w), from.id, snap_step, sent);
   }
   // Training went on past the snapshot: the live state no longer holds its values.
   for (WorkerId w : workers) {
@@ -787,16 +814,31 @@ TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
                        .state_step = now_step, .state_ok = true,
                        .snapshots = {.local_step = snap_step, .local_prev_step = snap_step - 4,
                                      .held_step = snap_step, .held_prev_step = snap_step - 4,
-                                     .held_rank = ward}});
+                                     .held_rank = ward, .held_tensors = held_tensors[ward]}});
   }
-  // Without the buddy's held copy, nothing covers rank 1's moments.
+  const std::string moment = tensors[1].name;  // rank 1 holds a range of it
+  // Without the buddy's held copy, nothing covers rank 1's moments: the error names a piece.
   {
     std::vector<StepReportMsg> no_held = reports;
     for (StepReportMsg& r : no_held) r.snapshots.held_step = r.snapshots.held_prev_step = -1;
     StatusOr<RecoveryChoice> none =
         ChooseRecovery(c.manifest_, from, p.next, p.change, no_held, std::nullopt);
     EXPECT_EQ(none.status().code(), StatusCode::kDataLoss) << none.status();
-    EXPECT_NE(none.status().message().find("has no snapshot of step " + std::to_string(snap_step)),
+    EXPECT_NE(none.status().message().find("snapshots: no snapshot copy of tensor '" + moment +
+                                           "' box "),
+              std::string::npos)
+        << none.status();
+  }
+  // A held copy that does not hold a tensor the exchange needs from it is no copy of it.
+  {
+    std::vector<StepReportMsg> partial = reports;
+    for (StepReportMsg& r : partial) {
+      if (r.snapshots.held_rank == 1) std::erase(r.snapshots.held_tensors, 1);
+    }
+    StatusOr<RecoveryChoice> none =
+        ChooseRecovery(c.manifest_, from, p.next, p.change, partial, std::nullopt);
+    EXPECT_EQ(none.status().code(), StatusCode::kDataLoss) << none.status();
+    EXPECT_NE(none.status().message().find("no snapshot copy of tensor '" + moment + "' box "),
               std::string::npos)
         << none.status();
   }
@@ -839,7 +881,9 @@ TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
     };
   };
   c.states_.erase(dead);
-  std::map<WorkerId, WorkerResult> r = c.Run(p, tweak, Cluster::Defaults(), edit);
+  SwitchOptions options = Cluster::Defaults();
+  if (big) options.preallocate = HostAllocator();
+  std::map<WorkerId, WorkerResult> r = c.Run(p, tweak, options, edit);
   ASSERT_EQ(r.size(), 3u);
   int64_t received = 0;
   for (auto& [w, res] : r) {
@@ -852,6 +896,8 @@ TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) {
   // Scalars as set at the start (the snapshot's), tensors bitwise their reference slices.
   c.Verify(from.id);
 }
+
+TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) { SnapshotRecovery(/*big=*/false); }
 
 }  // namespace
 }  // namespace morph

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "runtime/api/runtime_impl.h"
+#include "runtime/protocol/wire.h"
 
 namespace morph {
 namespace {
@@ -71,6 +72,16 @@ SnapshotHoldings Runtime::Impl::EndSnapshots() {
     h.held_step = held[0];
     if (held.size() > 1) h.held_prev_step = held[1];
     h.held_rank = snapshots->held_rank();
+    h.held_tensors = snapshots->HeldTensors(gen.id);
+    // A list the report cannot carry (more tensors than a wire id list holds): the held copies
+    // are not offered; the recovery then has the other sources.
+    if (h.held_tensors.size() > kMaxIdList) {
+      LOG(WARNING) << "worker " << agent->id() << ": the held snapshot copies hold "
+                   << h.held_tensors.size() << " tensors, more than a report carries ("
+                   << kMaxIdList << "); not offered to the recovery";
+      h.held_step = h.held_prev_step = h.held_rank = -1;
+      h.held_tensors.clear();
+    }
   }
   return h;
 }

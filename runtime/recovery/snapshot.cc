@@ -1,14 +1,17 @@
 #include "runtime/recovery/snapshot.h"
 
 #include <algorithm>
-#include <deque>
 #include <cstring>
+#include <deque>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "collectives/gloo_communicator.h"
 #include "reshard/crc32c.h"
+#include "reshard/layout.h"
 
 #if MORPH_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -49,8 +52,10 @@ std::string PairName(int a, int b) {
   return "snapshot/" + std::to_string(std::min(a, b)) + "-" + std::to_string(std::max(a, b));
 }
 
-// The snapshot's description (shards, offsets, scalar sizes, config) as int64 words.
-std::vector<int64_t> EncodeMeta(const SnapshotData& d, const void* base) {
+// The description of what goes to the buddy (shards, offsets, scalar sizes, config) as int64
+// words; a tensor not sent (`sent[i]` false) is described as an empty shard.
+std::vector<int64_t> EncodeMeta(const SnapshotData& d, const void* base,
+                                const std::vector<bool>& sent) {
   std::vector<int64_t> m;
   const ParallelConfig& c = d.config;
   m.insert(m.end(), {c.dp, c.tp, c.pp, c.zero_stage, c.micro_batches,
@@ -58,6 +63,10 @@ std::vector<int64_t> EncodeMeta(const SnapshotData& d, const void* base) {
   for (int s : c.stage_of_layer) m.push_back(s);
   m.push_back(static_cast<int64_t>(d.shards.size()));
   for (size_t i = 0; i < d.shards.size(); ++i) {
+    if (!sent[i]) {
+      m.insert(m.end(), {0, 0, 0, 0, 0});  // rank 0, flat [0, 0), no bytes
+      continue;
+    }
     const Shard& s = d.shards[i];
     m.push_back(s.frame.rank());
     for (const Interval& iv : s.frame.dims()) m.insert(m.end(), {iv.begin, iv.end});
@@ -257,6 +266,48 @@ std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank) {
   return buddy;
 }
 
+std::vector<bool> BuddyCopiedTensors(std::span<const TensorSpec> tensors,
+                                     const ParallelConfig& config, int rank,
+                                     std::span<const std::string> host_of_rank) {
+  std::vector<bool> out(tensors.size(), true);
+  const int world = config.world();
+  if (rank < 0 || rank >= world || host_of_rank.size() != static_cast<size_t>(world)) return out;
+  const std::string& mine = host_of_rank[static_cast<size_t>(rank)];
+  const bool one_host = std::all_of(host_of_rank.begin(), host_of_rank.end(),
+                                    [&](const std::string& h) { return h == mine; });
+  const ParallelConfig::Coords me = config.CoordsOf(rank);
+  // The replicas of a piece differ from this rank only along the axes the layout replicates
+  // over: its stages, every TP rank when not split, the DP ranks of the same ZeRO range.
+  using Pattern = std::tuple<std::vector<int>, bool, int>;  // stages, TP split, DP stride
+  std::map<Pattern, bool> copied;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Layout& l = tensors[i].layout;
+    std::vector<int> stages = StagesOfUnchecked(tensors[i], config);
+    if (std::find(stages.begin(), stages.end(), me.p) == stages.end()) {
+      out[i] = false;  // no piece here
+      continue;
+    }
+    const int stride = l.zero_sharded() ? std::max(1, ZeroGroupSize(l, config)) : 1;
+    Pattern key{std::move(stages), l.tp_split(), stride};
+    auto [it, fresh] = copied.emplace(key, true);
+    if (fresh) {
+      for (int p : std::get<0>(key)) {
+        for (int d = me.d % stride; d < config.dp && it->second; d += stride) {
+          for (int t = 0; t < config.tp && it->second; ++t) {
+            if (l.tp_split() && t != me.t) continue;
+            const int q = config.RankOf({p, d, t});
+            if (q != rank && (one_host || host_of_rank[static_cast<size_t>(q)] != mine)) {
+              it->second = false;  // another failure domain holds this piece
+            }
+          }
+        }
+      }
+    }
+    out[i] = it->second;
+  }
+  return out;
+}
+
 BuddySnapshotter::BuddySnapshotter(int64_t every, BuddySnapshotOptions options)
     : every_(every), options_(std::move(options)) {
   if (options_.chunk_bytes == 0) options_.chunk_bytes = size_t{32} << 20;
@@ -370,27 +421,41 @@ Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
   JoinRound();
   if (!broken_.ok()) return broken_;
 
-  // Layout of the copy: tensors in registration order, then scalars, each 64-byte aligned.
-  std::vector<Source> sources;
+  // Layout of the copy: the tensors that go to the buddy, then the scalars, then the other
+  // tensors (so what is sent is one prefix), each 64-byte aligned. Sources are in tensor
+  // order, then scalars (Copy fills the views by that index).
+  std::vector<bool> sent =
+      to_buddy_ ? BuddyCopiedTensors(state.tensors(), *state.config(), rank_, hosts_)
+                : std::vector<bool>(state.tensors().size(), false);
+  const size_t nt = state.tensors().size();
+  std::vector<Source> sources(nt + state.scalars().size());
   SnapshotData d;
   d.generation = generation_;
   d.step = step;
   d.rank = rank_;
   d.config = *state.config();
   size_t off = 0;
-  for (size_t i = 0; i < state.tensors().size(); ++i) {
-    const State::TensorRef ref = state.TensorAt(i);
-    d.shards.push_back(ref.shard);
-    sources.push_back({ConstBufferView(ref.data), off});
-    d.tensors.emplace_back(nullptr, ref.data.bytes, MemoryKind::kHost);
-    off = AlignUp(off + ref.data.bytes);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < nt; ++i) {
+      if (sent[i] != (pass == 0)) continue;
+      const State::TensorRef ref = state.TensorAt(i);
+      sources[i] = {ConstBufferView(ref.data), off};
+      off = AlignUp(off + ref.data.bytes);
+    }
+    if (pass == 1) break;
+    for (size_t k = 0; k < state.scalars().size(); ++k) {
+      const std::span<const std::byte> blob = state.ScalarAt(k);
+      sources[nt + k] = {ConstBufferView(blob.data(), blob.size(), MemoryKind::kHost), off};
+      off = AlignUp(off + blob.size());
+    }
+    d.sent_bytes = static_cast<int64_t>(off);
   }
-  for (size_t k = 0; k < state.scalars().size(); ++k) {
-    const std::span<const std::byte> blob = state.ScalarAt(k);
-    sources.push_back({ConstBufferView(blob.data(), blob.size(), MemoryKind::kHost), off});
-    d.scalars.emplace_back();
-    off = AlignUp(off + blob.size());
+  for (size_t i = 0; i < nt; ++i) {
+    d.shards.push_back(state.TensorAt(i).shard);
+    d.tensors.emplace_back(nullptr, sources[i].view.bytes, MemoryKind::kHost);
   }
+  d.scalars.resize(state.scalars().size());
+  if (!to_buddy_) d.sent_bytes = 0;
   d.bytes = static_cast<int64_t>(off);
   std::lock_guard<std::mutex> lock(mu_);
   const int newest_local = Newest(local_);
@@ -401,39 +466,50 @@ Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
   copied_ = false;
   copy_status_ = Status::Ok();
   exchange_status_ = Status::Ok();
-  round_ = std::thread([this, step, gen = generation_, sources = std::move(sources), ls]() mutable {
-    Round(step, gen, std::move(sources), ls);
+  round_ = std::thread([this, step, gen = generation_, sources = std::move(sources), ls,
+                        sent = std::move(sent)]() mutable {
+    Round(step, gen, std::move(sources), ls, std::move(sent));
   });
+  return Status::Ok();
+}
+
+// A buffer that must grow (a new layout after a change) keeps its pages, already faulted in:
+// only the growth is new memory (on this VM a fresh page costs about as much as copying it).
+Status BuddySnapshotter::EnsureSize(Buffer& b, size_t bytes) {
+  bytes = std::max(bytes, kAlign);
+  if (b.data() != nullptr && b.size() >= bytes) return Status::Ok();
+  MORPH_ASSIGN_OR_RETURN(Buffer grown, HostAllocator()(bytes));
+  if (b.size() > 0 && b.page_mapped() && grown.page_mapped()) {
+    (void)MovePages(b, grown, 0);  // on failure b keeps its pages and is freed below
+  }
+  std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the size
+  b = std::move(grown);
   return Status::Ok();
 }
 
 Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
   SnapshotData& d = slot.data;
   const size_t total = static_cast<size_t>(d.bytes);
-  if (slot.buffer.size() < total || slot.buffer.data() == nullptr) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the size
-      slot.buffer = Buffer();
-    }
-    MORPH_ASSIGN_OR_RETURN(Buffer b, HostAllocator()(std::max<size_t>(total, kAlign)),
-                           "snapshot buffer of " << total << " bytes");
-    std::lock_guard<std::mutex> lock(mu_);
-    slot.buffer = std::move(b);
-  }
+  MORPH_RETURN_IF_ERROR(EnsureSize(slot.buffer, total)) << "snapshot buffer of " << total
+                                                        << " bytes";
   // Only the copy holds the training thread (BeginUpdate waits for it), so it is one pass:
   // whole shards in one memcpy each (glibc streams copies this large past the cache, with
   // non-temporal stores), the checksum later, on this thread, while the exchange runs.
   char* base = static_cast<char*>(slot.buffer.data());
-  size_t at = 0;
   const size_t nt = d.tensors.size();
-  for (size_t i = 0; i < sources.size(); ++i) {
+  std::vector<size_t> order(sources.size());  // by offset, to zero the alignment padding
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return sources[a].offset < sources[b].offset; });
+  size_t at = 0;
+  for (size_t i : order) {
     const Source& s = sources[i];
     if (s.offset > at) std::memset(base + at, 0, s.offset - at);  // alignment padding
     for (size_t done = 0; done < s.view.bytes; done += kCopyChunk) {
       const size_t n = std::min(kCopyChunk, s.view.bytes - done);
       MORPH_RETURN_IF_ERROR(CopyOut(base + s.offset + done, s.view, done, n));
     }
-    at = s.offset + s.view.bytes;
+    at = std::max(at, s.offset + s.view.bytes);
     if (i < nt) {
       d.tensors[i] = ConstBufferView(s.view.bytes ? base + s.offset : nullptr, s.view.bytes,
                                      MemoryKind::kHost);
@@ -447,7 +523,7 @@ Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
 }
 
 void BuddySnapshotter::Round(int64_t step, int64_t generation, std::vector<Source> sources,
-                             size_t ls) {
+                             size_t ls, std::vector<bool> sent) {
   Slot& local = local_[ls];
   Status copy = Copy(sources, local);
   size_t hs = 0;
@@ -467,11 +543,7 @@ void BuddySnapshotter::Round(int64_t step, int64_t generation, std::vector<Sourc
     if (from_ward_) from_ward_->Abort();
     ex = copy_status_;
   } else if (to_buddy_) {
-    ex = Exchange(step, generation, local, hs);
-  } else {
-    const uint32_t crc = Crc32c(local.buffer.data(), static_cast<size_t>(local.data.bytes));
-    std::lock_guard<std::mutex> lock(mu_);
-    local.data.crc32c = crc;
+    ex = Exchange(step, generation, local, hs, sent);
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (ex.ok() && to_buddy_) held_[hs].complete = true;
@@ -484,7 +556,8 @@ void BuddySnapshotter::Round(int64_t step, int64_t generation, std::vector<Sourc
   cv_.notify_all();
 }
 
-Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local, size_t hs) {
+Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local, size_t hs,
+                                  const std::vector<bool>& sent) {
   Slot& held = held_[hs];
   const std::string buddy_name =
       "rank " + std::to_string(buddy_) + " (host " + hosts_[static_cast<size_t>(buddy_)] + ")";
@@ -559,13 +632,13 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   };
 
   const char* base = static_cast<const char*>(local.buffer.data());
-  const std::vector<int64_t> meta = EncodeMeta(local.data, base);
+  const std::vector<int64_t> meta = EncodeMeta(local.data, base, sent);
   Header mine;
   mine.generation = generation;
   mine.step = step;
   mine.rank = rank_;
   mine.meta_bytes = meta.size() * sizeof(int64_t);
-  mine.payload_bytes = static_cast<uint64_t>(local.data.bytes);
+  mine.payload_bytes = static_cast<uint64_t>(local.data.sent_bytes);
   mine.chunk_bytes = options_.chunk_bytes;
   Header theirs;
   MORPH_RETURN_IF_ERROR(transfer(&mine, sizeof(mine), &theirs, sizeof(theirs)));
@@ -581,18 +654,8 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
   std::vector<int64_t> their_meta(theirs.meta_bytes / sizeof(int64_t));
   MORPH_RETURN_IF_ERROR(
       transfer(meta.data(), mine.meta_bytes, their_meta.data(), theirs.meta_bytes));
-  if (held.buffer.size() < theirs.payload_bytes || held.buffer.data() == nullptr) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);  // memory_bytes() reads the size
-      held.buffer = Buffer();
-    }
-    MORPH_ASSIGN_OR_RETURN(
-        Buffer b,
-        HostAllocator()(std::max<size_t>(static_cast<size_t>(theirs.payload_bytes), kAlign)),
-        what << ": buffer for the copy of " << ward_name);
-    std::lock_guard<std::mutex> lock(mu_);
-    held.buffer = std::move(b);
-  }
+  MORPH_RETURN_IF_ERROR(EnsureSize(held.buffer, static_cast<size_t>(theirs.payload_bytes)))
+      << what << ": buffer for the copy of " << ward_name;
   char* in = static_cast<char*>(held.buffer.data());
 
   // The payload, pipelined: groups of chunks_per_group chunks, the next group queued on the
@@ -758,6 +821,28 @@ std::vector<int64_t> BuddySnapshotter::LocalSteps(int64_t generation) const {
 std::vector<int64_t> BuddySnapshotter::HeldSteps(int64_t generation) const {
   std::lock_guard<std::mutex> lock(mu_);
   return CompleteSteps(held_, generation);
+}
+
+std::vector<int64_t> BuddySnapshotter::HeldTensors(int64_t generation) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int64_t> out;
+  bool first = true;
+  for (const Slot& s : held_) {
+    if (!s.complete || s.data.generation != generation) continue;
+    std::vector<int64_t> mine;
+    for (size_t i = 0; i < s.data.shards.size(); ++i) {
+      if (!s.data.shards[i].empty()) mine.push_back(static_cast<int64_t>(i));
+    }
+    if (!first) {
+      std::vector<int64_t> both;
+      std::set_intersection(out.begin(), out.end(), mine.begin(), mine.end(),
+                            std::back_inserter(both));
+      mine = std::move(both);
+    }
+    out = std::move(mine);
+    first = false;
+  }
+  return out;
 }
 
 const SnapshotData* BuddySnapshotter::Local(int64_t step, int64_t generation) const {

@@ -26,13 +26,25 @@
 // in pipelined groups of messages (the CRC32C of what goes out and of what came in computed
 // while the next group moves), and a trailer with the sender's CRC32C.
 //
+// What the buddy gets (BuddyCopiedTensors): the local copy holds every shard, but only the
+// shards with no other copy at the same step in another failure domain go to the buddy — a
+// piece replicated elsewhere (a parameter over DP, an unsplit tensor over TP, a tied tensor
+// over its stages, a hybrid ZeRO range over its groups) is in that replica's own local copy of
+// the same step. A failure domain is a host when the world spans several hosts (so the loss
+// of a whole host keeps every piece: its replicated pieces have a copy on another host, the
+// others are at its ranks' buddies), a process on a single host. The held copy lists the other
+// tensors with an empty shard (SnapshotData::shards); a recovery takes their pieces from the
+// survivors' local copies (runtime/protocol/snapshot_plan.h). With ZeRO-1 over dp ranks a round
+// moves a rank's moments only: 1/3 of its 1 GiB-model state instead of all of it.
+//
 // Completeness. A local copy counts once it is fully copied (WaitCopied); a held copy once all
-// its bytes and the trailer arrived and the payload's CRC32C equals the sender's. Each side is double-buffered: the
-// newest complete local and held copies stay intact while the next ones are made, so a rank
-// that dies mid-transfer leaves its buddy's previous held copy (held_step unchanged) and every
-// survivor's previous local copy of the same step. Memory: 2 x this rank's state bytes (two
-// local copies) + 2 x the ward's (two held copies), host memory allocated once and reused;
-// memory_bytes() says how much.
+// its bytes and the trailer arrived and the payload's CRC32C equals the sender's. Each side is
+// double-buffered: the newest complete local and held copies stay intact while the next ones
+// are made, so a rank that dies mid-transfer leaves its buddy's previous held copy (held_step
+// unchanged) and every survivor's previous local copy of the same step. Memory: 2 x this rank's
+// state bytes (two local copies) + 2 x the ward's buddy-copied bytes (two held copies), host
+// memory allocated once and reused (a buffer that must grow, after a change of layout, keeps
+// its pages: only the growth is faulted in); memory_bytes() says how much.
 //
 // Threads: StartGeneration, EndGeneration, MaybeBegin, WaitCopied, WaitExchanged and the
 // accessors are called by one thread (the training thread), Abort by any; one background
@@ -71,17 +83,29 @@ class GlooDevice;
 // empty for an empty world, {0} for a world of one (no buddy: itself). Pure; any thread.
 std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank);
 
+// For each of `tensors`, whether rank `rank`'s shard of it goes to its buddy under `config`
+// (rule "What the buddy gets" above): false when the rank holds no piece of it (another stage)
+// or when another rank in another failure domain holds the same piece. Every tensor when
+// host_of_rank is not one host per rank of the config. Pure; any thread. Cost: per distinct
+// replication pattern (stages, TP split, ZeRO group), at most the replicas of one piece.
+std::vector<bool> BuddyCopiedTensors(std::span<const TensorSpec> tensors,
+                                     const ParallelConfig& config, int rank,
+                                     std::span<const std::string> host_of_rank);
+
 // One rank's state at one step, in host memory: what the recovery serves pieces from.
 struct SnapshotData {
   int64_t generation = -1;                          // of the snapshot
   int64_t step = -1;                                // the state at the start of this step
   int rank = -1;                                    // whose state, numbered in `generation`
   ParallelConfig config;                            // its layout
-  std::vector<Shard> shards;                        // by tensor index (registration order)
+  // By tensor index (registration order). A held copy lists the tensors its ward did not
+  // send (BuddyCopiedTensors) with an empty shard; a local copy holds every shard.
+  std::vector<Shard> shards;
   std::vector<ConstBufferView> tensors;             // shards' bytes (host); empty when none
   std::vector<std::span<const std::byte>> scalars;  // by scalar index
-  int64_t bytes = 0;                                // payload (tensors + scalars, aligned)
-  uint32_t crc32c = 0;                              // of the payload
+  int64_t bytes = 0;      // the copy's bytes (tensors + scalars, aligned)
+  int64_t sent_bytes = 0;  // local copy: its first bytes, what goes to the buddy
+  uint32_t crc32c = 0;    // of what went to the buddy / came from the ward (0: nothing sent)
 };
 
 // Copies `snap` back into `state` (a rollback in place): every shard's bytes (host or CUDA
@@ -176,6 +200,9 @@ class BuddySnapshotter {
   // newest first: what a recovery report says this rank can serve.
   std::vector<int64_t> LocalSteps(int64_t generation) const;
   std::vector<int64_t> HeldSteps(int64_t generation) const;
+  // The tensors (indices, ascending) whose ward's shard every complete held copy of
+  // `generation` holds: what a recovery may take from them (SnapshotHoldings::held_tensors).
+  std::vector<int64_t> HeldTensors(int64_t generation) const;
   // The complete local / held copy of `step` (taken in `generation`; -1: any), or null when not
   // held (either buffer: the newest or the one before it). Valid until the next MaybeBegin or
   // StartGeneration.
@@ -196,9 +223,12 @@ class BuddySnapshotter {
   };
   struct Peer;  // a communicator with the buddy and/or the ward
 
-  void Round(int64_t step, int64_t generation, std::vector<Source> sources, size_t slot);
+  void Round(int64_t step, int64_t generation, std::vector<Source> sources, size_t slot,
+             std::vector<bool> sent);
+  Status EnsureSize(Buffer& buffer, size_t bytes);
   Status Copy(std::vector<Source>& sources, Slot& slot);
-  Status Exchange(int64_t step, int64_t generation, Slot& local, size_t held_slot);
+  Status Exchange(int64_t step, int64_t generation, Slot& local, size_t held_slot,
+                  const std::vector<bool>& sent);
   void JoinRound();
 
   int64_t every_;

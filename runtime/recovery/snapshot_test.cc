@@ -29,8 +29,10 @@ constexpr char kToken[] = "snapshot-test-token";
 
 uint64_t SeedAt(int64_t step) { return 100 + static_cast<uint64_t>(step); }
 
-// OK when `snap` holds exactly `expected`'s shards, bytes and scalars.
-Status SameAs(const SnapshotData* snap, const State& expected, int64_t step, const char* what) {
+// OK when `snap` holds exactly `expected`'s shards, bytes and scalars; with `sent` (a held
+// copy), only the tensors its rank sends, the others as empty shards.
+Status SameAs(const SnapshotData* snap, const State& expected, int64_t step, const char* what,
+              const std::vector<bool>& sent = {}) {
   const std::string name = std::string(what) + " snapshot of step " + std::to_string(step);
   if (snap == nullptr) return NotFoundError(name + " is not held");
   if (snap->step != step || snap->rank != expected.rank()) {
@@ -44,6 +46,12 @@ Status SameAs(const SnapshotData* snap, const State& expected, int64_t step, con
   }
   for (size_t i = 0; i < snap->shards.size(); ++i) {
     const State::TensorRef r = expected.TensorAt(i);
+    if (!sent.empty() && !sent[i]) {
+      if (!snap->shards[i].empty() || snap->tensors[i].bytes != 0) {
+        return InternalError(name + ": tensor '" + r.spec->name + "' was not to be sent");
+      }
+      continue;
+    }
     if (!(snap->shards[i] == r.shard) || snap->tensors[i].bytes != r.data.bytes ||
         (r.data.bytes > 0 && std::memcmp(snap->tensors[i].data, r.data.data, r.data.bytes) != 0)) {
       return InternalError(name + ": tensor '" + r.spec->name + "' differs");
@@ -108,13 +116,27 @@ Status TrainAndCheck(const std::string& address, int rank, const std::vector<std
                          std::to_string(snap.held_step()) + " held_rank " +
                          std::to_string(snap.held_rank()) + ", ward " + std::to_string(ward));
   }
+  // The ward sent only its pieces with no copy on another host: some tensors, not all.
+  const std::vector<bool> sent = BuddyCopiedTensors(state->tensors(), config, ward, hosts);
+  std::vector<int64_t> held_tensors;
   for (int64_t step : {4, 6}) {  // the newest and, double-buffered, the one before
     MORPH_ASSIGN_OR_RETURN(auto mine, MakeState(config, rank));
     Fill(*mine, SeedAt(step));
     MORPH_RETURN_IF_ERROR(SameAs(snap.Local(step), *mine, step, "local"));
     MORPH_ASSIGN_OR_RETURN(auto theirs, MakeState(config, ward));
     Fill(*theirs, SeedAt(step));
-    MORPH_RETURN_IF_ERROR(SameAs(snap.Held(step), *theirs, step, "held"));
+    MORPH_RETURN_IF_ERROR(SameAs(snap.Held(step), *theirs, step, "held", sent));
+    held_tensors.clear();
+    for (size_t i = 0; i < sent.size(); ++i) {
+      if (sent[i] && !theirs->TensorAt(i).shard.empty()) held_tensors.push_back(int64_t(i));
+    }
+  }
+  if (std::count(sent.begin(), sent.end(), true) == 0 ||
+      std::count(sent.begin(), sent.end(), false) == 0) {
+    return InternalError("the test needs tensors of both kinds");
+  }
+  if (snap.HeldTensors(0) != held_tensors) {
+    return InternalError("HeldTensors does not list what the held copies hold");
   }
   // Rollback in place to step 4 from the local copy.
   MORPH_RETURN_IF_ERROR(RestoreFromSnapshot(*snap.Local(4), *state));
@@ -146,6 +168,45 @@ void RunJob(const std::vector<std::string>& hosts, const ParallelConfig& config)
     return TrainAndCheck(address, rank, hosts, config);
   });
   MORPH_EXPECT_OK(FirstError(results));
+}
+
+// Which tensors go to the buddy: those whose piece has no copy in another failure domain.
+TEST(BuddySnapshotTest, OnlyPiecesWithoutAnotherCopyGoToTheBuddy) {
+  auto sent_names = [](const ParallelConfig& config, int rank,
+                       const std::vector<std::string>& hosts) {
+    auto state = MakeState(config, rank, /*hybrid=*/config.dp % 2 == 0);
+    EXPECT_TRUE(state.ok()) << state.status();
+    const std::vector<bool> sent = BuddyCopiedTensors((*state)->tensors(), config, rank, hosts);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < sent.size(); ++i) {
+      if (sent[i]) out.push_back((*state)->tensors()[i].name);
+    }
+    return out;
+  };
+  // dp 4 on one host: a replicated tensor has other copies; ZeRO ranges (w1.m, flat) have
+  // none; a hybrid ZeRO range (hz, groups of 2) has one, at DP rank d + 2.
+  EXPECT_THAT(sent_names(Config(4, 1, 1), 1, {"h", "h", "h", "h"}),
+              ElementsAre("w1.m", "flat"));
+  // Hosts a a b b: rank 0's hybrid ZeRO replica (rank 2) is on host b: not sent.
+  EXPECT_THAT(sent_names(Config(4, 1, 1), 0, {"a", "a", "b", "b"}), ElementsAre("w1.m", "flat"));
+  // Hosts a b a b: rank 0's hybrid ZeRO replica (rank 2) shares its host: losing host a would
+  // lose both copies, so it goes to the buddy.
+  EXPECT_THAT(sent_names(Config(4, 1, 1), 0, {"a", "b", "a", "b"}),
+              ElementsAre("w1.m", "flat", "hz"));
+  // dp 2 x pp 2, each stage on its own host: the DP replicas of a stage share its host, so
+  // they go to the buddy; the tied emb has its other copies on the other stage's host.
+  EXPECT_THAT(sent_names(Config(2, 1, 2), 0, {"a", "a", "b", "b"}),
+              ElementsAre("w1", "w1.m", "flat", "hz"));
+  EXPECT_THAT(sent_names(Config(2, 1, 2), 3, {"a", "a", "b", "b"}),
+              ElementsAre("norm", "qkv", "vocab"));
+  // The same on one host: only the pieces without any other copy.
+  EXPECT_THAT(sent_names(Config(2, 1, 2), 0, {"h", "h", "h", "h"}),
+              ElementsAre("w1.m", "flat", "hz"));
+  // TP 2 across hosts: the unsplit norm has its copy on the other host, the split ones none.
+  EXPECT_THAT(sent_names(Config(1, 2, 1), 1, {"a", "b"}),
+              ElementsAre("emb", "w1", "w1.m", "qkv", "vocab"));
+  // Hosts not one per rank: everything (nothing is known about failure domains).
+  EXPECT_EQ(sent_names(Config(2, 1, 1), 0, {"a"}).size(), 8u);
 }
 
 TEST(BuddySnapshotTest, HeldCopiesEqualTheWardsStateAtTheSnapshotStep) {
