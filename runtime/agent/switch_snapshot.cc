@@ -99,25 +99,72 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     return s.WithContext(gen + ": " + where);
   };
   const auto t_transfer = Clock::now();
-  // The live state is not read: it goes first, then the new shards are allocated.
+  // The live state is not read, but its memory is used: a tensor whose new shard here is its
+  // live one (a parameter replicated over DP when only dp changes) is restored in place, into
+  // pages already faulted in; the others' pages back the new shards (PagePool; morph-owned
+  // host storage only, as in a switch's recycling). On this VM a fresh page costs about as
+  // much as copying it, and the exchange writes every byte of every new shard.
   const size_t nt = rounds.own.tensors.size();
-  for (size_t t = 0; t < state.tensors().size(); ++t) state.ReleaseShard(t);
+  const bool recycle = static_cast<bool>(opt.preallocate);
   std::vector<Shard> shards(nt);
   std::vector<Buffer> buffers(nt);
   std::vector<NewShardData> news;
+  std::vector<int64_t> new_bytes(nt, 0);
+  PagePool pool;
+  state.MarkTorn();
+  if (state.tensors().size() != nt) {
+    return FailedPreconditionError(gen + ": the state has " +
+                                   std::to_string(state.tensors().size()) +
+                                   " tensors, the plan " + std::to_string(nt));
+  }
+  for (size_t t = 0; t < nt; ++t) {
+    const auto& s = rounds.own.new_shards[t];
+    if (s) new_bytes[t] = s->NumElements() * DTypeSize(rounds.own.tensors[t].dtype);
+    const State::TensorRef live = state.TensorAt(t);
+    if (s && new_bytes[t] > 0 && live.shard == *s && live.data.kind == MemoryKind::kHost &&
+        static_cast<int64_t>(live.data.bytes) == new_bytes[t]) {
+      buffers[t] = state.TakeShard(t);
+      ++stats.shards_kept;
+      continue;
+    }
+    if (recycle && live.data.bytes > 0) {
+      Buffer b = state.TakeShard(t);
+      if (pool.Put(b)) continue;
+    }
+    state.ReleaseShard(t);
+  }
   for (size_t t = 0; t < nt; ++t) {
     const auto& s = rounds.own.new_shards[t];
     if (!s) continue;
     shards[t] = *s;
-    const int64_t bytes = s->NumElements() * DTypeSize(rounds.own.tensors[t].dtype);
+    const int64_t bytes = new_bytes[t];
     if (bytes == 0) continue;
-    StatusOr<Buffer> b = state.AllocateShard(t, bytes);
-    if (!b.ok())
-      return fail(b.status(), "new shard of tensor '" + rounds.own.tensors[t].name + "'");
-    buffers[t] = std::move(b).value();
     stats.new_bytes += bytes;
+    if (buffers[t].size() == 0) {
+      const auto t_alloc = Clock::now();
+      StatusOr<Buffer> b = Buffer();
+      size_t recycled = 0;
+      if (recycle && pool.bytes() > 0) {
+        b = pool.Get(static_cast<size_t>(bytes), &recycled);
+        stats.recycled_bytes += static_cast<int64_t>(recycled);
+      } else {
+        b = state.AllocateShard(t, bytes);
+      }
+      // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
+      if (b.ok() && recycle && recycled < b->size()) {
+        Status f = PrefaultHost({static_cast<char*>(b->data()) + recycled, b->size() - recycled,
+                                 MemoryKind::kHost});
+        if (!f.ok()) b = f;
+      }
+      stats.alloc_seconds += Since(t_alloc);
+      if (!b.ok()) {
+        return fail(b.status(), "new shard of tensor '" + rounds.own.tensors[t].name + "'");
+      }
+      buffers[t] = std::move(b).value();
+    }
     news.push_back({rounds.own.tensors[t].name, rounds.own.tensors[t].dtype, buffers[t].view()});
   }
+  pool.Clear();
   stats.peak_state_bytes = stats.new_bytes;
   auto run = [&](const LocalPlan& p, const std::vector<OldShardData>& olds,
                  const std::string& where) -> Status {

@@ -748,8 +748,9 @@ std::unique_ptr<HostSnapshot> TakeSnapshot(const State& s, int64_t generation, i
 // buddy's snapshot, and only they went there (BuddyCopiedTensors: the DP-replicated tensors
 // have a copy on the other host). Every rank rolls back to the snapshot step from its own copy,
 // the dead rank's replicated pieces come from the survivors' own copies and its moments from
-// its buddy's, and the result is bitwise the snapshot's state. `big`: tensors of page-mapped
-// storage, with pre-allocation on as in the runtime.
+// its buddy's, and the result is bitwise the snapshot's state. With `big` tensors (page-mapped
+// storage) and pre-allocation on, as in the runtime, the live shards are reused: restored in
+// place where the new shard is the live one, their pages recycled for the others.
 void SnapshotRecovery(bool big) {
   std::vector<TensorSpec> tensors = Tensors();
   if (big) {
@@ -890,6 +891,12 @@ void SnapshotRecovery(bool big) {
     ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
     EXPECT_EQ(res.stats.batches, 2) << "two rounds";
     received += res.stats.bytes_received;
+    if (big) {
+      // w and v stay whole on every rank: restored in place; the moments' new ranges take the
+      // pages of the old ones.
+      EXPECT_EQ(res.stats.shards_kept, 2) << "worker " << w;
+      EXPECT_GT(res.stats.recycled_bytes, 0) << "worker " << w;
+    }
   }
   EXPECT_GT(received, 0);
   ASSERT_EQ(c.current_.id, p.next.id);
@@ -898,6 +905,8 @@ void SnapshotRecovery(bool big) {
 }
 
 TEST(SwitchTest, SnapshotRecoveryRollsEveryRankBackBitwise) { SnapshotRecovery(/*big=*/false); }
+
+TEST(SwitchTest, SnapshotRecoveryReusesTheLiveShardsMemory) { SnapshotRecovery(/*big=*/true); }
 
 }  // namespace
 }  // namespace morph
