@@ -226,10 +226,19 @@ int Worker(const WorkerArgs& a) {
       if (!ab.ok()) std::fprintf(stderr, "worker: AbortStep: %s\n", ab.ToString().c_str());
       continue;
     }
-    if (a.begin_update) r.BeginUpdate();
+    const int64_t update_ns = NowNs();
+    if (a.begin_update) r.BeginUpdate();  // waits for a snapshot's or undo copy's rest
+    const int64_t updated_ns = NowNs();
     StampState(r.state(), step->index() + 1, /*check=*/false, nullptr);  // the optimizer step
     if (!r.EndStep().ok()) return 4;
-    put({{"ev", "step"}, {"t", NowNs()}, {"step", step->index()}, {"rank", step->rank()}});
+    // Where a step's time went beyond its compute: BeginStep (a snapshot round's start waits
+    // for the previous round) and BeginUpdate (the copy's rest).
+    put({{"ev", "step"},
+         {"t", NowNs()},
+         {"step", step->index()},
+         {"rank", step->rank()},
+         {"begin_s", (return_ns - enter_ns) / 1e9},
+         {"update_wait_s", (updated_ns - update_ns) / 1e9}});
     if (step->index() % 10 == 9) {  // memory: the state's shards, and everything (snapshots)
       put({{"ev", "mem"},
            {"step", step->index()},
