@@ -171,6 +171,10 @@ struct SwitchOptions {
   // the copy must stay valid until ExecuteSwitch returns. Null function: such a recovery fails
   // with kFailedPrecondition.
   std::function<const SnapshotData*(int64_t step, bool held)> snapshot;
+  // After such a recovery applied here: the tensors (by index) whose new shard here is their
+  // shard in this worker's own copy of `step` and was written from that copy alone, so that
+  // they hold exactly its bytes (BuddySnapshotter::NoteRestored). Training thread; may be null.
+  std::function<void(int64_t step, std::vector<bool> tensors)> restored_from_own_snapshot;
 };
 
 struct SwitchTimings {

@@ -229,6 +229,25 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     return fail(barrier, "closing barrier");
   }
   stats.seconds.resume = Since(t_resume);
+  if (opt.restored_from_own_snapshot && !own_olds.empty()) {
+    // The tensors round A wrote whole from this worker's own copy, into the same shard.
+    const SnapshotData* own = opt.snapshot(step, false);
+    std::vector<int64_t> local(nt, 0);
+    std::vector<bool> other(nt, false);
+    for (const PieceMove& m : rounds.own.local_copies) {
+      local[static_cast<size_t>(m.tensor)] += m.box.NumElements().value_or(0);
+    }
+    for (const auto* list : {&rounds.own.recvs, &rounds.held.recvs, &rounds.held.local_copies}) {
+      for (const PieceMove& m : *list) other[static_cast<size_t>(m.tensor)] = true;
+    }
+    std::vector<bool> whole(nt, false);
+    for (size_t t = 0; t < nt && own != nullptr && own->shards.size() == nt; ++t) {
+      const auto& ns = rounds.own.new_shards[t];
+      whole[t] = ns && !ns->empty() && !other[t] && own->shards[t] == *ns &&
+                 local[t] == ns->NumElements();
+    }
+    opt.restored_from_own_snapshot(step, std::move(whole));
+  }
   VLOG(1) << gen << ": participant " << sw.participant_ << ", rank " << sw.old_rank_ << " -> "
           << sw.new_rank_ << ", sent " << stats.bytes_sent << " B, received "
           << stats.bytes_received << " B";

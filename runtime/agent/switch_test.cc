@@ -874,11 +874,17 @@ void SnapshotRecovery(bool big) {
     commit.change.stale = choice.stale;
     commit.recovery = choice.decision;
   };
+  std::mutex notes_mu;
+  std::map<WorkerId, std::pair<int64_t, std::vector<bool>>> notes;  // restored_from_own_snapshot
   auto tweak = [&](WorkerId w, SwitchOptions& o, std::unique_ptr<PreparedSwitch>*) {
     o.snapshot = [&, w](int64_t step, bool is_held) -> const SnapshotData* {
       auto& m = is_held ? held : local;
       auto it = m.find(w);
       return it == m.end() || it->second->data.step != step ? nullptr : &it->second->data;
+    };
+    o.restored_from_own_snapshot = [&, w](int64_t step, std::vector<bool> tensors) {
+      std::lock_guard<std::mutex> l(notes_mu);
+      notes[w] = {step, std::move(tensors)};
     };
   };
   c.states_.erase(dead);
@@ -897,6 +903,12 @@ void SnapshotRecovery(bool big) {
       EXPECT_EQ(res.stats.shards_kept, 2) << "worker " << w;
       EXPECT_GT(res.stats.recycled_bytes, 0) << "worker " << w;
     }
+    // The replicated tensors were written whole from the worker's own copy, the moments not.
+    ASSERT_EQ(notes.count(w), 1u) << "worker " << w;
+    EXPECT_EQ(notes[w].first, snap_step);
+    std::vector<bool> want;
+    for (const TensorSpec& t : tensors) want.push_back(!t.layout.zero_sharded());
+    EXPECT_EQ(notes[w].second, want) << "worker " << w;
   }
   EXPECT_GT(received, 0);
   ASSERT_EQ(c.current_.id, p.next.id);

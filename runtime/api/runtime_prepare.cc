@@ -103,6 +103,10 @@ SwitchOptions Runtime::Impl::SwitchOpts() const {
     if (!snapshots) return nullptr;
     return held ? snapshots->Held(step, gen.id) : snapshots->Local(step, gen.id);
   };
+  // The first snapshot after the rollback then copies only what the change moved.
+  s.restored_from_own_snapshot = [this](int64_t step, std::vector<bool> tensors) {
+    if (snapshots) snapshots->NoteRestored(step, gen.id, std::move(tensors));
+  };
   s.batch_bytes = opts.batch_bytes;
   s.executor.chunk_bytes = manifest.chunk_bytes;
   s.executor.staging_bytes = manifest.staging_bytes;

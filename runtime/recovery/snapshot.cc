@@ -406,6 +406,8 @@ Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration&
 }
 
 Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
+  Restored restored = std::move(restored_);  // only the next call may use it
+  restored_ = Restored();
   if (!Due(step)) return Status::Ok();
   if (generation_ < 0) {
     return FailedPreconditionError("snapshot of step " + std::to_string(step) +
@@ -421,8 +423,9 @@ Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
   JoinRound();
   if (!broken_.ok()) return broken_;
 
-  // Layout of the copy: the tensors that go to the buddy, then the scalars, then the other
-  // tensors (so what is sent is one prefix), each 64-byte aligned. Sources are in tensor
+  // Layout of the copy: the tensors that stay here, then those that go to the buddy, then
+  // the scalars (so what is sent is one suffix), each 64-byte aligned; a layout change that
+  // keeps the first tensors keeps their offsets (the adoption below). Sources are in tensor
   // order, then scalars (Copy fills the views by that index).
   std::vector<bool> sent =
       to_buddy_ ? BuddyCopiedTensors(state.tensors(), *state.config(), rank_, hosts_)
@@ -436,30 +439,62 @@ Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
   d.config = *state.config();
   size_t off = 0;
   for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) d.sent_offset = static_cast<int64_t>(off);
     for (size_t i = 0; i < nt; ++i) {
-      if (sent[i] != (pass == 0)) continue;
+      if (sent[i] != (pass == 1)) continue;
       const State::TensorRef ref = state.TensorAt(i);
       sources[i] = {ConstBufferView(ref.data), off};
       off = AlignUp(off + ref.data.bytes);
     }
-    if (pass == 1) break;
-    for (size_t k = 0; k < state.scalars().size(); ++k) {
-      const std::span<const std::byte> blob = state.ScalarAt(k);
-      sources[nt + k] = {ConstBufferView(blob.data(), blob.size(), MemoryKind::kHost), off};
-      off = AlignUp(off + blob.size());
-    }
-    d.sent_bytes = static_cast<int64_t>(off);
+  }
+  for (size_t k = 0; k < state.scalars().size(); ++k) {
+    const std::span<const std::byte> blob = state.ScalarAt(k);
+    sources[nt + k] = {ConstBufferView(blob.data(), blob.size(), MemoryKind::kHost), off};
+    off = AlignUp(off + blob.size());
   }
   for (size_t i = 0; i < nt; ++i) {
     d.shards.push_back(state.TensorAt(i).shard);
     d.tensors.emplace_back(nullptr, sources[i].view.bytes, MemoryKind::kHost);
   }
   d.scalars.resize(state.scalars().size());
-  if (!to_buddy_) d.sent_bytes = 0;
   d.bytes = static_cast<int64_t>(off);
+  d.sent_bytes = to_buddy_ ? d.bytes - d.sent_offset : 0;
   std::lock_guard<std::mutex> lock(mu_);
   const int newest_local = Newest(local_);
-  const size_t ls = newest_local == 0 ? 1 : 0;
+  size_t ls = newest_local == 0 ? 1 : 0;
+  // Adoption (NoteRestored): the state was just restored from this rank's local copy of this
+  // step, and the tensors it lists hold exactly that copy's bytes: the new copy goes into
+  // that slot, and those tensors, at the same offset with the same shard, are not copied
+  // again (a copy of the previous generation is never read once the change applied). A
+  // sample of each is compared first.
+  if (restored.step == step) {
+    for (size_t i = 0; i < local_.size(); ++i) {
+      const Slot& old = local_[i];
+      if (!old.complete || old.data.step != step || old.data.generation != restored.generation ||
+          old.data.shards.size() != nt || old.buffer.data() == nullptr) {
+        continue;
+      }
+      ls = i;
+      const char* obase = static_cast<const char*>(old.buffer.data());
+      for (size_t t = 0; t < nt && t < restored.tensors.size(); ++t) {
+        const ConstBufferView& was = old.data.tensors[t];
+        const Source& src = sources[t];
+        if (!restored.tensors[t] || src.view.bytes == 0 || src.view.kind != MemoryKind::kHost ||
+            !(old.data.shards[t] == d.shards[t]) || was.bytes != src.view.bytes ||
+            static_cast<const char*>(was.data) - obase != static_cast<ptrdiff_t>(src.offset)) {
+          continue;
+        }
+        const size_t n = std::min<size_t>(src.view.bytes, 64);
+        const char* live = static_cast<const char*>(src.view.data);
+        const char* kept = static_cast<const char*>(was.data);
+        if (std::memcmp(live, kept, n) == 0 &&
+            std::memcmp(live + src.view.bytes - n, kept + src.view.bytes - n, n) == 0) {
+          sources[t].in_place = true;
+        }
+      }
+      break;
+    }
+  }
   local_[ls].complete = false;
   local_[ls].data = std::move(d);
   running_ = true;
@@ -502,10 +537,12 @@ Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return sources[a].offset < sources[b].offset; });
   size_t at = 0;
+  int64_t copied = 0;
   for (size_t i : order) {
     const Source& s = sources[i];
+    if (!s.in_place) copied += static_cast<int64_t>(s.view.bytes);
     if (s.offset > at) std::memset(base + at, 0, s.offset - at);  // alignment padding
-    for (size_t done = 0; done < s.view.bytes; done += kCopyChunk) {
+    for (size_t done = 0; done < s.view.bytes && !s.in_place; done += kCopyChunk) {
       const size_t n = std::min(kCopyChunk, s.view.bytes - done);
       MORPH_RETURN_IF_ERROR(CopyOut(base + s.offset + done, s.view, done, n));
     }
@@ -519,6 +556,8 @@ Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
     }
   }
   if (total > at) std::memset(base + at, 0, total - at);
+  std::lock_guard<std::mutex> lock(mu_);
+  copied_bytes_ = copied;
   return Status::Ok();
 }
 
@@ -631,7 +670,9 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
     return finish(st);
   };
 
-  const char* base = static_cast<const char*>(local.buffer.data());
+  // What goes out: the copy's suffix from sent_offset (offsets in the description are from
+  // there).
+  const char* base = static_cast<const char*>(local.buffer.data()) + local.data.sent_offset;
   const std::vector<int64_t> meta = EncodeMeta(local.data, base, sent);
   Header mine;
   mine.generation = generation;
@@ -823,6 +864,10 @@ std::vector<int64_t> BuddySnapshotter::HeldSteps(int64_t generation) const {
   return CompleteSteps(held_, generation);
 }
 
+void BuddySnapshotter::NoteRestored(int64_t step, int64_t generation, std::vector<bool> tensors) {
+  restored_ = {.step = step, .generation = generation, .tensors = std::move(tensors)};
+}
+
 std::vector<int64_t> BuddySnapshotter::HeldTensors(int64_t generation) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> out;
@@ -863,6 +908,11 @@ const SnapshotData* BuddySnapshotter::Held(int64_t step, int64_t generation) con
     }
   }
   return nullptr;
+}
+
+int64_t BuddySnapshotter::copied_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return copied_bytes_;
 }
 
 int64_t BuddySnapshotter::memory_bytes() const {

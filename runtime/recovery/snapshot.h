@@ -103,9 +103,10 @@ struct SnapshotData {
   std::vector<Shard> shards;
   std::vector<ConstBufferView> tensors;             // shards' bytes (host); empty when none
   std::vector<std::span<const std::byte>> scalars;  // by scalar index
-  int64_t bytes = 0;      // the copy's bytes (tensors + scalars, aligned)
-  int64_t sent_bytes = 0;  // local copy: its first bytes, what goes to the buddy
-  uint32_t crc32c = 0;    // of what went to the buddy / came from the ward (0: nothing sent)
+  int64_t bytes = 0;        // the copy's bytes (tensors + scalars, aligned)
+  int64_t sent_offset = 0;  // local copy: what goes to the buddy, [sent_offset, +sent_bytes)
+  int64_t sent_bytes = 0;
+  uint32_t crc32c = 0;      // of what went to the buddy / came from the ward (0: nothing sent)
 };
 
 // Copies `snap` back into `state` (a rollback in place): every shard's bytes (host or CUDA
@@ -179,6 +180,15 @@ class BuddySnapshotter {
   // broken and every later call returns it until the next StartGeneration); kResourceExhausted
   // when a buffer cannot be allocated.
   Status MaybeBegin(int64_t step, const State& state);
+  // After a recovery restored `state` from this rank's local copy of (step, generation): the
+  // tensors marked in `tensors` hold exactly that copy's bytes (same shard) and will not change
+  // before the next MaybeBegin. If that MaybeBegin is of the same step, it writes into that
+  // copy's buffer and leaves those tensors as they are when their offset is unchanged (the
+  // tensors that stay here come first in a copy, so a change that keeps them keeps their
+  // offsets): the first snapshot after a rollback copies only what the change moved. Only the
+  // next MaybeBegin reads the note. Training thread.
+  void NoteRestored(int64_t step, int64_t generation, std::vector<bool> tensors);
+
   // Blocks until the running round's local copy is done (OK at once when none runs): its
   // error (kInternal: a CUDA copy failed), kDeadlineExceeded at `deadline`.
   Status WaitCopied(Deadline deadline);
@@ -210,6 +220,9 @@ class BuddySnapshotter {
   const SnapshotData* Held(int64_t step, int64_t generation = -1) const;
   // Host bytes held in snapshot buffers (two local, two held).
   int64_t memory_bytes() const;
+  // Bytes the newest round's local copy copied from the state (what NoteRestored spared is
+  // not counted).
+  int64_t copied_bytes() const;
 
  private:
   struct Slot {
@@ -220,6 +233,12 @@ class BuddySnapshotter {
   struct Source {  // what the copy reads
     ConstBufferView view;
     size_t offset = 0;
+    bool in_place = false;  // the slot holds these bytes there already (NoteRestored)
+  };
+  struct Restored {  // NoteRestored's note
+    int64_t step = -1;
+    int64_t generation = -1;
+    std::vector<bool> tensors;
   };
   struct Peer;  // a communicator with the buddy and/or the ward
 
@@ -240,6 +259,7 @@ class BuddySnapshotter {
   int buddy_ = -1;
   int ward_ = -1;
   std::vector<std::string> hosts_;
+  Restored restored_;
   std::unique_ptr<Communicator> to_buddy_;   // null when none
   std::unique_ptr<Communicator> from_ward_;  // null when it is to_buddy_ (buddy == ward)
   Status broken_;
@@ -251,6 +271,7 @@ class BuddySnapshotter {
   std::thread round_;
   bool running_ = false;
   bool copied_ = true;
+  int64_t copied_bytes_ = 0;
   Status copy_status_;
   Status exchange_status_;
 };

@@ -240,6 +240,51 @@ TEST(BuddySnapshotTest, BadCallsAreRefused) {
   MORPH_EXPECT_OK(SameAs(snap.Local(2), *state, 2, "local"));
 }
 
+// After a rollback from a local copy, the next snapshot of that step writes into the same
+// buffer and copies only the tensors the note does not vouch for (or whose bytes differ).
+TEST(BuddySnapshotTest, TheSnapshotAfterARollbackCopiesOnlyWhatChanged) {
+  const ParallelConfig config = Config(1, 1, 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto state, MakeState(config, 0));
+  auto table = std::make_shared<KvTable>();
+  MemoryStore store(table, 0);
+  BuddySnapshotter snap(2);
+  MORPH_ASSERT_OK(snap.StartGeneration(store, {.generation = 0, .rank = 0, .hosts = {"a"}},
+                                       Deadline::AfterMs(1000)));
+  Fill(*state, SeedAt(2));
+  MORPH_ASSERT_OK(snap.MaybeBegin(2, *state));
+  MORPH_ASSERT_OK(snap.WaitCopied(Deadline::AfterMs(10000)));
+  const int64_t all = snap.copied_bytes();
+  int64_t scalars = 0;
+  for (const ScalarSpec& s : state->scalars()) scalars += s.bytes;
+  EXPECT_EQ(all, state->local_bytes() + scalars);
+  Fill(*state, SeedAt(3));  // training went on; then the rollback to step 2
+  MORPH_ASSERT_OK(RestoreFromSnapshot(*snap.Local(2), *state));
+  // Every tensor vouched for but tensor 1, whose first byte changes after the note.
+  std::vector<bool> same(state->tensors().size(), true);
+  same[0] = false;
+  snap.NoteRestored(2, 0, same);
+  static_cast<char*>(state->TensorAt(1).data.data)[0] ^= 1;
+  MORPH_ASSERT_OK(snap.StartGeneration(store, {.generation = 1, .rank = 0, .hosts = {"a"}},
+                                       Deadline::AfterMs(1000)));
+  MORPH_ASSERT_OK(snap.MaybeBegin(2, *state));
+  MORPH_ASSERT_OK(snap.WaitCopied(Deadline::AfterMs(10000)));
+  EXPECT_EQ(snap.copied_bytes(), static_cast<int64_t>(state->TensorAt(0).data.bytes +
+                                                      state->TensorAt(1).data.bytes) +
+                                     scalars);
+  MORPH_EXPECT_OK(SameAs(snap.Local(2, 1), *state, 2, "local"));
+  EXPECT_EQ(snap.Local(2, 0), nullptr) << "the previous generation's copy was written over";
+  // The note is used once: the next round copies everything.
+  Fill(*state, SeedAt(4));
+  MORPH_ASSERT_OK(snap.MaybeBegin(4, *state));
+  MORPH_ASSERT_OK(snap.WaitCopied(Deadline::AfterMs(10000)));
+  EXPECT_EQ(snap.copied_bytes(), all);
+  MORPH_EXPECT_OK(SameAs(snap.Local(4), *state, 4, "local"));
+  MORPH_ASSERT_OK_AND_ASSIGN(auto at2, MakeState(config, 0));  // the state at step 2
+  Fill(*at2, SeedAt(2));
+  static_cast<char*>(at2->TensorAt(1).data.data)[0] ^= 1;
+  MORPH_EXPECT_OK(SameAs(snap.Local(2, 1), *at2, 2, "local"));  // double-buffered
+}
+
 // Two forked processes; rank 1 is SIGKILLed after the first chunk of its second snapshot.
 TEST(BuddySnapshotFaultTest, BuddyDyingMidTransferKeepsThePreviousSnapshot) {
   const ParallelConfig config = Config(1, 2, 1);
