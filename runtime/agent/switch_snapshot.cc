@@ -78,8 +78,8 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
       const auto& s = p.old_shards[t];
       if (!s || s->empty()) continue;
       if (held && d->shards[t].empty()) {  // its ward did not send it (BuddyCopiedTensors)
-        return DataLossError(gen + ": " + what + " holds no piece of tensor '" +
-                             p.tensors[t].name + "'");
+        return DataLossError(gen + ": " + what + " holds no piece of tensor '" + p.tensors[t].name +
+                             "'");
       }
       if (!(d->shards[t] == *s)) {
         return FailedPreconditionError(gen + ": " + what + " holds another shard of tensor '" +
@@ -114,8 +114,8 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
   state.MarkTorn();
   if (state.tensors().size() != nt) {
     return FailedPreconditionError(gen + ": the state has " +
-                                   std::to_string(state.tensors().size()) +
-                                   " tensors, the plan " + std::to_string(nt));
+                                   std::to_string(state.tensors().size()) + " tensors, the plan " +
+                                   std::to_string(nt));
   }
   for (size_t t = 0; t < nt; ++t) {
     const auto& s = rounds.own.new_shards[t];
@@ -152,8 +152,8 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
       }
       // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
       if (b.ok() && recycle && recycled < b->size()) {
-        Status f = PrefaultHost({static_cast<char*>(b->data()) + recycled, b->size() - recycled,
-                                 MemoryKind::kHost});
+        Status f = PrefaultHost(
+            {static_cast<char*>(b->data()) + recycled, b->size() - recycled, MemoryKind::kHost});
         if (!f.ok()) b = f;
       }
       stats.alloc_seconds += Since(t_alloc);
@@ -174,6 +174,11 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     stats.bytes_sent += r->bytes_sent;
     stats.bytes_received += r->bytes_received;
     stats.bytes_copied += r->bytes_copied;
+    stats.copy_seconds += r->copy_seconds;
+    stats.pack_seconds += r->pack_seconds;
+    stats.wait_seconds += r->wait_seconds;
+    stats.unpack_seconds += r->unpack_seconds;
+    stats.executor_seconds += r->total_seconds;
     stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, r->staging_peak_bytes);
     return Status::Ok();
   };
@@ -243,14 +248,19 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     std::vector<bool> whole(nt, false);
     for (size_t t = 0; t < nt && own != nullptr && own->shards.size() == nt; ++t) {
       const auto& ns = rounds.own.new_shards[t];
-      whole[t] = ns && !ns->empty() && !other[t] && own->shards[t] == *ns &&
-                 local[t] == ns->NumElements();
+      whole[t] =
+          ns && !ns->empty() && !other[t] && own->shards[t] == *ns && local[t] == ns->NumElements();
     }
     opt.restored_from_own_snapshot(step, std::move(whole));
   }
   VLOG(1) << gen << ": participant " << sw.participant_ << ", rank " << sw.old_rank_ << " -> "
           << sw.new_rank_ << ", sent " << stats.bytes_sent << " B, received "
-          << stats.bytes_received << " B";
+          << stats.bytes_received << " B, copied " << stats.bytes_copied << " B; transfer "
+          << stats.seconds.transfer << " s: alloc " << stats.alloc_seconds << " (recycled "
+          << stats.recycled_bytes << " B, kept " << stats.shards_kept << "), executor "
+          << stats.executor_seconds << " (copy " << stats.copy_seconds << ", pack "
+          << stats.pack_seconds << ", wait " << stats.wait_seconds << ", unpack "
+          << stats.unpack_seconds << "); resume " << stats.seconds.resume << " s";
   return stats;
 }
 

@@ -22,7 +22,8 @@ namespace {
 
 constexpr uint64_t kMagic = 0x50414e5348504d52ull;  // "RMPHSNAP"
 constexpr size_t kAlign = 64;
-constexpr size_t kCopyChunk = size_t{256} << 20;  // per memcpy (CUDA: per cudaMemcpy)
+// Per memcpy (CUDA: per cudaMemcpy); an abort is seen between two (Abort).
+constexpr size_t kCopyChunk = size_t{32} << 20;
 
 struct Header {
   uint64_t magic = kMagic;
@@ -324,6 +325,7 @@ void BuddySnapshotter::EndGeneration() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (running_) {
+      round_aborted_.store(true);
       if (to_buddy_) to_buddy_->Abort();
       if (from_ward_) from_ward_->Abort();
     }
@@ -346,6 +348,7 @@ void BuddySnapshotter::EndGeneration() {
 void BuddySnapshotter::Abort() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!running_) return;
+  round_aborted_.store(true);
   if (to_buddy_) to_buddy_->Abort();
   if (from_ward_) from_ward_->Abort();
 }
@@ -427,9 +430,9 @@ Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
   // the scalars (so what is sent is one suffix), each 64-byte aligned; a layout change that
   // keeps the first tensors keeps their offsets (the adoption below). Sources are in tensor
   // order, then scalars (Copy fills the views by that index).
-  std::vector<bool> sent =
-      to_buddy_ ? BuddyCopiedTensors(state.tensors(), *state.config(), rank_, hosts_)
-                : std::vector<bool>(state.tensors().size(), false);
+  std::vector<bool> sent = to_buddy_
+                               ? BuddyCopiedTensors(state.tensors(), *state.config(), rank_, hosts_)
+                               : std::vector<bool>(state.tensors().size(), false);
   const size_t nt = state.tensors().size();
   std::vector<Source> sources(nt + state.scalars().size());
   SnapshotData d;
@@ -499,6 +502,7 @@ Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
   local_[ls].data = std::move(d);
   running_ = true;
   copied_ = false;
+  round_aborted_.store(false);
   copy_status_ = Status::Ok();
   exchange_status_ = Status::Ok();
   round_ = std::thread([this, step, gen = generation_, sources = std::move(sources), ls,
@@ -525,8 +529,8 @@ Status BuddySnapshotter::EnsureSize(Buffer& b, size_t bytes) {
 Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
   SnapshotData& d = slot.data;
   const size_t total = static_cast<size_t>(d.bytes);
-  MORPH_RETURN_IF_ERROR(EnsureSize(slot.buffer, total)) << "snapshot buffer of " << total
-                                                        << " bytes";
+  MORPH_RETURN_IF_ERROR(EnsureSize(slot.buffer, total))
+      << "snapshot buffer of " << total << " bytes";
   // Only the copy holds the training thread (BeginUpdate waits for it), so it is one pass:
   // whole shards in one memcpy each (glibc streams copies this large past the cache, with
   // non-temporal stores), the checksum later, on this thread, while the exchange runs.
@@ -543,8 +547,12 @@ Status BuddySnapshotter::Copy(std::vector<Source>& sources, Slot& slot) {
     if (!s.in_place) copied += static_cast<int64_t>(s.view.bytes);
     if (s.offset > at) std::memset(base + at, 0, s.offset - at);  // alignment padding
     for (size_t done = 0; done < s.view.bytes && !s.in_place; done += kCopyChunk) {
+      if (round_aborted_.load(std::memory_order_relaxed)) {
+        return AbortedError("the local copy was aborted (a failure or a change)");
+      }
       const size_t n = std::min(kCopyChunk, s.view.bytes - done);
       MORPH_RETURN_IF_ERROR(CopyOut(base + s.offset + done, s.view, done, n));
+      if (options_.after_chunk_copied) options_.after_chunk_copied(d.step);
     }
     at = std::max(at, s.offset + s.view.bytes);
     if (i < nt) {
@@ -566,13 +574,22 @@ void BuddySnapshotter::Round(int64_t step, int64_t generation, std::vector<Sourc
   Slot& local = local_[ls];
   Status copy = Copy(sources, local);
   size_t hs = 0;
+  bool aborted = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    local.complete = copy.ok();
+    // An aborted round completes nothing and leaves the held copies alone: a recovery may
+    // have read which copies are complete right after Abort, without waiting for this thread
+    // (the runtime's EndSnapshots).
+    aborted = round_aborted_.load();
+    local.complete = copy.ok() && !aborted;
     copied_ = true;
+    if (copy.ok() && aborted)
+      copy = AbortedError("the local copy was aborted (a failure or a change)");
     copy_status_ = copy.WithContext("snapshot of step " + std::to_string(step));
-    hs = Newest(held_) == 0 ? 1 : 0;
-    held_[hs].complete = false;
+    if (copy.ok() && !aborted) {
+      hs = Newest(held_) == 0 ? 1 : 0;
+      held_[hs].complete = false;
+    }
     cv_.notify_all();
   }
   Status ex;
@@ -585,6 +602,8 @@ void BuddySnapshotter::Round(int64_t step, int64_t generation, std::vector<Sourc
     ex = Exchange(step, generation, local, hs, sent);
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (ex.ok() && round_aborted_.load())
+    ex = AbortedError("snapshot of step " + std::to_string(step) + ": aborted");
   if (ex.ok() && to_buddy_) held_[hs].complete = true;
   exchange_status_ = ex;
   if (!ex.ok()) {
@@ -657,7 +676,7 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
     const Status ss = st.send ? st.send->Wait(Deadline::After(options_.timeout)) : Status::Ok();
     const Status rs = st.recv ? st.recv->Wait(Deadline::After(options_.timeout)) : Status::Ok();
     if (same && !ss.ok()) return tag(ss, true);  // one group both ways: the same peer
-    if (!rs.ok()) return tag(rs, false);  // the ward's failure first: it is what we lose
+    if (!rs.ok()) return tag(rs, false);         // the ward's failure first: it is what we lose
     if (!ss.ok()) return tag(ss, true);
     return Status::Ok();
   };
@@ -736,8 +755,7 @@ Status BuddySnapshotter::Exchange(int64_t step, int64_t generation, Slot& local,
     std::vector<uint64_t> chunk_ends;
     for (uint64_t c = 0; c < group_chunks; ++c) {
       const uint64_t sn = std::min<uint64_t>(mine.chunk_bytes, mine.payload_bytes - posted_sent);
-      const uint64_t rn =
-          std::min<uint64_t>(theirs.chunk_bytes, theirs.payload_bytes - posted_got);
+      const uint64_t rn = std::min<uint64_t>(theirs.chunk_bytes, theirs.payload_bytes - posted_got);
       if (sn > 0) {
         sends.push_back(send_op(base + posted_sent, static_cast<size_t>(sn)));
         posted_sent += sn;

@@ -54,6 +54,7 @@
 #define MORPH_RUNTIME_RECOVERY_SNAPSHOT_H_
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -94,19 +95,23 @@ std::vector<bool> BuddyCopiedTensors(std::span<const TensorSpec> tensors,
 
 // One rank's state at one step, in host memory: what the recovery serves pieces from.
 struct SnapshotData {
-  int64_t generation = -1;                          // of the snapshot
-  int64_t step = -1;                                // the state at the start of this step
-  int rank = -1;                                    // whose state, numbered in `generation`
-  ParallelConfig config;                            // its layout
+  int64_t generation = -1;  // of the snapshot
+  int64_t step = -1;        // the state at the start of this step
+  int rank = -1;            // whose state, numbered in `generation`
+  ParallelConfig config;    // its layout
   // By tensor index (registration order). A held copy lists the tensors its ward did not
   // send (BuddyCopiedTensors) with an empty shard; a local copy holds every shard.
   std::vector<Shard> shards;
-  std::vector<ConstBufferView> tensors;             // shards' bytes (host); empty when none
-  std::vector<std::span<const std::byte>> scalars;  // by scalar index
-  int64_t bytes = 0;        // the copy's bytes (tensors + scalars, aligned)
-  int64_t sent_offset = 0;  // local copy: what goes to the buddy, [sent_offset, +sent_bytes)
+  // The shards' bytes (host; empty when none), and the scalars' by scalar index.
+  std::vector<ConstBufferView> tensors;
+  std::vector<std::span<const std::byte>> scalars;
+  // The copy's bytes (tensors + scalars, aligned); of a local copy, what goes to the buddy:
+  // [sent_offset, sent_offset + sent_bytes).
+  int64_t bytes = 0;
+  int64_t sent_offset = 0;
   int64_t sent_bytes = 0;
-  uint32_t crc32c = 0;      // of what went to the buddy / came from the ward (0: nothing sent)
+  // CRC32C of what went to the buddy / came from the ward (0: nothing sent).
+  uint32_t crc32c = 0;
 };
 
 // Copies `snap` back into `state` (a rollback in place): every shard's bytes (host or CUDA
@@ -138,6 +143,8 @@ struct BuddySnapshotOptions {
   // Test hook: called on the background thread after each chunk this rank sent, with the step
   // and the bytes sent so far (fault tests kill the process from it).
   std::function<void(int64_t step, int64_t sent)> after_chunk_sent;
+  // Test hook: called on the background thread after each chunk (32 MiB) of the local copy.
+  std::function<void(int64_t step)> after_chunk_copied;
 };
 
 class BuddySnapshotter {
@@ -160,13 +167,18 @@ class BuddySnapshotter {
   // outside [0, hosts.size()), an empty host name; the communicators' errors naming the peer
   // (kDeadlineExceeded at `deadline`, kAborted for a stale store generation).
   Status StartGeneration(Store& store, const SnapshotGeneration& generation, Deadline deadline);
-  // Aborts a round in flight (its held copy stays incomplete: the previous one is kept), joins
-  // the background thread and drops the communicators. Idempotent.
+  // Aborts a round in flight (its local copy, if still copying, and its held copy stay
+  // incomplete: the previous ones are kept), joins the background thread and drops the
+  // communicators. Idempotent.
   void EndGeneration();
   // Any thread (the runtime's control thread on a failure): makes a round in flight fail at
   // once with kAborted instead of waiting on a dead peer, so the training thread blocked in
-  // MaybeBegin or WaitExchanged reaches its step boundary. Copies already complete stay; the
-  // generation's snapshots are broken until the next StartGeneration. Nothing when idle.
+  // MaybeBegin, WaitCopied or WaitExchanged reaches its step boundary: a local copy still
+  // running stops within one 32 MiB chunk (incomplete; WaitCopied says kAborted), an exchange
+  // at once. Copies already complete stay, and which are complete does not change after
+  // Abort returns (LocalSteps / HeldSteps may be read at once, without waiting for the round
+  // to unwind); the generation's snapshots are broken until the next StartGeneration. Nothing
+  // when idle.
   void Abort();
 
   // At the start of step `step` (training thread): when Due(step), waits for the previous
@@ -271,6 +283,7 @@ class BuddySnapshotter {
   std::thread round_;
   bool running_ = false;
   bool copied_ = true;
+  std::atomic<bool> round_aborted_{false};  // Abort / EndGeneration: nothing completes
   int64_t copied_bytes_ = 0;
   Status copy_status_;
   Status exchange_status_;

@@ -185,8 +185,7 @@ TEST(BuddySnapshotTest, OnlyPiecesWithoutAnotherCopyGoToTheBuddy) {
   };
   // dp 4 on one host: a replicated tensor has other copies; ZeRO ranges (w1.m, flat) have
   // none; a hybrid ZeRO range (hz, groups of 2) has one, at DP rank d + 2.
-  EXPECT_THAT(sent_names(Config(4, 1, 1), 1, {"h", "h", "h", "h"}),
-              ElementsAre("w1.m", "flat"));
+  EXPECT_THAT(sent_names(Config(4, 1, 1), 1, {"h", "h", "h", "h"}), ElementsAre("w1.m", "flat"));
   // Hosts a a b b: rank 0's hybrid ZeRO replica (rank 2) is on host b: not sent.
   EXPECT_THAT(sent_names(Config(4, 1, 1), 0, {"a", "a", "b", "b"}), ElementsAre("w1.m", "flat"));
   // Hosts a b a b: rank 0's hybrid ZeRO replica (rank 2) shares its host: losing host a would
@@ -268,9 +267,9 @@ TEST(BuddySnapshotTest, TheSnapshotAfterARollbackCopiesOnlyWhatChanged) {
                                        Deadline::AfterMs(1000)));
   MORPH_ASSERT_OK(snap.MaybeBegin(2, *state));
   MORPH_ASSERT_OK(snap.WaitCopied(Deadline::AfterMs(10000)));
-  EXPECT_EQ(snap.copied_bytes(), static_cast<int64_t>(state->TensorAt(0).data.bytes +
-                                                      state->TensorAt(1).data.bytes) +
-                                     scalars);
+  EXPECT_EQ(snap.copied_bytes(),
+            static_cast<int64_t>(state->TensorAt(0).data.bytes + state->TensorAt(1).data.bytes) +
+                scalars);
   MORPH_EXPECT_OK(SameAs(snap.Local(2, 1), *state, 2, "local"));
   EXPECT_EQ(snap.Local(2, 0), nullptr) << "the previous generation's copy was written over";
   // The note is used once: the next round copies everything.
@@ -283,6 +282,106 @@ TEST(BuddySnapshotTest, TheSnapshotAfterARollbackCopiesOnlyWhatChanged) {
   Fill(*at2, SeedAt(2));
   static_cast<char*>(at2->TensorAt(1).data.data)[0] ^= 1;
   MORPH_EXPECT_OK(SameAs(snap.Local(2, 1), *at2, 2, "local"));  // double-buffered
+}
+
+// A failure does not wait for a local copy still running: Abort stops it within a chunk.
+TEST(BuddySnapshotTest, AbortStopsALocalCopyInFlight) {
+  const ParallelConfig config = Config(1, 1, 1);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto state, MakeBigState(config, 0, int64_t{96} << 20));
+  auto table = std::make_shared<KvTable>();
+  MemoryStore store(table, 0);
+  BuddySnapshotOptions opts;
+  BuddySnapshotter* self = nullptr;
+  int chunks = 0;
+  opts.after_chunk_copied = [&](int64_t step) {
+    if (step == 4 && ++chunks == 1) self->Abort();
+  };
+  BuddySnapshotter snap(2, opts);
+  self = &snap;
+  MORPH_ASSERT_OK(snap.StartGeneration(store, {.generation = 0, .rank = 0, .hosts = {"a"}},
+                                       Deadline::AfterMs(1000)));
+  Fill(*state, SeedAt(2));
+  MORPH_ASSERT_OK(snap.MaybeBegin(2, *state));
+  MORPH_ASSERT_OK(snap.WaitCopied(Deadline::AfterMs(10000)));
+  Fill(*state, SeedAt(4));
+  MORPH_ASSERT_OK(snap.MaybeBegin(4, *state));
+  EXPECT_THAT(snap.WaitCopied(Deadline::AfterMs(10000)),
+              StatusIs(StatusCode::kAborted, HasSubstr("the local copy was aborted")));
+  EXPECT_EQ(chunks, 1) << "it stopped at the next chunk";
+  EXPECT_EQ(snap.Local(4), nullptr);
+  EXPECT_EQ(snap.local_step(), 2) << "the previous copy stays";
+  MORPH_EXPECT_OK(snap.WaitExchanged(Deadline::AfterMs(10000)).code() == StatusCode::kAborted
+                      ? Status::Ok()
+                      : InternalError("the round did not end aborted"));
+}
+
+// A round aborted after its copy completed (a recovery reads the holdings right after Abort,
+// without waiting for the round): the new copy does not count and the previous local and held
+// copies stay complete and intact.
+TEST(BuddySnapshotTest, AnAbortedRoundCompletesNothingAndKeepsThePreviousCopies) {
+  const ParallelConfig config = Config(1, 2, 1);
+  const int64_t bytes = int64_t{128} << 20;  // 64 MiB a rank: two chunks
+  const std::vector<std::string> hosts = {"a", "b"};
+  MORPH_ASSERT_OK_AND_ASSIGN(auto server, TcpStoreServer::Start("127.0.0.1", 0, kToken));
+  const std::string address = server->address();
+  const std::vector<Status> results = RunRankThreads(2, [&](int rank) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto store,
+                           TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+    MORPH_ASSIGN_OR_RETURN(auto state, MakeBigState(config, rank, bytes));
+    BuddySnapshotOptions opts;
+    opts.timeout = std::chrono::seconds(30);
+    BuddySnapshotter* self = nullptr;
+    int chunks = 0;
+    if (rank == 0) {
+      // The copy of step 4 is its tensor's two chunks and two scalars: abort after the last.
+      opts.after_chunk_copied = [&](int64_t step) {
+        if (step == 4 && ++chunks == 4) self->Abort();
+      };
+    }
+    BuddySnapshotter snap(2, opts);
+    self = &snap;
+    MORPH_RETURN_IF_ERROR(snap.StartGeneration(
+        *store, {.generation = 0, .rank = rank, .hosts = hosts}, Deadline::AfterMs(20000)));
+    for (int64_t step : {0, 2, 4}) {
+      Fill(*state, SeedAt(step));
+      MORPH_RETURN_IF_ERROR(snap.MaybeBegin(step, *state));
+      const Status copied = snap.WaitCopied(Deadline::AfterMs(20000));
+      const Status exchanged = snap.WaitExchanged(Deadline::AfterMs(30000));
+      if (step < 4) {
+        MORPH_RETURN_IF_ERROR(copied);
+        MORPH_RETURN_IF_ERROR(exchanged);
+      } else if (rank == 0 && (copied.code() != StatusCode::kAborted || exchanged.ok())) {
+        return InternalError("the aborted round: copy " + copied.ToString() + ", exchange " +
+                             exchanged.ToString());
+      }
+    }
+    if (rank != 0) return Status::Ok();  // its exchange failed with the aborted peer
+    if (chunks != 4) return InternalError(std::to_string(chunks) + " chunks copied");
+    // The local copy of step 0 was given up when the round began (its buffer took step 4's);
+    // the held copy the round would have received into stays complete.
+    if (snap.LocalSteps(0) != std::vector<int64_t>{2} ||
+        snap.HeldSteps(0) != std::vector<int64_t>{2, 0}) {
+      auto list = [](const std::vector<int64_t>& v) {
+        std::string out;
+        for (int64_t x : v) out += " " + std::to_string(x);
+        return out;
+      };
+      return InternalError("the aborted round changed which copies are complete: local" +
+                           list(snap.LocalSteps(0)) + ", held" + list(snap.HeldSteps(0)));
+    }
+    for (int64_t step : {0, 2}) {
+      MORPH_ASSIGN_OR_RETURN(auto mine, MakeBigState(config, 0, bytes));
+      Fill(*mine, SeedAt(step));
+      if (step == 2) {
+        MORPH_RETURN_IF_ERROR(SameAs(snap.Local(step), *mine, step, "local"));
+      }
+      MORPH_ASSIGN_OR_RETURN(auto theirs, MakeBigState(config, 1, bytes));
+      Fill(*theirs, SeedAt(step));
+      MORPH_RETURN_IF_ERROR(SameAs(snap.Held(step), *theirs, step, "held"));
+    }
+    return Status::Ok();
+  });
+  MORPH_EXPECT_OK(FirstError(results));
 }
 
 // Two forked processes; rank 1 is SIGKILLed after the first chunk of its second snapshot.
