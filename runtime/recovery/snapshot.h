@@ -254,12 +254,16 @@ class BuddySnapshotter {
   };
   struct Peer;  // a communicator with the buddy and/or the ward
 
+  // "snapshot/<lower rank>-<higher rank>": a pair communicator's name (snapshot_exchange.cc
+  // names failed peers by it).
+  static std::string PairName(int a, int b);
+
   void Round(int64_t step, int64_t generation, std::vector<Source> sources, size_t slot,
              std::vector<bool> sent);
   Status EnsureSize(Buffer& buffer, size_t bytes);
   Status Copy(std::vector<Source>& sources, Slot& slot);
   Status Exchange(int64_t step, int64_t generation, Slot& local, size_t held_slot,
-                  const std::vector<bool>& sent);
+                  const std::vector<bool>& sent);  // snapshot_exchange.cc
   void JoinRound();
 
   int64_t every_;
