@@ -37,6 +37,10 @@
 //                  [--trials 3] [--cost-variants begin_update,undo,snapshot]
 //
 // Every wait is bounded (--timeout-s); the Launcher stops its workers when a case ends.
+// MORPH_BENCH_KEEP=1 keeps each job's folder (<tmp>/morph-fbench-<case>-<pid>): the workers'
+// logs and their fb-<worker>.jsonl lines (every step with begin_s and update_wait_s, what
+// BeginStep and BeginUpdate waited; each recovery with its phases). MORPH_BENCH_VERBOSE=1 logs
+// INFO too (GLOG_vmodule=switch_snapshot=1: a snapshot recovery's transfer, broken down).
 #include <glog/logging.h>
 #include <signal.h>
 #include <unistd.h>
