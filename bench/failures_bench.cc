@@ -38,6 +38,10 @@
 //                  [--trials 3] [--cost-variants commit,undo,snapshot]
 //
 // Every wait is bounded (--timeout-s); the Launcher stops its workers when a case ends.
+// MORPH_BENCH_KEEP=1 keeps each job's folder (<tmp>/morph-fbench-<case>-<pid>): the workers'
+// logs and their fb-<worker>.jsonl lines (every step with begin_s and update_wait_s, what
+// BeginStep and BeginUpdate waited; each recovery with its phases). MORPH_BENCH_VERBOSE=1 logs
+// INFO too (GLOG_vmodule=switch_snapshot=1: a snapshot recovery's transfer, broken down).
 #include <glog/logging.h>
 #include <signal.h>
 #include <unistd.h>
@@ -230,6 +234,7 @@ int Worker(const WorkerArgs& a) {
       if (!ab.ok()) std::fprintf(stderr, "worker: AbortStep: %s\n", ab.ToString().c_str());
       continue;
     }
+    const int64_t update_ns = NowNs();  // CommitUpdate / BeginUpdate wait for a copy's rest
     if (a.consistency == "commit") {
       // The runtime's commit vote (it ends the step itself when it fails).
       st = r.CommitUpdate();
@@ -240,9 +245,17 @@ int Worker(const WorkerArgs& a) {
     } else if (a.consistency == "vote") {
       r.BeginUpdate();
     }
+    const int64_t updated_ns = NowNs();
     StampState(r.state(), step->index() + 1, /*check=*/false, nullptr);  // the optimizer step
     if (!r.EndStep().ok()) return 4;
-    put({{"ev", "step"}, {"t", NowNs()}, {"step", step->index()}, {"rank", step->rank()}});
+    // Where a step's time went beyond its compute: BeginStep (a snapshot round's start waits
+    // for the previous round) and BeginUpdate (the copy's rest).
+    put({{"ev", "step"},
+         {"t", NowNs()},
+         {"step", step->index()},
+         {"rank", step->rank()},
+         {"begin_s", (return_ns - enter_ns) / 1e9},
+         {"update_wait_s", (updated_ns - update_ns) / 1e9}});
     if (step->index() % 10 == 9) {  // memory: the state's shards, and everything (snapshots)
       put({{"ev", "mem"},
            {"step", step->index()},

@@ -88,10 +88,12 @@
 // participant that is not stale. A recovery from a checkpoint moves nothing between
 // participants: every one installs its new shards and restores them (restore_checkpoint).
 // A recovery from buddy snapshots (kSnapshot, runtime/protocol/snapshot_plan.h) reads no live
-// shard: every participant releases its old shards, allocates its new ones, and runs two
-// exchanges into them — round A from each worker's own local copy of the snapshot step, round B
-// from the copies the buddies hold for the lost ranks (SwitchOptions::snapshot) — then the
-// scalars from the first participant serving its own copy, then the closing barrier.
+// shard, but reuses its memory: a live shard that is the tensor's new shard here is written in
+// place, the others' pages back the new shards (a PagePool, with `preallocate`), the rest is
+// allocated and pre-faulted; then two exchanges into them — round A from each worker's own
+// local copy of the snapshot step, round B from the copies the buddies hold for the lost ranks
+// (SwitchOptions::snapshot) — then the scalars from the first participant serving its own
+// copy, then the closing barrier. SwitchStats::shards_kept / recycled_bytes count the reuse.
 //
 // Abandon: destroying a PreparedSwitch releases the change communicator and the new groups
 // (peers still building or using them fail with kUnavailable); the State is untouched.
@@ -177,6 +179,10 @@ struct SwitchOptions {
   // the running generation: a shrink needs the running communicators, which the training thread
   // uses until S, and would put its cost into the stall.
   bool previous_groups_can_shrink = false;
+  // After such a recovery applied here: the tensors (by index) whose new shard here is their
+  // shard in this worker's own copy of `step` and was written from that copy alone, so that
+  // they hold exactly its bytes (BuddySnapshotter::NoteRestored). Training thread; may be null.
+  std::function<void(int64_t step, std::vector<bool> tensors)> restored_from_own_snapshot;
 };
 
 struct SwitchTimings {

@@ -77,6 +77,10 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     for (size_t t = 0; t < p.tensors.size(); ++t) {
       const auto& s = p.old_shards[t];
       if (!s || s->empty()) continue;
+      if (held && d->shards[t].empty()) {  // its ward did not send it (BuddyCopiedTensors)
+        return DataLossError(gen + ": " + what + " holds no piece of tensor '" + p.tensors[t].name +
+                             "'");
+      }
       if (!(d->shards[t] == *s)) {
         return FailedPreconditionError(gen + ": " + what + " holds another shard of tensor '" +
                                        p.tensors[t].name + "' than the plan's");
@@ -95,25 +99,72 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     return s.WithContext(gen + ": " + where);
   };
   const auto t_transfer = Clock::now();
-  // The live state is not read: it goes first, then the new shards are allocated.
+  // The live state is not read, but its memory is used: a tensor whose new shard here is its
+  // live one (a parameter replicated over DP when only dp changes) is restored in place, into
+  // pages already faulted in; the others' pages back the new shards (PagePool; morph-owned
+  // host storage only, as in a switch's recycling). On this VM a fresh page costs about as
+  // much as copying it, and the exchange writes every byte of every new shard.
   const size_t nt = rounds.own.tensors.size();
-  for (size_t t = 0; t < state.tensors().size(); ++t) state.ReleaseShard(t);
+  const bool recycle = static_cast<bool>(opt.preallocate);
   std::vector<Shard> shards(nt);
   std::vector<Buffer> buffers(nt);
   std::vector<NewShardData> news;
+  std::vector<int64_t> new_bytes(nt, 0);
+  PagePool pool;
+  state.MarkTorn();
+  if (state.tensors().size() != nt) {
+    return FailedPreconditionError(gen + ": the state has " +
+                                   std::to_string(state.tensors().size()) + " tensors, the plan " +
+                                   std::to_string(nt));
+  }
+  for (size_t t = 0; t < nt; ++t) {
+    const auto& s = rounds.own.new_shards[t];
+    if (s) new_bytes[t] = s->NumElements() * DTypeSize(rounds.own.tensors[t].dtype);
+    const State::TensorRef live = state.TensorAt(t);
+    if (s && new_bytes[t] > 0 && live.shard == *s && live.data.kind == MemoryKind::kHost &&
+        static_cast<int64_t>(live.data.bytes) == new_bytes[t]) {
+      buffers[t] = state.TakeShard(t);
+      ++stats.shards_kept;
+      continue;
+    }
+    if (recycle && live.data.bytes > 0) {
+      Buffer b = state.TakeShard(t);
+      if (pool.Put(b)) continue;
+    }
+    state.ReleaseShard(t);
+  }
   for (size_t t = 0; t < nt; ++t) {
     const auto& s = rounds.own.new_shards[t];
     if (!s) continue;
     shards[t] = *s;
-    const int64_t bytes = s->NumElements() * DTypeSize(rounds.own.tensors[t].dtype);
+    const int64_t bytes = new_bytes[t];
     if (bytes == 0) continue;
-    StatusOr<Buffer> b = state.AllocateShard(t, bytes);
-    if (!b.ok())
-      return fail(b.status(), "new shard of tensor '" + rounds.own.tensors[t].name + "'");
-    buffers[t] = std::move(b).value();
     stats.new_bytes += bytes;
+    if (buffers[t].size() == 0) {
+      const auto t_alloc = Clock::now();
+      StatusOr<Buffer> b = Buffer();
+      size_t recycled = 0;
+      if (recycle && pool.bytes() > 0) {
+        b = pool.Get(static_cast<size_t>(bytes), &recycled);
+        stats.recycled_bytes += static_cast<int64_t>(recycled);
+      } else {
+        b = state.AllocateShard(t, bytes);
+      }
+      // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
+      if (b.ok() && recycle && recycled < b->size()) {
+        Status f = PrefaultHost(
+            {static_cast<char*>(b->data()) + recycled, b->size() - recycled, MemoryKind::kHost});
+        if (!f.ok()) b = f;
+      }
+      stats.alloc_seconds += Since(t_alloc);
+      if (!b.ok()) {
+        return fail(b.status(), "new shard of tensor '" + rounds.own.tensors[t].name + "'");
+      }
+      buffers[t] = std::move(b).value();
+    }
     news.push_back({rounds.own.tensors[t].name, rounds.own.tensors[t].dtype, buffers[t].view()});
   }
+  pool.Clear();
   stats.peak_state_bytes = stats.new_bytes;
   auto run = [&](const LocalPlan& p, const std::vector<OldShardData>& olds,
                  const std::string& where) -> Status {
@@ -123,6 +174,11 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     stats.bytes_sent += r->bytes_sent;
     stats.bytes_received += r->bytes_received;
     stats.bytes_copied += r->bytes_copied;
+    stats.copy_seconds += r->copy_seconds;
+    stats.pack_seconds += r->pack_seconds;
+    stats.wait_seconds += r->wait_seconds;
+    stats.unpack_seconds += r->unpack_seconds;
+    stats.executor_seconds += r->total_seconds;
     stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, r->staging_peak_bytes);
     return Status::Ok();
   };
@@ -178,9 +234,33 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     return fail(barrier, "closing barrier");
   }
   stats.seconds.resume = Since(t_resume);
+  if (opt.restored_from_own_snapshot && !own_olds.empty()) {
+    // The tensors round A wrote whole from this worker's own copy, into the same shard.
+    const SnapshotData* own = opt.snapshot(step, false);
+    std::vector<int64_t> local(nt, 0);
+    std::vector<bool> other(nt, false);
+    for (const PieceMove& m : rounds.own.local_copies) {
+      local[static_cast<size_t>(m.tensor)] += m.box.NumElements().value_or(0);
+    }
+    for (const auto* list : {&rounds.own.recvs, &rounds.held.recvs, &rounds.held.local_copies}) {
+      for (const PieceMove& m : *list) other[static_cast<size_t>(m.tensor)] = true;
+    }
+    std::vector<bool> whole(nt, false);
+    for (size_t t = 0; t < nt && own != nullptr && own->shards.size() == nt; ++t) {
+      const auto& ns = rounds.own.new_shards[t];
+      whole[t] =
+          ns && !ns->empty() && !other[t] && own->shards[t] == *ns && local[t] == ns->NumElements();
+    }
+    opt.restored_from_own_snapshot(step, std::move(whole));
+  }
   VLOG(1) << gen << ": participant " << sw.participant_ << ", rank " << sw.old_rank_ << " -> "
           << sw.new_rank_ << ", sent " << stats.bytes_sent << " B, received "
-          << stats.bytes_received << " B";
+          << stats.bytes_received << " B, copied " << stats.bytes_copied << " B; transfer "
+          << stats.seconds.transfer << " s: alloc " << stats.alloc_seconds << " (recycled "
+          << stats.recycled_bytes << " B, kept " << stats.shards_kept << "), executor "
+          << stats.executor_seconds << " (copy " << stats.copy_seconds << ", pack "
+          << stats.pack_seconds << ", wait " << stats.wait_seconds << ", unpack "
+          << stats.unpack_seconds << "); resume " << stats.seconds.resume << " s";
   return stats;
 }
 

@@ -134,7 +134,7 @@ struct Runtime::Impl {
   void StartSnapshots();
 
   // What this worker can serve from its snapshots of the current generation (a recovery report);
-  // ends the snapshots' generation first (a round in flight is cut off, its copies not used).
+  // a round in flight is cut off first (Abort, not waited for; its copies are not used).
   SnapshotHoldings EndSnapshots();
 
   SwitchOptions SwitchOpts() const;

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "runtime/api/runtime_impl.h"
+#include "runtime/protocol/wire.h"
 
 namespace morph {
 namespace {
@@ -62,7 +63,11 @@ void Runtime::Impl::StartSnapshots() {
 SnapshotHoldings Runtime::Impl::EndSnapshots() {
   SnapshotHoldings h;
   if (!snapshots) return h;
-  snapshots->EndGeneration();
+  // A round in flight is cut off but not waited for (its thread is joined by the next
+  // StartGeneration): it writes only into copies that are incomplete, which are not reported,
+  // and an exchange with a dead peer took up to 0.1 s more to unwind on a loaded host, which
+  // the whole recovery waited for.
+  snapshots->Abort();
   const std::vector<int64_t> local = snapshots->LocalSteps(gen.id);
   const std::vector<int64_t> held = snapshots->HeldSteps(gen.id);
   if (!local.empty()) h.local_step = local[0];
@@ -71,6 +76,16 @@ SnapshotHoldings Runtime::Impl::EndSnapshots() {
     h.held_step = held[0];
     if (held.size() > 1) h.held_prev_step = held[1];
     h.held_rank = snapshots->held_rank();
+    h.held_tensors = snapshots->HeldTensors(gen.id);
+    // A list the report cannot carry (more tensors than a wire id list holds): the held copies
+    // are not offered; the recovery then has the other sources.
+    if (h.held_tensors.size() > kMaxIdList) {
+      LOG(WARNING) << "worker " << agent->id() << ": the held snapshot copies hold "
+                   << h.held_tensors.size() << " tensors, more than a report carries ("
+                   << kMaxIdList << "); not offered to the recovery";
+      h.held_step = h.held_prev_step = h.held_rank = -1;
+      h.held_tensors.clear();
+    }
   }
   return h;
 }
@@ -91,6 +106,10 @@ SwitchOptions Runtime::Impl::SwitchOpts() const {
   s.snapshot = [this](int64_t step, bool held) -> const SnapshotData* {
     if (!snapshots) return nullptr;
     return held ? snapshots->Held(step, gen.id) : snapshots->Local(step, gen.id);
+  };
+  // The first snapshot after the rollback then copies only what the change moved.
+  s.restored_from_own_snapshot = [this](int64_t step, std::vector<bool> tensors) {
+    if (snapshots) snapshots->NoteRestored(step, gen.id, std::move(tensors));
   };
   s.batch_bytes = opts.batch_bytes;
   s.executor.chunk_bytes = manifest.chunk_bytes;

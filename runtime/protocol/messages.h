@@ -81,6 +81,10 @@ struct SnapshotHoldings {
   int64_t held_step = -1;
   int64_t held_prev_step = -1;
   int64_t held_rank = -1;  // the old rank whose copies it holds (-1: none)
+  // Tensor indices (ascending) whose shard of held_rank the held copies hold: the ward sends
+  // only its pieces with no other copy in another failure domain (runtime/recovery/snapshot.h,
+  // BuddyCopiedTensors); the others come from the survivors' own copies.
+  std::vector<int64_t> held_tensors;
   bool HasLocal(int64_t s) const { return s >= 0 && (s == local_step || s == local_prev_step); }
   bool HasHeld(int64_t s) const { return s >= 0 && (s == held_step || s == held_prev_step); }
   friend bool operator==(const SnapshotHoldings&, const SnapshotHoldings&) = default;
@@ -129,7 +133,9 @@ struct RecoveryDecision {
   int64_t newest_step = 0;
   std::string checkpoint;  // kCheckpoint: its directory
   // kSnapshot: for each old rank r of `from`, the worker that serves its state at
-  // next.start_step: from.ranks[r] itself (its own local copy) or r's buddy (the held copy).
+  // next.start_step: from.ranks[r] itself (its own local copy), r's buddy (the held copy: its
+  // pieces with no other copy), or -1 when r is lost and no copy of its own is needed (every
+  // piece it held comes from another rank's local copy).
   std::vector<WorkerId> snapshot_holders;
   friend bool operator==(const RecoveryDecision&, const RecoveryDecision&) = default;
 };

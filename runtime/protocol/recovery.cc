@@ -67,32 +67,34 @@ StatusOr<std::optional<RecoveryChoice>> ChooseSnapshot(
   };
   for (int64_t k : steps) {
     std::vector<WorkerId> holders(from.ranks.size(), -1);
+    std::vector<std::vector<int64_t>> held_tensors(from.ranks.size());
     std::vector<WorkerId> stale;
     std::string missing;
-    for (size_t r = 0; r < from.ranks.size() && missing.empty(); ++r) {
+    bool any_own = false;
+    for (size_t r = 0; r < from.ranks.size(); ++r) {
       const WorkerId w = from.ranks[r];
       if (alive(w) && by_worker.at(w)->snapshots.HasLocal(k)) {
         holders[r] = w;
+        any_own = true;
         continue;
       }
+      // Its buddy's copy holds its pieces with no other copy; with none, every piece it held
+      // must be in another rank's own copy (the rounds' coverage below decides).
       for (const auto& [b, rep] : by_worker) {
         if (rep->snapshots.held_rank == static_cast<int64_t>(r) && rep->snapshots.HasHeld(k)) {
           holders[r] = b;
+          held_tensors[r] = rep->snapshots.held_tensors;
           break;
         }
       }
-      if (holders[r] < 0) {
-        missing = "old rank " + std::to_string(r) + " (worker " + std::to_string(w) +
-                  ") has no snapshot of step " + std::to_string(k) + " left";
-      } else if (alive(w)) {
-        stale.push_back(w);
-      }
+      if (alive(w)) stale.push_back(w);
     }
+    if (!any_own) missing = "no survivor holds its own copy of step " + std::to_string(k);
     if (missing.empty()) {
       ChangeParticipants c = change;
       c.stale = stale;
       MORPH_ASSIGN_OR_RETURN(SnapshotChangePlan plan,
-                             PlanForSnapshot(manifest, from, next, c, holders));
+                             PlanForSnapshot(manifest, from, next, c, holders, held_tensors));
       for (size_t p = 0; p < plan.own.participants.size() && missing.empty(); ++p) {
         StatusOr<SnapshotRounds> rounds = PlanSnapshotRounds(plan, static_cast<int32_t>(p));
         if (rounds.status().code() == StatusCode::kDataLoss) {

@@ -52,13 +52,19 @@ void Sort(std::vector<PieceMove>& v) {
 StatusOr<SnapshotChangePlan> PlanForSnapshot(const JobManifest& manifest, const Generation& from,
                                              const Generation& next,
                                              const ChangeParticipants& change,
-                                             std::span<const WorkerId> holders) {
+                                             std::span<const WorkerId> holders,
+                                             std::span<const std::vector<int64_t>> held_tensors) {
   const std::string gen = "snapshot recovery into generation " + std::to_string(next.id);
   if (from.id == 0) return InvalidArgumentError(gen + ": the first generation has no snapshot");
   if (holders.size() != from.ranks.size()) {
     return InvalidArgumentError(gen + ": " + std::to_string(holders.size()) +
                                 " snapshot holders for " + std::to_string(from.ranks.size()) +
                                 " old ranks");
+  }
+  if (!held_tensors.empty() && held_tensors.size() != from.ranks.size()) {
+    return InvalidArgumentError(gen + ": held tensor lists for " +
+                                std::to_string(held_tensors.size()) + " of " +
+                                std::to_string(from.ranks.size()) + " old ranks");
   }
   std::set<WorkerId> serves_other;
   std::set<WorkerId> expected_stale;
@@ -68,17 +74,19 @@ StatusOr<SnapshotChangePlan> PlanForSnapshot(const JobManifest& manifest, const 
     const WorkerId w = from.ranks[r];
     const std::string who = "old rank " + std::to_string(r) + " (worker " + std::to_string(w) +
                             ") is served by worker " + std::to_string(h);
-    if (from.RankOf(h) < 0 || Contains(change.lost, h) || !Contains(change.participants, h)) {
+    if (h >= 0 &&
+        (from.RankOf(h) < 0 || Contains(change.lost, h) || !Contains(change.participants, h))) {
       return InvalidArgumentError(gen + ": " + who +
                                   ", which is no surviving participant holding an old rank");
     }
     if (h == w) continue;
+    if (!Contains(change.lost, w)) expected_stale.insert(w);
+    if (h < 0) continue;  // no copy: every piece of it must come from another rank's own copy
     any_other = true;
     if (!serves_other.insert(h).second) {
       return InvalidArgumentError(gen + ": worker " + std::to_string(h) +
                                   " serves the snapshots of two other old ranks");
     }
-    if (!Contains(change.lost, w)) expected_stale.insert(w);
   }
   const std::set<WorkerId> stale(change.stale.begin(), change.stale.end());
   if (stale != expected_stale || stale.size() != change.stale.size()) {
@@ -87,6 +95,7 @@ StatusOr<SnapshotChangePlan> PlanForSnapshot(const JobManifest& manifest, const 
                                 "served by their buddy's copy");
   }
   SnapshotChangePlan out;
+  out.held_tensors.assign(held_tensors.begin(), held_tensors.end());
   MORPH_ASSIGN_OR_RETURN(out.own, PlanForChange(manifest, from, next, change), gen);
   if (!out.own.planner) return InvalidArgumentError(gen + ": nothing to plan");
   if (!any_other) {
@@ -96,8 +105,9 @@ StatusOr<SnapshotChangePlan> PlanForSnapshot(const JobManifest& manifest, const 
   PlanInput in = out.own.planner->input();
   std::fill(in.old_participant_of_rank.begin(), in.old_participant_of_rank.end(), -1);
   for (size_t r = 0; r < holders.size(); ++r) {
-    if (holders[r] != from.ranks[r]) {
+    if (holders[r] >= 0 && holders[r] != from.ranks[r]) {
       in.old_participant_of_rank[r] = out.own.IndexOf(holders[r]);
+      out.ward_of.emplace(in.old_participant_of_rank[r], static_cast<int>(r));
     }
   }
   Assignment a;
@@ -138,6 +148,21 @@ StatusOr<SnapshotRounds> PlanSnapshotRounds(const SnapshotChangePlan& plan, int3
 
   b.recvs = Cut(b.recvs, lost_own_by_tensor);
   b.local_copies = Cut(b.local_copies, lost_own_by_tensor);
+  // A held copy holds only its ward's pieces with no other copy (runtime/recovery/snapshot.h):
+  // what this participant needs from one must be among them, as its holder reported.
+  if (!plan.held_tensors.empty()) {
+    for (const auto* list : {&b.recvs, &b.local_copies}) {
+      for (const PieceMove& m : *list) {
+        const int32_t sender = list == &b.recvs ? m.peer : participant;
+        const auto ward = plan.ward_of.find(sender);
+        if (ward == plan.ward_of.end()) return InternalError("round B piece from a non-holder");
+        const std::vector<int64_t>& held = plan.held_tensors.at(static_cast<size_t>(ward->second));
+        if (!std::binary_search(held.begin(), held.end(), int64_t{m.tensor})) {
+          return data_loss(m, m.box);
+        }
+      }
+    }
+  }
   // Sends: cut to each receiver's round-A lost pieces.
   std::map<int32_t, std::vector<PieceMove>> sends_to;
   for (const PieceMove& m : b.sends) sends_to[m.peer].push_back(m);
@@ -149,6 +174,14 @@ StatusOr<SnapshotRounds> PlanSnapshotRounds(const SnapshotChangePlan& plan, int3
     (void)peer_own;
     std::vector<PieceMove> cut = Cut(pieces, ByTensor(peer_lost));
     b.sends.insert(b.sends.end(), cut.begin(), cut.end());
+  }
+  // Round B reads only the tensors its pieces come from: a held copy need hold no other.
+  std::vector<bool> read(b.tensors.size(), false);
+  for (const auto* list : {&b.sends, &b.local_copies}) {
+    for (const PieceMove& m : *list) read[static_cast<size_t>(m.tensor)] = true;
+  }
+  for (size_t t = 0; t < read.size(); ++t) {
+    if (!read[t]) b.old_shards[t].reset();
   }
   // What round A writes is this round's lost part.
   b.lost.clear();

@@ -29,6 +29,7 @@
 #define MORPH_RUNTIME_PROTOCOL_SNAPSHOT_PLAN_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <vector>
@@ -44,30 +45,43 @@ namespace morph {
 
 struct SnapshotChangePlan {
   ChangePlan own;               // round A (participants, executor options, planner)
-  std::optional<Planner> held;  // round B; null when every old rank is served by itself
+  std::optional<Planner> held;  // round B; null when no old rank is served by another worker
   // The commit's next.plan_digest: both rounds' planner digests and message layout.
   uint64_t digest = 0;
+  // Round B: the old rank whose held copy each holder participant serves.
+  std::map<int32_t, int> ward_of;
+  // As given to PlanForSnapshot (empty: not known).
+  std::vector<std::vector<int64_t>> held_tensors;
 };
 
-// `holders`: one worker per old rank of `from` (RecoveryDecision::snapshot_holders);
-// `change.stale` must be exactly the live old ranks whose holder is another worker.
-// kInvalidArgument naming what is inconsistent: holders of the wrong size, a holder that is no
-// participant holding an old rank, a holder serving two other ranks, a lost rank served by
-// itself, `stale` not as described; PlanForChange's errors. The first generation has no
-// snapshot: kInvalidArgument.
+// `holders`: one worker per old rank of `from` (RecoveryDecision::snapshot_holders), -1 for a
+// rank no copy serves (each of its pieces must then be in another rank's own copy);
+// `change.stale` must be exactly the live old ranks whose holder is not themselves.
+// `held_tensors` (the coordinator's, from the step reports: SnapshotHoldings::held_tensors),
+// empty or one ascending list per old rank: the tensors whose shard of that rank its holder's
+// copy holds (read for the ranks served by another worker); PlanSnapshotRounds then proves
+// that every piece round B needs is in them. Participants pass none: the commit was proven.
+// kInvalidArgument naming what is inconsistent: holders or held_tensors of the wrong size, a
+// holder that is no participant holding an old rank, a holder serving two other ranks, a lost
+// rank served by itself, `stale` not as described; PlanForChange's errors. The first
+// generation has no snapshot: kInvalidArgument.
 StatusOr<SnapshotChangePlan> PlanForSnapshot(const JobManifest& manifest, const Generation& from,
                                              const Generation& next,
                                              const ChangeParticipants& change,
-                                             std::span<const WorkerId> holders);
+                                             std::span<const WorkerId> holders,
+                                             std::span<const std::vector<int64_t>> held_tensors = {});
 
 struct SnapshotRounds {
   LocalPlan own;   // round A
-  LocalPlan held;  // round B (empty lists when plan.held is null: everything is in `lost`)
+  // Round B (empty lists when plan.held is null: everything is in `lost`). Its old shards are
+  // only those of the tensors it sends or copies pieces of.
+  LocalPlan held;
 };
 
 // Participant `participant`'s plans of both rounds. kDataLoss "no snapshot copy of tensor 'T'
-// box B (needed by participant P)" when an element is in neither round (no holder's copy holds
-// it); kInvalidArgument for a participant out of range.
+// box B (needed by participant P, worker W)" when an element is in neither round (no copy
+// holds it; with plan.held_tensors, also when the held copy round B would read it from does
+// not hold that tensor); kInvalidArgument for a participant out of range.
 StatusOr<SnapshotRounds> PlanSnapshotRounds(const SnapshotChangePlan& plan, int32_t participant);
 
 }  // namespace morph

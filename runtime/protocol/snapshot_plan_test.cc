@@ -118,6 +118,77 @@ TEST(SnapshotPlanTest, BothRoundsCoverExactlyAndPairsAgree) {
       StatusIs(StatusCode::kInvalidArgument, HasSubstr("serves the snapshots of two other")));
 }
 
+// A held copy holds only its ward's pieces with no other copy (runtime/recovery/snapshot.h):
+// the replicated l0.w of the dead rank comes from a survivor's own copy in round A, so round B
+// reads only the moments; a held copy without a tensor round B needs is no copy of its pieces.
+TEST(SnapshotPlanTest, HeldCopiesNeedOnlyThePiecesWithoutAnotherCopy) {
+  Case c;
+  const std::vector<std::vector<int64_t>> moments = {{}, {1, 2}, {}, {}};  // what worker 4 holds
+  MORPH_ASSERT_OK_AND_ASSIGN(SnapshotChangePlan plan,
+                             PlanForSnapshot(c.m, c.from, c.next, c.change, c.holders, moments));
+  for (size_t p = 0; p < c.change.participants.size(); ++p) {
+    SCOPED_TRACE("participant " + std::to_string(p));
+    MORPH_ASSERT_OK_AND_ASSIGN(SnapshotRounds x, PlanSnapshotRounds(plan, static_cast<int32_t>(p)));
+    MORPH_EXPECT_OK(Cover(x.own));
+    MORPH_EXPECT_OK(Cover(x.held));
+    // Round B reads no l0.w: not even its holder lists an old shard of it.
+    EXPECT_FALSE(x.held.old_shards[0].has_value());
+    for (const auto* list : {&x.held.recvs, &x.held.sends, &x.held.local_copies}) {
+      for (const PieceMove& m : *list) EXPECT_NE(m.tensor, 0);
+    }
+  }
+  auto first_error = [&](std::vector<std::vector<int64_t>> held) -> Status {
+    MORPH_ASSIGN_OR_RETURN(SnapshotChangePlan q,
+                           PlanForSnapshot(c.m, c.from, c.next, c.change, c.holders, held));
+    for (size_t p = 0; p < c.change.participants.size(); ++p) {
+      MORPH_RETURN_IF_ERROR(PlanSnapshotRounds(q, static_cast<int32_t>(p)).status());
+    }
+    return Status::Ok();
+  };
+  MORPH_EXPECT_OK(first_error({{}, {0, 1, 2}, {}, {}}));  // more than needed
+  EXPECT_THAT(first_error({{}, {1}, {}, {}}),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("no snapshot copy of tensor 'l1.v' box [")));
+  EXPECT_THAT(first_error({{}, {0}, {}, {}}),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("no snapshot copy of tensor 'l0.w.m' box")));
+  EXPECT_THAT(first_error({{}, {1, 2}}),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("held tensor lists for 2 of 4")));
+}
+
+// A lost rank no copy serves (holder -1): fine when every piece it held has a copy elsewhere,
+// kDataLoss naming the first piece that has none otherwise.
+TEST(SnapshotPlanTest, ALostRankWithoutHolderNeedsEveryPieceElsewhere) {
+  Case c;
+  c.holders = {1, -1, 3, 4};
+  MORPH_ASSERT_OK_AND_ASSIGN(SnapshotChangePlan plan,
+                             PlanForSnapshot(c.m, c.from, c.next, c.change, c.holders));
+  EXPECT_FALSE(plan.held.has_value());
+  Status first;
+  for (size_t p = 0; p < c.change.participants.size() && first.ok(); ++p) {
+    first = PlanSnapshotRounds(plan, static_cast<int32_t>(p)).status();
+  }
+  EXPECT_THAT(first, StatusIs(StatusCode::kDataLoss,
+                              HasSubstr("no snapshot copy of tensor 'l0.w.m' box [")));
+  Case r;  // only replicated tensors: the survivors' own copies hold everything
+  r.m.tensors.resize(1);
+  r.holders = {1, -1, 3, 4};
+  const std::vector<WorkerId> survivors = {1, 3, 4};
+  r.next.ranks = *AssignRanks(r.m, r.from, r.change.lost, survivors, r.next.config);
+  r.change.participants = ParticipantOrder(r.from, r.change.lost, r.next.ranks);
+  MORPH_ASSERT_OK_AND_ASSIGN(SnapshotChangePlan only,
+                             PlanForSnapshot(r.m, r.from, r.next, r.change, r.holders));
+  for (size_t p = 0; p < r.change.participants.size(); ++p) {
+    MORPH_ASSERT_OK_AND_ASSIGN(SnapshotRounds x,
+                               PlanSnapshotRounds(only, static_cast<int32_t>(p)));
+    MORPH_EXPECT_OK(Cover(x.own));
+    EXPECT_TRUE(x.own.lost.empty());
+  }
+  // A live rank without a copy of its own or its buddy's is stale, served by nobody.
+  Case s;
+  s.holders = {1, 4, -1, 4};
+  s.change.stale = {3};
+  MORPH_EXPECT_OK(PlanForSnapshot(s.m, s.from, s.next, s.change, s.holders).status());
+}
+
 TEST(SnapshotPlanTest, InconsistentHoldersAreRefusedNamingWhy) {
   Case c;
   auto plan = [&](std::vector<WorkerId> holders, std::vector<WorkerId> stale = {}) {

@@ -465,6 +465,7 @@ void Put(Writer& w, const StepReportMsg& m) {
   w.I64(m.snapshots.held_step);
   w.I64(m.snapshots.held_prev_step);
   w.I64(m.snapshots.held_rank);
+  w.Ids(m.snapshots.held_tensors);
   w.I64(m.undo_step);
   w.I64(m.vote_step);
   w.I64(m.committed_step);
@@ -480,6 +481,7 @@ void Get(Reader& r, StepReportMsg& m) {
   m.snapshots.held_step = r.I64("snapshots.held_step");
   m.snapshots.held_prev_step = r.I64("snapshots.held_prev_step");
   m.snapshots.held_rank = r.I64("snapshots.held_rank");
+  m.snapshots.held_tensors = r.Ids("snapshots.held_tensors");
   m.undo_step = r.I64("undo_step");
   m.vote_step = r.I64("vote_step");
   m.committed_step = r.I64("committed_step");

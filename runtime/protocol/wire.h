@@ -46,8 +46,10 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 //    commit's RecoveryDecision::snapshot_holders.
 // 5: JobManifest::backend (the step communicators' backend) in Register.
 // 6: id lists run-length coded (ascending runs: a few bytes instead of a byte per id).
-// 7: StepReportMsg::vote_step and committed_step (Runtime::CommitUpdate's commit vote).
-inline constexpr uint16_t kWireVersion = 7;
+// 7: SnapshotHoldings::held_tensors (a held copy holds only its ward's pieces with no other
+//    copy); RecoveryDecision::snapshot_holders may hold -1.
+// 8: StepReportMsg::vote_step and committed_step (Runtime::CommitUpdate's commit vote).
+inline constexpr uint16_t kWireVersion = 8;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;

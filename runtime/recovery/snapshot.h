@@ -26,13 +26,25 @@
 // in pipelined groups of messages (the CRC32C of what goes out and of what came in computed
 // while the next group moves), and a trailer with the sender's CRC32C.
 //
+// What the buddy gets (BuddyCopiedTensors): the local copy holds every shard, but only the
+// shards with no other copy at the same step in another failure domain go to the buddy — a
+// piece replicated elsewhere (a parameter over DP, an unsplit tensor over TP, a tied tensor
+// over its stages, a hybrid ZeRO range over its groups) is in that replica's own local copy of
+// the same step. A failure domain is a host when the world spans several hosts (so the loss
+// of a whole host keeps every piece: its replicated pieces have a copy on another host, the
+// others are at its ranks' buddies), a process on a single host. The held copy lists the other
+// tensors with an empty shard (SnapshotData::shards); a recovery takes their pieces from the
+// survivors' local copies (runtime/protocol/snapshot_plan.h). With ZeRO-1 over dp ranks a round
+// moves a rank's moments only: 1/3 of its 1 GiB-model state instead of all of it.
+//
 // Completeness. A local copy counts once it is fully copied (WaitCopied); a held copy once all
-// its bytes and the trailer arrived and the payload's CRC32C equals the sender's. Each side is double-buffered: the
-// newest complete local and held copies stay intact while the next ones are made, so a rank
-// that dies mid-transfer leaves its buddy's previous held copy (held_step unchanged) and every
-// survivor's previous local copy of the same step. Memory: 2 x this rank's state bytes (two
-// local copies) + 2 x the ward's (two held copies), host memory allocated once and reused;
-// memory_bytes() says how much.
+// its bytes and the trailer arrived and the payload's CRC32C equals the sender's. Each side is
+// double-buffered: the newest complete local and held copies stay intact while the next ones
+// are made, so a rank that dies mid-transfer leaves its buddy's previous held copy (held_step
+// unchanged) and every survivor's previous local copy of the same step. Memory: 2 x this rank's
+// state bytes (two local copies) + 2 x the ward's buddy-copied bytes (two held copies), host
+// memory allocated once and reused (a buffer that must grow, after a change of layout, keeps
+// its pages: only the growth is faulted in); memory_bytes() says how much.
 //
 // Threads: StartGeneration, EndGeneration, MaybeBegin, WaitCopied, WaitExchanged and the
 // accessors are called by one thread (the training thread), Abort by any; one background
@@ -42,6 +54,7 @@
 #define MORPH_RUNTIME_RECOVERY_SNAPSHOT_H_
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -71,17 +84,34 @@ class GlooDevice;
 // empty for an empty world, {0} for a world of one (no buddy: itself). Pure; any thread.
 std::vector<int> BuddyRanks(std::span<const std::string> host_of_rank);
 
+// For each of `tensors`, whether rank `rank`'s shard of it goes to its buddy under `config`
+// (rule "What the buddy gets" above): false when the rank holds no piece of it (another stage)
+// or when another rank in another failure domain holds the same piece. Every tensor when
+// host_of_rank is not one host per rank of the config. Pure; any thread. Cost: per distinct
+// replication pattern (stages, TP split, ZeRO group), at most the replicas of one piece.
+std::vector<bool> BuddyCopiedTensors(std::span<const TensorSpec> tensors,
+                                     const ParallelConfig& config, int rank,
+                                     std::span<const std::string> host_of_rank);
+
 // One rank's state at one step, in host memory: what the recovery serves pieces from.
 struct SnapshotData {
-  int64_t generation = -1;                          // of the snapshot
-  int64_t step = -1;                                // the state at the start of this step
-  int rank = -1;                                    // whose state, numbered in `generation`
-  ParallelConfig config;                            // its layout
-  std::vector<Shard> shards;                        // by tensor index (registration order)
-  std::vector<ConstBufferView> tensors;             // shards' bytes (host); empty when none
-  std::vector<std::span<const std::byte>> scalars;  // by scalar index
-  int64_t bytes = 0;                                // payload (tensors + scalars, aligned)
-  uint32_t crc32c = 0;                              // of the payload
+  int64_t generation = -1;  // of the snapshot
+  int64_t step = -1;        // the state at the start of this step
+  int rank = -1;            // whose state, numbered in `generation`
+  ParallelConfig config;    // its layout
+  // By tensor index (registration order). A held copy lists the tensors its ward did not
+  // send (BuddyCopiedTensors) with an empty shard; a local copy holds every shard.
+  std::vector<Shard> shards;
+  // The shards' bytes (host; empty when none), and the scalars' by scalar index.
+  std::vector<ConstBufferView> tensors;
+  std::vector<std::span<const std::byte>> scalars;
+  // The copy's bytes (tensors + scalars, aligned); of a local copy, what goes to the buddy:
+  // [sent_offset, sent_offset + sent_bytes).
+  int64_t bytes = 0;
+  int64_t sent_offset = 0;
+  int64_t sent_bytes = 0;
+  // CRC32C of what went to the buddy / came from the ward (0: nothing sent).
+  uint32_t crc32c = 0;
 };
 
 // Copies `snap` back into `state` (a rollback in place): every shard's bytes (host or CUDA
@@ -113,6 +143,8 @@ struct BuddySnapshotOptions {
   // Test hook: called on the background thread after each chunk this rank sent, with the step
   // and the bytes sent so far (fault tests kill the process from it).
   std::function<void(int64_t step, int64_t sent)> after_chunk_sent;
+  // Test hook: called on the background thread after each chunk (32 MiB) of the local copy.
+  std::function<void(int64_t step)> after_chunk_copied;
 };
 
 class BuddySnapshotter {
@@ -135,13 +167,18 @@ class BuddySnapshotter {
   // outside [0, hosts.size()), an empty host name; the communicators' errors naming the peer
   // (kDeadlineExceeded at `deadline`, kAborted for a stale store generation).
   Status StartGeneration(Store& store, const SnapshotGeneration& generation, Deadline deadline);
-  // Aborts a round in flight (its held copy stays incomplete: the previous one is kept), joins
-  // the background thread and drops the communicators. Idempotent.
+  // Aborts a round in flight (its local copy, if still copying, and its held copy stay
+  // incomplete: the previous ones are kept), joins the background thread and drops the
+  // communicators. Idempotent.
   void EndGeneration();
   // Any thread (the runtime's control thread on a failure): makes a round in flight fail at
   // once with kAborted instead of waiting on a dead peer, so the training thread blocked in
-  // MaybeBegin or WaitExchanged reaches its step boundary. Copies already complete stay; the
-  // generation's snapshots are broken until the next StartGeneration. Nothing when idle.
+  // MaybeBegin, WaitCopied or WaitExchanged reaches its step boundary: a local copy still
+  // running stops within one 32 MiB chunk (incomplete; WaitCopied says kAborted), an exchange
+  // at once. Copies already complete stay, and which are complete does not change after
+  // Abort returns (LocalSteps / HeldSteps may be read at once, without waiting for the round
+  // to unwind); the generation's snapshots are broken until the next StartGeneration. Nothing
+  // when idle.
   void Abort();
 
   // At the start of step `step` (training thread): when Due(step), waits for the previous
@@ -155,6 +192,15 @@ class BuddySnapshotter {
   // broken and every later call returns it until the next StartGeneration); kResourceExhausted
   // when a buffer cannot be allocated.
   Status MaybeBegin(int64_t step, const State& state);
+  // After a recovery restored `state` from this rank's local copy of (step, generation): the
+  // tensors marked in `tensors` hold exactly that copy's bytes (same shard) and will not change
+  // before the next MaybeBegin. If that MaybeBegin is of the same step, it writes into that
+  // copy's buffer and leaves those tensors as they are when their offset is unchanged (the
+  // tensors that stay here come first in a copy, so a change that keeps them keeps their
+  // offsets): the first snapshot after a rollback copies only what the change moved. Only the
+  // next MaybeBegin reads the note. Training thread.
+  void NoteRestored(int64_t step, int64_t generation, std::vector<bool> tensors);
+
   // Blocks until the running round's local copy is done (OK at once when none runs): its
   // error (kInternal: a CUDA copy failed), kDeadlineExceeded at `deadline`.
   Status WaitCopied(Deadline deadline);
@@ -176,6 +222,9 @@ class BuddySnapshotter {
   // newest first: what a recovery report says this rank can serve.
   std::vector<int64_t> LocalSteps(int64_t generation) const;
   std::vector<int64_t> HeldSteps(int64_t generation) const;
+  // The tensors (indices, ascending) whose ward's shard every complete held copy of
+  // `generation` holds: what a recovery may take from them (SnapshotHoldings::held_tensors).
+  std::vector<int64_t> HeldTensors(int64_t generation) const;
   // The complete local / held copy of `step` (taken in `generation`; -1: any), or null when not
   // held (either buffer: the newest or the one before it). Valid until the next MaybeBegin or
   // StartGeneration.
@@ -183,6 +232,9 @@ class BuddySnapshotter {
   const SnapshotData* Held(int64_t step, int64_t generation = -1) const;
   // Host bytes held in snapshot buffers (two local, two held).
   int64_t memory_bytes() const;
+  // Bytes the newest round's local copy copied from the state (what NoteRestored spared is
+  // not counted).
+  int64_t copied_bytes() const;
 
  private:
   struct Slot {
@@ -193,12 +245,25 @@ class BuddySnapshotter {
   struct Source {  // what the copy reads
     ConstBufferView view;
     size_t offset = 0;
+    bool in_place = false;  // the slot holds these bytes there already (NoteRestored)
+  };
+  struct Restored {  // NoteRestored's note
+    int64_t step = -1;
+    int64_t generation = -1;
+    std::vector<bool> tensors;
   };
   struct Peer;  // a communicator with the buddy and/or the ward
 
-  void Round(int64_t step, int64_t generation, std::vector<Source> sources, size_t slot);
+  // "snapshot/<lower rank>-<higher rank>": a pair communicator's name (snapshot_exchange.cc
+  // names failed peers by it).
+  static std::string PairName(int a, int b);
+
+  void Round(int64_t step, int64_t generation, std::vector<Source> sources, size_t slot,
+             std::vector<bool> sent);
+  Status EnsureSize(Buffer& buffer, size_t bytes);
   Status Copy(std::vector<Source>& sources, Slot& slot);
-  Status Exchange(int64_t step, int64_t generation, Slot& local, size_t held_slot);
+  Status Exchange(int64_t step, int64_t generation, Slot& local, size_t held_slot,
+                  const std::vector<bool>& sent);  // snapshot_exchange.cc
   void JoinRound();
 
   int64_t every_;
@@ -210,6 +275,7 @@ class BuddySnapshotter {
   int buddy_ = -1;
   int ward_ = -1;
   std::vector<std::string> hosts_;
+  Restored restored_;
   std::unique_ptr<Communicator> to_buddy_;   // null when none
   std::unique_ptr<Communicator> from_ward_;  // null when it is to_buddy_ (buddy == ward)
   Status broken_;
@@ -221,6 +287,8 @@ class BuddySnapshotter {
   std::thread round_;
   bool running_ = false;
   bool copied_ = true;
+  std::atomic<bool> round_aborted_{false};  // Abort / EndGeneration: nothing completes
+  int64_t copied_bytes_ = 0;
   Status copy_status_;
   Status exchange_status_;
 };
