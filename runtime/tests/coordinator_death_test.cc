@@ -157,13 +157,8 @@ class CoordinatorDeathTest : public ::testing::Test {
     // Each says why it stopped: the coordinator is gone, with the status code.
     for (int i = 0; i < kWorkers; ++i) {
       const std::string log = ReadFile(dir_ / ("worker-" + std::to_string(i) + ".log"));
-      // "BeginStep: UNAVAILABLE: ...", "AbortStep: UNAVAILABLE: ..." or "CommitUpdate:
-      // UNAVAILABLE: ...", whichever call of the training loop came first after the death.
-      const bool said = log.find("Step: UNAVAILABLE: connection to the coordinator lost") !=
-                            std::string::npos ||
-                        log.find("CommitUpdate: UNAVAILABLE: connection to the coordinator lost") !=
-                            std::string::npos;
-      EXPECT_TRUE(said) << what << ": worker " << i << "\n" << log;
+      // From whichever call of the training loop came first after the death.
+      EXPECT_EQ(testing::CoordinatorLostLines(log), 1) << what << ": worker " << i << "\n" << log;
     }
   }
 

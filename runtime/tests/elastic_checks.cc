@@ -153,6 +153,17 @@ std::string ReadFile(const fs::path& path) {
   return s.str();
 }
 
+int CoordinatorLostLines(const std::string& log) {
+  int n = 0;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    n += line.rfind("elastic_worker ", 0) == 0 &&
+         line.find(": UNAVAILABLE: ") != std::string::npos &&
+         line.find("connection to the coordinator lost") != std::string::npos;
+  }
+  return n;
+}
+
 std::vector<std::string> NumbersAfter(const std::string& text, const std::string& before) {
   // No std::regex: GCC 12's <regex> trips -Wmaybe-uninitialized under the sanitizer build's
   // -O2 -Werror.

@@ -51,6 +51,11 @@ void Stop(pid_t pid, int64_t grace_ms = 3000);
 
 // The text of a file ("" when it cannot be read).
 std::string ReadFile(const std::filesystem::path& path);
+// Lines of `log` in which an elastic_worker says it stopped because the coordinator is gone:
+// "elastic_worker P: <call>: UNAVAILABLE: [context: ]connection to the coordinator lost...",
+// from whichever call of its training loop came first after the loss (BeginStep, AbortStep,
+// CommitUpdate; a commit vote adds "step N: its commit vote failed and no recovery followed").
+int CoordinatorLostLines(const std::string& log);
 // The decimal numbers that follow each occurrence of `before` in `text`.
 std::vector<std::string> NumbersAfter(const std::string& text, const std::string& before);
 // The coordinator file a hosting worker writes (MORPH_COORDINATOR_FILE: "host:port\ntoken\n"),

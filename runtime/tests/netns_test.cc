@@ -222,12 +222,7 @@ TEST_F(NetnsTest, AHostCutOffIsDetectedByHeartbeatAndTheJobGoesOn) {
   if (cut_code) {
     EXPECT_EQ(*cut_code, 4);
     const std::string cut_log = ReadFile(dir_ / ("worker-" + std::to_string(kCut) + ".log"));
-    // BeginStep, AbortStep or CommitUpdate: whichever call of the training loop came first.
-    EXPECT_TRUE(cut_log.find("Step: UNAVAILABLE: connection to the coordinator lost") !=
-                    std::string::npos ||
-                cut_log.find("CommitUpdate: UNAVAILABLE: connection to the coordinator lost") !=
-                    std::string::npos)
-        << cut_log;
+    EXPECT_EQ(testing::CoordinatorLostLines(cut_log), 1) << cut_log;
   }
   std::printf("netns: the cut-off worker stopped %.1f s after the cut\n",
               std::chrono::duration<double>(Clock::now() - cut).count());
