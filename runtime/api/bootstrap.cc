@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 #include "base/params.h"
+#include "runtime/api/test_hooks.h"
 #include "runtime/coordinator/coordinator.h"
 #if MORPH_WITH_MPI
 #include "collectives/mpi_bootstrap.h"
@@ -22,6 +24,12 @@ namespace morph {
 namespace {
 
 constexpr uint16_t kSlurmDefaultPort = 29400;
+
+std::mutex hosted_policy_mu;
+ConfigPolicy& HostedPolicy() {
+  static ConfigPolicy* policy = new ConfigPolicy();
+  return *policy;
+}
 
 StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
                                             const std::string& bind, uint16_t port,
@@ -42,10 +50,21 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   c.http.token_for_reads = o.api_token_for_reads;
   c.http.token = token;
   c.http.max_world = o.max_world;
+  {
+    std::lock_guard<std::mutex> l(hosted_policy_mu);
+    c.policy = HostedPolicy();
+  }
   return Coordinator::Start(std::move(c));
 }
 
 }  // namespace
+
+namespace testing_hooks {
+void SetHostedConfigPolicy(ConfigPolicy policy) {
+  std::lock_guard<std::mutex> l(hosted_policy_mu);
+  HostedPolicy() = std::move(policy);
+}
+}  // namespace testing_hooks
 
 Status WritePrivateFile(const std::string& path, const std::string& body,
                         const std::string& what) {

@@ -164,9 +164,8 @@ class CoordinatorDeathTest : public ::testing::Test {
     // Each says why it stopped: the coordinator is gone, with the status code.
     for (int i = 0; i < kWorkers; ++i) {
       const std::string log = ReadFile(dir_ / ("worker-" + std::to_string(i) + ".log"));
-      // Whichever call of the training loop came first after the death said so.
-      EXPECT_TRUE(testing::StoppedForLostCoordinator(log)) << what << ": worker " << i << "\n"
-                                                           << log;
+      // From whichever call of the training loop came first after the death.
+      EXPECT_EQ(testing::CoordinatorLostLines(log), 1) << what << ": worker " << i << "\n" << log;
     }
   }
 

@@ -26,6 +26,12 @@ namespace morph::testing {
 
 namespace fs = std::filesystem;
 
+ParallelConfig Config(int dp, int tp, int pp) {
+  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
+  c.stage_of_layer = *ParallelConfig::EvenStages(4, pp);
+  return c;
+}
+
 std::string WorkerLogs(const fs::path& dir) {
   std::string out;
   std::error_code ec;
@@ -147,13 +153,41 @@ std::string ReadFile(const fs::path& path) {
   return s.str();
 }
 
-bool StoppedForLostCoordinator(const std::string& log) {
+int CoordinatorLostLines(const std::string& log) {
+  int n = 0;
   std::istringstream in(log);
   for (std::string line; std::getline(in, line);) {
-    const bool call = line.find("BeginStep: UNAVAILABLE: ") != std::string::npos ||
-                      line.find("AbortStep: UNAVAILABLE: ") != std::string::npos ||
-                      line.find("CommitUpdate: UNAVAILABLE: ") != std::string::npos;
-    if (call && line.find("connection to the coordinator lost") != std::string::npos) return true;
+    n += line.rfind("elastic_worker ", 0) == 0 &&
+         line.find(": UNAVAILABLE: ") != std::string::npos &&
+         line.find("connection to the coordinator lost") != std::string::npos;
+  }
+  return n;
+}
+
+std::vector<std::string> NumbersAfter(const std::string& text, const std::string& before) {
+  // No std::regex: GCC 12's <regex> trips -Wmaybe-uninitialized under the sanitizer build's
+  // -O2 -Werror.
+  std::vector<std::string> out;
+  for (size_t at = text.find(before); at != std::string::npos; at = text.find(before, at + 1)) {
+    size_t b = at + before.size(), e = b;
+    while (e < text.size() && text[e] >= '0' && text[e] <= '9') ++e;
+    if (e > b) out.push_back(text.substr(b, e - b));
+  }
+  return out;
+}
+
+bool ReadCoordinatorFile(const fs::path& path, std::string& address, std::string& token,
+                         int64_t timeout_ms) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    std::string text = ReadFile(path);
+    size_t nl = text.find('\n');
+    if (nl != std::string::npos && text.back() == '\n') {
+      address = text.substr(0, nl);
+      token = text.substr(nl + 1, text.size() - nl - 2);
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
 }

@@ -19,11 +19,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/parallel_config.h"
+
 namespace morph::testing {
 
 // elastic_worker's data set: 48 samples, a global batch of 12, seed 7 (an epoch every 4 steps).
 constexpr int64_t kElasticBatch = 12;
 constexpr int64_t kElasticSamples = 48;
+
+// dp x tp x pp over elastic_worker's 4 layers, evenly staged.
+ParallelConfig Config(int dp, int tp, int pp);
 
 // The tail of every *.log file in `dir` (the workers' output), for failure messages.
 std::string WorkerLogs(const std::filesystem::path& dir);
@@ -46,11 +51,18 @@ void Stop(pid_t pid, int64_t grace_ms = 3000);
 
 // The text of a file ("" when it cannot be read).
 std::string ReadFile(const std::filesystem::path& path);
+// Lines of `log` in which an elastic_worker says it stopped because the coordinator is gone:
+// "elastic_worker P: <call>: UNAVAILABLE: [context: ]connection to the coordinator lost...",
+// from whichever call of its training loop came first after the loss (BeginStep, AbortStep,
+// CommitUpdate; a commit vote adds "step N: its commit vote failed and no recovery followed").
+int CoordinatorLostLines(const std::string& log);
+// The decimal numbers that follow each occurrence of `before` in `text`.
+std::vector<std::string> NumbersAfter(const std::string& text, const std::string& before);
+// The coordinator file a hosting worker writes (MORPH_COORDINATOR_FILE: "host:port\ntoken\n"),
+// once it is complete; false after `timeout_ms`.
+bool ReadCoordinatorFile(const std::filesystem::path& path, std::string& address,
+                         std::string& token, int64_t timeout_ms = 30000);
 
-// Whether an elastic_worker log says it stopped because the coordinator is gone: a line where
-// one of the training loop's calls (BeginStep, AbortStep, CommitUpdate) returned UNAVAILABLE
-// with "connection to the coordinator lost" in its message (context may stand between them).
-bool StoppedForLostCoordinator(const std::string& log);
 
 // One HTTP/1.1 request to 127.0.0.1:port (Connection: close), with "Authorization: Bearer
 // <token>" when `token` is not empty. The status code (0 when the request failed) and the body.

@@ -25,12 +25,6 @@ namespace fs = std::filesystem;
 
 inline std::string WorkerPath() { return std::string(MORPH_ELASTIC_WORKER); }
 
-inline ParallelConfig Config(int dp, int tp, int pp) {
-  ParallelConfig c{.dp = dp, .tp = tp, .pp = pp};
-  c.stage_of_layer = *ParallelConfig::EvenStages(4, pp);
-  return c;
-}
-
 struct Job {
   fs::path dir;
   std::unique_ptr<Launcher> launcher;

@@ -6,7 +6,11 @@
 // can check the sequence against the fixed global order.
 //
 //   elastic_worker --steps N --out DIR [--step-ms MS] [--exit-at-step K] [--variant V]
+//                  [--configs W:DPxTPxPP,...]
 //
+// --configs: the config policy of a coordinator this worker hosts (mpirun rank 0): for W workers
+// the config listed for the largest W' <= W (none listed: the planner's default), as the
+// Launcher-driven tests give their Launcher (testing_hooks::SetHostedConfigPolicy).
 // --variant shape registers l1.b with another shape (the registration-agreement test: such a
 // worker is refused at Start); --variant hybrid2 shards the ZeRO tensors in DP groups of 2
 // (hybrid ZeRO: every piece has a replica while dp >= 4; the failures tests).
@@ -32,6 +36,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -90,6 +97,28 @@ void ForEach(const morph::State::TensorRef& t, Fn fn) {
   }
 }
 
+// "4:2x2x1,8:8x1x1" -> {4: dp 2 tp 2 pp 1, 8: ...} (4 layers, evenly staged); nullopt when
+// malformed.
+std::optional<std::map<int, morph::ParallelConfig>> ParseConfigs(const std::string& text) {
+  std::map<int, morph::ParallelConfig> out;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    int world = 0;
+    morph::ParallelConfig c;
+    char colon = 0, x1 = 0, x2 = 0;
+    std::istringstream i(item);
+    if (!(i >> world >> colon >> c.dp >> x1 >> c.tp >> x2 >> c.pp) || colon != ':' || x1 != 'x' ||
+        x2 != 'x' || !i.eof()) {
+      return std::nullopt;
+    }
+    auto stages = morph::ParallelConfig::EvenStages(4, c.pp);
+    if (!stages.ok()) return std::nullopt;
+    c.stage_of_layer = *stages;
+    out[world] = c;
+  }
+  return out;
+}
+
 int Fail(int code, const std::string& why) {
   std::fprintf(stderr, "elastic_worker %d: %s\n", getpid(), why.c_str());
   std::fflush(stderr);
@@ -103,7 +132,7 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   int64_t steps = 20, step_ms = 20, exit_at = -1, drop_vote_at = -1, die_before_vote_at = -1;
   int fault_rank = 0;
-  std::string out = ".", variant;
+  std::string out = ".", variant, configs;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     // clang-format off
@@ -115,6 +144,7 @@ int main(int argc, char** argv) {
     else if (a == "--drop-vote-at") drop_vote_at = std::atoll(argv[i + 1]);
     else if (a == "--die-before-vote-at") die_before_vote_at = std::atoll(argv[i + 1]);
     else if (a == "--fault-rank") fault_rank = std::atoi(argv[i + 1]);
+    else if (a == "--configs") configs = argv[i + 1];
     else return Fail(2, "unknown flag " + a);
     // clang-format on
   }
@@ -127,6 +157,17 @@ int main(int argc, char** argv) {
   opts->micro_batch = 2;
   if (!variant.empty() && variant != "shape" && variant != "hybrid2") {
     return Fail(2, "unknown --variant " + variant);
+  }
+  if (!configs.empty()) {
+    auto table = ParseConfigs(configs);
+    if (!table) return Fail(2, "bad --configs " + configs);
+    morph::testing_hooks::SetHostedConfigPolicy(
+        [table = *table](int n, const morph::ParallelConfig*,
+                         const morph::ModelConstraints&) -> std::optional<morph::ParallelConfig> {
+          auto it = table.upper_bound(n);
+          if (it == table.begin()) return std::nullopt;
+          return std::prev(it)->second;
+        });
   }
   std::vector<TensorDef> defs = Tensors(variant == "shape", variant == "hybrid2" ? 2 : 0);
   auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {

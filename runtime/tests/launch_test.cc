@@ -20,21 +20,12 @@
 #include <thread>
 
 #include "runtime/tests/elastic_checks.h"
+#include "runtime/tests/mpirun_job.h"
 
 namespace morph {
 namespace {
 
-// The decimal numbers that follow each occurrence of `before` in `text` (no std::regex: GCC 12's
-// <regex> trips -Wmaybe-uninitialized under the sanitizer build's -O2 -Werror).
-std::vector<std::string> NumbersAfter(const std::string& text, const std::string& before) {
-  std::vector<std::string> out;
-  for (size_t at = text.find(before); at != std::string::npos; at = text.find(before, at + 1)) {
-    size_t b = at + before.size(), e = b;
-    while (e < text.size() && text[e] >= '0' && text[e] <= '9') ++e;
-    if (e > b) out.push_back(text.substr(b, e - b));
-  }
-  return out;
-}
+using testing::NumbersAfter;
 
 // Occurrences of `needle` in `text`.
 int Count(const std::string& text, const std::string& needle) {
@@ -59,11 +50,12 @@ namespace fs = std::filesystem;
 using testing::ApiStatus;
 using testing::CheckSamples;
 using testing::Http;
-using testing::Stable;
-using testing::WaitForStatus;
+using testing::ReadCoordinatorFile;
 using testing::ReadFile;
 using testing::SpawnProcess;
+using testing::Stable;
 using testing::WaitExit;
+using testing::WaitForStatus;
 
 constexpr char kToken[] = "launch-test-token";
 
@@ -267,23 +259,6 @@ TEST_F(LaunchTest, MorphrunForwardsSigintAsSigterm) {
 
 // ---- registration agreed, at the runtime level ----
 
-// The coordinator file a hosting worker writes: "host:port\ntoken\n", mode 0600.
-bool ReadCoordinatorFile(const fs::path& path, std::string& address, std::string& token,
-                         int64_t timeout_ms = 30000) {
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (std::chrono::steady_clock::now() < until) {
-    std::string text = ReadFile(path);
-    size_t nl = text.find('\n');
-    if (nl != std::string::npos && text.back() == '\n') {
-      address = text.substr(0, nl);
-      token = text.substr(nl + 1, text.size() - nl - 2);
-      return true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return false;
-}
-
 TEST_F(LaunchTest, ADifferentShapeIsRefusedAtStartAndTheJobRunsOn) {
   constexpr int64_t kSteps = 40;
   const fs::path file = dir_ / "coordinator";
@@ -321,15 +296,12 @@ TEST_F(LaunchTest, ADifferentShapeIsRefusedAtStartAndTheJobRunsOn) {
 // ---- mpirun ----
 
 #ifdef MORPH_MPIEXEC
+using testing::MpiRanks;
+
 std::vector<std::string> Mpirun(int np, const std::vector<std::string>& program,
-                                const std::map<std::string, std::string>& env) {
-  std::vector<std::string> argv = {MORPH_MPIEXEC, "--allow-run-as-root", "--oversubscribe",
-                                   "-np", std::to_string(np)};
-  for (const auto& [k, v] : env) {
-    if (!v.empty()) argv.insert(argv.end(), {"-x", k + "=" + v});
-  }
-  argv.insert(argv.end(), program.begin(), program.end());
-  return argv;
+                                const std::map<std::string, std::string>& env,
+                                bool enable_recovery = false) {
+  return testing::MpirunArgv(MORPH_MPIEXEC, np, enable_recovery, program, env);
 }
 
 TEST_F(LaunchTest, MpirunRunsToCompletion) {
@@ -378,20 +350,6 @@ TEST_F(LaunchTest, MpirunJobGrowsByAWorkerStartedOutsideIt) {
   EXPECT_NE(joined.find("after 0 reconfigurations"), std::string::npos) << joined;
   CheckSamples(dir_, kSteps);
 }
-// The ranks mpirun started, by OMPI_COMM_WORLD_RANK (its children, from /proc).
-std::map<int, pid_t> MpiRanks(pid_t mpirun) {
-  std::map<int, pid_t> ranks;
-  const std::string children = ReadFile("/proc/" + std::to_string(mpirun) + "/task/" +
-                                        std::to_string(mpirun) + "/children");
-  for (const std::string& c : NumbersAfter(" " + children, " ")) {
-    const std::string env = ReadFile("/proc/" + c + "/environ");
-    const std::string key = std::string(1, '\0') + "OMPI_COMM_WORLD_RANK=";
-    std::vector<std::string> rank = NumbersAfter(std::string(1, '\0') + env, key);
-    if (!rank.empty()) ranks[std::stoi(rank[0])] = std::stoi(c);
-  }
-  return ranks;
-}
-
 // Lines in the *.samples files of `dir` (steps trained, per DP rank).
 size_t SampleLines(const fs::path& dir) {
   size_t n = 0;
@@ -409,16 +367,13 @@ TEST_F(LaunchTest, MpirunEnableRecoveryGoesOnWithoutAKilledRank) {
   std::map<std::string, std::string> env = WorkerEnv();
   env["MORPH_TOKEN"] = "";
   env["MORPH_CHANGE_TIMEOUT_MS"] = "15000";
-  std::vector<std::string> probe = Mpirun(1, {"/bin/true"}, {});
-  probe.insert(probe.begin() + 1, "--enable-recovery");
-  if (Exit(Spawn(probe, env, "probe.log"), 30000) != 0) {
-    GTEST_SKIP() << "mpirun has no --enable-recovery here: " << ReadFile(dir_ / "probe.log");
+  if (std::string why = testing::MpirunWithRecoveryUnusable(MORPH_MPIEXEC); !why.empty()) {
+    GTEST_SKIP() << why;
   }
   constexpr int64_t kSteps = 120;
   std::vector<std::string> worker = Worker(kSteps, 40);
   worker.insert(worker.end(), {"--variant", "hybrid2"});
-  std::vector<std::string> argv = Mpirun(4, worker, env);
-  argv.insert(argv.begin() + 1, "--enable-recovery");
+  std::vector<std::string> argv = Mpirun(4, worker, env, /*enable_recovery=*/true);
   pid_t p = Spawn(argv, env, "mpirun.log");
   // Every rank trains a few steps first.
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -452,13 +407,10 @@ TEST_F(LaunchTest, MpirunEnableRecoveryGoesOnWithoutAKilledRank) {
 TEST_F(LaunchTest, MpirunRankZeroKilledStopsEveryRank) {
   std::map<std::string, std::string> env = WorkerEnv();
   env["MORPH_TOKEN"] = "";
-  std::vector<std::string> probe = Mpirun(1, {"/bin/true"}, {});
-  probe.insert(probe.begin() + 1, "--enable-recovery");
-  if (Exit(Spawn(probe, env, "probe.log"), 30000) != 0) {
-    GTEST_SKIP() << "mpirun has no --enable-recovery here: " << ReadFile(dir_ / "probe.log");
+  if (std::string why = testing::MpirunWithRecoveryUnusable(MORPH_MPIEXEC); !why.empty()) {
+    GTEST_SKIP() << why;
   }
-  std::vector<std::string> argv = Mpirun(4, Worker(100000, 40), env);
-  argv.insert(argv.begin() + 1, "--enable-recovery");
+  std::vector<std::string> argv = Mpirun(4, Worker(100000, 40), env, /*enable_recovery=*/true);
   pid_t p = Spawn(argv, env, "mpirun.log");
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while ((MpiRanks(p).size() < 4 || SampleLines(dir_) < 4 * 5) &&
@@ -480,7 +432,8 @@ TEST_F(LaunchTest, MpirunRankZeroKilledStopsEveryRank) {
                         "update docs/operations.md";
   EXPECT_LT(seconds, 10.0);
   const std::string log = ReadFile(dir_ / "mpirun.log");
-  EXPECT_EQ(Count(log, "Step: UNAVAILABLE: connection to the coordinator lost"), 3) << log;
+  // From BeginStep, AbortStep or CommitUpdate: the kill lands anywhere in a step.
+  EXPECT_EQ(testing::CoordinatorLostLines(log), 3) << log;
   // At most the step in flight on each of the 4 DP ranks was logged after the death.
   EXPECT_LE(SampleLines(dir_), lines_before + 4) << log;
 }
