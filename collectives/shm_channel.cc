@@ -447,7 +447,9 @@ Status ShmChannel::ReceiveNext(Peer& p) {
   Runs remote(d.base, d.bytes, d.strided != 0, d.geometry, /*src_side=*/true, d.elem_size, d.begin,
               d.end);
   if (const char* map = d.seg_fd >= 0 ? MapSegment(p, d) : nullptr) {
-    // The sender's segment is mapped here: plain copies, run by run.
+    // The sender's segment is mapped here: plain copies, run by run. A large message streams
+    // (non-temporal stores) whatever its runs' sizes: a strided one of 2 KiB rows too.
+    const bool stream = r.bytes >= kStreamingCopyMinBytes;
     uint64_t lp = 0, rp = 0;
     size_t ll = 0, rl = 0, done = 0;
     while (done < r.bytes) {
@@ -459,9 +461,14 @@ Status ShmChannel::ReceiveNext(Peer& p) {
                              " lie outside its segment [" + std::to_string(d.seg_base) + ", +" +
                              std::to_string(d.seg_size) + ")");
       }
-      BulkCopy(reinterpret_cast<void*>(lp), map + (rp - d.seg_base), t);
+      if (stream) {
+        StreamCopy(reinterpret_cast<void*>(lp), map + (rp - d.seg_base), t);
+      } else {
+        std::memcpy(reinterpret_cast<void*>(lp), map + (rp - d.seg_base), t);
+      }
       lp += t, ll -= t, rp += t, rl -= t, done += t;
     }
+    if (stream) StoreFence();
     if (done != r.bytes) {
       return InternalError(what + ": layouts cover fewer bytes than the message's " +
                            std::to_string(r.bytes));

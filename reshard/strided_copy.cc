@@ -128,13 +128,17 @@ void StreamRow(char* d, const char* s, size_t n) {
 #endif
 }
 
+}  // namespace
+
 void StoreFence() {
 #if defined(__SSE2__)
   _mm_sfence();
 #endif
 }
 
-}  // namespace
+void StreamCopy(void* dst, const void* src, size_t bytes) {
+  StreamRow(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
+}
 
 void BulkCopy(void* dst, const void* src, size_t bytes) {
   if (bytes < kStreamingCopyMinBytes) {

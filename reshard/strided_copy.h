@@ -51,6 +51,12 @@ StatusOr<CopyGeometry> MakeCopyGeometry(const StridedView& dst, const StridedVie
 inline constexpr size_t kStreamingCopyMinBytes = size_t{256} << 10;
 void BulkCopy(void* dst, const void* src, size_t bytes);
 
+// One piece of a larger copy made of many pieces (rows of a strided message): non-temporal
+// stores for pieces of 64 bytes and more whatever their size, so that a message of many small
+// rows streams like one large copy; the caller calls StoreFence() once after the last piece.
+void StreamCopy(void* dst, const void* src, size_t bytes);
+void StoreFence();
+
 void HostStridedCopy(const CopyGeometry& g, void* dst, const void* src, int elem_size,
                      int64_t begin, int64_t end);
 
