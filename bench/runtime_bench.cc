@@ -6,18 +6,25 @@
 // (BeginStep(S) entry to return), bytes moved, peak state bytes, and the transport's raw
 // bandwidth in the same run (a Gloo send/recv between two of the new ranks).
 //
-//   runtime_bench [--bytes 1GiB] [--changes dp4to2,dp2to4,tp2to1,pp2to1,grow1] [--grow-bytes 256MiB]
-//   runtime_bench --step-cost    (BeginStep + EndStep in a one-worker job)
+//   runtime_bench [--bytes 1GiB] [--changes dp4to2,dp2to4,tp2to1,pp2to1,grow1] [--grow-bytes
+//   256MiB] runtime_bench --step-cost    (BeginStep + EndStep in a one-worker job)
 //
 // One JSON object per line: {"name": "reconfigure", "change": "dp4to2", "bytes": ..., "seconds":
 // <request -> first step>, "stall_seconds", "transfer_seconds", ..., "bytes_moved",
 // "raw_bandwidth_bytes_per_s", "transfer_vs_raw", "raw_all_ranks_bytes_per_s" (every old rank
-// sending 64 MiB to the next at once), "transfer_vs_raw_all_ranks"}. ratio_vs_dcp and
+// sending 64 MiB to the next at once), "transfer_vs_raw_all_ranks", "memory": {by phase, max over
+// workers: before_bytes (old state), prepare_bytes (old + new shards pre-allocated before the
+// switch step), switch_peak_bytes, after_bytes (new state), bound_bytes (max(old, new) + largest
+// batch + staging), workers_over_bound (any phase above its worker's bound), and measured:
+// measured_rss_extra_bytes_max (peak resident set from steady state through the change, VmHWM
+// after a reset, minus the steady one) and its ratio to what the bound allows beyond the old
+// state}}. ratio_vs_dcp and
 // ratio_vs_cpp_baseline are added by bench/peers/run_runtime_bench.sh, which runs the peers in the
 // same session.
 #include <glog/logging.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -63,6 +70,22 @@ std::vector<Change> AllChanges() {
 
 // ---- worker mode ----------------------------------------------------------------------------
 
+// "VmRSS" or "VmHWM" of this process, bytes (0 if unreadable).
+int64_t StatusBytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key) + 1) * 1024;
+  }
+  return 0;
+}
+
+// Resets VmHWM to the current RSS (Linux: "5" to /proc/self/clear_refs).
+void ResetPeakRss() {
+  std::ofstream c("/proc/self/clear_refs");
+  c << "5";
+}
+
 // The shared benchmark model (bench/reconfig_cases.h): parameters + Adam moments, ZeRO-1.
 int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
   const int64_t process_start_ns = NowNs();
@@ -85,6 +108,7 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
   }
   morph::Runtime& r = **rt;
   std::ofstream log(out + "/bench-" + std::to_string(r.worker_id()) + ".jsonl");
+  int64_t steady_rss = 0;
   while (true) {
     auto step = r.BeginStep();
     if (!step.ok()) {
@@ -132,8 +156,16 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
         }
       }
     }
+    // Measured memory: the resident set at steady state (after the raw-bandwidth buffers of step
+    // 1 are gone), and its peak from then through the change (prepare, switch), read at the first
+    // step of the new generation.
+    if (step->index() == 2 && step->generation() == 1) {
+      ResetPeakRss();
+      steady_rss = StatusBytes("VmRSS:");
+    }
     if (step->reconfigured() && r.last_reconfiguration()) {
       const morph::Reconfiguration& last = *r.last_reconfiguration();
+      const int64_t peak_rss = StatusBytes("VmHWM:"), after_rss = StatusBytes("VmRSS:");
       int64_t first_step_ns = NowNs();
       double raw = raw_bandwidth();
       log << "{\"worker\":" << r.worker_id() << ",\"generation\":" << last.generation
@@ -145,6 +177,12 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
           << ",\"bytes_received\":" << last.bytes_received << ",\"bytes_sent\":" << last.bytes_sent
           << ",\"raw_bandwidth\":" << raw << ",\"local_bytes\":" << r.state().local_bytes()
           << ",\"peak_bytes\":" << last.peak_bytes << ",\"bound_bytes\":" << last.bound_bytes
+          << ",\"old_state_bytes\":" << last.old_state_bytes
+          << ",\"prepare_bytes\":" << last.prepare_bytes << ",\"new_state_bytes\":"
+          << last.new_state_bytes
+          // Resident bytes beyond steady state at the peak (survivors only: a joiner has none).
+          << ",\"rss_extra_bytes\":" << (steady_rss > 0 ? peak_rss - steady_rss : 0)
+          << ",\"rss_after_extra_bytes\":" << (steady_rss > 0 ? after_rss - steady_rss : 0)
           << "}\n";
       log.flush();
     }
@@ -168,6 +206,11 @@ struct Parsed {
   double raw = 0;
   // All old ranks at once (ring of Gloo p2p): bytes received in all / the slowest rank's time.
   double ring_bytes = 0, ring_seconds = 0;
+  // Workers whose accounted state in some phase (prepare, switch, after) exceeded their bound,
+  // and the largest measured resident growth over what the bound allows beyond the old state
+  // (rss_extra / (bound - old state): above 1 means more resident memory than the accounting).
+  int over_bound = 0;
+  double rss_extra_vs_allowed = 0;
 };
 
 Parsed ReadLogs(const fs::path& dir, int64_t generation) {
@@ -189,11 +232,22 @@ Parsed ReadLogs(const fs::path& dir, int64_t generation) {
       }
       if (static_cast<int64_t>(field("generation")) != generation) continue;
       ++p.workers;
-      for (const char* k : {"communicators", "plan", "transfer", "resume", "stall",
-                            "raw_bandwidth", "local_bytes", "peak_bytes", "bound_bytes"}) {
+      for (const char* k :
+           {"communicators", "plan", "transfer", "resume", "stall", "raw_bandwidth", "local_bytes",
+            "peak_bytes", "bound_bytes", "old_state_bytes", "prepare_bytes", "new_state_bytes",
+            "rss_extra_bytes", "rss_after_extra_bytes"}) {
         p.max[k] = std::max(p.max[k], field(k));
       }
       p.sum_received += field("bytes_received");
+      const double bound = field("bound_bytes");
+      if (std::max({field("prepare_bytes"), field("peak_bytes"), field("new_state_bytes")}) >
+          bound) {
+        ++p.over_bound;
+      }
+      if (bound > field("old_state_bytes") && field("old_state_bytes") > 0) {
+        p.rss_extra_vs_allowed = std::max(
+            p.rss_extra_vs_allowed, field("rss_extra_bytes") / (bound - field("old_state_bytes")));
+      }
       p.last_first_step_ns =
           std::max(p.last_first_step_ns, static_cast<int64_t>(field("first_step_ns")));
       if (field("old_rank") < 0) {
@@ -288,11 +342,17 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
       "\"transfer_seconds\":%.4f,\"resume_seconds\":%.4f,\"stall_minus_transfer_seconds\":%.4f,"
       "\"bytes_moved\":%.0f,\"raw_bandwidth_bytes_per_s\":%.0f,\"transfer_bandwidth_bytes_per_s\":"
       "%.0f,\"transfer_vs_raw\":%.3f,\"raw_all_ranks_bytes_per_s\":%.0f,"
-      "\"transfer_vs_raw_all_ranks\":%.3f,\"peak_bytes_max\":%.0f,\"bound_bytes_max\":%.0f}\n",
+      "\"transfer_vs_raw_all_ranks\":%.3f,\"peak_bytes_max\":%.0f,\"bound_bytes_max\":%.0f,"
+      "\"memory\":{\"before_bytes_max\":%.0f,\"prepare_bytes_max\":%.0f,\"switch_peak_bytes_max\":"
+      "%.0f,\"after_bytes_max\":%.0f,\"bound_bytes_max\":%.0f,\"workers_over_bound\":%d,"
+      "\"measured_rss_extra_bytes_max\":%.0f,\"measured_rss_extra_vs_bound_allowance\":%.3f}}\n",
       c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"], p.max["communicators"],
       p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
       p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, ring,
-      ring > 0 ? transfer_bw / ring : 0.0, p.max["peak_bytes"], p.max["bound_bytes"]);
+      ring > 0 ? transfer_bw / ring : 0.0, p.max["peak_bytes"], p.max["bound_bytes"],
+      p.max["old_state_bytes"], p.max["prepare_bytes"], p.max["peak_bytes"],
+      p.max["new_state_bytes"], p.max["bound_bytes"], p.over_bound, p.max["rss_extra_bytes"],
+      p.rss_extra_vs_allowed);
   std::fflush(stdout);
   if (!std::getenv("MORPH_BENCH_KEEP")) fs::remove_all(dir);  // keep: logs for a look
   return 0;

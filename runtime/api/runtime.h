@@ -75,6 +75,12 @@ struct Reconfiguration {
   // max(old, new) + largest batch + staging (runtime/agent/switch.h says when it holds).
   int64_t peak_bytes = 0;
   int64_t bound_bytes = 0;
+  // This worker's tensor-state bytes by phase: before the change (old shards), between the
+  // prepare and the switch step (old shards + new shards pre-allocated beside them), and after
+  // it (new shards). With peak_bytes (the switch) each phase stays within bound_bytes.
+  int64_t old_state_bytes = 0;
+  int64_t prepare_bytes = 0;
+  int64_t new_state_bytes = 0;
   // A recovery (a failure, docs/design.md §4): where the state came from, and the steps lost.
   // Training resumes at `step`; steps [step, newest_step) had been trained by some worker and
   // are trained again (none when the survivors' newest state was whole).

@@ -177,6 +177,9 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
   r.bytes_received = stats.bytes_received;
   r.peak_bytes = stats.peak_bytes;
   r.bound_bytes = stats.bound_bytes;
+  r.old_state_bytes = stats.old_bytes;
+  r.prepare_bytes = stats.old_bytes + stats.preallocated_bytes;
+  r.new_state_bytes = stats.new_bytes;
   return Status();
 }
 
