@@ -20,7 +20,13 @@ SHORT=${DEMO_SHORT:-0}
 # DEMO_KILL=0: no SIGKILL, plain ZeRO-1 under a memory budget (the planner changes tp instead).
 KILL=${DEMO_KILL:-1}
 if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-80}; else STEPS=${DEMO_STEPS:-300}; fi
-[ "$SHORT" = 1 ] && [ "$KILL" = 1 ] && STEPS=${DEMO_STEPS:-150}  # room for the fifth event
+# Room for the fifth event: the old generation trains on while a change is prepared, so a slow
+# change (joiners starting on a loaded machine) uses steps too; at 150 a loaded run once ended
+# before the SIGKILL.
+[ "$SHORT" = 1 ] && [ "$KILL" = 1 ] && STEPS=${DEMO_STEPS:-220}
+# Steps between the scheduler's events (after the previous change landed).
+EVENT_STEPS=$((STEPS / 8))
+[ "$SHORT" = 1 ] && EVENT_STEPS=$((STEPS < 150 ? STEPS / 8 : 18))
 JOBS=${JOBS:-2}
 say() { printf '%s\n' "demo: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -115,7 +121,7 @@ victim() {  # a live member's pid: the newest pid file (members touch theirs eve
 event() { printf '%s\n' "$*" >>"$OUT/scheduler.tsv"; say "scheduler: $*"; }
 
 scheduler() {
-  local f=$((STEPS / 8))
+  local f=$EVENT_STEPS
   local g
   wait_step "$f" && g=$(gen_now) && event "step $(last_step): morphctl resize 6" &&
     ctl resize 6 --reason "grow" && wait_change "$g" "$f" &&
