@@ -78,8 +78,14 @@ void Agent::Run() {
             connection_ = UnavailableError("connection to the coordinator lost: " +
                                            std::string(m.status().message()));
           }
-          LOG(WARNING) << "worker " << id() << ": " << connection_.message();
-          lost = true;
+          if (done_sent_.load()) {
+            // This worker said it is done; the job ending closes the connection.
+            VLOG(1) << "worker " << id() << ": connection closed after done: "
+                    << m.status().message();
+          } else {
+            LOG(WARNING) << "worker " << id() << ": " << connection_.message();
+            lost = true;
+          }
         }
         UpdatePendingLocked();
         cv_.notify_all();
@@ -249,7 +255,10 @@ void Agent::RequestLeave(const std::string& reason) {
   if (!s.ok()) LOG(WARNING) << "worker " << id() << ": leave request not sent: " << s;
 }
 
-Status Agent::SendDone() { return client_->Send(DoneMsg{}); }
+Status Agent::SendDone() {
+  done_sent_.store(true);
+  return client_->Send(DoneMsg{});
+}
 
 Status Agent::SendFailure(const FailureReportMsg& report) {
   // A failure report right after the coordinator died (its death aborted the step) says so,

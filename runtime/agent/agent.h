@@ -129,6 +129,9 @@ class Agent {
   std::atomic<bool> stop_{false};
   std::atomic<bool> leave_sent_{false};
   std::atomic<bool> lost_reported_{false};
+  // SendDone went out: this worker finished; the coordinator closing the connection afterwards
+  // (the job ended, a hosting process stopped it) is expected, not a loss to act on.
+  std::atomic<bool> done_sent_{false};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
