@@ -1,8 +1,7 @@
 #include "runtime/api/bootstrap.h"
 
-#include <glog/logging.h>
-
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 
 #include "base/params.h"
 #include "runtime/api/test_hooks.h"
@@ -24,12 +22,6 @@ namespace morph {
 namespace {
 
 constexpr uint16_t kSlurmDefaultPort = 29400;
-
-std::mutex hosted_policy_mu;
-ConfigPolicy& HostedPolicy() {
-  static ConfigPolicy* policy = new ConfigPolicy();
-  return *policy;
-}
 
 StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
                                             const std::string& bind, uint16_t port,
@@ -50,21 +42,11 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   c.http.token_for_reads = o.api_token_for_reads;
   c.http.token = token;
   c.http.max_world = o.max_world;
-  {
-    std::lock_guard<std::mutex> l(hosted_policy_mu);
-    c.policy = HostedPolicy();
-  }
+  c.policy = o.config_policy;
   return Coordinator::Start(std::move(c));
 }
 
 }  // namespace
-
-namespace testing_hooks {
-void SetHostedConfigPolicy(ConfigPolicy policy) {
-  std::lock_guard<std::mutex> l(hosted_policy_mu);
-  HostedPolicy() = std::move(policy);
-}
-}  // namespace testing_hooks
 
 Status WritePrivateFile(const std::string& path, const std::string& body,
                         const std::string& what) {

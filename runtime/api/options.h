@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "base/status.h"
+#include "runtime/coordinator/config_planner.h"
 #include "runtime/protocol/manifest.h"
 
 namespace morph {
@@ -68,6 +69,11 @@ struct Options {
   // When this process hosts the coordinator (bootstrap 2-4): a file it writes "host:port\ntoken\n" to (mode
   // 0600, replaced atomically) for joiners started outside the launcher (MORPH_COORDINATOR_FILE).
   std::string coordinator_file;
+  // The config planner's user callback (docs/design.md §5) for the coordinator this process
+  // hosts (mpirun rank 0, Slurm task 0, a lone worker): asked first at every change; nullopt
+  // from it falls back to the default policy. Workers that join a coordinator ignore it
+  // (morphd and morphrun take theirs in CoordinatorOptions::policy). Not from the environment.
+  ConfigPolicy config_policy;
   std::string host;   // this worker's host name (default: gethostname)
   // What the launcher says (FromEnv: OMPI_COMM_WORLD_RANK/SIZE, SLURM_PROCID/NTASKS and
   // SLURM_STEP_NODELIST); -1 / empty when not launched that way.

@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "runtime/coordinator/config_planner.h"
-
 namespace morph::testing_hooks {
 
 // This process's Runtime::CommitUpdate treats its commit vote of step `step` as not completed
@@ -15,13 +13,6 @@ namespace morph::testing_hooks {
 // it): the vote returns kAborted, the worker reports its vote undecided and waits for the
 // recovery, as it would after such a death. Once; -1 clears it. Any thread.
 void DropCommitVoteResult(int64_t step);
-
-// The user config policy (CoordinatorOptions::policy) of the coordinator this process hosts
-// from its Runtime::Start (mpirun rank 0, Slurm task 0, a lone worker): the Launcher takes one
-// in its options, these bootstraps have no way to pass one, and the multi-process tests run the
-// same scenarios, with the same configs, under both (elastic_mpi_test). Set before Start; null
-// clears it. Any thread.
-void SetHostedConfigPolicy(ConfigPolicy policy);
 
 }  // namespace morph::testing_hooks
 

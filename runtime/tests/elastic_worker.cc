@@ -10,7 +10,7 @@
 //
 // --configs: the config policy of a coordinator this worker hosts (mpirun rank 0): for W workers
 // the config listed for the largest W' <= W (none listed: the planner's default), as the
-// Launcher-driven tests give their Launcher (testing_hooks::SetHostedConfigPolicy).
+// Launcher-driven tests give their Launcher (Options::config_policy, the user callback).
 // --variant shape registers l1.b with another shape (the registration-agreement test: such a
 // worker is refused at Start); --variant hybrid2 shards the ZeRO tensors in DP groups of 2
 // (hybrid ZeRO: every piece has a replica while dp >= 4; the failures tests).
@@ -161,13 +161,13 @@ int main(int argc, char** argv) {
   if (!configs.empty()) {
     auto table = ParseConfigs(configs);
     if (!table) return Fail(2, "bad --configs " + configs);
-    morph::testing_hooks::SetHostedConfigPolicy(
+    opts->config_policy =
         [table = *table](int n, const morph::ParallelConfig*,
                          const morph::ModelConstraints&) -> std::optional<morph::ParallelConfig> {
-          auto it = table.upper_bound(n);
-          if (it == table.begin()) return std::nullopt;
-          return std::prev(it)->second;
-        });
+      auto it = table.upper_bound(n);
+      if (it == table.begin()) return std::nullopt;
+      return std::prev(it)->second;
+    };
   }
   std::vector<TensorDef> defs = Tensors(variant == "shape", variant == "hybrid2" ? 2 : 0);
   auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {
