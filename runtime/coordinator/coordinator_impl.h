@@ -1,0 +1,223 @@
+// Private to the coordinator (not installed): Coordinator::Impl and one worker's control
+// connection, shared by coordinator.cc (options, starting and stopping, the control channel's
+// I/O, the public calls) and coordinator_decide.cc (the decider's events and actions, the tick,
+// the same-host process watch, the published snapshot). Everything here runs on the io thread
+// unless a member's comment says otherwise.
+#ifndef MORPH_RUNTIME_COORDINATOR_COORDINATOR_IMPL_H_
+#define MORPH_RUNTIME_COORDINATOR_COORDINATOR_IMPL_H_
+
+#include <time.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+// clang-format off
+// <utility> first: this Boost's asio/awaitable.hpp uses std::exchange without including it.
+#include <utility>
+#include <boost/asio.hpp>
+// clang-format on
+
+#include "runtime/coordinator/coordinator.h"
+#include "runtime/coordinator/process_watch.h"
+#include "runtime/protocol/wire.h"
+
+namespace morph {
+namespace coordinator_internal {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using boost::system::error_code;
+using Clock = std::chrono::steady_clock;
+
+// Body bytes read per syscall: a body buffer grows by at most this beyond what arrived.
+constexpr size_t kReadChunk = 64u << 10;
+// A worker that lets this much of our output pile up unread is dropped (lost).
+constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
+// The snapshot is republished at most this often.
+constexpr auto kPublishInterval = std::chrono::milliseconds(50);
+
+inline double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+inline std::string JoinHostPort(const std::string& host, uint16_t port) {
+  bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+inline std::string Ids(const std::vector<WorkerId>& v, size_t max = 16) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size() && i < max; ++i) os << (i ? "," : "") << v[i];
+  if (v.size() > max) os << ",... (" << v.size() << ")";
+  os << "]";
+  return os.str();
+}
+
+// Resume at start, on the planner thread (coordinator_decide.cc).
+DeciderEvent::ResumeReady ResumeCheckpoint(
+    int64_t generation, const std::shared_ptr<const JobManifest>& manifest,
+    const std::function<std::optional<RecoveryCheckpoint>()>& lookup);
+
+// ---- one worker's control connection ---------------------------------------------------------
+struct Conn : std::enable_shared_from_this<Conn> {
+  enum class State { kHello, kRegister, kJoined, kClosed };
+  Conn(asio::io_context& io, tcp::socket s) : sock(std::move(s)), timer(io) {}
+
+  tcp::socket sock;
+  asio::steady_timer timer;  // the handshake deadline
+  State state = State::kHello;
+  WorkerId id = 0;
+  std::string host;
+  int64_t pid = 0;  // as the Hello said
+  // A same-host worker proven to hold this connection (process_watch.h), and how many watch
+  // ticks in a row have seen its process exiting.
+  std::optional<WatchedProcess> watched;
+  int exiting_ticks = 0;
+  std::array<char, kFrameHeaderBytes> header{};
+  FrameHeader hdr;
+  std::string body;
+  struct Out {
+    std::shared_ptr<const std::string> frame;
+    bool commit = false;
+  };
+  std::deque<Out> out;
+  size_t queued_bytes = 0;
+  bool writing = false;
+  bool close_after_write = false;
+  bool gone_reported = false;  // the decider knows it is gone (or must not be told)
+  bool socket_closed = false;
+};
+
+}  // namespace coordinator_internal
+
+using namespace coordinator_internal;  // the two files that include this header
+
+class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl> {
+ public:
+  // `resume_lookup`: where resume at start finds its checkpoint (null: latest_checkpoint).
+  Impl(CoordinatorOptions options, std::function<std::optional<RecoveryCheckpoint>()> resume_lookup)
+      : options_(std::move(options)),
+        resume_lookup_(resume_lookup ? std::move(resume_lookup) : options_.latest_checkpoint),
+        decider_(
+            DeciderOptions{.initial_world = options_.initial_world,
+                           .max_world = options_.max_world,
+                           .heartbeat_timeout_ms = options_.heartbeat_timeout_ms,
+                           .resume = options_.ResumeEnabled() && static_cast<bool>(resume_lookup_),
+                           .first_generation = options_.first_generation}),
+        acceptor_(io_),
+        tick_(io_),
+        watch_timer_(io_),
+        publish_timer_(io_),
+        epoch_(Clock::now()) {
+    if (options_.manifest) manifest_ = std::make_shared<const JobManifest>(*options_.manifest);
+  }
+
+  Status Start();
+  void Stop();
+
+  // ---- io thread ----
+  void Accept();
+  void ReadHeader(const std::shared_ptr<Conn>& c);
+  void ReadBody(const std::shared_ptr<Conn>& c);
+  void OnFrame(const std::shared_ptr<Conn>& c, WireMessage m);
+  void OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& m);
+  void OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m);
+  void Refuse(const std::shared_ptr<Conn>& c, const Status& s);
+  void Enqueue(const std::shared_ptr<Conn>& c, std::shared_ptr<const std::string> frame,
+               bool commit = false);
+  void DoWrite(const std::shared_ptr<Conn>& c);
+  void CloseSocket(const std::shared_ptr<Conn>& c);
+  // The connection ended: the decider hears of a registered worker's loss once.
+  void Gone(const std::shared_ptr<Conn>& c, const std::string& reason);
+  void Feed(DeciderEvent::Any event);
+  void Execute(DeciderAction::Any& a);
+  template <typename M>
+  void SendTo(const std::vector<WorkerId>& to, const M& msg, bool commit = false);
+  void ArmTick();
+  // Same-host workers whose process exits before its connection closes (process_watch.h).
+  void MaybeWatch(const std::shared_ptr<Conn>& c);
+  void ArmWatch();
+  void Watch();
+  void MarkDirty();
+  CoordinatorSnapshot BuildSnapshot() const;
+  void Publish();
+  void Finish(Status s);
+  int64_t NowMs() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - epoch_).count();
+  }
+
+  CoordinatorOptions options_;
+  std::function<std::optional<RecoveryCheckpoint>()> resume_lookup_;  // planner thread
+  std::string advertise_host_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::thread io_thread_;
+  asio::thread_pool planner_{1};
+  asio::thread_pool launcher_{1};
+  Decider decider_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer tick_;
+  asio::steady_timer watch_timer_;
+  bool watch_armed_ = false;
+  size_t watched_ = 0;          // connections with a WatchedProcess (io thread)
+  std::string local_hostname_;  // what a same-host worker's Hello says
+  asio::steady_timer publish_timer_;
+  bool publish_armed_ = false;
+  std::unique_ptr<TcpStoreServer> store_;
+  std::unique_ptr<HttpServer> http_;
+  uint16_t port_ = 0;
+  uint16_t http_port_ = 0;
+  const Clock::time_point epoch_;
+  bool stopping_ = false;                 // io thread
+  std::deque<DeciderEvent::Any> events_;  // io thread: events waiting for Feed's loop
+  bool feeding_ = false;
+  std::optional<Status> ended_;  // io thread: the job completed (OK) or failed
+  clockid_t io_clock_{};
+  std::atomic<bool> has_io_clock_{false};
+
+  std::shared_ptr<const JobManifest> manifest_;
+  WorkerId next_worker_ = 1;
+  std::map<WorkerId, std::shared_ptr<Conn>> conns_;  // registered, connected
+  std::unordered_map<WorkerId, std::string> hosts_;
+  int64_t max_step_ = 0;
+  int64_t next_request_id_ = 1;
+  std::map<int64_t, std::function<void(Status)>> answers_;
+
+  // The change in progress, for its phase timings (io thread).
+  struct ChangeTiming {
+    int64_t from_generation = 0;
+    int from_world = 0;
+    Clock::time_point planned, prepared, committed;
+    double plan_ms = 0;
+    bool has_prepare = false;
+    AppliedMsg::Phases slowest;  // per phase, the most any participant reported
+  };
+  std::optional<ChangeTiming> timing_;
+  int64_t reconfigurations_ = 0;
+  std::optional<ReconfigurationRecord> last_record_;
+
+  // Shared with other threads.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Status> result_;  // the job's end
+  bool stopped_ = false;
+  CoordinatorSnapshot published_;
+  std::atomic<int64_t> accepted_{0}, refused_{0}, registered_{0}, connected_{0}, received_{0},
+      sent_{0}, commits_sent_{0};
+};
+
+}  // namespace morph
+
+#endif  // MORPH_RUNTIME_COORDINATOR_COORDINATOR_IMPL_H_
