@@ -14,6 +14,7 @@
 #include "base/logging.h"
 #include "base/params.h"
 #include "reshard/coverage.h"
+#include "reshard/executor_messages.h"
 #include "reshard/plan_handshake.h"
 #include "reshard/strided_copy.h"
 
@@ -76,83 +77,15 @@ std::string ExecutorStats::ToString() const {
 
 namespace {
 
+using executor_internal::CutMessages;
+using executor_internal::Group;
+using executor_internal::GroupMessages;
+using executor_internal::Message;
+using executor_internal::Piece;
+using executor_internal::Segment;
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// A piece of the plan, resolved against the buffers.
-struct Piece {
-  int tensor = 0;
-  int peer = 0;
-  int elem_size = 1;
-  int64_t elements = 0;
-  StridedView view;   // the box in this side's buffer (old for sends, new for recvs)
-  CopyGeometry geom;  // pack: view -> contiguous; unpack: contiguous -> view
-  char* base = nullptr;
-};
-
-// Elements [begin, end) of one piece, at byte `offset` of its message.
-struct Segment {
-  int piece = 0;
-  int64_t begin = 0;
-  int64_t end = 0;
-  size_t offset = 0;
-};
-
-struct Message {
-  int peer = 0;
-  int64_t index = 0;  // k: the k-th message between this pair in this direction
-  size_t bytes = 0;
-  std::vector<Segment> segments;
-  char* direct = nullptr;  // set when the message is one contiguous range of the shard buffer
-  bool strided = false;    // one segment of a strided piece, posted as a strided op in place
-};
-
-// Cuts the pieces exchanged with each peer into messages of at most `chunk` bytes at element
-// boundaries. Depends only on the piece order, sizes and dtypes: equal on both sides.
-std::vector<std::vector<Message>> CutMessages(const std::vector<Piece>& pieces, int n,
-                                              size_t chunk) {
-  std::vector<std::vector<Message>> by_peer(static_cast<size_t>(n));
-  for (int i = 0; i < static_cast<int>(pieces.size()); ++i) {
-    const Piece& p = pieces[static_cast<size_t>(i)];
-    auto& msgs = by_peer[static_cast<size_t>(p.peer)];
-    // Large pieces get messages of their own (so contiguous ones can go zero-copy); small ones
-    // share messages. Both sides see the same sizes, so they cut alike.
-    const bool large = static_cast<size_t>(p.elements * p.elem_size) >= chunk / 8;
-    bool fresh = large;
-    int64_t done = 0;
-    while (done < p.elements) {
-      if (msgs.empty() || fresh || msgs.back().bytes + static_cast<size_t>(p.elem_size) > chunk) {
-        fresh = false;
-        msgs.emplace_back();
-        msgs.back().peer = p.peer;
-      }
-      Message& m = msgs.back();
-      const int64_t fit =
-          static_cast<int64_t>((chunk - m.bytes) / static_cast<size_t>(p.elem_size));
-      const int64_t take = std::min(fit, p.elements - done);
-      m.segments.push_back({i, done, done + take, m.bytes});
-      m.bytes += static_cast<size_t>(take * p.elem_size);
-      done += take;
-    }
-    if (large && p.elements > 0) {
-      msgs.emplace_back();  // closes the piece's last message; dropped below if left empty
-      msgs.back().peer = p.peer;
-    }
-  }
-  for (auto& msgs : by_peer) {
-    std::erase_if(msgs, [](const Message& m) { return m.segments.empty(); });
-    for (size_t k = 0; k < msgs.size(); ++k) msgs[k].index = static_cast<int64_t>(k);
-    for (Message& m : msgs) {
-      if (m.segments.size() != 1) continue;
-      const Segment& s = m.segments[0];
-      const Piece& p = pieces[static_cast<size_t>(s.piece)];
-      if (auto off = ContiguousOffset(p.view, s.begin, s.end))
-        m.direct = p.base + *off * p.elem_size;
-    }
-  }
-  return by_peer;
 }
 
 // Copies on the host, or enqueues on a CUDA stream.
@@ -278,39 +211,6 @@ class StagingPool {
   size_t peak_ = 0;
 };
 
-// The messages of one transport group (see "Message boundaries" in executor.h): at most
-// MessagesPerGroup per peer and direction, consecutive in that pair's order.
-struct Group {
-  std::vector<const Message*> sends, recvs;
-  size_t staged = 0;  // staging it needs, bytes
-};
-
-// Groups of messages in the order every participant posts them: by (block of message indices
-// k, block of peer offsets). Message k from a to b has offset s = (b - a) mod n at both ends, so
-// both put it into the group with the same key; posting in key order is what makes the exchange
-// deadlock-free (docs/reshard-executor.md). Groups without messages here are left out.
-std::vector<Group> GroupMessages(const std::vector<std::vector<Message>>& send_msgs,
-                                 const std::vector<std::vector<Message>>& recv_msgs, int me, int n,
-                                 int peers_per_group, int messages_per_group, size_t chunk) {
-  std::map<std::pair<int64_t, int>, Group> by_key;
-  for (int dir = 0; dir < 2; ++dir) {
-    const auto& lists = dir == 0 ? send_msgs : recv_msgs;
-    for (size_t peer = 0; peer < lists.size(); ++peer) {
-      const int p = static_cast<int>(peer);
-      const int offset = dir == 0 ? (p - me + n) % n : (me - p + n) % n;
-      for (const Message& m : lists[peer]) {
-        Group& g = by_key[{m.index / messages_per_group, (offset - 1) / peers_per_group}];
-        (dir == 0 ? g.sends : g.recvs).push_back(&m);
-        if (m.direct == nullptr && !m.strided) g.staged += chunk;
-      }
-    }
-  }
-  std::vector<Group> groups;
-  groups.reserve(by_key.size());
-  for (auto& [key, g] : by_key) groups.push_back(std::move(g));
-  return groups;
-}
-
 struct Round {
   int64_t index = 0;
   std::unique_ptr<TransportWork> work;
@@ -347,9 +247,10 @@ class Execution {
                                      Min(deadline_, Deadline::AfterMs(kNoticeMs)));
       }
     } else {
+      const std::vector<uint8_t> in_place = CutAll();
       auto hs = PlanHandshake::Run(
           plan_, WithMessageLayout(plan_.digest, options_, plan_.num_participants), transport_,
-          deadline_);
+          deadline_, in_place);
       if (hs.ok()) {
         handshake_ = std::move(hs).value();
         s = ZeroPadding();
@@ -748,7 +649,8 @@ class Execution {
 
   size_t RoundNeed(int64_t r) const { return groups_[static_cast<size_t>(r)].staged; }
 
-  Status Exchange() {
+  // Cuts the messages (before the handshake, which carries which directions are in place).
+  std::vector<uint8_t> CutAll() {
     const int n = plan_.num_participants;
     chunk_ = EffectiveChunkBytes(options_, n);
     send_msgs_ = CutMessages(sends_, n, chunk_);
@@ -761,8 +663,27 @@ class Execution {
         }
       }
     }
+    // A direction is in place on this side when every message of it is sent from (received
+    // into) the shard buffer as it is: no staging here, nor a transport's bounce buffer.
+    std::vector<uint8_t> in_place(static_cast<size_t>(n), 0);
+    for (int dir = 0; dir < 2; ++dir) {
+      const auto& lists = dir == 0 ? send_msgs_ : recv_msgs_;
+      for (size_t peer = 0; peer < lists.size(); ++peer) {
+        const bool all = std::all_of(lists[peer].begin(), lists[peer].end(),
+                                     [](const Message& m) { return m.direct != nullptr; });
+        if (all && !lists[peer].empty()) {
+          in_place[peer] |= dir == 0 ? PlanHandshake::kSendsInPlace : PlanHandshake::kRecvsInPlace;
+        }
+      }
+    }
+    return in_place;
+  }
+
+  Status Exchange() {
+    const int n = plan_.num_participants;
     groups_ = GroupMessages(send_msgs_, recv_msgs_, plan_.participant, n,
-                            PeersPerGroup(options_, n), MessagesPerGroup(options_, n), chunk_);
+                            PeersPerGroup(options_, n), MessagesPerGroup(options_, n), chunk_,
+                            handshake_);
     num_rounds_ = static_cast<int64_t>(groups_.size());
     stats_.rounds = num_rounds_;
     pool_ = std::make_unique<StagingPool>(engine_->StagingAllocator(), chunk_);

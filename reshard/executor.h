@@ -18,7 +18,12 @@
 // local_plan.h). Message k from participant a to b (offset s = (b - a) mod n) belongs to group
 // (k / MessagesPerGroup, (s - 1) / PeersPerGroup): one grouped Transport::Start, posted in key
 // order and skipped where this participant has nothing in it; both ends of a message put it in
-// the same group, which holds the same consecutive messages of each pair on both sides. A message that is a single contiguous range of the old (new) buffer is sent from
+// the same group, which holds the same consecutive messages of each pair on both sides. A
+// direction of a pair that is in place at both ends (every message sent from and received into
+// the shard buffers as they are; each side says so in the handshake, so both ends know) takes
+// 1024 messages per group instead of MessagesPerGroup: its groups stage nothing, and fewer
+// groups mean fewer synchronizing round trips (DP 4 -> 3 ZeRO over Gloo TCP: 0.72-0.81 of raw
+// p2p -> 0.86-0.95). A message that is a single contiguous range of the old (new) buffer is sent from
 // (received into) place, without staging. With a transport that SupportsStridedOps() and host
 // buffers, so is a message that is a single segment of one strided piece: it is posted as a
 // strided op and the transport copies straight between the sender's old and the receiver's new

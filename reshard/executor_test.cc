@@ -222,6 +222,36 @@ TEST(ExecutorTest, ZeroFlat4To3AndReplicatedJoiner) {
   EXPECT_GT(r.stats[4]->messages_zero_copy, 0);
 }
 
+// A direction whose messages need no staging at either end (both sides in place, agreed in
+// the handshake) is not cut into staging-sized groups: a ZeRO 4 -> 3 reshard whose ranges are
+// contiguous at both ends runs in one round per participant, where staging would allow one
+// message per pair and group (SmallOptions: 4 KiB messages, 64 KiB of staging).
+TEST(ExecutorTest, InPlaceDirectionsNeedNoStagingRounds) {
+  std::vector<TensorInfo> tensors{{"adam_m", DType::kF32, {64, 1024}}};
+  auto plans = BuildPlans(tensors, {FlatLayout(tensors[0], {0, 1, 2, 3})},
+                          {FlatLayout(tensors[0], {0, 1, 2})}, 4);
+  auto ref = Reference(tensors);
+  ASSERT_EQ(MessagesPerGroup(SmallOptions(), 4), 1);
+  RunResult r = RunAll(plans, ref, SmallOptions());
+  ExpectNewShardsMatch(plans, r, ref);
+  for (size_t p = 0; p < 4; ++p) {
+    SCOPED_TRACE("participant " + std::to_string(p));
+    EXPECT_GT(r.stats[p]->messages_sent + r.stats[p]->messages_received, 4);
+    EXPECT_EQ(r.stats[p]->messages_zero_copy,
+              r.stats[p]->messages_sent + r.stats[p]->messages_received);
+    EXPECT_EQ(r.stats[p]->rounds, 1);
+    EXPECT_EQ(r.stats[p]->staging_peak_bytes, 0);
+  }
+  // The same pieces, received into a column block of a 2-D layout (strided at the receiver, so
+  // staged or gathered there): that direction keeps staging-sized groups.
+  std::vector<TensorInfo> t2{{"w", DType::kF32, {64, 1024}}};
+  auto tp = BuildPlans(t2, {TpLayout(t2[0], 0, {0, 1, 2, 3})}, {TpLayout(t2[0], 1, {0, 1})}, 4);
+  auto ref2 = Reference(t2);
+  RunResult r2 = RunAll(tp, ref2, SmallOptions());
+  ExpectNewShardsMatch(tp, r2, ref2);
+  EXPECT_GT(r2.stats[0]->rounds, 1);
+}
+
 TEST(ExecutorTest, RandomizedPlansMatchReference) {
   const unsigned long long seed = morph::testing::TestSeed();
   SCOPED_TRACE("MORPH_TEST_SEED=" + std::to_string(seed));

@@ -15,6 +15,9 @@ namespace {
 constexpr uint64_t kHelloMagic = 0x3148534850524f4dull;  // "MORPHSH1"
 constexpr uint64_t kHelloTag = 0x6d6f727068656c6full;    // handshake messages' transport tag
 constexpr uint64_t kHelloFailed = 1;
+// The sender's messages to (from) the receiver need no staging on the sender's side.
+constexpr uint64_t kHelloSendsInPlace = 2;
+constexpr uint64_t kHelloRecvsInPlace = 4;
 constexpr size_t kHelloBytes = 512;
 constexpr size_t kHelloReasonAt = 32 + 8 * PlanDigest::kNumParts + 48;
 static_assert(kHelloReasonAt < kHelloBytes);
@@ -167,7 +170,8 @@ void PlanHandshake::NotifyFailure(const LocalPlan& plan, Transport& transport, c
 }
 
 StatusOr<PlanHandshake> PlanHandshake::Run(const LocalPlan& plan, const PlanDigest& digest,
-                                           Transport& transport, Deadline deadline) {
+                                           Transport& transport, Deadline deadline,
+                                           const std::vector<uint8_t>& in_place) {
   PlanHandshake hs;
   hs.me_ = plan.participant;
   hs.session_ = digest.combined();
@@ -176,6 +180,7 @@ StatusOr<PlanHandshake> PlanHandshake::Run(const LocalPlan& plan, const PlanDige
   const int n = plan.num_participants;
   hs.nonce_ = FreshNonce();
   hs.peer_nonce_.assign(static_cast<size_t>(n), 0);
+  hs.in_place_.assign(static_cast<size_t>(n), 0);
   std::vector<PairHasher> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
   for (const PieceMove& m : plan.sends) to[static_cast<size_t>(m.peer)].Add(plan, m);
   for (const PieceMove& m : plan.recvs) from[static_cast<size_t>(m.peer)].Add(plan, m);
@@ -186,6 +191,10 @@ StatusOr<PlanHandshake> PlanHandshake::Run(const LocalPlan& plan, const PlanDige
     h.num_participants = n;
     h.digest = digest;
     h.nonce = hs.nonce_;
+    const uint8_t bits =
+        static_cast<size_t>(peers[i]) < in_place.size() ? in_place[static_cast<size_t>(peers[i])] : 0;
+    if (bits & kSendsInPlace) h.flags |= kHelloSendsInPlace;
+    if (bits & kRecvsInPlace) h.flags |= kHelloRecvsInPlace;
     const auto& t = to[static_cast<size_t>(peers[i])];
     const auto& f = from[static_cast<size_t>(peers[i])];
     h.sends_hash = t.value();
@@ -214,6 +223,11 @@ StatusOr<PlanHandshake> PlanHandshake::Run(const LocalPlan& plan, const PlanDige
     }
     hs.peer_nonce_[static_cast<size_t>(peers[i])] = h.nonce;
     const Hello& m = mine[i];
+    // Our sends are its receives and the other way round.
+    uint8_t pair = 0;
+    if ((m.flags & kHelloSendsInPlace) && (h.flags & kHelloRecvsInPlace)) pair |= kSendsInPlace;
+    if ((m.flags & kHelloRecvsInPlace) && (h.flags & kHelloSendsInPlace)) pair |= kRecvsInPlace;
+    hs.in_place_[static_cast<size_t>(peers[i])] = pair;
     if (h.sends_hash != m.recvs_hash || h.sends_count != m.recvs_count) {
       return FailedPreconditionError(
           "plans disagree: the " + std::to_string(h.sends_count) + " pieces " + who +
@@ -232,6 +246,11 @@ StatusOr<PlanHandshake> PlanHandshake::Run(const LocalPlan& plan, const PlanDige
 
 uint64_t PlanHandshake::SendTag(int peer, int64_t index) const {
   return MessageTag(session_, me_, peer, nonce_, peer_nonce_[static_cast<size_t>(peer)], index);
+}
+
+bool PlanHandshake::InPlace(int peer, bool send) const {
+  if (peer < 0 || static_cast<size_t>(peer) >= in_place_.size()) return false;
+  return (in_place_[static_cast<size_t>(peer)] & (send ? kSendsInPlace : kRecvsInPlace)) != 0;
 }
 
 uint64_t PlanHandshake::RecvTag(int peer, int64_t index) const {
