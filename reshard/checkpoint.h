@@ -121,6 +121,9 @@ class CheckpointReader {
   // `shard` of tensor `name`, reading only the checksum blocks that hold them. kNotFound:
   // unknown tensor. kInvalidArgument: dtype differs from the saved one, shard outside the
   // tensor, wrong buffer size. kDataLoss naming the file: checksum mismatch or short read.
+  // The data files are mapped read-only (the page cache's pages, no copy) and each checksum block is
+  // verified, then re-sliced while it is in cache; a file shorter than its manifest says is
+  // kDataLoss, but one that another process truncates during the Read raises SIGBUS.
   // Const and thread-safe: several threads may read concurrently.
   Status Read(const std::string& name, DType dtype, const Shard& shard, BufferView dst) const;
   // Same, for `tensor` (name, dtype) of a plan (local_plan.h TensorInfo): with a padded_shape,
