@@ -23,7 +23,8 @@
 // the shard buffers as they are; each side says so in the handshake, so both ends know) takes
 // 1024 messages per group instead of MessagesPerGroup: its groups stage nothing, and fewer
 // groups mean fewer synchronizing round trips (DP 4 -> 3 ZeRO over Gloo TCP: 0.72-0.81 of raw
-// p2p -> 0.86-0.95). A message that is a single contiguous range of the old (new) buffer is sent from
+// p2p -> 0.86-0.95). A transport's per-group timeout (CommTransport's `timeout`; the runtime
+// passes its whole change timeout) must then cover up to 1,024 messages of each in-place pair. A message that is a single contiguous range of the old (new) buffer is sent from
 // (received into) place, without staging. With a transport that SupportsStridedOps() and host
 // buffers, so is a message that is a single segment of one strided piece: it is posted as a
 // strided op and the transport copies straight between the sender's old and the receiver's new
