@@ -59,6 +59,14 @@ class Fd {
   int fd_;
 };
 
+// A data file whose size is not its manifest's (Open: any difference; a Read, which maps the
+// file: shorter than the manifest).
+Status SizeMismatch(const std::string& path, const struct stat& st, uint64_t manifest_bytes) {
+  return DataLossError("data file " + path + " has " + std::to_string(st.st_size) +
+                       " bytes, its manifest says " + std::to_string(manifest_bytes) +
+                       " (truncated or overwritten)");
+}
+
 // Bytes [start, stop) of a data file for the loader: the page cache's own pages, mapped
 // read-only (no copy into a user buffer: a re-slicing load reads up to twice the bytes it keeps,
 // whole checksum blocks, and copying them all out first made it 0.35 of a plain read), or, where
@@ -557,11 +565,7 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
       if (::stat(f.path.c_str(), &st) != 0) {
         return DataLossError("data file " + f.path + " is missing: " + std::strerror(errno));
       }
-      if (static_cast<uint64_t>(st.st_size) != f.bytes) {
-        return DataLossError("data file " + f.path + " has " + std::to_string(st.st_size) +
-                             " bytes, its manifest says " + std::to_string(f.bytes) +
-                             " (truncated or overwritten)");
-      }
+      if (static_cast<uint64_t>(st.st_size) != f.bytes) return SizeMismatch(f.path, st, f.bytes);
       const int file_index = static_cast<int>(reader.files_.size());
       reader.files_.push_back(std::move(f));
       for (const json& jt : m.at("tensors")) {
@@ -756,11 +760,7 @@ Status CheckpointReader::ReadImpl(const std::string& name, DType dtype, const Sh
           Fd owned(fd);
           struct stat st {};
           MORPH_SYSCALL_RETURN_IF_ERROR(::fstat(fd, &st)) << "reading the size of " << f.path;
-          if (static_cast<uint64_t>(st.st_size) < f.bytes) {
-            return DataLossError("data file " + f.path + " ends at byte " +
-                                 std::to_string(st.st_size) + ", its manifest says " +
-                                 std::to_string(f.bytes) + " (truncated)");
-          }
+          if (static_cast<uint64_t>(st.st_size) < f.bytes) return SizeMismatch(f.path, st, f.bytes);
           fds.emplace(p.file, std::move(owned));
         }
         const int fd = fds.at(p.file).get();
