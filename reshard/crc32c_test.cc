@@ -38,5 +38,30 @@ TEST(Crc32cTest, EqualsTheDefinitionForAnyLengthAndSplit) {
   }
 }
 
+// Independent blocks: any count (groups of three and a rest), any length, unaligned and
+// non-adjacent buffers.
+TEST(Crc32cTest, EachEqualsTheDefinitionPerBlock) {
+  std::mt19937 rng(11);
+  std::vector<unsigned char> b(64 * 5000);
+  for (auto& x : b) x = static_cast<unsigned char>(rng());
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{63}, size_t{4096},
+                   size_t{4099}}) {
+    for (size_t count = 0; count <= 7; ++count) {
+      std::vector<const void*> blocks;
+      std::vector<size_t> offsets;
+      for (size_t i = 0; i < count; ++i) {
+        offsets.push_back(rng() % (b.size() - n));
+        blocks.push_back(b.data() + offsets.back());
+      }
+      std::vector<uint32_t> got(count, 0xdeadbeef);
+      Crc32cEach(blocks.data(), n, count, got.data());
+      for (size_t i = 0; i < count; ++i) {
+        EXPECT_EQ(got[i], Reference(b.data() + offsets[i], n))
+            << "n " << n << " count " << count << " block " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace morph

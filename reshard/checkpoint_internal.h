@@ -1,0 +1,40 @@
+// Pieces shared by the checkpoint writer (checkpoint.cc) and reader (checkpoint_reader.cc):
+// the on-disk names and constants, and a file descriptor owner. Not installed.
+#ifndef MORPH_RESHARD_CHECKPOINT_INTERNAL_H_
+#define MORPH_RESHARD_CHECKPOINT_INTERNAL_H_
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "base/status.h"
+
+namespace morph::checkpoint_internal {
+
+inline constexpr uint64_t kAlign = 64;
+inline constexpr int kFormatVersion = 1;
+
+// A file descriptor closed on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  Status Close(const std::string& path) {
+    const int fd = std::exchange(fd_, -1);
+    MORPH_SYSCALL_RETURN_IF_ERROR(::close(fd)) << "closing " << path;
+    return Status();
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace morph::checkpoint_internal
+
+#endif  // MORPH_RESHARD_CHECKPOINT_INTERNAL_H_

@@ -1,0 +1,460 @@
+// CheckpointReader: opening a checkpoint (manifests, completeness, coverage) and reading any
+// shard of a tensor from it (checkpoint.h).
+#include "reshard/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "base/check.h"
+#include "reshard/checkpoint_internal.h"
+#include "reshard/crc32c.h"
+#include "reshard/strided_copy.h"
+
+#if MORPH_WITH_CUDA
+#include "base/cuda_check.h"
+#endif
+
+namespace morph {
+namespace {
+
+using namespace checkpoint_internal;  // NOLINT
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A data file whose size is not its manifest's (Open: any difference; a Read, which maps the
+// file: shorter than the manifest).
+Status SizeMismatch(const std::string& path, const struct stat& st, uint64_t manifest_bytes) {
+  return DataLossError("data file " + path + " has " + std::to_string(st.st_size) +
+                       " bytes, its manifest says " + std::to_string(manifest_bytes) +
+                       " (truncated or overwritten)");
+}
+
+// Bytes [start, stop) of a data file for the loader: the page cache's own pages, mapped
+// read-only (no copy into a user buffer: a re-slicing load reads up to twice the bytes it keeps,
+// whole checksum blocks, and copying them all out first made it 0.35 of a plain read), or, where
+// mapping fails, read into `fallback`. The file's size was checked against its manifest when it
+// was opened (a file truncated by another process while mapped would raise SIGBUS).
+class FileSpan {
+ public:
+  FileSpan() = default;
+  FileSpan(const FileSpan&) = delete;
+  FileSpan& operator=(const FileSpan&) = delete;
+  ~FileSpan() { Unmap(); }
+
+  Status Load(int fd, const std::string& path, uint64_t start, uint64_t stop,
+              std::vector<char>& fallback) {
+    Unmap();
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t aligned = start / page * page;
+    size_ = static_cast<size_t>(stop - start);
+    if (size_ == 0) {
+      data_ = fallback.data();
+      return Status();
+    }
+    void* m = ::mmap(nullptr, static_cast<size_t>(stop - aligned), PROT_READ, MAP_SHARED, fd,
+                     static_cast<off_t>(aligned));
+    if (m != MAP_FAILED) {
+      map_ = m;
+      map_len_ = static_cast<size_t>(stop - aligned);
+      data_ = static_cast<const char*>(m) + (start - aligned);
+      return Status();
+    }
+    fallback.resize(size_);
+    size_t got = 0;
+    while (got < size_) {
+      MORPH_ASSIGN_SYSCALL_OR_RETURN(
+          ssize_t r, ::pread(fd, fallback.data() + got, size_ - got, static_cast<off_t>(start + got)),
+          "reading " << path);
+      if (r == 0) {
+        return DataLossError("data file " + path + " ends at byte " + std::to_string(start + got) +
+                             " (truncated)");
+      }
+      got += static_cast<size_t>(r);
+    }
+    data_ = fallback.data();
+    return Status();
+  }
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void Unmap() {
+    if (map_ != nullptr) ::munmap(map_, map_len_);
+    map_ = nullptr;
+  }
+  void* map_ = nullptr;
+  size_t map_len_ = 0;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+StatusOr<Shard> ShardFromJson(const json& j) {
+  Shard s;
+  std::vector<Interval> dims;
+  for (const json& d : j.at("frame"))
+    dims.push_back({d.at(0).get<int64_t>(), d.at(1).get<int64_t>()});
+  s.frame = Box(std::move(dims));
+  s.flat_begin = j.at("flat_begin").get<int64_t>();
+  s.flat_end = j.at("flat_end").get<int64_t>();
+  MORPH_ASSIGN_OR_RETURN(int64_t n, s.frame.NumElements());
+  if (s.flat_begin < 0 || s.flat_end > n || s.flat_begin > s.flat_end) {
+    return DataLossError("shard " + s.ToString() + " has a flat range outside its frame");
+  }
+  return s;
+}
+int64_t ElementOffset(const StridedView& v, int64_t linear) {
+  int64_t off = v.offset;
+  for (int d = static_cast<int>(v.shape.size()) - 1; d >= 0; --d) {
+    const size_t i = static_cast<size_t>(d);
+    off += (linear % v.shape[i]) * v.strides[i];
+    linear /= v.shape[i];
+  }
+  return off;
+}
+
+}  // namespace
+
+StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return NotFoundError("no checkpoint folder " + dir);
+  std::map<int, std::string> done;
+  std::map<int, std::vector<std::string>> leftovers;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int r = -1;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "rank-%d%c", &r, &tail) == 1 && r >= 0) {
+      done[r] = e.path().string();
+    } else if (std::sscanf(name.c_str(), ".rank-%d.tmp%c", &r, &tail) == 2 && tail == '-') {
+      leftovers[r].push_back(name);
+    }
+  }
+  if (ec) return ErrnoToStatus(ec.value(), "listing " + dir, __FILE__, __LINE__);
+  auto incomplete = [&](int r, int n) {
+    std::string msg = "checkpoint " + dir + " is incomplete: rank " + std::to_string(r) +
+                      (n > 0 ? " of " + std::to_string(n) : "") + " has not finished saving";
+    if (leftovers.count(r)) msg += " (its save was interrupted: leftover " + leftovers[r][0] + ")";
+    return FailedPreconditionError(msg);
+  };
+  if (done.empty()) return incomplete(leftovers.empty() ? 0 : leftovers.begin()->first, 0);
+
+  CheckpointReader reader;
+  reader.dir_ = dir;
+  std::map<std::string, size_t> tensor_index;
+  bool first = true;
+  for (const auto& [r, path] : done) {
+    const std::string man_path = path + "/manifest.json";
+    json m;
+    try {
+      std::ifstream in(man_path);
+      if (!in) return DataLossError("cannot read manifest " + man_path);
+      m = json::parse(in);
+      if (m.at("format") != "morph-checkpoint" || m.at("version") != kFormatVersion) {
+        return DataLossError("manifest " + man_path + " is not a morph checkpoint version " +
+                             std::to_string(kFormatVersion));
+      }
+      const int n = m.at("num_ranks").get<int>();
+      const int64_t step = m.at("step").get<int64_t>();
+      if (m.at("rank").get<int>() != r) {
+        return DataLossError("manifest " + man_path + " says rank " + m.at("rank").dump());
+      }
+      if (first) {
+        reader.num_ranks_ = n;
+        reader.step_ = step;
+        const json& config = m.at("config");
+        reader.config_json_ = config.is_null() ? "" : config.dump();
+        first = false;
+      } else if (n != reader.num_ranks_ || step != reader.step_) {
+        return DataLossError("manifest " + man_path + " is of step " + std::to_string(step) +
+                             " with " + std::to_string(n) + " ranks, others of step " +
+                             std::to_string(reader.step_) + " with " +
+                             std::to_string(reader.num_ranks_));
+      }
+      const json& jf = m.at("files").at(0);
+      File f;
+      f.path = path + "/" + jf.at("name").get<std::string>();
+      f.bytes = jf.at("bytes").get<uint64_t>();
+      f.block_bytes = jf.at("block_bytes").get<uint64_t>();
+      f.crc = jf.at("crc32c").get<std::vector<uint32_t>>();
+      if (f.block_bytes == 0 || f.block_bytes % kAlign != 0 ||
+          f.crc.size() != (f.bytes + f.block_bytes - 1) / f.block_bytes) {
+        return DataLossError("manifest " + man_path + " has inconsistent checksum blocks");
+      }
+      struct stat st;
+      if (::stat(f.path.c_str(), &st) != 0) {
+        return DataLossError("data file " + f.path + " is missing: " + std::strerror(errno));
+      }
+      if (static_cast<uint64_t>(st.st_size) != f.bytes) return SizeMismatch(f.path, st, f.bytes);
+      const int file_index = static_cast<int>(reader.files_.size());
+      reader.files_.push_back(std::move(f));
+      for (const json& jt : m.at("tensors")) {
+        TensorInfo t;
+        t.name = jt.at("name").get<std::string>();
+        MORPH_ASSIGN_OR_RETURN(t.dtype, ParseDType(jt.at("dtype").get<std::string>()),
+                               "manifest " << man_path);
+        t.shape = jt.at("shape").get<std::vector<int64_t>>();
+        auto [it, fresh] = tensor_index.emplace(t.name, reader.tensors_.size());
+        if (fresh) {
+          reader.tensors_.push_back(t);
+          reader.pieces_.emplace_back();
+        } else if (reader.tensors_[it->second].dtype != t.dtype ||
+                   reader.tensors_[it->second].shape != t.shape) {
+          return DataLossError("manifest " + man_path +
+                               " disagrees with other ranks on dtype or "
+                               "shape of tensor '" +
+                               t.name + "'");
+        }
+      }
+      for (const json& jp : m.at("pieces")) {
+        const std::string name = jp.at("tensor").get<std::string>();
+        auto it = tensor_index.find(name);
+        if (it == tensor_index.end()) {
+          return DataLossError("manifest " + man_path + " has a piece of unlisted tensor '" + name +
+                               "'");
+        }
+        Piece p;
+        p.file = file_index;
+        MORPH_ASSIGN_OR_RETURN(p.shard, ShardFromJson(jp.at("shard")), "manifest " << man_path);
+        p.offset = jp.at("offset").get<uint64_t>();
+        const TensorInfo& t = reader.tensors_[it->second];
+        const uint64_t bytes = static_cast<uint64_t>(p.shard.NumElements()) *
+                               static_cast<uint64_t>(DTypeSize(t.dtype));
+        if (p.offset % kAlign != 0 ||
+            p.offset + bytes > reader.files_[static_cast<size_t>(file_index)].bytes ||
+            !Box::FromShape(t.shape).Contains(p.shard.frame) ||
+            p.shard.frame.rank() != static_cast<int>(t.shape.size())) {
+          return DataLossError("manifest " + man_path + " has an inconsistent piece of tensor '" +
+                               name + "'");
+        }
+        reader.pieces_[it->second].push_back(std::move(p));
+      }
+    } catch (const json::exception& e) {
+      return DataLossError("manifest " + man_path + " is unreadable: " + e.what());
+    }
+  }
+  for (int r = 0; r < reader.num_ranks_; ++r) {
+    if (!done.count(r)) return incomplete(r, reader.num_ranks_);
+  }
+  if (done.rbegin()->first >= reader.num_ranks_) {
+    return DataLossError("checkpoint " + dir + " has a folder for rank " +
+                         std::to_string(done.rbegin()->first) + " but " +
+                         std::to_string(reader.num_ranks_) + " ranks");
+  }
+  // Saved pieces of a tensor must cover it exactly once.
+  for (size_t t = 0; t < reader.tensors_.size(); ++t) {
+    const TensorInfo& info = reader.tensors_[t];
+    int64_t total = 1, saved = 0;
+    for (int64_t s : info.shape) total *= s;
+    const auto& ps = reader.pieces_[t];
+    std::vector<std::vector<Box>> boxes;
+    for (const Piece& p : ps) {
+      saved += p.shard.NumElements();
+      boxes.push_back(ShardBoxes(p.shard));
+    }
+    for (size_t i = 0; i < boxes.size(); ++i) {
+      for (size_t j = i + 1; j < boxes.size(); ++j) {
+        for (const Box& a : boxes[i]) {
+          for (const Box& b : boxes[j]) {
+            if (!Intersect(a, b).empty()) {
+              return DataLossError("checkpoint " + dir + ": saved pieces " +
+                                   ps[i].shard.ToString() + " and " + ps[j].shard.ToString() +
+                                   " of tensor '" + info.name + "' overlap");
+            }
+          }
+        }
+      }
+    }
+    if (saved != total) {
+      // Name the first box no piece holds (pieces are disjoint here, so some box is missing).
+      std::vector<Box> missing = {Box::FromShape(info.shape)};
+      for (const auto& piece_boxes : boxes) {
+        for (const Box& b : piece_boxes) {
+          std::vector<Box> rest;
+          for (const Box& m : missing) {
+            for (Box& r : Subtract(m, b)) rest.push_back(std::move(r));
+          }
+          missing = std::move(rest);
+        }
+      }
+      return DataLossError("checkpoint " + dir + ": saved pieces of tensor '" + info.name +
+                           "' hold " + std::to_string(saved) + " of its " + std::to_string(total) +
+                           " elements" +
+                           (missing.empty() ? std::string()
+                                            : "; no piece holds " + missing.front().ToString()));
+    }
+  }
+  return reader;
+}
+
+Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard& shard,
+                              BufferView dst) const {
+  return ReadImpl(name, dtype, shard, dst, nullptr);
+}
+
+Status CheckpointReader::Read(const TensorInfo& tensor, const Shard& shard, BufferView dst) const {
+  return ReadImpl(tensor.name, tensor.dtype, shard, dst,
+                  tensor.padded_shape.empty() ? nullptr : &tensor.padded_shape);
+}
+
+Status CheckpointReader::ReadImpl(const std::string& name, DType dtype, const Shard& shard,
+                                  BufferView dst, const std::vector<int64_t>* padded) const {
+  auto it = std::find_if(tensors_.begin(), tensors_.end(),
+                         [&](const TensorInfo& t) { return t.name == name; });
+  if (it == tensors_.end()) {
+    return NotFoundError("checkpoint " + dir_ + " has no tensor '" + name + "'");
+  }
+  const size_t t = static_cast<size_t>(it - tensors_.begin());
+  const TensorInfo& info = *it;
+  if (dtype != info.dtype) {
+    return InvalidArgumentError("tensor '" + name + "' was saved as " +
+                                std::string(DTypeName(info.dtype)) + ", not " +
+                                std::string(DTypeName(dtype)));
+  }
+  const Box whole = Box::FromShape(info.shape);
+  if (padded != nullptr) {
+    const Box bound = Box::FromShape(*padded);
+    if (bound.rank() != whole.rank() || !bound.Contains(whole)) {
+      return InvalidArgumentError("padded shape " + bound.ToString() + " of tensor '" + name +
+                                  "' does not contain its saved shape " + whole.ToString());
+    }
+    if (shard.frame.rank() != bound.rank() || !bound.Contains(shard.frame)) {
+      return InvalidArgumentError("shard " + shard.ToString() + " lies outside tensor '" + name +
+                                  "' of padded shape " + bound.ToString());
+    }
+  } else if (shard.frame.rank() != whole.rank() || !whole.Contains(shard.frame)) {
+    return InvalidArgumentError("shard " + shard.ToString() + " lies outside tensor '" + name +
+                                "' of shape " + whole.ToString());
+  }
+  const int es = DTypeSize(dtype);
+  const size_t want_bytes = static_cast<size_t>(shard.NumElements()) * static_cast<size_t>(es);
+  if (dst.bytes != want_bytes) {
+    return InvalidArgumentError("buffer for tensor '" + name + "' has " +
+                                std::to_string(dst.bytes) + " bytes, shard " + shard.ToString() +
+                                " needs " + std::to_string(want_bytes));
+  }
+  std::vector<char> staging;
+  char* out = static_cast<char*>(dst.data);
+  if (dst.kind == MemoryKind::kCuda) {
+    staging.resize(want_bytes);
+    out = staging.data();
+  }
+  constexpr int64_t kMaxSpan = int64_t{64} << 20;
+  std::vector<char> buf;
+  std::map<int, Fd> fds;
+  // The shard's state boxes (all of it unless it reaches into padding), and its padding, zeroed.
+  const std::vector<Box> state_boxes = IntersectShard(shard, whole);
+  if (!whole.Contains(shard.frame)) {
+    for (const Box& sb : ShardBoxes(shard)) {
+      for (const Box& pad : Subtract(sb, whole)) {
+        MORPH_ASSIGN_OR_RETURN(StridedView v, ViewOf(shard, pad));
+        MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(v, v));
+        for (int64_t e = 0; e < g.num_elements; e += g.row) {
+          int64_t off = g.dst_offset, rem = e / g.row;
+          for (int d = g.outer_rank - 1; d >= 0; --d) {
+            off += (rem % g.outer_shape[d]) * g.dst_stride[d];
+            rem /= g.outer_shape[d];
+          }
+          std::memset(out + off * es, 0, static_cast<size_t>(g.row * es));
+        }
+      }
+    }
+  }
+  for (const Piece& p : pieces_[t]) {
+    const File& f = files_[static_cast<size_t>(p.file)];
+    for (const Box& wb : state_boxes) {
+      for (const Box& ib : IntersectShard(p.shard, wb)) {
+        MORPH_ASSIGN_OR_RETURN(StridedView src, ViewOf(p.shard, ib));
+        MORPH_ASSIGN_OR_RETURN(StridedView dv, ViewOf(shard, ib));
+        MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(dv, src));
+        const int64_t n = g.num_elements;
+        const int64_t span = (ElementOffset(src, n - 1) - ElementOffset(src, 0) + 1) * es;
+        int64_t per = n;
+        if (span > kMaxSpan) {
+          per = std::max<int64_t>(1, n / ((span + kMaxSpan - 1) / kMaxSpan));
+          per = std::max(g.row, per / g.row * g.row);
+        }
+        if (!fds.count(p.file)) {
+          MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd, ::open(f.path.c_str(), O_RDONLY),
+                                         "opening " << f.path);
+          Fd owned(fd);
+          struct stat st {};
+          MORPH_SYSCALL_RETURN_IF_ERROR(::fstat(fd, &st)) << "reading the size of " << f.path;
+          if (static_cast<uint64_t>(st.st_size) < f.bytes) return SizeMismatch(f.path, st, f.bytes);
+          fds.emplace(p.file, std::move(owned));
+        }
+        const int fd = fds.at(p.file).get();
+        // Where box element e lies in the file: its first byte, and one past its last.
+        auto first_byte = [&](int64_t e) {
+          return p.offset + static_cast<uint64_t>(ElementOffset(src, e) * es);
+        };
+        for (int64_t e0 = 0; e0 < n; e0 += per) {
+          const int64_t e1 = std::min(n, e0 + per);
+          const uint64_t a = first_byte(e0);
+          const uint64_t b = first_byte(e1 - 1) + static_cast<uint64_t>(es);
+          const uint64_t lo = a / f.block_bytes, hi = (b + f.block_bytes - 1) / f.block_bytes;
+          const uint64_t start = lo * f.block_bytes, stop = std::min(f.bytes, hi * f.block_bytes);
+          FileSpan bytes;
+          MORPH_RETURN_IF_ERROR(bytes.Load(fd, f.path, start, stop, buf));
+          *bytes_read_ += static_cast<int64_t>(bytes.size());
+          CopyGeometry g2 = g;
+          g2.src_offset += (static_cast<int64_t>(p.offset) - static_cast<int64_t>(start)) / es;
+          // Block by block: verify it, then copy the elements it completes while it is still in
+          // this core's cache (elements lie in the file in increasing order of e).
+          int64_t done = e0;
+          for (uint64_t k = lo; k < hi; ++k) {
+            const uint64_t bs = k * f.block_bytes - start;
+            const uint64_t bn = std::min<uint64_t>(f.block_bytes, bytes.size() - bs);
+            if (Crc32c(bytes.data() + bs, bn) != f.crc[k]) {
+              return DataLossError("data file " + f.path +
+                                   " is corrupted: checksum mismatch in "
+                                   "block " +
+                                   std::to_string(k) + " (bytes " +
+                                   std::to_string(k * f.block_bytes) + ".." +
+                                   std::to_string(k * f.block_bytes + bn) + ")");
+            }
+            // The first element that ends past this block (binary search; e1 after the last).
+            const uint64_t verified = start + bs + bn;
+            int64_t lo_e = done, hi_e = e1;
+            if (k + 1 < hi) {
+              while (lo_e < hi_e) {
+                const int64_t mid = lo_e + (hi_e - lo_e) / 2;
+                if (first_byte(mid) + static_cast<uint64_t>(es) <= verified) {
+                  lo_e = mid + 1;
+                } else {
+                  hi_e = mid;
+                }
+              }
+            } else {
+              lo_e = e1;
+            }
+            if (lo_e > done) {
+              HostStridedCopy(g2, out, bytes.data(), es, done, lo_e);
+              done = lo_e;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (dst.kind == MemoryKind::kCuda) {
+#if MORPH_WITH_CUDA
+    MORPH_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst.data, staging.data(), want_bytes, cudaMemcpyHostToDevice))
+        << "loading tensor '" << name << "'";
+#else
+    return FailedPreconditionError("CUDA buffer given but morph was built without CUDA");
+#endif
+  }
+  return Status();
+}
+
+}  // namespace morph
