@@ -7,7 +7,7 @@
 //   Loads run right after the writes and after one untimed pass, so both they and the baseline
 //   reads hit the page cache; load and plain read are measured in interleaved pairs, and the
 //   median pair's ratio is reported (with the spread, and the loader's bytes read per byte
-//   loaded: re-slicing reads whole checksum blocks).
+//   loaded: a load reads whole checksum blocks, 1.00 when they fall on the rows it keeps).
 #include <fcntl.h>
 #include <unistd.h>
 

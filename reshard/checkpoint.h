@@ -13,9 +13,11 @@
 //   MORPH_RETURN_IF_ERROR(ckpt.Read("layers.3.mlp.w1", DType::kF32, my_new_shard, buf.view()));
 //
 // On disk (docs/reshard-executor.md has the details):
-//   <dir>/rank-00003/data.bin        the rank's pieces, 64-byte aligned, back to back
+//   <dir>/rank-00003/data.bin        the rank's pieces back to back, 64-byte aligned (4 KiB
+//                                    aligned if 4 KiB or larger)
+//   <dir>/rank-00003/checksums.bin   one CRC32C per block of data.bin (little-endian u32)
 //   <dir>/rank-00003/manifest.json   tensors, pieces (shard, offset), step, config, file size
-//                                    and one CRC32C per block of data.bin
+//                                    and block size
 // Atomicity: a rank writes into <dir>/.rank-00003.tmp-<pid>-<n>/, fsyncs both files and the
 // folder, renames it to rank-00003 and fsyncs <dir>. A checkpoint is complete when rank-r
 // folders exist for every r in [0, num_ranks) and agree on step and num_ranks; Open rejects
@@ -72,8 +74,11 @@ struct CheckpointSaveOptions {
   // Where the snapshot buffer comes from and goes back to once the write ends; null: a fresh
   // allocation per save, freed when the write ends.
   std::shared_ptr<CheckpointSnapshotPool> snapshot_pool;
-  // Bytes covered by one checksum; also the read granularity of loads.
-  uint64_t block_bytes = uint64_t{1} << 20;
+  // Bytes covered by one checksum (a positive multiple of 64); also the granularity at which
+  // loads read and verify. A page by default: a load that keeps only part of each row of a saved
+  // piece (another TP split) reads little more than it keeps, and the checksums take 1/1024 of
+  // the data (in their own file).
+  uint64_t block_bytes = 4096;
   // The most bytes per second the write may put into files (data and manifest; 0: no limit),
   // so that a background save does not take a shared disk or file system from training or
   // other jobs. A save takes at least its bytes / this rate.
@@ -118,7 +123,8 @@ class CheckpointReader {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
 
   // Fills `dst` (shard.NumElements() * dtype size bytes, host or CUDA) with the elements of
-  // `shard` of tensor `name`, reading only the checksum blocks that hold them. kNotFound:
+  // `shard` of tensor `name`, reading only the checksum blocks that hold them (each once, and
+  // verified before any of its bytes is used). kNotFound:
   // unknown tensor. kInvalidArgument: dtype differs from the saved one, shard outside the
   // tensor, wrong buffer size. kDataLoss naming the file: checksum mismatch or short read.
   // The data files are mapped read-only (the page cache's pages, no copy) and each checksum block is
@@ -146,7 +152,9 @@ class CheckpointReader {
     std::string path;
     uint64_t bytes = 0;
     uint64_t block_bytes = 0;
-    std::vector<uint32_t> crc;
+    uint64_t blocks = 0;
+    std::string crc_path;        // checksums.bin (format 2), read as loads need them
+    std::vector<uint32_t> crc;   // format 1: from the manifest
   };
   std::string dir_;
   int64_t step_ = 0;

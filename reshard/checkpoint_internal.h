@@ -13,14 +13,29 @@
 
 namespace morph::checkpoint_internal {
 
+// Pieces start at a multiple of kAlign bytes in data.bin, and those of kPageAlign bytes or
+// more at a multiple of kPageAlign, so that checksum blocks of up to that size (the default)
+// begin where a piece's rows do: a loader that needs half of every row then reads only that half.
 inline constexpr uint64_t kAlign = 64;
-inline constexpr int kFormatVersion = 1;
+inline constexpr uint64_t kPageAlign = 4096;
+// 2: one little-endian CRC32C per block in checksums.bin. 1 (still read): the CRCs inline in
+// the manifest, as a JSON array.
+inline constexpr int kFormatVersion = 2;
+inline constexpr char kDataFileName[] = "data.bin";
+inline constexpr char kChecksumFileName[] = "checksums.bin";
 
 // A file descriptor closed on scope exit.
 class Fd {
  public:
   explicit Fd(int fd = -1) : fd_(fd) {}
   Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
   ~Fd() {
     if (fd_ >= 0) ::close(fd_);
   }

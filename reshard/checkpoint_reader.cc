@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -40,10 +41,10 @@ Status SizeMismatch(const std::string& path, const struct stat& st, uint64_t man
 }
 
 // Bytes [start, stop) of a data file for the loader: the page cache's own pages, mapped
-// read-only (no copy into a user buffer: a re-slicing load reads up to twice the bytes it keeps,
-// whole checksum blocks, and copying them all out first made it 0.35 of a plain read), or, where
-// mapping fails, read into `fallback`. The file's size was checked against its manifest when it
-// was opened (a file truncated by another process while mapped would raise SIGBUS).
+// read-only (no copy into a user buffer first: each byte is read once, by the pass that
+// verifies and places it), or, where mapping fails, read into `fallback`. The file's size was
+// checked against its manifest when it was opened (a file truncated by another process while
+// mapped would raise SIGBUS).
 class FileSpan {
  public:
   FileSpan() = default;
@@ -111,6 +112,7 @@ StatusOr<Shard> ShardFromJson(const json& j) {
   }
   return s;
 }
+
 int64_t ElementOffset(const StridedView& v, int64_t linear) {
   int64_t off = v.offset;
   for (int d = static_cast<int>(v.shape.size()) - 1; d >= 0; --d) {
@@ -119,6 +121,192 @@ int64_t ElementOffset(const StridedView& v, int64_t linear) {
     linear /= v.shape[i];
   }
   return off;
+}
+
+// One data file as a Read uses it: manifest facts, open descriptors and where its checksums are.
+struct BlockSource {
+  const std::string& path;
+  uint64_t bytes;
+  uint64_t block_bytes;
+  uint64_t blocks;
+  const std::vector<uint32_t>& inline_crc;  // format 1
+  const std::string& crc_path;              // format 2
+  int fd;
+  int crc_fd;
+};
+
+// The checksums of blocks [lo, hi): from the manifest (format 1) or read from checksums.bin.
+Status LoadChecksums(const BlockSource& f, uint64_t lo, uint64_t hi, std::vector<uint32_t>& out) {
+  out.resize(static_cast<size_t>(hi - lo));
+  if (f.crc_path.empty()) {
+    std::copy(f.inline_crc.begin() + static_cast<ptrdiff_t>(lo),
+              f.inline_crc.begin() + static_cast<ptrdiff_t>(hi), out.begin());
+    return Status();
+  }
+  std::vector<unsigned char> raw(out.size() * 4);
+  size_t got = 0;
+  while (got < raw.size()) {
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(
+        ssize_t r,
+        ::pread(f.crc_fd, raw.data() + got, raw.size() - got, static_cast<off_t>(4 * lo + got)),
+        "reading " << f.crc_path);
+    if (r == 0) {
+      return DataLossError("checksum file " + f.crc_path + " ends at byte " +
+                           std::to_string(4 * lo + got) + " (truncated)");
+    }
+    got += static_cast<size_t>(r);
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = uint32_t{raw[4 * i]} | uint32_t{raw[4 * i + 1]} << 8 |
+             uint32_t{raw[4 * i + 2]} << 16 | uint32_t{raw[4 * i + 3]} << 24;
+  }
+  return Status();
+}
+
+// Copies box elements [e0, e1) of a saved piece (at `piece_offset` in the file; `g` the copy of
+// the box from the piece into `out`, element order = file order) and verifies every checksum
+// block that holds their bytes, and only those, each once. The walk goes row by row and
+// collects, per block, the parts that rows need. A block needed whole is verified while it is
+// copied (one pass over its bytes, three blocks at a time, its parts scattered to their rows);
+// a block needed in part (row edges, rows that skip bytes) is verified alone and its parts are
+// copied afterwards. Every 64 KiB of blocks the batch is checked and the deferred copies run
+// while their bytes are still in this core's cache. On a checksum mismatch `out` may hold bytes
+// of the bad block (kDataLoss: the caller must not use it).
+Status CopyVerified(const BlockSource& f, uint64_t piece_offset, const CopyGeometry& g, int es,
+                    int64_t e0, int64_t e1, char* out, std::vector<char>& fallback,
+                    std::atomic<int64_t>& bytes_read) {
+  const uint64_t block = f.block_bytes;
+  // Row r's first element: its offset in the piece and in `out` (elements).
+  auto row_offsets = [&](int64_t r) {
+    int64_t s = g.src_offset, d = g.dst_offset;
+    for (int k = g.outer_rank - 1; k >= 0; --k) {
+      const int64_t i = r % g.outer_shape[k];
+      r /= g.outer_shape[k];
+      s += i * g.src_stride[k];
+      d += i * g.dst_stride[k];
+    }
+    return std::pair<int64_t, int64_t>(s, d);
+  };
+  auto file_byte = [&](int64_t e) {  // of box element e
+    return piece_offset +
+           static_cast<uint64_t>((row_offsets(e / g.row).first + e % g.row) * es);
+  };
+  const uint64_t lo = file_byte(e0) / block;
+  const uint64_t hi = (file_byte(e1 - 1) + static_cast<uint64_t>(es) + block - 1) / block;
+  const uint64_t start = lo * block, stop = std::min(f.bytes, hi * block);
+  FileSpan span;
+  MORPH_RETURN_IF_ERROR(span.Load(f.fd, f.path, start, stop, fallback));
+  std::vector<uint32_t> want;
+  MORPH_RETURN_IF_ERROR(LoadChecksums(f, lo, hi, want));
+
+  // The walk's current block: the parts of it that rows need, in file order, as segments
+  // (segs[first..]: destination and length; seg_src: where each starts in the span).
+  struct OpenBlock {
+    uint64_t k = UINT64_MAX;
+    uint64_t covered_end = 0;  // file byte after the last part added
+    bool gapless = true;       // parts so far are adjacent, starting at the block's start
+    size_t first = 0;
+  } cur;
+  std::vector<CopySegment> segs;
+  std::vector<const char*> seg_src;
+  struct Fused {
+    uint64_t k;
+    size_t first, end;  // in segs
+  };
+  struct Copy {
+    const char* src;
+    void* dst;
+    size_t bytes;
+  };
+  std::vector<Fused> fused;
+  std::vector<uint64_t> alone;  // verified alone; their parts are copied afterwards
+  std::vector<Copy> deferred;
+  std::vector<const void*> alone_src;
+  std::vector<ScatteredBlock> scattered;
+  std::vector<uint32_t> got;
+  uint64_t batch_bytes = 0;
+  auto block_end = [&](uint64_t k) { return std::min(f.bytes, (k + 1) * block); };
+  auto check = [&](uint64_t k, uint32_t crc) -> Status {
+    if (crc == want[k - lo]) return Status();
+    return DataLossError("data file " + f.path + " is corrupted: checksum mismatch in block " +
+                         std::to_string(k) + " (bytes " + std::to_string(k * block) + ".." +
+                         std::to_string(block_end(k)) + ")");
+  };
+  auto defer = [&](uint64_t k, size_t first, size_t end) {
+    alone.push_back(k);
+    alone_src.push_back(span.data() + (k * block - start));
+    for (size_t i = first; i < end; ++i) deferred.push_back({seg_src[i], segs[i].dst, segs[i].bytes});
+  };
+  auto flush = [&]() -> Status {
+    // Fused blocks go three at a time; one or two left over are verified alone.
+    while (fused.size() % 3 != 0) {
+      defer(fused.back().k, fused.back().first, fused.back().end);
+      fused.pop_back();
+    }
+    scattered.clear();
+    for (const Fused& b : fused) scattered.push_back({seg_src[b.first], &segs[b.first], b.end - b.first});
+    got.resize(fused.size());
+    Crc32cEachAndCopy(scattered.data(), block, fused.size(), got.data());
+    for (size_t i = 0; i < fused.size(); ++i) MORPH_RETURN_IF_ERROR(check(fused[i].k, got[i]));
+    // Alone: whole blocks three at a time; the file's last block may be short (moved last).
+    size_t whole = alone.size();
+    for (size_t i = 0; i < alone.size(); ++i) {
+      if (block_end(alone[i]) - alone[i] * block == block) continue;
+      std::swap(alone[i], alone.back());
+      std::swap(alone_src[i], alone_src.back());
+      --whole;
+      break;
+    }
+    got.resize(alone.size());
+    Crc32cEach(alone_src.data(), block, whole, got.data());
+    if (whole < alone.size()) got[whole] = Crc32c(alone_src[whole], f.bytes - alone[whole] * block);
+    for (size_t i = 0; i < alone.size(); ++i) MORPH_RETURN_IF_ERROR(check(alone[i], got[i]));
+    for (const Copy& c : deferred) std::memcpy(c.dst, c.src, c.bytes);
+    bytes_read += static_cast<int64_t>(batch_bytes);
+    fused.clear(), alone.clear(), alone_src.clear(), deferred.clear();
+    segs.clear(), seg_src.clear();
+    batch_bytes = 0;
+    return Status();
+  };
+  // The walk is past the current block: fused if rows need all of it, else verified alone.
+  constexpr uint64_t kBatchBytes = uint64_t{64} << 10;
+  auto close = [&]() -> Status {
+    if (cur.k == UINT64_MAX) return Status();
+    const uint64_t bs = cur.k * block, be = block_end(cur.k);
+    batch_bytes += be - bs;
+    if (cur.gapless && cur.covered_end == be && be - bs == block) {
+      fused.push_back({cur.k, cur.first, segs.size()});
+    } else {
+      defer(cur.k, cur.first, segs.size());
+    }
+    cur.k = UINT64_MAX;
+    if (batch_bytes >= 4 * kBatchBytes || (batch_bytes >= kBatchBytes && fused.size() % 3 == 0)) {
+      return flush();
+    }
+    return Status();
+  };
+  for (int64_t pos = e0; pos < e1;) {
+    const int64_t r = pos / g.row;
+    const int64_t row_end = std::min(e1, (r + 1) * g.row);
+    const auto [soff, doff] = row_offsets(r);
+    const uint64_t x = piece_offset + static_cast<uint64_t>((soff + pos - r * g.row) * es);
+    const uint64_t y = x + static_cast<uint64_t>((row_end - pos) * es);
+    char* d = out + (doff + pos - r * g.row) * es;
+    for (uint64_t k = x / block; k * block < y; ++k) {
+      const uint64_t a = std::max(x, k * block), b = std::min(y, block_end(k));
+      if (k != cur.k) {
+        MORPH_RETURN_IF_ERROR(close());
+        cur = {k, k * block, true, segs.size()};
+      }
+      if (a != cur.covered_end) cur.gapless = false;
+      cur.covered_end = b;
+      segs.push_back({d + (a - x), static_cast<size_t>(b - a)});
+      seg_src.push_back(span.data() + (a - start));
+    }
+    pos = row_end;
+  }
+  MORPH_RETURN_IF_ERROR(close());
+  return flush();
 }
 
 }  // namespace
@@ -158,8 +346,10 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
       std::ifstream in(man_path);
       if (!in) return DataLossError("cannot read manifest " + man_path);
       m = json::parse(in);
-      if (m.at("format") != "morph-checkpoint" || m.at("version") != kFormatVersion) {
-        return DataLossError("manifest " + man_path + " is not a morph checkpoint version " +
+      const int version =
+          m.at("format") == "morph-checkpoint" ? m.at("version").get<int>() : -1;
+      if (version != 1 && version != kFormatVersion) {
+        return DataLossError("manifest " + man_path + " is not a morph checkpoint of version 1 to " +
                              std::to_string(kFormatVersion));
       }
       const int n = m.at("num_ranks").get<int>();
@@ -184,10 +374,28 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
       f.path = path + "/" + jf.at("name").get<std::string>();
       f.bytes = jf.at("bytes").get<uint64_t>();
       f.block_bytes = jf.at("block_bytes").get<uint64_t>();
-      f.crc = jf.at("crc32c").get<std::vector<uint32_t>>();
-      if (f.block_bytes == 0 || f.block_bytes % kAlign != 0 ||
-          f.crc.size() != (f.bytes + f.block_bytes - 1) / f.block_bytes) {
+      if (f.block_bytes == 0 || f.block_bytes % kAlign != 0) {
         return DataLossError("manifest " + man_path + " has inconsistent checksum blocks");
+      }
+      f.blocks = (f.bytes + f.block_bytes - 1) / f.block_bytes;
+      if (version == 1) {
+        f.crc = jf.at("crc32c").get<std::vector<uint32_t>>();
+        if (f.crc.size() != f.blocks) {
+          return DataLossError("manifest " + man_path + " has inconsistent checksum blocks");
+        }
+      } else {
+        f.crc_path = path + "/" + jf.at("checksums").get<std::string>();
+        struct stat cst;
+        if (::stat(f.crc_path.c_str(), &cst) != 0) {
+          return DataLossError("checksum file " + f.crc_path + " is missing: " +
+                               std::strerror(errno));
+        }
+        if (static_cast<uint64_t>(cst.st_size) != 4 * f.blocks) {
+          return DataLossError("checksum file " + f.crc_path + " has " +
+                               std::to_string(cst.st_size) + " bytes, its data file's " +
+                               std::to_string(f.blocks) + " blocks need " +
+                               std::to_string(4 * f.blocks) + " (truncated or overwritten)");
+        }
       }
       struct stat st;
       if (::stat(f.path.c_str(), &st) != 0) {
@@ -349,7 +557,10 @@ Status CheckpointReader::ReadImpl(const std::string& name, DType dtype, const Sh
   }
   constexpr int64_t kMaxSpan = int64_t{64} << 20;
   std::vector<char> buf;
-  std::map<int, Fd> fds;
+  struct OpenFile {
+    Fd data, crcs;
+  };
+  std::map<int, OpenFile> fds;
   // The shard's state boxes (all of it unless it reaches into padding), and its padding, zeroed.
   const std::vector<Box> state_boxes = IntersectShard(shard, whole);
   if (!whole.Contains(shard.frame)) {
@@ -382,65 +593,28 @@ Status CheckpointReader::ReadImpl(const std::string& name, DType dtype, const Sh
           per = std::max<int64_t>(1, n / ((span + kMaxSpan - 1) / kMaxSpan));
           per = std::max(g.row, per / g.row * g.row);
         }
-        if (!fds.count(p.file)) {
+        auto open = fds.find(p.file);
+        if (open == fds.end()) {
+          OpenFile of;
           MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd, ::open(f.path.c_str(), O_RDONLY),
                                          "opening " << f.path);
-          Fd owned(fd);
+          of.data = Fd(fd);
           struct stat st {};
           MORPH_SYSCALL_RETURN_IF_ERROR(::fstat(fd, &st)) << "reading the size of " << f.path;
           if (static_cast<uint64_t>(st.st_size) < f.bytes) return SizeMismatch(f.path, st, f.bytes);
-          fds.emplace(p.file, std::move(owned));
-        }
-        const int fd = fds.at(p.file).get();
-        // Where box element e lies in the file: its first byte, and one past its last.
-        auto first_byte = [&](int64_t e) {
-          return p.offset + static_cast<uint64_t>(ElementOffset(src, e) * es);
-        };
-        for (int64_t e0 = 0; e0 < n; e0 += per) {
-          const int64_t e1 = std::min(n, e0 + per);
-          const uint64_t a = first_byte(e0);
-          const uint64_t b = first_byte(e1 - 1) + static_cast<uint64_t>(es);
-          const uint64_t lo = a / f.block_bytes, hi = (b + f.block_bytes - 1) / f.block_bytes;
-          const uint64_t start = lo * f.block_bytes, stop = std::min(f.bytes, hi * f.block_bytes);
-          FileSpan bytes;
-          MORPH_RETURN_IF_ERROR(bytes.Load(fd, f.path, start, stop, buf));
-          *bytes_read_ += static_cast<int64_t>(bytes.size());
-          CopyGeometry g2 = g;
-          g2.src_offset += (static_cast<int64_t>(p.offset) - static_cast<int64_t>(start)) / es;
-          // Block by block: verify it, then copy the elements it completes while it is still in
-          // this core's cache (elements lie in the file in increasing order of e).
-          int64_t done = e0;
-          for (uint64_t k = lo; k < hi; ++k) {
-            const uint64_t bs = k * f.block_bytes - start;
-            const uint64_t bn = std::min<uint64_t>(f.block_bytes, bytes.size() - bs);
-            if (Crc32c(bytes.data() + bs, bn) != f.crc[k]) {
-              return DataLossError("data file " + f.path +
-                                   " is corrupted: checksum mismatch in "
-                                   "block " +
-                                   std::to_string(k) + " (bytes " +
-                                   std::to_string(k * f.block_bytes) + ".." +
-                                   std::to_string(k * f.block_bytes + bn) + ")");
-            }
-            // The first element that ends past this block (binary search; e1 after the last).
-            const uint64_t verified = start + bs + bn;
-            int64_t lo_e = done, hi_e = e1;
-            if (k + 1 < hi) {
-              while (lo_e < hi_e) {
-                const int64_t mid = lo_e + (hi_e - lo_e) / 2;
-                if (first_byte(mid) + static_cast<uint64_t>(es) <= verified) {
-                  lo_e = mid + 1;
-                } else {
-                  hi_e = mid;
-                }
-              }
-            } else {
-              lo_e = e1;
-            }
-            if (lo_e > done) {
-              HostStridedCopy(g2, out, bytes.data(), es, done, lo_e);
-              done = lo_e;
-            }
+          if (!f.crc_path.empty()) {
+            MORPH_ASSIGN_SYSCALL_OR_RETURN(int cfd, ::open(f.crc_path.c_str(), O_RDONLY),
+                                           "opening " << f.crc_path);
+            of.crcs = Fd(cfd);
           }
+          open = fds.emplace(p.file, std::move(of)).first;
+        }
+        const BlockSource source{f.path,      f.bytes,    f.block_bytes,
+                                 f.blocks,    f.crc,      f.crc_path,
+                                 open->second.data.get(), open->second.crcs.get()};
+        for (int64_t e0 = 0; e0 < n; e0 += per) {
+          MORPH_RETURN_IF_ERROR(CopyVerified(source, p.offset, g, es, e0, std::min(n, e0 + per),
+                                             out, buf, *bytes_read_));
         }
       }
     }

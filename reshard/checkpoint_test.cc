@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "base/testing.h"
 #include "reshard/crc32c.h"
@@ -127,6 +129,93 @@ TEST_F(CheckpointTest, ReadsOnlyTheBlocksItNeeds) {
   EXPECT_LE(ckpt.bytes_read(), 2 * 256);
 }
 
+// A load in another TP split keeps half of every saved row. With the default (page-sized)
+// blocks and pieces starting at a page, it reads exactly the bytes it keeps, each once, even
+// after a small piece that leaves data.bin at an odd offset.
+TEST_F(CheckpointTest, ReSlicedLoadReadsOnlyTheBytesItKeeps) {
+  tensors_ = {{"bias", DType::kF32, {100}}, {"w", DType::kF32, {64, 2048}}};
+  ref_ = {ReferenceTensor(tensors_[0], 0), ReferenceTensor(tensors_[1], 1)};
+  Save({ReplicatedLayout(tensors_[0], {0}), TpLayout(tensors_[1], 0, {0, 1})}, 2);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  const RegionLayout halves = TpLayout(tensors_[1], 1, {0, 1});
+  for (const Region& r : halves) {
+    std::vector<char> got(static_cast<size_t>(r.shard.NumElements() * 4));
+    MORPH_ASSERT_OK(ckpt.Read("w", DType::kF32, r.shard,
+                              BufferView{got.data(), got.size(), MemoryKind::kHost}));
+    ASSERT_EQ(got, ExtractShard(tensors_[1], r.shard, ref_[1])) << r.shard.ToString();
+  }
+  EXPECT_EQ(ckpt.bytes_read(), 64 * 2048 * 4);
+}
+
+// Random layouts saved and loaded with block sizes that do and do not divide the rows, dtypes
+// of 1 to 8 bytes, rows shorter and longer than a block, 1-D to 3-D: bitwise equal to the
+// reference built element by element. Then one flipped byte in each rank's data: any read of a
+// whole tensor that has a piece in that block is kDataLoss, the others still load.
+TEST_F(CheckpointTest, RandomLayoutsAndBlockSizesLoadBitwise) {
+  tensors_ = {{"a", DType::kF32, {37, 96}},
+              {"b", DType::kBF16, {24, 130}},
+              {"c", DType::kF64, {9, 5, 12}},
+              {"d", DType::kI8, {1000}},
+              {"e", DType::kI32, {3, 4097}}};
+  ref_.clear();
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    ref_.push_back(ReferenceTensor(tensors_[i], static_cast<int>(i)));
+  std::mt19937_64 rng(morph::testing::TestSeed());
+  for (uint64_t block : {uint64_t{64}, uint64_t{192}, uint64_t{1024}, uint64_t{4096}}) {
+    SCOPED_TRACE("block_bytes " + std::to_string(block));
+    fs::remove_all(dir_);
+    std::vector<RegionLayout> saved;
+    for (const TensorInfo& t : tensors_) saved.push_back(RandomLayout(t, 3, rng));
+    CheckpointSaveOptions opts;
+    opts.block_bytes = block;
+    Save(saved, 3, opts);
+    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+    for (int i = 0; i < 8; ++i) {
+      std::vector<RegionLayout> loaded;
+      for (const TensorInfo& t : tensors_) loaded.push_back(RandomLayout(t, 5, rng));
+      ExpectLoads(ckpt, loaded);
+    }
+    // One flipped byte in each rank's data file, at random.
+    std::map<std::string, bool> damaged;  // tensor -> a piece shares a damaged block
+    for (int rank = 0; rank < 3; ++rank) {
+      const std::string rank_dir = dir_ + "/rank-0000" + std::to_string(rank);
+      const uint64_t size = fs::file_size(rank_dir + "/data.bin");
+      if (size == 0) continue;
+      const uint64_t at = rng() % size, k = at / block;
+      {
+        std::fstream f(rank_dir + "/data.bin", std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(static_cast<std::streamoff>(at));
+        char c = 0;
+        f.read(&c, 1);
+        c = static_cast<char>(c ^ 0x01);
+        f.seekp(static_cast<std::streamoff>(at));
+        f.write(&c, 1);
+      }
+      const auto manifest = nlohmann::json::parse(std::ifstream(rank_dir + "/manifest.json"));
+      for (const auto& piece : manifest.at("pieces")) {
+        const uint64_t off = piece.at("offset").get<uint64_t>();
+        const uint64_t bytes = piece.at("bytes").get<uint64_t>();
+        if (bytes > 0 && off / block <= k && k <= (off + bytes - 1) / block) {
+          damaged[piece.at("tensor").get<std::string>()] = true;
+        }
+      }
+    }
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      const Shard whole = *Shard::Whole(Box::FromShape(tensors_[t].shape));
+      std::vector<char> got(ref_[t].size());
+      const Status s = ckpt.Read(tensors_[t].name, tensors_[t].dtype, whole,
+                                 BufferView{got.data(), got.size(), MemoryKind::kHost});
+      if (damaged[tensors_[t].name]) {
+        EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss, HasSubstr("checksum mismatch")))
+            << tensors_[t].name;
+      } else {
+        EXPECT_TRUE(s.ok()) << tensors_[t].name << ": " << s;
+        EXPECT_EQ(got, ref_[t]) << tensors_[t].name;
+      }
+    }
+  }
+}
+
 TEST_F(CheckpointTest, InterruptedSaveIsNeverComplete) {
   auto layouts = Tp4();
   // Rank 3 holds w1 columns [30, 40) and a flat part of adam_m: make it save nothing, and leave
@@ -185,6 +274,75 @@ TEST_F(CheckpointTest, CorruptedAndTruncatedFilesAreDataLoss) {
   EXPECT_THAT(CheckpointReader::Open(dir_).status(),
               StatusIs(StatusCode::kDataLoss,
                        AllOf(HasSubstr("rank-00000/manifest.json"), HasSubstr("unreadable"))));
+}
+
+// checksums.bin: a changed checksum is a mismatch of its block; a short file is refused by
+// Open, or by a Read if it shrinks after Open; a missing one is refused by Open.
+TEST_F(CheckpointTest, DamagedChecksumFileIsDataLoss) {
+  Save(Tp4(), 4);
+  const std::string sums = dir_ + "/rank-00001/checksums.bin";
+  ASSERT_EQ(fs::file_size(sums), 4u);  // rank 1's pieces fit in one 4 KiB block
+  {
+    std::fstream f(sums, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2);
+    f.write("\x5a", 1);
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  std::vector<char> got(48 * 40 * 4);
+  const BufferView view{got.data(), got.size(), MemoryKind::kHost};
+  const Shard w1 = *Shard::Whole(Box::FromShape({48, 40}));
+  EXPECT_THAT(ckpt.Read("w1", DType::kF32, w1, view),
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("rank-00001/data.bin"),
+                             HasSubstr("checksum mismatch in block 0 (bytes 0.."))));
+  fs::resize_file(sums, 0);  // after Open: the Read finds it short
+  EXPECT_THAT(ckpt.Read("w1", DType::kF32, w1, view),
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("checksum file " + sums), HasSubstr("(truncated)"))));
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("checksum file " + sums),
+                             HasSubstr("has 0 bytes, its data file's 1 blocks need 4"))));
+  fs::remove(sums);
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr("checksum file " + sums), HasSubstr("is missing"))));
+}
+
+// Checkpoints of format 1 (checksums inline in the manifest, pieces 64-byte aligned) still
+// load: this one is made by rewriting a format-2 save the way format 1 stored it.
+TEST_F(CheckpointTest, ReadsFormatOneCheckpoints) {
+  CheckpointSaveOptions opts;
+  opts.block_bytes = 256;
+  Save(Tp4(), 4, opts);
+  for (int r = 0; r < 4; ++r) {
+    const std::string rank_dir = dir_ + "/rank-0000" + std::to_string(r);
+    std::ifstream in(rank_dir + "/checksums.bin", std::ios::binary);
+    const std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<uint32_t> crcs(raw.size() / 4);
+    std::memcpy(crcs.data(), raw.data(), raw.size());  // little-endian host
+    auto m = nlohmann::json::parse(std::ifstream(rank_dir + "/manifest.json"));
+    m["version"] = 1;
+    m["files"][0].erase("checksums");
+    m["files"][0]["crc32c"] = crcs;
+    std::ofstream(rank_dir + "/manifest.json") << m.dump(1);
+    fs::remove(rank_dir + "/checksums.bin");
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  ExpectLoads(ckpt, {TpLayout(tensors_[0], 0, {0, 1, 2}), TpLayout(tensors_[1], 1, {0, 1}),
+                     ReplicatedLayout(tensors_[2], {0})});
+  std::mt19937_64 rng(morph::testing::TestSeed());
+  for (int i = 0; i < 5; ++i) {
+    ExpectLoads(ckpt, {RandomLayout(tensors_[0], 6, rng), RandomLayout(tensors_[1], 6, rng),
+                       ReplicatedLayout(tensors_[2], {0})});
+  }
+  // An unknown version is named as such.
+  const std::string man = dir_ + "/rank-00000/manifest.json";
+  auto m = nlohmann::json::parse(std::ifstream(man));
+  m["version"] = 3;
+  std::ofstream(man) << m.dump();
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("not a morph checkpoint of version 1 to 2")));
 }
 
 TEST_F(CheckpointTest, BadInputsAndReads) {

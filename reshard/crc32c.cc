@@ -1,7 +1,12 @@
 #include "reshard/crc32c.h"
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace morph {
 namespace {
@@ -113,6 +118,96 @@ __attribute__((target("sse4.2"))) void Hardware3Buffers(const unsigned char* a,
   out[2] = ~Hardware(static_cast<uint32_t>(cd), d + i, left);
 }
 
+// One block being CRCed and copied: where it is read, and the segment being written.
+struct ScatterChain {
+  const unsigned char* src;
+  uint64_t crc;
+  const CopySegment* seg;
+  unsigned char* dst;  // in *seg
+  size_t seg_left;     // bytes of *seg still to write
+  size_t left;         // bytes of the block still to read
+
+  void Start(const ScatteredBlock& b, size_t n) {
+    src = static_cast<const unsigned char*>(b.data);
+    crc = ~0u;
+    seg = b.segments;
+    left = n;
+    Enter();
+  }
+  void Enter() {  // skips empty segments
+    while (left > 0 && seg->bytes == 0) ++seg;
+    if (left > 0) {
+      dst = static_cast<unsigned char*>(seg->dst);
+      seg_left = seg->bytes;
+    } else {
+      seg_left = 0;
+    }
+  }
+  void Advance(size_t k) {
+    src += k;
+    dst += k;
+    seg_left -= k;
+    left -= k;
+    if (seg_left == 0 && left > 0) {
+      ++seg;
+      Enter();
+    }
+  }
+};
+
+// CRC and copy of up to 15 bytes of one chain (the rest of its segment, or of a short one).
+__attribute__((target("sse4.2"))) void ScatterTail(ScatterChain& c, size_t k) {
+  std::memcpy(c.dst, c.src, k);
+  c.crc = Hardware(static_cast<uint32_t>(c.crc), c.src, k);
+  c.Advance(k);
+}
+
+// Three ScatterChains in step: 16-byte loads, the crc32 of both halves, 16-byte stores, for as
+// long as every chain's segment lasts; a chain whose segment has fewer than 16 bytes left does
+// them alone. Ends when all three blocks are read.
+__attribute__((target("sse4.2"))) void Hardware3Scatter(ScatterChain* c) {
+  while (c[0].left > 0 || c[1].left > 0 || c[2].left > 0) {
+    size_t run = SIZE_MAX;
+    bool stepped = false;
+    for (int j = 0; j < 3; ++j) {
+      if (c[j].left == 0) continue;
+      if (c[j].seg_left < 16) {
+        ScatterTail(c[j], c[j].seg_left);
+        stepped = true;
+      } else {
+        run = std::min(run, c[j].seg_left);
+      }
+    }
+    if (stepped) continue;
+    if (c[0].left == 0 || c[1].left == 0 || c[2].left == 0) {  // blocks of unequal length
+      for (int j = 0; j < 3; ++j) {
+        if (c[j].left > 0) ScatterTail(c[j], std::min<size_t>(c[j].seg_left, 8));
+      }
+      continue;
+    }
+    run &= ~size_t{15};
+    uint64_t ca = c[0].crc, cb = c[1].crc, cd = c[2].crc;
+    const unsigned char *a = c[0].src, *b = c[1].src, *d = c[2].src;
+    unsigned char *oa = c[0].dst, *ob = c[1].dst, *od = c[2].dst;
+    for (size_t i = 0; i < run; i += 16) {
+      const __m128i xa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i));
+      const __m128i xb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i));
+      const __m128i xd = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d + i));
+      ca = __builtin_ia32_crc32di(ca, static_cast<uint64_t>(_mm_cvtsi128_si64(xa)));
+      cb = __builtin_ia32_crc32di(cb, static_cast<uint64_t>(_mm_cvtsi128_si64(xb)));
+      cd = __builtin_ia32_crc32di(cd, static_cast<uint64_t>(_mm_cvtsi128_si64(xd)));
+      ca = __builtin_ia32_crc32di(ca, static_cast<uint64_t>(_mm_extract_epi64(xa, 1)));
+      cb = __builtin_ia32_crc32di(cb, static_cast<uint64_t>(_mm_extract_epi64(xb, 1)));
+      cd = __builtin_ia32_crc32di(cd, static_cast<uint64_t>(_mm_extract_epi64(xd, 1)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(oa + i), xa);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(ob + i), xb);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(od + i), xd);
+    }
+    c[0].crc = ca, c[1].crc = cb, c[2].crc = cd;
+    for (int j = 0; j < 3; ++j) c[j].Advance(run);
+  }
+}
+
 bool HasHardware() {
   static const bool has = __builtin_cpu_supports("sse4.2");
   return has;
@@ -142,6 +237,29 @@ void Crc32cEach(const void* const* blocks, size_t n, size_t count, uint32_t* out
   }
 #endif
   for (; i < count; ++i) out[i] = Crc32c(blocks[i], n);
+}
+
+void Crc32cEachAndCopy(const ScatteredBlock* blocks, size_t n, size_t count, uint32_t* out) {
+  size_t i = 0;
+#if defined(__x86_64__)
+  if (HasHardware()) {
+    for (; i + 3 <= count; i += 3) {
+      ScatterChain c[3];
+      for (int j = 0; j < 3; ++j) c[j].Start(blocks[i + static_cast<size_t>(j)], n);
+      Hardware3Scatter(c);
+      for (int j = 0; j < 3; ++j) out[i + static_cast<size_t>(j)] = ~static_cast<uint32_t>(c[j].crc);
+    }
+  }
+#endif
+  for (; i < count; ++i) {
+    out[i] = Crc32c(blocks[i].data, n);
+    const char* src = static_cast<const char*>(blocks[i].data);
+    for (size_t k = 0; k < blocks[i].num_segments; ++k) {
+      const CopySegment& seg = blocks[i].segments[k];
+      if (seg.bytes > 0) std::memcpy(seg.dst, src, seg.bytes);
+      src += seg.bytes;
+    }
+  }
 }
 
 }  // namespace morph

@@ -20,6 +20,21 @@ inline uint32_t Crc32c(const void* data, size_t n) { return Crc32cExtend(0, data
 // each (checksum blocks of a file), CRCed three at a time in interleaved chains, so short blocks
 // (where one buffer cannot be cut into lanes) still keep the crc32 unit busy. Thread-safe.
 void Crc32cEach(const void* const* blocks, size_t n, size_t count, uint32_t* out);
+// Same, and copies each block's bytes to where they go in the same pass (each byte is read
+// once): a checkpoint load verifies and places a block for the price of the copy alone. A
+// block's bytes go, in order, to its segments (a block that spans rows of the destination has
+// one segment per row); segment lengths add up to the block's `n` bytes. Blocks and
+// destinations must not overlap.
+struct CopySegment {
+  void* dst;
+  size_t bytes;
+};
+struct ScatteredBlock {
+  const void* data;
+  const CopySegment* segments;
+  size_t num_segments;
+};
+void Crc32cEachAndCopy(const ScatteredBlock* blocks, size_t n, size_t count, uint32_t* out);
 
 }  // namespace morph
 

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -38,7 +39,7 @@ TEST(Crc32cTest, EqualsTheDefinitionForAnyLengthAndSplit) {
   }
 }
 
-// Independent blocks: any count (groups of three and a rest), any length, unaligned and
+// Independent blocks (verified alone, and verified while copied): any count (groups of three and a rest), any length, unaligned and
 // non-adjacent buffers.
 TEST(Crc32cTest, EachEqualsTheDefinitionPerBlock) {
   std::mt19937 rng(11);
@@ -53,10 +54,44 @@ TEST(Crc32cTest, EachEqualsTheDefinitionPerBlock) {
         offsets.push_back(rng() % (b.size() - n));
         blocks.push_back(b.data() + offsets.back());
       }
-      std::vector<uint32_t> got(count, 0xdeadbeef);
+      std::vector<uint32_t> got(count, 0xdeadbeef), got_copying(count, 0xdeadbeef);
       Crc32cEach(blocks.data(), n, count, got.data());
+      // Copying: each block cut at random points into segments (some empty, some shorter
+      // than 16 bytes), each segment to its own unaligned destination with guard bytes.
+      std::vector<std::vector<std::vector<unsigned char>>> dst(count);
+      std::vector<std::vector<CopySegment>> segs(count);
+      std::vector<ScatteredBlock> scattered;
       for (size_t i = 0; i < count; ++i) {
-        EXPECT_EQ(got[i], Reference(b.data() + offsets[i], n))
+        std::vector<size_t> cuts = {0, n};
+        const size_t num_cuts = rng() % 6;
+        for (size_t c = 0; c < num_cuts; ++c) {
+          cuts.push_back(rng() % 3 == 0 ? std::min(n, cuts[rng() % cuts.size()] + rng() % 16)
+                                         : (n == 0 ? 0 : rng() % n));
+        }
+        std::sort(cuts.begin(), cuts.end());
+        for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+          dst[i].emplace_back(cuts[c + 1] - cuts[c] + 3, 0xee);
+        }
+        for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+          segs[i].push_back({dst[i][c].data() + 1, cuts[c + 1] - cuts[c]});
+        }
+        scattered.push_back({blocks[i], segs[i].data(), segs[i].size()});
+      }
+      Crc32cEachAndCopy(scattered.data(), n, count, got_copying.data());
+      for (size_t i = 0; i < count; ++i) {
+        const uint32_t want = Reference(b.data() + offsets[i], n);
+        EXPECT_EQ(got[i], want) << "n " << n << " count " << count << " block " << i;
+        EXPECT_EQ(got_copying[i], want) << "n " << n << " count " << count << " block " << i;
+        std::vector<unsigned char> copied;
+        for (const auto& d : dst[i]) {
+          EXPECT_EQ(d.front(), 0xee);
+          EXPECT_EQ(d[d.size() - 2], 0xee);
+          EXPECT_EQ(d.back(), 0xee);
+          copied.insert(copied.end(), d.begin() + 1, d.end() - 2);
+        }
+        EXPECT_EQ(copied,
+                  std::vector<unsigned char>(b.begin() + static_cast<ptrdiff_t>(offsets[i]),
+                                             b.begin() + static_cast<ptrdiff_t>(offsets[i] + n)))
             << "n " << n << " count " << count << " block " << i;
       }
     }
