@@ -123,13 +123,15 @@ class CheckpointReader {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
 
   // Fills `dst` (shard.NumElements() * dtype size bytes, host or CUDA) with the elements of
-  // `shard` of tensor `name`, reading only the checksum blocks that hold them (each once, and
-  // verified before any of its bytes is used). kNotFound:
-  // unknown tensor. kInvalidArgument: dtype differs from the saved one, shard outside the
-  // tensor, wrong buffer size. kDataLoss naming the file: checksum mismatch or short read.
-  // The data files are mapped read-only (the page cache's pages, no copy) and each checksum block is
-  // verified, then re-sliced while it is in cache; a file shorter than its manifest says is
-  // kDataLoss, but one that another process truncates during the Read raises SIGBUS.
+  // `shard` of tensor `name`, reading only the checksum blocks that hold them, each once, and
+  // verifying every one: an OK Read gave only verified bytes. kNotFound: unknown tensor.
+  // kInvalidArgument: dtype differs from the saved one, shard outside the tensor, wrong buffer
+  // size. kDataLoss naming the file: checksum mismatch or short read (then `dst` may hold part
+  // of the bad data: do not use it). The data files are mapped read-only (the page cache's
+  // pages, no copy); a block the shard needs whole is verified in the pass that copies it, the
+  // others are verified, then re-sliced while in cache (docs/reshard-executor.md,
+  // "Checkpoints"). A file shorter than its manifest says is kDataLoss, but one that another
+  // process truncates during the Read raises SIGBUS.
   // Const and thread-safe: several threads may read concurrently.
   Status Read(const std::string& name, DType dtype, const Shard& shard, BufferView dst) const;
   // Same, for `tensor` (name, dtype) of a plan (local_plan.h TensorInfo): with a padded_shape,

@@ -128,7 +128,6 @@ struct BlockSource {
   const std::string& path;
   uint64_t bytes;
   uint64_t block_bytes;
-  uint64_t blocks;
   const std::vector<uint32_t>& inline_crc;  // format 1
   const std::string& crc_path;              // format 2
   int fd;
@@ -609,8 +608,7 @@ Status CheckpointReader::ReadImpl(const std::string& name, DType dtype, const Sh
           }
           open = fds.emplace(p.file, std::move(of)).first;
         }
-        const BlockSource source{f.path,      f.bytes,    f.block_bytes,
-                                 f.blocks,    f.crc,      f.crc_path,
+        const BlockSource source{f.path, f.bytes, f.block_bytes, f.crc, f.crc_path,
                                  open->second.data.get(), open->second.crcs.get()};
         for (int64_t e0 = 0; e0 < n; e0 += per) {
           MORPH_RETURN_IF_ERROR(CopyVerified(source, p.offset, g, es, e0, std::min(n, e0 + per),
