@@ -11,9 +11,10 @@
 //   MORPH_RETURN_IF_ERROR(RestoreFromCheckpoint(ref.path, state));   // state at ref.step
 //
 // On disk: <dir>/step-<step>-g<generation>/rank-NNNNN/{data.bin,checksums.bin,manifest.json}.
-// The generation is part of the name because a rollback re-reaches steps already saved (or half saved) by an
-// older generation, whose folders must never be mixed with the new ones. What a checkpoint of
-// step s holds: the state at the start of step s (before its update), i.e. after s steps.
+// The generation is part of the name because a rollback re-reaches steps already saved (or half
+// saved) by an older generation, whose folders must never be mixed with the new ones. What a
+// checkpoint of step s holds: the state at the start of step s (before its update), i.e. after
+// s steps.
 // Each rank saves one replica of what it holds — a piece held by several ranks (DP replicas,
 // TP ranks of an unsplit tensor, hybrid-ZeRO groups, stages of a tied tensor) is saved by the
 // first holder only (DP rank < ZeRO group count, TP rank 0 of an unsplit tensor, the first
