@@ -114,9 +114,11 @@ inline void StreamLine(char* d, const char* s) {
 #endif
 
 // Non-temporal copy: memcpy up to 16-byte destination alignment, 64-byte streamed lines, memcpy
-// of the tail. Runs of 16 KiB and more go four 4 KiB blocks at a time, line by line across the
-// blocks (as glibc's largest memcpy does): 11.6 GB/s against 9.1 for one block after the other
-// on our VMs. The caller issues the store fence once after all its rows.
+// of the tail. One line after the other: interleaving four 4 KiB blocks line by line (as
+// glibc's largest memcpy does) ran at 11.6 GB/s against 9.1 single-threaded on one VM, but at
+// 9.4-10.7 against 12.9-16.4 on another (AMD EPYC), where it also made the executor 2-3x slower
+// with more copying threads than cores (docs/performance.md). The caller issues the store fence
+// once after all its rows.
 void StreamRow(char* d, const char* s, size_t n) {
 #if defined(__SSE2__)
   const size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
@@ -128,15 +130,6 @@ void StreamRow(char* d, const char* s, size_t n) {
   d += head;
   s += head;
   n -= head;
-  constexpr size_t kBlock = 4096;
-  for (; n >= 4 * kBlock; n -= 4 * kBlock, d += 4 * kBlock, s += 4 * kBlock) {
-    for (size_t o = 0; o < kBlock; o += 64) {
-      StreamLine(d + o, s + o);
-      StreamLine(d + kBlock + o, s + kBlock + o);
-      StreamLine(d + 2 * kBlock + o, s + 2 * kBlock + o);
-      StreamLine(d + 3 * kBlock + o, s + 3 * kBlock + o);
-    }
-  }
   for (; n >= 64; n -= 64, d += 64, s += 64) StreamLine(d, s);
   std::memcpy(d, s, n);
 #else
