@@ -65,6 +65,9 @@ void Agent::Run() {
       next_beat = now + beat;
     }
     // Short waits so that a leave request from a signal handler goes out promptly.
+    if (options_.leave_requested && options_.leave_requested()) {
+      RequestLeave("SIGTERM (preemption notice)");
+    }
     Deadline d(std::min(next_beat, now + std::chrono::milliseconds(50)));
     StatusOr<WireMessage> m = client_->Receive(d);
     if (!m.ok()) {
@@ -143,6 +146,8 @@ void Agent::Handle(WireMessage m) {
       aborted = *ab;
     } else if (auto* e = std::get_if<ErrorMsg>(&m)) {
       connection_ = Status(static_cast<StatusCode>(e->code), "coordinator: " + e->message);
+      // Every worker was asked to leave (JobStopped): this one leaves as asked.
+      if (connection_.code() == StatusCode::kCancelled) core_.OnJobStopped();
     } else {
       LOG(WARNING) << "worker " << id() << ": unexpected message type " << m.index() + 1
                    << " from the coordinator; ignored";
@@ -247,6 +252,11 @@ Generation Agent::generation() const {
 bool Agent::finished() const {
   std::lock_guard<std::mutex> l(mu_);
   return core_.finished();
+}
+
+bool Agent::released() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return core_.released();
 }
 
 void Agent::RequestLeave(const std::string& reason) {

@@ -57,6 +57,11 @@ struct AgentOptions {
   // Called on the control thread once when the coordinator connection is lost (or it sent an
   // error): the runtime aborts its collectives so that no worker trains on alone.
   std::function<void(const Status& why)> on_connection_lost;
+  // Polled on the control thread every few tens of milliseconds: true (once) when this worker
+  // was asked to leave from outside (SIGTERM, the preemption notice): the leave request goes out
+  // then, not at the training thread's next step boundary, so that the change away from this
+  // worker is prepared while its step runs.
+  std::function<bool()> leave_requested;
 };
 
 class Agent {
@@ -101,6 +106,7 @@ class Agent {
   // The committed generation this worker is in (a copy; id 0 before the first).
   Generation generation() const;
   bool finished() const;
+  bool released() const;  // AgentCore::released()
 
   // Sends Leave (once). Any thread.
   void RequestLeave(const std::string& reason);

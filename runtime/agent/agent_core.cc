@@ -120,6 +120,7 @@ void AgentCore::OnOutcome(const OutcomeMsg& m) {
 void AgentCore::OnRelease(const ReleaseMsg&) {
   if (commit_) return;  // a participant of a change leaves through its outcome
   finished_ = true;
+  released_ = true;
 }
 
 AgentCore::Action AgentCore::AtStep(int64_t step) const {

@@ -61,6 +61,8 @@ class AgentCore {
   void OnAbandon(const AbandonMsg& m);
   void OnOutcome(const OutcomeMsg& m);
   void OnRelease(const ReleaseMsg& m);
+  // The coordinator ended the job because every worker asked to leave: this one is finished.
+  void OnJobStopped() { finished_ = true; }
   // The current generation's collectives are gone (the coordinator's Abort, or the training
   // thread's own failed step, OnStepFailed): no step of it begins any more; a planned commit
   // whose start step lies ahead cannot be reached (kCannotSwitch); only a recovery follows.
@@ -91,6 +93,9 @@ class AgentCore {
   const std::optional<CommitMsg>& pending_commit() const { return commit_; }
   int64_t gate() const { return gate_; }
   bool finished() const { return finished_; }
+  // Finished by the coordinator's Release (not by leaving in a change): the job ended, or never
+  // needed this worker. A member released so still tells the coordinator it is done.
+  bool released() const { return released_; }
   // After a failed switch, the Outcome said applied = false: the caller restores the old state
   // and the training thread resumes the old generation at the step it stopped at.
   bool reverted() const { return reverted_; }
@@ -112,6 +117,7 @@ class AgentCore {
   std::optional<CommitMsg> commit_;
   bool switch_failed_ = false;  // SwitchDone(!ok) for commit_, waiting for the Outcome
   bool finished_ = false;
+  bool released_ = false;
   bool reverted_ = false;
   // The recovery proposal in progress (0: none), and its two halves of the report.
   int64_t failed_gen_ = 0;  // the generation whose collectives failed here

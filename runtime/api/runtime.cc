@@ -132,14 +132,9 @@ Status Runtime::Impl::Bootstrap() {
   ao.on_abandon = [this](int64_t g) { AbandonPrepare(g); };
   ao.on_abort = [this](const AbortMsg& a) {
     AbortCollectives("coordinator: " + a.reason, a.generation);
-    // A switch being built from that generation cannot complete either.
-    std::lock_guard<std::mutex> l(prep_mu);
-    if (!prep) return;
-    std::lock_guard<std::mutex> r(prep->mu);
-    if (prep->result.ok() && *prep->result && (*prep->result)->from().id == a.generation) {
-      (*prep->result)->Abort();
-    }
+    AbortSwitchFrom(a.generation);  // a switch from that generation cannot complete either
   };
+  ao.leave_requested = [] { return LeaveRequestedBySignal().exchange(false); };
   ao.on_connection_lost = [this](const Status& why) {
     AbortCollectives("the coordinator is gone (" + std::string(why.message()) + ")");
   };
@@ -166,8 +161,19 @@ Status Runtime::Impl::Bootstrap() {
       return Status();  // released before it was ever needed
     }
     if (dec->action == AgentCore::Action::kSwitch) {
-      MORPH_RETURN_IF_ERROR(Switch(*dec->commit, SteadyClock::now()));
-      joined_by_change = dec->commit->from.id != 0;
+      const CommitMsg commit = *dec->commit;
+      Status st = Switch(commit, SteadyClock::now());
+      if (!st.ok()) {
+        // Nothing of this worker's was at stake: unless some participant passed the closing
+        // barrier (then it cannot follow), it waits for the next change as before (or for its
+        // release, when the job ended meanwhile).
+        StatusOr<bool> applied = agent->AwaitOutcome(Min(deadline, Deadline::AfterMs(opts.change_timeout_ms)));
+        if (!applied.ok() || *applied) return st;
+        LOG(WARNING) << "worker " << agent->id() << ": generation " << commit.next.id
+                     << " did not apply; waiting for the next one: " << st;
+        continue;
+      }
+      joined_by_change = commit.from.id != 0;
     }
   }
   return Status();
@@ -325,13 +331,17 @@ Status Runtime::Finish(int64_t timeout_ms) {
   Impl& m = *impl_;
   if (!m.done_sent && m.agent) {
     m.done_sent = true;
-    if (!m.finished) {
+    // A worker that left in a change is no member any more; one released because the job is
+    // finishing still is, and the job completes once every member said it is done.
+    if (!m.finished || m.agent->released()) {
       Status s = m.agent->SendDone();
       if (!s.ok()) LOG(WARNING) << "done not sent: " << s;
     }
   }
   if (m.coordinator) {
     Status s = m.coordinator->Wait(Deadline::AfterMs(timeout_ms));
+    // Every worker, this one included, was asked to leave: its part ended as asked.
+    if (s.code() == StatusCode::kCancelled) s = Status::Ok();
     if (m.agent) m.agent->Close();  // before the coordinator closes it
     m.coordinator->Stop();
     m.coordinator.reset();

@@ -14,7 +14,8 @@
 //   rt->OnReconfigure([&](const morph::Reconfiguration& r) { RebuildViews(rt->state()); });
 //   while (true) {
 //     MORPH_ASSIGN_OR_RETURN(morph::Step step, rt->BeginStep());
-//     if (step.done()) break;                           // this worker left the job
+//     if (step.done()) break;                           // left the job, or the job ended
+//     if (step.index() >= total_steps) break;           // (a recovery may resume at the end)
 //     morph::Status st = ForwardBackward(step);         // step.dp(), step.samples(), ...
 //     if (st.ok()) st = rt->CommitUpdate();             // the step's commit vote
 //     if (!st.ok()) {                                   // a peer failed: BeginStep recovers
@@ -23,7 +24,6 @@
 //     }
 //     ApplyUpdate(rt->state());                         // local writes only
 //     MORPH_RETURN_IF_ERROR(rt->EndStep());
-//     if (step.index() + 1 == total_steps) break;
 //   }
 //   return rt->Finish();                                // tells the coordinator; waits if hosting
 //
@@ -138,7 +138,8 @@ class Runtime {
   // The step boundary. Steady state: one atomic load. When a change is committed for this step,
   // applies it first (the stall). When a change is being prepared and this worker promised not
   // to go further, waits for the decision. Returns the step to train; step.done() when this
-  // worker left the job in the change (then Finished() is true).
+  // worker left the job in the change, or was released because the job ended (another member
+  // finished training while this one waited for a recovery): then Finished() is true.
   // Errors: kAborted / kUnavailable / kDeadlineExceeded naming the peer or phase when a change
   // failed on this worker (its state is then as switch.h describes) or the coordinator is gone.
   //
@@ -199,7 +200,8 @@ class Runtime {
 
   // Ends this worker's part of the job normally: tells the coordinator, and when this process
   // hosts the coordinator, waits (up to `timeout_ms`) until every worker finished, so that the
-  // others keep their coordinator to the end. Idempotent.
+  // others keep their coordinator to the end (OK also when the job stopped because every
+  // worker asked to leave). Idempotent.
   Status Finish(int64_t timeout_ms = 60000);
 
   // This worker's identity and the current generation.

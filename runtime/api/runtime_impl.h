@@ -90,10 +90,16 @@ struct Runtime::Impl {
     std::unique_ptr<TcpStoreClient> store;
     StatusOr<std::unique_ptr<PreparedSwitch>> result = InternalError("not built yet");
     std::atomic<bool> finished{false};  // the thread is done (JoinStale joins it)
+    // An abort of the generation the change starts from that came while it was being built
+    // (-1: none): applied to the result as soon as there is one (SetResult).
+    int64_t aborted_from = -1;
+    // Under `mu`: stores the build's result, aborting it if an abort came first.
+    void SetResult(StatusOr<std::unique_ptr<PreparedSwitch>> built);
   };
   using PreparedPtr = std::shared_ptr<Prepared>;
   std::mutex prep_mu;
   PreparedPtr prep;                // the latest prepare
+  PreparedPtr switching;           // the one the training thread is switching with, if any
   std::vector<PreparedPtr> stale;  // abandoned ones, joined by the training thread
   // Whether the agent may still be told that a prepare is built (false once the runtime is
   // being destroyed: a detached prepare's thread must not call into it).
@@ -143,6 +149,10 @@ struct Runtime::Impl {
   void StartPrepare(const PrepareMsg& p, std::function<void()> ready);
 
   void AbandonPrepare(int64_t generation);
+
+  // Control thread (the coordinator's Abort): the change from `generation` being built or run
+  // fails with kAborted (PreparedSwitch::Abort), however far it got.
+  void AbortSwitchFrom(int64_t generation);
 
   // Joins the abandoned prepares whose thread is done (at a step boundary: one still
   // connecting to a peer that died ends at its deadline, and the training thread must not wait

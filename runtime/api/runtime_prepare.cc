@@ -179,10 +179,29 @@ void Runtime::Impl::StartPrepare(const PrepareMsg& p, std::function<void()> read
         LOG(INFO) << "worker " << in.me << ": generation " << p.next.id << " prepared in "
                   << std::chrono::duration<double>(SteadyClock::now() - began).count() << " s"
                   << (built.ok() ? std::string() : ": " + built.status().ToString());
-        std::lock_guard<std::mutex> l(raw->mu);  // on_abort reads it
-        raw->result = std::move(built);
+        raw->SetResult(std::move(built));  // on_abort reads it
       });
   prep = std::move(job);
+}
+
+void Runtime::Impl::Prepared::SetResult(StatusOr<std::unique_ptr<PreparedSwitch>> built) {
+  std::lock_guard<std::mutex> l(mu);
+  result = std::move(built);
+  if (aborted_from >= 0 && result.ok() && *result && (*result)->from().id == aborted_from) {
+    (*result)->Abort();
+  }
+}
+
+void Runtime::Impl::AbortSwitchFrom(int64_t generation) {
+  std::lock_guard<std::mutex> l(prep_mu);
+  for (Prepared* p : {prep.get(), switching.get()}) {
+    if (!p) continue;
+    std::lock_guard<std::mutex> r(p->mu);
+    p->aborted_from = generation;
+    if (p->result.ok() && *p->result && (*p->result)->from().id == generation) {
+      (*p->result)->Abort();
+    }
+  }
 }
 
 void Runtime::Impl::AbandonPrepare(int64_t generation) {
@@ -239,7 +258,10 @@ StatusOr<Runtime::Impl::PreparedPtr> Runtime::Impl::TakePrepared(const CommitMsg
   PreparedPtr mine;
   {
     std::lock_guard<std::mutex> l(prep_mu);
-    if (prep && prep->generation == c.next.id) mine = std::move(prep);
+    if (prep && prep->generation == c.next.id) {
+      mine = std::move(prep);
+      switching = mine;  // an abort still reaches it while it runs
+    }
   }
   if (mine) {
     if (mine->thread.joinable()) mine->thread.join();
@@ -247,9 +269,13 @@ StatusOr<Runtime::Impl::PreparedPtr> Runtime::Impl::TakePrepared(const CommitMsg
   }
   mine = std::make_shared<Prepared>();
   mine->generation = c.next.id;
+  {
+    std::lock_guard<std::mutex> l(prep_mu);  // an abort from now on reaches it
+    switching = mine;
+  }
   MORPH_ASSIGN_OR_RETURN(mine->store, store->ForGeneration(c.next.id, deadline));
-  mine->result = PrepareSwitch(manifest, agent->id(), AsPrepare(c), *mine->store, factory,
-                               SwitchOpts(), deadline);
+  mine->SetResult(PrepareSwitch(manifest, agent->id(), AsPrepare(c), *mine->store, factory,
+                                SwitchOpts(), deadline));
   return mine;
 }
 

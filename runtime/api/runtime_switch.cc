@@ -143,6 +143,15 @@ bool Runtime::Impl::FollowAppliedChange(const CommitMsg& c) {
 }
 
 Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfiguration& r) {
+  // TakePrepared makes the change reachable by an abort (`switching`) until it ran here.
+  struct Unreachable {
+    Impl& m;
+    void Now() {
+      std::lock_guard<std::mutex> l(m.prep_mu);
+      m.switching.reset();
+    }
+    ~Unreachable() { Now(); }
+  } unreachable{*this};
   MORPH_ASSIGN_OR_RETURN(PreparedPtr p, TakePrepared(c, deadline));
   if (!p->result.ok()) return p->result.status();
   PreparedSwitch& prepared = **p->result;
@@ -166,6 +175,7 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
     return executed.status();
   }
   SwitchStats stats = *executed;
+  unreachable.Now();  // the old communicators' teardown stays on the reaper thread
   AdoptGroups(std::move(p));
   // Materialized zero-filled: the caller initializes (unless it resumed from a checkpoint).
   if (c.from.id == 0 && !c.change.recovery) fresh = true;

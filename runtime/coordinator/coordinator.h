@@ -148,8 +148,8 @@ class Coordinator {
   // when no answer came in time; kFailedPrecondition after Stop.
   Status Resize(ResizeRequest request, Deadline deadline);
   // Blocks until the job completed (OK: every member sent Done), failed (the decider's
-  // JobFailed status), the coordinator was stopped (kAborted) or `deadline` passed
-  // (kDeadlineExceeded).
+  // JobFailed status), stopped because every worker asked to leave (kCancelled: JobStopped),
+  // the coordinator was stopped (kAborted) or `deadline` passed (kDeadlineExceeded).
   Status Wait(Deadline deadline);
   // Closes the listener, every connection, the scheduler API and the store; idempotent.
   void Stop();

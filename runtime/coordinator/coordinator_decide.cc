@@ -262,14 +262,11 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
           }
         } else if constexpr (std::is_same_v<A, DeciderAction::JobFailed>) {
           LOG(ERROR) << "coordinator: the job failed: " << a.status;
-          auto frame = std::make_shared<const std::string>(EncodeFrame(
-              ErrorMsg{.code = static_cast<int32_t>(a.status.code()),
-                       .message = "the job failed: " + std::string(a.status.message())}));
-          for (auto& [id, c] : conns_) {
-            Enqueue(c, frame);
-            c->close_after_write = true;
-            if (!c->writing) CloseSocket(c);
-          }
+          EndEveryConnection(a.status.code(), "the job failed: " + std::string(a.status.message()));
+          Finish(a.status);
+        } else if constexpr (std::is_same_v<A, DeciderAction::JobStopped>) {
+          LOG(INFO) << "coordinator: " << a.status.message();
+          EndEveryConnection(a.status.code(), std::string(a.status.message()));
           Finish(a.status);
         } else if constexpr (std::is_same_v<A, DeciderAction::JobComplete>) {
           LOG(INFO) << "coordinator: the job completed in generation " << a.generation;
@@ -277,6 +274,16 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
         }
       },
       action);
+}
+
+void Coordinator::Impl::EndEveryConnection(StatusCode code, const std::string& message) {
+  auto frame = std::make_shared<const std::string>(
+      EncodeFrame(ErrorMsg{.code = static_cast<int32_t>(code), .message = message}));
+  for (auto& [id, c] : conns_) {
+    Enqueue(c, frame);
+    c->close_after_write = true;
+    if (!c->writing) CloseSocket(c);
+  }
 }
 
 void Coordinator::Impl::Finish(Status s) {

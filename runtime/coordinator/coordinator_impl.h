@@ -154,6 +154,8 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   CoordinatorSnapshot BuildSnapshot() const;
   void Publish();
   void Finish(Status s);
+  // The job ended without completing: every connection gets ErrorMsg{code, message}, then closes.
+  void EndEveryConnection(StatusCode code, const std::string& message);
   int64_t NowMs() const {
     return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - epoch_).count();
   }

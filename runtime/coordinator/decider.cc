@@ -30,6 +30,8 @@ std::string_view DeciderPhaseName(Decider::Phase phase) {
       return "failed";
     case Decider::Phase::kComplete:
       return "complete";
+    case Decider::Phase::kStopped:
+      return "stopped";
   }
   return "?";
 }
@@ -39,7 +41,9 @@ Decider::Decider(DeciderOptions options)
 
 std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::Any event) {
   Out out;
-  if (phase_ == Phase::kFailed || phase_ == Phase::kComplete) return out;
+  if (phase_ == Phase::kFailed || phase_ == Phase::kComplete || phase_ == Phase::kStopped) {
+    return out;
+  }
   now_ms_ = now_ms;
   // Any message from a worker proves it alive.
   auto touch = [&](WorkerId w) {
@@ -169,6 +173,15 @@ void Decider::MaybePropose(Out& out) {
     return;
   }
   if (Candidates().empty()) {
+    if (!workers_.empty() && lost_.empty()) {
+      // Nobody was lost: every worker was asked to go (the whole job preempted or removed).
+      phase_ = Phase::kStopped;
+      out.push_back(DeciderAction::JobStopped{CancelledError(
+          "the job stopped: every worker was asked to leave; no worker remains to take the "
+          "state of generation " +
+          std::to_string(current_.id))});
+      return;
+    }
     phase_ = Phase::kFailed;
     out.push_back(DeciderAction::JobFailed{FailedPreconditionError(
         "every worker is leaving or lost: no worker remains to take the state of generation " +
@@ -191,7 +204,8 @@ void Decider::MaybePropose(Out& out) {
   answered_.clear();
   reports_.clear();
   applied_.clear();
-  ok_count_ = 0;
+  applied_ok_.clear();
+  aborted_fresh_ = false;
   lost_during_commit_.clear();
   replan_ = false;
   phase_ = Phase::kPlanning;
@@ -226,12 +240,7 @@ void Decider::OnLost(WorkerId w, const std::string& reason, Out& out) {
   bool was_done = it->second.done;
   workers_.erase(it);
   bool ranked = CurrentRank(w) >= 0;
-  if (finishing_ && (was_done || phase_ == Phase::kStable)) {
-    // Training ended: a member that goes now is not a loss (the others finished the same step).
-    if (ranked) gone_after_done_.insert(w);
-    MaybeComplete(out);
-    return;
-  }
+  if (finishing_) return OnLostWhileFinishing(w, was_done, reason, out);
   if (ranked) {
     lost_.insert(w);
     recovery_needed_ = true;
@@ -271,6 +280,27 @@ void Decider::OnLost(WorkerId w, const std::string& reason, Out& out) {
     default:
       MaybePropose(out);
   }
+}
+
+void Decider::OnLostWhileFinishing(WorkerId w, bool was_done, const std::string& reason,
+                                   Out& out) {
+  // Training ended: nothing is recovered any more. A member gone now counts as finished.
+  if (CurrentRank(w) >= 0) gone_after_done_.insert(w);
+  if (!was_done) {
+    // It died inside its last step: the members still in theirs would wait on it.
+    std::vector<WorkerId> to = UnfinishedMembers();
+    if (!to.empty()) {
+      out.push_back(DeciderAction::SendAbort{
+          std::move(to), AbortMsg{.generation = current_.id,
+                                  .reason = "worker " + std::to_string(w) + " lost: " + reason}});
+    }
+  }
+  if (phase_ == Phase::kCommitted && IsParticipant(w) && !answered_.count(w)) {
+    lost_during_commit_.insert(w);
+    answered_.insert(w);
+    return MaybeFinishChange(out);
+  }
+  MaybeComplete(out);
 }
 
 void Decider::OnResize(const ResizeRequest& r, Out& out) {
@@ -584,7 +614,7 @@ void Decider::OnApplied(const AppliedMsg& m, Out& out) {
   if (!IsParticipant(m.worker) || lost_during_commit_.count(m.worker)) return;
   if (!applied_.insert(m.worker).second) return;  // duplicate
   answered_.insert(m.worker);
-  ok_count_ += m.ok ? 1 : 0;
+  if (m.ok) applied_ok_.insert(m.worker);
   MaybeFinishChange(out);
 }
 
@@ -596,7 +626,7 @@ void Decider::MaybeFinishChange(Out& out) {
   // it, i.e. finished its exchange, and one that reports a failure failed only at the barrier
   // and holds the complete new state. With no ok answer nobody passed it, and every participant
   // kept its old state (the executor never writes old buffers).
-  bool applied = ok_count_ > 0;
+  bool applied = !applied_ok_.empty();
   std::vector<WorkerId> survivors;
   for (WorkerId w : parts) {
     if (!lost_during_commit_.count(w)) survivors.push_back(w);
@@ -604,7 +634,8 @@ void Decider::MaybeFinishChange(Out& out) {
   Generation next = *pending_;
   ChangeParticipants change = pending_change_;
   pending_.reset();
-  ok_count_ = 0;
+  applied_ok_.clear();
+  aborted_fresh_ = false;
   if (!survivors.empty()) {
     out.push_back(DeciderAction::SendOutcome{survivors, OutcomeMsg{next.id, applied}});
   }
@@ -682,20 +713,82 @@ void Decider::OnTick(int64_t now_ms, Out& out) {
 void Decider::OnDone(WorkerId w, Out& out) {
   auto it = workers_.find(w);
   if (it == workers_.end() || it->second.done) return;
+  // Only a member's training loop can end: one of the current generation's ranks, or one that
+  // already switched into the committed generation (its Applied came first).
+  const bool member =
+      CurrentRank(w) >= 0 || (phase_ == Phase::kCommitted && applied_ok_.count(w) > 0);
+  if (!member) return;
   it->second.done = true;
-  finishing_ = true;
+  if (!finishing_) {
+    finishing_ = true;
+    DropChangeForFinish(out);
+  }
+  if (phase_ == Phase::kCommitted && IsParticipant(w) && !answered_.count(w)) {
+    // An old rank that finished before the switch step never enters the change, so nobody
+    // passes its closing barrier: the change cannot apply. Its joiners wait in the exchange
+    // for it; abort them out of it so that they answer.
+    answered_.insert(w);
+    std::vector<WorkerId> waiting;
+    for (WorkerId p : pending_change_.participants) {
+      if (CurrentRank(p) < 0 && !answered_.count(p) && workers_.count(p)) waiting.push_back(p);
+    }
+    if (!waiting.empty() && !aborted_fresh_) {
+      aborted_fresh_ = true;
+      out.push_back(DeciderAction::SendAbort{
+          std::move(waiting),
+          AbortMsg{.generation = current_.id,
+                   .reason = "worker " + std::to_string(w) + " finished training before step " +
+                             std::to_string(pending_->start_step) + " (the switch step)"}});
+    }
+    return MaybeFinishChange(out);
+  }
   MaybeComplete(out);
+}
+
+void Decider::DropChangeForFinish(Out& out) {
+  switch (phase_) {
+    case Phase::kPlanning:  // its PlanReady is ignored
+      pending_.reset();
+      phase_ = current_.id == 0 ? Phase::kStarting : Phase::kStable;
+      break;
+    case Phase::kPreparing:  // nobody switched: the participants forget it
+      AbandonPending(out);
+      break;
+    default:  // committed: it closes once every participant answered (OnDone, OnApplied)
+      break;
+  }
+}
+
+std::vector<WorkerId> Decider::UnfinishedMembers() const {
+  std::vector<WorkerId> out;
+  for (WorkerId r : current_.ranks) {
+    auto it = workers_.find(r);
+    if (it != workers_.end() && !it->second.done) out.push_back(r);
+  }
+  return out;
 }
 
 void Decider::MaybeComplete(Out& out) {
   // A change in progress finishes first (MaybeFinishChange comes back here through
   // MaybePropose); a job without a generation has nothing to complete.
   if (phase_ != Phase::kStable || current_.id == 0) return;
+  bool complete = true;
   for (WorkerId w : current_.ranks) {
     auto it = workers_.find(w);
-    bool done = it != workers_.end() ? it->second.done : gone_after_done_.count(w) > 0;
-    if (!done) return;
+    if (it == workers_.end()) {
+      // Gone once training ended, or lost before it (never recovered now).
+      complete = complete && (gone_after_done_.count(w) > 0 || lost_.count(w) > 0);
+    } else if (!it->second.done) {
+      complete = false;
+      if (!it->second.released) {
+        // Still in its last step (it finishes and sends Done), or waiting at a step boundary
+        // for a recovery that will not come: the Release makes its next BeginStep return done.
+        it->second.released = true;
+        out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
+      }
+    }
   }
+  if (!complete) return;
   phase_ = Phase::kComplete;
   resize_active_ = false;
   for (auto& [id, info] : workers_) {

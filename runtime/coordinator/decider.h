@@ -38,11 +38,19 @@
 // checkpoint's step, so every worker fills its new shards and the scalars from it; without one
 // the commit is the usual fresh start at step 0; an error fails the job. A worker lost
 // meanwhile abandons the proposal as for any prepare.
-// Completion: a worker whose training loop ended sends Done. From the first Done on the job is
-// finishing: no change is proposed and resizes are refused; a member that closes its connection
-// then is not a loss. Once no change is in progress and every member of the current generation
-// is done (or gone after the first Done), the job is complete: spares are released and
-// JobComplete is emitted; later events are ignored.
+// Completion: a member whose training loop ended sends Done (a Done from a worker that holds no
+// rank is ignored). From the first Done on the job is finishing: no change is proposed,
+// resizes are refused, and the change in progress is dropped where nobody switched yet: a
+// proposal being planned or prepared is abandoned; a committed one whose old rank finished
+// before the switch step cannot apply (nobody passes its closing barrier): that rank counts as
+// answered, its joiners are aborted out of the exchange, and it closes as not applied once
+// every participant answered. Members not done are then released: one inside its last step
+// never reaches another boundary and finishes (Done); one waiting at a boundary for a recovery
+// that will not come leaves there. A member lost or closing from then on is not recovered (the
+// members still in their last step are aborted if it had not finished). Once no change is in
+// progress and every member of the current generation is done, gone or was lost, the job is
+// complete: the workers without a rank are released and JobComplete is emitted; later events
+// are ignored.
 //
 // Thread-compatible: one thread (the coordinator's I/O thread) calls Handle.
 #ifndef MORPH_RUNTIME_COORDINATOR_DECIDER_H_
@@ -225,14 +233,30 @@ struct DeciderAction {
   struct JobComplete {
     int64_t generation = 0;
   };
+  // Every worker asked to leave (SIGTERM to the whole job, Leave(), a resize removing them all)
+  // and none was lost: the job ends as its scheduler asked, not as a failure. kCancelled.
+  struct JobStopped {
+    Status status;
+  };
   using Any = std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome,
                            SendRelease, AdvanceStore, AnswerResize, LaunchWorkers, Disconnect,
-                           JobFailed, JobComplete, ChooseRecovery, SendAbort, FindResumeCheckpoint>;
+                           JobFailed, JobComplete, ChooseRecovery, SendAbort, FindResumeCheckpoint,
+                           JobStopped>;
 };
 
 class Decider {
  public:
-  enum class Phase { kStarting, kStable, kPlanning, kPreparing, kCommitted, kFailed, kComplete };
+  // kStopped: every worker left on request (JobStopped).
+  enum class Phase {
+    kStarting,
+    kStable,
+    kPlanning,
+    kPreparing,
+    kCommitted,
+    kFailed,
+    kComplete,
+    kStopped
+  };
 
   explicit Decider(DeciderOptions options);
 
@@ -260,7 +284,7 @@ class Decider {
     std::string host;
     int64_t last_seen_ms = 0;
     bool leaving = false;   // asked to leave (or removed by a resize)
-    bool released = false;  // sent Release: no longer part of the job
+    bool released = false;  // a member sent Release because the job is finishing
     bool done = false;      // sent Done: its training loop ended
   };
   using Out = std::vector<DeciderAction::Any>;
@@ -278,6 +302,11 @@ class Decider {
   void OnRecoveryReady(DeciderEvent::RecoveryReady& e, Out& out);
   void OnResumeReady(DeciderEvent::ResumeReady& e, Out& out);
   void MaybeComplete(Out& out);
+  // The job starts finishing (the first Done): a proposal in progress is dropped.
+  void DropChangeForFinish(Out& out);
+  void OnLostWhileFinishing(WorkerId w, bool was_done, const std::string& reason, Out& out);
+  // Members of current_ still connected that have not sent Done, rank order.
+  std::vector<WorkerId> UnfinishedMembers() const;
 
   // Proposes the next change if the state calls for one (only when stable or starting).
   void MaybePropose(Out& out);
@@ -310,7 +339,8 @@ class Decider {
   bool replan_ = false;  // the state changed while a plan was computed: discard it
   std::string last_explanation_;
   bool finishing_ = false;          // some worker sent Done
-  std::set<WorkerId> gone_after_done_;  // members that closed once the job was finishing
+  // Members that closed (or died) once the job was finishing: they count as finished.
+  std::set<WorkerId> gone_after_done_;
   // The next change must be a recovery: a member of current_ was lost, reported a failed
   // collective, or a change failed (its participants' state may be torn).
   bool recovery_needed_ = false;
@@ -330,7 +360,10 @@ class Decider {
   int64_t now_ms_ = 0;  // the clock of the event being handled
   RecoveryDecision recovery_decision_;  // the chosen one, for the commit
   std::set<WorkerId> applied_;
-  int ok_count_ = 0;  // Applied answers with ok
+  std::set<WorkerId> applied_ok_;  // Applied answers with ok: the change applies
+  // The change's joiners were aborted out of its exchange (an old rank finished before the
+  // switch step).
+  bool aborted_fresh_ = false;
   std::set<WorkerId> lost_during_commit_;
   std::unordered_set<WorkerId> participant_set_;  // pending_change_.participants
   std::set<WorkerId> answered_;                   // applied_ ∪ lost_during_commit_

@@ -10,6 +10,12 @@
 // and at the end the job is live: stable, everybody in the last generation, training. Workers
 // holding a rank die too: the survivors are aborted, report the step their state holds, and
 // the recovery resumes every rank at one step (steps from it on are trained again).
+// Half the schedules are a job of a fixed number of steps L: a ranked worker ends its loop at
+// the boundary of step L (in the style of examples/gpt: BeginStep(L), then break; or, in the
+// other style, right after step L-1 without calling BeginStep(L)), sends Done and exits at
+// once or lingers until the job completes (a hosting rank 0), whatever change is being planned,
+// prepared or committed meanwhile. Such a job must complete: every worker ends, none trains
+// step L or later, and nothing is left waiting.
 // MORPH_TEST_SEED=<n> runs one seed (printed on failure); MORPH_SIM_RUNS overrides the count.
 #include <gtest/gtest.h>
 
@@ -50,6 +56,14 @@ struct SimWorker {
   int64_t arrived_for = 0;  // generation whose closing barrier it waits at
   bool reported_exit = false;
   bool poked = false;
+  bool finished_loop = false;  // its training loop ended (it sent Done)
+  bool lingers = false;        // after Done it stays connected until the job completes
+  // The change it was preparing or had committed when an Abort of the generation that change
+  // starts from came: its switch fails (the runtime aborts that change, not later ones).
+  int64_t aborted_change = 0;
+  int64_t prepared_id = 0;       // the last change it received a Prepare for
+  int64_t prepared_from = 0;     // ... and the generation that change starts from
+  bool joined_after_end = false;
 };
 
 class Sim {
@@ -65,6 +79,10 @@ class Sim {
     // an earlier run's, a checkpoint found (or none, or one that does not match).
     resume_ = Chance(0.33);
     first_generation_ = resume_ ? Rand(1, 5) : 1;
+    if (Chance(0.5)) {
+      total_steps_ = Rand(3, 250);
+      break_before_last_ = Chance(0.5);
+    }
     decider_ = Decider(DeciderOptions{.initial_world = initial,
                                       .max_world = 12,
                                       .resume = resume_,
@@ -95,16 +113,21 @@ class Sim {
       now_ = ev.time;
       ev.fn();
       CheckInvariants();
-      if (now_ > chaos_until && Quiescent()) break;
+      if (now_ > chaos_until && !complete_ && Quiescent()) break;
       if (now_ > chaos_until + 200000)
         error_ = "not live: no quiescence by t=" + std::to_string(now_);
     }
-    if (error_.empty() && !ended_ && !Quiescent()) error_ = "not live: the event queue ran dry";
+    if (error_.empty() && complete_) CheckEveryWorkerEnded();
+    if (error_.empty() && !ended_ && !complete_ && !Quiescent()) {
+      error_ = "not live: the event queue ran dry";
+    }
     if (!error_.empty()) error_ += "\n" + Describe();
     return error_;
   }
 
   int64_t commits() const { return static_cast<int64_t>(commits_.size()); }
+  bool complete() const { return complete_; }
+  bool done_during_change() const { return done_during_change_; }
   int64_t resumed() const { return resumed_; }
   bool ended() const { return ended_; }
   int64_t recoveries() const { return recoveries_; }
@@ -156,6 +179,7 @@ class Sim {
       SimWorker& w = W(id);
       if (!w.alive) return;
       w.connected = true;
+      w.joined_after_end = complete_;  // the coordinator is gone: it cannot join
       Feed(DeciderEvent::Join{.worker = id, .host = "h"});
       Poke(id);
     });
@@ -163,7 +187,7 @@ class Sim {
 
   void Chaos() {
     // The job starts once its initial workers joined; the schedules disturb it after that.
-    if (decider_.current().id == 0) return;
+    if (decider_.current().id == 0 || complete_) return;
     int kind = static_cast<int>(Rand(0, 9));
     std::vector<WorkerId> live, unranked_live, nonleaving;
     for (auto& [id, w] : workers_) {
@@ -212,15 +236,40 @@ class Sim {
     }
   }
 
-  void Kill(WorkerId id) {
+  void Kill(WorkerId id, const std::string& reason = "killed") {
     SimWorker& w = W(id);
     w.alive = false;
-    // Its connection drops: the coordinator notices after a delay.
-    Schedule(now_ + Rand(1, 40),
-             [this, id] { Feed(DeciderEvent::Lost{.worker = id, .reason = "killed"}); });
+    // Its connection drops: the coordinator notices after a delay; a process that exits
+    // normally closes it after what it sent (its Done is read first).
+    const int64_t at = reason == "exited" ? ChannelTime(id, -1) : now_ + Rand(1, 40);
+    Schedule(at, [this, id, reason] { Feed(DeciderEvent::Lost{.worker = id, .reason = reason}); });
     // Any closing barrier it was part of fails.
     for (auto& [gid, parts] : barrier_parts_) {
       if (parts.count(id) && !barrier_done_.count(gid)) FailBarrier(gid);
+    }
+  }
+
+  // The training loop ends (Runtime::Finish): Done, then the process exits, at once or (a
+  // hosting rank 0) when the job completed. A worker released by the job's end says Done too.
+  void EndLoop(SimWorker& w) {
+    if (w.finished_loop) return;
+    w.finished_loop = true;
+    if (!w.core.finished() || w.core.released()) {
+      if (decider_.pending() && !done_sent_) done_during_change_ = true;
+      done_sent_ = true;
+      ToCoordinator(w.core.me(), DeciderEvent::Done{.worker = w.core.me()});
+    }
+    w.lingers = Chance(0.5);
+    const WorkerId id = w.core.me();
+    if (!w.lingers) Schedule(now_ + Rand(1, 60), [this, id] { Kill(id, "exited"); });
+  }
+
+  void CheckEveryWorkerEnded() {
+    for (auto& [id, w] : workers_) {
+      if (!w.alive || !w.connected || w.joined_after_end) continue;
+      if (!w.finished_loop && !w.core.finished()) {
+        Fail("the job completed but worker " + std::to_string(id) + " still waits");
+      }
     }
   }
 
@@ -344,9 +393,22 @@ class Sim {
             for (int i = 0; i < a.count; ++i) SpawnWorker(Rand(5, 200));
           } else if constexpr (std::is_same_v<A, DeciderAction::Disconnect>) {
             Fail("no heartbeats are simulated, yet a worker was disconnected");
-          } else if constexpr (std::is_same_v<A, DeciderAction::JobFailed>) {
+          } else if constexpr (std::is_same_v<A, DeciderAction::JobComplete>) {
+            if (total_steps_ == 0) Fail("a job without an end completed");
+            complete_ = true;
+            for (auto& [id, w] : workers_) {
+              if (w.alive && w.lingers) {
+                const WorkerId wid = id;
+                Schedule(now_ + Rand(1, 20), [this, wid] { Kill(wid, "exited"); });
+              }
+            }
+          } else if constexpr (std::is_same_v<A, DeciderAction::JobStopped>) {
             // A scheduler's shrink racing with the last workers' preemption notices ends the
-            // job: a legitimate end, as long as nobody was left to take the state.
+            // job as asked, as long as nobody was left to take the state.
+            if (!decider_.candidates().empty()) Fail("stopped with candidates left");
+            ended_ = true;
+          } else if constexpr (std::is_same_v<A, DeciderAction::JobFailed>) {
+            // The same with a worker lost on the way: the job failed, legitimately.
             if (a.status.code() == StatusCode::kFailedPrecondition &&
                 a.status.message().starts_with("every worker is leaving") &&
                 decider_.candidates().empty()) {
@@ -395,11 +457,15 @@ class Sim {
               static_cast<long>(to), m.index(), static_cast<long>(w.next_step),
               static_cast<long>(w.core.generation().id));
     }
-    if (!w.alive || w.core.finished()) return;
+    if (!w.alive || w.core.finished() || w.finished_loop) return;
     std::visit(
         [&](auto& msg) {
           using M = std::decay_t<decltype(msg)>;
           if constexpr (std::is_same_v<M, PrepareMsg>) {
+            if (msg.next.id > w.prepared_id) {
+              w.prepared_id = msg.next.id;
+              w.prepared_from = msg.from_generation;
+            }
             if (msg.change.recovery) {
               // The agent aborts the running generation's collectives: a step waiting on them
               // fails, its updates never began (the state holds the step's values).
@@ -431,6 +497,15 @@ class Sim {
               --w.next_step;
             }
             w.core.OnAbort(msg);
+            // The runtime aborts its change from that generation, built or running
+            // (Runtime::Impl::AbortSwitchFrom): its exchange fails for every participant.
+            const auto& c = w.core.pending_commit();
+            if (c && c->from.id == msg.generation) {
+              w.aborted_change = c->next.id;
+              if (w.arrived_for == c->next.id) FailBarrier(w.arrived_for);
+            } else if (w.prepared_from == msg.generation) {
+              w.aborted_change = w.prepared_id;
+            }
           }
         },
         m);
@@ -448,7 +523,7 @@ class Sim {
   void Progress(WorkerId id) {
     SimWorker& w = W(id);
     w.poked = false;
-    if (!w.alive || !w.connected) return;
+    if (!w.alive || !w.connected || w.finished_loop) return;
     if (w.in_step) {
       // The step's collectives complete once every rank of its generation began it.
       const Generation& g = GenOf(w.in_step_gen);
@@ -458,8 +533,11 @@ class Sim {
       w.in_step = false;
     }
     if (w.arrived_for) return;  // at a closing barrier
+    const bool at_end = total_steps_ > 0 && w.next_step >= total_steps_ && w.core.rank() >= 0;
+    if (at_end && break_before_last_) return EndLoop(w);  // never calls BeginStep(L)
     switch (w.core.AtStep(w.next_step)) {
       case AgentCore::Action::kProceed:
+        if (at_end) return EndLoop(w);  // BeginStep(L) returned: the loop ends
         BeginStep(w);
         Poke(id);
         break;
@@ -480,7 +558,9 @@ class Sim {
         break;
       }
       case AgentCore::Action::kFinished:
-        if (!w.reported_exit) {
+        if (w.core.released() && w.core.rank() >= 0) {
+          EndLoop(w);  // a member released because the job ends: Done, then it exits
+        } else if (!w.reported_exit) {
           w.reported_exit = true;
           Schedule(now_ + Rand(1, 20),
                    [this, id] { Feed(DeciderEvent::Lost{.worker = id, .reason = "exited"}); });
@@ -516,6 +596,8 @@ class Sim {
       Fail(who.str() + ": first step of the generation is not its start step");
     }
     if (step < g.start_step) Fail(who.str() + ": before the generation's start step");
+    if (total_steps_ > 0 && step >= total_steps_) Fail(who.str() + ": past the job's last step");
+    if (complete_) Fail(who.str() + ": after the job completed");
     if (w.core.rank() < 0) Fail(who.str() + ": trains without a rank");
     auto& began = began_[{g.id, step}];
     began.insert(w.core.me());
@@ -535,6 +617,7 @@ class Sim {
     w.arrived_for = gid;
     arrived_[gid].insert(w.core.me());
     if (barrier_failed_.count(gid)) return FinishSwitch(w, false);
+    if (w.aborted_change == gid) return FailBarrier(gid);  // aborted before it ran
     for (WorkerId p : c.change.participants) {
       if (!W(p).alive) return FailBarrier(gid);
     }
@@ -590,7 +673,7 @@ class Sim {
     if (!requests_.empty()) return false;
     const Generation& cur = decider_.current();
     for (auto& [id, w] : workers_) {
-      if (!w.alive || !w.connected || w.core.finished()) continue;
+      if (!w.alive || !w.connected || w.core.finished() || w.finished_loop) continue;
       bool ranked = cur.RankOf(id) >= 0;
       if (ranked && (w.core.generation().id != cur.id || w.last_step < cur.start_step + 5)) {
         return false;
@@ -647,6 +730,11 @@ class Sim {
   bool resume_ = false;  // resume at start (a restarted job)
   int64_t first_generation_ = 1;
   int64_t resumed_ = 0;     // first generations resumed from a checkpoint
+  int64_t total_steps_ = 0;  // the job's last step + 1 (0: it trains for ever)
+  bool break_before_last_ = false;  // the loop ends after step L-1, without BeginStep(L)
+  bool complete_ = false;           // JobComplete came
+  bool done_sent_ = false;
+  bool done_during_change_ = false;  // the first Done came with a change in progress
   int64_t recoveries_ = 0;  // recovery commits
 };
 
@@ -658,7 +746,7 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
     runs = 1;
   }
   if (const char* r = std::getenv("MORPH_SIM_RUNS")) runs = std::atoi(r);
-  int64_t commits = 0, ended = 0, recoveries = 0, resumed = 0;
+  int64_t commits = 0, ended = 0, recoveries = 0, resumed = 0, complete = 0, mid_change = 0;
   for (int i = 0; i < runs; ++i) {
     uint64_t seed = first + i;
     Sim sim(seed);
@@ -668,7 +756,12 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
     recoveries += sim.recoveries();
     resumed += sim.resumed();
     ended += sim.ended() ? 1 : 0;
+    complete += sim.complete() ? 1 : 0;
+    mid_change += sim.done_during_change() ? 1 : 0;
   }
+  // Jobs of a fixed length complete, and the end often meets a change in progress.
+  EXPECT_GT(complete * 4, runs) << complete << " of " << runs << " runs completed";
+  EXPECT_GT(mid_change * 50, runs) << mid_change << " runs ended during a change";
   // Few schedules end with every worker gone; most run to a live, quiescent job.
   EXPECT_LE(ended * 10, runs) << ended << " of " << runs << " runs ended";
   // The schedules exercise changes, not just the first generation.
@@ -677,172 +770,6 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
   EXPECT_GT(recoveries, runs / 2) << recoveries << " recoveries in " << runs << " runs";
   // About a fifth of the schedules resume their first generation from a checkpoint.
   EXPECT_GT(resumed * 10, runs) << resumed << " resumed in " << runs << " runs";
-}
-
-template <typename A>
-std::vector<A> Actions(const std::vector<DeciderAction::Any>& out) {
-  std::vector<A> v;
-  for (const auto& a : out) {
-    if (const A* x = std::get_if<A>(&a)) v.push_back(*x);
-  }
-  return v;
-}
-
-// Completion: Done from every member (a member closing after it is no loss) completes the job,
-// releases the spares, and no change or resize follows.
-TEST(DeciderTest, DoneFromEveryMemberCompletesTheJob) {
-  Decider d(DeciderOptions{.initial_world = 2, .max_world = 2});
-  d.Handle(0, DeciderEvent::Join{.worker = 1});
-  auto out = d.Handle(0, DeciderEvent::Join{.worker = 2});
-  ASSERT_EQ(Actions<DeciderAction::ComputePlan>(out).size(), 1u);
-  PlannedChange plan{.config = ParallelConfig{.dp = 2}, .ranks = {1, 2}, .plan_digest = 9};
-  out = d.Handle(0, DeciderEvent::PlanReady{.generation = 1, .plan = plan});
-  ASSERT_EQ(Actions<DeciderAction::SendCommit>(out).size(), 1u);
-  d.Handle(0, AppliedMsg{.worker = 1, .generation = 1});
-  out = d.Handle(0, AppliedMsg{.worker = 2, .generation = 1});
-  ASSERT_EQ(Actions<DeciderAction::SendOutcome>(out).size(), 1u);
-  d.Handle(0, DeciderEvent::Join{.worker = 3});  // a spare (max_world 2)
-  EXPECT_TRUE(d.Handle(0, DeciderEvent::Done{.worker = 1}).empty());
-  EXPECT_TRUE(d.finishing());
-  out = d.Handle(0, DeciderEvent::Resize{ResizeRequest{.request_id = 5, .world_size = 1}});
-  auto answers = Actions<DeciderAction::AnswerResize>(out);
-  ASSERT_EQ(answers.size(), 1u);
-  EXPECT_EQ(answers[0].status.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(answers[0].status.message().find("finishing"), std::string::npos);
-  // Worker 1 closes its connection after Done: no change is proposed.
-  EXPECT_TRUE(d.Handle(0, DeciderEvent::Lost{.worker = 1, .reason = "closed"}).empty());
-  out = d.Handle(0, DeciderEvent::Done{.worker = 2});
-  auto releases = Actions<DeciderAction::SendRelease>(out);
-  ASSERT_EQ(releases.size(), 1u);
-  EXPECT_EQ(releases[0].to, 3);
-  auto complete = Actions<DeciderAction::JobComplete>(out);
-  ASSERT_EQ(complete.size(), 1u);
-  EXPECT_EQ(complete[0].generation, 1);
-  EXPECT_EQ(d.phase(), Decider::Phase::kComplete);
-  EXPECT_TRUE(d.Handle(100000, DeciderEvent::Tick{}).empty());
-}
-
-// Resume at start: the first generation's plan is followed by FindResumeCheckpoint, not a
-// commit; the checkpoint's answer commits it as a recovery at the checkpoint's step (or afresh
-// at 0 without one); an error fails the job; a worker lost meanwhile abandons the proposal and
-// the stale answer is ignored. Generation ids start at first_generation.
-TEST(DeciderTest, ResumeCommitsTheFirstGenerationAtTheCheckpointsStep) {
-  const PlannedChange plan{.config = ParallelConfig{.dp = 2}, .ranks = {1, 2}, .plan_digest = 9};
-  auto start = [&](Decider& d) {
-    d.Handle(0, DeciderEvent::Join{.worker = 1});
-    auto out = d.Handle(0, DeciderEvent::Join{.worker = 2});
-    auto plans = Actions<DeciderAction::ComputePlan>(out);
-    EXPECT_EQ(plans.size(), 1u);
-    const int64_t g = plans.empty() ? 0 : plans[0].request.generation;
-    out = d.Handle(0, DeciderEvent::PlanReady{.generation = g, .plan = plan});
-    EXPECT_TRUE(Actions<DeciderAction::SendCommit>(out).empty());
-    auto finds = Actions<DeciderAction::FindResumeCheckpoint>(out);
-    EXPECT_EQ(finds.size(), 1u);
-    EXPECT_EQ(finds.empty() ? -1 : finds[0].generation, g);
-    return g;
-  };
-  const DeciderOptions opts{
-      .initial_world = 2, .max_world = 2, .resume = true, .first_generation = 4};
-  {
-    Decider d(opts);
-    const int64_t g = start(d);
-    EXPECT_EQ(g, 4);
-    auto out = d.Handle(0, DeciderEvent::ResumeReady{.generation = g,
-                                                     .checkpoint = RecoveryCheckpoint{
-                                                         .step = 12, .path = "c/step-12-g3"}});
-    auto commits = Actions<DeciderAction::SendCommit>(out);
-    ASSERT_EQ(commits.size(), 1u);
-    const CommitMsg& c = commits[0].msg;
-    EXPECT_EQ(c.next.id, 4);
-    EXPECT_EQ(c.next.start_step, 12);
-    EXPECT_EQ(c.from_generation, 0);
-    EXPECT_TRUE(c.change.recovery);
-    EXPECT_EQ(c.recovery.source, RecoveryDecision::Source::kCheckpoint);
-    EXPECT_EQ(c.recovery.checkpoint, "c/step-12-g3");
-    EXPECT_EQ(c.recovery.newest_step, 12);
-    EXPECT_EQ(c.next.ranks, plan.ranks);
-    d.Handle(0, AppliedMsg{.worker = 1, .generation = 4});
-    d.Handle(0, AppliedMsg{.worker = 2, .generation = 4});
-    EXPECT_EQ(d.current().id, 4);
-    EXPECT_EQ(d.current().start_step, 12);
-    EXPECT_EQ(d.phase(), Decider::Phase::kStable);
-  }
-  {
-    Decider d(opts);
-    const int64_t g = start(d);
-    auto out = d.Handle(0, DeciderEvent::ResumeReady{.generation = g});
-    auto commits = Actions<DeciderAction::SendCommit>(out);
-    ASSERT_EQ(commits.size(), 1u);
-    EXPECT_EQ(commits[0].msg.next.start_step, 0);
-    EXPECT_FALSE(commits[0].msg.change.recovery);
-  }
-  {
-    Decider d(opts);
-    const int64_t g = start(d);
-    auto out =
-        d.Handle(0, DeciderEvent::ResumeReady{
-                        .generation = g, .status = FailedPreconditionError("tensor 'w' differs")});
-    auto failed = Actions<DeciderAction::JobFailed>(out);
-    ASSERT_EQ(failed.size(), 1u);
-    EXPECT_EQ(failed[0].status.code(), StatusCode::kFailedPrecondition);
-    EXPECT_EQ(failed[0].status.message(), "tensor 'w' differs");
-    EXPECT_EQ(d.phase(), Decider::Phase::kFailed);
-  }
-  {
-    Decider d(opts);
-    const int64_t g = start(d);
-    auto out = d.Handle(0, DeciderEvent::Lost{.worker = 2, .reason = "killed"});
-    EXPECT_EQ(Actions<DeciderAction::SendAbandon>(out).size(), 1u);
-    EXPECT_TRUE(d.Handle(0, DeciderEvent::ResumeReady{.generation = g}).empty());
-    out = d.Handle(0, DeciderEvent::Join{.worker = 3});
-    auto plans = Actions<DeciderAction::ComputePlan>(out);
-    ASSERT_EQ(plans.size(), 1u);
-    EXPECT_GT(plans[0].request.generation, g);
-  }
-}
-
-// A survivor whose training thread cannot reach its step boundary after an abort (a collective
-// the abort did not wake) never reports its state: a heartbeat timeout after the recovery's
-// prepare it is dropped like a silent worker, and the recovery goes on without it (before, the
-// others waited until their own change timeout and the job failed).
-TEST(DeciderTest, ASurvivorThatNeverReportsItsStateIsDroppedAfterTheHeartbeatTimeout) {
-  Decider d(DeciderOptions{.initial_world = 3, .max_world = 3, .heartbeat_timeout_ms = 1000});
-  d.Handle(0, DeciderEvent::Join{.worker = 1});
-  d.Handle(0, DeciderEvent::Join{.worker = 2});
-  d.Handle(0, DeciderEvent::Join{.worker = 3});
-  PlannedChange g1{.config = ParallelConfig{.dp = 3}, .ranks = {1, 2, 3}, .plan_digest = 1};
-  d.Handle(0, DeciderEvent::PlanReady{.generation = 1, .plan = g1});
-  for (WorkerId w : {1, 2, 3}) d.Handle(0, AppliedMsg{.worker = w, .generation = 1});
-  auto out = d.Handle(100, DeciderEvent::Lost{.worker = 3, .reason = "killed"});
-  auto plans = Actions<DeciderAction::ComputePlan>(out);
-  ASSERT_EQ(plans.size(), 1u);
-  PlannedChange g2{.config = ParallelConfig{.dp = 2}, .ranks = {1, 2}, .plan_digest = 2};
-  out = d.Handle(100, DeciderEvent::PlanReady{.generation = plans[0].request.generation, .plan = g2});
-  auto prepares = Actions<DeciderAction::SendPrepare>(out);
-  ASSERT_EQ(prepares.size(), 1u);
-  ASSERT_TRUE(prepares[0].msg.change.recovery);
-  d.Handle(200, StepReportMsg{.worker = 1, .generation = prepares[0].msg.next.id,
-                              .last_free_step = 7, .state_step = 7, .state_ok = true});
-  // Worker 2 keeps heartbeating (its control thread is fine) but never reports.
-  for (int64_t t = 300; t <= 1000; t += 100) {
-    EXPECT_TRUE(Actions<DeciderAction::Disconnect>(d.Handle(t, DeciderEvent::Heartbeat{.worker = 2}))
-                    .empty());
-    d.Handle(t, DeciderEvent::Heartbeat{.worker = 1});
-    EXPECT_TRUE(Actions<DeciderAction::Disconnect>(d.Handle(t, DeciderEvent::Tick{})).empty()) << t;
-  }
-  d.Handle(1150, DeciderEvent::Heartbeat{.worker = 1});
-  d.Handle(1150, DeciderEvent::Heartbeat{.worker = 2});
-  out = d.Handle(1150, DeciderEvent::Tick{});
-  auto dropped = Actions<DeciderAction::Disconnect>(out);
-  ASSERT_EQ(dropped.size(), 1u);
-  EXPECT_EQ(dropped[0].worker, 2);
-  EXPECT_NE(dropped[0].reason.find("no state report for generation 2's recovery within 1000 ms"),
-            std::string::npos)
-      << dropped[0].reason;
-  // The recovery starts over without it.
-  plans = Actions<DeciderAction::ComputePlan>(out);
-  ASSERT_EQ(plans.size(), 1u);
-  EXPECT_EQ(plans[0].request.candidates, std::vector<WorkerId>{1});
 }
 
 }  // namespace

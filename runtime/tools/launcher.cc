@@ -198,7 +198,10 @@ StatusOr<int> Launcher::Wait(Deadline deadline) {
     Reap();
     if (!job) {
       Status s = coordinator_->Wait(Deadline::AfterMs(20));
-      if (s.code() != StatusCode::kDeadlineExceeded) {
+      if (s.code() == StatusCode::kCancelled) {
+        LOG(INFO) << "morphrun: " << s.message();  // every worker left, as asked
+        job = Status::Ok();
+      } else if (s.code() != StatusCode::kDeadlineExceeded) {
         job = s;
         if (!s.ok()) LOG(ERROR) << "morphrun: the job failed: " << s;
       }

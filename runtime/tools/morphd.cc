@@ -2,8 +2,8 @@
 // environment (CoordinatorOptions::FromEnv), flags override. Prints one JSON line on stdout once
 // it listens:
 //   {"control":"10.0.0.1:29400","store":"10.0.0.1:41235","http_port":8080}
-// and runs until the job completes (exit 0), fails (exit 1), or SIGTERM / SIGINT stops it
-// (exit 0). Bad flags or a failed start: exit 2.
+// and runs until the job completes (exit 0), stops because every worker asked to leave (exit
+// 0), fails (exit 1), or SIGTERM / SIGINT stops it (exit 0). Bad flags or a failed start: exit 2.
 #include <signal.h>
 
 #include <cerrno>
@@ -147,6 +147,10 @@ int main(int argc, char** argv) {
     coord.Stop();
     if (s.ok()) {
       LOG(INFO) << "morphd: the job completed";
+      return 0;
+    }
+    if (s.code() == morph::StatusCode::kCancelled) {
+      LOG(INFO) << "morphd: " << s.message();  // every worker left, as asked
       return 0;
     }
     LOG(ERROR) << "morphd: " << s;
