@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -373,6 +375,44 @@ TEST_F(CheckpointTest, BadInputsAndReads) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1' has 8 bytes")));
   EXPECT_THAT(SaveCheckpointAsync(root_ + "/y", 0, 1, 7, "{\"tp\": ", none).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("config_json is not JSON")));
+}
+
+// A hand-edited manifest whose numbers wrap past 2^64 when added: each is refused by Open
+// (kDataLoss naming the manifest, the tensor and the field), never read from.
+TEST_F(CheckpointTest, ManifestOffsetsThatWrapAreDataLoss) {
+  Save(Tp4(), 4);
+  const std::string man = dir_ + "/rank-00000/manifest.json";
+  const auto original = nlohmann::json::parse(std::ifstream(man));
+  auto edit = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json m = original;
+    change(m);
+    std::ofstream(man) << m.dump();
+  };
+  size_t w1 = 0;  // rank 0's piece of w1
+  while (original.at("pieces").at(w1).at("tensor") != "w1") ++w1;
+  const nlohmann::json& shard = original.at("pieces").at(w1).at("shard");
+  const uint64_t piece_bytes =
+      4 * (shard.at("flat_end").get<uint64_t>() - shard.at("flat_begin").get<uint64_t>());
+  // offset + length wraps to a small number inside the file (the offset is 64-byte aligned).
+  const uint64_t wrapping = ~uint64_t{0} - 63;
+  ASSERT_LT(wrapping + piece_bytes, original.at("files").at(0).at("bytes").get<uint64_t>());
+  edit([&](nlohmann::json& m) { m["pieces"][w1]["offset"] = wrapping; });
+  EXPECT_THAT(
+      CheckpointReader::Open(dir_).status(),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(man), HasSubstr("tensor 'w1'"),
+                                            HasSubstr("offset " + std::to_string(wrapping)))));
+  // A data file size near 2^64 (its block count would wrap to 0).
+  edit([&](nlohmann::json& m) { m["files"][0]["bytes"] = ~uint64_t{0}; });
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("rank-00000/")));
+  // A frame reaching below 0 (its size would overflow).
+  edit([&](nlohmann::json& m) {
+    m["pieces"][w1]["shard"]["frame"][0] = {std::numeric_limits<int64_t>::min(), 48};
+  });
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(man), HasSubstr("tensor 'w1'"))));
+  edit([](nlohmann::json&) {});
+  MORPH_EXPECT_OK(CheckpointReader::Open(dir_).status());
 }
 
 TEST_F(CheckpointTest, OverlappingOrMissingPiecesAreDataLoss) {
