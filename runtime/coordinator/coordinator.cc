@@ -534,9 +534,20 @@ void Coordinator::Impl::DoWrite(const std::shared_ptr<Conn>& c) {
 // ---- Coordinator -----------------------------------------------------------------------------
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
+  if (options.first_generation > kMaxCheckpointGeneration + 1) {
+    return InvalidArgumentError("first_generation " + std::to_string(options.first_generation) +
+                                " leaves no room to number generations after it (at most " +
+                                std::to_string(kMaxCheckpointGeneration + 1) + ")");
+  }
   if (options.first_generation <= 0) {
-    options.first_generation =
-        options.checkpoint_dir.empty() ? 1 : NewestCheckpointGeneration(options.checkpoint_dir) + 1;
+    options.first_generation = 1;
+    if (!options.checkpoint_dir.empty()) {
+      // Never past kMaxCheckpointGeneration + 1: the folder names are checked.
+      MORPH_ASSIGN_OR_RETURN(
+          int64_t newest, NewestCheckpointGeneration(options.checkpoint_dir),
+          "numbering the job's generations after the checkpoints in " << options.checkpoint_dir);
+      options.first_generation = newest + 1;
+    }
   }
   std::function<std::optional<RecoveryCheckpoint>()> resume_lookup;
   if (!options.latest_checkpoint && !options.checkpoint_dir.empty()) {

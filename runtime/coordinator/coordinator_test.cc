@@ -8,11 +8,13 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -623,6 +625,46 @@ TEST(CoordinatorTest, StartRefusesBadOptionsAndStopIsIdempotent) {
   EXPECT_THAT(coord->Wait(Deadline::AfterMs(10)), StatusIs(StatusCode::kAborted, HasSubstr("stopped")));
   EXPECT_THAT(coord->Resize(ResizeRequest{.world_size = 1}, Deadline::AfterMs(10)),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("stopped")));
+}
+
+// A job on a checkpoint folder numbers its generations after the newest one a folder names, so
+// that it never writes into an earlier run's folder. A name whose generation leaves no room to
+// count on (2^63 - 1: the next would wrap to a negative number, and the job used to start again
+// from 1, reusing the earlier run's names) stops the start, naming the folder; the largest
+// generation that leaves room (kMaxCheckpointGeneration) is followed as any other.
+TEST(CoordinatorTest, ACheckpointFolderWhoseGenerationCannotBeFollowedStopsTheStart) {
+  char tmpl[] = "/tmp/morph_coordinator_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string wrapping = dir + "/step-1-g9223372036854775807";
+  ASSERT_EQ(::mkdir(wrapping.c_str(), 0755), 0);
+  CoordinatorOptions o = Options(1);
+  o.checkpoint_dir = dir;
+  StatusOr<std::unique_ptr<Coordinator>> coord = Coordinator::Start(o);
+  if (coord.ok()) {
+    auto w = StartWorkers(**coord, 1);
+    WaitFor([&] { return w[0]->generation() != 0; });
+    ADD_FAILURE() << "the job started beside " << wrapping << ", numbering generations from "
+                  << w[0]->generation();
+  } else {
+    EXPECT_THAT(coord.status(), StatusIs(StatusCode::kFailedPrecondition,
+                                         HasSubstr("step-1-g9223372036854775807")));
+  }
+  ASSERT_EQ(::rmdir(wrapping.c_str()), 0);
+  const std::string largest = dir + "/step-1-g4611686018427387904";  // 2^62
+  ASSERT_EQ(::mkdir(largest.c_str(), 0755), 0);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto job, Coordinator::Start(o));
+  auto w = StartWorkers(*job, 1);
+  ASSERT_TRUE(WaitFor([&] { return w[0]->generation() != 0; }));
+  EXPECT_EQ(w[0]->generation(), (int64_t{1} << 62) + 1);
+  w.clear();
+  job.reset();
+  std::filesystem::remove_all(dir);
+  // Nor may a first generation be set beyond it.
+  o = Options(1);
+  o.first_generation = (int64_t{1} << 62) + 2;
+  EXPECT_THAT(Coordinator::Start(o).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("first_generation")));
 }
 
 }  // namespace

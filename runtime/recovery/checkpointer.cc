@@ -1,10 +1,11 @@
 #include "runtime/recovery/checkpointer.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <map>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -57,20 +58,45 @@ struct Entry {
   }
 };
 
-// Checkpoint folders under `dir`, oldest first. Empty when `dir` does not exist.
-std::vector<Entry> ListCheckpoints(const std::string& dir) {
-  std::vector<Entry> out;
+// A decimal number as CheckpointPath writes one: digits only (no sign, no blank), no leading
+// zero. kOther for anything else; kTooBig for such digits beyond int64.
+enum class Number { kOk, kTooBig, kOther };
+Number ParseDecimal(std::string_view s, int64_t* v) {
+  if (s.empty() || (s.size() > 1 && s[0] == '0')) return Number::kOther;
+  for (char c : s) {
+    if (c < '0' || c > '9') return Number::kOther;
+  }
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  if (ec == std::errc::result_out_of_range) return Number::kTooBig;
+  return ec == std::errc() && end == s.data() + s.size() ? Number::kOk : Number::kOther;
+}
+
+// Checkpoint folders under `dir`, oldest first (empty when `dir` does not exist), and those named
+// like one whose numbers are out of range (a step beyond int64, a generation beyond
+// kMaxCheckpointGeneration). Any other name is not a checkpoint folder: not listed.
+struct Listing {
+  std::vector<Entry> folders;
+  std::vector<std::string> out_of_range;
+};
+Listing ListCheckpoints(const std::string& dir) {
+  Listing out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    long long step = -1, gen = -1;
-    int used = 0;
-    if (std::sscanf(name.c_str(), "step-%lld-g%lld%n", &step, &gen, &used) == 2 &&
-        used == static_cast<int>(name.size()) && step >= 0 && gen >= 0 && e.is_directory(ec)) {
-      out.push_back({step, gen, e.path().string()});
+    const size_t g = name.find("-g", 5);
+    if (!name.starts_with("step-") || g == std::string::npos || !e.is_directory(ec)) continue;
+    int64_t step = 0, gen = 0;
+    const Number s = ParseDecimal(std::string_view(name).substr(5, g - 5), &step);
+    const Number n = ParseDecimal(std::string_view(name).substr(g + 2), &gen);
+    if (s == Number::kOther || n == Number::kOther) continue;
+    if (s == Number::kTooBig || n == Number::kTooBig || gen > kMaxCheckpointGeneration) {
+      out.out_of_range.push_back(e.path().string());
+    } else {
+      out.folders.push_back({step, gen, e.path().string()});
     }
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.folders.begin(), out.folders.end());
+  std::sort(out.out_of_range.begin(), out.out_of_range.end());
   return out;
 }
 
@@ -230,7 +256,7 @@ Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const S
 }
 
 StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir, int64_t min_generation) {
-  std::vector<Entry> all = ListCheckpoints(dir);
+  std::vector<Entry> all = ListCheckpoints(dir).folders;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (it->generation < min_generation) continue;
     StatusOr<CheckpointReader> r = CheckpointReader::Open(it->path);
@@ -242,15 +268,24 @@ StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir, int64_t
       (all.empty() ? "" : " (" + std::to_string(all.size()) + " folders)"));
 }
 
-int64_t NewestCheckpointGeneration(const std::string& dir) {
+StatusOr<int64_t> NewestCheckpointGeneration(const std::string& dir) {
+  const Listing listing = ListCheckpoints(dir);
+  if (!listing.out_of_range.empty()) {
+    return FailedPreconditionError(
+        "checkpoint folder " + listing.out_of_range.front() +
+        " names a step beyond 2^63 - 1 or a generation beyond " +
+        std::to_string(kMaxCheckpointGeneration) +
+        ": a job numbers its generations after the newest one there and cannot count past it "
+        "(rename or remove the folder)");
+  }
   int64_t newest = 0;
-  for (const Entry& e : ListCheckpoints(dir)) newest = std::max(newest, e.generation);
+  for (const Entry& e : listing.folders) newest = std::max(newest, e.generation);
   return newest;
 }
 
 StatusOr<int> PruneCheckpoints(const std::string& dir, int keep) {
   keep = std::max(1, keep);
-  std::vector<Entry> all = ListCheckpoints(dir);
+  std::vector<Entry> all = ListCheckpoints(dir).folders;
   std::vector<bool> complete(all.size());
   for (size_t i = 0; i < all.size(); ++i) complete[i] = CheckpointReader::Open(all[i].path).ok();
   // Newest first: the first `keep` complete ones stay; the oldest of them bounds the rest.

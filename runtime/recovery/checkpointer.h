@@ -145,10 +145,21 @@ class PeriodicCheckpointer {
 StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir,
                                                  int64_t min_generation = 0);
 
+// The largest generation a checkpoint folder may name. A job started on a folder numbers its
+// generations after the newest one there and must have room to count on: 2^62 leaves more
+// generations than any job makes (where 2^63 - 1 would wrap to a negative number).
+inline constexpr int64_t kMaxCheckpointGeneration = int64_t{1} << 62;
+
 // The highest generation any checkpoint folder under `dir` names, complete or not (0: none, or
 // no such folder). A job that starts on `dir` numbers its generations above it, so that its
-// folders never share a name with an earlier run's. Any thread.
-int64_t NewestCheckpointGeneration(const std::string& dir);
+// folders never share a name with an earlier run's. A checkpoint folder is named exactly as
+// CheckpointPath names it: "step-<step>-g<generation>", both decimal digits without sign or
+// leading zero; other names (step-+5-g1, step-05-g1, step-5-g1.old, ...) are not checkpoint
+// folders: never counted, loaded or deleted. kFailedPrecondition naming the folder when one is
+// named so but its step does not fit in 64 bits or its generation exceeds
+// kMaxCheckpointGeneration (the job must not start: it could not number its generations after
+// it). Any thread.
+StatusOr<int64_t> NewestCheckpointGeneration(const std::string& dir);
 
 // Whether the checkpoint `reader` (at `path`) holds exactly `tensors` and `scalars`: the same
 // names, dtypes and (planning) shapes, nothing else. kFailedPrecondition "checkpoint P does not

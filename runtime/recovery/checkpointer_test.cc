@@ -256,7 +256,7 @@ TEST_F(CheckpointerTest, DifferentRegistrationIsFailedPreconditionNamingIt) {
 // the newest generation a folder names (incomplete ones too), and the generation floor a
 // restarted job's recovery uses so that it never reads an earlier run's checkpoints.
 TEST_F(CheckpointerTest, ResumeHelpersCheckTheManifestAndNumberGenerations) {
-  EXPECT_EQ(NewestCheckpointGeneration(dir_ + "/nope"), 0);
+  EXPECT_EQ(*NewestCheckpointGeneration(dir_ + "/nope"), 0);
   SaveAll(Config(1, 2, 1), 5, 3, 3);
   MORPH_ASSERT_OK_AND_ASSIGN(auto s0, MakeState(Config(1, 2, 1), 0));
   {
@@ -264,7 +264,7 @@ TEST_F(CheckpointerTest, ResumeHelpersCheckTheManifestAndNumberGenerations) {
     MORPH_ASSERT_OK(only0.MaybeSave(10, 7, *s0, 0, 2, Config(1, 2, 1)));  // incomplete
     MORPH_ASSERT_OK(only0.Flush(Deadline::AfterMs(60000)));
   }
-  EXPECT_EQ(NewestCheckpointGeneration(dir_), 7);
+  EXPECT_EQ(*NewestCheckpointGeneration(dir_), 7);
   MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef any, LatestCompleteCheckpoint(dir_));
   EXPECT_EQ(any.step, 5);
   EXPECT_EQ(any.generation, 3);
@@ -284,6 +284,43 @@ TEST_F(CheckpointerTest, ResumeHelpersCheckTheManifestAndNumberGenerations) {
   scalars.push_back({"extra", 4});
   EXPECT_THAT(CheckCheckpointMatches(reader, path, s0->tensors(), scalars),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("scalar 'extra' is not in it")));
+}
+
+// Folder names are read exactly as CheckpointPath writes them (issue 22). Names with a sign, a
+// blank, a leading zero or anything after the generation are not checkpoint folders: never
+// counted, loaded or deleted. A checkpoint name whose generation leaves no room to count on, or
+// whose step does not fit in 64 bits, stops the numbering (the job does not start), naming it.
+TEST_F(CheckpointerTest, FolderNamesAreReadExactly) {
+  SaveAll(Config(1, 2, 1), 5, 2, 3);
+  for (const char* other : {"step-+5-g9", "step--5-g9", "step- 5-g9", "step-5-g 9", "step-05-g9",
+                            "step-5-g09", "step-5-g9x", "step-5-g9-g9", "step-5-g", "step--g9",
+                            "step-5-g+9", "step-5-g99999999999999999999.old", "step5-g9"}) {
+    fs::create_directories(dir_ + "/" + other);
+    fs::copy(CheckpointPath(dir_, 5, 2), dir_ + "/" + other, fs::copy_options::recursive);
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(int64_t newest, NewestCheckpointGeneration(dir_));
+  EXPECT_EQ(newest, 2);
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
+  EXPECT_EQ(ref.path, CheckpointPath(dir_, 5, 2));
+  const size_t before = std::distance(fs::directory_iterator(dir_), fs::directory_iterator());
+  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 1));
+  EXPECT_EQ(deleted, 0);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), before);
+
+  fs::create_directories(dir_ + "/step-1-g" + std::to_string(kMaxCheckpointGeneration));
+  MORPH_ASSERT_OK_AND_ASSIGN(newest, NewestCheckpointGeneration(dir_));
+  EXPECT_EQ(newest, kMaxCheckpointGeneration);
+  for (const std::string& bad : std::vector<std::string>{
+           "step-1-g" + std::to_string(kMaxCheckpointGeneration + 1), "step-1-g9223372036854775807",
+           "step-1-g9223372036854775808", "step-99999999999999999999-g1"}) {
+    fs::create_directories(dir_ + "/" + bad);
+    EXPECT_THAT(NewestCheckpointGeneration(dir_),
+                StatusIs(StatusCode::kFailedPrecondition, HasSubstr(dir_ + "/" + bad)));
+    // Not loaded nor deleted either.
+    MORPH_ASSERT_OK_AND_ASSIGN(ref, LatestCompleteCheckpoint(dir_));
+    EXPECT_EQ(ref.path, CheckpointPath(dir_, 5, 2));
+    fs::remove(dir_ + "/" + bad);
+  }
 }
 
 }  // namespace
