@@ -440,7 +440,8 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
                  WelcomeMsg{.worker = c->id,
                             .generation = g.id,
                             .store_address = JoinHostPort(advertise_host_, store_->port()),
-                            .current = g})));
+                            .current = g,
+                            .first_generation = options_.first_generation})));
   VLOG(1) << "coordinator: worker " << c->id << " registered from " << c->host;
   Feed(DeciderEvent::Join{.worker = c->id, .host = c->host});
 }
@@ -548,6 +549,11 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
           "numbering the job's generations after the checkpoints in " << options.checkpoint_dir);
       options.first_generation = newest + 1;
     }
+  }
+  if (!options.checkpoint_dir.empty()) {
+    LOG(INFO) << "coordinator: the job's first generation is " << options.first_generation
+              << ": checkpoint folders in " << options.checkpoint_dir << " of a lower generation"
+              << " are an earlier run's, never deleted by this job";
   }
   std::function<std::optional<RecoveryCheckpoint>()> resume_lookup;
   if (!options.latest_checkpoint && !options.checkpoint_dir.empty()) {

@@ -251,6 +251,7 @@ TEST(CoordinatorTest, FourRegisterThenGenerationOneIsCommittedToAll) {
     ranks.insert(x->rank());
     EXPECT_EQ(x->gen(), w[0]->gen());
     EXPECT_EQ(x->welcome().store_address, coord->store_address());
+    EXPECT_EQ(x->welcome().first_generation, 1);
     EXPECT_TRUE(x->Saw("<commit"));
     EXPECT_TRUE(x->Saw(">applied"));
   }
@@ -657,6 +658,7 @@ TEST(CoordinatorTest, ACheckpointFolderWhoseGenerationCannotBeFollowedStopsTheSt
   auto w = StartWorkers(*job, 1);
   ASSERT_TRUE(WaitFor([&] { return w[0]->generation() != 0; }));
   EXPECT_EQ(w[0]->generation(), (int64_t{1} << 62) + 1);
+  EXPECT_EQ(w[0]->welcome().first_generation, (int64_t{1} << 62) + 1);
   w.clear();
   job.reset();
   std::filesystem::remove_all(dir);

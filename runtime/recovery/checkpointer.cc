@@ -100,6 +100,19 @@ Listing ListCheckpoints(const std::string& dir) {
   return out;
 }
 
+// Whether nothing in `path` (the folder, its rank and temporary folders, their files) was
+// modified in the last `ms` milliseconds. False when anything cannot be read.
+bool UnchangedFor(const std::string& path, int64_t ms) {
+  const auto since = fs::file_time_type::clock::now() - std::chrono::milliseconds(ms);
+  std::error_code ec;
+  if (fs::last_write_time(path, ec) > since || ec) return false;
+  for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (it->last_write_time(ec) > since || ec) return false;
+  }
+  return !ec;
+}
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -157,8 +170,9 @@ void PeriodicCheckpointer::JoinRetention() {
 
 void PeriodicCheckpointer::StartRetention() {
   JoinRetention();
-  retention_ = std::thread([dir = dir_, keep = keep_, log = log_] {
-    StatusOr<int> n = PruneCheckpoints(dir, keep);
+  const int64_t floor = first_generation_ > 0 ? first_generation_ : lowest_saved_generation_;
+  retention_ = std::thread([dir = dir_, keep = keep_, floor, log = log_] {
+    StatusOr<int> n = PruneCheckpoints(dir, keep, floor);
     if (!n.ok()) {
       MORPH_LOG(WARNING, log) << "checkpoint retention in " << dir << ": " << n.status();
     } else if (*n > 0) {
@@ -246,6 +260,9 @@ Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const S
                          "checkpoint of step " << step);
   running_step_ = step;
   running_rank_ = rank;
+  if (lowest_saved_generation_ < 0 || generation < lowest_saved_generation_) {
+    lowest_saved_generation_ = generation;
+  }
   ++saves_started_;
   last_step_ = step;
   last_snapshot_bytes_ = bytes;
@@ -283,28 +300,46 @@ StatusOr<int64_t> NewestCheckpointGeneration(const std::string& dir) {
   return newest;
 }
 
-StatusOr<int> PruneCheckpoints(const std::string& dir, int keep) {
+StatusOr<int> PruneCheckpoints(const std::string& dir, int keep, int64_t min_generation,
+                               int64_t idle_ms) {
   keep = std::max(1, keep);
-  std::vector<Entry> all = ListCheckpoints(dir).folders;
-  std::vector<bool> complete(all.size());
-  for (size_t i = 0; i < all.size(); ++i) complete[i] = CheckpointReader::Open(all[i].path).ok();
+  std::vector<Entry> own;  // oldest first
+  for (Entry& e : ListCheckpoints(dir).folders) {
+    if (e.generation >= min_generation) own.push_back(std::move(e));
+  }
+  std::vector<bool> complete(own.size());
+  std::map<int64_t, int64_t> newest_complete_step;  // by generation
+  int64_t newest_complete_generation = -1;
+  for (size_t i = 0; i < own.size(); ++i) {
+    complete[i] = CheckpointReader::Open(own[i].path).ok();
+    if (!complete[i]) continue;
+    int64_t& newest =
+        newest_complete_step.try_emplace(own[i].generation, own[i].step).first->second;
+    newest = std::max(newest, own[i].step);
+    newest_complete_generation = std::max(newest_complete_generation, own[i].generation);
+  }
   // Newest first: the first `keep` complete ones stay; the oldest of them bounds the rest.
   int kept = 0;
-  size_t oldest_kept = all.size();
-  for (size_t j = all.size(); j-- > 0;) {
+  size_t oldest_kept = own.size();
+  for (size_t j = own.size(); j-- > 0 && kept < keep;) {
     if (!complete[j]) continue;
-    if (kept < keep) {
-      ++kept;
-      oldest_kept = j;
-    }
+    ++kept;
+    oldest_kept = j;
   }
+  // An incomplete save nobody can still be writing (see the header).
+  auto abandoned = [&](const Entry& e) {
+    auto it = newest_complete_step.find(e.generation);
+    if (it != newest_complete_step.end() && it->second > e.step) return true;
+    return newest_complete_generation > e.generation && UnchangedFor(e.path, idle_ms);
+  };
   int deleted = 0;
-  if (oldest_kept == all.size()) return deleted;  // no complete one: nothing may go
+  if (oldest_kept == own.size()) return deleted;  // no complete one: nothing may go
   for (size_t j = 0; j < oldest_kept; ++j) {
+    if (!complete[j] && !abandoned(own[j])) continue;
     std::error_code ec;
-    fs::remove_all(all[j].path, ec);
+    fs::remove_all(own[j].path, ec);
     if (ec) {
-      return InternalError("deleting old checkpoint " + all[j].path + ": " + ec.message());
+      return InternalError("deleting old checkpoint " + own[j].path + ": " + ec.message());
     }
     ++deleted;
   }

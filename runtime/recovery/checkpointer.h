@@ -83,7 +83,8 @@ class PeriodicCheckpointer {
   // a host snapshot (one CheckpointSnapshotPool reused from save to save) and returns; the
   // write runs on a background thread. A previous save that failed is logged (WARNING) and
   // counted (saves_failed(), last_error()) but does not fail this call: the next save is still
-  // attempted. On rank 0 it then starts a retention pass in the background (PruneCheckpoints).
+  // attempted. On rank 0 it then starts a retention pass in the background (PruneCheckpoints
+  // over the job's generations: see set_first_generation).
   // Returns: OK (also when not due); kInvalidArgument: rank outside [0, world), world !=
   // config.world(), a tensor named "scalar:..."; kFailedPrecondition: the state is not laid out
   // for (config, rank) or not intact; kDeadlineExceeded: the previous save still writing after
@@ -96,6 +97,12 @@ class PeriodicCheckpointer {
   // none), kDeadlineExceeded if still running at `deadline` (may be called again). Training
   // thread.
   Status Flush(Deadline deadline);
+
+  // The job's first generation (WelcomeMsg::first_generation): retention considers only
+  // folders of generation >= it, so an earlier run's checkpoints in `dir` are never deleted.
+  // Until set (or when `generation` <= 0): the lowest generation this checkpointer has saved.
+  // Training thread.
+  void set_first_generation(int64_t generation) { first_generation_ = generation; }
 
   // Statistics (training thread).
   int64_t saves_started() const { return saves_started_; }
@@ -124,6 +131,8 @@ class PeriodicCheckpointer {
   LogContext log_{"checkpoint"};
   std::shared_ptr<CheckpointSnapshotPool> pool_ = std::make_shared<CheckpointSnapshotPool>();
   std::unique_ptr<CheckpointSave> running_;
+  int64_t first_generation_ = 0;
+  int64_t lowest_saved_generation_ = -1;
   int64_t running_step_ = -1;
   int running_rank_ = -1;
   std::thread retention_;
@@ -170,12 +179,27 @@ Status CheckCheckpointMatches(const CheckpointReader& reader, const std::string&
                               const std::vector<TensorSpec>& tensors,
                               const std::vector<ScalarSpec>& scalars);
 
-// Deletes, under `dir`, the complete checkpoints older than the newest `keep` complete ones, and
-// the incomplete ones older than the oldest kept complete one (an interrupted save that can no
-// longer complete: every rank of its generation has finished it or died). Never touches one
-// newer than that. Called by one process (rank 0). Returns the number of folders deleted, or
-// the first deletion error (kInternal naming the folder). Any thread.
-StatusOr<int> PruneCheckpoints(const std::string& dir, int keep);
+// How long nothing in an incomplete checkpoint folder of an ended generation must have changed
+// before retention takes its save for abandoned (PruneCheckpoints): a writer still alive writes
+// its data file continuously, so ten minutes of silence means it died or hangs.
+inline constexpr int64_t kAbandonedSaveIdleMs = 10 * 60 * 1000;
+
+// Retention: deletes checkpoint folders under `dir`, considering only those of generation >=
+// `min_generation` (the job's own: a job numbers its generations above every folder there when
+// it starts, so an earlier run's folders are never touched, whatever their steps). Among those,
+// by (step, generation):
+//   - the newest `keep` complete ones stay (keep < 1 is taken as 1); older complete ones go;
+//   - an incomplete one older than the oldest kept complete one goes only when no rank of its
+//     generation can still be writing it: a later step of the same generation is complete (each
+//     rank of it saved that step, and a rank saves its steps one after the other), or, for a
+//     generation that ended during the save, a later generation has a complete checkpoint and
+//     nothing in the folder changed for `idle_ms` (a save killed, or hung, with its generation);
+//   - nothing newer than the oldest kept complete one is touched, nor anything when there is no
+//     complete one.
+// Called by one process (rank 0). Returns the number of folders deleted, or the first deletion
+// error (kInternal naming the folder). Any thread.
+StatusOr<int> PruneCheckpoints(const std::string& dir, int keep, int64_t min_generation,
+                               int64_t idle_ms = kAbandonedSaveIdleMs);
 
 // Fills every shard `state` holds for its current config/rank (already allocated) and every
 // scalar from the checkpoint at `path` (a folder CheckpointPath names). kNotFound: no such

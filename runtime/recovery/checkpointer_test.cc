@@ -32,8 +32,9 @@ class CheckpointerTest : public ::testing::Test {
 
   // Saves step `step` of generation `gen` from every rank of `config` (states filled with
   // `seed`), clobbering each state right after MaybeSave returns: the snapshot was taken.
+  // `first_generation`: the job's (PeriodicCheckpointer::set_first_generation; 0: not set).
   void SaveAll(const ParallelConfig& config, int64_t step, int64_t gen, uint64_t seed,
-               bool hybrid = false, int keep = 2) {
+               bool hybrid = false, int keep = 2, int64_t first_generation = 0) {
     const int world = config.world();
     std::vector<std::unique_ptr<State>> states;
     std::vector<std::unique_ptr<PeriodicCheckpointer>> ckpts;
@@ -42,6 +43,7 @@ class CheckpointerTest : public ::testing::Test {
       Fill(*s, seed);
       states.push_back(std::move(s));
       ckpts.push_back(std::make_unique<PeriodicCheckpointer>(dir_, 5, keep));
+      ckpts.back()->set_first_generation(first_generation);
     }
     for (int r = 0; r < world; ++r) {
       MORPH_ASSERT_OK(ckpts[r]->MaybeSave(step, gen, *states[r], r, world, config));
@@ -49,6 +51,16 @@ class CheckpointerTest : public ::testing::Test {
     }
     // Ranks > 0 first, so rank 0's retention pass after its own save sees them complete.
     for (int r = world - 1; r >= 0; --r) MORPH_ASSERT_OK(ckpts[r]->Flush(Deadline::AfterMs(60000)));
+  }
+
+  // Rank 0 of 2 saves step `step` of generation `gen`, rank 1 never does: an incomplete folder.
+  void SaveRankZeroOnly(int64_t step, int64_t gen) {
+    const ParallelConfig c = Config(1, 2, 1);
+    MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(c, 0));
+    MORPH_ASSERT_OK_AND_ASSIGN(std::vector<CheckpointPiece> pieces, CheckpointPieces(*s, c, 0));
+    MORPH_ASSERT_OK_AND_ASSIGN(
+        auto save, SaveCheckpointAsync(CheckpointPath(dir_, step, gen), 0, 2, step, "", pieces));
+    MORPH_ASSERT_OK(save->Wait(Deadline::AfterMs(60000)));
   }
 
   std::string dir_;
@@ -158,8 +170,7 @@ TEST_F(CheckpointerTest, RetentionKeepsTheNewestCompleteOnes) {
   EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 1)));
 
   // Step 20: rank 0 saved, rank 1 not (yet, or died): incomplete, so it counts for nothing and
-  // steps 10 and 15 stay; an incomplete one older than those (an older generation's
-  // interrupted save) goes.
+  // steps 10 and 15 stay. (15, g0): an earlier generation's save that rank 1 never finished.
   MORPH_ASSERT_OK_AND_ASSIGN(auto s0, MakeState(c, 0));
   {
     PeriodicCheckpointer only0(dir_, 5, 2);
@@ -170,14 +181,66 @@ TEST_F(CheckpointerTest, RetentionKeepsTheNewestCompleteOnes) {
   MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
   EXPECT_EQ(ref.step, 15);
   EXPECT_EQ(ref.generation, 1);
-  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 2));
+  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 2, 0));
   EXPECT_EQ(deleted, 0);  // (15, g0) is older than step 15 g1 but not than step 10: kept
-  MORPH_ASSERT_OK_AND_ASSIGN(deleted, PruneCheckpoints(dir_, 1));
-  EXPECT_EQ(deleted, 2);  // step 10 and (15, g0)
+  MORPH_ASSERT_OK_AND_ASSIGN(deleted, PruneCheckpoints(dir_, 1, 0));
+  EXPECT_EQ(deleted, 1);  // step 10; (15, g0) was written just now: a rank of g0 may still be
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 0)));
+  MORPH_ASSERT_OK_AND_ASSIGN(deleted, PruneCheckpoints(dir_, 1, 0, /*idle_ms=*/0));
+  EXPECT_EQ(deleted, 1);  // (15, g0) unchanged since, and generation 1 went on: abandoned
   EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 20, 1)));
   EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 1)));
   EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 15, 0)));
   EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 10, 1)));
+}
+
+// An incomplete folder is deleted only when no rank of its generation can still be writing it:
+// a later step of its generation is complete, or its generation ended (a later one has a
+// complete checkpoint) and nothing in it changed for idle_ms. Nothing newer than the oldest kept
+// complete checkpoint is touched, and nothing below the job's first generation.
+TEST_F(CheckpointerTest, RetentionDeletesAnIncompleteSaveOnlyWhenNobodyCanStillWriteIt) {
+  SaveRankZeroOnly(5, 3);   // rank 1 of generation 3 never finished step 5...
+  SaveRankZeroOnly(10, 2);  // ...nor of generation 2 step 10 (generation 2 ended during it)
+  SaveAll(Config(1, 2, 1), 10, 3, 1, false, /*keep=*/1, /*first_generation=*/2);
+  // Rank 0's retention after (10, g3): every rank of g3 saved step 10, so step 5 went; (10, g2)
+  // may be written still (as far as the folder shows: it changed just now).
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 5, 3)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 10, 2)));
+  SaveRankZeroOnly(15, 3);  // generation 3's save in flight
+  SaveRankZeroOnly(5, 1);   // an earlier run's, interrupted
+  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 1, 2, /*idle_ms=*/0));
+  EXPECT_EQ(deleted, 1);
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 10, 2)));  // unchanged for idle_ms: abandoned
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 3)));   // newer than the kept one
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 5, 1)));    // not the job's
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 10, 3)));
+}
+
+// Retention keeps to the job's own generations (issue 22). Run A left complete checkpoints of
+// steps 25 and 30 (generation 1); run B, started afresh on the folder, numbers its generations
+// above (2) and saves steps 5, 10, 15: it keeps its own newest two although A's rank above them
+// by step, and never deletes A's.
+TEST_F(CheckpointerTest, RetentionKeepsToTheJobsOwnGenerations) {
+  const ParallelConfig c = Config(1, 2, 1);
+  for (int64_t step : {25, 30}) SaveAll(c, step, 1, 7 + static_cast<uint64_t>(step));
+  for (int64_t step : {5, 10, 15}) SaveAll(c, step, 2, 7 + static_cast<uint64_t>(step));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 25, 1)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 30, 1)));
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 5, 2)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 10, 2)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 2)));
+  // Generation 3 of run B (after a change): its rank 0 knows the job's first generation (2)
+  // and so prunes generation 2's older folders as well, never run A's.
+  SaveAll(c, 20, 3, 27, false, /*keep=*/2, /*first_generation=*/2);
+  EXPECT_FALSE(fs::exists(CheckpointPath(dir_, 10, 2)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 15, 2)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 20, 3)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 25, 1)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 30, 1)));
+  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 1, 2, /*idle_ms=*/0));
+  EXPECT_EQ(deleted, 1);  // (15, g2)
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 25, 1)));
+  EXPECT_TRUE(fs::exists(CheckpointPath(dir_, 30, 1)));
 }
 
 TEST_F(CheckpointerTest, SaveKilledMidwayNeverCountsAsComplete) {
@@ -303,7 +366,7 @@ TEST_F(CheckpointerTest, FolderNamesAreReadExactly) {
   MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, LatestCompleteCheckpoint(dir_));
   EXPECT_EQ(ref.path, CheckpointPath(dir_, 5, 2));
   const size_t before = std::distance(fs::directory_iterator(dir_), fs::directory_iterator());
-  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 1));
+  MORPH_ASSERT_OK_AND_ASSIGN(int deleted, PruneCheckpoints(dir_, 1, 0, /*idle_ms=*/0));
   EXPECT_EQ(deleted, 0);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), before);
 

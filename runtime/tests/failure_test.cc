@@ -620,5 +620,58 @@ TEST(FailureTest, ResumeNeverStartsAfresh) {
   }
 }
 
+// Checkpoint retention keeps to the job's own folders (issue 22). Run A trains 30 steps with a
+// checkpoint every 4 (its newest two, 24 and 28, stay); run B starts afresh on the same folder
+// (MORPH_RESUME=auto, no restart) and a worker is killed at step 14. Plain ZeRO: the death loses
+// pieces, so B rolls back to its own newest complete checkpoint (step 12, or 8 if 12's save was
+// cut short), which its retention must have kept although A's steps 24 and 28 rank above it
+// (before the fix, B deleted each of its checkpoints once the save was done, and the job
+// stopped with DATA_LOSS: no complete checkpoint). Run A's folders are never deleted by run B.
+TEST(FailureTest, ANewRunsRetentionKeepsItsOwnCheckpointsBesideAnEarlierRunsNewerOnes) {
+  CheckpointFolder ckpt("retention");
+  JobOptions jo{.steps = 30, .step_ms = 10, .env = ckpt.Env()};
+  Job first = StartJob("retention-first", 4, {{4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(first.launcher);
+  StatusOr<int> code = first.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(first);
+  ASSERT_EQ(*code, 0) << Logs(first);
+  first.launcher.reset();
+  std::vector<std::string> earlier;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt.path)) {
+    earlier.push_back(e.path().filename().string());
+  }
+  StatusOr<CheckpointRef> a = LatestCompleteCheckpoint(ckpt.path.string());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->step, 28);
+
+  jo.steps = 40;
+  // Saves of a few hundred milliseconds (as RunCheckpointTrial's): one is nearly always being
+  // written, so the kill lands beside a save in flight, and the rollback needs an older one.
+  jo.env["MORPH_CHECKPOINT_MAX_BYTES_PER_S"] = "6KiB";
+  Job second = StartJob("retention-second", 4, {{3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(second.launcher);
+  ASSERT_TRUE(testing::WaitForStep(second, 14)) << Logs(second);
+  const pid_t victim = second.launcher->children()[1].pid;
+  kill(victim, SIGKILL);
+  FinishAfterKills(second, {victim}, 40, "retention");
+  const std::string logs = Logs(second);
+  EXPECT_EQ(logs.find("DATA_LOSS"), std::string::npos) << logs;
+  const std::string before = "recovered at step ";
+  const size_t at = logs.find(before);
+  ASSERT_NE(at, std::string::npos) << logs;
+  const int64_t step = std::strtoll(logs.c_str() + at + before.size(), nullptr, 10);
+  EXPECT_GE(step, 8) << logs;
+  EXPECT_LE(step, 16) << logs;
+  EXPECT_NE(logs.find("from checkpoint (newest"), std::string::npos) << logs;
+  // Every folder of run A is still there.
+  for (const std::string& name : earlier) {
+    EXPECT_TRUE(std::filesystem::exists(ckpt.path / name)) << name << " of run A was deleted";
+  }
+  if (!HasFailure()) {
+    std::filesystem::remove_all(first.dir);
+    std::filesystem::remove_all(second.dir);
+  }
+}
+
 }  // namespace
 }  // namespace morph
