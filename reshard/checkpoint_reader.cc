@@ -151,6 +151,14 @@ struct BlockSource {
   int crc_fd;
 };
 
+// Block `k` of data file `path` (blocks of `block` bytes, the file `bytes` long) does not match
+// its checksum.
+Status ChecksumMismatch(const std::string& path, uint64_t k, uint64_t block, uint64_t bytes) {
+  return DataLossError("data file " + path + " is corrupted: checksum mismatch in block " +
+                       std::to_string(k) + " (bytes " + std::to_string(k * block) + ".." +
+                       std::to_string(std::min(bytes, (k + 1) * block)) + ")");
+}
+
 // The checksums of blocks [lo, hi): from the manifest (format 1) or read from checksums.bin.
 Status LoadChecksums(const BlockSource& f, uint64_t lo, uint64_t hi, std::vector<uint32_t>& out) {
   out.resize(static_cast<size_t>(hi - lo));
@@ -244,9 +252,7 @@ Status CopyVerified(const BlockSource& f, uint64_t piece_offset, const CopyGeome
   auto block_end = [&](uint64_t k) { return std::min(f.bytes, (k + 1) * block); };
   auto check = [&](uint64_t k, uint32_t crc) -> Status {
     if (crc == want[k - lo]) return Status();
-    return DataLossError("data file " + f.path + " is corrupted: checksum mismatch in block " +
-                         std::to_string(k) + " (bytes " + std::to_string(k * block) + ".." +
-                         std::to_string(block_end(k)) + ")");
+    return ChecksumMismatch(f.path, k, block, f.bytes);
   };
   auto defer = [&](uint64_t k, size_t first, size_t end) {
     alone.push_back(k);
@@ -530,6 +536,50 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
     }
   }
   return reader;
+}
+
+Status CheckpointReader::Verify() const {
+  constexpr uint64_t kChunkBytes = uint64_t{16} << 20;
+  std::vector<char> fallback;
+  std::vector<uint32_t> want, got;
+  std::vector<const void*> blocks;
+  for (const File& f : files_) {
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd, ::open(f.path.c_str(), O_RDONLY), "opening " << f.path);
+    Fd data(fd), crcs;
+    struct stat st {};
+    MORPH_SYSCALL_RETURN_IF_ERROR(::fstat(fd, &st)) << "reading the size of " << f.path;
+    if (static_cast<uint64_t>(st.st_size) < f.bytes) return SizeMismatch(f.path, st, f.bytes);
+    if (!f.crc_path.empty()) {
+      MORPH_ASSIGN_SYSCALL_OR_RETURN(int cfd, ::open(f.crc_path.c_str(), O_RDONLY),
+                                     "opening " << f.crc_path);
+      crcs = Fd(cfd);
+    }
+    const BlockSource source{f.path,     f.bytes,    f.block_bytes, f.crc,
+                             f.crc_path, data.get(), crcs.get()};
+    const uint64_t per = std::max<uint64_t>(1, kChunkBytes / f.block_bytes);
+    for (uint64_t lo = 0; lo < f.blocks; lo += per) {
+      const uint64_t hi = std::min(f.blocks, lo + per);
+      const uint64_t start = lo * f.block_bytes, stop = std::min(f.bytes, hi * f.block_bytes);
+      FileSpan span;
+      MORPH_RETURN_IF_ERROR(span.Load(data.get(), f.path, start, stop, fallback));
+      MORPH_RETURN_IF_ERROR(LoadChecksums(source, lo, hi, want));
+      // Whole blocks together; the file's last block may be short.
+      const uint64_t whole = (stop - start) / f.block_bytes;
+      blocks.resize(static_cast<size_t>(whole));
+      got.resize(static_cast<size_t>(hi - lo));
+      for (uint64_t i = 0; i < whole; ++i) blocks[i] = span.data() + i * f.block_bytes;
+      Crc32cEach(blocks.data(), f.block_bytes, static_cast<size_t>(whole), got.data());
+      if (whole < hi - lo) {
+        got[whole] =
+            Crc32c(span.data() + whole * f.block_bytes, stop - start - whole * f.block_bytes);
+      }
+      for (uint64_t k = lo; k < hi; ++k) {
+        if (got[k - lo] != want[k - lo]) return ChecksumMismatch(f.path, k, f.block_bytes, f.bytes);
+      }
+      *bytes_read_ += static_cast<int64_t>(stop - start);
+    }
+  }
+  return Status();
 }
 
 Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard& shard,

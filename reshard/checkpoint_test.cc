@@ -415,6 +415,49 @@ TEST_F(CheckpointTest, ManifestOffsetsThatWrapAreDataLoss) {
   MORPH_EXPECT_OK(CheckpointReader::Open(dir_).status());
 }
 
+// Verify reads every block once and checks it: a flipped byte anywhere is found (naming the file
+// and block, as a Read of it would), as is a file shortened after Open.
+TEST_F(CheckpointTest, VerifyFindsAFlippedByteAnywhere) {
+  CheckpointSaveOptions opts;
+  opts.block_bytes = 256;
+  Save(Tp4(), 4, opts);
+  {
+    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+    MORPH_EXPECT_OK(ckpt.Verify());
+    int64_t total = 0;
+    for (int r = 0; r < 4; ++r) {
+      total += static_cast<int64_t>(
+          fs::file_size(dir_ + "/rank-0000" + std::to_string(r) + "/data.bin"));
+    }
+    EXPECT_EQ(ckpt.bytes_read(), total);
+  }
+  const std::string f2 = dir_ + "/rank-00002/data.bin";
+  const uint64_t last = fs::file_size(f2) - 1;  // in the file's last (short) block
+  for (const uint64_t at : {uint64_t{0}, uint64_t{300}, last}) {
+    SCOPED_TRACE("byte " + std::to_string(at));
+    std::fstream f(f2, std::ios::in | std::ios::out | std::ios::binary);
+    char c;
+    f.seekg(static_cast<std::streamoff>(at));
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x01));
+    f.close();
+    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+    EXPECT_THAT(ckpt.Verify(),
+                StatusIs(StatusCode::kDataLoss,
+                         AllOf(HasSubstr(f2), HasSubstr("checksum mismatch in block " +
+                                                        std::to_string(at / 256)))));
+    std::fstream g(f2, std::ios::in | std::ios::out | std::ios::binary);
+    g.seekp(static_cast<std::streamoff>(at));
+    g.put(c);
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  MORPH_EXPECT_OK(ckpt.Verify());
+  fs::resize_file(f2, 100);
+  EXPECT_THAT(ckpt.Verify(),
+              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(f2), HasSubstr("truncated"))));
+}
+
 TEST_F(CheckpointTest, OverlappingOrMissingPiecesAreDataLoss) {
   // The replicated scalar saved by two ranks: overlapping pieces.
   auto layouts = Tp4();

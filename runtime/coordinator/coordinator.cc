@@ -555,7 +555,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
               << ": checkpoint folders in " << options.checkpoint_dir << " of a lower generation"
               << " are an earlier run's, never deleted by this job";
   }
-  std::function<std::optional<RecoveryCheckpoint>()> resume_lookup;
+  ResumeFinder resume_finder;
   if (!options.latest_checkpoint && !options.checkpoint_dir.empty()) {
     // A recovery reads this job's own checkpoints (generation >= first_generation: an earlier
     // run's are another training's state unless this job resumed from one) or the one it
@@ -569,12 +569,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
       }
       return *resumed;
     };
-    resume_lookup = [dir = options.checkpoint_dir, resumed]() -> std::optional<RecoveryCheckpoint> {
-      StatusOr<CheckpointRef> c = LatestCompleteCheckpoint(dir);
-      if (!c.ok()) return std::nullopt;
-      *resumed = RecoveryCheckpoint{.step = c->step, .path = c->path};
-      return *resumed;
-    };
+    resume_finder = FolderResumeFinder(options.checkpoint_dir, resumed);
   }
   if (options.ResumeEnabled() && !options.latest_checkpoint) {
     LOG(WARNING) << "coordinator: MORPH_RESUME=" << ResumeModeName(*options.resume)
@@ -583,7 +578,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
                          : std::string())
                  << " but no checkpoint folder (MORPH_CHECKPOINT_DIR): the job starts afresh";
   }
-  auto impl = std::make_shared<Impl>(std::move(options), std::move(resume_lookup));
+  auto impl = std::make_shared<Impl>(std::move(options), std::move(resume_finder));
   Status s = impl->Start();
   if (!s.ok()) {
     impl->Stop();

@@ -4,6 +4,7 @@
 #include "runtime/coordinator/coordinator.h"
 
 #include <arpa/inet.h>
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "base/testing.h"
+#include "reshard/checkpoint.h"
 #include "runtime/agent/agent_core.h"
 #include "runtime/protocol/control_client.h"
 
@@ -667,6 +670,95 @@ TEST(CoordinatorTest, ACheckpointFolderWhoseGenerationCannotBeFollowedStopsTheSt
   o.first_generation = (int64_t{1} << 62) + 2;
   EXPECT_THAT(Coordinator::Start(o).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("first_generation")));
+}
+
+// Saves a checkpoint of Manifest()'s tensors and scalars at `step` (one rank) under `dir`.
+void SaveManifestCheckpoint(const std::string& dir, int64_t step, int64_t generation) {
+  const JobManifest m = Manifest();
+  std::vector<std::vector<char>> bytes;
+  std::vector<CheckpointPiece> pieces;
+  bytes.reserve(m.tensors.size() + m.scalars.size());
+  auto add = [&](TensorInfo info) {
+    const Box box = Box::FromShape(info.shape);
+    bytes.emplace_back(static_cast<size_t>(*box.NumElements() * DTypeSize(info.dtype)),
+                       static_cast<char>(step));
+    pieces.push_back(
+        {std::move(info), *Shard::Whole(box),
+         ConstBufferView(bytes.back().data(), bytes.back().size(), MemoryKind::kHost)});
+  };
+  for (const TensorSpec& t : m.tensors) add({t.name, t.dtype, t.shape, {}});
+  for (const ScalarSpec& sc : m.scalars) add({"scalar:" + sc.name, DType::kU8, {sc.bytes}, {}});
+  const std::string path =
+      dir + "/step-" + std::to_string(step) + "-g" + std::to_string(generation);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto save, SaveCheckpointAsync(path, 0, 1, step, "", pieces));
+  MORPH_ASSERT_OK(save->Wait(Deadline::AfterMs(60000)));
+}
+
+class WarningSink : public google::LogSink {
+ public:
+  void send(google::LogSeverity severity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t len) override {
+    if (severity < google::GLOG_WARNING) return;
+    std::lock_guard<std::mutex> l(mu_);
+    lines_ += std::string(message, len) + "\n";
+  }
+  std::string lines() {
+    std::lock_guard<std::mutex> l(mu_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string lines_;
+};
+
+// Resume at start with one flipped byte in the newest checkpoint's data (issue 22): the job
+// resumes from the newest checkpoint that verifies (step 4), with a WARNING naming the one passed
+// over and the steps lost; MORPH_RESUME=always and auto on a restart alike. With every complete
+// checkpoint damaged the job does not start (DATA_LOSS naming the newest).
+TEST(CoordinatorTest, ResumePassesOverADamagedNewestCheckpoint) {
+  char tmpl[] = "/tmp/morph_coordinator_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  SaveManifestCheckpoint(dir, 4, 1);
+  SaveManifestCheckpoint(dir, 8, 1);
+  auto flip = [&](int64_t step) {
+    std::fstream f(dir + "/step-" + std::to_string(step) + "-g1/rank-00000/data.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put(static_cast<char>(step ^ 0x40));
+  };
+  flip(8);
+  for (const auto& [mode, restarts] : {std::pair{ResumeMode::kAlways, 0}, {ResumeMode::kAuto, 1}}) {
+    SCOPED_TRACE(std::string(ResumeModeName(mode)));
+    WarningSink sink;
+    google::AddLogSink(&sink);
+    CoordinatorOptions o = Options(1);
+    o.checkpoint_dir = dir;
+    o.resume = mode;
+    o.restart_count = restarts;
+    MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
+    auto w = StartWorkers(*coord, 1);
+    const bool started = WaitFor([&] { return w[0]->generation() != 0; });
+    google::RemoveLogSink(&sink);
+    ASSERT_TRUE(started);
+    EXPECT_EQ(w[0]->gen().start_step, 4);
+    const std::string warnings = sink.lines();
+    EXPECT_NE(warnings.find(dir + "/step-8-g1"), std::string::npos) << warnings;
+    EXPECT_NE(warnings.find("checksum mismatch"), std::string::npos) << warnings;
+    EXPECT_NE(warnings.find("4 steps"), std::string::npos) << warnings;
+  }
+  flip(4);
+  CoordinatorOptions o = Options(1);
+  o.checkpoint_dir = dir;
+  o.resume = ResumeMode::kAlways;
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
+  auto w = StartWorkers(*coord, 1);
+  EXPECT_THAT(coord->Wait(Deadline::AfterMs(10000)),
+              StatusIs(StatusCode::kDataLoss, HasSubstr(dir + "/step-8-g1")));
+  w.clear();
+  coord.reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

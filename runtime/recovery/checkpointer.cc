@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -283,6 +284,48 @@ StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir, int64_t
       "no complete checkpoint in " + dir +
       (min_generation > 0 ? " of generation " + std::to_string(min_generation) + " or later" : "") +
       (all.empty() ? "" : " (" + std::to_string(all.size()) + " folders)"));
+}
+
+StatusOr<CheckpointRef> NewestIntactCheckpoint(
+    const std::string& dir,
+    const std::function<Status(const CheckpointReader&, const std::string& path)>& check,
+    std::vector<SkippedCheckpoint>* skipped) {
+  const std::vector<Entry> all = ListCheckpoints(dir).folders;
+  std::vector<SkippedCheckpoint> passed;
+  std::optional<CheckpointRef> found;
+  for (auto it = all.rbegin(); it != all.rend() && !found; ++it) {
+    const CheckpointRef ref{it->step, it->generation, it->path};
+    StatusOr<CheckpointReader> r = CheckpointReader::Open(it->path);
+    if (r.status().code() == StatusCode::kFailedPrecondition ||
+        r.status().code() == StatusCode::kNotFound) {
+      continue;  // incomplete (a save cut short, or still being written), or gone
+    }
+    if (!r.ok()) {
+      passed.push_back({ref, r.status()});
+    } else if (r->step() != it->step) {
+      passed.push_back({ref, DataLossError("it holds step " + std::to_string(r->step()) +
+                                           ", its name says " + std::to_string(it->step))});
+    } else {
+      if (check) {
+        MORPH_RETURN_IF_ERROR(check(*r, it->path));
+      }
+      Status intact = r->Verify();
+      if (intact.ok()) {
+        found = ref;
+      } else {
+        passed.push_back({ref, std::move(intact)});
+      }
+    }
+  }
+  if (skipped) skipped->insert(skipped->end(), passed.begin(), passed.end());
+  if (found) return *found;
+  if (!passed.empty()) {
+    return DataLossError(
+        "no complete checkpoint in " + dir + " is intact: the newest, " + passed.front().ref.path +
+        ": " + std::string(passed.front().why.message()) +
+        (passed.size() > 1 ? " (and " + std::to_string(passed.size() - 1) + " older ones)" : ""));
+  }
+  return NotFoundError("no complete checkpoint in " + dir);
 }
 
 StatusOr<int64_t> NewestCheckpointGeneration(const std::string& dir) {

@@ -24,6 +24,7 @@
 #define MORPH_RUNTIME_RECOVERY_CHECKPOINTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -153,6 +154,27 @@ class PeriodicCheckpointer {
 // folder). Any thread.
 StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir,
                                                  int64_t min_generation = 0);
+
+// A checkpoint NewestIntactCheckpoint passed over, and why (kDataLoss: a block that does not
+// match its checksum, an unreadable manifest, a truncated file, ...).
+struct SkippedCheckpoint {
+  CheckpointRef ref;
+  Status why;
+};
+
+// Resume at start: the newest checkpoint under `dir` (any generation; newest by (step,
+// generation)) that is complete and intact. Newest first, each folder is opened (an incomplete
+// one, a save cut short, is passed over without a word), given to `check` (e.g. the job's
+// registration, CheckCheckpointMatches; its error is returned at once: the newest complete
+// checkpoint decides whether the job may start at all), then verified whole
+// (CheckpointReader::Verify: its data is read once). A complete one that is damaged (Open or
+// Verify fails otherwise) is appended to `skipped` (newest first) and the next older one is
+// tried. kNotFound naming `dir` when there is no complete checkpoint; kDataLoss naming the
+// newest damaged one when every complete one is damaged. Any thread.
+StatusOr<CheckpointRef> NewestIntactCheckpoint(
+    const std::string& dir,
+    const std::function<Status(const CheckpointReader&, const std::string& path)>& check,
+    std::vector<SkippedCheckpoint>* skipped);
 
 // The largest generation a checkpoint folder may name. A job started on a folder numbers its
 // generations after the newest one there and must have room to count on: 2^62 leaves more

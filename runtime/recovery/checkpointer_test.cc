@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "base/testing.h"
 #include "runtime/recovery/recovery_testutil.h"
@@ -347,6 +348,51 @@ TEST_F(CheckpointerTest, ResumeHelpersCheckTheManifestAndNumberGenerations) {
   scalars.push_back({"extra", 4});
   EXPECT_THAT(CheckCheckpointMatches(reader, path, s0->tensors(), scalars),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("scalar 'extra' is not in it")));
+}
+
+// Resume at start (issue 22): the newest complete checkpoint that verifies whole, passing over
+// (and naming) a newer one with a flipped data byte; incomplete ones are passed over silently;
+// the registration check of the newest complete one decides; none intact is kDataLoss.
+TEST_F(CheckpointerTest, NewestIntactCheckpointPassesOverADamagedOne) {
+  const ParallelConfig c = Config(1, 2, 1);
+  EXPECT_THAT(NewestIntactCheckpoint(dir_, nullptr, nullptr),
+              StatusIs(StatusCode::kNotFound, HasSubstr(dir_)));
+  SaveAll(c, 5, 1, 5, false, /*keep=*/10);
+  SaveAll(c, 10, 1, 10, false, /*keep=*/10);
+  SaveRankZeroOnly(15, 1);  // incomplete
+  const std::string data = CheckpointPath(dir_, 10, 1) + "/rank-00001/data.bin";
+  {
+    std::fstream f(data, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(7);
+    f.put('\x5a');
+  }
+  std::vector<SkippedCheckpoint> skipped;
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointRef ref, NewestIntactCheckpoint(dir_, nullptr, &skipped));
+  EXPECT_EQ(ref.path, CheckpointPath(dir_, 5, 1));
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].ref.path, CheckpointPath(dir_, 10, 1));
+  EXPECT_THAT(skipped[0].why,
+              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(data), HasSubstr("checksum"))));
+  // The check sees the newest complete one first, and its error is the answer.
+  std::vector<std::string> checked;
+  auto refuse = [&](const CheckpointReader&, const std::string& path) {
+    checked.push_back(path);
+    return FailedPreconditionError("not this one");
+  };
+  EXPECT_THAT(NewestIntactCheckpoint(dir_, refuse, nullptr),
+              StatusIs(StatusCode::kFailedPrecondition, "not this one"));
+  EXPECT_EQ(checked, std::vector<std::string>{CheckpointPath(dir_, 10, 1)});
+  // Every complete one damaged: kDataLoss naming the newest.
+  {
+    std::fstream f(CheckpointPath(dir_, 5, 1) + "/rank-00000/manifest.json",
+                   std::ios::in | std::ios::out);
+    f.put('!');
+  }
+  skipped.clear();
+  EXPECT_THAT(NewestIntactCheckpoint(dir_, nullptr, &skipped),
+              StatusIs(StatusCode::kDataLoss,
+                       AllOf(HasSubstr(CheckpointPath(dir_, 10, 1)), HasSubstr("1 older"))));
+  EXPECT_EQ(skipped.size(), 2u);
 }
 
 // Folder names are read exactly as CheckpointPath writes them (issue 22). Names with a sign, a
