@@ -101,16 +101,33 @@ class FileSpan {
 StatusOr<Shard> ShardFromJson(const json& j) {
   Shard s;
   std::vector<Interval> dims;
-  for (const json& d : j.at("frame"))
+  for (const json& d : j.at("frame")) {
     dims.push_back({d.at(0).get<int64_t>(), d.at(1).get<int64_t>()});
+    // A saved frame lies in its tensor's box, from 0; a negative start would also let the
+    // interval's size overflow.
+    if (dims.back().begin < 0) {
+      return DataLossError("a shard's frame starts at " + std::to_string(dims.back().begin));
+    }
+  }
   s.frame = Box(std::move(dims));
   s.flat_begin = j.at("flat_begin").get<int64_t>();
   s.flat_end = j.at("flat_end").get<int64_t>();
-  MORPH_ASSIGN_OR_RETURN(int64_t n, s.frame.NumElements());
+  StatusOr<int64_t> elements = s.frame.NumElements();
+  if (!elements.ok()) return DataLossError(elements.status().message());
+  const int64_t n = *elements;
   if (s.flat_begin < 0 || s.flat_end > n || s.flat_begin > s.flat_end) {
     return DataLossError("shard " + s.ToString() + " has a flat range outside its frame");
   }
   return s;
+}
+
+// Whether `elements` of `element_bytes` each, from byte `offset`, lie within a file of
+// `file_bytes`. Every number comes from a manifest, so nothing is added or multiplied that could
+// wrap: offset + length near 2^64 must not pass as a small number.
+bool PieceFits(uint64_t offset, int64_t elements, int element_bytes, uint64_t file_bytes) {
+  if (elements < 0 || element_bytes <= 0 || offset > file_bytes) return false;
+  const uint64_t room = file_bytes - offset;
+  return static_cast<uint64_t>(elements) <= room / static_cast<uint64_t>(element_bytes);
 }
 
 int64_t ElementOffset(const StridedView& v, int64_t linear) {
@@ -133,6 +150,14 @@ struct BlockSource {
   int fd;
   int crc_fd;
 };
+
+// Block `k` of data file `path` (blocks of `block` bytes, the file `bytes` long) does not match
+// its checksum.
+Status ChecksumMismatch(const std::string& path, uint64_t k, uint64_t block, uint64_t bytes) {
+  return DataLossError("data file " + path + " is corrupted: checksum mismatch in block " +
+                       std::to_string(k) + " (bytes " + std::to_string(k * block) + ".." +
+                       std::to_string(std::min(bytes, (k + 1) * block)) + ")");
+}
 
 // The checksums of blocks [lo, hi): from the manifest (format 1) or read from checksums.bin.
 Status LoadChecksums(const BlockSource& f, uint64_t lo, uint64_t hi, std::vector<uint32_t>& out) {
@@ -227,9 +252,7 @@ Status CopyVerified(const BlockSource& f, uint64_t piece_offset, const CopyGeome
   auto block_end = [&](uint64_t k) { return std::min(f.bytes, (k + 1) * block); };
   auto check = [&](uint64_t k, uint32_t crc) -> Status {
     if (crc == want[k - lo]) return Status();
-    return DataLossError("data file " + f.path + " is corrupted: checksum mismatch in block " +
-                         std::to_string(k) + " (bytes " + std::to_string(k * block) + ".." +
-                         std::to_string(block_end(k)) + ")");
+    return ChecksumMismatch(f.path, k, block, f.bytes);
   };
   auto defer = [&](uint64_t k, size_t first, size_t end) {
     alone.push_back(k);
@@ -376,7 +399,8 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
       if (f.block_bytes == 0 || f.block_bytes % kAlign != 0) {
         return DataLossError("manifest " + man_path + " has inconsistent checksum blocks");
       }
-      f.blocks = (f.bytes + f.block_bytes - 1) / f.block_bytes;
+      // (Not (bytes + block - 1) / block: a manifest's size near 2^64 would wrap.)
+      f.blocks = f.bytes / f.block_bytes + (f.bytes % f.block_bytes != 0 ? 1 : 0);
       if (version == 1) {
         f.crc = jf.at("crc32c").get<std::vector<uint32_t>>();
         if (f.crc.size() != f.blocks) {
@@ -430,17 +454,23 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
         }
         Piece p;
         p.file = file_index;
-        MORPH_ASSIGN_OR_RETURN(p.shard, ShardFromJson(jp.at("shard")), "manifest " << man_path);
+        MORPH_ASSIGN_OR_RETURN(p.shard, ShardFromJson(jp.at("shard")),
+                               "manifest " << man_path << ", a piece of tensor '" << name << "'");
         p.offset = jp.at("offset").get<uint64_t>();
         const TensorInfo& t = reader.tensors_[it->second];
-        const uint64_t bytes = static_cast<uint64_t>(p.shard.NumElements()) *
-                               static_cast<uint64_t>(DTypeSize(t.dtype));
+        const std::string bad =
+            "manifest " + man_path + " has an inconsistent piece of tensor '" + name + "'";
+        const uint64_t file_bytes = reader.files_[static_cast<size_t>(file_index)].bytes;
         if (p.offset % kAlign != 0 ||
-            p.offset + bytes > reader.files_[static_cast<size_t>(file_index)].bytes ||
-            !Box::FromShape(t.shape).Contains(p.shard.frame) ||
+            !PieceFits(p.offset, p.shard.NumElements(), DTypeSize(t.dtype), file_bytes)) {
+          return DataLossError(bad + ": offset " + std::to_string(p.offset) + " and " +
+                               std::to_string(p.shard.NumElements()) + " elements of " +
+                               std::to_string(DTypeSize(t.dtype)) + " bytes do not fit in its " +
+                               std::to_string(file_bytes) + "-byte data file");
+        }
+        if (!Box::FromShape(t.shape).Contains(p.shard.frame) ||
             p.shard.frame.rank() != static_cast<int>(t.shape.size())) {
-          return DataLossError("manifest " + man_path + " has an inconsistent piece of tensor '" +
-                               name + "'");
+          return DataLossError(bad + ": shard " + p.shard.ToString() + " lies outside its shape");
         }
         reader.pieces_[it->second].push_back(std::move(p));
       }
@@ -459,8 +489,14 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
   // Saved pieces of a tensor must cover it exactly once.
   for (size_t t = 0; t < reader.tensors_.size(); ++t) {
     const TensorInfo& info = reader.tensors_[t];
-    int64_t total = 1, saved = 0;
-    for (int64_t s : info.shape) total *= s;
+    int64_t saved = 0;
+    StatusOr<int64_t> total_or = Box::FromShape(info.shape).NumElements();
+    if (!total_or.ok()) {
+      return DataLossError("checkpoint " + dir + ": tensor '" + info.name + "' has shape " +
+                           Box::FromShape(info.shape).ToString() + ": " +
+                           std::string(total_or.status().message()));
+    }
+    const int64_t total = *total_or;
     const auto& ps = reader.pieces_[t];
     std::vector<std::vector<Box>> boxes;
     for (const Piece& p : ps) {
@@ -500,6 +536,50 @@ StatusOr<CheckpointReader> CheckpointReader::Open(const std::string& dir) {
     }
   }
   return reader;
+}
+
+Status CheckpointReader::Verify() const {
+  constexpr uint64_t kChunkBytes = uint64_t{16} << 20;
+  std::vector<char> fallback;
+  std::vector<uint32_t> want, got;
+  std::vector<const void*> blocks;
+  for (const File& f : files_) {
+    MORPH_ASSIGN_SYSCALL_OR_RETURN(int fd, ::open(f.path.c_str(), O_RDONLY), "opening " << f.path);
+    Fd data(fd), crcs;
+    struct stat st {};
+    MORPH_SYSCALL_RETURN_IF_ERROR(::fstat(fd, &st)) << "reading the size of " << f.path;
+    if (static_cast<uint64_t>(st.st_size) < f.bytes) return SizeMismatch(f.path, st, f.bytes);
+    if (!f.crc_path.empty()) {
+      MORPH_ASSIGN_SYSCALL_OR_RETURN(int cfd, ::open(f.crc_path.c_str(), O_RDONLY),
+                                     "opening " << f.crc_path);
+      crcs = Fd(cfd);
+    }
+    const BlockSource source{f.path,     f.bytes,    f.block_bytes, f.crc,
+                             f.crc_path, data.get(), crcs.get()};
+    const uint64_t per = std::max<uint64_t>(1, kChunkBytes / f.block_bytes);
+    for (uint64_t lo = 0; lo < f.blocks; lo += per) {
+      const uint64_t hi = std::min(f.blocks, lo + per);
+      const uint64_t start = lo * f.block_bytes, stop = std::min(f.bytes, hi * f.block_bytes);
+      FileSpan span;
+      MORPH_RETURN_IF_ERROR(span.Load(data.get(), f.path, start, stop, fallback));
+      MORPH_RETURN_IF_ERROR(LoadChecksums(source, lo, hi, want));
+      // Whole blocks together; the file's last block may be short.
+      const uint64_t whole = (stop - start) / f.block_bytes;
+      blocks.resize(static_cast<size_t>(whole));
+      got.resize(static_cast<size_t>(hi - lo));
+      for (uint64_t i = 0; i < whole; ++i) blocks[i] = span.data() + i * f.block_bytes;
+      Crc32cEach(blocks.data(), f.block_bytes, static_cast<size_t>(whole), got.data());
+      if (whole < hi - lo) {
+        got[whole] =
+            Crc32c(span.data() + whole * f.block_bytes, stop - start - whole * f.block_bytes);
+      }
+      for (uint64_t k = lo; k < hi; ++k) {
+        if (got[k - lo] != want[k - lo]) return ChecksumMismatch(f.path, k, f.block_bytes, f.bytes);
+      }
+      *bytes_read_ += static_cast<int64_t>(stop - start);
+    }
+  }
+  return Status();
 }
 
 Status CheckpointReader::Read(const std::string& name, DType dtype, const Shard& shard,

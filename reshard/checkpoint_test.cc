@@ -7,6 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -373,6 +375,87 @@ TEST_F(CheckpointTest, BadInputsAndReads) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("tensor 'w1' has 8 bytes")));
   EXPECT_THAT(SaveCheckpointAsync(root_ + "/y", 0, 1, 7, "{\"tp\": ", none).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("config_json is not JSON")));
+}
+
+// A hand-edited manifest whose numbers wrap past 2^64 when added: each is refused by Open
+// (kDataLoss naming the manifest, the tensor and the field), never read from.
+TEST_F(CheckpointTest, ManifestOffsetsThatWrapAreDataLoss) {
+  Save(Tp4(), 4);
+  const std::string man = dir_ + "/rank-00000/manifest.json";
+  const auto original = nlohmann::json::parse(std::ifstream(man));
+  auto edit = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json m = original;
+    change(m);
+    std::ofstream(man) << m.dump();
+  };
+  size_t w1 = 0;  // rank 0's piece of w1
+  while (original.at("pieces").at(w1).at("tensor") != "w1") ++w1;
+  const nlohmann::json& shard = original.at("pieces").at(w1).at("shard");
+  const uint64_t piece_bytes =
+      4 * (shard.at("flat_end").get<uint64_t>() - shard.at("flat_begin").get<uint64_t>());
+  // offset + length wraps to a small number inside the file (the offset is 64-byte aligned).
+  const uint64_t wrapping = ~uint64_t{0} - 63;
+  ASSERT_LT(wrapping + piece_bytes, original.at("files").at(0).at("bytes").get<uint64_t>());
+  edit([&](nlohmann::json& m) { m["pieces"][w1]["offset"] = wrapping; });
+  EXPECT_THAT(
+      CheckpointReader::Open(dir_).status(),
+      StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(man), HasSubstr("tensor 'w1'"),
+                                            HasSubstr("offset " + std::to_string(wrapping)))));
+  // A data file size near 2^64 (its block count would wrap to 0).
+  edit([&](nlohmann::json& m) { m["files"][0]["bytes"] = ~uint64_t{0}; });
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("rank-00000/")));
+  // A frame reaching below 0 (its size would overflow).
+  edit([&](nlohmann::json& m) {
+    m["pieces"][w1]["shard"]["frame"][0] = {std::numeric_limits<int64_t>::min(), 48};
+  });
+  EXPECT_THAT(CheckpointReader::Open(dir_).status(),
+              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(man), HasSubstr("tensor 'w1'"))));
+  edit([](nlohmann::json&) {});
+  MORPH_EXPECT_OK(CheckpointReader::Open(dir_).status());
+}
+
+// Verify reads every block once and checks it: a flipped byte anywhere is found (naming the file
+// and block, as a Read of it would), as is a file shortened after Open.
+TEST_F(CheckpointTest, VerifyFindsAFlippedByteAnywhere) {
+  CheckpointSaveOptions opts;
+  opts.block_bytes = 256;
+  Save(Tp4(), 4, opts);
+  {
+    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+    MORPH_EXPECT_OK(ckpt.Verify());
+    int64_t total = 0;
+    for (int r = 0; r < 4; ++r) {
+      total += static_cast<int64_t>(
+          fs::file_size(dir_ + "/rank-0000" + std::to_string(r) + "/data.bin"));
+    }
+    EXPECT_EQ(ckpt.bytes_read(), total);
+  }
+  const std::string f2 = dir_ + "/rank-00002/data.bin";
+  const uint64_t last = fs::file_size(f2) - 1;  // in the file's last (short) block
+  for (const uint64_t at : {uint64_t{0}, uint64_t{300}, last}) {
+    SCOPED_TRACE("byte " + std::to_string(at));
+    std::fstream f(f2, std::ios::in | std::ios::out | std::ios::binary);
+    char c;
+    f.seekg(static_cast<std::streamoff>(at));
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(static_cast<char>(c ^ 0x01));
+    f.close();
+    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+    EXPECT_THAT(ckpt.Verify(),
+                StatusIs(StatusCode::kDataLoss,
+                         AllOf(HasSubstr(f2), HasSubstr("checksum mismatch in block " +
+                                                        std::to_string(at / 256)))));
+    std::fstream g(f2, std::ios::in | std::ios::out | std::ios::binary);
+    g.seekp(static_cast<std::streamoff>(at));
+    g.put(c);
+  }
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir_));
+  MORPH_EXPECT_OK(ckpt.Verify());
+  fs::resize_file(f2, 100);
+  EXPECT_THAT(ckpt.Verify(),
+              StatusIs(StatusCode::kDataLoss, AllOf(HasSubstr(f2), HasSubstr("truncated"))));
 }
 
 TEST_F(CheckpointTest, OverlappingOrMissingPiecesAreDataLoss) {

@@ -129,8 +129,9 @@ struct Options {
   // --- failures (docs/design.md §4 "Failure"; equal on all workers) ---
   // Periodic asynchronous checkpoints in the layout-free format (reshard/checkpoint.h), the
   // last resort when every replica of a piece is lost: MORPH_CHECKPOINT_DIR (empty: none),
-  // every MORPH_CHECKPOINT_EVERY steps (at the step's start), keeping the newest
-  // MORPH_CHECKPOINT_KEEP complete ones.
+  // every MORPH_CHECKPOINT_EVERY steps (at the step's start), keeping this job's newest
+  // MORPH_CHECKPOINT_KEEP complete ones (an earlier run's folders there are never deleted:
+  // docs/operations.md "Checkpoint retention").
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int checkpoint_keep = 2;
@@ -141,8 +142,8 @@ struct Options {
   // Resume at start, for the coordinator this worker hosts (mpirun rank 0, Slurm task 0, a
   // lone worker): MORPH_RESUME "auto" (on a restart, SLURM_RESTART_COUNT > 0), "always" or
   // "never" — whether the job's first generation starts from the newest complete checkpoint in
-  // checkpoint_dir (docs/operations.md "Whole-job preemption and requeue"). Then fresh_start() is
-  // false.
+  // checkpoint_dir whose data verifies (docs/operations.md "Whole-job preemption and requeue").
+  // Then fresh_start() is false.
   std::string resume = "auto";
   // In-memory buddy snapshots (Gemini): every MORPH_SNAPSHOT_EVERY steps (0: off) each rank
   // copies its state into host memory and sends the copy to its buddy, a rank on another host

@@ -91,6 +91,10 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
         /*wait_ms=*/600000, impl->opts.checkpoint_max_bytes_per_second);
   }
   MORPH_RETURN_IF_ERROR(impl->Bootstrap());
+  if (impl->checkpointer) {
+    // Retention deletes this job's checkpoints only, never an earlier run's on the same folder.
+    impl->checkpointer->set_first_generation(impl->agent->welcome().first_generation);
+  }
   std::unique_ptr<Runtime> rt(new Runtime(std::move(impl)));
   if (rt->impl_->opts.handle_sigterm) {
     struct sigaction sa = {};

@@ -440,7 +440,8 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
                  WelcomeMsg{.worker = c->id,
                             .generation = g.id,
                             .store_address = JoinHostPort(advertise_host_, store_->port()),
-                            .current = g})));
+                            .current = g,
+                            .first_generation = options_.first_generation})));
   VLOG(1) << "coordinator: worker " << c->id << " registered from " << c->host;
   Feed(DeciderEvent::Join{.worker = c->id, .host = c->host});
 }
@@ -534,11 +535,27 @@ void Coordinator::Impl::DoWrite(const std::shared_ptr<Conn>& c) {
 // ---- Coordinator -----------------------------------------------------------------------------
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
-  if (options.first_generation <= 0) {
-    options.first_generation =
-        options.checkpoint_dir.empty() ? 1 : NewestCheckpointGeneration(options.checkpoint_dir) + 1;
+  if (options.first_generation > kMaxCheckpointGeneration + 1) {
+    return InvalidArgumentError("first_generation " + std::to_string(options.first_generation) +
+                                " leaves no room to number generations after it (at most " +
+                                std::to_string(kMaxCheckpointGeneration + 1) + ")");
   }
-  std::function<std::optional<RecoveryCheckpoint>()> resume_lookup;
+  if (options.first_generation <= 0) {
+    options.first_generation = 1;
+    if (!options.checkpoint_dir.empty()) {
+      // Never past kMaxCheckpointGeneration + 1: the folder names are checked.
+      MORPH_ASSIGN_OR_RETURN(
+          int64_t newest, NewestCheckpointGeneration(options.checkpoint_dir),
+          "numbering the job's generations after the checkpoints in " << options.checkpoint_dir);
+      options.first_generation = newest + 1;
+    }
+  }
+  if (!options.checkpoint_dir.empty()) {
+    LOG(INFO) << "coordinator: the job's first generation is " << options.first_generation
+              << ": checkpoint folders in " << options.checkpoint_dir << " of a lower generation"
+              << " are an earlier run's, never deleted by this job";
+  }
+  ResumeFinder resume_finder;
   if (!options.latest_checkpoint && !options.checkpoint_dir.empty()) {
     // A recovery reads this job's own checkpoints (generation >= first_generation: an earlier
     // run's are another training's state unless this job resumed from one) or the one it
@@ -552,12 +569,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
       }
       return *resumed;
     };
-    resume_lookup = [dir = options.checkpoint_dir, resumed]() -> std::optional<RecoveryCheckpoint> {
-      StatusOr<CheckpointRef> c = LatestCompleteCheckpoint(dir);
-      if (!c.ok()) return std::nullopt;
-      *resumed = RecoveryCheckpoint{.step = c->step, .path = c->path};
-      return *resumed;
-    };
+    resume_finder = FolderResumeFinder(options.checkpoint_dir, resumed);
   }
   if (options.ResumeEnabled() && !options.latest_checkpoint) {
     LOG(WARNING) << "coordinator: MORPH_RESUME=" << ResumeModeName(*options.resume)
@@ -566,7 +578,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
                          : std::string())
                  << " but no checkpoint folder (MORPH_CHECKPOINT_DIR): the job starts afresh";
   }
-  auto impl = std::make_shared<Impl>(std::move(options), std::move(resume_lookup));
+  auto impl = std::make_shared<Impl>(std::move(options), std::move(resume_finder));
   Status s = impl->Start();
   if (!s.ok()) {
     impl->Stop();

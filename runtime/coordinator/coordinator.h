@@ -102,9 +102,11 @@ struct CoordinatorOptions {
   bool ResumeEnabled() const {
     return resume == ResumeMode::kAlways || (resume == ResumeMode::kAuto && restart_count > 0);
   }
-  // The job's first generation id. 0: after the newest generation a checkpoint folder in
-  // checkpoint_dir names (NewestCheckpointGeneration), so a job restarted on an earlier run's
-  // checkpoints never writes into a folder of theirs; 1 when there is none.
+  // The job's first generation id (at most kMaxCheckpointGeneration + 1). 0: after the newest
+  // generation a checkpoint folder in checkpoint_dir names (NewestCheckpointGeneration), so a
+  // job restarted on an earlier run's checkpoints never writes into a folder of theirs; 1 when
+  // there is none. Sent to every worker in its Welcome: its checkpoint retention never deletes
+  // a folder of a lower generation.
   int64_t first_generation = 0;
   // A handshake (Hello + Register) must complete within this, else the connection is closed.
   int64_t handshake_timeout_ms = 10000;
@@ -129,7 +131,10 @@ class Coordinator {
  public:
   // Binds the control channel, starts the store, the scheduler API and the io thread.
   // kInvalidArgument for an empty token, initial_world < 1, max_world < initial_world, an
-  // invalid manifest or an address that does not parse; kUnavailable when a bind fails.
+  // invalid manifest, an address that does not parse or a first_generation beyond
+  // kMaxCheckpointGeneration + 1; kFailedPrecondition naming a checkpoint folder whose
+  // generation the job could not number after (NewestCheckpointGeneration); kUnavailable when a
+  // bind fails.
   static StatusOr<std::unique_ptr<Coordinator>> Start(CoordinatorOptions options);
   ~Coordinator();  // Stop()
   Coordinator(const Coordinator&) = delete;

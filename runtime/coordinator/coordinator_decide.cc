@@ -16,30 +16,69 @@
 namespace morph {
 namespace coordinator_internal {
 
-// Resume at start, on the planner thread: the checkpoint `lookup` names (none: a fresh start),
-// if it holds exactly the job's registered tensors and scalars; else the event's status says
-// why the job cannot start.
-DeciderEvent::ResumeReady ResumeCheckpoint(
-    int64_t generation, const std::shared_ptr<const JobManifest>& manifest,
-    const std::function<std::optional<RecoveryCheckpoint>()>& lookup) {
+ResumeFinder FolderResumeFinder(std::string dir,
+                                std::shared_ptr<std::optional<RecoveryCheckpoint>> resumed) {
+  return [dir = std::move(dir), resumed = std::move(resumed)](
+             const JobManifest& m) -> StatusOr<std::optional<RecoveryCheckpoint>> {
+    auto matches = [&m](const CheckpointReader& reader, const std::string& path) {
+      return CheckCheckpointMatches(reader, path, m.tensors, m.scalars);
+    };
+    std::vector<SkippedCheckpoint> skipped;
+    StatusOr<CheckpointRef> c = NewestIntactCheckpoint(dir, matches, &skipped);
+    for (const SkippedCheckpoint& s : skipped) {
+      LOG(WARNING) << "coordinator: resume passes over checkpoint " << s.ref.path << " (step "
+                   << s.ref.step << "): " << s.why;
+    }
+    if (c.status().code() == StatusCode::kNotFound) return std::optional<RecoveryCheckpoint>();
+    if (!c.ok()) return c.status();
+    if (!skipped.empty()) {
+      const int64_t lost = std::max<int64_t>(0, skipped.front().ref.step - c->step);
+      LOG(WARNING) << "coordinator: resuming from checkpoint " << c->path << " at step " << c->step
+                   << " instead of the newest complete one, " << skipped.front().ref.path
+                   << ", which is damaged: " << lost << " steps"
+                   << (lost > 0 ? " (" + std::to_string(c->step) + ".." +
+                                      std::to_string(c->step + lost - 1) + ")"
+                                : std::string())
+                   << " are lost and trained again";
+    }
+    *resumed = RecoveryCheckpoint{.step = c->step, .path = c->path};
+    return *resumed;
+  };
+}
+
+ResumeFinder CallbackResumeFinder(std::function<std::optional<RecoveryCheckpoint>()> latest) {
+  if (!latest) return nullptr;
+  return [latest = std::move(latest)](
+             const JobManifest& m) -> StatusOr<std::optional<RecoveryCheckpoint>> {
+    std::optional<RecoveryCheckpoint> c = latest();
+    if (!c) return c;
+    MORPH_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(c->path),
+                           "resuming from checkpoint " << c->path);
+    if (reader.step() != c->step) {
+      return FailedPreconditionError("resuming from checkpoint " + c->path + ": it holds step " +
+                                     std::to_string(reader.step()) + ", not " +
+                                     std::to_string(c->step));
+    }
+    MORPH_RETURN_IF_ERROR(CheckCheckpointMatches(reader, c->path, m.tensors, m.scalars));
+    MORPH_RETURN_IF_ERROR(reader.Verify()) << "resuming from checkpoint " << c->path;
+    return c;
+  };
+}
+
+DeciderEvent::ResumeReady ResumeCheckpoint(int64_t generation,
+                                           const std::shared_ptr<const JobManifest>& manifest,
+                                           const ResumeFinder& find) {
   DeciderEvent::ResumeReady out{.generation = generation};
   if (!manifest) {
     out.status = FailedPreconditionError("no manifest registered");
     return out;
   }
-  out.checkpoint = lookup ? lookup() : std::nullopt;
-  if (!out.checkpoint) return out;
-  const RecoveryCheckpoint& c = *out.checkpoint;
-  StatusOr<CheckpointReader> reader = CheckpointReader::Open(c.path);
-  if (!reader.ok()) {
-    out.status = reader.status().WithContext("resuming from checkpoint " + c.path);
-  } else if (reader->step() != c.step) {
-    out.status =
-        FailedPreconditionError("resuming from checkpoint " + c.path + ": it holds step " +
-                                std::to_string(reader->step()) + ", not " + std::to_string(c.step));
+  if (!find) return out;
+  StatusOr<std::optional<RecoveryCheckpoint>> c = find(*manifest);
+  if (c.ok()) {
+    out.checkpoint = *std::move(c);
   } else {
-    out.status = CheckCheckpointMatches(*reader, c.path, manifest->tensors, manifest->scalars);
-    if (!out.status.ok()) out.status = out.status.WithContext("resuming the job");
+    out.status = c.status().WithContext("resuming the job");
   }
   return out;
 }
@@ -140,11 +179,11 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
                     << ResumeModeName(options_.resume.value_or(ResumeMode::kNever))
                     << ", SLURM_RESTART_COUNT=" << options_.restart_count << ")";
           std::shared_ptr<const JobManifest> manifest = manifest_;
-          std::function<std::optional<RecoveryCheckpoint>()> lookup = resume_lookup_;
+          ResumeFinder find = resume_finder_;
           std::weak_ptr<Impl> weak = weak_from_this();
-          asio::post(planner_, [weak, manifest, lookup, gen = a.generation] {
+          asio::post(planner_, [weak, manifest, find, gen = a.generation] {
             auto start = Clock::now();
-            DeciderEvent::ResumeReady found = ResumeCheckpoint(gen, manifest, lookup);
+            DeciderEvent::ResumeReady found = ResumeCheckpoint(gen, manifest, find);
             double ms = Ms(Clock::now() - start);
             auto strong = weak.lock();
             if (!strong) return;

@@ -65,10 +65,25 @@ inline std::string Ids(const std::vector<WorkerId>& v, size_t max = 16) {
   return os.str();
 }
 
-// Resume at start, on the planner thread (coordinator_decide.cc).
-DeciderEvent::ResumeReady ResumeCheckpoint(
-    int64_t generation, const std::shared_ptr<const JobManifest>& manifest,
-    const std::function<std::optional<RecoveryCheckpoint>()>& lookup);
+// Resume at start, on the planner thread: the checkpoint the job of registration `manifest`
+// resumes from (nullopt: a fresh start), or why it cannot start.
+using ResumeFinder =
+    std::function<StatusOr<std::optional<RecoveryCheckpoint>>(const JobManifest& manifest)>;
+
+// The newest checkpoint in `dir` that is complete, holds exactly the registration and verifies
+// whole (NewestIntactCheckpoint: a damaged newer one is passed over with a WARNING naming it and
+// the steps that costs). `resumed` gets the one chosen (a recovery may roll back to it).
+ResumeFinder FolderResumeFinder(std::string dir,
+                                std::shared_ptr<std::optional<RecoveryCheckpoint>> resumed);
+// The checkpoint `latest` (CoordinatorOptions::latest_checkpoint) names, if it holds exactly the
+// registration and verifies whole; no fallback (it names one). Null when `latest` is.
+ResumeFinder CallbackResumeFinder(std::function<std::optional<RecoveryCheckpoint>()> latest);
+
+// Resume at start, on the planner thread (coordinator_decide.cc): `find`'s answer as the
+// decider's event (no finder: a fresh start).
+DeciderEvent::ResumeReady ResumeCheckpoint(int64_t generation,
+                                           const std::shared_ptr<const JobManifest>& manifest,
+                                           const ResumeFinder& find);
 
 // ---- one worker's control connection ---------------------------------------------------------
 struct Conn : std::enable_shared_from_this<Conn> {
@@ -106,15 +121,17 @@ using namespace coordinator_internal;  // the two files that include this header
 
 class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl> {
  public:
-  // `resume_lookup`: where resume at start finds its checkpoint (null: latest_checkpoint).
-  Impl(CoordinatorOptions options, std::function<std::optional<RecoveryCheckpoint>()> resume_lookup)
+  // `resume_finder`: where resume at start finds its checkpoint (null: the one
+  // latest_checkpoint names, if set).
+  Impl(CoordinatorOptions options, ResumeFinder resume_finder)
       : options_(std::move(options)),
-        resume_lookup_(resume_lookup ? std::move(resume_lookup) : options_.latest_checkpoint),
+        resume_finder_(resume_finder ? std::move(resume_finder)
+                                     : CallbackResumeFinder(options_.latest_checkpoint)),
         decider_(
             DeciderOptions{.initial_world = options_.initial_world,
                            .max_world = options_.max_world,
                            .heartbeat_timeout_ms = options_.heartbeat_timeout_ms,
-                           .resume = options_.ResumeEnabled() && static_cast<bool>(resume_lookup_),
+                           .resume = options_.ResumeEnabled() && static_cast<bool>(resume_finder_),
                            .first_generation = options_.first_generation}),
         acceptor_(io_),
         tick_(io_),
@@ -161,7 +178,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   }
 
   CoordinatorOptions options_;
-  std::function<std::optional<RecoveryCheckpoint>()> resume_lookup_;  // planner thread
+  ResumeFinder resume_finder_;  // planner thread
   std::string advertise_host_;
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;

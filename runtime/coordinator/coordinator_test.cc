@@ -4,15 +4,19 @@
 #include "runtime/coordinator/coordinator.h"
 
 #include <arpa/inet.h>
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "base/testing.h"
+#include "reshard/checkpoint.h"
 #include "runtime/agent/agent_core.h"
 #include "runtime/protocol/control_client.h"
 
@@ -249,6 +254,7 @@ TEST(CoordinatorTest, FourRegisterThenGenerationOneIsCommittedToAll) {
     ranks.insert(x->rank());
     EXPECT_EQ(x->gen(), w[0]->gen());
     EXPECT_EQ(x->welcome().store_address, coord->store_address());
+    EXPECT_EQ(x->welcome().first_generation, 1);
     EXPECT_TRUE(x->Saw("<commit"));
     EXPECT_TRUE(x->Saw(">applied"));
   }
@@ -623,6 +629,136 @@ TEST(CoordinatorTest, StartRefusesBadOptionsAndStopIsIdempotent) {
   EXPECT_THAT(coord->Wait(Deadline::AfterMs(10)), StatusIs(StatusCode::kAborted, HasSubstr("stopped")));
   EXPECT_THAT(coord->Resize(ResizeRequest{.world_size = 1}, Deadline::AfterMs(10)),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("stopped")));
+}
+
+// A job on a checkpoint folder numbers its generations after the newest one a folder names, so
+// that it never writes into an earlier run's folder. A name whose generation leaves no room to
+// count on (2^63 - 1: the next would wrap to a negative number, and the job used to start again
+// from 1, reusing the earlier run's names) stops the start, naming the folder; the largest
+// generation that leaves room (kMaxCheckpointGeneration) is followed as any other.
+TEST(CoordinatorTest, ACheckpointFolderWhoseGenerationCannotBeFollowedStopsTheStart) {
+  char tmpl[] = "/tmp/morph_coordinator_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string wrapping = dir + "/step-1-g9223372036854775807";
+  ASSERT_EQ(::mkdir(wrapping.c_str(), 0755), 0);
+  CoordinatorOptions o = Options(1);
+  o.checkpoint_dir = dir;
+  StatusOr<std::unique_ptr<Coordinator>> coord = Coordinator::Start(o);
+  if (coord.ok()) {
+    auto w = StartWorkers(**coord, 1);
+    WaitFor([&] { return w[0]->generation() != 0; });
+    ADD_FAILURE() << "the job started beside " << wrapping << ", numbering generations from "
+                  << w[0]->generation();
+  } else {
+    EXPECT_THAT(coord.status(), StatusIs(StatusCode::kFailedPrecondition,
+                                         HasSubstr("step-1-g9223372036854775807")));
+  }
+  ASSERT_EQ(::rmdir(wrapping.c_str()), 0);
+  const std::string largest = dir + "/step-1-g4611686018427387904";  // 2^62
+  ASSERT_EQ(::mkdir(largest.c_str(), 0755), 0);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto job, Coordinator::Start(o));
+  auto w = StartWorkers(*job, 1);
+  ASSERT_TRUE(WaitFor([&] { return w[0]->generation() != 0; }));
+  EXPECT_EQ(w[0]->generation(), (int64_t{1} << 62) + 1);
+  EXPECT_EQ(w[0]->welcome().first_generation, (int64_t{1} << 62) + 1);
+  w.clear();
+  job.reset();
+  std::filesystem::remove_all(dir);
+  // Nor may a first generation be set beyond it.
+  o = Options(1);
+  o.first_generation = (int64_t{1} << 62) + 2;
+  EXPECT_THAT(Coordinator::Start(o).status(),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("first_generation")));
+}
+
+// Saves a checkpoint of Manifest()'s tensors and scalars at `step` (one rank) under `dir`.
+void SaveManifestCheckpoint(const std::string& dir, int64_t step, int64_t generation) {
+  const JobManifest m = Manifest();
+  std::vector<std::vector<char>> bytes;
+  std::vector<CheckpointPiece> pieces;
+  bytes.reserve(m.tensors.size() + m.scalars.size());
+  auto add = [&](TensorInfo info) {
+    const Box box = Box::FromShape(info.shape);
+    bytes.emplace_back(static_cast<size_t>(*box.NumElements() * DTypeSize(info.dtype)),
+                       static_cast<char>(step));
+    pieces.push_back(
+        {std::move(info), *Shard::Whole(box),
+         ConstBufferView(bytes.back().data(), bytes.back().size(), MemoryKind::kHost)});
+  };
+  for (const TensorSpec& t : m.tensors) add({t.name, t.dtype, t.shape, {}});
+  for (const ScalarSpec& sc : m.scalars) add({"scalar:" + sc.name, DType::kU8, {sc.bytes}, {}});
+  const std::string path =
+      dir + "/step-" + std::to_string(step) + "-g" + std::to_string(generation);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto save, SaveCheckpointAsync(path, 0, 1, step, "", pieces));
+  MORPH_ASSERT_OK(save->Wait(Deadline::AfterMs(60000)));
+}
+
+class WarningSink : public google::LogSink {
+ public:
+  void send(google::LogSeverity severity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t len) override {
+    if (severity < google::GLOG_WARNING) return;
+    std::lock_guard<std::mutex> l(mu_);
+    lines_ += std::string(message, len) + "\n";
+  }
+  std::string lines() {
+    std::lock_guard<std::mutex> l(mu_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::string lines_;
+};
+
+// Resume at start with one flipped byte in the newest checkpoint's data (issue 22): the job
+// resumes from the newest checkpoint that verifies (step 4), with a WARNING naming the one passed
+// over and the steps lost; MORPH_RESUME=always and auto on a restart alike. With every complete
+// checkpoint damaged the job does not start (DATA_LOSS naming the newest).
+TEST(CoordinatorTest, ResumePassesOverADamagedNewestCheckpoint) {
+  char tmpl[] = "/tmp/morph_coordinator_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  SaveManifestCheckpoint(dir, 4, 1);
+  SaveManifestCheckpoint(dir, 8, 1);
+  auto flip = [&](int64_t step) {
+    std::fstream f(dir + "/step-" + std::to_string(step) + "-g1/rank-00000/data.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put(static_cast<char>(step ^ 0x40));
+  };
+  flip(8);
+  for (const auto& [mode, restarts] : {std::pair{ResumeMode::kAlways, 0}, {ResumeMode::kAuto, 1}}) {
+    SCOPED_TRACE(std::string(ResumeModeName(mode)));
+    WarningSink sink;
+    google::AddLogSink(&sink);
+    CoordinatorOptions o = Options(1);
+    o.checkpoint_dir = dir;
+    o.resume = mode;
+    o.restart_count = restarts;
+    MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
+    auto w = StartWorkers(*coord, 1);
+    const bool started = WaitFor([&] { return w[0]->generation() != 0; });
+    google::RemoveLogSink(&sink);
+    ASSERT_TRUE(started);
+    EXPECT_EQ(w[0]->gen().start_step, 4);
+    const std::string warnings = sink.lines();
+    EXPECT_NE(warnings.find(dir + "/step-8-g1"), std::string::npos) << warnings;
+    EXPECT_NE(warnings.find("checksum mismatch"), std::string::npos) << warnings;
+    EXPECT_NE(warnings.find("4 steps"), std::string::npos) << warnings;
+  }
+  flip(4);
+  CoordinatorOptions o = Options(1);
+  o.checkpoint_dir = dir;
+  o.resume = ResumeMode::kAlways;
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
+  auto w = StartWorkers(*coord, 1);
+  EXPECT_THAT(coord->Wait(Deadline::AfterMs(10000)),
+              StatusIs(StatusCode::kDataLoss, HasSubstr(dir + "/step-8-g1")));
+  w.clear();
+  coord.reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

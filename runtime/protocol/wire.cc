@@ -273,12 +273,14 @@ void Put(Writer& w, const WelcomeMsg& m) {
   w.I64(m.generation);
   w.Str(m.store_address);
   Put(w, m.current);
+  w.I64(m.first_generation);
 }
 void Get(Reader& r, WelcomeMsg& m) {
   m.worker = r.I64("worker");
   m.generation = r.I64("generation");
   m.store_address = r.Str("store_address");
   Get(r, m.current);
+  m.first_generation = r.I64("first_generation");
   if (r.ok() && m.current.id != m.generation) {
     r.Fail("current", "generation " + std::to_string(m.current.id) + " is not generation " +
                           std::to_string(m.generation));

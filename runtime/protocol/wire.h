@@ -49,7 +49,8 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 // 7: SnapshotHoldings::held_tensors (a held copy holds only its ward's pieces with no other
 //    copy); RecoveryDecision::snapshot_holders may hold -1.
 // 8: StepReportMsg::vote_step and committed_step (Runtime::CommitUpdate's commit vote).
-inline constexpr uint16_t kWireVersion = 8;
+// 9: WelcomeMsg::first_generation (checkpoint retention keeps to the job's own generations).
+inline constexpr uint16_t kWireVersion = 9;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;
@@ -86,6 +87,10 @@ struct WelcomeMsg {
   std::string store_address;
   // The job's current generation, whole (id 0, empty, before the first).
   Generation current;
+  // The job's first generation id: its checkpoint folders are those of generation >= it (a job
+  // numbers its generations above an earlier run's on the same folder), the only ones its
+  // retention may delete (runtime/recovery/checkpointer.h, PruneCheckpoints).
+  int64_t first_generation = 0;
   friend bool operator==(const WelcomeMsg&, const WelcomeMsg&) = default;
 };
 struct HeartbeatMsg {

@@ -67,8 +67,11 @@ std::vector<WireMessage> Samples() {
                        .stale = {12}};
   return {
       HelloMsg{.token = "secret", .host = "node-3", .pid = 4242, .capabilities = 1, .resume_id = 0},
-      WelcomeMsg{
-          .worker = 11, .generation = 6, .store_address = "10.0.0.1:2900", .current = Gen(6)},
+      WelcomeMsg{.worker = 11,
+                 .generation = 6,
+                 .store_address = "10.0.0.1:2900",
+                 .current = Gen(6),
+                 .first_generation = 4},
       HeartbeatMsg{.step = 99},
       LeaveMsg{.reason = "SIGTERM"},
       ErrorMsg{.code = static_cast<int32_t>(StatusCode::kUnauthenticated),
@@ -168,9 +171,10 @@ TEST(WireTest, HeaderRefusesWhatItCannotTrust) {
   EXPECT_THAT(DecodeFrame(bad).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("bad magic")));
   bad = frame;
-  bad[4] = 9;  // version 9
+  bad[4] = static_cast<char>(kWireVersion + 1);  // the next version
   EXPECT_THAT(DecodeFrame(bad).status(),
-              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("wire version 9")));
+              StatusIs(StatusCode::kFailedPrecondition,
+                       HasSubstr("wire version " + std::to_string(kWireVersion + 1))));
   bad = frame;
   bad[6] = 77;  // type 77
   EXPECT_THAT(DecodeFrame(bad).status(),

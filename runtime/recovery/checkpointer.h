@@ -24,6 +24,7 @@
 #define MORPH_RUNTIME_RECOVERY_CHECKPOINTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -83,7 +84,8 @@ class PeriodicCheckpointer {
   // a host snapshot (one CheckpointSnapshotPool reused from save to save) and returns; the
   // write runs on a background thread. A previous save that failed is logged (WARNING) and
   // counted (saves_failed(), last_error()) but does not fail this call: the next save is still
-  // attempted. On rank 0 it then starts a retention pass in the background (PruneCheckpoints).
+  // attempted. On rank 0 it then starts a retention pass in the background (PruneCheckpoints
+  // over the job's generations: see set_first_generation).
   // Returns: OK (also when not due); kInvalidArgument: rank outside [0, world), world !=
   // config.world(), a tensor named "scalar:..."; kFailedPrecondition: the state is not laid out
   // for (config, rank) or not intact; kDeadlineExceeded: the previous save still writing after
@@ -96,6 +98,12 @@ class PeriodicCheckpointer {
   // none), kDeadlineExceeded if still running at `deadline` (may be called again). Training
   // thread.
   Status Flush(Deadline deadline);
+
+  // The job's first generation (WelcomeMsg::first_generation): retention considers only
+  // folders of generation >= it, so an earlier run's checkpoints in `dir` are never deleted.
+  // Until set (or when `generation` <= 0): the lowest generation this checkpointer has saved.
+  // Training thread.
+  void set_first_generation(int64_t generation) { first_generation_ = generation; }
 
   // Statistics (training thread).
   int64_t saves_started() const { return saves_started_; }
@@ -124,6 +132,8 @@ class PeriodicCheckpointer {
   LogContext log_{"checkpoint"};
   std::shared_ptr<CheckpointSnapshotPool> pool_ = std::make_shared<CheckpointSnapshotPool>();
   std::unique_ptr<CheckpointSave> running_;
+  int64_t first_generation_ = 0;
+  int64_t lowest_saved_generation_ = -1;
   int64_t running_step_ = -1;
   int running_rank_ = -1;
   std::thread retention_;
@@ -145,10 +155,42 @@ class PeriodicCheckpointer {
 StatusOr<CheckpointRef> LatestCompleteCheckpoint(const std::string& dir,
                                                  int64_t min_generation = 0);
 
+// A checkpoint NewestIntactCheckpoint passed over, and why (kDataLoss: a block that does not
+// match its checksum, an unreadable manifest, a truncated file, ...).
+struct SkippedCheckpoint {
+  CheckpointRef ref;
+  Status why;
+};
+
+// Resume at start: the newest checkpoint under `dir` (any generation; newest by (step,
+// generation)) that is complete and intact. Newest first, each folder is opened (an incomplete
+// one, a save cut short, is passed over without a word), given to `check` (e.g. the job's
+// registration, CheckCheckpointMatches; its error is returned at once: the newest complete
+// checkpoint decides whether the job may start at all), then verified whole
+// (CheckpointReader::Verify: its data is read once). A complete one that is damaged (Open or
+// Verify fails otherwise) is appended to `skipped` (newest first) and the next older one is
+// tried. kNotFound naming `dir` when there is no complete checkpoint; kDataLoss naming the
+// newest damaged one when every complete one is damaged. Any thread.
+StatusOr<CheckpointRef> NewestIntactCheckpoint(
+    const std::string& dir,
+    const std::function<Status(const CheckpointReader&, const std::string& path)>& check,
+    std::vector<SkippedCheckpoint>* skipped);
+
+// The largest generation a checkpoint folder may name. A job started on a folder numbers its
+// generations after the newest one there and must have room to count on: 2^62 leaves more
+// generations than any job makes (where 2^63 - 1 would wrap to a negative number).
+inline constexpr int64_t kMaxCheckpointGeneration = int64_t{1} << 62;
+
 // The highest generation any checkpoint folder under `dir` names, complete or not (0: none, or
 // no such folder). A job that starts on `dir` numbers its generations above it, so that its
-// folders never share a name with an earlier run's. Any thread.
-int64_t NewestCheckpointGeneration(const std::string& dir);
+// folders never share a name with an earlier run's. A checkpoint folder is named exactly as
+// CheckpointPath names it: "step-<step>-g<generation>", both decimal digits without sign or
+// leading zero; other names (step-+5-g1, step-05-g1, step-5-g1.old, ...) are not checkpoint
+// folders: never counted, loaded or deleted. kFailedPrecondition naming the folder when one is
+// named so but its step does not fit in 64 bits or its generation exceeds
+// kMaxCheckpointGeneration (the job must not start: it could not number its generations after
+// it). Any thread.
+StatusOr<int64_t> NewestCheckpointGeneration(const std::string& dir);
 
 // Whether the checkpoint `reader` (at `path`) holds exactly `tensors` and `scalars`: the same
 // names, dtypes and (planning) shapes, nothing else. kFailedPrecondition "checkpoint P does not
@@ -159,12 +201,27 @@ Status CheckCheckpointMatches(const CheckpointReader& reader, const std::string&
                               const std::vector<TensorSpec>& tensors,
                               const std::vector<ScalarSpec>& scalars);
 
-// Deletes, under `dir`, the complete checkpoints older than the newest `keep` complete ones, and
-// the incomplete ones older than the oldest kept complete one (an interrupted save that can no
-// longer complete: every rank of its generation has finished it or died). Never touches one
-// newer than that. Called by one process (rank 0). Returns the number of folders deleted, or
-// the first deletion error (kInternal naming the folder). Any thread.
-StatusOr<int> PruneCheckpoints(const std::string& dir, int keep);
+// How long nothing in an incomplete checkpoint folder of an ended generation must have changed
+// before retention takes its save for abandoned (PruneCheckpoints): a writer still alive writes
+// its data file continuously, so ten minutes of silence means it died or hangs.
+inline constexpr int64_t kAbandonedSaveIdleMs = 10 * 60 * 1000;
+
+// Retention: deletes checkpoint folders under `dir`, considering only those of generation >=
+// `min_generation` (the job's own: a job numbers its generations above every folder there when
+// it starts, so an earlier run's folders are never touched, whatever their steps). Among those,
+// by (step, generation):
+//   - the newest `keep` complete ones stay (keep < 1 is taken as 1); older complete ones go;
+//   - an incomplete one older than the oldest kept complete one goes only when no rank of its
+//     generation can still be writing it: a later step of the same generation is complete (each
+//     rank of it saved that step, and a rank saves its steps one after the other), or, for a
+//     generation that ended during the save, a later generation has a complete checkpoint and
+//     nothing in the folder changed for `idle_ms` (a save killed, or hung, with its generation);
+//   - nothing newer than the oldest kept complete one is touched, nor anything when there is no
+//     complete one.
+// Called by one process (rank 0). Returns the number of folders deleted, or the first deletion
+// error (kInternal naming the folder). Any thread.
+StatusOr<int> PruneCheckpoints(const std::string& dir, int keep, int64_t min_generation,
+                               int64_t idle_ms = kAbandonedSaveIdleMs);
 
 // Fills every shard `state` holds for its current config/rank (already allocated) and every
 // scalar from the checkpoint at `path` (a folder CheckpointPath names). kNotFound: no such

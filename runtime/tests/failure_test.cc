@@ -620,5 +620,109 @@ TEST(FailureTest, ResumeNeverStartsAfresh) {
   }
 }
 
+// Resume at start with one flipped byte in the newest checkpoint's data (issue 22): the job
+// resumes from the newest one that verifies (the one before), every worker checks its state
+// bitwise from there, and the samples of both runs are the fixed global order.
+TEST(FailureTest, ResumePassesOverADamagedNewestCheckpoint) {
+  CheckpointFolder ckpt("resume-damaged");
+  JobOptions jo{.steps = 12, .step_ms = 10, .env = ckpt.Env()};
+  jo.env["MORPH_CHECKPOINT_KEEP"] = "3";
+  Job first = StartJob("resume-damaged-first", 4, {{4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(first.launcher);
+  StatusOr<int> code = first.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(first);
+  ASSERT_EQ(*code, 0) << Logs(first);
+  first.launcher.reset();
+  StatusOr<CheckpointRef> newest = LatestCompleteCheckpoint(ckpt.path.string());
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  ASSERT_GE(newest->step, 8);
+  const int64_t older = newest->step - 4;  // kept too (MORPH_CHECKPOINT_KEEP=3)
+  {
+    std::fstream f(newest->path + "/rank-00001/data.bin",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(10);
+    f.read(&c, 1);
+    f.seekp(10);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  jo.steps = 20;
+  jo.env["MORPH_RESUME"] = "always";
+  Job second = StartJob("resume-damaged-second", 3, {{3, Config(3, 1, 1)}}, jo);
+  ASSERT_TRUE(second.launcher);
+  code = second.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(second);
+  EXPECT_EQ(*code, 0) << Logs(second);
+  const std::string logs = Logs(second);
+  EXPECT_NE(logs.find("resumed at step " + std::to_string(older) + " from checkpoint " +
+                      CheckpointPath(ckpt.path.string(), older, newest->generation)),
+            std::string::npos)
+      << logs;
+  EXPECT_EQ(FirstLoggedStep(second.dir), older) << logs;
+  for (const auto& e : std::filesystem::directory_iterator(first.dir)) {
+    if (e.path().extension() == ".samples") {
+      std::filesystem::copy_file(e.path(), second.dir / ("first-" + e.path().filename().string()));
+    }
+  }
+  testing::CheckSamples(second.dir, 20, /*retrained=*/true);
+  if (!HasFailure()) {
+    std::filesystem::remove_all(first.dir);
+    std::filesystem::remove_all(second.dir);
+  }
+}
+
+// Checkpoint retention keeps to the job's own folders (issue 22). Run A trains 30 steps with a
+// checkpoint every 4 (its newest two, 24 and 28, stay); run B starts afresh on the same folder
+// (MORPH_RESUME=auto, no restart) and a worker is killed at step 14. Plain ZeRO: the death loses
+// pieces, so B rolls back to its own newest complete checkpoint (step 12, or 8 if 12's save was
+// cut short), which its retention must have kept although A's steps 24 and 28 rank above it
+// (before the fix, B deleted each of its checkpoints once the save was done, and the job
+// stopped with DATA_LOSS: no complete checkpoint). Run A's folders are never deleted by run B.
+TEST(FailureTest, ANewRunsRetentionKeepsItsOwnCheckpointsBesideAnEarlierRunsNewerOnes) {
+  CheckpointFolder ckpt("retention");
+  JobOptions jo{.steps = 30, .step_ms = 10, .env = ckpt.Env()};
+  Job first = StartJob("retention-first", 4, {{4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(first.launcher);
+  StatusOr<int> code = first.launcher->Wait(Deadline::AfterMs(60000));
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Logs(first);
+  ASSERT_EQ(*code, 0) << Logs(first);
+  first.launcher.reset();
+  std::vector<std::string> earlier;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt.path)) {
+    earlier.push_back(e.path().filename().string());
+  }
+  StatusOr<CheckpointRef> a = LatestCompleteCheckpoint(ckpt.path.string());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->step, 28);
+
+  jo.steps = 40;
+  // Saves of a few hundred milliseconds (as RunCheckpointTrial's): one is nearly always being
+  // written, so the kill lands beside a save in flight, and the rollback needs an older one.
+  jo.env["MORPH_CHECKPOINT_MAX_BYTES_PER_S"] = "6KiB";
+  Job second = StartJob("retention-second", 4, {{3, Config(3, 1, 1)}, {4, Config(4, 1, 1)}}, jo);
+  ASSERT_TRUE(second.launcher);
+  ASSERT_TRUE(testing::WaitForStep(second, 14)) << Logs(second);
+  const pid_t victim = second.launcher->children()[1].pid;
+  kill(victim, SIGKILL);
+  FinishAfterKills(second, {victim}, 40, "retention");
+  const std::string logs = Logs(second);
+  EXPECT_EQ(logs.find("DATA_LOSS"), std::string::npos) << logs;
+  const std::string before = "recovered at step ";
+  const size_t at = logs.find(before);
+  ASSERT_NE(at, std::string::npos) << logs;
+  const int64_t step = std::strtoll(logs.c_str() + at + before.size(), nullptr, 10);
+  EXPECT_GE(step, 8) << logs;
+  EXPECT_LE(step, 16) << logs;
+  EXPECT_NE(logs.find("from checkpoint (newest"), std::string::npos) << logs;
+  // Every folder of run A is still there.
+  for (const std::string& name : earlier) {
+    EXPECT_TRUE(std::filesystem::exists(ckpt.path / name)) << name << " of run A was deleted";
+  }
+  if (!HasFailure()) {
+    std::filesystem::remove_all(first.dir);
+    std::filesystem::remove_all(second.dir);
+  }
+}
+
 }  // namespace
 }  // namespace morph
