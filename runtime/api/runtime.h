@@ -93,7 +93,8 @@ struct Reconfiguration {
   // Failure detected (the abort reached this worker) -> the recovery's commit arrived.
   double abort_seconds = 0;
   // The job's first generation resumed from a checkpoint of an earlier run (resume at start:
-  // recovery is true, source kCheckpoint, no steps lost).
+  // recovery is true, source kCheckpoint; steps lost only when a newer checkpoint was damaged
+  // and passed over, newest_step being its step).
   bool resumed = false;
   // A recovery or resume from a checkpoint: its folder (<dir>/step-<step>-g<generation>).
   std::string checkpoint;

@@ -102,7 +102,11 @@ Status Runtime::Impl::Switch(const CommitMsg& c, SteadyClock::time_point entered
             << r.resume_seconds << ")"
             << (r.resumed ? "; resumed from checkpoint " +
                                 std::filesystem::path(r.checkpoint).filename().string() + " (" +
-                                r.checkpoint + ")"
+                                r.checkpoint + ")" +
+                                (r.lost_steps() > 0
+                                     ? ", steps lost " + std::to_string(r.lost_steps()) +
+                                           " (a newer checkpoint was damaged)"
+                                     : std::string())
                 : r.recovery ? "; recovery from " + std::string(SourceName(r.source)) +
                                    (r.stale ? " (stale state)" : "") + ", steps lost " +
                                    std::to_string(r.lost_steps())

@@ -41,7 +41,10 @@ ResumeFinder FolderResumeFinder(std::string dir,
                                 : std::string())
                    << " are lost and trained again";
     }
-    *resumed = RecoveryCheckpoint{.step = c->step, .path = c->path};
+    *resumed = RecoveryCheckpoint{
+        .step = c->step,
+        .path = c->path,
+        .skipped_step = skipped.empty() ? -1 : skipped.front().ref.step};
     return *resumed;
   };
 }

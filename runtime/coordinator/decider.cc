@@ -565,8 +565,9 @@ void Decider::OnResumeReady(DeciderEvent::ResumeReady& e, Out& out) {
   if (!e.checkpoint) return Commit(out);  // nothing to resume from: a fresh start
   const RecoveryCheckpoint& c = *e.checkpoint;
   pending_change_.recovery = true;
-  recovery_decision_ = RecoveryDecision{
-      .source = RecoveryDecision::Source::kCheckpoint, .newest_step = c.step, .checkpoint = c.path};
+  recovery_decision_ = RecoveryDecision{.source = RecoveryDecision::Source::kCheckpoint,
+                                        .newest_step = std::max(c.step, c.skipped_step),
+                                        .checkpoint = c.path};
   last_explanation_ += "; resumed from checkpoint " + c.path + " at step " + std::to_string(c.step);
   Commit(out, c.step);
 }

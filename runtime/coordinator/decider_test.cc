@@ -350,6 +350,20 @@ TEST(DeciderTest, ResumeCommitsTheFirstGenerationAtTheCheckpointsStep) {
     EXPECT_EQ(d.phase(), Decider::Phase::kStable);
   }
   {
+    // A damaged newer checkpoint (step 16) was passed over: the steps since 12 count as lost.
+    Decider d(opts);
+    const int64_t g = start(d);
+    auto out = d.Handle(
+        0, DeciderEvent::ResumeReady{
+               .generation = g,
+               .checkpoint = RecoveryCheckpoint{.step = 12, .path = "c/step-12-g3",
+                                                .skipped_step = 16}});
+    auto commits = Actions<DeciderAction::SendCommit>(out);
+    ASSERT_EQ(commits.size(), 1u);
+    EXPECT_EQ(commits[0].msg.next.start_step, 12);
+    EXPECT_EQ(commits[0].msg.recovery.newest_step, 16);
+  }
+  {
     Decider d(opts);
     const int64_t g = start(d);
     auto out = d.Handle(0, DeciderEvent::ResumeReady{.generation = g});

@@ -50,6 +50,9 @@ namespace morph {
 struct RecoveryCheckpoint {
   int64_t step = 0;
   std::string path;
+  // Resume at start: the step of a newer complete checkpoint passed over because it is damaged
+  // (-1: none). The steps between are lost and trained again (Reconfiguration::lost_steps).
+  int64_t skipped_step = -1;
 };
 
 struct RecoveryChoice {

@@ -659,6 +659,11 @@ TEST(FailureTest, ResumePassesOverADamagedNewestCheckpoint) {
             std::string::npos)
       << logs;
   EXPECT_EQ(FirstLoggedStep(second.dir), older) << logs;
+  // Each worker says what the damaged checkpoint cost (Reconfiguration::lost_steps).
+  EXPECT_NE(logs.find("steps lost " + std::to_string(newest->step - older) +
+                      " (a newer checkpoint was damaged)"),
+            std::string::npos)
+      << logs;
   for (const auto& e : std::filesystem::directory_iterator(first.dir)) {
     if (e.path().extension() == ".samples") {
       std::filesystem::copy_file(e.path(), second.dir / ("first-" + e.path().filename().string()));
