@@ -5,7 +5,9 @@
 //   morphrun --slurm -n 4 [--max 8] [--token-file F] [--srun-arg A]... -- ./train args...
 //
 // Hosts the coordinator (its scheduler API on 127.0.0.1:<api-port>, the token in MORPH_TOKEN or
-// generated), starts the workers, starts joiners on grow requests, reaps leavers, forwards
+// MORPH_TOKEN_FILE, or generated), starts the workers (the token in a 0600 file their
+// MORPH_TOKEN_FILE names, removed at exit; worker logs under --log-dir are 0600), starts joiners
+// on grow requests, reaps leavers, forwards
 // SIGINT/SIGTERM to the workers (a preemption notice for each) and exits with the job's status:
 // 0 when it completed (workers killed by a signal were failures it survived), a worker's exit
 // code in 1..127, 1 when it failed without one, 128 + the signal when a forwarded SIGINT/SIGTERM
