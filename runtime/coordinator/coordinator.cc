@@ -133,6 +133,7 @@ StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   o.max_world = static_cast<int>(max_world);
   MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
   MORPH_ASSIGN_OR_RETURN(o.local_watch_ms, params::LocalWatchMs());
+  MORPH_ASSIGN_OR_RETURN(o.max_unauthenticated, params::CoordinatorMaxUnauthenticated());
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_dir, params::CheckpointDir());
   MORPH_ASSIGN_OR_RETURN(std::string resume, params::Resume());
   MORPH_ASSIGN_OR_RETURN(o.resume, ParseResumeMode(resume));
@@ -186,6 +187,7 @@ Status Coordinator::Impl::Start() {
                             ": " + ec.message());
   }
   port_ = acceptor_.local_endpoint().port();
+  waiting_.set_cap(PreAuthCap(o.max_unauthenticated));
   if (o.serve_http) {
     HttpServerOptions h = o.http;
     if (h.token.empty()) h.token = o.token;
@@ -215,7 +217,8 @@ Status Coordinator::Impl::Start() {
   LOG(INFO) << "coordinator: control channel on " << JoinHostPort(advertise_host_, port_)
             << ", store on " << JoinHostPort(advertise_host_, store_->port())
             << (http_ ? ", scheduler API on port " + std::to_string(http_port_) : "")
-            << "; waiting for " << o.initial_world << " worker(s)";
+            << "; waiting for " << o.initial_world << " worker(s) (at most " << waiting_.cap()
+            << " connections before their hello)";
   return Status::Ok();
 }
 
@@ -231,6 +234,12 @@ void Coordinator::Impl::Stop() {
       stopping_ = true;
       error_code ec;
       acceptor_.close(ec);
+      accept_backoff_.cancel();
+      while (!waiting_.empty()) {
+        std::shared_ptr<Conn> c = waiting_.oldest();
+        c->gone_reported = true;
+        CloseSocket(c);
+      }
       tick_.cancel();
       watch_timer_.cancel();
       publish_timer_.cancel();
@@ -263,10 +272,17 @@ void Coordinator::Impl::Accept() {
   acceptor_.async_accept([this](error_code ec, tcp::socket sock) {
     if (stopping_ || !acceptor_.is_open()) return;
     if (ec) {
-      LOG(WARNING) << "coordinator: accept failed: " << ec.message();
-      auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(20));
-      t->async_wait([this, t](error_code) {
-        if (!stopping_) Accept();
+      // Out of descriptors: free one held by a stranger, as the store does; either way wait
+      // before the next try instead of spinning on a listener that stays readable.
+      const int e = ec.value();
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) DropOldestWaiting();
+      if (int64_t folded = 0; accept_warnings_.Allow(&folded)) {
+        LOG(WARNING) << "coordinator: control channel: accept failed: " << ec.message()
+                     << "; retrying every 20 ms" << Folded(folded);
+      }
+      accept_backoff_.expires_after(std::chrono::milliseconds(20));
+      accept_backoff_.async_wait([this](error_code e2) {
+        if (!e2 && !stopping_) Accept();
       });
       return;
     }
@@ -274,6 +290,8 @@ void Coordinator::Impl::Accept() {
     error_code ignored;
     sock.set_option(tcp::no_delay(true), ignored);
     auto c = std::make_shared<Conn>(io_, std::move(sock));
+    if (waiting_.full()) DropOldestWaiting();
+    c->waiting = waiting_.Add(c);
     c->timer.expires_after(std::chrono::milliseconds(options_.handshake_timeout_ms));
     c->timer.async_wait([this, weak = std::weak_ptr<Conn>(c)](error_code e) {
       auto c = weak.lock();
@@ -286,6 +304,29 @@ void Coordinator::Impl::Accept() {
     ReadHeader(c);
     Accept();
   });
+}
+
+void Coordinator::Impl::DropOldestWaiting() {
+  if (waiting_.empty()) return;
+  std::shared_ptr<Conn> oldest = waiting_.oldest();
+  refused_.fetch_add(1);
+  dropped_.fetch_add(1);
+  if (int64_t folded = 0; drop_warnings_.Allow(&folded)) {
+    LOG(WARNING) << "coordinator: control channel: " << waiting_.size()
+                 << " connections have not sent their hello (at most " << waiting_.cap()
+                 << ": MORPH_COORDINATOR_MAX_UNAUTHENTICATED, an eighth of the open-file "
+                    "limit): closing the oldest"
+                 << Folded(folded);
+  }
+  oldest->gone_reported = true;
+  oldest->timer.cancel();
+  CloseSocket(oldest);
+}
+
+void Coordinator::Impl::StopWaiting(Conn& c) {
+  if (!c.waiting) return;
+  waiting_.Remove(*c.waiting);
+  c.waiting.reset();
 }
 
 void Coordinator::Impl::ReadHeader(const std::shared_ptr<Conn>& c) {
@@ -406,6 +447,7 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
   c->host = !m.host.empty() ? m.host : ec ? std::string("?") : remote.address().to_string();
   c->pid = m.pid;
   c->state = Conn::State::kRegister;
+  StopWaiting(*c);
 }
 
 void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m) {
@@ -487,6 +529,7 @@ void Coordinator::Impl::CloseSocket(const std::shared_ptr<Conn>& c) {
   if (c->socket_closed) return;
   c->socket_closed = true;
   c->state = Conn::State::kClosed;
+  StopWaiting(*c);
   error_code ec;
   c->sock.shutdown(tcp::socket::shutdown_both, ec);
   c->sock.close(ec);
@@ -634,6 +677,7 @@ Coordinator::Stats Coordinator::stats() const {
   Stats s;
   s.connections_accepted = impl_->accepted_.load();
   s.handshakes_refused = impl_->refused_.load();
+  s.unauthenticated_dropped = impl_->dropped_.load();
   s.workers_registered = impl_->registered_.load();
   s.workers_connected = impl_->connected_.load();
   s.frames_received = impl_->received_.load();

@@ -30,6 +30,7 @@
 #include <boost/asio.hpp>
 // clang-format on
 
+#include "base/connection_limit.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/coordinator/process_watch.h"
 #include "runtime/protocol/wire.h"
@@ -78,6 +79,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
   tcp::socket sock;
   asio::steady_timer timer;  // the handshake deadline
   State state = State::kHello;
+  // Its place among the connections that have not said Hello yet (Impl::waiting_).
+  std::optional<PreAuthQueue<std::shared_ptr<Conn>>::Handle> waiting;
   WorkerId id = 0;
   std::string host;
   int64_t pid = 0;  // as the Hello said
@@ -117,6 +120,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
                            .resume = options_.ResumeEnabled() && static_cast<bool>(resume_lookup_),
                            .first_generation = options_.first_generation}),
         acceptor_(io_),
+        accept_backoff_(io_),
         tick_(io_),
         watch_timer_(io_),
         publish_timer_(io_),
@@ -129,6 +133,10 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
 
   // ---- io thread ----
   void Accept();
+  // Closes the connection that has waited longest for its Hello (a stranger, most likely).
+  void DropOldestWaiting();
+  // `c` said Hello with the token, or closed: it no longer counts against the cap.
+  void StopWaiting(Conn& c);
   void ReadHeader(const std::shared_ptr<Conn>& c);
   void ReadBody(const std::shared_ptr<Conn>& c);
   void OnFrame(const std::shared_ptr<Conn>& c, WireMessage m);
@@ -168,6 +176,10 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   asio::thread_pool launcher_{1};
   Decider decider_;
   tcp::acceptor acceptor_;
+  asio::steady_timer accept_backoff_;
+  // Connections that have not said Hello yet, oldest first, at most PreAuthCap(...).
+  PreAuthQueue<std::shared_ptr<Conn>> waiting_;
+  WarningLimiter accept_warnings_, drop_warnings_;  // one line per 10 s each, under a flood
   asio::steady_timer tick_;
   asio::steady_timer watch_timer_;
   bool watch_armed_ = false;
@@ -215,7 +227,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   bool stopped_ = false;
   CoordinatorSnapshot published_;
   std::atomic<int64_t> accepted_{0}, refused_{0}, registered_{0}, connected_{0}, received_{0},
-      sent_{0}, commits_sent_{0};
+      sent_{0}, commits_sent_{0}, dropped_{0};
 };
 
 }  // namespace morph

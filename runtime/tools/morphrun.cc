@@ -142,6 +142,9 @@ int main(int argc, char** argv) {
   auto local_watch = morph::params::LocalWatchMs();
   if (!local_watch.ok()) return Usage(std::string(local_watch.status().message()));
   o.coordinator.local_watch_ms = *local_watch;
+  auto max_unauthenticated = morph::params::CoordinatorMaxUnauthenticated();
+  if (!max_unauthenticated.ok()) return Usage(std::string(max_unauthenticated.status().message()));
+  o.coordinator.max_unauthenticated = *max_unauthenticated;
   auto token = morph::params::Token();
   auto token_file = morph::params::TokenFile();
   if (token.ok() && token_file.ok() && (!token->empty() || !token_file->empty())) {

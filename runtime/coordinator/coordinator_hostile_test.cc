@@ -1,0 +1,204 @@
+// What a stranger or a hostile token holder cannot do to a real Coordinator (control channel,
+// hosted store, scheduler API), on real sockets:
+//   - idle connections to the control port (more than the descriptor limit allows) do not take
+//     the process's descriptors: the scheduler API answers, a worker registers, the store
+//     serves, the process can still open sockets of its own, and the warnings are few.
+// Bounded: every wait has a deadline; the forked child is reaped.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <glog/logging.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/testing.h"
+#include "collectives/tcp_store.h"
+#include "runtime/coordinator/coordinator.h"
+#include "runtime/protocol/control_client.h"
+
+namespace morph {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "hostile-test-token";
+
+JobManifest Manifest() {
+  JobManifest m;
+  m.model.num_layers = 1;
+  m.model.global_batch = 12;
+  m.tensors.push_back(TensorSpec{"w", DType::kF32, {4, 4}, Layout::Layer(0)});
+  return m;
+}
+
+CoordinatorOptions Options(int initial_world) {
+  CoordinatorOptions o;
+  o.token = kToken;
+  o.initial_world = initial_world;
+  o.handshake_timeout_ms = 60000;  // the cap, not the handshake timer, must make room
+  o.heartbeat_timeout_ms = 0;
+  return o;
+}
+
+StatusOr<std::unique_ptr<ControlClient>> Register(const std::string& address,
+                                                  const std::string& host) {
+  return ControlClient::Connect(address, HelloMsg{.token = kToken, .host = host, .pid = 0},
+                                RegisterMsg{.manifest = Manifest()}, Deadline::AfterMs(10000));
+}
+
+int ConnectTo(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One HTTP GET on a fresh connection; the whole reply ("" when none came within 5 s).
+std::string HttpGet(uint16_t port, const std::string& target) {
+  int fd = ConnectTo(port);
+  if (fd < 0) return "";
+  timeval tv{.tv_sec = 5, .tv_usec = 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string request = "GET " + target + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string reply;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) reply.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return reply;
+}
+
+// ---- a flood of idle connections --------------------------------------------------------------
+
+// Counts WARNING and worse lines (in the forked child).
+class WarningCounter : public google::LogSink {
+ public:
+  void send(google::LogSeverity severity, const char*, const char*, int, const struct ::tm*,
+            const char* message, size_t len) override {
+    if (severity < google::GLOG_WARNING) return;
+    std::lock_guard<std::mutex> l(mu_);
+    ++count_;
+    if (first_.size() < 5) first_.emplace_back(message, len);
+  }
+  int count() {
+    std::lock_guard<std::mutex> l(mu_);
+    return count_;
+  }
+  std::string first() {
+    std::lock_guard<std::mutex> l(mu_);
+    std::string s;
+    for (const std::string& m : first_) s += "  " + m + "\n";
+    return s;
+  }
+
+ private:
+  std::mutex mu_;
+  int count_ = 0;
+  std::vector<std::string> first_;
+};
+
+struct ChildPorts {
+  uint16_t control = 0, store = 0, http = 0;
+};
+
+// The coordinator runs in a child whose open-file limit is 256 (the common 1,024 scaled down):
+// 300 idle connections to its control port and 300 to its store, more than the limit, must not
+// keep it from serving the scheduler API, registering a worker, serving a store client or
+// opening sockets of its own, and what it logs about them is a few lines, not one per accept.
+TEST(CoordinatorHostileTest, IdleConnectionsDoNotTakeTheProcesssDescriptors) {
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  ASSERT_EQ(::pipe(to_child), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = 256;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(3);
+    auto* warnings = new WarningCounter();
+    google::AddLogSink(warnings);
+    auto coord = Coordinator::Start(Options(1));
+    if (!coord.ok()) ::_exit(2);
+    const std::string control = (*coord)->control_address();
+    ChildPorts ports{static_cast<uint16_t>(std::stoi(control.substr(control.rfind(':') + 1))),
+                     (*coord)->store().port(), (*coord)->http_port()};
+    if (::write(to_parent[1], &ports, sizeof(ports)) != sizeof(ports)) ::_exit(4);
+    char go;
+    if (::read(to_child[0], &go, 1) != 1) ::_exit(5);
+    // The flood is on: this process (a training worker, when it hosts the coordinator) can
+    // still open sockets of its own.
+    std::vector<int> own;
+    for (int i = 0; i < 32; ++i) {
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) own.push_back(fd);
+    }
+    for (int fd : own) ::close(fd);
+    int result[2] = {static_cast<int>(own.size()), 0};
+    if (::read(to_child[0], &go, 1) != 1) ::_exit(6);
+    result[1] = warnings->count();
+    std::fprintf(stderr, "child: %d of 32 own sockets, %d warnings; the first:\n%s", result[0],
+                 result[1], warnings->first().c_str());
+    if (::write(to_parent[1], result, sizeof(result)) != sizeof(result)) ::_exit(7);
+    ::_exit(0);
+  }
+  ChildPorts ports;
+  ASSERT_EQ(::read(to_parent[0], &ports, sizeof(ports)), static_cast<ssize_t>(sizeof(ports)));
+  std::vector<int> idle;
+  for (int i = 0; i < 300; ++i) {
+    for (uint16_t port : {ports.control, ports.store}) {
+      int fd = ConnectTo(port);
+      if (fd >= 0) idle.push_back(fd);
+    }
+  }
+  EXPECT_EQ(idle.size(), 600u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_EQ(::write(to_child[1], "x", 1), 1);
+  // The scheduler API answers.
+  EXPECT_THAT(HttpGet(ports.http, "/v1/status"), HasSubstr("HTTP/1.1 200"));
+  // A store client is served (in generation 0: before the worker below starts generation 1).
+  StatusOr<std::unique_ptr<TcpStoreClient>> store = TcpStoreClient::Connect(
+      "127.0.0.1:" + std::to_string(ports.store), kToken, 0, Deadline::AfterMs(10000));
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (store.ok()) MORPH_EXPECT_OK((*store)->Set("k", "v", Deadline::AfterMs(5000)));
+  // A worker registers.
+  StatusOr<std::unique_ptr<ControlClient>> worker =
+      Register("127.0.0.1:" + std::to_string(ports.control), "flooded-host");
+  EXPECT_TRUE(worker.ok()) << worker.status();
+  // Let a second's worth of would-be warnings pile up.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  ASSERT_EQ(::write(to_child[1], "x", 1), 1);
+  int result[2] = {-1, -1};
+  EXPECT_EQ(::read(to_parent[0], result, sizeof(result)), static_cast<ssize_t>(sizeof(result)));
+  EXPECT_EQ(result[0], 32) << "the process could not open sockets of its own";
+  EXPECT_LE(result[1], 6) << "warnings are not rate-limited";
+  for (int fd : idle) ::close(fd);
+  worker = Status::Ok();
+  store = Status::Ok();
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
+}
+
+}  // namespace
+}  // namespace morph
