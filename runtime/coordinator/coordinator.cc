@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 
+#include "base/host_port.h"
 #include "base/logging.h"
 #include "base/params.h"
 #include "collectives/store_protocol.h"
@@ -249,6 +250,8 @@ void Coordinator::Impl::Stop() {
         CloseSocket(c);
       }
       conns_.clear();
+      hosts_.clear();
+      hosts_known_.store(0);
       for (auto& [id, answer] : answers_) answer(AbortedError("the coordinator stopped"));
       answers_.clear();
       work_.reset();
@@ -442,6 +445,10 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
   if (!store_wire::TokensEqual(m.token, options_.token)) {  // constant time, as the store
     return Refuse(c, UnauthenticatedError("wrong job token"));
   }
+  // The host goes into log lines and /v1/status: a name, never a line break or an escape.
+  if (!m.host.empty()) {
+    if (Status s = CheckHostName("hello.host", m.host); !s.ok()) return Refuse(c, s);
+  }
   error_code ec;
   tcp::endpoint remote = c->sock.remote_endpoint(ec);
   c->host = !m.host.empty() ? m.host : ec ? std::string("?") : remote.address().to_string();
@@ -474,6 +481,7 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
   c->state = Conn::State::kJoined;
   conns_[c->id] = c;
   hosts_[c->id] = c->host;
+  hosts_known_.store(static_cast<int64_t>(hosts_.size()));
   MaybeWatch(c);
   registered_.fetch_add(1);
   connected_.fetch_add(1);
@@ -518,7 +526,10 @@ void Coordinator::Impl::Gone(const std::shared_ptr<Conn>& c, const std::string& 
     c->watched.reset();
     --watched_;
   }
-  if (!was_joined || c->gone_reported) return;
+  if (!was_joined) return;
+  hosts_.erase(c->id);  // lost, released or disconnected: nothing keeps its host
+  hosts_known_.store(static_cast<int64_t>(hosts_.size()));
+  if (c->gone_reported) return;
   c->gone_reported = true;
   conns_.erase(c->id);
   connected_.fetch_sub(1);
@@ -683,6 +694,7 @@ Coordinator::Stats Coordinator::stats() const {
   s.frames_received = impl_->received_.load();
   s.frames_sent = impl_->sent_.load();
   s.commits_sent = impl_->commits_sent_.load();
+  s.hosts_known = impl_->hosts_known_.load();
   timespec ts{};
   std::lock_guard<std::mutex> lock(impl_->mu_);
   if (impl_->has_io_clock_.load() && !impl_->stopped_ &&

@@ -174,6 +174,7 @@ class Coordinator {
     int64_t frames_received = 0;
     int64_t frames_sent = 0;         // fully written
     int64_t commits_sent = 0;        // commit frames fully written
+    int64_t hosts_known = 0;         // workers' host strings held (for /v1/status)
     double io_cpu_seconds = 0;       // CPU time the io thread used so far
   };
   Stats stats() const;  // any thread

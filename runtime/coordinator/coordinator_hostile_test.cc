@@ -2,7 +2,9 @@
 // hosted store, scheduler API), on real sockets:
 //   - idle connections to the control port (more than the descriptor limit allows) do not take
 //     the process's descriptors: the scheduler API answers, a worker registers, the store
-//     serves, the process can still open sockets of its own, and the warnings are few.
+//     serves, the process can still open sockets of its own, and the warnings are few;
+//   - a Hello whose host is not a printable name of at most 255 bytes is refused naming the
+//     field, and the host strings of workers that are gone are not kept.
 // Bounded: every wait has a deadline; the forked child is reaped.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +34,7 @@
 namespace morph {
 namespace {
 
+using ::morph::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr char kToken[] = "hostile-test-token";
@@ -56,6 +60,15 @@ StatusOr<std::unique_ptr<ControlClient>> Register(const std::string& address,
                                                   const std::string& host) {
   return ControlClient::Connect(address, HelloMsg{.token = kToken, .host = host, .pid = 0},
                                 RegisterMsg{.manifest = Manifest()}, Deadline::AfterMs(10000));
+}
+
+bool WaitFor(const std::function<bool()>& pred, int ms = 10000) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return pred();
 }
 
 int ConnectTo(uint16_t port) {
@@ -198,6 +211,50 @@ TEST(CoordinatorHostileTest, IdleConnectionsDoNotTakeTheProcesssDescriptors) {
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
+}
+
+// ---- hosts ------------------------------------------------------------------------------------
+
+TEST(CoordinatorHostileTest, AHostThatIsNotAPrintableNameIsRefusedNamingTheField) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1 << 10)));
+  const std::string address = coord->control_address();
+  const std::vector<std::string> bad = {
+      "node1\nI0101 00:00:00.000000 1 coordinator.cc:1] forged line",
+      "\x1b[31mred\x1b[0m",
+      "two words",
+      std::string("nul\0byte", 8),
+      std::string(3900, 'h'),  // the audit's: kept for good before
+      std::string(256, 'h'),
+  };
+  for (const std::string& host : bad) {
+    EXPECT_THAT(Register(address, host).status(),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("hello.host: ")))
+        << host.size() << " bytes";
+  }
+  // 4 KiB does not even fit in a Hello (kMaxHelloBody): refused at the frame's header.
+  EXPECT_FALSE(Register(address, std::string(4096, 'h')).ok());
+  EXPECT_EQ(coord->stats().workers_registered, 0);
+  // The longest allowed, and names as they come.
+  for (const std::string& host :
+       {std::string(255, 'h'), std::string("node-7.rack_3.example.com"), std::string("10.0.0.1")}) {
+    SCOPED_TRACE(host);
+    MORPH_EXPECT_OK(Register(address, host).status());
+  }
+}
+
+TEST(CoordinatorHostileTest, TheHostsOfWorkersThatAreGoneAreForgotten) {
+  // The first generation never starts: every worker stays a registered candidate until it
+  // disconnects.
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1 << 16)));
+  const std::string address = coord->control_address();
+  constexpr int kCycles = 1000;
+  for (int i = 0; i < kCycles; ++i) {
+    auto w = Register(address, std::string(200, 'a' + i % 26));
+    ASSERT_TRUE(w.ok()) << "cycle " << i << ": " << w.status();
+  }
+  ASSERT_TRUE(WaitFor([&] { return coord->stats().workers_connected == 0; }));
+  EXPECT_EQ(coord->stats().workers_registered, kCycles);
+  EXPECT_EQ(coord->stats().hosts_known, 0) << "host strings of departed workers are kept";
 }
 
 }  // namespace

@@ -202,6 +202,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   std::shared_ptr<const JobManifest> manifest_;
   WorkerId next_worker_ = 1;
   std::map<WorkerId, std::shared_ptr<Conn>> conns_;  // registered, connected
+  // The hosts of conns_ (/v1/status), checked by CheckHostName; erased with the connection.
   std::unordered_map<WorkerId, std::string> hosts_;
   int64_t max_step_ = 0;
   int64_t next_request_id_ = 1;
@@ -227,7 +228,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   bool stopped_ = false;
   CoordinatorSnapshot published_;
   std::atomic<int64_t> accepted_{0}, refused_{0}, registered_{0}, connected_{0}, received_{0},
-      sent_{0}, commits_sent_{0}, dropped_{0};
+      sent_{0}, commits_sent_{0}, dropped_{0}, hosts_known_{0};
 };
 
 }  // namespace morph
