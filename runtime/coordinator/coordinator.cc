@@ -445,6 +445,7 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
   if (!store_wire::TokensEqual(m.token, options_.token)) {  // constant time, as the store
     return Refuse(c, UnauthenticatedError("wrong job token"));
   }
+  StopWaiting(*c);  // it holds the token: no longer a stranger
   // The host goes into log lines and /v1/status: a name, never a line break or an escape.
   if (!m.host.empty()) {
     if (Status s = CheckHostName("hello.host", m.host); !s.ok()) return Refuse(c, s);
@@ -454,7 +455,6 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
   c->host = !m.host.empty() ? m.host : ec ? std::string("?") : remote.address().to_string();
   c->pid = m.pid;
   c->state = Conn::State::kRegister;
-  StopWaiting(*c);
 }
 
 void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m) {
@@ -499,8 +499,19 @@ void Coordinator::Impl::Refuse(const std::shared_ptr<Conn>& c, const Status& s) 
   if (c->state == Conn::State::kClosed) return;
   bool joined = c->state == Conn::State::kJoined;
   if (!joined) refused_.fetch_add(1);
-  LOG(WARNING) << "coordinator: closing " << (joined ? "worker " + std::to_string(c->id) : "a")
-               << " connection from " << (c->host.empty() ? "?" : c->host) << ": " << s;
+  // A stranger's refusal (no Hello with the token yet) is what a flood repeats: one line per
+  // 10 s at most. A token holder's is worth a line each.
+  const bool stranger = c->waiting.has_value();
+  if (int64_t folded = 0; !stranger || refuse_warnings_.Allow(&folded)) {
+    std::string from = c->host;
+    if (from.empty()) {
+      error_code ec;
+      tcp::endpoint remote = c->sock.remote_endpoint(ec);
+      from = ec ? "?" : JoinHostPort(remote.address().to_string(), remote.port());
+    }
+    LOG(WARNING) << "coordinator: closing " << (joined ? "worker " + std::to_string(c->id) : "a")
+                 << " connection from " << from << ": " << s << Folded(folded);
+  }
   int32_t code = static_cast<int32_t>(s.ok() ? StatusCode::kInternal : s.code());
   Enqueue(c, std::make_shared<const std::string>(
                  EncodeFrame(ErrorMsg{.code = code, .message = std::string(s.message())})));

@@ -213,6 +213,34 @@ TEST(CoordinatorHostileTest, IdleConnectionsDoNotTakeTheProcesssDescriptors) {
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
 }
 
+// Strangers refused at their first frame (a wrong token, no Hello) are what a flood repeats:
+// the coordinator says so at most once per 10 s, not once per connection.
+TEST(CoordinatorHostileTest, RefusalsOfStrangersAreRateLimited) {
+  WarningCounter warnings;
+  google::AddLogSink(&warnings);
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1)));
+  const std::string address = coord->control_address();
+  const uint16_t port = static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+  for (int i = 0; i < 200; ++i) {
+    int fd = ConnectTo(port);
+    ASSERT_GE(fd, 0);
+    std::string frame = i % 2 == 0 ? EncodeFrame(HelloMsg{.token = "wrong", .host = "x"})
+                                   : EncodeFrame(HeartbeatMsg{.step = 1});
+    (void)::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+    timeval tv{.tv_sec = 5, .tv_usec = 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[512];
+    while (::recv(fd, buf, sizeof(buf), 0) > 0) {
+    }
+    ::close(fd);
+  }
+  EXPECT_EQ(coord->stats().handshakes_refused, 200);
+  google::RemoveLogSink(&warnings);
+  EXPECT_LE(warnings.count(), 2) << warnings.first();
+  // A token holder's refusal is still worth a line each.
+  EXPECT_FALSE(Register(address, "bad host").ok());
+}
+
 // ---- hosts ------------------------------------------------------------------------------------
 
 TEST(CoordinatorHostileTest, AHostThatIsNotAPrintableNameIsRefusedNamingTheField) {

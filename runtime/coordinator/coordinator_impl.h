@@ -179,7 +179,9 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   asio::steady_timer accept_backoff_;
   // Connections that have not said Hello yet, oldest first, at most PreAuthCap(...).
   PreAuthQueue<std::shared_ptr<Conn>> waiting_;
-  WarningLimiter accept_warnings_, drop_warnings_;  // one line per 10 s each, under a flood
+  // One line per 10 s each under a flood: failed accepts, strangers dropped at the cap, and
+  // strangers refused at their first frame.
+  WarningLimiter accept_warnings_, drop_warnings_, refuse_warnings_;
   asio::steady_timer tick_;
   asio::steady_timer watch_timer_;
   bool watch_armed_ = false;
