@@ -15,6 +15,7 @@
 #include "base/host_port.h"
 #include "base/logging.h"
 #include "base/params.h"
+#include "base/printable.h"
 #include "collectives/store_protocol.h"
 #include "runtime/coordinator/coordinator_impl.h"
 #include "runtime/protocol/plan_input.h"
@@ -395,7 +396,7 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
           }
           Feed(DeciderEvent::Heartbeat{id});
         } else if constexpr (std::is_same_v<M, LeaveMsg>) {
-          LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << msg.reason;
+          LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << Printable(msg.reason);
           Feed(DeciderEvent::LeaveRequest{id});
         } else if constexpr (std::is_same_v<M, StepReportMsg>) {
           if (Status s = SpeaksForItself("step_report.worker", msg.worker, id); !s.ok()) {
@@ -416,7 +417,7 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
           }
           if (!msg.ok) {
             LOG(WARNING) << "coordinator: worker " << id << " failed to apply generation "
-                         << msg.generation << ": " << msg.error;
+                         << msg.generation << ": " << Printable(msg.error);
           }
           Feed(msg);
         } else if constexpr (std::is_same_v<M, DoneMsg>) {
@@ -425,13 +426,12 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
         } else if constexpr (std::is_same_v<M, FailureReportMsg>) {
           LOG(WARNING) << "coordinator: worker " << id << " failed step " << msg.step
                        << " of generation " << msg.generation << " (suspects " << Ids(msg.peers)
-                       << "): " << msg.error;
+                       << "): " << Printable(msg.error);
           Feed(DeciderEvent::FailureReport{.worker = id, .report = std::move(msg)});
         } else if constexpr (std::is_same_v<M, ErrorMsg>) {
           c->close_after_write = true;
-          Gone(c, "worker error " +
-                      std::string(StatusCodeName(static_cast<StatusCode>(msg.code))) + ": " +
-                      msg.message);
+          Gone(c, "worker error " + std::string(StatusCodeName(static_cast<StatusCode>(msg.code))) +
+                      ": " + Printable(msg.message));
         } else {
           Refuse(c, InvalidArgumentError("a worker may not send " +
                                          std::string(WireTypeName(
