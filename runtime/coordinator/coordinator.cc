@@ -390,10 +390,7 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
       [&](auto& msg) {
         using M = std::decay_t<decltype(msg)>;
         if constexpr (std::is_same_v<M, HeartbeatMsg>) {
-          if (msg.step > max_step_) {
-            max_step_ = msg.step;
-            MarkDirty();  // the snapshot shows the step (morphctl watch, tests)
-          }
+          NoteStep(id, msg.step);
           Feed(DeciderEvent::Heartbeat{id});
         } else if constexpr (std::is_same_v<M, LeaveMsg>) {
           LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << Printable(msg.reason);

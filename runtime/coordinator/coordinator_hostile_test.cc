@@ -4,7 +4,9 @@
 //     the process's descriptors: the scheduler API answers, a worker registers, the store
 //     serves, the process can still open sockets of its own, and the warnings are few;
 //   - a Hello whose host is not a printable name of at most 255 bytes is refused naming the
-//     field, and the host strings of workers that are gone are not kept.
+//     field, and the host strings of workers that are gone are not kept;
+//   - /v1/status's step and morph_step are the current generation's, which no single worker's
+//     heartbeat can pin.
 // Bounded: every wait has a deadline; the forked child is reaped.
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -28,6 +31,7 @@
 
 #include "base/testing.h"
 #include "collectives/tcp_store.h"
+#include "runtime/agent/agent_core.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/protocol/control_client.h"
 
@@ -283,6 +287,118 @@ TEST(CoordinatorHostileTest, TheHostsOfWorkersThatAreGoneAreForgotten) {
   ASSERT_TRUE(WaitFor([&] { return coord->stats().workers_connected == 0; }));
   EXPECT_EQ(coord->stats().workers_registered, kCycles);
   EXPECT_EQ(coord->stats().hosts_known, 0) << "host strings of departed workers are kept";
+}
+
+// ---- the step ---------------------------------------------------------------------------------
+
+// Registered workers driven through the protocol by the real AgentCore (the training loop
+// simulated: a step whenever the core lets it), until `done` holds for every one.
+struct Worker {
+  std::unique_ptr<ControlClient> client;
+  std::unique_ptr<AgentCore> core;
+  int64_t next_step = 0;
+};
+
+StatusOr<Worker> Join(const Coordinator& c) {
+  MORPH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> client,
+                         Register(c.control_address(), "step-test"));
+  WorkerId me = client->welcome().worker;
+  return Worker{std::move(client), std::make_unique<AgentCore>(me)};
+}
+
+bool Reach(const std::vector<Worker*>& ws, int64_t generation, Deadline deadline) {
+  while (!deadline.Expired()) {
+    bool all = true;
+    for (Worker* w : ws) {
+      if (w->core->generation().id == generation) continue;
+      all = false;
+      StatusOr<WireMessage> m = w->client->Receive(Deadline::AfterMs(5));
+      if (!m.ok()) {
+        if (m.status().code() != StatusCode::kDeadlineExceeded) return false;
+      } else if (auto* p = std::get_if<PrepareMsg>(&*m)) {
+        if (auto r = w->core->OnPrepare(*p, w->next_step)) (void)w->client->Send(*r);
+      } else if (auto* c = std::get_if<CommitMsg>(&*m)) {
+        w->core->OnCommit(*c);
+      } else if (auto* o = std::get_if<OutcomeMsg>(&*m)) {
+        w->core->OnOutcome(*o);
+      } else if (auto* a = std::get_if<AbandonMsg>(&*m)) {
+        w->core->OnAbandon(*a);
+      }
+      switch (w->core->AtStep(w->next_step)) {
+        case AgentCore::Action::kProceed:
+          ++w->next_step;
+          break;
+        case AgentCore::Action::kSwitch:
+          w->next_step = w->core->pending_commit()->next.start_step + 1;
+          (void)w->client->Send(w->core->SwitchDone(true));
+          break;
+        default:
+          break;
+      }
+    }
+    if (all) return true;
+  }
+  return false;
+}
+
+int64_t MetricsStep(uint16_t http_port) {
+  std::string reply = HttpGet(http_port, "/metrics");
+  size_t at = reply.find("\nmorph_step ");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(reply.c_str() + at + 12, nullptr, 10);
+}
+
+TEST(CoordinatorHostileTest, TheStepIsTheCurrentGenerationsAndNoWorkerPinsIt) {
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(2)));
+  MORPH_ASSERT_OK_AND_ASSIGN(Worker a, Join(*coord));
+  MORPH_ASSERT_OK_AND_ASSIGN(Worker b, Join(*coord));
+  ASSERT_TRUE(Reach({&a, &b}, 1, Deadline::AfterMs(10000)));
+  const int64_t start1 = a.core->generation().start_step;
+  // One member claims the largest step there is, the other an honest one.
+  MORPH_ASSERT_OK(a.client->Send(HeartbeatMsg{.step = INT64_MAX}));
+  MORPH_ASSERT_OK(b.client->Send(HeartbeatMsg{.step = start1 + 7}));
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().step == start1 + 7; }))
+      << "step " << coord->Snapshot().step;
+  EXPECT_EQ(MetricsStep(coord->http_port()), start1 + 7);
+  // Both far ahead (and plausibly so: 10 steps per millisecond at most): then a change (a
+  // joiner) commits generation 2 at the steps the members report, far below, as after a
+  // rollback; the old heartbeats no longer count.
+  const int64_t far = start1 + 5000;
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  MORPH_ASSERT_OK(a.client->Send(HeartbeatMsg{.step = far}));
+  MORPH_ASSERT_OK(b.client->Send(HeartbeatMsg{.step = far}));
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().step == far; }))
+      << "step " << coord->Snapshot().step;
+  MORPH_ASSERT_OK_AND_ASSIGN(Worker c, Join(*coord));
+  ASSERT_TRUE(Reach({&a, &b, &c}, 2, Deadline::AfterMs(10000)));
+  const int64_t start2 = a.core->generation().start_step;
+  ASSERT_LT(start2, far);
+  auto in_generation_2_at = [&](int64_t step) {
+    CoordinatorSnapshot s = coord->Snapshot();
+    return s.generation == 2 && s.step == step;
+  };
+  ASSERT_TRUE(WaitFor([&] { return in_generation_2_at(start2); }))
+      << "step " << coord->Snapshot().step << ", generation 2 starts at " << start2;
+  for (Worker* w : {&a, &b, &c}) {
+    MORPH_ASSERT_OK(w->client->Send(HeartbeatMsg{.step = start2 + 3}));
+  }
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().step == start2 + 3; }))
+      << "step " << coord->Snapshot().step;
+  EXPECT_EQ(MetricsStep(coord->http_port()), start2 + 3);
+}
+
+TEST(CoordinatorHostileTest, ALoneMemberCannotClaimAnImplausibleStep) {
+  auto began = std::chrono::steady_clock::now();
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1)));
+  MORPH_ASSERT_OK_AND_ASSIGN(Worker a, Join(*coord));
+  ASSERT_TRUE(Reach({&a}, 1, Deadline::AfterMs(10000)));
+  MORPH_ASSERT_OK(a.client->Send(HeartbeatMsg{.step = INT64_MAX}));
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().step > 0; }));
+  // At most 10 steps per millisecond since the generation began.
+  const int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - began)
+                         .count();
+  EXPECT_LE(coord->Snapshot().step, 10 * ms);
 }
 
 }  // namespace

@@ -49,6 +49,9 @@ constexpr size_t kReadChunk = 64u << 10;
 constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
 // The snapshot is republished at most this often.
 constexpr auto kPublishInterval = std::chrono::milliseconds(50);
+// The most steps a generation is believed to train per millisecond: the step it reports is at
+// most its start step plus this many per millisecond since it began.
+constexpr int64_t kMaxStepsPerMs = 10;
 
 inline double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -158,6 +161,12 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   void MaybeWatch(const std::shared_ptr<Conn>& c);
   void ArmWatch();
   void Watch();
+  // The current generation's step (/v1/status "step", morph_step): the least of its members'
+  // latest heartbeat steps, at least its start step and at most kMaxStepsPerMs per millisecond
+  // since it began; one member's claim cannot move it, and it starts over at every change.
+  void FollowGeneration();  // after each event: a new generation resets the members' steps
+  void NoteStep(WorkerId worker, int64_t step);
+  int64_t GenerationStep() const;
   void MarkDirty();
   CoordinatorSnapshot BuildSnapshot() const;
   void Publish();
@@ -206,7 +215,11 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   std::map<WorkerId, std::shared_ptr<Conn>> conns_;  // registered, connected
   // The hosts of conns_ (/v1/status), checked by CheckHostName; erased with the connection.
   std::unordered_map<WorkerId, std::string> hosts_;
-  int64_t max_step_ = 0;
+  // GenerationStep's input: the generation followed, since when (NowMs), and each of its
+  // members' latest heartbeat step (INT64_MIN: none yet).
+  int64_t step_generation_ = -1;
+  int64_t step_since_ms_ = 0;
+  std::unordered_map<WorkerId, int64_t> member_steps_;
   int64_t next_request_id_ = 1;
   std::map<int64_t, std::function<void(Status)>> answers_;
 
