@@ -22,4 +22,21 @@ StatusOr<HostPort> SplitHostPort(std::string_view what, const std::string& addre
   return HostPort{host, port_text};
 }
 
+Status CheckHostName(std::string_view field, std::string_view host) {
+  if (host.empty()) return InvalidArgumentError(std::string(field) + ": empty");
+  if (host.size() > kMaxHostBytes) {
+    return InvalidArgumentError(std::string(field) + ": " + std::to_string(host.size()) +
+                                " bytes, more than " + std::to_string(kMaxHostBytes));
+  }
+  for (size_t i = 0; i < host.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(host[i]);
+    if (c > 0x20 && c < 0x7f) continue;
+    static constexpr char kHex[] = "0123456789abcdef";
+    return InvalidArgumentError(std::string(field) + ": byte " + std::to_string(i) + " is 0x" +
+                                kHex[c >> 4] + kHex[c & 0xf] +
+                                ", not printable ASCII without spaces (0x21-0x7e)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace morph

@@ -23,6 +23,16 @@ struct HostPort {
 // kInvalidArgument "<what> '<address>': expected host:port" / ": bad port 'x'" / ": empty host".
 StatusOr<HostPort> SplitHostPort(std::string_view what, const std::string& address);
 
+// The longest host a peer may name itself by: a DNS name's limit.
+inline constexpr size_t kMaxHostBytes = 255;
+
+// A host as a peer names itself (a worker's Hello, shown in logs and /v1/status): 1 to 255
+// bytes of printable ASCII other than the space (0x21..0x7e), which takes in every DNS name and
+// IPv4 or IPv6 address and leaves out line breaks, terminal escapes and anything else that could
+// forge a log line. kInvalidArgument naming `field` ("hello.host: byte 6 is 0x0a, ..."; the
+// bytes themselves are not echoed).
+Status CheckHostName(std::string_view field, std::string_view host);
+
 }  // namespace morph
 
 #endif  // MORPH_BASE_HOST_PORT_H_

@@ -26,22 +26,27 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
-// Logs "NAME set by environment to VALUE" once per process for each name.
-void LogOnce(const char* env, std::string_view value) {
+// Logs "NAME set by environment to VALUE" once per process for each name; a secret's value is
+// not shown.
+void LogOnce(const char* env, std::string_view value, bool secret) {
   static std::mutex mu;
   static std::set<std::string>* logged = new std::set<std::string>();
   std::lock_guard<std::mutex> lock(mu);
   if (logged->insert(env).second) {
-    LOG(INFO) << env << " set by environment to " << value;
+    if (secret) {
+      LOG(INFO) << env << " set by environment (secret, value not shown)";
+    } else {
+      LOG(INFO) << env << " set by environment to " << value;
+    }
   }
 }
 
 template <typename T, typename Parse>
-StatusOr<T> Read(const char* env, T def, Parse parse) {
+StatusOr<T> Read(const char* env, T def, Parse parse, bool secret = false) {
   const char* raw = std::getenv(env);
   if (raw == nullptr || Trim(raw).empty()) return def;
   StatusOr<T> v = parse(std::string_view(raw));
-  if (v.ok() && !(*v == def)) LogOnce(env, Trim(raw));
+  if (v.ok() && !(*v == def)) LogOnce(env, Trim(raw), secret);
   return v;
 }
 
@@ -160,12 +165,19 @@ StatusOr<uint64_t> ParseBytes(std::string_view name, std::string_view text) {
       return StatusOr<std::string>(std::string(Trim(t)));                                \
     });                                                                                  \
   }
+#define MORPH_PARAM_SECRET(fn, env, def, desc)                                           \
+  StatusOr<std::string> fn() {                                                           \
+    return Read<std::string>(                                                            \
+        env, def, [](std::string_view t) { return StatusOr<std::string>(std::string(Trim(t))); }, \
+        /*secret=*/true);                                                                \
+  }
 #include "base/params.def"
 #undef MORPH_PARAM_INT64
 #undef MORPH_PARAM_DOUBLE
 #undef MORPH_PARAM_BOOL
 #undef MORPH_PARAM_BYTES
 #undef MORPH_PARAM_STRING
+#undef MORPH_PARAM_SECRET
 
 namespace {
 #define MORPH_STR_(x) #x
@@ -174,6 +186,7 @@ namespace {
 #define MORPH_PARAM_BOOL(fn, env, def, desc) {env, ParamType::kBool, MORPH_STR_(def), desc, [] { return fn().status(); }},
 #define MORPH_PARAM_BYTES(fn, env, def, desc) {env, ParamType::kBytes, def, desc, [] { return fn().status(); }},
 #define MORPH_PARAM_STRING(fn, env, def, desc) {env, ParamType::kString, def, desc, [] { return fn().status(); }},
+#define MORPH_PARAM_SECRET(fn, env, def, desc) {env, ParamType::kString, def, desc, [] { return fn().status(); }, true},
 const ParamInfo kParams[] = {
 #include "base/params.def"
 };
@@ -182,9 +195,14 @@ const ParamInfo kParams[] = {
 #undef MORPH_PARAM_BOOL
 #undef MORPH_PARAM_BYTES
 #undef MORPH_PARAM_STRING
+#undef MORPH_PARAM_SECRET
 }  // namespace
 
 std::span<const ParamInfo> All() { return kParams; }
+
+std::string_view Shown(const ParamInfo& param, std::string_view value) {
+  return param.secret ? std::string_view("<redacted>") : value;
+}
 
 std::string Dump() {
   std::ostringstream os;
@@ -193,8 +211,9 @@ std::string Dump() {
     bool set = raw != nullptr && !Trim(raw).empty();
     std::string value = set ? std::string(Trim(raw)) : p.default_text;
     Status valid = p.check();
-    os << p.env_name << "=" << value << " (" << ParamTypeName(p.type) << ", default '"
-       << p.default_text << "'" << (set ? ", set" : "") << ")";
+    os << p.env_name << "=" << Shown(p, value) << " (" << ParamTypeName(p.type)
+       << (p.secret ? ", secret" : "") << ", default '" << p.default_text << "'"
+       << (set ? ", set" : "") << ")";
     if (!valid.ok()) os << " (invalid: " << valid.message() << ")";
     os << " " << p.description << "\n";
   }

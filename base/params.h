@@ -13,7 +13,10 @@
 // A value that does not parse or is out of range is kInvalidArgument naming the variable and
 // the value ("MORPH_HEARTBEAT_MS=abc: not an integer"). The first time a getter sees a
 // non-default value it logs it once ("MORPH_HEARTBEAT_MS set by environment to 500").
-// `Dump()` lists every parameter with its current value. Thread-safe.
+// `Dump()` lists every parameter with its current value. A secret (MORPH_PARAM_SECRET: the job
+// token) is a string whose value is returned to its reader and never printed: its log line says
+// "MORPH_TOKEN set by environment (secret, value not shown)", Dump shows "<redacted>", and
+// `Shown` is how any other printer shows a value. Thread-safe.
 #ifndef MORPH_BASE_PARAMS_H_
 #define MORPH_BASE_PARAMS_H_
 
@@ -35,13 +38,18 @@ struct ParamInfo {
   const char* default_text;  // as it would be written in the environment
   const char* description;
   Status (*check)();  // parses the current environment value: OK or kInvalidArgument
+  bool secret = false;  // never printed (MORPH_PARAM_SECRET)
 };
+
+// `value` as a printer may show it: "<redacted>" for a secret, else the value itself.
+std::string_view Shown(const ParamInfo& param, std::string_view value);
 
 // All declared parameters in declaration order.
 std::span<const ParamInfo> All();
 
-// One line per parameter: "MORPH_X=<value> (<type>, default <d>[, set]) <description>".
-// A value that does not parse is shown with "(invalid: <reason>)".
+// One line per parameter: "MORPH_X=<value> (<type>[, secret], default <d>[, set])
+// <description>", a secret's value shown as "<redacted>". A value that does not parse is shown
+// with "(invalid: <reason>)".
 std::string Dump();
 
 // Parsers, exposed for tests and for Options fields given as text. `name` is used in errors.
@@ -58,12 +66,14 @@ StatusOr<uint64_t> ParseBytes(std::string_view name, std::string_view text);
 #define MORPH_PARAM_BOOL(fn, env, def, desc) StatusOr<bool> fn();
 #define MORPH_PARAM_BYTES(fn, env, def, desc) StatusOr<uint64_t> fn();
 #define MORPH_PARAM_STRING(fn, env, def, desc) StatusOr<std::string> fn();
+#define MORPH_PARAM_SECRET(fn, env, def, desc) StatusOr<std::string> fn();
 #include "base/params.def"
 #undef MORPH_PARAM_INT64
 #undef MORPH_PARAM_DOUBLE
 #undef MORPH_PARAM_BOOL
 #undef MORPH_PARAM_BYTES
 #undef MORPH_PARAM_STRING
+#undef MORPH_PARAM_SECRET
 
 }  // namespace morph::params
 

@@ -142,6 +142,36 @@ TEST(ParamsTest, DumpListsEveryParameterAndFlagsInvalidOnes) {
                               "MORPH_HEARTBEAT_MS=abc: not an integer)"));
 }
 
+// A secret (the job token) is returned to its reader, never printed: not in the one-time log
+// line, not in Dump().
+TEST(ParamsTest, SecretValuesAreNeverPrinted) {
+  constexpr char kSecret[] = "params-test-s3cret-token";
+  CapturingSink sink;
+  google::AddLogSink(&sink);
+  std::string dump;
+  {
+    ScopedEnv e("MORPH_TOKEN", kSecret);
+    for (int i = 0; i < 2; ++i) {
+      MORPH_ASSERT_OK_AND_ASSIGN(std::string v, Token());
+      EXPECT_EQ(v, kSecret);
+    }
+    dump = Dump();
+  }
+  google::RemoveLogSink(&sink);
+  EXPECT_EQ(sink.Count(kSecret), 0) << "the token was logged";
+  EXPECT_EQ(sink.Count("MORPH_TOKEN set by environment (secret, value not shown)"), 1);
+  EXPECT_THAT(dump, ::testing::Not(HasSubstr(kSecret)));
+  EXPECT_THAT(dump, HasSubstr("MORPH_TOKEN=<redacted> (string, secret, default '', set)"));
+  // The registry says which parameters are secrets; any printer asks it.
+  for (const ParamInfo& p : All()) {
+    EXPECT_EQ(p.secret, std::string(p.env_name) == "MORPH_TOKEN") << p.env_name;
+    if (p.secret) {
+      EXPECT_EQ(Shown(p, kSecret), "<redacted>");
+    }
+  }
+  EXPECT_EQ(Shown(All()[0], "10.0.0.1:29400"), "10.0.0.1:29400");
+}
+
 TEST(ParamsTest, NamesAreUniqueAndPrefixed) {
   std::set<std::string> seen;
   for (const ParamInfo& p : All()) {

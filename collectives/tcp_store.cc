@@ -1,19 +1,17 @@
 #include "collectives/tcp_store.h"
 
-#include <sys/resource.h>
-
 #include <atomic>
 #include <boost/asio.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <list>
 #include <map>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "base/connection_limit.h"
 #include "base/host_port.h"
 #include "base/params.h"
 #include "collectives/store_protocol.h"
@@ -159,7 +157,7 @@ class TcpStoreServer::Impl {
   std::shared_ptr<KvTable> table_ = std::make_shared<KvTable>();
   // io thread only:
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
-  std::list<Session*> unauthenticated_;  // oldest first
+  PreAuthQueue<Session*> unauthenticated_;  // oldest first, capped (base/connection_limit.h)
   // generation -> key -> the sessions whose waiting request needs that key next.
   std::map<int64_t, std::unordered_map<std::string, std::unordered_set<Session*>>> waiters_;
   bool stopping_ = false;
@@ -177,7 +175,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
         timer_(server->io_),
         reader_(store_wire::kMaxHelloBytes) {}
 
-  void Start(std::list<Session*>::iterator unauth_it) {
+  void Start(PreAuthQueue<Session*>::Handle unauth_it) {
     unauth_it_ = unauth_it;
     error_code ec;
     sock_.non_blocking(true, ec);
@@ -246,7 +244,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
         return Respond(r, /*close_after=*/true);
       }
       authenticated_ = true;
-      server_->unauthenticated_.erase(unauth_it_);
+      server_->unauthenticated_.Remove(unauth_it_);
       --server_->unauthenticated_count_;
       ++timer_seq_;
       timer_.cancel();
@@ -323,7 +321,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
     reader_ = store_wire::FrameReader(0);
     AccountHeld();
     if (!authenticated_) {
-      server_->unauthenticated_.erase(unauth_it_);
+      server_->unauthenticated_.Remove(unauth_it_);
       --server_->unauthenticated_count_;
       authenticated_ = true;  // out of the list
     }
@@ -359,7 +357,7 @@ class TcpStoreServer::Impl::Session : public std::enable_shared_from_this<Sessio
   bool closed_ = false;
   bool reading_ = false;  // an async_wait for readability is armed
   bool busy_ = false;     // a request is being answered (waiting or written)
-  std::list<Session*>::iterator unauth_it_;
+  PreAuthQueue<Session*>::Handle unauth_it_;
   std::optional<KvTable::Request> pending_;
   size_t wait_index_ = 0;  // pending_->keys before it are set
 };
@@ -380,12 +378,13 @@ Status TcpStoreServer::Impl::Listen(const std::string& host, uint16_t port) {
   }
   host_ = host;
   port_ = acceptor_.local_endpoint(ec).port();
-  max_connections_ = std::max<int64_t>(1, options_.max_connections);
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
-    max_connections_ = std::max<int64_t>(
-        1, std::min<int64_t>(max_connections_, static_cast<int64_t>(lim.rlim_cur) - kFdReserve));
-  }
+  // The process's descriptors are shared with the coordinator (or the training worker) that
+  // hosts this store: strangers that never authenticate get at most an eighth of them.
+  const int64_t files = OpenFileLimit();
+  max_connections_ =
+      std::max<int64_t>(1, std::min<int64_t>(options_.max_connections,
+                                             files == INT64_MAX ? INT64_MAX : files - kFdReserve));
+  unauthenticated_.set_cap(PreAuthCap(max_connections_, files));
   Accept();
   thread_ = std::thread([this] { io_.run(); });
   return Status::Ok();
@@ -434,20 +433,20 @@ void TcpStoreServer::Impl::OnAccepted(tcp::socket sock) {
     sock.close(ec);  // at the cap and everyone authenticated: the newcomer is refused
     return;
   }
+  if (unauthenticated_.full()) DropOldestUnauthenticated();
   error_code ignored;
   sock.set_option(tcp::no_delay(true), ignored);
   auto s = std::make_shared<Session>(this, std::move(sock));
   sessions_.emplace(s.get(), s);
   connections_.store(static_cast<int64_t>(sessions_.size()));
-  unauthenticated_.push_back(s.get());
   ++unauthenticated_count_;
-  s->Start(std::prev(unauthenticated_.end()));
+  s->Start(unauthenticated_.Add(s.get()));
 }
 
 bool TcpStoreServer::Impl::DropOldestUnauthenticated() {
   if (unauthenticated_.empty()) return false;
   ++refused_;
-  Session* oldest = unauthenticated_.front();
+  Session* oldest = unauthenticated_.oldest();
   oldest->Close();
   return true;
 }

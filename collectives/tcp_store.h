@@ -18,7 +18,8 @@
 // it reads only a token frame of up to 4 KiB and closes the connection after
 // MORPH_STORE_AUTH_TIMEOUT_MS; after it, frames up to MORPH_STORE_MAX_FRAME_BYTES whose
 // buffers grow as bytes arrive; at most MORPH_STORE_MAX_CONNECTIONS connections (at the cap
-// the oldest unauthenticated one is dropped, else the new one is closed); a client that
+// the oldest unauthenticated one is dropped, else the new one is closed), of which at most an
+// eighth of the open-file limit unauthenticated (base/connection_limit.h); a client that
 // disconnects while it waits has its request dropped; clients advance generations by at most
 // one, the server's owner by any amount (AdvanceGeneration).
 #ifndef MORPH_COLLECTIVES_TCP_STORE_H_
@@ -42,7 +43,8 @@ StatusOr<std::string> JobTokenFromEnv();
 
 // Limits of a TcpStoreServer (see docs/collectives.md and docs/operations.md).
 struct TcpStoreServerOptions {
-  // Open connections at most; further bounded by the process's open-file limit minus 32.
+  // Open connections at most; further bounded by the process's open-file limit minus 32, and
+  // unauthenticated ones by an eighth of it (PreAuthCap).
   int64_t max_connections = 16384;
   // Largest request body after authentication.
   uint32_t max_frame_bytes = 64u << 20;

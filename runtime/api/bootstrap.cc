@@ -34,6 +34,7 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   c.max_world = o.max_world;
   c.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
   MORPH_ASSIGN_OR_RETURN(c.local_watch_ms, params::LocalWatchMs());
+  MORPH_ASSIGN_OR_RETURN(c.max_unauthenticated, params::CoordinatorMaxUnauthenticated());
   c.checkpoint_dir = o.checkpoint_dir;
   MORPH_ASSIGN_OR_RETURN(c.resume, ParseResumeMode(o.resume, "resume"));
   MORPH_ASSIGN_OR_RETURN(c.restart_count, ParseRestartCount(std::getenv("SLURM_RESTART_COUNT")));

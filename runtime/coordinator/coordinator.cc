@@ -12,8 +12,10 @@
 #include <limits>
 #include <numeric>
 
+#include "base/host_port.h"
 #include "base/logging.h"
 #include "base/params.h"
+#include "base/printable.h"
 #include "collectives/store_protocol.h"
 #include "runtime/coordinator/coordinator_impl.h"
 #include "runtime/protocol/plan_input.h"
@@ -133,6 +135,7 @@ StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   o.max_world = static_cast<int>(max_world);
   MORPH_ASSIGN_OR_RETURN(o.heartbeat_timeout_ms, params::HeartbeatTimeoutMs());
   MORPH_ASSIGN_OR_RETURN(o.local_watch_ms, params::LocalWatchMs());
+  MORPH_ASSIGN_OR_RETURN(o.max_unauthenticated, params::CoordinatorMaxUnauthenticated());
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_dir, params::CheckpointDir());
   MORPH_ASSIGN_OR_RETURN(std::string resume, params::Resume());
   MORPH_ASSIGN_OR_RETURN(o.resume, ParseResumeMode(resume));
@@ -186,6 +189,7 @@ Status Coordinator::Impl::Start() {
                             ": " + ec.message());
   }
   port_ = acceptor_.local_endpoint().port();
+  waiting_.set_cap(PreAuthCap(o.max_unauthenticated));
   if (o.serve_http) {
     HttpServerOptions h = o.http;
     if (h.token.empty()) h.token = o.token;
@@ -215,7 +219,8 @@ Status Coordinator::Impl::Start() {
   LOG(INFO) << "coordinator: control channel on " << JoinHostPort(advertise_host_, port_)
             << ", store on " << JoinHostPort(advertise_host_, store_->port())
             << (http_ ? ", scheduler API on port " + std::to_string(http_port_) : "")
-            << "; waiting for " << o.initial_world << " worker(s)";
+            << "; waiting for " << o.initial_world << " worker(s) (at most " << waiting_.cap()
+            << " connections before their hello)";
   return Status::Ok();
 }
 
@@ -231,6 +236,12 @@ void Coordinator::Impl::Stop() {
       stopping_ = true;
       error_code ec;
       acceptor_.close(ec);
+      accept_backoff_.cancel();
+      while (!waiting_.empty()) {
+        std::shared_ptr<Conn> c = waiting_.oldest();
+        c->gone_reported = true;
+        CloseSocket(c);
+      }
       tick_.cancel();
       watch_timer_.cancel();
       publish_timer_.cancel();
@@ -240,6 +251,8 @@ void Coordinator::Impl::Stop() {
         CloseSocket(c);
       }
       conns_.clear();
+      hosts_.clear();
+      hosts_known_.store(0);
       for (auto& [id, answer] : answers_) answer(AbortedError("the coordinator stopped"));
       answers_.clear();
       work_.reset();
@@ -263,10 +276,17 @@ void Coordinator::Impl::Accept() {
   acceptor_.async_accept([this](error_code ec, tcp::socket sock) {
     if (stopping_ || !acceptor_.is_open()) return;
     if (ec) {
-      LOG(WARNING) << "coordinator: accept failed: " << ec.message();
-      auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(20));
-      t->async_wait([this, t](error_code) {
-        if (!stopping_) Accept();
+      // Out of descriptors: free one held by a stranger, as the store does; either way wait
+      // before the next try instead of spinning on a listener that stays readable.
+      const int e = ec.value();
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) DropOldestWaiting();
+      if (int64_t folded = 0; accept_warnings_.Allow(&folded)) {
+        LOG(WARNING) << "coordinator: control channel: accept failed: " << ec.message()
+                     << "; retrying every 20 ms" << Folded(folded);
+      }
+      accept_backoff_.expires_after(std::chrono::milliseconds(20));
+      accept_backoff_.async_wait([this](error_code e2) {
+        if (!e2 && !stopping_) Accept();
       });
       return;
     }
@@ -274,6 +294,8 @@ void Coordinator::Impl::Accept() {
     error_code ignored;
     sock.set_option(tcp::no_delay(true), ignored);
     auto c = std::make_shared<Conn>(io_, std::move(sock));
+    if (waiting_.full()) DropOldestWaiting();
+    c->waiting = waiting_.Add(c);
     c->timer.expires_after(std::chrono::milliseconds(options_.handshake_timeout_ms));
     c->timer.async_wait([this, weak = std::weak_ptr<Conn>(c)](error_code e) {
       auto c = weak.lock();
@@ -286,6 +308,29 @@ void Coordinator::Impl::Accept() {
     ReadHeader(c);
     Accept();
   });
+}
+
+void Coordinator::Impl::DropOldestWaiting() {
+  if (waiting_.empty()) return;
+  std::shared_ptr<Conn> oldest = waiting_.oldest();
+  refused_.fetch_add(1);
+  dropped_.fetch_add(1);
+  if (int64_t folded = 0; drop_warnings_.Allow(&folded)) {
+    LOG(WARNING) << "coordinator: control channel: " << waiting_.size()
+                 << " connections have not sent their hello (at most " << waiting_.cap()
+                 << ": MORPH_COORDINATOR_MAX_UNAUTHENTICATED, an eighth of the open-file "
+                    "limit): closing the oldest"
+                 << Folded(folded);
+  }
+  oldest->gone_reported = true;
+  oldest->timer.cancel();
+  CloseSocket(oldest);
+}
+
+void Coordinator::Impl::StopWaiting(Conn& c) {
+  if (!c.waiting) return;
+  waiting_.Remove(*c.waiting);
+  c.waiting.reset();
 }
 
 void Coordinator::Impl::ReadHeader(const std::shared_ptr<Conn>& c) {
@@ -345,13 +390,10 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
       [&](auto& msg) {
         using M = std::decay_t<decltype(msg)>;
         if constexpr (std::is_same_v<M, HeartbeatMsg>) {
-          if (msg.step > max_step_) {
-            max_step_ = msg.step;
-            MarkDirty();  // the snapshot shows the step (morphctl watch, tests)
-          }
+          NoteStep(id, msg.step);
           Feed(DeciderEvent::Heartbeat{id});
         } else if constexpr (std::is_same_v<M, LeaveMsg>) {
-          LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << msg.reason;
+          LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << Printable(msg.reason);
           Feed(DeciderEvent::LeaveRequest{id});
         } else if constexpr (std::is_same_v<M, StepReportMsg>) {
           if (Status s = SpeaksForItself("step_report.worker", msg.worker, id); !s.ok()) {
@@ -372,7 +414,7 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
           }
           if (!msg.ok) {
             LOG(WARNING) << "coordinator: worker " << id << " failed to apply generation "
-                         << msg.generation << ": " << msg.error;
+                         << msg.generation << ": " << Printable(msg.error);
           }
           Feed(msg);
         } else if constexpr (std::is_same_v<M, DoneMsg>) {
@@ -381,13 +423,12 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
         } else if constexpr (std::is_same_v<M, FailureReportMsg>) {
           LOG(WARNING) << "coordinator: worker " << id << " failed step " << msg.step
                        << " of generation " << msg.generation << " (suspects " << Ids(msg.peers)
-                       << "): " << msg.error;
+                       << "): " << Printable(msg.error);
           Feed(DeciderEvent::FailureReport{.worker = id, .report = std::move(msg)});
         } else if constexpr (std::is_same_v<M, ErrorMsg>) {
           c->close_after_write = true;
-          Gone(c, "worker error " +
-                      std::string(StatusCodeName(static_cast<StatusCode>(msg.code))) + ": " +
-                      msg.message);
+          Gone(c, "worker error " + std::string(StatusCodeName(static_cast<StatusCode>(msg.code))) +
+                      ": " + Printable(msg.message));
         } else {
           Refuse(c, InvalidArgumentError("a worker may not send " +
                                          std::string(WireTypeName(
@@ -400,6 +441,11 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
 void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& m) {
   if (!store_wire::TokensEqual(m.token, options_.token)) {  // constant time, as the store
     return Refuse(c, UnauthenticatedError("wrong job token"));
+  }
+  StopWaiting(*c);  // it holds the token: no longer a stranger
+  // The host goes into log lines and /v1/status: a name, never a line break or an escape.
+  if (!m.host.empty()) {
+    if (Status s = CheckHostName("hello.host", m.host); !s.ok()) return Refuse(c, s);
   }
   error_code ec;
   tcp::endpoint remote = c->sock.remote_endpoint(ec);
@@ -432,6 +478,7 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
   c->state = Conn::State::kJoined;
   conns_[c->id] = c;
   hosts_[c->id] = c->host;
+  hosts_known_.store(static_cast<int64_t>(hosts_.size()));
   MaybeWatch(c);
   registered_.fetch_add(1);
   connected_.fetch_add(1);
@@ -450,8 +497,19 @@ void Coordinator::Impl::Refuse(const std::shared_ptr<Conn>& c, const Status& s) 
   if (c->state == Conn::State::kClosed) return;
   bool joined = c->state == Conn::State::kJoined;
   if (!joined) refused_.fetch_add(1);
-  LOG(WARNING) << "coordinator: closing " << (joined ? "worker " + std::to_string(c->id) : "a")
-               << " connection from " << (c->host.empty() ? "?" : c->host) << ": " << s;
+  // A stranger's refusal (no Hello with the token yet) is what a flood repeats: one line per
+  // 10 s at most. A token holder's is worth a line each.
+  const bool stranger = c->waiting.has_value();
+  if (int64_t folded = 0; !stranger || refuse_warnings_.Allow(&folded)) {
+    std::string from = c->host;
+    if (from.empty()) {
+      error_code ec;
+      tcp::endpoint remote = c->sock.remote_endpoint(ec);
+      from = ec ? "?" : JoinHostPort(remote.address().to_string(), remote.port());
+    }
+    LOG(WARNING) << "coordinator: closing " << (joined ? "worker " + std::to_string(c->id) : "a")
+                 << " connection from " << from << ": " << s << Folded(folded);
+  }
   int32_t code = static_cast<int32_t>(s.ok() ? StatusCode::kInternal : s.code());
   Enqueue(c, std::make_shared<const std::string>(
                  EncodeFrame(ErrorMsg{.code = code, .message = std::string(s.message())})));
@@ -477,7 +535,10 @@ void Coordinator::Impl::Gone(const std::shared_ptr<Conn>& c, const std::string& 
     c->watched.reset();
     --watched_;
   }
-  if (!was_joined || c->gone_reported) return;
+  if (!was_joined) return;
+  hosts_.erase(c->id);  // lost, released or disconnected: nothing keeps its host
+  hosts_known_.store(static_cast<int64_t>(hosts_.size()));
+  if (c->gone_reported) return;
   c->gone_reported = true;
   conns_.erase(c->id);
   connected_.fetch_sub(1);
@@ -488,6 +549,7 @@ void Coordinator::Impl::CloseSocket(const std::shared_ptr<Conn>& c) {
   if (c->socket_closed) return;
   c->socket_closed = true;
   c->state = Conn::State::kClosed;
+  StopWaiting(*c);
   error_code ec;
   c->sock.shutdown(tcp::socket::shutdown_both, ec);
   c->sock.close(ec);
@@ -646,11 +708,13 @@ Coordinator::Stats Coordinator::stats() const {
   Stats s;
   s.connections_accepted = impl_->accepted_.load();
   s.handshakes_refused = impl_->refused_.load();
+  s.unauthenticated_dropped = impl_->dropped_.load();
   s.workers_registered = impl_->registered_.load();
   s.workers_connected = impl_->connected_.load();
   s.frames_received = impl_->received_.load();
   s.frames_sent = impl_->sent_.load();
   s.commits_sent = impl_->commits_sent_.load();
+  s.hosts_known = impl_->hosts_known_.load();
   timespec ts{};
   std::lock_guard<std::mutex> lock(impl_->mu_);
   if (impl_->has_io_clock_.load() && !impl_->stopped_ &&

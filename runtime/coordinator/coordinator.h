@@ -9,6 +9,10 @@
 //   setenv("MORPH_COORDINATOR", c->control_address().c_str(), 1);   // for the workers
 //   Status job = c->Wait(Deadline::Infinite());
 //
+// Connections that have not sent their Hello are capped (max_unauthenticated, and an eighth of
+// the open-file limit; the oldest goes first), so idle strangers never take the descriptors of
+// the process that hosts the coordinator.
+//
 // Shell: one io thread (Boost.Asio) on which nothing blocks. Per connection it reads a header,
 // checks its bound (a Hello of at most 4 KiB before authentication; the body buffer grows as
 // bytes arrive), reads the body, decodes it and feeds the decider: Hello (the job token, the
@@ -110,10 +114,15 @@ struct CoordinatorOptions {
   int64_t first_generation = 0;
   // A handshake (Hello + Register) must complete within this, else the connection is closed.
   int64_t handshake_timeout_ms = 10000;
+  // Connections that have not yet sent a Hello with the job token, at most (also at most an
+  // eighth of the open-file limit, base/connection_limit.h, so that strangers cannot take the
+  // descriptors of the process: a training worker's own, the store's, the scheduler API's); at
+  // the cap the oldest is closed (MORPH_COORDINATOR_MAX_UNAUTHENTICATED).
+  int64_t max_unauthenticated = 1024;
 
   // MORPH_COORDINATOR_ADDR, MORPH_COORDINATOR_PORT, MORPH_COORDINATOR_ADVERTISE, MORPH_TOKEN /
   // MORPH_TOKEN_FILE, MORPH_INITIAL_WORLD, MORPH_MAX_WORLD, MORPH_HEARTBEAT_TIMEOUT_MS,
-  // MORPH_LOCAL_WATCH_MS, MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto) and SLURM_RESTART_COUNT, plus
+  // MORPH_COORDINATOR_MAX_UNAUTHENTICATED, MORPH_LOCAL_WATCH_MS, MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto) and SLURM_RESTART_COUNT, plus
   // HttpServerOptions::FromEnv and TcpStoreServerOptions::FromEnv. kInvalidArgument naming the
   // variable for a bad value; kFailedPrecondition when no token is set; kNotFound /
   // kPermissionDenied for an unreadable token file. Any thread.
@@ -162,11 +171,15 @@ class Coordinator {
   struct Stats {
     int64_t connections_accepted = 0;
     int64_t handshakes_refused = 0;  // ErrorMsg + close during Hello/Register
+    // Closed before their Hello because max_unauthenticated others were waiting (or the
+    // process ran out of descriptors); counted in handshakes_refused too.
+    int64_t unauthenticated_dropped = 0;
     int64_t workers_registered = 0;
     int64_t workers_connected = 0;   // registered and still connected
     int64_t frames_received = 0;
     int64_t frames_sent = 0;         // fully written
     int64_t commits_sent = 0;        // commit frames fully written
+    int64_t hosts_known = 0;         // workers' host strings held (for /v1/status)
     double io_cpu_seconds = 0;       // CPU time the io thread used so far
   };
   Stats stats() const;  // any thread

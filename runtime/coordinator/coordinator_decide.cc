@@ -109,6 +109,7 @@ void Coordinator::Impl::Feed(DeciderEvent::Any event) {
     bool heartbeat = std::holds_alternative<DeciderEvent::Heartbeat>(e) ||
                      std::holds_alternative<DeciderEvent::Tick>(e);
     std::vector<DeciderAction::Any> actions = decider_.Handle(NowMs(), std::move(e));
+    FollowGeneration();
     for (DeciderAction::Any& a : actions) Execute(a);
     if (!heartbeat || !actions.empty()) MarkDirty();
   }
@@ -418,6 +419,38 @@ void Coordinator::Impl::Watch() {
   }
 }
 
+void Coordinator::Impl::FollowGeneration() {
+  const Generation& g = decider_.current();
+  if (g.id == step_generation_) return;
+  step_generation_ = g.id;
+  step_since_ms_ = NowMs();
+  member_steps_.clear();
+  for (WorkerId w : g.ranks) member_steps_[w] = std::numeric_limits<int64_t>::min();
+}
+
+void Coordinator::Impl::NoteStep(WorkerId worker, int64_t step) {
+  FollowGeneration();
+  auto it = member_steps_.find(worker);  // a standby worker's step says nothing
+  if (it == member_steps_.end() || it->second == step) return;
+  it->second = step;
+  MarkDirty();  // the snapshot shows the step (morphctl watch, tests)
+}
+
+int64_t Coordinator::Impl::GenerationStep() const {
+  const Generation& g = decider_.current();
+  if (g.id != step_generation_ || member_steps_.empty()) return g.start_step;
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (const auto& [worker, step] : member_steps_) least = std::min(least, step);
+  if (least <= g.start_step) return g.start_step;  // a member has not begun past the start
+  const int64_t ms = std::max<int64_t>(0, NowMs() - step_since_ms_);
+  int64_t most = 0;
+  if (__builtin_mul_overflow(kMaxStepsPerMs, ms, &most) ||
+      __builtin_add_overflow(most, g.start_step, &most)) {
+    most = std::numeric_limits<int64_t>::max();
+  }
+  return std::min(least, most);
+}
+
 void Coordinator::Impl::MarkDirty() {
   if (publish_armed_) return;
   publish_armed_ = true;
@@ -435,7 +468,7 @@ CoordinatorSnapshot Coordinator::Impl::BuildSnapshot() const {
     auto it = hosts_.find(m.worker);
     if (it != hosts_.end()) m.host = it->second;
   }
-  s.step = std::max(s.step, max_step_);
+  s.step = GenerationStep();
   s.reconfigurations = reconfigurations_;
   s.last_reconfiguration = last_record_;
   return s;

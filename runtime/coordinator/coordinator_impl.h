@@ -30,6 +30,7 @@
 #include <boost/asio.hpp>
 // clang-format on
 
+#include "base/connection_limit.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/coordinator/process_watch.h"
 #include "runtime/protocol/wire.h"
@@ -48,6 +49,9 @@ constexpr size_t kReadChunk = 64u << 10;
 constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
 // The snapshot is republished at most this often.
 constexpr auto kPublishInterval = std::chrono::milliseconds(50);
+// The most steps a generation is believed to train per millisecond: the step it reports is at
+// most its start step plus this many per millisecond since it began.
+constexpr int64_t kMaxStepsPerMs = 10;
 
 inline double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -93,6 +97,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
   tcp::socket sock;
   asio::steady_timer timer;  // the handshake deadline
   State state = State::kHello;
+  // Its place among the connections that have not said Hello yet (Impl::waiting_).
+  std::optional<PreAuthQueue<std::shared_ptr<Conn>>::Handle> waiting;
   WorkerId id = 0;
   std::string host;
   int64_t pid = 0;  // as the Hello said
@@ -134,6 +140,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
                            .resume = options_.ResumeEnabled() && static_cast<bool>(resume_finder_),
                            .first_generation = options_.first_generation}),
         acceptor_(io_),
+        accept_backoff_(io_),
         tick_(io_),
         watch_timer_(io_),
         publish_timer_(io_),
@@ -146,6 +153,10 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
 
   // ---- io thread ----
   void Accept();
+  // Closes the connection that has waited longest for its Hello (a stranger, most likely).
+  void DropOldestWaiting();
+  // `c` said Hello with the token, or closed: it no longer counts against the cap.
+  void StopWaiting(Conn& c);
   void ReadHeader(const std::shared_ptr<Conn>& c);
   void ReadBody(const std::shared_ptr<Conn>& c);
   void OnFrame(const std::shared_ptr<Conn>& c, WireMessage m);
@@ -167,6 +178,12 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   void MaybeWatch(const std::shared_ptr<Conn>& c);
   void ArmWatch();
   void Watch();
+  // The current generation's step (/v1/status "step", morph_step): the least of its members'
+  // latest heartbeat steps, at least its start step and at most kMaxStepsPerMs per millisecond
+  // since it began; one member's claim cannot move it, and it starts over at every change.
+  void FollowGeneration();  // after each event: a new generation resets the members' steps
+  void NoteStep(WorkerId worker, int64_t step);
+  int64_t GenerationStep() const;
   void MarkDirty();
   CoordinatorSnapshot BuildSnapshot() const;
   void Publish();
@@ -187,6 +204,12 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   asio::thread_pool launcher_{1};
   Decider decider_;
   tcp::acceptor acceptor_;
+  asio::steady_timer accept_backoff_;
+  // Connections that have not said Hello yet, oldest first, at most PreAuthCap(...).
+  PreAuthQueue<std::shared_ptr<Conn>> waiting_;
+  // One line per 10 s each under a flood: failed accepts, strangers dropped at the cap, and
+  // strangers refused at their first frame.
+  WarningLimiter accept_warnings_, drop_warnings_, refuse_warnings_;
   asio::steady_timer tick_;
   asio::steady_timer watch_timer_;
   bool watch_armed_ = false;
@@ -209,8 +232,13 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   std::shared_ptr<const JobManifest> manifest_;
   WorkerId next_worker_ = 1;
   std::map<WorkerId, std::shared_ptr<Conn>> conns_;  // registered, connected
+  // The hosts of conns_ (/v1/status), checked by CheckHostName; erased with the connection.
   std::unordered_map<WorkerId, std::string> hosts_;
-  int64_t max_step_ = 0;
+  // GenerationStep's input: the generation followed, since when (NowMs), and each of its
+  // members' latest heartbeat step (INT64_MIN: none yet).
+  int64_t step_generation_ = -1;
+  int64_t step_since_ms_ = 0;
+  std::unordered_map<WorkerId, int64_t> member_steps_;
   int64_t next_request_id_ = 1;
   std::map<int64_t, std::function<void(Status)>> answers_;
 
@@ -234,7 +262,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   bool stopped_ = false;
   CoordinatorSnapshot published_;
   std::atomic<int64_t> accepted_{0}, refused_{0}, registered_{0}, connected_{0}, received_{0},
-      sent_{0}, commits_sent_{0};
+      sent_{0}, commits_sent_{0}, dropped_{0}, hosts_known_{0};
 };
 
 }  // namespace morph

@@ -97,7 +97,7 @@ struct CoordinatorSnapshot {
   ParallelConfig config;
   std::vector<Member> members;  // rank order
   std::vector<WorkerId> standby;
-  int64_t step = 0;  // the latest step any rank reported
+  int64_t step = 0;  // the current generation's step (Coordinator: its members' least heartbeat)
   bool resize_in_progress = false;
   std::optional<int64_t> pending_generation;
   int64_t reconfigurations = 0;  // completed changes since the coordinator started

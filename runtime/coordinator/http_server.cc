@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "base/connection_limit.h"
 #include "base/params.h"
 #include "collectives/tcp_store.h"
 #include "runtime/coordinator/http_request.h"
@@ -46,6 +47,7 @@ struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
   Callbacks callbacks;
   tcp::acceptor acceptor;
   asio::steady_timer accept_backoff;  // after an accept error such as EMFILE
+  WarningLimiter accept_warnings;     // one line per 10 s under a flood
   uint16_t port = 0;
   bool started = false;
   bool stopped = false;
@@ -231,7 +233,10 @@ void HttpServer::Core::Accept() {
     if (self->stopped) return;
     if (ec) {
       if (ec == asio::error::operation_aborted) return;
-      LOG(WARNING) << "scheduler API: accept failed: " << ec.message() << "; retrying in 100 ms";
+      if (int64_t folded = 0; self->accept_warnings.Allow(&folded)) {
+        LOG(WARNING) << "scheduler API: accept failed: " << ec.message()
+                     << "; retrying every 100 ms" << Folded(folded);
+      }
       self->accept_backoff.expires_after(std::chrono::milliseconds(100));
       self->accept_backoff.async_wait([self](error_code ec2) {
         if (!ec2 && !self->stopped) self->Accept();

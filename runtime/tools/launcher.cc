@@ -1,7 +1,5 @@
 #include "runtime/tools/launcher.h"
 
-#include <cstdlib>
-
 #include <fcntl.h>
 #include <glog/logging.h>
 #include <signal.h>
@@ -10,7 +8,9 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "runtime/api/bootstrap.h"
 
@@ -53,10 +53,18 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
   }
   c.initial_world = l->options_.workers;
   c.max_world = l->options_.max_workers;
-  if (!l->options_.token_file.empty()) {
-    MORPH_RETURN_IF_ERROR(
-        WritePrivateFile(l->options_.token_file, c.token + "\n", "token file"));
+  if (l->options_.token_file.empty()) {
+    // A folder of its own (0700): nobody can read the file, or put one in its place first.
+    std::error_code ec;
+    std::string dir = (std::filesystem::temp_directory_path(ec) / "morphrun-XXXXXX").string();
+    if (::mkdtemp(dir.data()) == nullptr) {
+      return FailedPreconditionError("token file: cannot create a private folder " + dir + ": " +
+                                     std::strerror(errno));
+    }
+    l->private_dir_ = dir;
+    l->options_.token_file = dir + "/token";
   }
+  MORPH_RETURN_IF_ERROR(WritePrivateFile(l->options_.token_file, c.token + "\n", "token file"));
   Launcher* raw = l.get();
   c.launch_workers = [raw](int count) {
     int n = raw->Spawn(count);
@@ -84,26 +92,26 @@ Launcher::~Launcher() {
   }
   if (coordinator_) coordinator_->Stop();
   if (!options_.token_file.empty()) unlink(options_.token_file.c_str());
+  if (!private_dir_.empty()) rmdir(private_dir_.c_str());
 }
 
 Status Launcher::SpawnOne() {
+  // The launcher's own: where the coordinator is and where the token is (never the token).
+  const auto ours = [](const std::string& key) {
+    return key == "MORPH_COORDINATOR" || key == "MORPH_TOKEN" || key == "MORPH_TOKEN_FILE";
+  };
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string kv = *e;
     std::string key = kv.substr(0, kv.find('='));
-    if (key == "MORPH_COORDINATOR" || key == "MORPH_TOKEN" || key == "MORPH_TOKEN_FILE" ||
-        options_.env.count(key)) {
-      continue;
-    }
+    if (ours(key) || options_.env.count(key)) continue;
     env_strings.push_back(std::move(kv));
   }
-  for (const auto& [k, v] : options_.env) env_strings.push_back(k + "=" + v);
-  env_strings.push_back("MORPH_COORDINATOR=" + coordinator_->control_address());
-  if (options_.token_file.empty()) {
-    env_strings.push_back("MORPH_TOKEN=" + options_.coordinator.token);
-  } else {
-    env_strings.push_back("MORPH_TOKEN_FILE=" + options_.token_file);
+  for (const auto& [k, v] : options_.env) {
+    if (!ours(k)) env_strings.push_back(k + "=" + v);
   }
+  env_strings.push_back("MORPH_COORDINATOR=" + coordinator_->control_address());
+  env_strings.push_back("MORPH_TOKEN_FILE=" + options_.token_file);
   // One spawn at a time (the coordinator's launcher thread and Start's), so indexes are unique.
   std::lock_guard<std::mutex> spawning(spawn_mu_);
   int index;
@@ -136,8 +144,10 @@ Status Launcher::SpawnOne() {
     // Its own process group, so that a terminal's Ctrl-C reaches morphrun, which forwards it.
     setpgid(0, 0);
     if (!log_path.empty()) {
-      int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      // Private, as the token file: a worker's log may say more than the world should read.
+      int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (fd >= 0) {
+        (void)fchmod(fd, 0600);  // a file left by an earlier run keeps its mode otherwise
         dup2(fd, 1);
         dup2(fd, 2);
         close(fd);

@@ -1,6 +1,7 @@
 // Launcher: what `morphrun` is (docs/operations.md "morphrun"), as a library so that the
 // multi-process tests drive the same code. It hosts the job's coordinator, starts the initial
-// workers as child processes (MORPH_COORDINATOR and MORPH_TOKEN in their environment), starts
+// workers as child processes (MORPH_COORDINATOR in their environment, and MORPH_TOKEN_FILE
+// naming a 0600 file that holds the job token: never the token itself), starts
 // joiners when the coordinator asks for more workers (a grow request), reaps workers that exit,
 // forwards signals, and ends with the job's status.
 //
@@ -10,7 +11,7 @@
 //
 // Under Slurm (morphrun --slurm, docs/operations.md "Slurm") each worker is its own job step:
 // `wrapper` = {"srun", "-N1", "-n1", "--exact", ...} is put before argv, so the child is the
-// step's srun, and the token reaches the step through `token_file` rather than the environment.
+// step's srun, and `token_file` is on a file system every node reads.
 //
 // Threads: Start, Wait and the destructor on one thread; Spawn, Signal, children() and
 // coordinator() from any thread.
@@ -39,7 +40,8 @@ struct LauncherOptions {
   int max_workers = 1 << 16;       // grow requests beyond are refused by the coordinator
   std::vector<std::string> argv;   // the worker program and its arguments
   std::map<std::string, std::string> env;  // added to each worker's environment
-  // Each worker's stdout and stderr go to <log_dir>/worker-<n>.log when set, else inherited.
+  // Each worker's stdout and stderr go to <log_dir>/worker-<n>.log (mode 0600, whatever an
+  // earlier file of that name had) when set, else inherited.
   std::string log_dir;
   // After the job ended (or on a fatal signal), workers still running get SIGTERM, then SIGKILL
   // after this long.
@@ -52,8 +54,10 @@ struct LauncherOptions {
   // Put before argv for every worker (e.g. srun and its options); "{index}" in an element is
   // replaced by the worker's launch index. Empty: argv is started directly.
   std::vector<std::string> wrapper;
-  // When set, the token is written to this file (mode 0600, removed when the Launcher ends)
-  // and workers get MORPH_TOKEN_FILE=<path> instead of MORPH_TOKEN.
+  // The token is written to this file (mode 0600, removed when the Launcher ends) and workers
+  // get MORPH_TOKEN_FILE=<path>, never MORPH_TOKEN (a process's environment is readable in
+  // /proc/<pid>/environ, and by whatever it starts). Empty: a file "token" in a private
+  // folder (0700, removed too) under $TMPDIR or /tmp.
   std::string token_file;
 };
 
@@ -67,8 +71,8 @@ struct ChildInfo {
 class Launcher {
  public:
   // kInvalidArgument for an empty argv or workers < 1; the coordinator's Start errors;
-  // kFailedPrecondition when the token file cannot be written; kInternal when a worker cannot
-  // be started (fork/exec, naming the program).
+  // kFailedPrecondition when the token file (or its private folder) cannot be written;
+  // kInternal when a worker cannot be started (fork/exec, naming the program).
   static StatusOr<std::unique_ptr<Launcher>> Start(LauncherOptions options);
   ~Launcher();  // stops the workers (SIGTERM, then SIGKILL) and the coordinator
 
@@ -95,6 +99,7 @@ class Launcher {
   void Reap();
 
   LauncherOptions options_;
+  std::string private_dir_;  // the token file's folder when the Launcher made one
   std::unique_ptr<Coordinator> coordinator_;
   // Wait's progress (Wait's thread): the job's outcome once known, and since when no worker ran.
   std::optional<Status> job_;

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <thread>
 
+#include "base/printable.h"
 #include "runtime/tools/api_client.h"
 
 namespace morph {
@@ -160,6 +161,22 @@ int ExitFor(const Status& s) {
   }
 }
 
+// A JSON document a server sent, as one line of printable ASCII: control and non-ASCII
+// characters \u-escaped (DEL too, which dump() leaves as it is).
+std::string JsonLine(const json& j) {
+  std::string text = j.dump(-1, ' ', /*ensure_ascii=*/true, json::error_handler_t::replace);
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\x7f') {
+      out += "\\u007f";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string Ms(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f", v);
@@ -265,7 +282,7 @@ StatusOr<std::string> ReconfigurationText(const json& r) {
   }
   if (r.contains("explanation") && r["explanation"].is_string() &&
       !r["explanation"].get<std::string>().empty()) {
-    out += "; " + r["explanation"].get<std::string>();
+    out += "; " + Printable(r["explanation"].get<std::string>());
   }
   return out;
 }
@@ -273,7 +290,7 @@ StatusOr<std::string> ReconfigurationText(const json& r) {
 std::string StatusLine(const StatusView& v) {
   std::string line = "step " + std::to_string(v.step) + "  world " + std::to_string(v.world) +
                      "  " + ConfigText(v) + "  generation " + std::to_string(v.generation) + " " +
-                     v.phase;
+                     Printable(v.phase);
   if (v.resize_in_progress) {
     line += "  (resize in progress";
     if (v.pending_generation) line += ": generation " + std::to_string(*v.pending_generation);
@@ -320,32 +337,40 @@ class Cli {
     if (!r.ok()) {
       *rc = ExitFor(r.status());
       err_ << "morphctl: " << a_.command << ": "
-           << (*rc == kExitUnreachable ? "coordinator unreachable: " : "") << r.status().message()
-           << "\n";
+           << (*rc == kExitUnreachable ? "coordinator unreachable: " : "")
+           << Printable(r.status().message()) << "\n";
       return std::nullopt;
     }
     if (r->status < 200 || r->status >= 300) {
       *rc = kExitRefused;
       err_ << "morphctl: " << a_.command << ": refused by the coordinator (HTTP " << r->status
-           << "): " << ServerMessage(*r) << "\n";
+           << "): " << Printable(ServerMessage(*r)) << "\n";
       return std::nullopt;
     }
     return *std::move(r);
+  }
+
+  // A --json reply printed as one line, or kExitError after saying it is not JSON.
+  int PrintJson(const ApiResponse& r) {
+    json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      err_ << "morphctl: " << a_.command << ": the reply is not JSON: \""
+           << Printable(r.body.substr(0, 200)) << (r.body.size() > 200 ? "...\"" : "\"") << "\n";
+      return kExitError;
+    }
+    out_ << JsonLine(j) << "\n";
+    return kExitOk;
   }
 
   int ShowStatus() {
     int rc = kExitOk;
     auto r = Call(false, "/v1/status", "", &rc);
     if (!r) return rc;
-    if (a_.json) {
-      out_ << r->body;
-      if (r->body.empty() || r->body.back() != '\n') out_ << "\n";
-      return kExitOk;
-    }
+    if (a_.json) return PrintJson(*r);
     json j = json::parse(r->body, nullptr, false);
     StatusOr<std::string> text = FormatStatus(j);
     if (!text.ok()) {
-      err_ << "morphctl: status: " << text.status().message() << "\n";
+      err_ << "morphctl: status: " << Printable(text.status().message()) << "\n";
       return kExitError;
     }
     out_ << *text;
@@ -356,7 +381,7 @@ class Cli {
     int rc = kExitOk;
     auto r = Call(false, "/metrics", "", &rc);
     if (!r) return rc;
-    out_ << r->body;
+    out_ << PrintableLines(r->body);
     return kExitOk;
   }
 
@@ -392,11 +417,7 @@ class Cli {
     int rc = kExitOk;
     auto r = Call(true, "/v1/resize", body.dump(), &rc);
     if (!r) return rc;
-    if (a_.json) {
-      out_ << r->body;
-      if (r->body.empty() || r->body.back() != '\n') out_ << "\n";
-      return kExitOk;
-    }
+    if (a_.json) return PrintJson(*r);
     json j = json::parse(r->body, nullptr, false);
     out_ << "accepted";
     if (j.is_object() && j.contains("request_id") && j["request_id"].is_number_integer()) {
@@ -426,11 +447,11 @@ class Cli {
         // the coordinator was seen, an outage is reported once and polling goes on.
         if (!ever_reached || rc != kExitUnreachable) {
           err_ << "morphctl: watch: " << (rc == kExitUnreachable ? "coordinator unreachable: " : "")
-               << r.status().message() << "\n";
+               << Printable(r.status().message()) << "\n";
           return rc;
         }
         if (reachable) {
-          out_ << Timestamp() << "  coordinator unreachable: " << r.status().message()
+          out_ << Timestamp() << "  coordinator unreachable: " << Printable(r.status().message())
                << " (retrying)" << std::endl;
         }
         reachable = false;
@@ -438,19 +459,20 @@ class Cli {
       }
       if (r->status < 200 || r->status >= 300) {
         err_ << "morphctl: watch: refused by the coordinator (HTTP " << r->status
-             << "): " << ServerMessage(*r) << "\n";
+             << "): " << Printable(ServerMessage(*r)) << "\n";
         return kExitRefused;
       }
       if (!reachable) out_ << Timestamp() << "  coordinator reachable again" << std::endl;
       ever_reached = reachable = true;
-      json j = json::parse(r->body, nullptr, false);
       if (a_.json) {
-        out_ << j.dump() << std::endl;
+        if (int rc = PrintJson(*r); rc != kExitOk) return rc;
+        out_.flush();
         continue;
       }
+      json j = json::parse(r->body, nullptr, false);
       StatusOr<std::vector<std::string>> lines = view.Update(j);
       if (!lines.ok()) {
-        err_ << "morphctl: watch: " << lines.status().message() << "\n";
+        err_ << "morphctl: watch: " << Printable(lines.status().message()) << "\n";
         return kExitError;
       }
       for (const std::string& line : *lines) out_ << Timestamp() << "  " << line << std::endl;
@@ -493,7 +515,7 @@ exit codes: 0 ok, 1 unexpected reply, 2 usage or configuration, 3 refused by the
 StatusOr<std::string> FormatStatus(const json& status) {
   MORPH_ASSIGN_OR_RETURN(StatusView v, ViewOf(status));
   std::ostringstream o;
-  o << "generation " << v.generation << " (" << v.phase << "), step " << v.step << "\n";
+  o << "generation " << v.generation << " (" << Printable(v.phase) << "), step " << v.step << "\n";
   o << "world " << v.world << ": " << ConfigText(v) << " zero=" << v.zero
     << " micro_batches=" << v.micro_batches << "\n";
   o << "members (rank worker host):\n";
@@ -503,12 +525,12 @@ StatusOr<std::string> FormatStatus(const json& status) {
     MORPH_ASSIGN_OR_RETURN(int64_t worker, IntAt(m, "worker", "members[]."));
     std::string host =
         m.contains("host") && m["host"].is_string() ? m["host"].get<std::string>() : "";
-    o << "  " << rank << "  " << worker << "  " << (host.empty() ? "-" : host) << "\n";
+    o << "  " << rank << "  " << worker << "  " << (host.empty() ? "-" : Printable(host)) << "\n";
   }
   o << "standby:";
   if (v.standby == nullptr || v.standby->empty()) o << " none";
   if (v.standby != nullptr) {
-    for (const json& id : *v.standby) o << " " << id.dump();
+    for (const json& id : *v.standby) o << " " << JsonLine(id);
   }
   o << "\n";
   o << "resize: ";

@@ -13,6 +13,10 @@
 //   std::ostringstream out, err;
 //   int rc = RunMorphctl({"--addr", "127.0.0.1:8080", "status"}, out, err);
 //
+// Whatever a server sent (hosts, phases, explanations, error messages, metrics) is printed
+// through base/printable.h (control and non-ASCII bytes escaped: \n, \x1b, ...), and --json
+// documents as one line of printable ASCII JSON; a --json reply that is not JSON is exit 1.
+//
 // Exit codes (MorphctlExit): 0 done, 1 unexpected reply or internal error, 2 usage or local
 // configuration (bad flag or value, no address, no token for a mutating call), 3 refused by the
 // server (any HTTP 4xx/5xx: its message is printed), 4 coordinator unreachable (refused,
@@ -50,8 +54,9 @@ int RunMorphctl(const std::vector<std::string>& args, std::ostream& out, std::os
 // The usage text (printed for --help and after a usage error).
 std::string MorphctlUsage();
 
-// GET /v1/status's document as text for a person. kDataLoss naming the member when the
-// document lacks one of the members docs/operations.md lists or has it with the wrong type.
+// GET /v1/status's document as text for a person (the server's strings escaped, Printable).
+// kDataLoss naming the member when the document lacks one of the members docs/operations.md
+// lists or has it with the wrong type.
 StatusOr<std::string> FormatStatus(const nlohmann::json& status);
 
 // The live view of `watch`: fed every polled status document, it returns the lines to print:

@@ -1,6 +1,7 @@
 // morphctl against a real HttpServer on loopback (fake coordinator callbacks): output, exit
 // codes and the server's messages for status, resize/add/remove, watch, and bad input (world
-// size 0, missing and wrong token, unreachable or silent address, malformed arguments). The
+// size 0, missing and wrong token, unreachable or silent address, malformed arguments), and a
+// server's hostile text (control characters, escapes) reaching the terminal escaped. The
 // last tests run the morphctl binary itself (its path is $MORPHCTL_BINARY, set by ctest).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -356,6 +357,84 @@ TEST_F(MorphctlTest, ClosedOrGarbledReplies) {
     CtlRun r = Ctl({"--addr", not_json.addr(), "--timeout-ms", "3000", "status"});
     EXPECT_EQ(r.rc, kExitError) << r.err;
     EXPECT_THAT(r.err, HasSubstr("morphctl: status: status document: not a JSON object"));
+  }
+}
+
+// Text a server sent (a worker's host, the planner's explanation, an error message, metrics)
+// reaches the terminal with its control characters escaped: no forged lines, no escape
+// sequences.
+TEST_F(MorphctlTest, HostileServerTextIsEscaped) {
+  CoordinatorSnapshot s = SampleSnapshot();
+  s.members[1].host = "node0\nI0101 00:00:00.000000 1 morphctl.cc:1] forged\x1b[2J\a";
+  s.last_reconfiguration->explanation = "kept tp=2\r\x1b[31mred\x7f";
+  s.phase = "stable\x1b]0;title\a";
+  SetSnapshot(s);
+  auto clean = [](const std::string& text) {
+    for (char c : text) {
+      unsigned char u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\n') || u >= 0x7f) return false;
+    }
+    return true;
+  };
+  CtlRun r = Ctl({"--addr", addr_, "status"});
+  ASSERT_EQ(r.rc, kExitOk) << r.err;
+  EXPECT_TRUE(clean(r.out)) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("  1  11  node0\\nI0101 00:00:00.000000 1 morphctl.cc:1] "
+                               "forged\\x1b[2J\\x07\n"));
+  EXPECT_THAT(r.out, HasSubstr("; kept tp=2\\r\\x1b[31mred\\x7f\n"));
+  EXPECT_THAT(r.out, Not(HasSubstr("\nI0101")));
+  CtlRun j = Ctl({"--addr", addr_, "status", "--json"});
+  ASSERT_EQ(j.rc, kExitOk) << j.err;
+  EXPECT_TRUE(clean(j.out)) << j.out;
+  EXPECT_EQ(json::parse(j.out), json::parse(RenderStatusJson(s)));
+  CtlRun w = Ctl({"--addr", addr_, "watch", "--count", "1"});
+  ASSERT_EQ(w.rc, kExitOk) << w.err;
+  EXPECT_TRUE(clean(w.out)) << w.out;
+  CtlRun wj = Ctl({"--addr", addr_, "watch", "--json", "--count", "1"});
+  ASSERT_EQ(wj.rc, kExitOk) << wj.err;
+  EXPECT_TRUE(clean(wj.out)) << wj.out;
+  // The coordinator's refusal, printed as it said it, but harmless.
+  answer_ = FailedPreconditionError("resize: no\n\x1b[2Jmorphctl: resize: accepted");
+  CtlRun rs = Ctl({"--addr", addr_, "--token", kToken, "resize", "6"});
+  EXPECT_EQ(rs.rc, kExitRefused);
+  EXPECT_EQ(
+      rs.err,
+      "morphctl: resize: refused by the coordinator (HTTP 409): resize: no\\n\\x1b[2Jmorphctl: "
+      "resize: accepted\n");
+  {
+    RawServer metrics(
+        "HTTP/1.1 200 OK\r\nContent-Length: 26\r\nConnection: close\r\n\r\n"
+        "morph_step 1\n\x1b[2Jforged 2\n");
+    CtlRun m = Ctl({"--addr", metrics.addr(), "--timeout-ms", "3000", "metrics"});
+    EXPECT_EQ(m.rc, kExitOk) << m.err;
+    EXPECT_EQ(m.out, "morph_step 1\n\\x1b[2Jforged 2\n");
+  }
+  {
+    RawServer refusal(
+        "HTTP/1.1 500 Oops\r\nContent-Length: 10\r\nConnection: close\r\n\r\n"
+        "a\x1b[2J\nb\rc!");
+    CtlRun e = Ctl({"--addr", refusal.addr(), "--timeout-ms", "3000", "status"});
+    EXPECT_EQ(e.rc, kExitRefused);
+    EXPECT_TRUE(clean(e.err)) << e.err;
+    EXPECT_THAT(e.err, HasSubstr("(HTTP 500): a\\x1b[2J\\nb\\rc!\n"));
+  }
+}
+
+// A reply that is not JSON is an unexpected reply (exit 1) for every --json command too.
+TEST_F(MorphctlTest, JsonCommandsRefuseAReplyThatIsNotJson) {
+  const std::string reply =
+      "HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\nnot json \x1b[m";
+  for (const std::vector<std::string>& cmd :
+       {std::vector<std::string>{"watch", "--json", "--count", "1"},
+        std::vector<std::string>{"status", "--json"}}) {
+    RawServer server(reply);
+    std::vector<std::string> args = {"--addr", server.addr(), "--timeout-ms", "3000"};
+    args.insert(args.end(), cmd.begin(), cmd.end());
+    CtlRun r = Ctl(args);
+    EXPECT_EQ(r.rc, kExitError) << cmd[0] << ": " << r.out;
+    EXPECT_EQ(r.out, "") << cmd[0];
+    EXPECT_THAT(r.err, HasSubstr("morphctl: " + cmd[0] + ": the reply is not JSON: ")) << cmd[0];
+    EXPECT_THAT(r.err, Not(HasSubstr("\x1b"))) << cmd[0];
   }
 }
 

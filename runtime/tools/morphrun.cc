@@ -5,7 +5,9 @@
 //   morphrun --slurm -n 4 [--max 8] [--token-file F] [--srun-arg A]... -- ./train args...
 //
 // Hosts the coordinator (its scheduler API on 127.0.0.1:<api-port>, the token in MORPH_TOKEN or
-// generated), starts the workers, starts joiners on grow requests, reaps leavers, forwards
+// MORPH_TOKEN_FILE, or generated), starts the workers (the token in a 0600 file their
+// MORPH_TOKEN_FILE names, removed at exit; worker logs under --log-dir are 0600), starts joiners
+// on grow requests, reaps leavers, forwards
 // SIGINT/SIGTERM to the workers (a preemption notice for each) and exits with the job's status:
 // 0 when it completed (workers killed by a signal were failures it survived), a worker's exit
 // code in 1..127, 1 when it failed without one, 128 + the signal when a forwarded SIGINT/SIGTERM
@@ -140,6 +142,9 @@ int main(int argc, char** argv) {
   auto local_watch = morph::params::LocalWatchMs();
   if (!local_watch.ok()) return Usage(std::string(local_watch.status().message()));
   o.coordinator.local_watch_ms = *local_watch;
+  auto max_unauthenticated = morph::params::CoordinatorMaxUnauthenticated();
+  if (!max_unauthenticated.ok()) return Usage(std::string(max_unauthenticated.status().message()));
+  o.coordinator.max_unauthenticated = *max_unauthenticated;
   auto token = morph::params::Token();
   auto token_file = morph::params::TokenFile();
   if (token.ok() && token_file.ok() && (!token->empty() || !token_file->empty())) {
