@@ -200,11 +200,8 @@ Status Coordinator::Impl::Start() {
         HttpServer::Callbacks{
             .resize =
                 [this](ResizeCall call, HttpServer::Answer answer) {
-                  int64_t id = next_request_id_++;
-                  call.request.request_id = id;
-                  answers_[id] = std::move(answer);
-                  LOG(INFO) << "coordinator: resize request " << id << " from the scheduler API";
-                  Feed(DeciderEvent::Resize{std::move(call.request)});
+                  return SubmitResize(std::move(call.request), std::move(answer),
+                                      "the scheduler API");
                 },
             .snapshot = [this] { return BuildSnapshot(); }});
     MORPH_RETURN_IF_ERROR(http_->Start()) << "starting the scheduler API";
@@ -676,11 +673,9 @@ Status Coordinator::Resize(ResizeRequest request, Deadline deadline) {
   std::future<Status> f = answer->get_future();
   Impl* impl = impl_.get();
   asio::post(impl->io_, [impl, answer, request = std::move(request)]() mutable {
-    int64_t id = impl->next_request_id_++;
-    request.request_id = id;
-    impl->answers_[id] = [answer](Status s) { answer->set_value(std::move(s)); };
-    LOG(INFO) << "coordinator: resize request " << id << " (API call)";
-    impl->Feed(DeciderEvent::Resize{std::move(request)});
+    impl->SubmitResize(
+        std::move(request), [answer](Status s) { answer->set_value(std::move(s)); },
+        "Coordinator::Resize");
   });
   // In slices, so a Stop meanwhile (which may drop the request unanswered) is seen.
   while (f.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {

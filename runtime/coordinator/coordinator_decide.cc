@@ -319,6 +319,16 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
       action);
 }
 
+int64_t Coordinator::Impl::SubmitResize(ResizeRequest request, std::function<void(Status)> answer,
+                                        std::string_view via) {
+  const int64_t id = next_request_id_++;
+  request.request_id = id;
+  answers_[id] = std::move(answer);
+  LOG(INFO) << "coordinator: resize request " << id << " from " << via;
+  Feed(DeciderEvent::Resize{std::move(request)});
+  return id;
+}
+
 void Coordinator::Impl::EndEveryConnection(StatusCode code, const std::string& message) {
   auto frame = std::make_shared<const std::string>(
       EncodeFrame(ErrorMsg{.code = static_cast<int32_t>(code), .message = message}));

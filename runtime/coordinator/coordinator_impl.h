@@ -170,6 +170,11 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   // The connection ended: the decider hears of a registered worker's loss once.
   void Gone(const std::shared_ptr<Conn>& c, const std::string& reason);
   void Feed(DeciderEvent::Any event);
+  // Every resize, whichever door it came in by (the scheduler API, Coordinator::Resize): numbered
+  // from one counter, its answer kept for the decider's AnswerResize, fed to the decider. Returns
+  // the id. io thread.
+  int64_t SubmitResize(ResizeRequest request, std::function<void(Status)> answer,
+                       std::string_view via);
   void Execute(DeciderAction::Any& a);
   template <typename M>
   void SendTo(const std::vector<WorkerId>& to, const M& msg, bool commit = false);

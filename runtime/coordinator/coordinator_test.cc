@@ -310,7 +310,8 @@ TEST(CoordinatorTest, ResizeToTwoPreparesCommitsAndReleasesTheOthers) {
   EXPECT_EQ(coord->store().table()->min_generation(), 2);
   // A second resize beyond max_world is refused with the decider's message.
   EXPECT_THAT(coord->Resize(ResizeRequest{.world_size = 1 << 20}, Deadline::AfterMs(5000)),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("world_size: at most")));
+              StatusIs(StatusCode::kInvalidArgument,
+                       HasSubstr("world_size: must be in [1, 65536], got 1048576")));
 }
 
 TEST(CoordinatorTest, AJoinerGrowsTheJob) {
@@ -569,6 +570,32 @@ TEST(CoordinatorTest, HttpResizeReachesTheDecider) {
   std::string status = raw.ReadToEnd();
   EXPECT_THAT(status, HasSubstr("\"generation\": 2")) << status;
   EXPECT_THAT(status, HasSubstr("test-host"));
+}
+
+// One resize path: the scheduler API and Coordinator::Resize share one counter (the 202's id is
+// the one after the C++ call's) and one validation (the same words for the same mistake).
+TEST(CoordinatorTest, BothResizeDoorsShareOneCounterAndOneValidation) {
+  CoordinatorOptions o = Options(2);
+  o.max_world = 64;
+  MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(o));
+  auto w = StartWorkers(*coord, 2);
+  ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
+  auto post = [&](const std::string& body) {
+    RawConn raw("127.0.0.1:" + std::to_string(coord->http_port()));
+    raw.Write("POST /v1/resize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              std::string(kToken) +
+              "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+              std::to_string(body.size()) + "\r\n\r\n" + body);
+    return raw.ReadToEnd();
+  };
+  Status cpp = coord->Resize(ResizeRequest{.world_size = 0}, Deadline::AfterMs(5000));
+  EXPECT_EQ(cpp.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cpp.message(), "world_size: must be in [1, 64], got 0");
+  EXPECT_THAT(post(R"({"world_size": 0})"), HasSubstr("\"world_size: must be in [1, 64], got 0\""));
+  MORPH_EXPECT_OK(coord->Resize(ResizeRequest{.world_size = 2}, Deadline::AfterMs(5000)));
+  // Requests 1 (C++), 2 (HTTP, refused by the parser: not numbered), 3 (C++): the next is 3.
+  std::string accepted = post(R"({"world_size": 2})");
+  EXPECT_THAT(accepted, HasSubstr("\"request_id\":3")) << accepted;
 }
 
 TEST(CoordinatorTest, DoneFromEveryWorkerCompletesTheJob) {

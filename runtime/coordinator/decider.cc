@@ -303,35 +303,44 @@ void Decider::OnLostWhileFinishing(WorkerId w, bool was_done, const std::string&
   MaybeComplete(out);
 }
 
+Status ValidateResize(const ResizeRequest& r, int64_t max_world) {
+  auto range = [&](const char* field, int64_t lo, int64_t v) {
+    return InvalidArgumentError(std::string(field) + ": must be in [" + std::to_string(lo) + ", " +
+                                std::to_string(max_world) + "], got " + std::to_string(v));
+  };
+  if (r.world_size && (r.add != 0 || !r.remove.empty())) {
+    return InvalidArgumentError("world_size: cannot be combined with add or remove");
+  }
+  if (!r.world_size && r.add == 0 && r.remove.empty()) {
+    return InvalidArgumentError("world_size: missing (or give a non-zero add, or remove)");
+  }
+  if (r.world_size && (*r.world_size < 1 || *r.world_size > max_world)) {
+    return range("world_size", 1, *r.world_size);
+  }
+  if (r.add < 0 || r.add > max_world) return range("add", 0, r.add);
+  std::set<WorkerId> seen;
+  for (WorkerId w : r.remove) {
+    if (w < 0) {
+      return InvalidArgumentError("remove: worker ids are non-negative, got " + std::to_string(w));
+    }
+    if (!seen.insert(w).second) {
+      return InvalidArgumentError("remove: worker " + std::to_string(w) + " listed twice");
+    }
+  }
+  if (r.reason.size() > kMaxResizeReasonBytes) {
+    return InvalidArgumentError("reason: longer than " + std::to_string(kMaxResizeReasonBytes) +
+                                " bytes");
+  }
+  return Status::Ok();
+}
+
 void Decider::OnResize(const ResizeRequest& r, Out& out) {
   auto answer = [&](Status s) {
     out.push_back(DeciderAction::AnswerResize{r.request_id, std::move(s)});
   };
-  if (r.world_size && (r.add != 0 || !r.remove.empty())) {
-    return answer(InvalidArgumentError("world_size: cannot be combined with add or remove"));
-  }
-  if (!r.world_size && r.add == 0 && r.remove.empty()) {
-    return answer(InvalidArgumentError("world_size: missing (or give add / remove)"));
-  }
-  if (r.world_size && *r.world_size < 1) {
-    return answer(InvalidArgumentError("world_size: must be at least 1, got " +
-                                       std::to_string(*r.world_size)));
-  }
-  if (r.world_size && *r.world_size > options_.max_world) {
-    return answer(InvalidArgumentError("world_size: at most " + std::to_string(options_.max_world) +
-                                       ", got " + std::to_string(*r.world_size)));
-  }
-  if (r.add < 0 || r.add > options_.max_world) {
-    return answer(InvalidArgumentError("add: must be in [0, " + std::to_string(options_.max_world) +
-                                       "], got " + std::to_string(r.add)));
-  }
-  std::set<WorkerId> seen;
+  if (Status v = ValidateResize(r, options_.max_world); !v.ok()) return answer(std::move(v));
   for (WorkerId w : r.remove) {
-    if (!seen.insert(w).second) {
-      return answer(InvalidArgumentError("remove: worker " + std::to_string(w) + " listed twice"));
-    }
-    auto it = workers_.find(w);
-    if (it == workers_.end()) {
+    if (!workers_.count(w)) {
       return answer(InvalidArgumentError("remove: no worker " + std::to_string(w) + " in the job"));
     }
   }

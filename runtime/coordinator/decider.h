@@ -108,14 +108,27 @@ struct PlannedChange {
   std::string explanation;  // why this config (one log line, /v1/status)
 };
 
-// A resize request from the scheduler API. Either world_size, or add/remove.
+// A resize request, from the scheduler API (POST /v1/resize) or Coordinator::Resize alike:
+// either world_size, or add and/or remove. The coordinator numbers every request from one
+// counter (request_id: the id of the 202 reply, the log lines and the decider's answer).
 struct ResizeRequest {
   int64_t request_id = 0;
-  std::optional<int> world_size;
-  int add = 0;                   // workers to launch and take in
+  std::optional<int64_t> world_size;
+  int64_t add = 0;               // workers to launch and take in
   std::vector<WorkerId> remove;  // workers to let go gracefully
   std::string reason;
 };
+
+// The most bytes a resize's reason may have.
+inline constexpr size_t kMaxResizeReasonBytes = 1024;
+
+// What a resize must be whatever the job's state, checked once for every door: world_size in
+// [1, max_world] and not combined with add or remove; add in [0, max_world]; remove distinct
+// non-negative worker ids; at least one of them; a reason of at most kMaxResizeReasonBytes.
+// kInvalidArgument "<field>: ..." naming the field (the scheduler API's 400 names it too).
+// The decider checks the rest against the job (a removed worker must exist, one change at a
+// time, ...).
+Status ValidateResize(const ResizeRequest& r, int64_t max_world);
 
 struct DeciderEvent {
   struct Join {

@@ -82,12 +82,13 @@ TEST(ParseResizeBody, RejectsBadBodiesNamingTheField) {
       {R"({"world_size": 4.5})", "world_size", "must be an integer"},
       {R"({"world_size": "4"})", "world_size", "must be an integer, got a string"},
       {R"({"world_size": true})", "world_size", "must be an integer, got a boolean"},
-      {R"({"world_size": 18446744073709551615})", "world_size", "must be in"},
+      {R"({"world_size": 18446744073709551615})", "world_size", "does not fit in 64 bits"},
+      {R"({"add": 65})", "add", "must be in [0, 64], got 65"},
       {R"({"add": -1})", "add", "got -1"},
       {R"({"remove": 3})", "remove", "must be an array"},
       {R"({"remove": [1, "x"]})", "remove", "element 1 must be a non-negative integer"},
       {R"({"remove": [1, 2.5]})", "remove", "element 1"},
-      {R"({"remove": [-1]})", "remove", "element 0"},
+      {R"({"remove": [-1]})", "remove", "non-negative, got -1"},
       {R"({"remove": [4, 4]})", "remove", "listed twice"},
       {R"({"world_size": 4, "deadline_ms": -1})", "deadline_ms", "got -1"},
       {R"({"world_size": 4, "reason": 7})", "reason", "must be a string"},
@@ -392,8 +393,12 @@ class ServerTest : public ::testing::Test {
         io_, options,
         HttpServer::Callbacks{.resize =
                                   [this](ResizeCall call, HttpServer::Answer answer) {
+                                    // Numbered here, as the coordinator does.
+                                    const int64_t id = static_cast<int64_t>(calls_.size()) + 1;
+                                    call.request.request_id = id;
                                     calls_.push_back(call);
                                     on_resize_(std::move(call), std::move(answer));
+                                    return id;
                                   },
                               .snapshot = [this] { return snapshot_(); }});
     Status s = server_->Start();
@@ -611,7 +616,8 @@ TEST(HttpServer, BadAddressIsInvalidArgument) {
   HttpServerOptions o;
   o.address = "not-an-ip";
   HttpServer s(io, o,
-               {.resize = [](ResizeCall, HttpServer::Answer) {}, .snapshot = SampleSnapshot});
+               {.resize = [](ResizeCall, HttpServer::Answer) { return int64_t{1}; },
+                .snapshot = SampleSnapshot});
   Status st = s.Start();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("MORPH_API_ADDR"));
@@ -620,7 +626,11 @@ TEST(HttpServer, BadAddressIsInvalidArgument) {
 TEST(HttpServer, NoTokenConfiguredRefusesMutations) {
   asio::io_context io2;
   HttpServer bare(io2, HttpServerOptions{},
-                  {.resize = [](ResizeCall, HttpServer::Answer a) { a(Status::Ok()); },
+                  {.resize =
+                       [](ResizeCall, HttpServer::Answer a) {
+                         a(Status::Ok());
+                         return int64_t{1};
+                       },
                    .snapshot = SampleSnapshot});
   ASSERT_TRUE(bare.Start().ok());
   std::thread t([&] { io2.run_for(std::chrono::seconds(3)); });

@@ -51,7 +51,6 @@ struct HttpServer::Core : std::enable_shared_from_this<HttpServer::Core> {
   uint16_t port = 0;
   bool started = false;
   bool stopped = false;
-  int64_t next_request_id = 0;
   uint64_t next_session_id = 0;
   Stats stats;
   std::map<uint64_t, std::weak_ptr<HttpSession>> sessions;
@@ -136,35 +135,33 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         break;
     }
     ResizeCall call = std::move(d.resize);
-    int64_t id = ++core_->next_request_id;
-    call.request.request_id = id;
     uint64_t seq = ++answer_seq_;
     awaiting_ = true;
-    answer_timer_.expires_after(o.answer_timeout);
-    answer_timer_.async_wait([self = shared_from_this(), seq, id](error_code ec) {
-      if (ec) return;
-      self->OnAnswer(
-          seq, id,
-          DeadlineExceededError("the coordinator did not answer resize request " +
-                                std::to_string(id) + " in time; it may still be carried out"));
-    });
     std::weak_ptr<HttpSession> weak = weak_from_this();
     auto once = std::make_shared<std::atomic<bool>>(false);
     asio::io_context& io = core_->io;
-    HttpServer::Answer answer = [weak, seq, id, once, &io](Status s) {
+    // Posted: an answer given inside the callback arrives after request_id_ is set.
+    HttpServer::Answer answer = [weak, seq, once, &io](Status s) {
       if (once->exchange(true)) return;
-      asio::post(io, [weak, seq, id, s = std::move(s)]() mutable {
-        if (auto self = weak.lock()) self->OnAnswer(seq, id, std::move(s));
+      asio::post(io, [weak, seq, s = std::move(s)]() mutable {
+        if (auto self = weak.lock()) self->OnAnswer(seq, std::move(s));
       });
     };
-    core_->callbacks.resize(std::move(call), std::move(answer));
+    request_id_ = core_->callbacks.resize(std::move(call), std::move(answer));
+    answer_timer_.expires_after(o.answer_timeout);
+    answer_timer_.async_wait([self = shared_from_this(), seq](error_code ec) {
+      if (ec) return;
+      self->OnAnswer(seq, DeadlineExceededError("the coordinator did not answer resize request " +
+                                                std::to_string(self->request_id_) +
+                                                " in time; it may still be carried out"));
+    });
   }
 
-  void OnAnswer(uint64_t seq, int64_t id, Status s) {
+  void OnAnswer(uint64_t seq, Status s) {
     if (closed_ || !awaiting_ || seq != answer_seq_) return;
     awaiting_ = false;
     answer_timer_.cancel();
-    Reply(s.ok() ? AcceptedReply(id) : ReplyForStatus(s), keep_alive_);
+    Reply(s.ok() ? AcceptedReply(request_id_) : ReplyForStatus(s), keep_alive_);
   }
 
   void Reply(ApiReply reply, bool keep_alive) {
@@ -222,6 +219,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   uint64_t id_;
   uint64_t answer_seq_ = 0;
   bool awaiting_ = false;
+  int64_t request_id_ = 0;  // the coordinator's id of the resize being answered
   bool keep_alive_ = true;
   bool closed_ = false;
   std::array<char, 16 * 1024> drain_;

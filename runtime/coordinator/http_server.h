@@ -6,8 +6,10 @@
 //
 //   HttpServer server(io, {.token = token, .max_world = 64},
 //                     {.resize = [&](ResizeCall call, HttpServer::Answer answer) {
-//                        pending[call.request.request_id] = std::move(answer);
+//                        call.request.request_id = ++last_id;
+//                        pending[last_id] = std::move(answer);
 //                        Execute(decider.Handle(Now(), DeciderEvent::Resize{call.request}));
+//                        return last_id;
 //                      },
 //                      .snapshot = [&] { return SnapshotOf(decider); }});
 //   MORPH_RETURN_IF_ERROR(server.Start());
@@ -65,9 +67,10 @@ class HttpServer {
  public:
   using Answer = std::function<void(Status)>;
   struct Callbacks {
-    // A validated, authorized resize with a fresh request_id. Answer OK (202) once the decider
-    // accepted it, or its error (HttpStatusFor maps the code).
-    std::function<void(ResizeCall call, Answer answer)> resize;
+    // A validated, authorized resize: returns the id the coordinator numbered it with (its one
+    // counter, shared with Coordinator::Resize: the id of the 202 reply and of the log lines).
+    // Answer OK (202) once the decider accepted it, or its error (HttpStatusFor maps the code).
+    std::function<int64_t(ResizeCall call, Answer answer)> resize;
     std::function<CoordinatorSnapshot()> snapshot;
   };
 

@@ -101,6 +101,7 @@ class MorphctlTest : public ::testing::Test {
                                     std::lock_guard<std::mutex> l(mu_);
                                     calls_.push_back(call);
                                     answer(answer_);
+                                    return static_cast<int64_t>(calls_.size());
                                   },
                               .snapshot =
                                   [this] {
@@ -494,7 +495,11 @@ TEST_F(MorphctlTest, ReadsNeedTheTokenWhenTheServerSaysSo) {
   o.token = kToken;
   o.token_for_reads = true;
   HttpServer strict(io, o,
-                    {.resize = [](ResizeCall, HttpServer::Answer a) { a(Status::Ok()); },
+                    {.resize =
+                         [](ResizeCall, HttpServer::Answer a) {
+                           a(Status::Ok());
+                           return int64_t{1};
+                         },
                      .snapshot = SampleSnapshot});
   ASSERT_TRUE(strict.Start().ok());
   std::string addr = "127.0.0.1:" + std::to_string(strict.port());
