@@ -1,32 +1,38 @@
 #!/usr/bin/env bash
 # make demo: an elastic GPT (examples/gpt) trained under morphrun while a scripted scheduler
-# resizes the job through morphctl: 4 workers, grow to 6, shrink to 3, a SIGTERM (preemption)
-# to one worker, grow to 4, a SIGKILL to another; shows a live progress line, then a summary
-# table, and draws OUT/loss.png (gnuplot).
+# changes the job: 8 workers; `morphctl resize 6`; a SIGTERM (preemption) to one worker; a
+# SIGKILL (failure) to another; `morphctl resize 8`. Each worker's memory budget
+# (--device-memory) holds the model's state only when it is split at least 4 ways, so the
+# planner changes dp, tp and pp as the worker count changes (examples/gpt/README.md, "What the
+# demo does"). Shows a live line (world, config and standby spares), each reconfiguration with
+# its kind, the planner's reason and its phase timings, then a summary table, and draws
+# OUT/loss.png (gnuplot).
 #
 #   bash scripts/demo.sh                 # BUILD_DIR=build, OUT=$BUILD_DIR/demo
-#   DEMO_SHORT=1 bash scripts/demo.sh    # the CI form: fewer steps, same events but the grow back
+#   DEMO_SHORT=1 bash scripts/demo.sh    # the CI form (gpt_demo_test): fewer steps, same events
 #
 # Environment: BUILD_DIR (a configured and built morph tree; the script installs it into
 # $BUILD_DIR/demo-prefix and builds examples/gpt against that prefix, as a user's project would),
-# OUT (results), DEMO_STEPS, DEMO_KILL (0: no SIGKILL; the tp change instead), DEMO_SKIP_BUILD=1 (use
-# $BUILD_DIR/examples/gpt/gpt as it is). Exit status: morphrun's, or 1 when a check failed.
+# OUT (results), DEMO_STEPS, DEMO_EVENT_STEPS (steps between the scheduler's events),
+# DEMO_EVENTS (the scheduler's script, default "resize:6 term kill resize:8"), DEMO_MEMORY (the
+# per-rank budget in bytes, default 850000), MORPH_SNAPSHOT_EVERY (default 1), DEMO_SKIP_BUILD=1
+# (use $BUILD_DIR/examples/gpt/gpt as it is). Exit status: morphrun's, or 1 when a check failed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$here/$BUILD_DIR ;; esac
 OUT=${OUT:-$BUILD_DIR/demo}
 SHORT=${DEMO_SHORT:-0}
-# DEMO_KILL=0: no SIGKILL, plain ZeRO-1 under a memory budget (the planner changes tp instead).
-KILL=${DEMO_KILL:-1}
-if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-80}; else STEPS=${DEMO_STEPS:-300}; fi
-# Room for the fifth event: the old generation trains on while a change is prepared, so a slow
-# change (joiners starting on a loaded machine) uses steps too; at 150 a loaded run once ended
-# before the SIGKILL.
-[ "$SHORT" = 1 ] && [ "$KILL" = 1 ] && STEPS=${DEMO_STEPS:-220}
-# Steps between the scheduler's events (after the previous change landed).
-EVENT_STEPS=$((STEPS / 8))
-[ "$SHORT" = 1 ] && EVENT_STEPS=$((STEPS < 150 ? STEPS / 8 : 18))
+if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-200}; else STEPS=${DEMO_STEPS:-300}; fi
+# Steps between the scheduler's events (counted from the step at which the previous change
+# landed). The old generation trains on while a change is prepared, so a slow change (joiners
+# starting on a loaded machine) uses steps too: the four events need room.
+if [ "$SHORT" = 1 ]; then EVENT_STEPS=${DEMO_EVENT_STEPS:-16}; else EVENT_STEPS=${DEMO_EVENT_STEPS:-$((STEPS / 8))}; fi
+# resize:N (morphctl resize N), term (SIGTERM to a member: a preemption), kill (SIGKILL to a
+# member: a failure and its recovery).
+read -r -a EVENTS <<<"${DEMO_EVENTS:-resize:6 term kill resize:8}"
+WORKERS=8
+MEMORY=${DEMO_MEMORY:-850000}
 JOBS=${JOBS:-2}
 say() { printf '%s\n' "demo: $*" >&2; }
 die() { say "$*"; exit 1; }
@@ -65,17 +71,17 @@ rm -rf "$OUT"
 mkdir -p "$OUT/logs"
 export MORPH_TOKEN=${MORPH_TOKEN:-$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 export OPENBLAS_NUM_THREADS=1
-# 4 layers, 4 heads, width 64, 32-byte sequences, 16 sequences per step. The per-rank memory
-# budget makes 2 workers too few for dp=2 (ZeRO's moments shard over dp): the planner then
-# changes tp/pp (docs: examples/gpt/README.md).
-GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "${DEMO_MEMORY:-1620000}")
-# With the SIGKILL: plain ZeRO-1 keeps one copy of each moment range, which a killed worker takes
-# with it (the runtime's snapshots and checkpoints are declared, not built yet); hybrid ZeRO in
-# groups of 2 keeps dp / 2 copies, and the planner then keeps dp even (no memory budget: the
-# run shows dp changes and a recovery instead of the tp change).
-[ "$KILL" = 1 ] && GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --zero-group 2)
+# Plain ZeRO-1 keeps one copy of each Adam moment range: a killed worker's ranges survive in its
+# buddy's in-memory snapshot, taken every step here (no cost measurable at this size); the
+# recovery trains the steps since that snapshot again (0 or 1).
+export MORPH_SNAPSHOT_EVERY=${MORPH_SNAPSHOT_EVERY:-1}
+# 4 layers, 4 heads, width 64, 32-byte sequences, 16 sequences per step: 2.8 MB of parameters
+# and Adam moments. The budget makes tp=2 need dp >= 4, pp=2 dp >= 3, tp=2 pp=2 dp >= 1, and
+# tp=1 pp=1 never fit (the planner keeps tp and pp while they fit; when they no longer do it
+# picks the fitting config with the highest estimated throughput).
+GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "$MEMORY")
 start=$(date +%s.%N)
-"$BIN/morphrun" -n 4 --max 8 --log-dir "$OUT/logs" -- "$GPT" "${GPT_ARGS[@]}" \
+"$BIN/morphrun" -n "$WORKERS" --max 8 --log-dir "$OUT/logs" -- "$GPT" "${GPT_ARGS[@]}" \
   >"$OUT/morphrun.log" 2>&1 &
 run_pid=$!
 cleanup() { kill "$run_pid" 2>/dev/null || true; }
@@ -88,7 +94,7 @@ for _ in $(seq 200); do
   sleep 0.1
 done
 [ -n "$api" ] || { cat "$OUT/morphrun.log"; die "morphrun did not start"; }
-ctl() { "$BIN/morphctl" --addr "$api" "$@" >>"$OUT/scheduler.log" 2>&1; }
+ctl() { "$BIN/morphctl" --addr "$api" --timeout-ms 5000 "$@" >>"$OUT/scheduler.log" 2>&1; }
 
 last_step() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f1 || true; }
 gen_now() { tail -n 1 "$OUT/metrics.tsv" 2>/dev/null | cut -f7 || true; }
@@ -100,17 +106,14 @@ wait_step() {  # until step >= $1 (or the run ended)
   done
   return 1
 }
-wait_change() {  # until a step of a generation after $1, or $2 more steps (a spare left: no change)
-  local s0
-  s0=$(last_step)
+wait_change() {  # until a step of a generation after $1 (every event changes it), at most 120 s
   for _ in $(seq 600); do
     g=$(gen_now)
     [ -n "$g" ] && [ "$g" -gt "$1" ] && return 0
-    s=$(last_step)
-    [ -n "$s" ] && [ -n "$s0" ] && [ "$s" -ge $((s0 + $2)) ] && return 0
     kill -0 "$run_pid" 2>/dev/null || return 1
     sleep 0.2
   done
+  say "no change 120 s after the scheduler's event: the scheduler stops"
   return 1
 }
 victim() {  # a live member's pid: the newest pid file (members touch theirs every step)
@@ -118,55 +121,157 @@ victim() {  # a live member's pid: the newest pid file (members touch theirs eve
     if kill -0 "$f" 2>/dev/null; then echo "$f"; return; fi
   done
 }
-event() { printf '%s\n' "$*" >>"$OUT/scheduler.tsv"; say "scheduler: $*"; }
+# OUT/scheduler.tsv: the generation the job trained in when the scheduler acted (the change it
+# caused starts from that one), kind (resize, preemption, kill), step, what it did.
+event() {
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$OUT/scheduler.tsv"
+  say "scheduler: step $3: $4"
+}
 
 scheduler() {
-  local f=$EVENT_STEPS
-  local g
-  wait_step "$f" && g=$(gen_now) && event "step $(last_step): morphctl resize 6" &&
-    ctl resize 6 --reason "grow" && wait_change "$g" "$f" &&
-    wait_step $(($(last_step) + f)) && g=$(gen_now) && event "step $(last_step): morphctl resize 3" &&
-    ctl resize 3 --reason "shrink" && wait_change "$g" "$f" &&
-    wait_step $(($(last_step) + f)) && v=$(victim) && g=$(gen_now) &&
-    event "step $(last_step): SIGTERM to worker pid $v (preemption)" && kill -TERM "$v" &&
-    wait_change "$g" "$f" &&
-    wait_step $(($(last_step) + f)) && g=$(gen_now) && event "step $(last_step): morphctl resize 4" &&
-    ctl resize 4 --reason "grow back" && wait_change "$g" "$f" || return 0
-  if [ "$KILL" = 1 ]; then
-    wait_step $(($(last_step) + f)) && v=$(victim) &&
-      event "step $(last_step): SIGKILL to worker pid $v (failure)" && kill -KILL "$v" || true
-  fi
+  local f=$EVENT_STEPS at=$EVENT_STEPS g s v n
+  for ev in "${EVENTS[@]}"; do
+    wait_step "$at" || return 0
+    g=$(gen_now)
+    s=$(last_step)
+    case $ev in
+      resize:*)
+        n=${ev#resize:}
+        event "$g" resize "$s" "morphctl resize $n"
+        ctl resize "$n" --reason "demo" || { say "morphctl resize $n failed"; return 0; }
+        ;;
+      term)
+        v=$(victim)
+        [ -n "$v" ] || return 0
+        event "$g" preemption "$s" "SIGTERM to worker pid $v (preemption)"
+        kill -TERM "$v" || return 0
+        ;;
+      kill)
+        v=$(victim)
+        [ -n "$v" ] || return 0
+        event "$g" kill "$s" "SIGKILL to worker pid $v (failure)"
+        kill -KILL "$v" || return 0
+        ;;
+      *) say "unknown event '$ev' in DEMO_EVENTS"; return 0 ;;
+    esac
+    wait_change "$g" || return 0
+    at=$(($(last_step) + f))
+  done
 }
 scheduler &
 sched_pid=$!
 
-# Live line: the newest step; each reconfiguration on its own line as it lands.
+# The coordinator's view (morphctl status --json): per generation, its standby spares (seen
+# while stable, no resize in progress) and the planner's explanation of the change that made it.
+declare -A SPARES=() WHY=() SAID=()
+last_status=""
+poll_status() {
+  local j
+  j=$("$BIN/morphctl" --addr "$api" --timeout-ms 1000 --json status 2>/dev/null) || return 0
+  local f
+  f=$(printf '%s\n' "$j" | awk '
+    function grab(re, strip,  s) {
+      if (!match($0, re)) return ""
+      s = substr($0, RSTART, RLENGTH); sub(strip, "", s); return s
+    }
+    {
+      g = grab("[{,]\"generation\":[0-9]+", "^.*:")
+      ph = grab("\"phase\":\"[a-z_]+\"", "^\"phase\":")
+      gsub(/"/, "", ph)
+      sb = grab("\"standby\":\\[[0-9,]*\\]", "^\"standby\":")
+      gsub(/[][]/, "", sb)
+      n = (sb == "") ? 0 : split(sb, a, ",")
+      tg = grab("\"to_generation\":[0-9]+", "^.*:")
+      ex = grab("\"explanation\":\"([^\"\\\\]|\\\\.)*\"", "^\"explanation\":\"")
+      sub(/"$/, "", ex)
+      gsub(/\\"/, "\"", ex)
+      w = grab("\"world_size\":[0-9]+", "^.*:")
+      if (index($0, "\"resize_in_progress\":true")) ph = ph "+resize"
+      # "-" for an empty field: read splits on runs of tabs.
+      printf "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", nz(g), nz(ph), n, nz(tg), nz(w), nz(sb), nz(ex)
+    }
+    function nz(v) { return v == "" ? "-" : v }')
+  local g ph n tg w sb ex
+  IFS=$'\t' read -r g ph n tg w sb ex <<<"$f" || return 0
+  [ "$g" != - ] || return 0
+  [ "$sb" = - ] && sb=""
+  [ "$tg" = - ] && tg=""
+  [ "$ex" = - ] && ex=""
+  # OUT/status.tsv: each new (generation, phase, world, standby) the coordinator showed.
+  if [ "$g $ph $w $sb" != "$last_status" ]; then
+    last_status="$g $ph $w $sb"
+    printf '%s\t%s\t%s\t%s\t[%s]\n' "$(last_step)" "$g" "$ph" "$w" "$sb" >>"$OUT/status.tsv"
+  fi
+  # Joiners a grow started wait as standby until the change: not the generation's spares.
+  [ "$ph" = stable ] && SPARES[$g]=$n
+  [ -n "$tg" ] && [ -n "$ex" ] && WHY[$tg]=$ex
+  return 0
+}
+spares_text() {  # " + N spare(s)" for generation $1, when the coordinator showed some
+  local n=${SPARES[$1]:-0}
+  [ "$n" -gt 0 ] || return 0
+  [ "$n" = 1 ] && printf ' + 1 spare' || printf ' + %d spares' "$n"
+}
+# events.tsv lines with the kind of each change first: the scheduler's action that the job's
+# generation was in when it acted, "recovery" for a recovery (after a SIGKILL).
+with_kinds() {
+  awk -F'\t' -v OFS='\t' 'FILENAME == ARGV[1] { k[$1] = $2; next }
+    { kind = ($8 == 1) ? "recovery" : (($2 in k) ? k[$2] : "change"); print kind, $0 }' \
+    <(cat "$OUT/scheduler.tsv" 2>/dev/null || true) "$1"
+}
+
+# awk: "dp4tp2pp1" -> "dp4 tp2 pp1".
+CFG_AWK='function cfg(c) { gsub(/[0-9]+/, "& ", c); sub(/ $/, "", c); return c } '
+
+# Live line: the newest step; each reconfiguration on its own line as it lands, then the
+# planner's reason once the coordinator shows it.
 tty=0
 [ -t 1 ] && tty=1
 shown_events=0
 shown_step=-1
+printed=""  # without a terminal: the step tens and generation of the last line printed
+note() { if [ $tty = 1 ]; then printf '\r\033[K%s\n' "$*"; else printf '%s\n' "$*"; fi; shown_step=-1; }
 show() {
   if [ -f "$OUT/events.tsv" ]; then
     local n
     n=$(wc -l <"$OUT/events.tsv")
     if [ "$n" -gt "$shown_events" ]; then
-      [ $tty = 1 ] && printf '\n'
-      tail -n +$((shown_events + 1)) "$OUT/events.tsv" | awk -F'\t' '{
-        printf "  reconfiguration at step %d: generation %d -> %d, world %d -> %d, %s -> %s%s; communicators %.1f ms, plan %.1f ms, transfer %.1f ms, resume %.1f ms, stall %.1f ms\n",
-          $1, $2, $3, $4, $5, $6, $7, ($8 == 1 ? " (recovery, " $9 " steps lost)" : ""), $10, $11, $12, $13, $14 }'
+      while IFS= read -r l; do note "$l"; done < <(
+        with_kinds <(tail -n +$((shown_events + 1)) "$OUT/events.tsv") | awk -F'\t' "$CFG_AWK"'{
+          c6 = cfg($7); c7 = cfg($8)
+          printf "  %s at step %d: generation %d -> %d, world %d -> %d, %s -> %s%s; stall %.0f ms (communicators %.0f ms beside training, plan %.1f ms, transfer %.1f ms, resume %.1f ms)\n",
+            $1, $2, $3, $4, $5, $6, c6, c7, ($9 == 1 ? ", steps trained again: " $10 : ""), $15, $11, $12, $13, $14 }')
       shown_events=$n
     fi
   fi
+  local g r
+  for g in "${!WHY[@]}"; do
+    [ -n "${SAID[$g]:-}" ] && continue
+    # Only once the change shows in events.tsv (the coordinator may know it first).
+    r=$(awk -F'\t' -v g="$g" '$3 == g { print $8 }' "$OUT/events.tsv" 2>/dev/null)
+    [ -n "$r" ] || continue
+    SAID[$g]=1
+    if [ "$r" = 1 ]; then note "    coordinator: recovers ${WHY[$g]}"; else note "    planner: ${WHY[$g]}"; fi
+  done
   local l
   l=$(tail -n 1 "$OUT/metrics.tsv" 2>/dev/null) || return 0
   [ -n "$l" ] || return 0
   local s=${l%%$'\t'*}
   [ "$s" = "$shown_step" ] && return 0
   shown_step=$s
-  line=$(printf '%s\n' "$l" | awk -F'\t' '{ printf "step %4d  loss %.4f  %6.0f tok/s  world %d  dp=%d tp=%d pp=%d  generation %d", $1, $2, $9, $3, $4, $5, $6, $7 }')
-  if [ $tty = 1 ]; then printf '\r\033[K%s' "$line"; elif [ $((s % 10)) = 0 ]; then printf '%s\n' "$line"; fi
+  local gen
+  gen=$(cut -f7 <<<"$l")
+  line=$(printf '%s\n' "$l" | awk -F'\t' -v sp="$(spares_text "$gen")" '{
+    printf "step %4d  loss %.4f  %6.0f tok/s  world %d (dp%d tp%d pp%d)%s  generation %d", $1, $2, $9, $3, $4, $5, $6, sp, $7 }')
+  if [ $tty = 1 ]; then
+    printf '\r\033[K%s' "$line"
+  elif [ "$((s / 10)) $gen" != "$printed" ]; then  # every 10 steps and at each new generation
+    printed="$((s / 10)) $gen"
+    printf '%s\n' "$line"
+  fi
 }
 while kill -0 "$run_pid" 2>/dev/null; do
+  poll_status
   show
   sleep 0.3
 done
@@ -181,7 +286,8 @@ wait "$sched_pid" 2>/dev/null || true
 trap - EXIT
 # morphrun exits with a worker's status when one ended abnormally, the SIGKILLed one included
 # (128 + 9), even when the job recovered and completed: that is the scheduled kill, not a failure.
-if [ "$rc" = 137 ] && [ "$KILL" = 1 ] && grep -q "the job completed" "$OUT/morphrun.log"; then
+if [ "$rc" = 137 ] && grep -q "the job completed" "$OUT/morphrun.log" &&
+  [ -f "$OUT/scheduler.tsv" ] && cut -f2 "$OUT/scheduler.tsv" | grep -qx kill; then
   say "morphrun exited 137 (the worker the scheduler killed); the job completed"
   rc=0
 fi
@@ -193,16 +299,25 @@ if [ "$rc" != 0 ]; then
   for f in "$OUT"/logs/*; do [ -f "$f" ] && { echo "== $f" >&2; tail -5 "$f" >&2; }; done
 fi
 [ -s "$OUT/metrics.tsv" ] || die "no metrics written"
+# OUT/generations.tsv: generation, standby spares, the planner's explanation.
+for g in $(cut -f7 "$OUT/metrics.tsv" | sort -un); do
+  printf '%s\t%s\t%s\n' "$g" "${SPARES[$g]:-0}" "${WHY[$g]:-}"
+done >"$OUT/generations.tsv"
+: >"$OUT/changes.tsv"
+[ -s "$OUT/events.tsv" ] && with_kinds "$OUT/events.tsv" >"$OUT/changes.tsv"
 
 # --- summary ---
 printf '\nsummary (%s s wall, morphrun exit %d)\n' "$wall" "$rc"
 awk -F'\t' '
+  FILENAME == ARGV[1] { sp[$1] = $2; next }
+  FILENAME == ARGV[2] { how[$4] = $1; next }
   { last[$1 + 0] = $0; if ($1 + 0 > max) max = $1 + 0 }
   function emit() {
-    printf "%-12s %-6d %-16s %-6d %.3f -> %-8.3f %-10.0f %-10.1f\n", first "-" lastst, w, cfg, g, lf, ll, tk / cnt, ms / cnt
+    printf "%-10s %-6d %-7d %-12s %-4d %-11s %.3f -> %-8.3f %-8.0f %-8.1f\n", first "-" lastst, w,
+      sp[g] + 0, cfg, g, (g in how) ? how[g] : "start", lf, ll, tk / cnt, ms / cnt
   }
   END {
-    printf "%-12s %-6s %-16s %-6s %-18s %-10s %-10s\n", "steps", "world", "config", "gen", "loss first->last", "tok/s", "ms/step"
+    printf "%-10s %-6s %-7s %-12s %-4s %-11s %-18s %-8s %-8s\n", "steps", "world", "spares", "config", "gen", "began by", "loss first->last", "tok/s", "ms/step"
     g = ""
     for (s = 0; s <= max; ++s) {
       if (!(s in last)) continue
@@ -210,46 +325,31 @@ awk -F'\t' '
       if (f[7] != g) {
         if (g != "") emit()
         g = f[7]; first = f[1]; lf = f[2]; tk = 0; ms = 0; cnt = 0
-        w = f[3]; cfg = "dp=" f[4] " tp=" f[5] " pp=" f[6]
+        w = f[3]; cfg = "dp" f[4] " tp" f[5] " pp" f[6]
       }
       lastst = f[1]; ll = f[2]; tk += f[9]; ms += f[8]; cnt++
     }
     if (g != "") emit()
-  }' "$OUT/metrics.tsv"
-if [ -s "$OUT/events.tsv" ]; then
-  printf '\n%-6s %-9s %-7s %-22s %-9s %-8s %-8s %-9s %-8s %-8s\n' step gen world config recovery comm_ms plan_ms transfer resume stall_ms
-  awk -F'\t' '{ printf "%-6d %d->%-6d %d->%-4d %-22s %-9s %-8.1f %-8.1f %-9.1f %-8.1f %-8.1f\n",
-    $1, $2, $3, $4, $5, $6 "->" $7, ($8 == 1 ? "yes" : "no"), $10, $11, $12, $13, $14 }' "$OUT/events.tsv"
+  }' "$OUT/generations.tsv" "$OUT/changes.tsv" "$OUT/metrics.tsv"
+if [ -s "$OUT/changes.tsv" ]; then
+  printf '\n%-6s %-11s %-8s %-7s %-26s %-6s %-8s %-8s %-8s %-9s %-8s\n' step kind gen world config "again" stall_ms comm_ms plan_ms transfer resume
+  awk -F'\t' "$CFG_AWK"'{ c6 = cfg($7); c7 = cfg($8)
+    printf "%-6d %-11s %d->%-5d %d->%-4d %-26s %-6d %-8.1f %-8.1f %-8.1f %-9.1f %-8.1f\n",
+      $2, $1, $3, $4, $5, $6, c6 "->" c7, $10, $15, $11, $12, $13, $14 }' "$OUT/changes.tsv"
+  printf '\nwhy (the coordinator'"'"'s explanation of each change):\n'
+  awk -F'\t' 'FILENAME == ARGV[1] { rec[$4] = ($1 == "recovery"); next }
+    $3 != "" { printf "  generation %d: %s%s\n", $1, (rec[$1] ? "recovers " : ""), $3 }' \
+    "$OUT/changes.tsv" "$OUT/generations.tsv"
 fi
 first_loss=$(head -n 1 "$OUT/metrics.tsv" | cut -f2)
 last_loss=$(tail -n 1 "$OUT/metrics.tsv" | cut -f2)
 printf '\nloss %s -> %s over %s steps\n' "$first_loss" "$last_loss" "$(last_step)"
-[ -f "$OUT/scheduler.tsv" ] && { printf 'scheduler:\n'; sed 's/^/  /' "$OUT/scheduler.tsv"; }
+[ -f "$OUT/scheduler.tsv" ] &&
+  { printf 'scheduler:\n'; awk -F'\t' '{ printf "  step %d: %s\n", $3, $4 }' "$OUT/scheduler.tsv"; }
 
 # --- plot ---
 if command -v gnuplot >/dev/null; then
-  # A step trained again after a recovery keeps its last value.
-  awk -F'\t' '{ last[$1 + 0] = $0; if ($1 + 0 > max) max = $1 + 0 }
-    END { for (s = 0; s <= max; ++s) if (s in last) print last[s] }' "$OUT/metrics.tsv" \
-    >"$OUT/plot.tsv"
-  : >"$OUT/reconf.tsv"
-  [ -s "$OUT/events.tsv" ] && cut -f1,5,7 "$OUT/events.tsv" >"$OUT/reconf.tsv"
-  {
-    echo "set terminal pngcairo size 1100,600 noenhanced"
-    echo "set output '$OUT/loss.png'"
-    echo "set title 'examples/gpt under morph: loss, world size and reconfigurations'"
-    echo "set xlabel 'step'; set ylabel 'loss (nats/byte)'; set y2label 'world size'"
-    echo "set y2range [0:8]; set y2tics 1; set ytics nomirror; set grid"
-    i=0
-    while IFS=$'\t' read -r s w cfg; do
-      i=$((i + 1))
-      echo "set arrow $i from $s, graph 0 to $s, graph 1 nohead dt 2 lc rgb 'gray40'"
-      echo "set label $i '$cfg' at $s, graph 0.97 rotate by 90 right font ',8'"
-    done <"$OUT/reconf.tsv"
-    echo "plot '$OUT/plot.tsv' using 1:2 with lines lw 2 title 'loss', \\"
-    echo "     '' using 1:3 axes x1y2 with steps lw 2 title 'world size'"
-  } >"$OUT/loss.gp"
-  gnuplot "$OUT/loss.gp" 2>"$OUT/gnuplot.log" || say "gnuplot failed: $(cat "$OUT/gnuplot.log")"
+  bash "$here/scripts/demo_plot.sh" "$OUT" || say "gnuplot failed: $(cat "$OUT/gnuplot.log" 2>/dev/null)"
   [ -s "$OUT/loss.png" ] && printf 'plot: %s\n' "$OUT/loss.png"
 else
   say "gnuplot not installed: no plot (bash scripts/install-deps.sh)"
