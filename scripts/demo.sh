@@ -123,10 +123,8 @@ victim() {  # a live member's pid: the newest pid file (members touch theirs eve
 }
 # OUT/scheduler.tsv: the generation the job trained in when the scheduler acted (the change it
 # caused starts from that one), kind (resize, preemption, kill), step, what it did.
-event() {
-  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$OUT/scheduler.tsv"
-  say "scheduler: step $3: $4"
-}
+# The main loop prints them (a line of their own, not after the live line).
+event() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$OUT/scheduler.tsv"; }
 
 scheduler() {
   local f=$EVENT_STEPS at=$EVENT_STEPS g s v n
@@ -228,10 +226,20 @@ CFG_AWK='function cfg(c) { gsub(/[0-9]+/, "& ", c); sub(/ $/, "", c); return c }
 tty=0
 [ -t 1 ] && tty=1
 shown_events=0
+shown_sched=0
 shown_step=-1
 printed=""  # without a terminal: the step tens and generation of the last line printed
 note() { if [ $tty = 1 ]; then printf '\r\033[K%s\n' "$*"; else printf '%s\n' "$*"; fi; shown_step=-1; }
 show() {
+  if [ -f "$OUT/scheduler.tsv" ]; then
+    local k
+    k=$(wc -l <"$OUT/scheduler.tsv")
+    if [ "$k" -gt "$shown_sched" ]; then
+      while IFS=$'\t' read -r _ _ st what; do note "scheduler, step $st: $what"; done \
+        < <(tail -n +$((shown_sched + 1)) "$OUT/scheduler.tsv")
+      shown_sched=$k
+    fi
+  fi
   if [ -f "$OUT/events.tsv" ]; then
     local n
     n=$(wc -l <"$OUT/events.tsv")
