@@ -7,13 +7,6 @@
 
 namespace morph {
 
-int Generation::RankOf(WorkerId w) const {
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    if (ranks[r] == w) return static_cast<int>(r);
-  }
-  return -1;
-}
-
 std::string_view DeciderPhaseName(Decider::Phase phase) {
   switch (phase) {
     case Decider::Phase::kStarting:

@@ -69,7 +69,7 @@
 #include "base/parallel_config.h"
 #include "base/status.h"
 #include "runtime/protocol/messages.h"
-#include "runtime/protocol/recovery.h"
+#include "runtime/plan/choose_recovery.h"
 
 namespace morph {
 
@@ -182,7 +182,7 @@ struct DeciderAction {
   struct ComputePlan {
     PlanRequest request;
   };
-  // A recovery's reports are in: the shell runs ChooseRecovery (runtime/protocol/recovery.h)
+  // A recovery's reports are in: the shell runs ChooseRecovery (runtime/plan/choose_recovery.h)
   // off the I/O thread and feeds RecoveryReady.
   struct ChooseRecovery {
     int64_t generation = 0;
