@@ -22,16 +22,16 @@
 #include "collectives/rank_harness.h"
 #include "collectives/tcp_store.h"
 #include "runtime/recovery/checkpointer.h"
-#include "runtime/recovery/recovery_testutil.h"
+#include "runtime/state/state_testutil.h"
 #include "runtime/recovery/snapshot.h"
 
 namespace morph {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using recovery_testutil::Config;
-using recovery_testutil::Fill;
-using recovery_testutil::MakeBigState;
+using state_testutil::Config;
+using state_testutil::Fill;
+using state_testutil::MakeBigState;
 
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

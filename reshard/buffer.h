@@ -79,7 +79,7 @@ class Buffer {
 // Moves the pages of `src` into `dst` at byte `offset`, without copying a byte (mremap): dst's
 // bytes [offset, offset + src.size()) then hold src's, the rest of the last page moved is
 // undefined, and src is empty. How a growing shard that contains its old one keeps the resident
-// part in place (runtime/agent/switch.h). kInvalidArgument (nothing changed) unless both are
+// part in place (runtime/switch/switch.h). kInvalidArgument (nothing changed) unless both are
 // page_mapped(), src is not empty, `offset` is a multiple of the page size and
 // offset + src.size() <= dst.size(); kInternal naming errno if mremap fails (nothing changed).
 // Any thread; not concurrently with other uses of either buffer.
@@ -87,7 +87,7 @@ Status MovePages(Buffer& src, Buffer& dst, size_t offset);
 
 // Pages of released page-mapped buffers, handed to new ones without a page fault (mremap): in a
 // switch, the old shards released after one batch back the new shards allocated for the next
-// (runtime/agent/switch.h). Recycled pages keep whatever they held: only for buffers that are
+// (runtime/switch/switch.h). Recycled pages keep whatever they held: only for buffers that are
 // written in full before they are read. One owner thread.
 class PagePool {
  public:

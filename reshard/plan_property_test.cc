@@ -11,7 +11,7 @@
 
 #include "base/testing.h"
 #include "reshard/plan.h"
-#include "reshard/plan_test_util.h"
+#include "reshard/plan_testutil.h"
 
 namespace morph {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "base/testing.h"
 #include "reshard/plan_internal.h"
-#include "reshard/plan_test_util.h"
+#include "reshard/plan_testutil.h"
 
 namespace morph {
 namespace {

@@ -16,7 +16,7 @@
 #include "reshard/executor.h"
 #include "reshard/inproc_transport.h"
 #include "reshard/plan.h"
-#include "reshard/plan_test_util.h"
+#include "reshard/plan_testutil.h"
 #include "reshard/reshard_testutil.h"
 
 namespace morph {

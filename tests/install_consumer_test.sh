@@ -16,7 +16,7 @@ inc=$prefix/include
 
 # Not public: test helpers (gmock), the in-process transport, backend internals.
 for h in base/testing.h base/test_main.h reshard/inproc_transport.h reshard/cuda_pack.h \
-         reshard/plan_test_util.h reshard/reshard_testutil.h collectives/gloo_algorithms.h \
+         reshard/plan_testutil.h reshard/reshard_testutil.h collectives/gloo_algorithms.h \
          collectives/gloo_support.h collectives/gloo_errors.h collectives/rank_harness.h \
          collectives/collective_checks.h; do
   [ ! -e "$inc/morph/$h" ] || fail "installed a header that is not public: include/morph/$h"

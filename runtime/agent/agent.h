@@ -1,5 +1,5 @@
 // Agent: the worker's side of the control channel (docs/design.md §9, runtime/agent/). It holds
-// the connection to the coordinator (runtime/protocol/control_client.h), sends heartbeats,
+// the connection to the coordinator (runtime/agent/control_client.h), sends heartbeats,
 // feeds the coordinator's messages to the pure AgentCore (agent_core.h) and answers prepares
 // with the step the training thread may reach, all on a control thread of its own. The training
 // thread asks it at each step boundary whether to proceed:
@@ -33,7 +33,7 @@
 #include "base/deadline.h"
 #include "base/status.h"
 #include "runtime/agent/agent_core.h"
-#include "runtime/protocol/control_client.h"
+#include "runtime/agent/control_client.h"
 #include "runtime/protocol/wire.h"
 
 namespace morph {

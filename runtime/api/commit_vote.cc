@@ -37,6 +37,7 @@ void DropCommitVoteResult(int64_t step) { DroppedVoteStep().store(step); }
 }  // namespace testing_hooks
 
 Status Runtime::Impl::Vote(int64_t step) {
+  GroupSet* groups = live.get();
   if (!groups) {
     return FailedPreconditionError("commit vote of step " + std::to_string(step) +
                                    ": this worker holds no communicators");
@@ -85,14 +86,8 @@ Status Runtime::Impl::Vote(int64_t step) {
 
 Status Runtime::CommitUpdate() {
   Impl& m = *impl_;
-  if (!m.in_step) return FailedPreconditionError("CommitUpdate: no step is open");
   const int64_t s = m.next_step;
-  if (m.updating) {
-    return FailedPreconditionError("CommitUpdate: the update of step " + std::to_string(s) +
-                                   " already began (BeginUpdate or CommitUpdate was called)");
-  }
-  // The update boundary is known from now on: a failure before it leaves the state whole.
-  m.step_called_begin_update = true;
+  MORPH_RETURN_IF_ERROR(m.core.CanVote(s));
   Status vote = m.Vote(s);
   if (vote.ok()) {
     m.committed_step = s;
@@ -102,12 +97,12 @@ Status Runtime::CommitUpdate() {
   // Undecided here: every other rank may or may not have the result.
   m.vote_step = s;
   if (Status ab = AbortStep(vote); !ab.ok()) {
-    m.ended_by_vote = true;
+    m.core.VoteSettled(false);
     return ab;
   }
   StatusOr<bool> apply = m.AwaitVoteOutcome(s);
   m.vote_step = -1;
-  m.ended_by_vote = !apply.ok() || !*apply;
+  m.core.VoteSettled(apply.ok() && *apply);
   if (!apply.ok()) return apply.status();
   if (!*apply) {
     return AbortedError("step " + std::to_string(s) + " was not committed: its vote failed (" +
@@ -115,10 +110,8 @@ Status Runtime::CommitUpdate() {
   }
   // The vote passed elsewhere: this worker applies the step too. The recovery's commit is still
   // pending in the agent; EndStep and the next BeginStep apply it at step s + 1.
-  m.committed_step = s;
-  m.in_step = true;
-  m.updating = true;  // no undo copy to take: the recovery resumes after this update
-  return Status();
+  m.committed_step = s;  // the step goes on in its update (no undo copy: the recovery resumes
+  return Status();       // after it)
 }
 
 StatusOr<bool> Runtime::Impl::AwaitVoteOutcome(int64_t step) {
@@ -155,7 +148,7 @@ StatusOr<bool> Runtime::Impl::AwaitVoteOutcome(int64_t step) {
 }
 
 Status Runtime::Impl::ReportRecoveryState() {
-  const bool whole = !torn && state.intact();
+  const bool whole = !core.torn() && state.intact();
   const SnapshotHoldings snaps = EndSnapshots();
   const int64_t undo_step = UndoStep();
   LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step

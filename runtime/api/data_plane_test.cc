@@ -15,7 +15,7 @@
 #include "base/testing.h"
 #include "collectives/gloo_communicator.h"
 #include "runtime/api/runtime.h"
-#include "runtime/protocol/manifest.h"
+#include "runtime/plan/manifest.h"
 #include "runtime/protocol/wire.h"
 
 #if MORPH_WITH_CUDA

@@ -28,7 +28,7 @@
 
 #include "base/status.h"
 #include "runtime/coordinator/config_planner.h"
-#include "runtime/protocol/manifest.h"
+#include "runtime/protocol/messages.h"
 
 namespace morph {
 

@@ -17,13 +17,13 @@
 #include "collectives/groups.h"
 #include "collectives/tcp_store.h"
 #include "runtime/agent/agent.h"
-#include "runtime/agent/switch.h"
+#include "runtime/switch/switch.h"
 #include "runtime/api/bootstrap.h"
 #include "runtime/api/data_plane.h"
 #include "runtime/api/runtime_impl.h"
-#include "runtime/api/undo.h"
+#include "runtime/state/undo.h"
 #include "runtime/coordinator/coordinator.h"
-#include "runtime/protocol/plan_input.h"
+#include "runtime/plan/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
 #include "runtime/recovery/snapshot.h"
 
@@ -133,10 +133,10 @@ Status Runtime::Impl::Bootstrap() {
   ao.on_prepare = [this](const PrepareMsg& p, std::function<void()> ready) {
     StartPrepare(p, std::move(ready));
   };
-  ao.on_abandon = [this](int64_t g) { AbandonPrepare(g); };
+  ao.on_abandon = [this](int64_t g) { builder->Abandon(g); };
   ao.on_abort = [this](const AbortMsg& a) {
     AbortCollectives("coordinator: " + a.reason, a.generation);
-    AbortSwitchFrom(a.generation);  // a switch from that generation cannot complete either
+    builder->AbortFrom(a.generation);  // a switch from that generation cannot complete either
   };
   ao.leave_requested = [] { return LeaveRequestedBySignal().exchange(false); };
   ao.on_connection_lost = [this](const Status& why) {
@@ -145,7 +145,14 @@ Status Runtime::Impl::Bootstrap() {
   HelloMsg hello{.token = opts.token, .host = opts.host, .pid = getpid(), .capabilities = 0};
   MORPH_ASSIGN_OR_RETURN(agent, Agent::Connect(boot.coordinator_address, hello,
                                                RegisterMsg{.manifest = manifest}, ao, deadline));
-  agent->StartThread();  // its callbacks use `agent`
+  builder = std::make_unique<ChangeBuilder>(ChangeBuilder::Inputs{
+      .manifest = manifest,
+      .me = agent->id(),
+      .store_address = agent->welcome().store_address,
+      .token = opts.token,
+      .timeout_ms = opts.change_timeout_ms,
+      .factory = factory});
+  agent->StartThread();  // its callbacks use `agent` and `builder`
   const WelcomeMsg& w = agent->welcome();
   MORPH_ASSIGN_OR_RETURN(
       store, TcpStoreClient::Connect(w.store_address, opts.token, w.current.id, deadline));
@@ -161,7 +168,7 @@ Status Runtime::Impl::Bootstrap() {
       return dec.status();
     }
     if (dec->action == AgentCore::Action::kFinished) {
-      finished = true;
+      core.Finished();
       return Status();  // released before it was ever needed
     }
     if (dec->action == AgentCore::Action::kSwitch) {
@@ -193,9 +200,8 @@ Runtime::~Runtime() {
     if (!s.ok()) LOG(WARNING) << "Runtime: " << s;
   }
   if (impl_->agent) impl_->agent->Close();
-  impl_->JoinOrDetachPrepares(std::chrono::milliseconds(1000));
-  impl_->JoinReaper();
-  impl_->groups.reset();
+  if (impl_->builder) impl_->builder->JoinOrDetach(std::chrono::milliseconds(1000));
+  impl_->live.Reset();
   if (impl_->coordinator) impl_->coordinator->Stop();
 }
 
@@ -208,23 +214,19 @@ void Runtime::OnReconfigure(std::function<void(const Reconfiguration&)> callback
 
 StatusOr<Step> Runtime::BeginStep() {
   Impl& m = *impl_;
-  if (m.in_step) {
-    return FailedPreconditionError("BeginStep: step " + std::to_string(m.next_step) +
-                                   " is still open (call EndStep first)");
-  }
+  MORPH_RETURN_IF_ERROR(m.core.CheckBegin(m.next_step));
   Step step;
-  m.ended_by_vote = false;
   bool reconfigured = m.joined_by_change;
   m.joined_by_change = false;
-  if (!m.finished) {
+  if (!m.core.finished()) {
     m.agent->NoteBegin(m.next_step);
-    if (m.agent->pending() || m.aborted ||
+    if (m.agent->pending() || m.core.failed() ||
         LeaveRequestedBySignal().load(std::memory_order_relaxed)) {
       MORPH_ASSIGN_OR_RETURN(bool done, m.SlowPath(reconfigured));
-      if (done) m.finished = true;
+      if (done) m.core.Finished();
     }
   }
-  if (m.finished) {
+  if (m.core.finished()) {
     StepAccess::Fill(step, true, false, m.next_step, m.gen, -1, m.opts.micro_batch, nullptr,
                      &*m.cursor);
     return step;
@@ -242,7 +244,7 @@ StatusOr<Step> Runtime::BeginStep() {
     // on in the background; BeginUpdate waits for the copy). A program that never called
     // BeginUpdate may change the state anywhere in the step: it waits for the copy here.
     Status c = m.snapshots->MaybeBegin(m.next_step, m.state);
-    if (c.ok() && !m.step_called_begin_update) {
+    if (c.ok() && !m.core.declares_update()) {
       c = m.snapshots->WaitCopied(Deadline::AfterMs(m.opts.change_timeout_ms));
     }
     if (!c.ok() && !m.snapshot_warned) {
@@ -251,7 +253,7 @@ StatusOr<Step> Runtime::BeginStep() {
                    << " not taken: " << c;
     }
   }
-  if (m.opts.undo_copy && m.step_called_begin_update) {
+  if (m.opts.undo_copy && m.core.declares_update()) {
     // The undo copy overlaps forward/backward; BeginUpdate waits for it (undo.h).
     Status u = m.undo.Begin(m.state, m.next_step, m.gen.id);
     if (!u.ok() && !m.undo_warned) {
@@ -260,14 +262,14 @@ StatusOr<Step> Runtime::BeginStep() {
     }
   }
   StepAccess::Fill(step, false, reconfigured, m.next_step, m.gen, rank, m.opts.micro_batch,
-                   m.groups.get(), &*m.cursor);
-  m.in_step = true;
+                   m.live.get(), &*m.cursor);
+  m.core.Begin(m.next_step);
   return step;
 }
 
 void Runtime::BeginUpdate() {
   Impl& m = *impl_;
-  if (m.snapshots && !m.updating) {
+  if (m.snapshots && !m.core.updating()) {
     // The step's snapshot copy (if one was begun) must be done before the state changes.
     Status c = m.snapshots->WaitCopied(Deadline::AfterMs(m.opts.change_timeout_ms));
     if (!c.ok() && !m.snapshot_warned) {
@@ -276,21 +278,18 @@ void Runtime::BeginUpdate() {
                    << " not copied: " << c;
     }
   }
-  if (m.opts.undo_copy && m.in_step && !m.updating) {
+  if (m.opts.undo_copy && m.core.in_step() && !m.core.updating()) {
     Status s = m.undo.Take(m.state, m.next_step, m.gen.id);
     if (!s.ok() && !m.undo_warned) {
       LOG(WARNING) << "worker " << m.agent->id() << ": no undo copy: " << s;
       m.undo_warned = true;
     }
   }
-  m.updating = true;
-  m.step_called_begin_update = true;
+  m.core.BeginUpdate();
 }
 
 Status Runtime::EndStep() {
-  if (!impl_->in_step) return FailedPreconditionError("EndStep: no step is open");
-  impl_->in_step = false;
-  impl_->updating = false;
+  MORPH_RETURN_IF_ERROR(impl_->core.End());
   impl_->undo.Cancel();  // a step without BeginUpdate: its copy in flight is not the undo copy
   ++impl_->next_step;
   return Status();
@@ -298,17 +297,10 @@ Status Runtime::EndStep() {
 
 Status Runtime::AbortStep(const Status& why) {
   Impl& m = *impl_;
-  if (!m.in_step) {
-    if (m.ended_by_vote) return Status();  // CommitUpdate failed and ended the step already
-    return FailedPreconditionError("AbortStep: no step is open");
-  }
-  m.in_step = false;
-  m.aborted = true;
+  MORPH_ASSIGN_OR_RETURN(bool aborted, m.core.Abort());
+  if (!aborted) return Status();  // CommitUpdate failed and ended the step already
   m.undo.Cancel();  // before the recovery touches the state; the last taken copy stays
-  // A step that never said where its updates begin may have changed the state anywhere.
-  m.torn = m.torn || m.updating || !m.step_called_begin_update;
-  m.updating = false;
-  if (m.torn) m.state.MarkTorn();
+  if (m.core.torn()) m.state.MarkTorn();
   FailureReportMsg report{.generation = m.gen.id, .step = m.next_step, .error = why.ToString()};
   if (const CollectiveFailure* f = why.collective_failure()) {
     for (int r : f->peers) {
@@ -319,11 +311,11 @@ Status Runtime::AbortStep(const Status& why) {
   }
   m.agent->NoteStepFailed();
   LOG(WARNING) << "worker " << m.agent->id() << ": step " << m.next_step << " aborted ("
-               << (m.torn ? "state torn" : "state intact") << "): " << why;
+               << (m.core.torn() ? "state torn" : "state intact") << "): " << why;
   return m.agent->SendFailure(report);
 }
 
-bool Runtime::Finished() const { return impl_->finished; }
+bool Runtime::Finished() const { return impl_->core.finished(); }
 
 void Runtime::Leave(std::string reason) {
   if (impl_->agent) impl_->agent->RequestLeave(reason);
@@ -337,7 +329,7 @@ Status Runtime::Finish(int64_t timeout_ms) {
     m.done_sent = true;
     // A worker that left in a change is no member any more; one released because the job is
     // finishing still is, and the job completes once every member said it is done.
-    if (!m.finished || m.agent->released()) {
+    if (!m.core.finished() || m.agent->released()) {
       Status s = m.agent->SendDone();
       if (!s.ok()) LOG(WARNING) << "done not sent: " << s;
     }

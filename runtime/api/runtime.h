@@ -44,8 +44,8 @@
 
 #include "base/status.h"
 #include "runtime/api/options.h"
-#include "runtime/api/state.h"
-#include "runtime/api/step.h"
+#include "runtime/state/state.h"
+#include "runtime/state/step.h"
 #include "runtime/protocol/messages.h"
 
 namespace morph {
@@ -72,7 +72,7 @@ struct Reconfiguration {
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
   // Most tensor-state + staging bytes held at once during the switch, and the bound
-  // max(old, new) + largest batch + staging (runtime/agent/switch.h says when it holds).
+  // max(old, new) + largest batch + staging (runtime/switch/switch.h says when it holds).
   int64_t peak_bytes = 0;
   int64_t bound_bytes = 0;
   // This worker's tensor-state bytes by phase: before the change (old shards), between the

@@ -21,9 +21,12 @@
 #include "collectives/groups.h"
 #include "collectives/tcp_store.h"
 #include "runtime/agent/agent.h"
-#include "runtime/agent/switch.h"
+#include "runtime/switch/change_builder.h"
+#include "runtime/switch/live_groups.h"
+#include "runtime/switch/switch.h"
 #include "runtime/api/runtime.h"
-#include "runtime/api/undo.h"
+#include "runtime/state/step_core.h"
+#include "runtime/state/undo.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/recovery/checkpointer.h"
 #include "runtime/recovery/snapshot.h"
@@ -50,68 +53,22 @@ struct Runtime::Impl {
   CommunicatorFactory factory;
   bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
   bool adopted_state = false;  // some tensor's storage is the user's (AdoptTensor; set in Start)
-  std::unique_ptr<GroupSet> groups;
-  // groups->world() can shrink (NCCL): a recovery where ranks only leave shrinks the groups
-  // instead of building new ones (SwitchOptions::previous_groups_can_shrink). Set where `groups`
-  // is replaced; read by the control thread's prepare.
-  std::atomic<bool> groups_can_shrink{false};
-  // Guards the `groups` pointer against the control thread's abort (the training thread reads
-  // it unlocked: only it replaces it, under this mutex).
-  std::mutex groups_mu;
+  // The running generation's communicators, and the next generation's built beside them.
+  LiveGroups live;
+  std::unique_ptr<ChangeBuilder> builder;  // from Bootstrap on
   // When the control thread aborted the collectives for a failure (steady clock, 0: never).
   std::atomic<int64_t> aborted_at_ns{0};
   Generation gen;
   std::optional<DatasetCursor> cursor;
   int64_t next_step = 0;
-  bool in_step = false;
-  // BeginUpdate was called in the open step: a failure now leaves the state torn.
-  bool updating = false;
-  // The last step ended in AbortStep: BeginStep must recover before training on. `torn`: the
-  // abort came after BeginUpdate (or the step never called it).
-  bool aborted = false;
-  bool torn = false;
-  bool step_called_begin_update = false;
+  // The step lifecycle: open, updating, failed (torn or whole), finished (step_core.h).
+  StepCore core;
   bool fresh = false;
-  bool finished = false;
   bool done_sent = false;
   std::function<void(const Reconfiguration&)> on_reconfigure;
   std::optional<Reconfiguration> last_reconfiguration;
   // A switch inside Start (a joiner's first generation): its first step is reconfigured().
   bool joined_by_change = false;
-
-  // The new generation built beside the running one, between its prepare and its switch step.
-  // Shared by the runtime and the thread that builds it: an abandoned one still building when
-  // the runtime goes away (its communicators wait on a peer that died, up to the change
-  // timeout) is detached and ends on its own, touching nothing of the runtime's.
-  struct Prepared {
-    int64_t generation = 0;
-    std::thread thread;
-    std::mutex mu;  // `store` and `result` while the thread runs
-    std::unique_ptr<TcpStoreClient> store;
-    StatusOr<std::unique_ptr<PreparedSwitch>> result = InternalError("not built yet");
-    std::atomic<bool> finished{false};  // the thread is done (JoinStale joins it)
-    // An abort of the generation the change starts from that came while it was being built
-    // (-1: none): applied to the result as soon as there is one (SetResult).
-    int64_t aborted_from = -1;
-    // Under `mu`: stores the build's result, aborting it if an abort came first.
-    void SetResult(StatusOr<std::unique_ptr<PreparedSwitch>> built);
-  };
-  using PreparedPtr = std::shared_ptr<Prepared>;
-  std::mutex prep_mu;
-  PreparedPtr prep;                // the latest prepare
-  PreparedPtr switching;           // the one the training thread is switching with, if any
-  std::vector<PreparedPtr> stale;  // abandoned ones, joined by the training thread
-  // Whether the agent may still be told that a prepare is built (false once the runtime is
-  // being destroyed: a detached prepare's thread must not call into it).
-  struct ReadyGate {
-    std::mutex mu;
-    bool open = true;
-  };
-  std::shared_ptr<ReadyGate> ready_gate = std::make_shared<ReadyGate>();
-  std::thread reaper;  // tears down the last change's old communicators
-  void JoinReaper() {
-    if (reaper.joinable()) reaper.join();
-  }
 
   // Control thread: a failure (a recovery's prepare, the coordinator gone): every collective
   // of the running generation returns kAborted from now on, so the training thread reaches its
@@ -145,42 +102,22 @@ struct Runtime::Impl {
 
   SwitchOptions SwitchOpts() const;
 
-  // Control thread: a prepare for a generation this worker takes part in.
+  // Control thread: a prepare for a generation this worker takes part in (ChangeBuilder::Start;
+  // a recovery's aborts the running generation's collectives first).
   void StartPrepare(const PrepareMsg& p, std::function<void()> ready);
-
-  void AbandonPrepare(int64_t generation);
-
-  // Control thread (the coordinator's Abort): the change from `generation` being built or run
-  // fails with kAborted (PreparedSwitch::Abort), however far it got.
-  void AbortSwitchFrom(int64_t generation);
-
-  // Joins the abandoned prepares whose thread is done (at a step boundary: one still
-  // connecting to a peer that died ends at its deadline, and the training thread must not wait
-  // for it).
-  void JoinStale();
-
-  // At the end: every prepare still held. Those done within `grace` are joined; the others
-  // (waiting on a dead peer up to the change timeout) are detached after the agent is shut
-  // off from them, so that a worker leaves at once when its job is over.
-  void JoinOrDetachPrepares(std::chrono::milliseconds grace);
-
-  // The prepared switch for `generation`, built now if the prepare never came (the first
-  // change of a joiner that registered after the prepare, or a commit without a prepare).
-  StatusOr<PreparedPtr> TakePrepared(const CommitMsg& c, Deadline deadline);
 
   // The training thread applies `c` (its switch step, or a joiner's first generation).
   Status Switch(const CommitMsg& c, SteadyClock::time_point entered);
 
   // Installs what `p`'s switch built (its groups, its store) as the running generation. The
   // old generation's communicators and the change communicator are done with (the closing
-  // barrier passed); tearing Gloo contexts down takes tens of milliseconds, so it happens on
-  // the reaper thread beside the next steps instead of in the stall.
-  void AdoptGroups(PreparedPtr p);
+  // barrier passed); LiveGroups tears them down beside the next steps.
+  void AdoptGroups(ChangeBuilder::BuiltPtr p);
 
   // A switch that failed only at its closing barrier while the change applied elsewhere: this
   // worker's new state is whole; it follows into the new generation.
   bool FollowAppliedChange(const CommitMsg& c);
-  PreparedPtr half_applied;
+  ChangeBuilder::BuiltPtr half_applied;
 
   Status Reshard(const CommitMsg& c, Deadline deadline, Reconfiguration& r);
 
@@ -196,8 +133,6 @@ struct Runtime::Impl {
   // (-1: none). Both reset at every switch (a rollback re-reaches older steps).
   int64_t committed_step = -1;
   int64_t vote_step = -1;
-  // The open step was ended by a CommitUpdate that failed (AbortStep then does nothing).
-  bool ended_by_vote = false;
   // One element allreduced over `groups->world()` (a device buffer when the world is NCCL).
   Status Vote(int64_t step);
   // CommitUpdate after a vote that did not complete here: reports, waits for the recovery's

@@ -18,8 +18,8 @@
 #include "base/printable.h"
 #include "collectives/store_protocol.h"
 #include "runtime/coordinator/coordinator_impl.h"
-#include "runtime/protocol/plan_input.h"
-#include "runtime/recovery/checkpointer.h"
+#include "runtime/plan/plan_input.h"
+#include "runtime/recovery/checkpoint_catalog.h"
 
 namespace morph {
 namespace {

@@ -43,10 +43,10 @@
 #include "collectives/tcp_store.h"
 #include "runtime/coordinator/config_planner.h"
 #include "runtime/coordinator/decider.h"
-#include "runtime/protocol/recovery.h"
+#include "runtime/plan/choose_recovery.h"
 #include "runtime/coordinator/http_api.h"
 #include "runtime/coordinator/http_server.h"
-#include "runtime/protocol/manifest.h"
+#include "runtime/protocol/messages.h"
 
 namespace morph {
 

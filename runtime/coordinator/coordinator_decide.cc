@@ -10,8 +10,8 @@
 
 #include "base/logging.h"
 #include "runtime/coordinator/coordinator_impl.h"
-#include "runtime/protocol/plan_input.h"
-#include "runtime/recovery/checkpointer.h"
+#include "runtime/plan/plan_input.h"
+#include "runtime/recovery/checkpoint_catalog.h"
 
 namespace morph {
 namespace coordinator_internal {

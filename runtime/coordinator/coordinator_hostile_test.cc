@@ -33,7 +33,7 @@
 #include "collectives/tcp_store.h"
 #include "runtime/agent/agent_core.h"
 #include "runtime/coordinator/coordinator.h"
-#include "runtime/protocol/control_client.h"
+#include "runtime/agent/control_client.h"
 
 namespace morph {
 namespace {

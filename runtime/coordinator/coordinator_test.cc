@@ -28,7 +28,7 @@
 #include "base/testing.h"
 #include "reshard/checkpoint.h"
 #include "runtime/agent/agent_core.h"
-#include "runtime/protocol/control_client.h"
+#include "runtime/agent/control_client.h"
 
 namespace morph {
 namespace {

@@ -7,13 +7,6 @@
 
 namespace morph {
 
-int Generation::RankOf(WorkerId w) const {
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    if (ranks[r] == w) return static_cast<int>(r);
-  }
-  return -1;
-}
-
 std::string_view DeciderPhaseName(Decider::Phase phase) {
   switch (phase) {
     case Decider::Phase::kStarting:
@@ -287,7 +280,9 @@ void Decider::OnLostWhileFinishing(WorkerId w, bool was_done, const std::string&
   // Training ended: nothing is recovered any more. A member gone now counts as finished.
   if (CurrentRank(w) >= 0) gone_after_done_.insert(w);
   if (!was_done) {
-    // It died inside its last step: the members still in theirs would wait on it.
+    // It died inside its last step: the members still in theirs would wait on it, and then
+    // for a recovery that does not come (they are released).
+    recovery_needed_ = recovery_needed_ || CurrentRank(w) >= 0;
     std::vector<WorkerId> to = UnfinishedMembers();
     if (!to.empty()) {
       out.push_back(DeciderAction::SendAbort{
@@ -584,8 +579,9 @@ void Decider::OnResumeReady(DeciderEvent::ResumeReady& e, Out& out) {
 void Decider::OnFailureReport(const DeciderEvent::FailureReport& e, Out& out) {
   // Only a failure in the current generation's step matters; one reported against an older
   // generation is the echo of a change that already happened.
-  if (e.report.generation != current_.id || CurrentRank(e.worker) < 0 || finishing_) return;
+  if (e.report.generation != current_.id || CurrentRank(e.worker) < 0) return;
   recovery_needed_ = true;
+  if (finishing_) return MaybeComplete(out);  // no recovery now: the reporter is released
   switch (phase_) {
     case Phase::kPlanning:
       if (!pending_change_.recovery) replan_ = true;
@@ -663,8 +659,12 @@ void Decider::MaybeFinishChange(Out& out) {
     // new state); only losses of its own members call for a recovery now.
     recovery_needed_ = !lost_.empty();
   } else {
-    // Nobody passed the closing barrier: participants may hold torn or half-released state.
-    recovery_needed_ = true;
+    // Nobody passed the closing barrier: participants that tried may hold torn or
+    // half-released state. Old ranks that finished training before the switch step never
+    // tried: when they are all there is, the old generation stands as it was.
+    bool tried = !lost_during_commit_.empty();
+    for (WorkerId w : applied_) tried = tried || CurrentRank(w) >= 0;
+    recovery_needed_ = recovery_needed_ || tried;
     // Workers sent away only because the world was to shrink are candidates again: the next
     // proposal (with fewer survivors, perhaps) decides anew.
     for (WorkerId w : shrunk_away_) {
@@ -790,9 +790,10 @@ void Decider::MaybeComplete(Out& out) {
       complete = complete && (gone_after_done_.count(w) > 0 || lost_.count(w) > 0);
     } else if (!it->second.done) {
       complete = false;
-      if (!it->second.released) {
-        // Still in its last step (it finishes and sends Done), or waiting at a step boundary
-        // for a recovery that will not come: the Release makes its next BeginStep return done.
+      // A member still in its last step finishes it and sends Done. One whose generation
+      // failed waits at a step boundary for a recovery that will not come: the Release makes
+      // its BeginStep return done().
+      if (recovery_needed_ && !it->second.released) {
         it->second.released = true;
         out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
       }

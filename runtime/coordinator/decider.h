@@ -44,10 +44,11 @@
 // proposal being planned or prepared is abandoned; a committed one whose old rank finished
 // before the switch step cannot apply (nobody passes its closing barrier): that rank counts as
 // answered, its joiners are aborted out of the exchange, and it closes as not applied once
-// every participant answered. Members not done are then released: one inside its last step
-// never reaches another boundary and finishes (Done); one waiting at a boundary for a recovery
-// that will not come leaves there. A member lost or closing from then on is not recovered (the
-// members still in their last step are aborted if it had not finished). Once no change is in
+// every participant answered (the old generation stands as it was). Members not done finish
+// their last step and say so; when the generation failed (a member lost or a failure reported,
+// before or after the first Done) nothing is recovered any more, and the members not done are
+// released instead: one waiting at a step boundary for the recovery gets done() there (a member
+// that dies inside its last step first aborts the others still in theirs). Once no change is in
 // progress and every member of the current generation is done, gone or was lost, the job is
 // complete: the workers without a rank are released and JobComplete is emitted; later events
 // are ignored.
@@ -69,7 +70,7 @@
 #include "base/parallel_config.h"
 #include "base/status.h"
 #include "runtime/protocol/messages.h"
-#include "runtime/protocol/recovery.h"
+#include "runtime/plan/choose_recovery.h"
 
 namespace morph {
 
@@ -182,7 +183,7 @@ struct DeciderAction {
   struct ComputePlan {
     PlanRequest request;
   };
-  // A recovery's reports are in: the shell runs ChooseRecovery (runtime/protocol/recovery.h)
+  // A recovery's reports are in: the shell runs ChooseRecovery (runtime/plan/choose_recovery.h)
   // off the I/O thread and feeds RecoveryReady.
   struct ChooseRecovery {
     int64_t generation = 0;

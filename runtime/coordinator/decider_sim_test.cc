@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "runtime/agent/agent_core.h"
+#include "runtime/state/step_core.h"
 #include "runtime/coordinator/decider.h"
 
 namespace morph {
@@ -49,7 +50,9 @@ struct SimWorker {
   bool alive = true;
   bool connected = false;  // Join delivered
   int64_t next_step = 0;
-  bool in_step = false;  // began next_step - 1, waiting for its collectives
+  // The training thread's step lifecycle (the runtime's StepCore): in_step() while it began
+  // next_step - 1 and waits for its collectives.
+  StepCore step;
   int64_t in_step_gen = 0;
   int64_t last_step = -1;  // last step begun, -1: none
   int64_t last_step_gen = 0;
@@ -64,6 +67,7 @@ struct SimWorker {
   int64_t prepared_id = 0;       // the last change it received a Prepare for
   int64_t prepared_from = 0;     // ... and the generation that change starts from
   bool joined_after_end = false;
+  bool switch_failed = false;  // SwitchDone(false): waiting for the outcome
 };
 
 class Sim {
@@ -254,6 +258,7 @@ class Sim {
   void EndLoop(SimWorker& w) {
     if (w.finished_loop) return;
     w.finished_loop = true;
+    w.step.Finished();
     if (!w.core.finished() || w.core.released()) {
       if (decider_.pending() && !done_sent_) done_during_change_ = true;
       done_sent_ = true;
@@ -470,9 +475,9 @@ class Sim {
               // The agent aborts the running generation's collectives: a step waiting on them
               // fails, its updates never began (the state holds the step's values).
               if (msg.from_generation == w.core.generation().id && w.core.rank() >= 0 &&
-                  w.core.Participates(msg.change) && w.in_step &&
+                  w.core.Participates(msg.change) && w.step.in_step() &&
                   w.in_step_gen == w.core.generation().id) {
-                w.in_step = false;  // the agent aborts the generation's collectives
+                (void)w.step.Abort();  // the agent aborts the generation's collectives
                 --w.next_step;
               }
               w.core.OnRecoveryPrepare(msg);
@@ -487,13 +492,23 @@ class Sim {
           } else if constexpr (std::is_same_v<M, AbandonMsg>) {
             w.core.OnAbandon(msg);
           } else if constexpr (std::is_same_v<M, OutcomeMsg>) {
+            const bool waiting = w.switch_failed;
             w.core.OnOutcome(msg);
+            if (waiting && w.core.reverted()) {
+              // Nobody passed the closing barrier: the old generation stands, failed; a
+              // recovery follows (the runtime's SlowPath).
+              w.switch_failed = false;
+              w.step.SwitchFailed(/*torn=*/false);
+              w.core.OnStepFailed();
+            } else if (waiting && !w.core.pending_commit()) {
+              w.switch_failed = false;  // applied elsewhere: it follows into the new generation
+            }
           } else if constexpr (std::is_same_v<M, ReleaseMsg>) {
             w.core.OnRelease(msg);
           } else if constexpr (std::is_same_v<M, AbortMsg>) {
-            if (msg.generation == w.core.generation().id && w.core.rank() >= 0 && w.in_step &&
-                w.in_step_gen == msg.generation) {
-              w.in_step = false;  // its step's collectives fail: the step did not happen
+            if (msg.generation == w.core.generation().id && w.core.rank() >= 0 &&
+                w.step.in_step() && w.in_step_gen == msg.generation) {
+              (void)w.step.Abort();  // its step's collectives fail: the step did not happen
               --w.next_step;
             }
             w.core.OnAbort(msg);
@@ -524,19 +539,25 @@ class Sim {
     SimWorker& w = W(id);
     w.poked = false;
     if (!w.alive || !w.connected || w.finished_loop) return;
-    if (w.in_step) {
-      // The step's collectives complete once every rank of its generation began it.
+    if (w.step.in_step()) {
+      // The step's collectives complete once every rank of its generation began it; then its
+      // update (local writes) and EndStep.
       const Generation& g = GenOf(w.in_step_gen);
       for (WorkerId r : g.ranks) {
         if (!began_[{w.in_step_gen, w.next_step - 1}].count(r)) return;  // poked by r
       }
-      w.in_step = false;
+      w.step.BeginUpdate();
+      if (!w.step.End().ok()) Fail("EndStep refused");
     }
     if (w.arrived_for) return;  // at a closing barrier
     const bool at_end = total_steps_ > 0 && w.next_step >= total_steps_ && w.core.rank() >= 0;
     if (at_end && break_before_last_) return EndLoop(w);  // never calls BeginStep(L)
     switch (w.core.AtStep(w.next_step)) {
       case AgentCore::Action::kProceed:
+        if (w.step.failed()) {
+          return Fail("worker " + std::to_string(id) + " trains on at step " +
+                      std::to_string(w.next_step) + " after a failed step, without a recovery");
+        }
         if (at_end) return EndLoop(w);  // BeginStep(L) returned: the loop ends
         BeginStep(w);
         Poke(id);
@@ -548,11 +569,12 @@ class Sim {
         break;
       case AgentCore::Action::kCannotSwitch: {
         AppliedMsg m = w.core.SwitchDone(false, "step failed before the switch step");
+        w.switch_failed = true;
         ToCoordinator(id, m);
         break;
       }
       case AgentCore::Action::kReport: {
-        auto report = w.core.OnRecoveryState(w.next_step, true, -1, -1);
+        auto report = w.core.OnRecoveryState(w.next_step, !w.step.torn(), -1, -1);
         if (report) ToCoordinator(id, *report);
         Poke(id);
         break;
@@ -582,6 +604,9 @@ class Sim {
   void BeginStep(SimWorker& w) {
     const Generation& g = w.core.generation();
     int64_t step = w.next_step;
+    if (!w.step.CheckBegin(step).ok()) Fail("BeginStep with a step open");
+    w.step.Begin(step);
+    if (!w.step.CanVote(step).ok()) Fail("the step cannot vote");  // it declares its update
     std::ostringstream who;
     who << "worker " << w.core.me() << " step " << step << " gen " << g.id;
     auto [it, fresh] = step_gen_.emplace(step, g.id);
@@ -606,7 +631,6 @@ class Sim {
     }
     w.last_step = step;
     w.last_step_gen = g.id;
-    w.in_step = true;
     w.in_step_gen = g.id;
     ++w.next_step;
   }
@@ -640,6 +664,8 @@ class Sim {
     int64_t start = w.core.pending_commit()->next.start_step;
     w.arrived_for = 0;
     AppliedMsg m = w.core.SwitchDone(ok, ok ? "" : "peer gone");
+    if (ok) w.step.Recovered();
+    w.switch_failed = !ok;
     if (ok && w.core.rank() >= 0) w.next_step = start;
     ToCoordinator(w.core.me(), m);
     Poke(w.core.me());
@@ -694,7 +720,8 @@ class Sim {
     for (auto& [id, w] : workers_) {
       os << "  worker " << id << ": alive " << w.alive << " connected " << w.connected
          << " finished " << w.core.finished() << " g" << w.core.generation().id << " rank "
-         << w.core.rank() << " next_step " << w.next_step << " in_step " << w.in_step << " last "
+         << w.core.rank() << " next_step " << w.next_step << " in_step " << w.step.in_step()
+         << " failed " << w.step.failed() << " last "
          << w.last_step << " gate " << w.core.gate() << " commit "
          << (w.core.pending_commit() ? w.core.pending_commit()->next.id : 0) << " barrier "
          << w.arrived_for << "\n";

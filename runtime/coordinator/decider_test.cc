@@ -213,7 +213,7 @@ TEST(DeciderScriptTest, ACommitBeforeTheLastStepAppliesFirst) {
 TEST(DeciderScriptTest, ADoneDuringAPrepareAbandonsIt) {
   Script s = Running();
   s.Run("resize 7 add=1; join 3; plan 2 dp=3 ranks=1,2,3; report 1 2 6");
-  EXPECT_EQ(s.Run("done 1"), "abandon 2 to=1,2,3\nrelease 2\n");
+  EXPECT_EQ(s.Run("done 1"), "abandon 2 to=1,2,3\n");
   EXPECT_EQ(s.Run("report 2 2 6"), "");  // stale
   EXPECT_EQ(s.Run("done 2"), "release 3\ncomplete g1\n");
 }
@@ -222,12 +222,13 @@ TEST(DeciderScriptTest, ADoneDuringAPrepareAbandonsIt) {
 TEST(DeciderScriptTest, ADoneWhilePlanningDropsThePlan) {
   Script s = Running();
   s.Run("resize 7 world=1");
-  EXPECT_EQ(s.Run("done 2"), "release 1\n");
+  EXPECT_EQ(s.Run("done 2"), "");
   EXPECT_EQ(s.Run("plan 2 dp=1 ranks=1; done 1"), "complete g1\n");
 }
 
 // A member lost in the last step: the survivor that finished ends the job; the one waiting for
-// the recovery is released instead of waiting for ever.
+// the recovery is released instead of waiting for ever. A failure reported after the first Done
+// releases its reporter the same way.
 TEST(DeciderScriptTest, ADoneDuringARecoveryReleasesTheSurvivorsThatWait) {
   Script s(DeciderOptions{.initial_world = 3, .max_world = 3});
   s.Run("join 1; join 2; join 3; plan 1 dp=3 ranks=1,2,3");
@@ -239,14 +240,24 @@ TEST(DeciderScriptTest, ADoneDuringARecoveryReleasesTheSurvivorsThatWait) {
   EXPECT_EQ(s.Run("done 2"), "complete g1\n");
 }
 
+TEST(DeciderScriptTest, AFailureReportedAfterTheFirstDoneReleasesItsReporter) {
+  Script s = Running();
+  EXPECT_EQ(s.Run("done 1"), "");
+  auto out = s.decider().Handle(
+      0, DeciderEvent::FailureReport{.worker = 2, .report = FailureReportMsg{.generation = 1}});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Render(out[0]), "release 2");
+  EXPECT_EQ(s.Run("done 2"), "complete g1\n");
+}
+
 // A member that dies inside the last step while another finished: the members still in theirs
 // are aborted (their collectives would wait on it); it is not recovered.
 TEST(DeciderScriptTest, AMemberLostWhileFinishingAbortsTheOthersLastStep) {
   Script s(DeciderOptions{.initial_world = 3, .max_world = 3});
   s.Run("join 1; join 2; join 3; plan 1 dp=3 ranks=1,2,3");
   s.Run("applied 1 1 ok; applied 2 1 ok; applied 3 1 ok");
-  EXPECT_EQ(s.Run("done 1"), "release 2\nrelease 3\n");
-  EXPECT_EQ(s.Run("lost 3"), "abort g1 to=2\n");
+  EXPECT_EQ(s.Run("done 1"), "");  // 2 and 3 finish their last step too
+  EXPECT_EQ(s.Run("lost 3"), "abort g1 to=2\nrelease 2\n");
   EXPECT_EQ(s.Run("lost 1; done 2"), "complete g1\n");
 }
 
@@ -285,7 +296,7 @@ TEST(DeciderScriptTest, ADoneFromASpareIsIgnored) {
 TEST(DeciderScriptTest, DoneFromEveryMemberCompletesTheJob) {
   Script s = Running(2);
   s.Run("join 3");  // a spare (max_world 2)
-  EXPECT_EQ(s.Run("done 1"), "release 2\n");
+  EXPECT_EQ(s.Run("done 1"), "");  // 2 finishes its last step and says so
   EXPECT_TRUE(s.decider().finishing());
   EXPECT_EQ(s.Run("resize 5 world=1"), "answer 5 FAILED_PRECONDITION\n");
   EXPECT_EQ(s.Run("lost 1"), "");  // closes after Done: no change is proposed

@@ -13,8 +13,53 @@
 #include <vector>
 
 #include "base/parallel_config.h"
+#include "reshard/layout.h"
 
 namespace morph {
+
+// ---- The job manifest (registration agreement): what every worker registers with the
+// coordinator, and what must be equal on all of them (checked by runtime/plan/manifest.h). ----
+
+// A named blob of scalar state (step counters, RNG state, LR-schedule state) kept equal on all
+// ranks and handed to joiners. Its size is fixed at registration.
+struct ScalarSpec {
+  std::string name;
+  int64_t bytes = 0;
+  friend bool operator==(const ScalarSpec&, const ScalarSpec&) = default;
+};
+
+// The config planner's inputs that come from the model (runtime/coordinator/config_planner.h's
+// ModelConstraints without its callbacks).
+struct ModelShape {
+  int num_layers = 1;
+  int num_heads = 0;
+  std::vector<int> tp_candidates = {1};
+  std::vector<int> pp_candidates = {1};
+  int64_t global_batch = 1;
+  int micro_batches = 1;
+  int zero_stage = 0;
+  // Per-rank memory available for registered state (0: unlimited). A config fits when every
+  // rank's registered shards fit.
+  int64_t device_memory_bytes = 0;
+  friend bool operator==(const ModelShape&, const ModelShape&) = default;
+};
+
+struct JobManifest {
+  ModelShape model;
+  std::vector<TensorSpec> tensors;  // registration order
+  std::vector<ScalarSpec> scalars;  // registration order
+  int64_t dataset_samples = 1;      // DatasetSpec::num_samples
+  uint64_t dataset_seed = 0;
+  bool dataset_shuffle = true;
+  // ExecutorOptions that cut messages; equal everywhere (they are part of the plan digest).
+  uint64_t chunk_bytes = uint64_t{4} << 20;
+  uint64_t staging_bytes = uint64_t{256} << 20;
+  // The step communicators' backend ("gloo", "nccl": Options::backend): a group cannot mix them,
+  // so a worker with another one is refused at registration instead of timing out in a
+  // rendezvous.
+  std::string backend = "gloo";
+  friend bool operator==(const JobManifest&, const JobManifest&) = default;
+};
 
 // A worker's identity for the whole job, assigned by the coordinator at registration and never
 // reused. Ranks change with generations; worker ids do not.

@@ -32,7 +32,6 @@
 #include <variant>
 
 #include "base/status.h"
-#include "runtime/protocol/manifest.h"
 #include "runtime/protocol/messages.h"
 
 namespace morph {

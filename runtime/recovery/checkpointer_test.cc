@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "base/testing.h"
-#include "runtime/recovery/recovery_testutil.h"
+#include "runtime/state/state_testutil.h"
 
 namespace morph {
 namespace {
@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 using ::morph::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using namespace ::morph::recovery_testutil;  // NOLINT
+using namespace ::morph::state_testutil;  // NOLINT
 
 class CheckpointerTest : public ::testing::Test {
  protected:

@@ -34,7 +34,7 @@
 // of a whole host keeps every piece: its replicated pieces have a copy on another host, the
 // others are at its ranks' buddies), a process on a single host. The held copy lists the other
 // tensors with an empty shard (SnapshotData::shards); a recovery takes their pieces from the
-// survivors' local copies (runtime/protocol/snapshot_plan.h). With ZeRO-1 over dp ranks a round
+// survivors' local copies (runtime/plan/snapshot_plan.h). With ZeRO-1 over dp ranks a round
 // moves a rank's moments only: 1/3 of its 1 GiB-model state instead of all of it.
 //
 // Completeness. A local copy counts once it is fully copied (WaitCopied); a held copy once all
@@ -74,7 +74,7 @@
 #include "collectives/communicator.h"
 #include "collectives/store.h"
 #include "reshard/buffer.h"
-#include "runtime/api/state.h"
+#include "runtime/state/state.h"
 
 namespace morph {
 

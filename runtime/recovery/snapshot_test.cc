@@ -14,7 +14,7 @@
 #include "base/testing.h"
 #include "collectives/rank_harness.h"
 #include "collectives/tcp_store.h"
-#include "runtime/recovery/recovery_testutil.h"
+#include "runtime/state/state_testutil.h"
 
 namespace morph {
 namespace {
@@ -23,7 +23,7 @@ using ::morph::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using namespace ::morph::recovery_testutil;  // NOLINT
+using namespace ::morph::state_testutil;  // NOLINT
 
 constexpr char kToken[] = "snapshot-test-token";
 

@@ -1,0 +1,23 @@
+#include "runtime/state/step.h"
+
+#include "collectives/groups.h"
+
+namespace morph {
+
+const ParallelConfig Step::kNoConfig{};
+
+Communicator& Step::world() const { return groups_->world(); }
+Communicator& Step::dp() const { return groups_->dp(); }
+Communicator& Step::tp() const { return groups_->tp(); }
+Communicator& Step::pp() const { return groups_->pp(); }
+
+const RankBatch& Step::batch() const {
+  if (!batch_ready_ && cursor_ != nullptr && rank_ >= 0) {
+    ParallelConfig::Coords c = config_->CoordsOf(rank_);
+    batch_ = cursor_->BatchFor(index_, config_->dp, c.d, micro_batch_);
+    batch_ready_ = true;
+  }
+  return batch_;
+}
+
+}  // namespace morph

@@ -1,0 +1,164 @@
+#include "runtime/switch/change_builder.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+namespace morph {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+PrepareMsg AsPrepare(const CommitMsg& c) {
+  return PrepareMsg{
+      .next = c.next, .from_generation = c.from_generation, .from = c.from, .change = c.change};
+}
+
+}  // namespace
+
+void ChangeBuilder::Built::SetResult(StatusOr<std::unique_ptr<PreparedSwitch>> built) {
+  std::lock_guard<std::mutex> l(mu);
+  result = std::move(built);
+  if (aborted_from >= 0 && result.ok() && *result && (*result)->from().id == aborted_from) {
+    (*result)->Abort();
+  }
+}
+
+void ChangeBuilder::Start(const PrepareMsg& p, SwitchOptions options, std::function<void()> ready) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (latest_ && latest_->generation >= p.next.id) return;  // a duplicate: the first one reports
+  if (latest_) stale_.push_back(std::move(latest_));
+  auto job = std::make_shared<Built>();
+  job->generation = p.next.id;
+  // The thread gets copies of what it reads (see Built).
+  job->thread = std::thread([job_ref = job, p, in = in_, options = std::move(options),
+                             gate = gate_, ready = std::move(ready)] {
+    Built* raw = job_ref.get();
+    // Answer the prepare however this ends (a failure shows at the switch step).
+    struct Ready {
+      const std::function<void()>& f;
+      ReadyGate& gate;
+      std::atomic<bool>& finished;
+      ~Ready() {
+        {
+          std::lock_guard<std::mutex> l(gate.mu);
+          if (gate.open && f) f();
+        }
+        finished.store(true);
+      }
+    } answer{ready, *gate, raw->finished};
+    const auto began = Clock::now();
+    Deadline deadline = Deadline::AfterMs(in.timeout_ms);
+    // A fresh client (the training thread's store may not exist yet: a prepare can arrive while
+    // Start is still connecting).
+    StatusOr<std::unique_ptr<TcpStoreClient>> s =
+        TcpStoreClient::Connect(in.store_address, in.token, p.next.id, deadline);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> l(raw->mu);
+      raw->result = s.status();
+      return;
+    }
+    TcpStoreClient* client = s->get();
+    {
+      std::lock_guard<std::mutex> l(raw->mu);
+      raw->store = std::move(*s);
+    }
+    StatusOr<std::unique_ptr<PreparedSwitch>> built =
+        PrepareSwitch(in.manifest, in.me, p, *client, in.factory, options, deadline);
+    LOG(INFO) << "worker " << in.me << ": generation " << p.next.id << " prepared in "
+              << std::chrono::duration<double>(Clock::now() - began).count() << " s"
+              << (built.ok() ? std::string() : ": " + built.status().ToString());
+    raw->SetResult(std::move(built));  // AbortFrom reads it
+  });
+  latest_ = std::move(job);
+}
+
+void ChangeBuilder::AbortFrom(int64_t from) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (Built* p : {latest_.get(), switching_.get()}) {
+    if (!p) continue;
+    std::lock_guard<std::mutex> r(p->mu);
+    p->aborted_from = from;
+    if (p->result.ok() && *p->result && (*p->result)->from().id == from) (*p->result)->Abort();
+  }
+}
+
+void ChangeBuilder::Abandon(int64_t generation) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (latest_ && latest_->generation == generation) stale_.push_back(std::move(latest_));
+}
+
+void ChangeBuilder::JoinStale() {
+  std::vector<BuiltPtr> done;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& p : stale_) {
+      if (p->finished.load()) done.push_back(std::move(p));
+    }
+    std::erase(stale_, nullptr);
+  }
+  for (auto& p : done) {
+    if (p->thread.joinable()) p->thread.join();
+  }
+}
+
+void ChangeBuilder::JoinOrDetach(std::chrono::milliseconds grace) {
+  std::vector<BuiltPtr> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    all.swap(stale_);
+    if (latest_) all.push_back(std::move(latest_));
+  }
+  const auto until = Clock::now() + grace;
+  for (auto& p : all) {
+    while (!p->finished.load() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(gate_->mu);
+    gate_->open = false;
+  }
+  for (auto& p : all) {
+    if (!p->thread.joinable()) continue;
+    if (p->finished.load()) {
+      p->thread.join();
+    } else {
+      LOG(WARNING) << "worker " << in_.me << ": generation " << p->generation
+                   << "'s abandoned build is still waiting on its peers; left to end at its "
+                      "deadline";
+      p->thread.detach();
+    }
+  }
+}
+
+StatusOr<ChangeBuilder::BuiltPtr> ChangeBuilder::Take(const CommitMsg& c, TcpStoreClient& store,
+                                                      const SwitchOptions& options,
+                                                      Deadline deadline) {
+  BuiltPtr mine;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (latest_ && latest_->generation == c.next.id) mine = std::move(latest_);
+    if (!mine) {
+      mine = std::make_shared<Built>();
+      mine->generation = c.next.id;
+    }
+    switching_ = mine;  // an abort reaches it from now on, until Done()
+  }
+  if (mine->thread.joinable()) {
+    mine->thread.join();
+    return mine;
+  }
+  MORPH_ASSIGN_OR_RETURN(mine->store, store.ForGeneration(c.next.id, deadline));
+  mine->SetResult(
+      PrepareSwitch(in_.manifest, in_.me, AsPrepare(c), *mine->store, in_.factory, options,
+                    deadline));
+  return mine;
+}
+
+void ChangeBuilder::Done() {
+  std::lock_guard<std::mutex> l(mu_);
+  switching_.reset();
+}
+
+}  // namespace morph
