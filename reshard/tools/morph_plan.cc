@@ -11,7 +11,6 @@
 // 3 data loss (an element has no surviving holder: restore from a checkpoint; --allow-lost
 // prints the plan and the lost bytes instead); 1 other errors.
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,8 +20,7 @@
 #include <sstream>
 #include <string>
 
-#include "reshard/plan.h"
-#include "reshard/tools/plan_json.h"
+#include "morph/plan.h"
 
 namespace {
 
@@ -44,10 +42,6 @@ int Fail(const morph::Status& s) {
     default:
       return 1;
   }
-}
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -93,31 +87,8 @@ int main(int argc, char** argv) {
     }
     text = ss.str();
   }
-  auto req = morph::ParsePlanRequest(text);
-  if (!req.ok()) return Fail(req.status());
-  morph::PlanTimes times;
-  auto t0 = std::chrono::steady_clock::now();
-  auto planner = morph::Planner::Create(req->input);
-  times.create_seconds = Since(t0);
-  if (!planner.ok()) return Fail(planner.status());
-  std::vector<morph::LocalPlan> plans;
-  std::vector<std::vector<morph::PieceMove>> lost;
-  if (allow_lost) lost.resize(static_cast<size_t>(req->input.num_participants));
-  for (int32_t q = 0; q < req->input.num_participants; ++q) {
-    auto t1 = std::chrono::steady_clock::now();
-    auto lp = planner->PlanFor(q, allow_lost ? &lost[static_cast<size_t>(q)] : nullptr);
-    const double dt = Since(t1);
-    if (!lp.ok()) return Fail(lp.status().WithContext("worker " + req->worker_names[q]));
-    times.plans_seconds += dt;
-    times.max_local_seconds = std::max(times.max_local_seconds, dt);
-    plans.push_back(*std::move(lp));
-  }
-  auto summary = planner->Summarize(plans, allow_lost ? &lost : nullptr);
-  if (!summary.ok()) return Fail(summary.status());
-  if (as_json) {
-    std::cout << morph::PlanToJson(*req, *planner, plans, lost, *summary, times).dump(1) << "\n";
-  } else {
-    std::cout << morph::FormatPlanSummary(*req, *planner, *summary, times);
-  }
+  auto plan = morph::DryRunPlan(text, {.allow_lost = allow_lost});
+  if (!plan.ok()) return Fail(plan.status());
+  std::cout << (as_json ? plan->json + "\n" : plan->summary);
   return 0;
 }

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "runtime/switch/switch.h"
 #include "runtime/protocol/messages.h"
 
@@ -32,10 +32,12 @@ int64_t PredictPeak(const PreparedSwitch& sw, bool keep_old);
 void PlanPreallocation(PreparedSwitch& sw);
 void FillPreallocation(PreparedSwitch& sw, const Allocator& alloc);
 Buffer TakePreallocated(PreparedSwitch& sw, size_t t);
+// The closing barrier passed: Abort() leaves the new groups be (switch.h, applied_).
+void MarkApplied(PreparedSwitch& sw);
 
 // ExecuteSwitch for a recovery from buddy snapshots (switch.h "Recovery"; switch_snapshot.cc).
 StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& commit,
-                                           State& state, Deadline deadline);
+                                           StateStore& state, Deadline deadline);
 
 }  // namespace morph
 
