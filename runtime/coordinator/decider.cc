@@ -233,6 +233,15 @@ void Decider::OnLost(WorkerId w, const std::string& reason, Out& out) {
   if (it == workers_.end()) return;  // duplicate, or released
   bool was_done = it->second.done;
   workers_.erase(it);
+  // A worker that leaves in the committed change and answered Applied(ok) did its part: it
+  // exits as soon as its exchange is done, perhaps before the others' closing barrier returns.
+  // Its connection closing is its departure, not a loss (no abort, no recovery).
+  if (phase_ == Phase::kCommitted && pending_ && applied_ok_.count(w) &&
+      std::find(pending_change_.exiting.begin(), pending_change_.exiting.end(), w) !=
+          pending_change_.exiting.end()) {
+    lost_during_commit_.insert(w);  // answered already; no outcome is sent to it
+    return;
+  }
   bool ranked = CurrentRank(w) >= 0;
   if (finishing_) return OnLostWhileFinishing(w, was_done, reason, out);
   if (ranked) {

@@ -258,6 +258,19 @@ TEST(DeciderScriptTest, AFailureInTheNewGenerationBeforeItsOutcomeIsRecovered) {
             "outcome 2 applied to=1,2,3\nplan 3 from=2 cand=1,2,3 lost= target=3\n");
 }
 
+// A worker that leaves in the change exits once its exchange is done: its Applied(ok), then its
+// connection closes, while the others may still be in the closing barrier. That is its
+// departure, not a loss: no abort (which reached the others' new groups before their barrier
+// returned, failed their first step and, with its state taken for torn, ended the job with
+// DATA_LOSS: elastic_test StandbySpareTakesARank under load).
+TEST(DeciderScriptTest, AnExitingWorkerThatAppliedAndLeftIsNotALoss) {
+  Script s = Running();
+  s.Run("resize 7 world=1; plan 2 dp=1 ranks=1; report 1 2 3");
+  EXPECT_EQ(s.Run("report 2 2 3"), "commit 2 S=4 ranks=1 to=1,2\n");
+  EXPECT_EQ(s.Run("applied 2 2 ok; lost 2"), "");
+  EXPECT_EQ(s.Run("applied 1 2 ok"), "outcome 2 applied to=1\n");
+}
+
 TEST(DeciderScriptTest, AFailureReportedAfterTheFirstDoneReleasesItsReporter) {
   Script s = Running();
   EXPECT_EQ(s.Run("done 1"), "");
