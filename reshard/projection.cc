@@ -81,7 +81,7 @@ std::string Projection::Bottleneck(const Topology& t) const {
 ProjectionBuilder::ProjectionBuilder(Topology topology, int num_participants)
     : topo_(std::move(topology)),
       ranks_(static_cast<size_t>(std::max(0, num_participants))),
-      added_(ranks_.size(), false) {}
+      added_(ranks_.size(), 0) {}
 
 Status ProjectionBuilder::Add(const LocalPlan& plan) {
   const int me = plan.participant;
@@ -93,7 +93,7 @@ Status ProjectionBuilder::Add(const LocalPlan& plan) {
     return InvalidArgumentError("projection: participant " + std::to_string(me) +
                                 " added twice");
   }
-  added_[static_cast<size_t>(me)] = true;
+  added_[static_cast<size_t>(me)] = 1;
   RankTraffic& r = ranks_[static_cast<size_t>(me)];
   const int node = topo_.NodeOf(me);
   for (const PieceMove& m : plan.sends) {

@@ -19,7 +19,8 @@
 //   for (int p = 0; p < n; ++p) b.Add(*planner.PlanFor(p));   // plans may be dropped after Add
 //   Projection pr = b.Finish();
 //
-// Pure computation; one thread per builder.
+// Pure computation. Add for distinct participants may run on several threads at once; Finish
+// after they are done.
 #ifndef MORPH_RESHARD_PROJECTION_H_
 #define MORPH_RESHARD_PROJECTION_H_
 
@@ -88,7 +89,7 @@ class ProjectionBuilder {
  private:
   Topology topo_;
   std::vector<RankTraffic> ranks_;
-  std::vector<bool> added_;
+  std::vector<char> added_;  // not vector<bool>: distinct participants from several threads
 };
 
 }  // namespace morph
