@@ -33,6 +33,18 @@ void PlanPreallocation(PreparedSwitch& sw);
 void FillPreallocation(PreparedSwitch& sw, const Allocator& alloc);
 Buffer TakePreallocated(PreparedSwitch& sw, size_t t);
 
+// switch_plan.cc: the global order cut into batches of tensor indices (switch.h "Order and
+// memory bound"); each batch's part of `full` (its tensors, ascending and renumbered, and their
+// pieces in the order `full` lists them, so both ends of every pair list the same pieces alike);
+// this participant's part of `change`, its batches and byte figures (PrepareSwitch; ExecuteSwitch
+// for a recovery).
+std::vector<std::vector<int32_t>> Batches(const std::vector<TensorSpec>& tensors,
+                                          const ParallelConfig& from, const ParallelConfig& next,
+                                          uint64_t batch_bytes);
+std::vector<LocalPlan> SplitPlan(const LocalPlan& full,
+                                 const std::vector<std::vector<int32_t>>& batches);
+Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOptions& options);
+
 // ExecuteSwitch for a recovery from buddy snapshots (switch.h "Recovery"; switch_snapshot.cc).
 StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& commit,
                                            State& state, Deadline deadline);
