@@ -38,6 +38,8 @@ std::string DigestParts(const PlanDigest& d) {
   return out;
 }
 
+}  // namespace
+
 Status CopyBytes(BufferView dst, ConstBufferView src) {
   if (src.bytes == 0) return Status::Ok();
   if (dst.kind == MemoryKind::kHost && src.kind == MemoryKind::kHost) {
@@ -46,14 +48,13 @@ Status CopyBytes(BufferView dst, ConstBufferView src) {
   }
 #if MORPH_WITH_CUDA
   MORPH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data, src.data, src.bytes, cudaMemcpyDefault))
-      << "staging a shard through host memory";
+      << "copying a shard between host and device";
   return Status::Ok();
 #else
   return FailedPreconditionError("CUDA memory in a build without CUDA");
 #endif
 }
 
-}  // namespace
 
 std::string NamePeers(const Status& s, const std::vector<WorkerId>& participants) {
   std::string out;
@@ -77,6 +78,8 @@ void PreparedSwitch::Abort() {
   if (transport_) transport_->Abort();
   if (change_comm_) change_comm_->Abort();
   std::lock_guard<std::mutex> l(groups_mu_);
+  // (TakeGroups drops the device transport, whose communicator may be the groups' world.)
+  if (device_transport_) device_transport_->Abort();
   if (groups_) groups_->AbortAll();
 }
 
@@ -118,6 +121,7 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   if (!prepare.change.recovery) {
     MORPH_RETURN_IF_ERROR(CheckDigest(change, prepare.next.plan_digest));
   }
+  MORPH_RETURN_IF_ERROR(CheckDeviceOptions(options, manifest.tensors.size(), gen));
   sw->participants_ = change.participants;
   sw->participant_ = change.IndexOf(me);
   sw->num_participants_ = static_cast<int>(change.participants.size());
@@ -182,6 +186,11 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
                            builder.Build(store, prepare.next.config, sw->new_rank_,
                                          prepare.next.config.world(), deadline),
                            gen << ": communicators of rank " << sw->new_rank_);
+  }
+  // After the groups: the union may be the next generation's world (every participant builds
+  // the change communicator, then its groups, then the union, in that order).
+  if (change.planner && DevicePathOn(options)) {
+    MORPH_RETURN_IF_ERROR(PrepareDevicePath(*sw, store, deadline));
   }
   planned.seconds.communicators = Since(t_comm);
   return sw;
@@ -351,7 +360,20 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   }
   held += sw.prealloc_bytes_;
   stats.peak_state_bytes = held;
+  // The device path's own count of device bytes (switch.h "Device memory").
+  const bool device_path = sw.device_transport_ != nullptr;
+  DeviceTally tally;
+  for (size_t t = 0; t < nt && device_path; ++t) {
+    if (OnDevice(sw, t)) tally.Add(static_cast<int64_t>(old_view[t].bytes));
+  }
+  stats.device.prepare_bytes = tally.held;
   const auto t_transfer = Clock::now();
+  // Old device shards staged to pinned host memory when the device cannot hold the change.
+  std::vector<Buffer> staged(nt);
+  if (device_path && ShouldStageOld(sw, stats)) {
+    MORPH_ASSIGN_OR_RETURN(stats.device.staged_bytes,
+                           StageOldDeviceShards(sw, state, old_view, staged, tally), gen);
+  }
   if (opt.stage_old_in_host) {
     for (size_t t = 0; t < nt; ++t) {
       if (old_view[t].bytes == 0 || old_view[t].kind == MemoryKind::kHost) continue;
@@ -396,7 +418,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     bool any_keep = false, any_moved = false;
     for (size_t j = 0; j < sorted.size(); ++j) {
       const size_t t = static_cast<size_t>(sorted[j]);
-      keep[j] = sw.kept_[t] && old_view[t].bytes > 0;
+      keep[j] = sw.kept_[t] && old_view[t].bytes > 0 && staged[t].size() == 0;
       any_keep |= keep[j];
     }
     for (size_t j = 0; j < sorted.size(); ++j) {
@@ -437,6 +459,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
         fresh[j] = std::move(b).value();
         if (!pre) held += bytes;  // a pre-allocated one that failed is counted already
       }
+      if (device_path && OnDevice(sw, t)) tally.Add(static_cast<int64_t>(fresh[j].size()));
       // Growing in place (switch.h "Growing in place"): the old shard's pages become the
       // resident part of the new one; it still sends from there.
       if (sw.grow_offset_[t] >= 0 && old_view[t].bytes > 0) {
@@ -450,6 +473,15 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       }
     }
     pool.Clear();  // what this batch did not reuse (the bound counts it as released)
+    // Staged old shards of this batch back on the device, for its exchange only.
+    std::vector<Buffer> returned(sorted.size());
+    for (size_t j = 0; j < sorted.size(); ++j) {
+      const size_t t = static_cast<size_t>(sorted[j]);
+      if (staged[t].size() == 0) continue;
+      Status r = ReturnStagedForBatch(sw, state, t, old_view, returned[j], tally);
+      if (!r.ok()) return fail(r, where);
+      held += static_cast<int64_t>(returned[j].size());
+    }
     const LocalPlan* run = &bp;
     LocalPlan trimmed;
     if (any_keep || any_moved) {
@@ -474,9 +506,12 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       if (fresh[j].size() > 0) news.push_back({info.name, info.dtype, fresh[j].view()});
     }
     stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
+    int64_t device_staging = 0;
     StatusOr<ExecutorStats> r =
-        ExecutePlan(*run, olds, news, *sw.transport_, sw.executor_, deadline);
+        RunBatch(sw, *run, sorted, olds, news, stats, &device_staging, deadline);
     if (!r.ok()) return fail(r.status(), where);
+    stats.device.transfer_peak_bytes =
+        std::max({stats.device.transfer_peak_bytes, tally.peak, tally.held + device_staging});
     stats.bytes_sent += r->bytes_sent;
     stats.bytes_received += r->bytes_received;
     stats.bytes_copied += r->bytes_copied;
@@ -501,6 +536,12 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       // (Install): freeing 0.5 GB takes 0.15-0.2 s here, which the others would wait for.
       if (!opt.keep_old_until_barrier && sw.new_rank_ >= 0 && old_view[t].bytes > 0) {
         held -= static_cast<int64_t>(old_view[t].bytes);
+        if (device_path && OnDevice(sw, t)) tally.Sub(static_cast<int64_t>(old_view[t].bytes));
+        if (staged[t].size() > 0) {  // the host copy went with old_view above; this is the device's
+          held -= static_cast<int64_t>(returned[j].size());
+          staged[t] = Buffer();
+          returned[j] = Buffer();
+        }
         old_host[t] = Buffer();
         if (recycle) {
           Buffer b = state.TakeShard(t);
@@ -525,11 +566,20 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       }
       new_buffers[t] = std::move(fresh[j]);
     }
+    for (size_t j = 0; j < sorted.size(); ++j) {  // not released above: the host copy stays
+      if (returned[j].size() == 0) continue;
+      const size_t t = static_cast<size_t>(sorted[j]);
+      old_view[t] = staged[t].view();
+      tally.Sub(static_cast<int64_t>(returned[j].size()));
+      held -= static_cast<int64_t>(returned[j].size());
+      returned[j] = Buffer();
+    }
     stats.release_seconds += Since(t_release);
     if (opt.after_batch) opt.after_batch(k);
   }
   pool.Clear();
   stats.peak_bytes = std::max(stats.peak_bytes, stats.peak_state_bytes);
+  stats.device.transfer_peak_bytes = std::max(stats.device.transfer_peak_bytes, tally.peak);
   stats.seconds.transfer = Since(t_transfer);
 
   const auto t_resume = Clock::now();
@@ -584,6 +634,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     return fail(barrier, "closing barrier");
   }
   state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
+  stats.device.resume_bytes = device_path ? stats.device.new_bytes : 0;
   stats.seconds.resume = Since(t_resume);
   VLOG(1) << gen << ": participant " << sw.participant_ << " of " << sw.num_participants_
           << ", rank " << sw.old_rank_ << " -> " << sw.new_rank_ << ", " << stats.batches
@@ -613,6 +664,8 @@ Status AdoptNewState(PreparedSwitch& sw, State& state) {
 
 std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch& prepared) {
   std::lock_guard<std::mutex> l(prepared.groups_mu_);
+  prepared.device_transport_.reset();  // its communicator may be the world handed out
+  prepared.union_ = UnionComm();
   return std::move(prepared.groups_);
 }
 

@@ -110,6 +110,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -117,7 +119,10 @@
 #include "base/status.h"
 #include "collectives/comm_transport.h"
 #include "collectives/communicator.h"
+#include "collectives/device_memory.h"
+#include "collectives/device_transport.h"
 #include "collectives/groups.h"
+#include "collectives/union_comm.h"
 #include "collectives/store.h"
 #include "reshard/executor.h"
 #include "reshard/local_plan.h"
@@ -127,6 +132,32 @@
 #include "runtime/recovery/snapshot.h"
 
 namespace morph {
+
+// The device data path (docs/design.md "Device path"): which tensors live in device memory and
+// how to reach the device. Every field must be equal on all participants except `memory` and
+// `free_bytes`, which are this worker's.
+struct SwitchDeviceOptions {
+  // Per manifest tensor: its shards are device memory (e.g. State::memory_of(t) == kCuda at
+  // registration). Those tensors move over a DeviceTransport on the change's union communicator
+  // (collectives/union_comm.h), the others over the change transport (Gloo, shared memory); a
+  // batch holding both runs one exchange on each. Empty: no device path.
+  std::vector<bool> tensors;
+  // Builds the union communicator when it must be fresh (NcclFactory(device); tests:
+  // FakeNcclHub::Factory). Required with `tensors`.
+  CommunicatorFactory factory;
+  // The step groups are built on the device (NCCL): when every participant holds a rank in the
+  // next generation, its world communicator carries the reshard and nothing more is built.
+  bool new_world_on_device = false;
+  // This worker's device (CudaDeviceMemory(device); tests: FakeDevice::Memory). Required with
+  // `tensors`.
+  std::function<StatusOr<std::unique_ptr<DeviceMemory>>()> memory;
+  // Device bytes this worker may hold beyond its current state during the change (cudaMemGetInfo's
+  // free bytes less a margin); < 0 or null: no limit. When the change needs more (its device
+  // bound), the old device shards are staged to `pinned_host` first (switch.h "Device memory").
+  std::function<int64_t()> free_bytes;
+  // Host memory for that staging (pinned: CudaHostAllocator(); tests: HostAllocator()).
+  Allocator pinned_host;
+};
 
 struct SwitchOptions {
   // Bound on new-shard bytes allocated at once beyond what is freed: tensors are resharded in
@@ -157,6 +188,7 @@ struct SwitchOptions {
   // Bounds each transport group, the scalar broadcast and the closing barrier (the deadline
   // passed to ExecuteSwitch bounds the whole switch too).
   std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  SwitchDeviceOptions device;
   // Tests: called on the training thread after batch `k` (0-based) moved and released its old
   // shards, before the next. Fault injection only.
   std::function<void(int batch)> after_batch;
@@ -225,7 +257,26 @@ struct SwitchStats {
          unpack_seconds = 0;
   double executor_seconds = 0;  // the executor's total (the above + handshakes, validation)
   double release_seconds = 0;   // releasing old shards
+  // The device path (SwitchOptions::device; "Device memory" above): this worker's device-memory
+  // figures by phase next to their bound, counted as the switch allocates and releases (tests
+  // check them against the fake device's own count).
+  struct Device {
+    std::string union_source;  // where the union communicator came from; empty: no device path
+    int64_t old_bytes = 0, new_bytes = 0;  // device state before / after
+    int64_t largest_batch_bytes = 0;       // largest batch's new device shard bytes here
+    int64_t staging_bytes = 0;             // the manifest's executor staging (device)
+    // max(old, new) + largest batch + staging: the peak when the device holds it all.
+    int64_t bound_bytes = 0;
+    int64_t free_bytes = -1;    // what SwitchDeviceOptions::free_bytes said (-1: no limit)
+    int64_t staged_bytes = 0;   // old device shards staged to pinned host memory (0: none)
+    int64_t prepare_bytes = 0;  // held when the transfer starts (the old device shards)
+    int64_t transfer_peak_bytes = 0;  // most held during the batches, device staging included
+    int64_t resume_bytes = 0;   // held when the switch returns (the new device shards)
+    int64_t bytes_sent = 0, bytes_received = 0;  // over the device transport
+  } device;
 };
+
+struct DeviceTally;  // switch_internal.h
 
 // Built between Prepare and S, beside the running generation (DynaTrain-style masking).
 class PreparedSwitch {
@@ -276,6 +327,20 @@ class PreparedSwitch {
   friend void FillPreallocation(PreparedSwitch&, const Allocator&);
   friend Buffer TakePreallocated(PreparedSwitch&, size_t);
   friend int64_t PredictPeak(const PreparedSwitch&, bool keep_old);
+  friend Status PrepareDevicePath(PreparedSwitch&, Store&, Deadline);
+  friend void PlanDeviceBytes(PreparedSwitch&);
+  friend bool OnDevice(const PreparedSwitch&, size_t);
+  friend StatusOr<ExecutorStats> RunBatch(PreparedSwitch&, const LocalPlan&,
+                                          const std::vector<int32_t>&,
+                                          std::span<const OldShardData>,
+                                          std::span<const NewShardData>, SwitchStats&, int64_t*,
+                                          Deadline);
+  friend StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch&, State&,
+                                                std::vector<ConstBufferView>&,
+                                                std::vector<Buffer>&, DeviceTally&);
+  friend Status ReturnStagedForBatch(PreparedSwitch&, State&, size_t,
+                                     std::vector<ConstBufferView>&, Buffer&, DeviceTally&);
+  friend bool ShouldStageOld(PreparedSwitch&, SwitchStats&);
   friend StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch&, const CommitMsg&, State&,
                                                      Deadline);
   friend StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch&, const CommitMsg&, State&,
@@ -311,6 +376,10 @@ class PreparedSwitch {
   std::unique_ptr<Communicator> change_comm_;
   std::unique_ptr<CommTransport> transport_;
   std::unique_ptr<GroupSet> groups_;
+  // The device path (switch_device.cc): the union communicator (its `comm` may be groups_'s
+  // world) and the transport over it; declared after groups_ so they go first.
+  UnionComm union_;
+  std::unique_ptr<DeviceTransport> device_transport_;
   // ShrinkGroups: the old ranks that are not in `next`, and what PrepareSwitch was given.
   bool shrink_groups_ = false;
   std::vector<int> leaving_;

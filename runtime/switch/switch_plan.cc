@@ -145,6 +145,7 @@ Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOpti
     sw.predicted_peak_ = PredictPeak(sw, options.keep_old_until_barrier);
     if (options.keep_old_until_barrier) planned.sign_consistent = planned.old_bytes == 0;
     planned.batches = static_cast<int>(sw.batches_.size());
+    if (DevicePathOn(options)) PlanDeviceBytes(sw);
     planned.bound_bytes = std::max(planned.old_bytes, planned.new_bytes) +
                           planned.largest_batch_bytes +
                           static_cast<int64_t>(sw.executor_.staging_bytes);
