@@ -1,6 +1,7 @@
 #include "collectives/device_transport.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -24,9 +25,11 @@ struct DeviceTransport::Pool {
       }
     }
     // Rounded up so that a few sizes serve every group.
-    size_t round = 4096;
+    size_t round = 256;
     while (round < bytes) round *= 2;
-    return memory->Allocate(round);
+    StatusOr<Buffer> b = memory->Allocate(round);
+    if (b.ok()) allocated.fetch_add(static_cast<int64_t>(round));
+    return b;
   }
   void Put(Buffer b) {
     if (b.size() == 0) return;
@@ -36,7 +39,10 @@ struct DeviceTransport::Pool {
   std::shared_ptr<DeviceMemory> memory;
   std::mutex mu;
   std::vector<Buffer> free;
+  std::atomic<int64_t> allocated{0};  // every bounce byte ever allocated: >= what is held
 };
+
+int64_t DeviceTransport::bounce_allocated_bytes() const { return pool_->allocated.load(); }
 
 namespace {
 

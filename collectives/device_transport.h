@@ -70,6 +70,9 @@ class DeviceTransport final : public Transport {
   int comm_rank(int p) const { return comm_rank_[static_cast<size_t>(p)]; }
   // Bounce bytes posted so far (host messages moved through device memory).
   int64_t bounced_bytes() const { return bounced_bytes_; }
+  // Device memory allocated for bounce buffers over the transport's life (an upper bound on what
+  // it holds at any time: freed buffers are reused, at most 8 kept). Any thread.
+  int64_t bounce_allocated_bytes() const;
 
   struct Pool;  // bounce buffers, shared with the works
 

@@ -46,11 +46,13 @@ Allocator FakeDevice::allocator() {
 
 void FakeDevice::Register(const void* p, size_t bytes) {
   if (p == nullptr || bytes == 0) return;
+  if (node_) node_->Register(p, bytes);
   std::lock_guard<std::mutex> l(mu_);
   ranges_[reinterpret_cast<uintptr_t>(p)] = bytes;
 }
 
 void FakeDevice::Unregister(const void* p) {
+  if (node_) node_->Unregister(p);
   std::lock_guard<std::mutex> l(mu_);
   ranges_.erase(reinterpret_cast<uintptr_t>(p));
 }
@@ -67,6 +69,11 @@ bool FakeDevice::Contains(const void* p, size_t bytes) const {
 int64_t FakeDevice::held_bytes() const {
   std::lock_guard<std::mutex> l(mu_);
   return held_;
+}
+
+void FakeDevice::ResetPeak() {
+  std::lock_guard<std::mutex> l(mu_);
+  peak_ = held_;
 }
 
 int64_t FakeDevice::peak_bytes() const {

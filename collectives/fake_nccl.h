@@ -50,6 +50,10 @@ class FakeDevice : public std::enable_shared_from_this<FakeDevice> {
   // Allocations fail with kResourceExhausted once more than `capacity` bytes are held
   // (-1: unlimited), as cudaMalloc does on a full device.
   explicit FakeDevice(int64_t capacity = -1) : capacity_(capacity) {}
+  // One GPU of a node: its allocations and registrations are `node`'s ranges too (so a hub over
+  // `node` takes them for device memory), while held_bytes() and peak_bytes() count its own.
+  FakeDevice(int64_t capacity, std::shared_ptr<FakeDevice> node)
+      : capacity_(capacity), node_(std::move(node)) {}
   // A registered buffer; unregistered when it dies.
   StatusOr<Buffer> Allocate(size_t bytes);
   Allocator allocator();
@@ -59,11 +63,13 @@ class FakeDevice : public std::enable_shared_from_this<FakeDevice> {
   bool Contains(const void* p, size_t bytes) const;
   int64_t held_bytes() const;
   int64_t peak_bytes() const;
+  void ResetPeak();  // peak_bytes() from now on: the most held from here
   // A DeviceMemory over this device (no stream: copies are memcpy).
   std::unique_ptr<DeviceMemory> Memory();
 
  private:
   const int64_t capacity_;
+  const std::shared_ptr<FakeDevice> node_;
   mutable std::mutex mu_;
   std::map<uintptr_t, size_t> ranges_;
   int64_t held_ = 0, peak_ = 0;

@@ -264,7 +264,9 @@ struct SwitchStats {
     std::string union_source;  // where the union communicator came from; empty: no device path
     int64_t old_bytes = 0, new_bytes = 0;  // device state before / after
     int64_t largest_batch_bytes = 0;       // largest batch's new device shard bytes here
-    int64_t staging_bytes = 0;             // the manifest's executor staging (device)
+    // The manifest's executor staging plus the device transport's bounce buffers (host
+    // messages through device memory, measured: a few KiB).
+    int64_t staging_bytes = 0;
     // max(old, new) + largest batch + staging: the peak when the device holds it all.
     int64_t bound_bytes = 0;
     int64_t free_bytes = -1;    // what SwitchDeviceOptions::free_bytes said (-1: no limit)

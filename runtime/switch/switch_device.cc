@@ -185,7 +185,12 @@ StatusOr<ExecutorStats> RunBatch(PreparedSwitch& sw, const LocalPlan& run,
                                                                     << ")");
     stats.device.bytes_sent += r.bytes_sent;
     stats.device.bytes_received += r.bytes_received;
-    *device_staging = r.staging_peak_bytes;
+    // The bounce buffers count as staging, in the figure and in its bound.
+    const int64_t bounce = sw.device_transport_->bounce_allocated_bytes();
+    *device_staging = r.staging_peak_bytes + bounce;
+    const int64_t planned = static_cast<int64_t>(sw.executor_.staging_bytes) + bounce;
+    stats.device.bound_bytes += planned - stats.device.staging_bytes;
+    stats.device.staging_bytes = planned;
     return r;
   };
   if (host.empty()) return on_device(run, olds, news);

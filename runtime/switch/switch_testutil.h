@@ -142,7 +142,7 @@ class Cluster {
     std::map<WorkerId, CommunicatorFactory> factories;
     for (WorkerId w : workers) {
       StateOf(w);  // registration, on this thread
-      factories[w] = GlooFactory(DeviceOf(w));
+      factories[w] = factory_of_ ? factory_of_(w) : GlooFactory(DeviceOf(w));
     }
     std::map<WorkerId, WorkerResult> results;
     std::mutex mu;
@@ -340,6 +340,8 @@ class Cluster {
   int64_t next_id_ = 0;
   int abandoned_ = 0;  // proposals abandoned because communicators failed to build
   bool last_run_prepared_ = true;
+  // The factory a worker's PrepareSwitch gets (null: Gloo on the worker's device).
+  std::function<CommunicatorFactory(WorkerId)> factory_of_;
   bool wait_for_preallocation_ = false;  // before executing (else ExecuteSwitch waits per shard)
   std::map<WorkerId, std::unique_ptr<State>> states_;
   Generation current_;
