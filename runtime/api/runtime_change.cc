@@ -5,6 +5,12 @@
 
 #include "runtime/api/runtime_impl.h"
 
+#if MORPH_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "collectives/nccl_communicator.h"
+#endif
+
 namespace morph {
 namespace {
 
@@ -22,11 +28,37 @@ const char* SourceName(RecoveryDecision::Source s) {
 
 }  // namespace
 
+// NCCL data plane and morph-owned CUDA state (the registration, so the same on every worker,
+// joiners included): device shards move over NCCL between device buffers (switch.h "Device
+// path"), old shards staged to pinned host memory only when cudaMemGetInfo says the device cannot
+// hold the change (5% of the device kept for NCCL and the kernels).
+void Runtime::Impl::SetDevicePath(SwitchOptions& s) const {
+#if MORPH_WITH_CUDA
+  if (!cuda_state || adopted_state || cuda_device < 0) return;
+  const int d = cuda_device;
+  s.stage_old_in_host = false;
+  s.device.tensors = device_tensors;
+  s.device.factory = NcclFactory(d);
+  s.device.new_world_on_device = true;  // the step groups are NCCL (RouteStepGroups)
+  s.device.memory = [d] { return CudaDeviceMemory(d); };
+  s.device.free_bytes = [d]() -> int64_t {
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(d) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+    return static_cast<int64_t>(free) - static_cast<int64_t>(total / 20);
+  };
+  s.device.pinned_host = PinnedHostAllocator();
+#else
+  (void)s;
+#endif
+}
+
 SwitchOptions Runtime::Impl::SwitchOpts() const {
   SwitchOptions s;
   s.keep_old_until_barrier = opts.keep_old_until_barrier;
-  // The change communicator is Gloo (host memory only): CUDA shards go through host copies.
+  // The change communicator is Gloo (host memory only): CUDA shards go through host copies,
+  // unless they take the device path below.
   s.stage_old_in_host = cuda_state;
+  SetDevicePath(s);
   // Morph-owned host shards: new ones are allocated and pre-faulted while the old generation
   // trains (switch.h "Pre-allocation").
   if (!cuda_state && !adopted_state) s.preallocate = HostAllocator();

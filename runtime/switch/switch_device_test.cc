@@ -236,7 +236,9 @@ TEST(SwitchDeviceTest, AbortFromAnotherThreadMidTransfer) {
   DeviceCluster d(AllOnDevice());
   d.Register({10, 11});
   ASSERT_NO_FATAL_FAILURE(d.c_.Start(Config(2, 1, 1), {10, 11}));
-  d.hub_->PauseDeliveryAt(d.hub_->bytes_delivered() + 1024);
+  // Paused after the change's first delivered byte: both workers then wait in their first
+  // exchange (each needs the other's records), so worker 10's switch is alive when aborted.
+  d.hub_->PauseDeliveryAt(d.hub_->bytes_delivered() + 1);
   std::unique_ptr<PreparedSwitch>* of10 = nullptr;
   std::thread aborter;
   std::map<WorkerId, WorkerResult> r =
