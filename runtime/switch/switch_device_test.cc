@@ -3,6 +3,8 @@
 // communicator, host tensors over Gloo; every byte really moves and every shard is checked
 // bitwise. Also: device bytes by phase against each fake GPU's own count, old shards staged to
 // host when the device is short, a process killed mid-transfer, an abort from another thread.
+#include <atomic>
+
 #include <gmock/gmock.h>
 
 #include "collectives/fake_nccl.h"
@@ -241,6 +243,14 @@ TEST(SwitchDeviceTest, AbortFromAnotherThreadMidTransfer) {
   d.hub_->PauseDeliveryAt(d.hub_->bytes_delivered() + 1);
   std::unique_ptr<PreparedSwitch>* of10 = nullptr;
   std::thread aborter;
+  std::atomic<bool> abort_returned{false};
+  // Worker 10's switch stays alive until Abort() returned on the other thread.
+  d.c_.before_release_ = [&](WorkerId w) {
+    const Deadline dl = Deadline::AfterMs(30000);
+    while (w == 10 && !abort_returned.load() && !dl.Expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
   std::map<WorkerId, WorkerResult> r =
       d.Run(Config(1, 2, 1), {10, 11},
             [&](WorkerId w, SwitchOptions&, std::unique_ptr<PreparedSwitch>* sw) {
@@ -252,6 +262,7 @@ TEST(SwitchDeviceTest, AbortFromAnotherThreadMidTransfer) {
                   std::this_thread::sleep_for(std::chrono::milliseconds(1));
                 }
                 (*of10)->Abort();
+                abort_returned.store(true);
                 d.hub_->ResumeDelivery();
               });
             });

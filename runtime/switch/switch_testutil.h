@@ -179,6 +179,7 @@ class Cluster {
           return Status::Ok();
         }();
         r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        if (before_release_) before_release_(w);
         sw.reset();
         std::lock_guard<std::mutex> lock(mu);
         results[w] = std::move(r);
@@ -342,6 +343,9 @@ class Cluster {
   bool last_run_prepared_ = true;
   // The factory a worker's PrepareSwitch gets (null: Gloo on the worker's device).
   std::function<CommunicatorFactory(WorkerId)> factory_of_;
+  // Called on a worker's thread before its PreparedSwitch is destroyed (tests that call into it
+  // from another thread wait there for that call to end).
+  std::function<void(WorkerId)> before_release_;
   bool wait_for_preallocation_ = false;  // before executing (else ExecuteSwitch waits per shard)
   std::map<WorkerId, std::unique_ptr<State>> states_;
   Generation current_;
