@@ -285,15 +285,22 @@ struct FakeNcclHub::State {
   }
 
   // Collective creation: `rank` of `g` arrived as `process`; waits for the others.
-  Status Arrive(std::unique_lock<std::mutex>& l, Group& g, int rank, int process, Deadline d) {
+  Status Arrive(std::unique_lock<std::mutex>& l, Group& g, int rank, int process, Deadline d,
+                const BuildCancel* cancel = nullptr) {
     g.members[static_cast<size_t>(rank)] = process;
     g.arrived[static_cast<size_t>(rank)] = true;
     ++g.arrived_count;
     cv.notify_all();
     const bool ok = WaitUntil(l, d, [&] {
-      return g.arrived_count == g.size() || dead[static_cast<size_t>(process)];
+      return g.arrived_count == g.size() || dead[static_cast<size_t>(process)] ||
+             (cancel != nullptr && cancel->cancelled());
     });
     if (dead[static_cast<size_t>(process)]) return AbortedError(g.Describe(rank) + ": killed");
+    if (g.arrived_count != g.size() && cancel != nullptr && cancel->cancelled()) {
+      g.arrived[static_cast<size_t>(rank)] = false;
+      --g.arrived_count;
+      return AbortedError(g.Describe(rank) + ": creation cancelled (BuildCancel)");
+    }
     if (!ok) {
       return DeadlineExceededError(g.Describe(rank) + ": creation did not finish in time (" +
                                    std::to_string(g.arrived_count) + " of " +
@@ -473,12 +480,13 @@ FakeNcclHub::FakeNcclHub(int processes, std::shared_ptr<FakeDevice> device)
 
 FakeNcclHub::~FakeNcclHub() = default;
 
-CommunicatorFactory FakeNcclHub::Factory(int process) {
+CommunicatorFactory FakeNcclHub::Factory(int process, std::shared_ptr<const BuildCancel> cancel) {
   std::shared_ptr<State> s = state_;
-  return [s, process](Store& store, std::string_view name, int rank, int size,
-                      Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
+  return [s, process, cancel](Store& store, std::string_view name, int rank, int size,
+                              Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
     const std::string what = "fake nccl communicator '" + std::string(name) + "' generation " +
                              std::to_string(store.generation());
+    if (cancel && cancel->cancelled()) return AbortedError(what + ": cancelled (BuildCancel)");
     if (process < 0 || process >= s->processes) {
       return InvalidArgumentError(what + ": no process " + std::to_string(process));
     }
@@ -496,7 +504,7 @@ CommunicatorFactory FakeNcclHub::Factory(int process) {
                                   std::to_string(size) + " does not fit its members (size " +
                                   std::to_string(group->size()) + ")");
     }
-    MORPH_RETURN_IF_ERROR(s->Arrive(l, *group, rank, process, deadline));
+    MORPH_RETURN_IF_ERROR(s->Arrive(l, *group, rank, process, deadline, cancel.get()));
     return std::unique_ptr<Communicator>(new FakeNcclComm(s, group, rank));
   };
 }

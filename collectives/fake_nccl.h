@@ -38,6 +38,7 @@
 #include <memory>
 #include <mutex>
 
+#include "collectives/build_cancel.h"
 #include "collectives/communicator.h"
 #include "collectives/device_memory.h"
 #include "collectives/groups.h"
@@ -85,7 +86,9 @@ class FakeNcclHub {
 
   // Communicators of process `process`: the callers passing the same store generation and name
   // form one (collective; `size` must agree), rank `rank` each.
-  CommunicatorFactory Factory(int process);
+  // With `cancel`: a creation in progress returns kAborted once it is cancelled (its arrival
+  // withdrawn: the others keep waiting, as NCCL's would), later ones at once.
+  CommunicatorFactory Factory(int process, std::shared_ptr<const BuildCancel> cancel = nullptr);
   // Process `process` dies (any thread).
   void Kill(int process);
   // Process `process` dies as soon as `bytes` bytes have been delivered in all (deterministic

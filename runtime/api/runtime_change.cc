@@ -38,7 +38,7 @@ void Runtime::Impl::SetDevicePath(SwitchOptions& s) const {
   const int d = cuda_device;
   s.stage_old_in_host = false;
   s.device.tensors = device_tensors;
-  s.device.factory = NcclFactory(d);
+  s.device.factory = NcclFactory(d, s.cancel);  // the union's creation ends on an abort
   s.device.new_world_on_device = true;  // the step groups are NCCL (RouteStepGroups)
   s.device.memory = [d] { return CudaDeviceMemory(d); };
   s.device.free_bytes = [d]() -> int64_t {
@@ -54,6 +54,7 @@ void Runtime::Impl::SetDevicePath(SwitchOptions& s) const {
 
 SwitchOptions Runtime::Impl::SwitchOpts() const {
   SwitchOptions s;
+  s.cancel = std::make_shared<BuildCancel>();  // one per prepare (ChangeBuilder::AbortFrom)
   s.keep_old_until_barrier = opts.keep_old_until_barrier;
   // The change communicator is Gloo (host memory only): CUDA shards go through host copies,
   // unless they take the device path below.

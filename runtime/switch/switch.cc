@@ -142,6 +142,11 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   planned.seconds.plan = Since(t_plan);
 
   const auto t_comm = Clock::now();
+  auto cancelled = [&](const char* before) -> Status {
+    if (!options.cancel || !options.cancel->cancelled()) return Status::Ok();
+    return AbortedError(gen + ": prepare cancelled before " + before);
+  };
+  MORPH_RETURN_IF_ERROR(cancelled("the change communicator"));
   // Filled in the background (the old generation trains on); ExecuteSwitch waits per shard,
   // ~PreparedSwitch stops and joins it.
   if (options.preallocate && !options.stage_old_in_host && change.planner &&
@@ -180,6 +185,7 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
       sw->leaving_ = std::move(leaving);
     }
   }
+  MORPH_RETURN_IF_ERROR(cancelled("the new groups"));
   if (sw->new_rank_ >= 0 && !sw->shrink_groups_) {
     GroupBuilder builder(factory);
     MORPH_ASSIGN_OR_RETURN(sw->groups_,
@@ -190,6 +196,7 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   // After the groups: the union may be the next generation's world (every participant builds
   // the change communicator, then its groups, then the union, in that order).
   if (change.planner && DevicePathOn(options)) {
+    MORPH_RETURN_IF_ERROR(cancelled("the union communicator"));
     MORPH_RETURN_IF_ERROR(PrepareDevicePath(*sw, store, deadline));
   }
   planned.seconds.communicators = Since(t_comm);

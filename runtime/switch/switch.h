@@ -117,6 +117,7 @@
 
 #include "base/deadline.h"
 #include "base/status.h"
+#include "collectives/build_cancel.h"
 #include "collectives/comm_transport.h"
 #include "collectives/communicator.h"
 #include "collectives/device_memory.h"
@@ -189,6 +190,10 @@ struct SwitchOptions {
   // passed to ExecuteSwitch bounds the whole switch too).
   std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
   SwitchDeviceOptions device;
+  // Ends this prepare from any thread (ChangeBuilder::AbortFrom): PrepareSwitch checks it
+  // between its builds and returns kAborted; factories made with it (NcclFactory(device,
+  // cancel), FakeNcclHub::Factory(process, cancel)) end a creation in progress at its next poll.
+  std::shared_ptr<BuildCancel> cancel;
   // Tests: called on the training thread after batch `k` (0-based) moved and released its old
   // shards, before the next. Fault injection only.
   std::function<void(int batch)> after_batch;

@@ -271,6 +271,45 @@ TEST(SwitchDeviceTest, AbortFromAnotherThreadMidTransfer) {
   EXPECT_FALSE(r[11].status.ok());
 }
 
+TEST(SwitchDeviceTest, ACancelEndsAPrepareStuckInTheUnionCreation) {
+  DeviceCluster d(AllOnDevice());
+  d.Register({10, 11});
+  ASSERT_NO_FATAL_FAILURE(d.c_.Start(Config(2, 1, 1), {10, 11}));
+  // Worker 11 is slow to reach the union's creation; worker 10 waits in it until the abort
+  // cancels both builds (as ChangeBuilder::AbortFrom does), long before the 30 s deadline.
+  std::map<WorkerId, std::shared_ptr<BuildCancel>> cancel = {
+      {10, std::make_shared<BuildCancel>()}, {11, std::make_shared<BuildCancel>()}};
+  std::atomic<bool> go{false};
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (auto& [w, c] : cancel) c->Cancel();
+    go.store(true);
+  });
+  const auto start = Clock::now();
+  std::map<WorkerId, WorkerResult> r =
+      d.Run(Config(1, 2, 1), {10, 11},
+            [&](WorkerId w, SwitchOptions& o, std::unique_ptr<PreparedSwitch>*) {
+              o.cancel = cancel.at(w);
+              CommunicatorFactory f = d.hub_->Factory(static_cast<int>(w), cancel.at(w));
+              if (w == 10) {
+                o.device.factory = f;
+                return;
+              }
+              o.device.factory = [f, &go](Store& store, std::string_view name, int rank, int size,
+                                          Deadline deadline) {
+                while (!go.load() && !deadline.Expired()) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                }
+                return f(store, name, rank, size, deadline);
+              };
+            });
+  canceller.join();
+  EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
+  for (auto& [w, res] : r) {
+    EXPECT_THAT(res.status, StatusIs(StatusCode::kAborted, HasSubstr("cancelled"))) << w;
+  }
+}
+
 TEST(SwitchDeviceTest, BadDeviceOptionsAreNamed) {
   DeviceCluster d(AllOnDevice());
   d.Register({10, 11});
