@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "runtime/api/data_plane.h"
 #include "runtime/api/runtime_impl.h"
 
 #if MORPH_WITH_CUDA
@@ -38,7 +39,9 @@ void Runtime::Impl::SetDevicePath(SwitchOptions& s) const {
   const int d = cuda_device;
   s.stage_old_in_host = false;
   s.device.tensors = device_tensors;
-  s.device.factory = NcclFactory(d, s.cancel);  // the union's creation ends on an abort
+  // The union's and the step groups' creations end on an abort (ChangeBuilder::AbortFrom).
+  s.device.factory = NcclFactory(d, s.cancel);
+  s.groups_factory = RouteStepGroups(NcclFactory(d, s.cancel), GlooFactory(device));
   s.device.new_world_on_device = true;  // the step groups are NCCL (RouteStepGroups)
   s.device.memory = [d] { return CudaDeviceMemory(d); };
   s.device.free_bytes = [d]() -> int64_t {

@@ -187,7 +187,7 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   }
   MORPH_RETURN_IF_ERROR(cancelled("the new groups"));
   if (sw->new_rank_ >= 0 && !sw->shrink_groups_) {
-    GroupBuilder builder(factory);
+    GroupBuilder builder(options.groups_factory ? options.groups_factory : factory);
     MORPH_ASSIGN_OR_RETURN(sw->groups_,
                            builder.Build(store, prepare.next.config, sw->new_rank_,
                                          prepare.next.config.world(), deadline),

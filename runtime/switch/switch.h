@@ -194,6 +194,9 @@ struct SwitchOptions {
   // between its builds and returns kAborted; factories made with it (NcclFactory(device,
   // cancel), FakeNcclHub::Factory(process, cancel)) end a creation in progress at its next poll.
   std::shared_ptr<BuildCancel> cancel;
+  // The new step groups' factory when it is not PrepareSwitch's `factory` (the runtime's NCCL
+  // one made with `cancel`, so that an abort ends their creation too). Null: `factory`.
+  CommunicatorFactory groups_factory;
   // Tests: called on the training thread after batch `k` (0-based) moved and released its old
   // shards, before the next. Fault injection only.
   std::function<void(int batch)> after_batch;
