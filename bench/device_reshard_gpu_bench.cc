@@ -79,9 +79,9 @@ struct Bench {
     Status s = OnRanks([&](int r) -> Status {
       MemoryStore store(table, g);
       const auto t0 = Clock::now();
-      MORPH_ASSIGN_OR_RETURN(comms[static_cast<size_t>(r)],
-                             NcclCommunicator::Create(store, name, r, kRanks, DeviceOf(r),
-                                                      Deadline::After(kTimeout)));
+      MORPH_ASSIGN_OR_RETURN(
+          comms[static_cast<size_t>(r)],
+          NcclCommunicator::Create(store, name, r, kRanks, DeviceOf(r), Deadline::After(kTimeout)));
       double took = Since(t0), seen = slowest.load();
       while (took > seen && !slowest.compare_exchange_weak(seen, took)) {
       }
@@ -127,9 +127,8 @@ struct Bench {
     const int64_t side = 1 << 14;  // f32 side x (bytes / 4 / side)
     TensorInfo info{"w", DType::kF32, {bytes / 4 / side, side}};
     const int64_t n = info.shape[0] * info.shape[1] * 4;
-    std::vector<LocalPlan> plans =
-        testutil::BuildPlans({info}, {testutil::FlatLayout(info, {0})},
-                             {testutil::FlatLayout(info, {1})}, kRanks);
+    std::vector<LocalPlan> plans = testutil::BuildPlans({info}, {testutil::FlatLayout(info, {0})},
+                                                        {testutil::FlatLayout(info, {1})}, kRanks);
     std::vector<void*> old_buf(kRanks, nullptr), new_buf(kRanks, nullptr);
     for (int r = 0; r < kRanks; ++r) {
       cudaSetDevice(DeviceOf(r));
@@ -161,9 +160,8 @@ struct Bench {
       s = OnRanks([&](int r) -> Status {
         cudaSetDevice(DeviceOf(r));
         MORPH_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMemory> mem, CudaDeviceMemory(DeviceOf(r)));
-        MORPH_ASSIGN_OR_RETURN(
-            auto tr, DeviceTransport::Create(comms[static_cast<size_t>(r)].get(), {0, 1},
-                                             std::move(mem), kTimeout));
+        MORPH_ASSIGN_OR_RETURN(auto tr, DeviceTransport::Create(comms[static_cast<size_t>(r)].get(),
+                                                                {0, 1}, std::move(mem), kTimeout));
         std::vector<OldShardData> olds;
         std::vector<NewShardData> news;
         if (r == 0) olds.push_back({"w", DType::kF32, {old_buf[0], size_t(n), MemoryKind::kCuda}});

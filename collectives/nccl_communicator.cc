@@ -740,8 +740,9 @@ bool NcclCommunicator::broken() const {
 CommunicatorFactory NcclFactory(int cuda_device, std::shared_ptr<const BuildCancel> cancel) {
   return [cuda_device, cancel](Store& store, std::string_view name, int rank, int size,
                                Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
-    MORPH_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::Create(store, name, rank, size,
-                                                               cuda_device, deadline, cancel.get()));
+    MORPH_ASSIGN_OR_RETURN(auto comm,
+                           NcclCommunicator::Create(store, name, rank, size, cuda_device, deadline,
+                                                    cancel.get()));
     return std::unique_ptr<Communicator>(std::move(comm));
   };
 }

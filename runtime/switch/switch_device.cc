@@ -61,8 +61,9 @@ Status CheckDeviceOptions(const SwitchOptions& o, size_t num_tensors, const std:
   } else if (!d.memory) {
     what = "device.memory is missing (the device's stream and staging)";
   } else if (o.stage_old_in_host) {
-    what = "stage_old_in_host and the device path exclude each other (the device path stages "
-           "old shards itself when device.free_bytes is short)";
+    what =
+        "stage_old_in_host and the device path exclude each other (the device path stages "
+        "old shards itself when device.free_bytes is short)";
   }
   if (what.empty()) return Status::Ok();
   return InvalidArgumentError(gen + ": switch options: " + what);
@@ -82,8 +83,8 @@ Status PrepareDevicePath(PreparedSwitch& sw, Store& store, Deadline deadline) {
   MORPH_ASSIGN_OR_RETURN(UnionCommPlan plan, PlanUnionComm(in), gen << ": device path");
   Communicator* new_world = sw.groups_ ? &sw.groups_->world() : nullptr;
   MORPH_ASSIGN_OR_RETURN(sw.union_,
-                         BuildUnionComm(plan, sw.participant_, nullptr, new_world, d.factory,
-                                        store, sw.next_.id, deadline),
+                         BuildUnionComm(plan, sw.participant_, nullptr, new_world, d.factory, store,
+                                        sw.next_.id, deadline),
                          gen << ": device path");
   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<DeviceMemory> memory, d.memory(),
                          gen << ": device path: device memory");
@@ -111,7 +112,9 @@ void PlanDeviceBytes(PreparedSwitch& sw) {
     int64_t batch_new = 0;
     for (int32_t t : batch) {
       const size_t i = static_cast<size_t>(t);
-      if (OnDevice(sw, i) && !sw.kept_[i]) batch_new += ShardBytes(p.new_shards[i], p.tensors[i].dtype);
+      if (OnDevice(sw, i) && !sw.kept_[i]) {
+        batch_new += ShardBytes(p.new_shards[i], p.tensors[i].dtype);
+      }
     }
     dev.largest_batch_bytes = std::max(dev.largest_batch_bytes, batch_new);
   }
@@ -156,7 +159,7 @@ Status ReturnStagedForBatch(PreparedSwitch& sw, State& state, size_t t,
                             DeviceTally& tally) {
   MORPH_ASSIGN_OR_RETURN(on_device, state.AllocateShard(t, static_cast<int64_t>(old_view[t].bytes)),
                          "returning the staged old shard of tensor '" << sw.plan_.tensors[t].name
-                                                                       << "' to the device");
+                                                                      << "' to the device");
   tally.Add(static_cast<int64_t>(on_device.size()));
   MORPH_RETURN_IF_ERROR(CopyBytes(on_device.view(), old_view[t]))
       << "tensor '" << sw.plan_.tensors[t].name << "'";
@@ -179,10 +182,9 @@ StatusOr<ExecutorStats> RunBatch(PreparedSwitch& sw, const LocalPlan& run,
   }
   auto on_device = [&](const LocalPlan& part, std::span<const OldShardData> o,
                        std::span<const NewShardData> n) -> StatusOr<ExecutorStats> {
-    MORPH_ASSIGN_OR_RETURN(ExecutorStats r,
-                           ExecutePlan(part, o, n, *sw.device_transport_, sw.executor_, deadline),
-                           "device transport (union communicator: " << stats.device.union_source
-                                                                    << ")");
+    MORPH_ASSIGN_OR_RETURN(
+        ExecutorStats r, ExecutePlan(part, o, n, *sw.device_transport_, sw.executor_, deadline),
+        "device transport (union communicator: " << stats.device.union_source << ")");
     stats.device.bytes_sent += r.bytes_sent;
     stats.device.bytes_received += r.bytes_received;
     // The bounce buffers count as staging, in the figure and in its bound.
@@ -197,12 +199,15 @@ StatusOr<ExecutorStats> RunBatch(PreparedSwitch& sw, const LocalPlan& run,
   // A mixed batch: one exchange per transport, device first; both ends split alike (the
   // tensors' residence is the same on every participant).
   std::vector<LocalPlan> parts = SplitPlan(run, {dev, host});
-  const std::vector<OldShardData> dev_olds = OfPlan(olds, parts[0]), host_olds = OfPlan(olds, parts[1]);
-  const std::vector<NewShardData> dev_news = OfPlan(news, parts[0]), host_news = OfPlan(news, parts[1]);
+  const std::vector<OldShardData> dev_olds = OfPlan(olds, parts[0]),
+                                  host_olds = OfPlan(olds, parts[1]);
+  const std::vector<NewShardData> dev_news = OfPlan(news, parts[0]),
+                                  host_news = OfPlan(news, parts[1]);
   MORPH_ASSIGN_OR_RETURN(ExecutorStats total, on_device(parts[0], dev_olds, dev_news));
-  MORPH_ASSIGN_OR_RETURN(ExecutorStats h, ExecutePlan(parts[1], host_olds, host_news,
-                                                      *sw.transport_, sw.executor_, deadline),
-                         "change transport");
+  MORPH_ASSIGN_OR_RETURN(
+      ExecutorStats h,
+      ExecutePlan(parts[1], host_olds, host_news, *sw.transport_, sw.executor_, deadline),
+      "change transport");
   Accumulate(total, h);
   total.staging_peak_bytes = std::max(total.staging_peak_bytes, h.staging_peak_bytes);
   return total;

@@ -3,9 +3,9 @@
 // communicator, host tensors over Gloo; every byte really moves and every shard is checked
 // bitwise. Also: device bytes by phase against each fake GPU's own count, old shards staged to
 // host when the device is short, a process killed mid-transfer, an abort from another thread.
-#include <atomic>
-
 #include <gmock/gmock.h>
+
+#include <atomic>
 
 #include "collectives/fake_nccl.h"
 #include "runtime/switch/switch_testutil.h"
@@ -63,8 +63,8 @@ class DeviceCluster {
   // Decide and run a change with the device path on every participant.
   std::map<WorkerId, WorkerResult> Run(
       const ParallelConfig& config, const std::vector<WorkerId>& candidates,
-      const std::function<void(WorkerId, SwitchOptions&, std::unique_ptr<PreparedSwitch>*)>&
-          extra = nullptr) {
+      const std::function<void(WorkerId, SwitchOptions&, std::unique_ptr<PreparedSwitch>*)>& extra =
+          nullptr) {
     Register(candidates);
     for (auto& [w, g] : gpus_) g->ResetPeak();
     auto p = c_.Decide(config, candidates);
@@ -96,18 +96,17 @@ class DeviceCluster {
       if (res.stats.sign_consistent && d.staged_bytes == 0) {
         EXPECT_LE(d.transfer_peak_bytes, d.bound_bytes);
       }
-      std::fprintf(stderr,
-                   "gen %lld worker %lld (%s): device old %lld new %lld batch %lld staging %lld "
-                   "bound %lld peak %lld (fake GPU %lld) staged %lld sent %lld of %lld\n",
-                   static_cast<long long>(prepare_.next.id), static_cast<long long>(w),
-                   d.union_source.c_str(), static_cast<long long>(d.old_bytes),
-                   static_cast<long long>(d.new_bytes),
-                   static_cast<long long>(d.largest_batch_bytes),
-                   static_cast<long long>(d.staging_bytes), static_cast<long long>(d.bound_bytes),
-                   static_cast<long long>(d.transfer_peak_bytes),
-                   static_cast<long long>(gpus_.at(w)->peak_bytes()),
-                   static_cast<long long>(d.staged_bytes), static_cast<long long>(d.bytes_sent),
-                   static_cast<long long>(res.stats.bytes_sent));
+      std::fprintf(
+          stderr,
+          "gen %lld worker %lld (%s): device old %lld new %lld batch %lld staging %lld "
+          "bound %lld peak %lld (fake GPU %lld) staged %lld sent %lld of %lld\n",
+          static_cast<long long>(prepare_.next.id), static_cast<long long>(w),
+          d.union_source.c_str(), static_cast<long long>(d.old_bytes),
+          static_cast<long long>(d.new_bytes), static_cast<long long>(d.largest_batch_bytes),
+          static_cast<long long>(d.staging_bytes), static_cast<long long>(d.bound_bytes),
+          static_cast<long long>(d.transfer_peak_bytes),
+          static_cast<long long>(gpus_.at(w)->peak_bytes()), static_cast<long long>(d.staged_bytes),
+          static_cast<long long>(d.bytes_sent), static_cast<long long>(res.stats.bytes_sent));
     }
     EXPECT_GT(device_sent, 0);
     c_.Verify(1);
@@ -277,8 +276,8 @@ TEST(SwitchDeviceTest, ACancelEndsAPrepareStuckInTheUnionCreation) {
   ASSERT_NO_FATAL_FAILURE(d.c_.Start(Config(2, 1, 1), {10, 11}));
   // Worker 11 is slow to reach the union's creation; worker 10 waits in it until the abort
   // cancels both builds (as ChangeBuilder::AbortFrom does), long before the 30 s deadline.
-  std::map<WorkerId, std::shared_ptr<BuildCancel>> cancel = {
-      {10, std::make_shared<BuildCancel>()}, {11, std::make_shared<BuildCancel>()}};
+  std::map<WorkerId, std::shared_ptr<BuildCancel>> cancel = {{10, std::make_shared<BuildCancel>()},
+                                                             {11, std::make_shared<BuildCancel>()}};
   std::atomic<bool> go{false};
   std::thread canceller([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -314,11 +313,10 @@ TEST(SwitchDeviceTest, BadDeviceOptionsAreNamed) {
   DeviceCluster d(AllOnDevice());
   d.Register({10, 11});
   ASSERT_NO_FATAL_FAILURE(d.c_.Start(Config(2, 1, 1), {10, 11}));
-  std::map<WorkerId, WorkerResult> r =
-      d.Run(Config(1, 2, 1), {10, 11},
-            [](WorkerId, SwitchOptions& o, std::unique_ptr<PreparedSwitch>*) {
-              o.device.tensors.pop_back();
-            });
+  std::map<WorkerId, WorkerResult> r = d.Run(
+      Config(1, 2, 1), {10, 11}, [](WorkerId, SwitchOptions& o, std::unique_ptr<PreparedSwitch>*) {
+        o.device.tensors.pop_back();
+      });
   for (auto& [w, res] : r) {
     EXPECT_THAT(res.status, StatusIs(StatusCode::kInvalidArgument,
                                      HasSubstr("device.tensors lists 7 tensors, the manifest 8")));
