@@ -37,7 +37,7 @@ mapfile -t tests < <(gpu_tests command)
 extra_bins=()
 for b in "${gpt_bins[@]}"; do
   case $b in
-    morphrun) extra_bins+=("$build/runtime/morphrun") ;;
+    morphrun) extra_bins+=("$build/runtime/tools/morphrun") ;;
     *) extra_bins+=("$build/examples/gpt/$b") ;;
   esac
 done
