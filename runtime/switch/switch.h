@@ -95,6 +95,22 @@
 // (SwitchOptions::snapshot) — then the scalars from the first participant serving its own
 // copy, then the closing barrier. SwitchStats::shards_kept / recycled_bytes count the reuse.
 //
+// Device path (SwitchOptions::device; switch_device.cc; docs/design.md "The device path, as
+// built"). Device-resident tensors move over a DeviceTransport on the change's union
+// communicator: the next generation's world when every participant holds a rank in it and the
+// step groups are on the device, else a fresh one over the participants, built last in
+// PrepareSwitch (after the change communicator and the new groups, on every participant). Each
+// batch runs one exchange per transport it needs: its device tensors over the union, its host
+// tensors over the change transport.
+//
+// Device memory. SwitchStats::device counts this worker's device bytes as they are allocated and
+// released: held at the start (old device shards O_d), the peak during the batches (device
+// staging and the transport's bounce buffers included) and at the end (N_d), next to bound =
+// max(O_d, N_d) + E_d + staging over the device tensors (guaranteed where sign-consistent, as
+// above). When device.free_bytes() says the device cannot hold bound - O_d more, every old device
+// shard is first copied to device.pinned_host and released; each batch copies its own back to the
+// device for its exchange only, so the peak is <= N_d + 2 E_d + staging.
+//
 // Abandon: destroying a PreparedSwitch releases the change communicator and the new groups
 // (peers still building or using them fail with kUnavailable); the State is untouched.
 //
