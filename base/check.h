@@ -13,7 +13,7 @@
 #include <cerrno>
 #include <string_view>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph {
 

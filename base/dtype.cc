@@ -1,4 +1,4 @@
-#include "base/dtype.h"
+#include "morph/dtype.h"
 
 #include <string>
 

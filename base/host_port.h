@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph {
 

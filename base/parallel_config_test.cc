@@ -1,4 +1,4 @@
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -25,7 +25,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph::params {
 

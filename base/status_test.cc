@@ -1,4 +1,4 @@
-#include "base/status.h"
+#include "morph/status.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -9,7 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph::testing {
 

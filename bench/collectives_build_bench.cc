@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 #include "collectives/groups.h"
-#include "collectives/rank_harness.h"
-#include "collectives/tcp_store.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/store/tcp_store.h"
 
 namespace morph {
 namespace {

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "base/mpi_check.h"  // <mpi.h> without the C++ bindings
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 #include "collectives/mpi_bootstrap.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 
 namespace morph {
 namespace {

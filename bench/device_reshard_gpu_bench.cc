@@ -23,8 +23,8 @@
 
 #include "collectives/device_memory.h"
 #include "collectives/device_transport.h"
-#include "collectives/nccl_communicator.h"
-#include "collectives/store.h"
+#include "collectives/nccl/nccl_communicator.h"
+#include "collectives/store/store.h"
 #include "reshard/executor.h"
 #include "reshard/reshard_testutil.h"
 

@@ -62,7 +62,7 @@
 
 #include "base/params.h"
 #include "bench/reconfig_cases.h"
-#include "runtime/api/runtime.h"
+#include "morph/runtime.h"
 #include "runtime/tools/launcher.h"
 
 namespace {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
 #include "reshard/layout.h"
 
 namespace morph::bench {

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "base/logging.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/rank_harness.h"
-#include "collectives/tcp_store.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/recovery/checkpointer.h"
 #include "runtime/state/state_testutil.h"
 #include "runtime/recovery/snapshot.h"

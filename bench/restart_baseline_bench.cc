@@ -35,10 +35,10 @@
 #include <vector>
 
 #include "base/params.h"
-#include "base/status.h"
+#include "morph/status.h"
 #include "bench/reconfig_cases.h"
 #include "reshard/layout.h"
-#include "reshard/shard.h"
+#include "morph/shard.h"
 
 namespace morph::bench {
 namespace {

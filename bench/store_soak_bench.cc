@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/store_protocol.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/store_protocol.h"
+#include "collectives/store/tcp_store.h"
 
 namespace morph {
 namespace {

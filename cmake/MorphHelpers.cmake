@@ -1,7 +1,8 @@
 # One helper per target kind so that each folder's CMakeLists.txt is a short list.
 #
 #   morph_cc_library(NAME foo SRCS a.cc [CUDA_SRCS k.cu] DEPS morph::base [PUBLIC_DEPS ...])
-#     -> target morph_foo, alias morph::foo, installed and exported.
+#     -> static target morph_foo, alias morph::foo: a part of libmorph (cmake/MorphLibrary.cmake),
+#        linked directly by tests, tools and benchmarks. Not installed.
 #   morph_cc_test(NAME foo_test SRCS foo_test.cc DEPS morph::foo [LABELS unit] [TIMEOUT 60]
 #                 [ARGS ...] [ENV K=V ...] [NO_GTEST_MAIN] [NO_LEAK_CHECK])
 #     -> gtest binary registered with ctest (label defaults to unit; exit 77 = skipped).
@@ -33,17 +34,16 @@ function(morph_cc_library)
     set_target_properties(morph_${A_NAME} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
     target_compile_definitions(morph_${A_NAME} PUBLIC MORPH_WITH_CUDA=1)
   endif()
-  target_include_directories(morph_${A_NAME} PUBLIC
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
-    # Consumers write <morph/base/status.h>; the installed copies of morph's headers include
-    # each other the same way (morph_install_headers), so this is the only path they need.
-    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  # Internal code includes "base/...", "reshard/...", ... (the tree's root) and the public
+  # surface as "morph/..." (include/).
+  target_include_directories(morph_${A_NAME} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                             $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>)
   target_link_libraries(morph_${A_NAME} PUBLIC ${A_PUBLIC_DEPS} PRIVATE ${A_DEPS})
   _morph_common_flags(morph_${A_NAME})
   if(MORPH_SANITIZE_FLAGS)
     target_link_options(morph_${A_NAME} INTERFACE ${MORPH_SANITIZE_FLAGS})
   endif()
-  set_property(GLOBAL APPEND PROPERTY MORPH_EXPORTED_TARGETS morph_${A_NAME})
+  set_property(GLOBAL APPEND PROPERTY MORPH_LIBRARY_PARTS morph_${A_NAME})
 endfunction()
 
 function(morph_cc_test)
@@ -92,27 +92,6 @@ function(morph_cc_binary)
     install(TARGETS ${A_NAME} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
     set_property(GLOBAL APPEND PROPERTY MORPH_INSTALLED_BINARIES ${A_NAME})
   endif()
-endfunction()
-
-# Installs a folder's public headers under include/morph/<folder>/. In the source tree morph's
-# headers include each other as "base/status.h" (the repository root is on the path); the
-# installed copies say <morph/base/status.h>, so a consumer needs <prefix>/include only. The
-# copies are made at configure time under <build>/installed_headers (again when a header
-# changes). Only the public surface is listed: no test helpers, no backend internals.
-set(MORPH_INSTALLED_HEADERS_DIR ${PROJECT_BINARY_DIR}/installed_headers)
-function(morph_install_headers folder)
-  foreach(_h IN LISTS ARGN)
-    set(_src ${CMAKE_CURRENT_SOURCE_DIR}/${_h})
-    set(_out ${MORPH_INSTALLED_HEADERS_DIR}/morph/${folder}/${_h})
-    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_src})
-    file(READ ${_src} _text)
-    string(REGEX REPLACE "#include \"((base|collectives|reshard|runtime)/[^\"]+)\""
-           "#include <morph/\\1>" _text "${_text}")
-    file(WRITE ${_out}.in "${_text}")
-    configure_file(${_out}.in ${_out} COPYONLY)  # rewritten only when it changed
-    get_filename_component(_dir ${_h} DIRECTORY)  # a header in a subfolder keeps it
-    install(FILES ${_out} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/morph/${folder}/${_dir})
-  endforeach()
 endfunction()
 
 function(morph_cc_test_library)

@@ -1,10 +1,12 @@
-# Install and export every morph_cc_library so that find_package(morph) works from a prefix.
+# What `cmake --install` puts in a prefix: libmorph (exported as morph::morph for
+# find_package(morph)), the public headers (include/morph/, nothing else), and the programs
+# (morphrun, morphctl, morphd, morph-plan). install_consumer_test checks the prefix.
 include(CMakePackageConfigHelpers)
-get_property(_morph_targets GLOBAL PROPERTY MORPH_EXPORTED_TARGETS)
-install(TARGETS ${_morph_targets} EXPORT morphTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+install(TARGETS morph EXPORT morphTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/morph DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        FILES_MATCHING PATTERN "*.h")
 install(EXPORT morphTargets NAMESPACE morph:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/morph)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/morphConfig.cmake.in
   ${PROJECT_BINARY_DIR}/morphConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/morph)
@@ -17,4 +19,4 @@ install(FILES ${PROJECT_BINARY_DIR}/morphConfig.cmake ${PROJECT_BINARY_DIR}/morp
 # nothing else (no tests, no benchmarks): what make demo builds before it installs.
 get_property(_morph_bins GLOBAL PROPERTY MORPH_INSTALLED_BINARIES)
 add_custom_target(morph_installables)
-add_dependencies(morph_installables ${_morph_targets} ${_morph_bins})
+add_dependencies(morph_installables morph ${_morph_bins})

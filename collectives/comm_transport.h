@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "collectives/communicator.h"
-#include "collectives/shm_channel.h"
+#include "collectives/shm/shm_channel.h"
 #include "reshard/transport.h"
 
 namespace morph {

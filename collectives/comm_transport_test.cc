@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/rank_harness.h"
-#include "collectives/shm_arena.h"
-#include "collectives/tcp_store.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/shm/shm_arena.h"
+#include "collectives/store/tcp_store.h"
 #include "reshard/strided_copy.h"
 
 namespace morph {

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "base/testing.h"
-#include "collectives/store.h"
+#include "collectives/store/store.h"
 
 namespace morph {
 namespace {

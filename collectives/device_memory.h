@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/buffer.h"
 
 namespace morph {

@@ -15,7 +15,7 @@
 
 #include "base/testing.h"
 #include "collectives/fake_nccl.h"
-#include "collectives/rank_harness.h"
+#include "collectives/testing/rank_harness.h"
 #include "collectives/union_comm.h"
 #include "reshard/executor.h"
 #include "reshard/reshard_testutil.h"

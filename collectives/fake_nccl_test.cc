@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "base/testing.h"
-#include "collectives/rank_harness.h"
-#include "collectives/store.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/store/store.h"
 
 namespace morph {
 namespace {

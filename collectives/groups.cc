@@ -4,7 +4,7 @@
 #include <mutex>
 #include <thread>
 
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 
 namespace morph {
 

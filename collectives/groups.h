@@ -21,9 +21,9 @@
 #include <string>
 #include <string_view>
 
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
 #include "collectives/communicator.h"
-#include "collectives/store.h"
+#include "collectives/store/store.h"
 
 namespace morph {
 

@@ -6,9 +6,9 @@
 #include <span>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/rank_harness.h"
-#include "collectives/shrinkable_gloo.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/gloo/shrinkable_gloo.h"
 
 namespace morph {
 namespace {

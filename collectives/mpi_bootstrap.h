@@ -17,7 +17,7 @@
 #include <functional>
 #include <string>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph {
 

@@ -6,9 +6,9 @@
 
 #include <cstdio>
 
-#include "collectives/collective_checks.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/tcp_store.h"
+#include "collectives/testing/collective_checks.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/store/tcp_store.h"
 
 namespace morph {
 namespace {

@@ -36,7 +36,7 @@
 
 #include "collectives/communicator.h"
 #include "collectives/groups.h"
-#include "collectives/store.h"
+#include "collectives/store/store.h"
 
 namespace morph {
 

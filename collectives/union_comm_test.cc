@@ -7,7 +7,7 @@
 
 #include "base/testing.h"
 #include "collectives/fake_nccl.h"
-#include "collectives/rank_harness.h"
+#include "collectives/testing/rank_harness.h"
 
 namespace morph {
 namespace {

@@ -1,4 +1,4 @@
-#include "reshard/box.h"
+#include "morph/box.h"
 
 #include <algorithm>
 #include <sstream>

@@ -1,10 +1,10 @@
-#include "reshard/box.h"
+#include "morph/box.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "base/testing.h"
-#include "base/dtype.h"
+#include "morph/dtype.h"
 
 namespace morph {
 namespace {

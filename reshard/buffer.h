@@ -16,27 +16,10 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/buffer.h"
+#include "morph/status.h"
 
 namespace morph {
-
-enum class MemoryKind { kHost, kCuda };
-std::string_view MemoryKindName(MemoryKind kind);  // "host", "cuda"
-
-// Non-owning view of a buffer.
-struct BufferView {
-  void* data = nullptr;
-  size_t bytes = 0;
-  MemoryKind kind = MemoryKind::kHost;
-};
-struct ConstBufferView {
-  const void* data = nullptr;
-  size_t bytes = 0;
-  MemoryKind kind = MemoryKind::kHost;
-  ConstBufferView() = default;
-  ConstBufferView(const void* d, size_t n, MemoryKind k) : data(d), bytes(n), kind(k) {}
-  ConstBufferView(BufferView v) : data(v.data), bytes(v.bytes), kind(v.kind) {}  // NOLINT
-};
 
 class Buffer {
  public:

@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "reshard/buffer.h"
 #include "reshard/local_plan.h"
 

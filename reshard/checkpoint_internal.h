@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph::checkpoint_internal {
 

@@ -15,9 +15,9 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
-#include "reshard/box.h"
-#include "reshard/shard.h"
+#include "morph/status.h"
+#include "morph/box.h"
+#include "morph/shard.h"
 
 namespace morph {
 

@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/strided_copy.h"
 
 namespace morph {

@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "reshard/box.h"
-#include "base/dtype.h"
+#include "morph/box.h"
+#include "morph/dtype.h"
 #include "reshard/plan_digest.h"
-#include "reshard/shard.h"
+#include "morph/shard.h"
 
 namespace morph {
 

@@ -35,8 +35,8 @@
 #include <optional>
 #include <vector>
 
-#include "base/parallel_config.h"
-#include "base/status.h"
+#include "morph/parallel_config.h"
+#include "morph/status.h"
 #include "reshard/layout.h"
 #include "reshard/local_plan.h"
 

@@ -17,8 +17,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "reshard/local_plan.h"
 #include "reshard/transport.h"
 

@@ -7,10 +7,10 @@
 #include <utility>
 #include <vector>
 
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
 #include "reshard/layout.h"
 #include "reshard/plan.h"
-#include "reshard/shard.h"
+#include "morph/shard.h"
 
 namespace morph {
 

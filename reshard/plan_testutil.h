@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/local_plan.h"
 #include "reshard/plan.h"
 

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/local_plan.h"
 
 namespace morph {

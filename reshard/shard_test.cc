@@ -1,4 +1,4 @@
-#include "reshard/shard.h"
+#include "morph/shard.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -21,7 +21,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph::plan_internal {
 

@@ -15,8 +15,8 @@
 #include <optional>
 #include <vector>
 
-#include "base/status.h"
-#include "reshard/shard.h"
+#include "morph/status.h"
+#include "morph/shard.h"
 
 namespace morph {
 

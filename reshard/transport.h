@@ -20,8 +20,8 @@
 #include <memory>
 #include <span>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "reshard/buffer.h"
 
 namespace morph {

@@ -1,5 +1,6 @@
-// The tree's include order, read from the #include lines of every source file: the layers below
-// the runtime (base < reshard < collectives < runtime) and the runtime's folders in the order
+// The tree's include order, read from the #include lines of every source file: the public
+// headers (include/morph/, which include nothing else of morph's), the layers below the runtime
+// (base < reshard < collectives < runtime) and the runtime's folders in the order
 // docs/design.md §9 gives (runtime/CMakeLists.txt adds them in it). A file may include its own
 // folder and the folders before it, never one after it, so the folders cannot form a cycle; the
 // test names every include that breaks the order, and then checks that the graph it read has no
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 
 // Lowest first. "runtime/x" is a folder of the runtime; the others are top-level folders.
 const std::vector<std::string> kOrder = {
-    "base",           "reshard",          "collectives",   "runtime/protocol",
+    "morph",          "base",           "reshard",          "collectives",   "runtime/protocol",
     "runtime/plan",   "runtime/cursor",   "runtime/state", "runtime/recovery",
     "runtime/agent",  "runtime/switch",   "runtime/coordinator", "runtime/api",
     "runtime/tools"};
@@ -31,6 +32,8 @@ const std::vector<std::string> kOrder = {
 // The layer a path (relative to the source root, or an include's "a/b/c.h") belongs to; "" for
 // none we check (tests/, bench/, examples/, a system header).
 std::string LayerOf(const std::string& path) {
+  // The public headers (include/morph/ in the tree, "morph/..." in an include) lie below all.
+  if (path.starts_with("include/morph/") || path.starts_with("morph/")) return "morph";
   const size_t slash = path.find('/');
   if (slash == std::string::npos) return "";
   const std::string top = path.substr(0, slash);
@@ -55,7 +58,7 @@ struct Include {
 std::vector<Include> ReadIncludes(const fs::path& root) {
   std::vector<Include> out;
   const std::regex include_re(R"re(^\s*#\s*include\s+"([^"]+)")re");
-  for (const char* top : {"base", "reshard", "collectives", "runtime"}) {
+  for (const char* top : {"include/morph", "base", "reshard", "collectives", "runtime"}) {
     for (const auto& e : fs::recursive_directory_iterator(root / top)) {
       const std::string ext = e.path().extension().string();
       if (!e.is_regular_file() || (ext != ".h" && ext != ".cc" && ext != ".cu")) continue;

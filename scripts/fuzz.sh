@@ -2,7 +2,7 @@
 # Builds libFuzzer targets with clang++-14 -fsanitize=fuzzer,address,undefined into
 # BUILD_DIR/fuzz and runs each for SECONDS from its seed corpus in the repo (new inputs go to
 # BUILD_DIR/fuzz/<target>/work, the repo corpus is not touched):
-#   store  the TCP store's wire format     collectives/fuzz/store_protocol_fuzz.cc
+#   store  the TCP store's wire format     collectives/store/fuzz/store_protocol_fuzz.cc
 #   wire   the control channel's frames    runtime/protocol/fuzz/wire_fuzz.cc
 #   http   the scheduler API's requests    runtime/coordinator/fuzz/http_request_fuzz.cc
 # Exits non-zero on a finding (the input lands in BUILD_DIR/fuzz/<target>/artifacts/), 77 when
@@ -21,9 +21,9 @@ fi
 
 # target -> "fuzz source;other sources;corpus;extra libFuzzer flags"
 declare -A targets=(
-  [store]="collectives/fuzz/store_protocol_fuzz.cc;collectives/store_protocol.cc base/status.cc;collectives/fuzz/corpus;"
+  [store]="collectives/store/fuzz/store_protocol_fuzz.cc;collectives/store/store_protocol.cc base/status.cc;collectives/store/fuzz/corpus;"
   [wire]="runtime/protocol/fuzz/wire_fuzz.cc;runtime/protocol/wire.cc base/parallel_config.cc base/status.cc;runtime/protocol/fuzz/corpus;-malloc_limit_mb=64"
-  [http]="runtime/coordinator/fuzz/http_request_fuzz.cc;runtime/coordinator/http_request.cc runtime/coordinator/http_api.cc runtime/coordinator/decider.cc collectives/store_protocol.cc base/parallel_config.cc base/status.cc;runtime/coordinator/fuzz/corpus;-malloc_limit_mb=64"
+  [http]="runtime/coordinator/fuzz/http_request_fuzz.cc;runtime/coordinator/http_request.cc runtime/coordinator/http_api.cc runtime/coordinator/decider.cc runtime/protocol/messages.cc collectives/store/store_protocol.cc base/parallel_config.cc base/status.cc;runtime/coordinator/fuzz/corpus;-malloc_limit_mb=64"
 )
 if [ "$which" = all ]; then
   names=(store wire http)
@@ -49,7 +49,7 @@ fuzz_one() {
   [ -x "$bin" ] || stale=1
   if [ "$stale" = 0 ]; then
     for f in "${srcs[@]}" "$0"; do [ "$f" -nt "$bin" ] && stale=1; done
-    if [ -n "$(find "$root/base" "$root/collectives" "$root/reshard" "$root/runtime" \
+    if [ -n "$(find "$root/include" "$root/base" "$root/collectives" "$root/reshard" "$root/runtime" \
                  -name '*.h' -newer "$bin" -print -quit)" ]; then
       stale=1
     fi
@@ -58,7 +58,7 @@ fuzz_one() {
     echo "fuzz: building $bin"
     # One object per source, compiled side by side, then linked.
     local cflags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined
-                  -fno-sanitize-recover=undefined -I"$root")
+                  -fno-sanitize-recover=undefined -I"$root" -I"$root/include")
     local objs=() pids=() i=0
     mkdir -p "$out/obj"
     for s in "${srcs[@]}"; do

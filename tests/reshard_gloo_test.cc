@@ -26,9 +26,9 @@
 
 #include "base/testing.h"
 #include "collectives/comm_transport.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/rank_harness.h"
-#include "collectives/tcp_store.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/store/tcp_store.h"
 #include "reshard/executor.h"
 #include "reshard/plan.h"
 #include "reshard/reshard_testutil.h"

@@ -7,8 +7,7 @@
 #ifndef MORPH_EXAMPLES_GPT_DEVICE_H_
 #define MORPH_EXAMPLES_GPT_DEVICE_H_
 
-#include <morph/base/status.h>
-#include <morph/reshard/buffer.h>
+#include <morph/morph.h>
 
 #include <cstddef>
 #include <string>

@@ -24,9 +24,7 @@
 //
 // Exit codes: 0 done (or left the job), 2 usage, 3 a check failed, 4 runtime error.
 #include <glog/logging.h>
-#include <morph/base/dtype.h>
-#include <morph/reshard/checkpoint.h>
-#include <morph/runtime/api/runtime.h>
+#include <morph/morph.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -592,43 +590,22 @@ class Trainer {
   std::vector<float> grads_;
 };
 
-std::string CfgJson(const morph::ParallelConfig& c) {
-  return "{\"dp\": " + std::to_string(c.dp) + ", \"tp\": " + std::to_string(c.tp) +
-         ", \"pp\": " + std::to_string(c.pp) + "}";
-}
-
-// --check-dir: this rank's pieces of every tensor it owns a unique copy of (replicas are saved
-// by DP rank 0, or the first hybrid ZeRO group, and, when not TP-split, TP rank 0 only).
+// --check-dir: this rank's part of a checkpoint of the state at step `at` (every rank's parts
+// together hold each tensor once).
 Status SaveCheck(morph::State& s, const morph::Step& step, const std::string& dir, int64_t at) {
-  const auto c = step.coords();
-  std::vector<morph::CheckpointPiece> pieces;
-  for (const morph::TensorSpec& spec : s.tensors()) {
-    if (!spec.layout.zero_sharded() && c.d != 0) continue;
-    if (spec.layout.zero_group() > 0 && c.d >= spec.layout.zero_group()) continue;  // a replica
-    if (!spec.layout.tp_split() && c.t != 0) continue;
-    MORPH_ASSIGN_OR_RETURN(morph::State::TensorRef t, s.tensor(spec.name));
-    if (t.shard.empty()) continue;
-    pieces.push_back({morph::TensorInfo{spec.name, spec.dtype, morph::PlanShape(spec), {}}, t.shard,
-                      morph::ConstBufferView(t.data)});
-  }
-  MORPH_ASSIGN_OR_RETURN(
-      auto save, morph::SaveCheckpointAsync(dir + "/step-" + std::to_string(at), step.rank(),
-                                            step.world_size(), at, CfgJson(step.config()), pieces));
-  return save->Wait(morph::Deadline::After(kTimeout));
+  return morph::SaveCheckpoint(dir + "/step-" + std::to_string(at), s, step);
 }
 
 // After a change at step S: every shard equals, bitwise, the step-S checkpoint read into the
 // new configuration. kDataLoss naming the tensor and element otherwise.
 Status CompareCheck(morph::State& s, const std::string& dir, int64_t at, int* compared) {
-  MORPH_ASSIGN_OR_RETURN(morph::CheckpointReader ckpt,
-                         morph::CheckpointReader::Open(dir + "/step-" + std::to_string(at)));
+  const std::string ckpt = dir + "/step-" + std::to_string(at);
   for (const morph::TensorSpec& spec : s.tensors()) {
     MORPH_ASSIGN_OR_RETURN(morph::State::TensorRef t, s.tensor(spec.name));
     if (t.shard.empty()) continue;
     std::vector<float> want(static_cast<size_t>(t.shard.NumElements()));
-    MORPH_RETURN_IF_ERROR(
-        ckpt.Read(morph::TensorInfo{spec.name, spec.dtype, morph::PlanShape(spec), {}}, t.shard,
-                  morph::BufferView{want.data(), want.size() * 4}));
+    MORPH_RETURN_IF_ERROR(morph::ReadCheckpointShard(
+        ckpt, s, spec.name, morph::BufferView{want.data(), want.size() * 4}));
     if (std::memcmp(want.data(), t.data.data, want.size() * 4) != 0) {
       const float* got = static_cast<const float*>(t.data.data);
       size_t i = 0;

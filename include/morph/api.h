@@ -5,7 +5,8 @@
 #define MORPH_API_H_
 
 #if defined(__GNUC__)
-#define MORPH_API __attribute__((visibility("default")))
+// The standard attribute syntax, so that it combines with [[nodiscard]] in any position.
+#define MORPH_API [[gnu::visibility("default")]]
 #else
 #define MORPH_API
 #endif

@@ -14,7 +14,6 @@
 // 3 data loss (an element has no surviving holder: restore from a checkpoint; --allow-lost
 // prints the plan and the lost bytes instead); 1 other errors.
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +24,7 @@
 #include <sstream>
 #include <string>
 
+#include "morph/plan.h"
 #include "reshard/plan.h"
 #include "reshard/tools/plan_json.h"
 #include "reshard/tools/projection_json.h"
@@ -50,10 +50,6 @@ int Fail(const morph::Status& s) {
     default:
       return 1;
   }
-}
-
-double Since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -115,46 +111,32 @@ int main(int argc, char** argv) {
     if (!t.ok()) return Fail(t.status().WithContext(topology_file));
     topology = *std::move(t);
   }
+  auto plan = morph::DryRunPlan(text, {.allow_lost = allow_lost});
+  if (!plan.ok()) return Fail(plan.status());
+  if (!topology) {
+    std::cout << (as_json ? plan->json + "\n" : plan->summary);
+    return 0;
+  }
+  // The projection needs every participant's plan: planned again here (DryRunPlan keeps none).
   auto req = morph::ParsePlanRequest(text);
   if (!req.ok()) return Fail(req.status());
-  morph::PlanTimes times;
-  auto t0 = std::chrono::steady_clock::now();
   auto planner = morph::Planner::Create(req->input);
-  times.create_seconds = Since(t0);
   if (!planner.ok()) return Fail(planner.status());
-  std::vector<morph::LocalPlan> plans;
-  std::vector<std::vector<morph::PieceMove>> lost;
-  if (allow_lost) lost.resize(static_cast<size_t>(req->input.num_participants));
+  morph::ProjectionBuilder b(*topology, req->input.num_participants);
   for (int32_t q = 0; q < req->input.num_participants; ++q) {
-    auto t1 = std::chrono::steady_clock::now();
-    auto lp = planner->PlanFor(q, allow_lost ? &lost[static_cast<size_t>(q)] : nullptr);
-    const double dt = Since(t1);
+    std::vector<morph::PieceMove> lost;
+    auto lp = planner->PlanFor(q, allow_lost ? &lost : nullptr);
     if (!lp.ok()) return Fail(lp.status().WithContext("worker " + req->worker_names[q]));
-    times.plans_seconds += dt;
-    times.max_local_seconds = std::max(times.max_local_seconds, dt);
-    plans.push_back(*std::move(lp));
+    if (morph::Status s = b.Add(*lp); !s.ok()) return Fail(s);
   }
-  auto summary = planner->Summarize(plans, allow_lost ? &lost : nullptr);
-  if (!summary.ok()) return Fail(summary.status());
-  std::optional<morph::Projection> projection;
-  if (topology) {
-    morph::ProjectionBuilder b(*topology, req->input.num_participants);
-    for (const morph::LocalPlan& lp : plans) {
-      if (morph::Status s = b.Add(lp); !s.ok()) return Fail(s);
-    }
-    projection = b.Finish();
-  }
+  const morph::Projection projection = b.Finish();
   if (as_json) {
-    nlohmann::json out = morph::PlanToJson(*req, *planner, plans, lost, *summary, times);
-    if (projection) {
-      out["projection"] = morph::ProjectionToJson(*topology, *projection, req->worker_names);
-    }
+    nlohmann::json out = nlohmann::json::parse(plan->json);
+    out["projection"] = morph::ProjectionToJson(*topology, projection, req->worker_names);
     std::cout << out.dump(1) << "\n";
   } else {
-    std::cout << morph::FormatPlanSummary(*req, *planner, *summary, times);
-    if (projection) {
-      std::cout << morph::FormatProjection(*topology, *projection, req->worker_names);
-    }
+    std::cout << plan->summary
+              << morph::FormatProjection(*topology, projection, req->worker_names);
   }
   return 0;
 }

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/plan.h"
 
 namespace morph {

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/projection.h"
 
 namespace morph {

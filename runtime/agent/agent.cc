@@ -26,6 +26,7 @@ Agent::Agent(std::unique_ptr<ControlClient> client, AgentOptions options)
     : client_(std::move(client)),
       options_(std::move(options)),
       welcome_(client_->welcome()),
+      log_("worker " + std::to_string(welcome_.worker)),
       core_(welcome_.worker) {
   std::lock_guard<std::mutex> l(mu_);
   UpdatePendingLocked();  // no generation yet: BeginStep must ask
@@ -83,10 +84,10 @@ void Agent::Run() {
           }
           if (done_sent_.load()) {
             // This worker said it is done; the job ending closes the connection.
-            VLOG(1) << "worker " << id() << ": connection closed after done: "
+            MORPH_VLOG(1, log_) << "connection closed after done: "
                     << m.status().message();
           } else {
-            LOG(WARNING) << "worker " << id() << ": " << connection_.message();
+            MORPH_LOG(WARNING, log_) << "" << connection_.message();
             lost = true;
           }
         }
@@ -149,7 +150,7 @@ void Agent::Handle(WireMessage m) {
       // Every worker was asked to leave (JobStopped): this one leaves as asked.
       if (connection_.code() == StatusCode::kCancelled) core_.OnJobStopped();
     } else {
-      LOG(WARNING) << "worker " << id() << ": unexpected message type " << m.index() + 1
+      MORPH_LOG(WARNING, log_) << "unexpected message type " << m.index() + 1
                    << " from the coordinator; ignored";
     }
     UpdatePendingLocked();
@@ -157,7 +158,7 @@ void Agent::Handle(WireMessage m) {
   }
   if (report) {
     Status s = client_->Send(*report);
-    if (!s.ok()) LOG(WARNING) << "worker " << id() << ": step report not sent: " << s;
+    if (!s.ok()) MORPH_LOG(WARNING, log_) << "step report not sent: " << s;
   }
   if (prepared) {
     PrepareMsg p = *prepared;
@@ -181,7 +182,7 @@ void Agent::ReportPrepared(const PrepareMsg& p) {
   }
   if (report) {
     Status s = client_->Send(*report);
-    if (!s.ok()) LOG(WARNING) << "worker " << id() << ": step report not sent: " << s;
+    if (!s.ok()) MORPH_LOG(WARNING, log_) << "step report not sent: " << s;
   }
 }
 
@@ -230,6 +231,10 @@ Status Agent::SwitchDone(bool ok, const std::string& error, AppliedMsg::Phases p
     outcome_.reset();
     applied = core_.SwitchDone(ok, error);
     applied.phases = phases;
+    if (ok) {
+      const Generation& g = core_.generation();
+      log_.Set(g.id, g.RankOf(id()), g.config.world());
+    }
     UpdatePendingLocked();
   }
   return client_->Send(applied);
@@ -262,7 +267,7 @@ bool Agent::released() const {
 void Agent::RequestLeave(const std::string& reason) {
   if (leave_sent_.exchange(true)) return;
   Status s = client_->Send(LeaveMsg{.reason = reason});
-  if (!s.ok()) LOG(WARNING) << "worker " << id() << ": leave request not sent: " << s;
+  if (!s.ok()) MORPH_LOG(WARNING, log_) << "leave request not sent: " << s;
 }
 
 Status Agent::SendDone() {

@@ -30,8 +30,9 @@
 #include <string>
 #include <thread>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
+#include "base/logging.h"
 #include "runtime/agent/agent_core.h"
 #include "runtime/agent/control_client.h"
 #include "runtime/protocol/wire.h"
@@ -76,6 +77,8 @@ class Agent {
   void StartThread();
 
   WorkerId id() const { return welcome_.worker; }
+  // This worker's log lines: "[g4 r5/8 worker 12] ..." (generation, rank/world as committed).
+  LogContext& log() { return log_; }
   const WelcomeMsg& welcome() const { return welcome_; }
 
   // The training thread is about to begin `step`.
@@ -130,6 +133,7 @@ class Agent {
   std::unique_ptr<ControlClient> client_;
   AgentOptions options_;
   WelcomeMsg welcome_;
+  LogContext log_;
   std::atomic<int64_t> begun_{-1};
   std::atomic<bool> pending_{false};
   std::atomic<bool> stop_{false};

@@ -27,8 +27,8 @@
 #include <optional>
 #include <string>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "runtime/protocol/wire.h"
 
 namespace morph {

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <fstream>
 
-#include "base/params.h"
 #include "runtime/api/test_hooks.h"
 #include "runtime/coordinator/coordinator.h"
 #if MORPH_WITH_MPI
@@ -33,11 +32,11 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   c.initial_world = initial_world;
   c.max_world = o.max_world;
   c.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
-  MORPH_ASSIGN_OR_RETURN(c.local_watch_ms, params::LocalWatchMs());
-  MORPH_ASSIGN_OR_RETURN(c.max_unauthenticated, params::CoordinatorMaxUnauthenticated());
+  c.local_watch_ms = o.coordinator_local_watch_ms;
+  c.max_unauthenticated = o.coordinator_max_unauthenticated;
   c.checkpoint_dir = o.checkpoint_dir;
   MORPH_ASSIGN_OR_RETURN(c.resume, ParseResumeMode(o.resume, "resume"));
-  MORPH_ASSIGN_OR_RETURN(c.restart_count, ParseRestartCount(std::getenv("SLURM_RESTART_COUNT")));
+  c.restart_count = o.restart_count;
   c.http.address = o.api_address;
   c.http.port = o.api_port;
   c.http.token_for_reads = o.api_token_for_reads;

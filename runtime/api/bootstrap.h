@@ -9,9 +9,9 @@
 #include <memory>
 #include <string>
 
-#include "base/deadline.h"
-#include "base/status.h"
-#include "runtime/api/options.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
+#include "morph/options.h"
 #include "runtime/coordinator/coordinator.h"
 
 namespace morph {

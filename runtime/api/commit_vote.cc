@@ -135,7 +135,7 @@ StatusOr<bool> Runtime::Impl::AwaitVoteOutcome(int64_t step) {
         const bool apply = c.change.recovery &&
                            c.recovery.source == RecoveryDecision::Source::kReplicas &&
                            c.next.start_step == step + 1 && !stale;
-        LOG(INFO) << "worker " << agent->id() << ": the commit vote of step " << step
+        MORPH_LOG(INFO, agent->log()) << "the commit vote of step " << step
                   << (apply ? " passed elsewhere: applying its update"
                             : " did not pass: the step is not applied")
                   << "; generation " << c.next.id << " resumes at step " << c.next.start_step;
@@ -151,7 +151,7 @@ Status Runtime::Impl::ReportRecoveryState() {
   const bool whole = !core.torn() && state.intact();
   const SnapshotHoldings snaps = EndSnapshots();
   const int64_t undo_step = UndoStep();
-  LOG(INFO) << "worker " << agent->id() << ": recovery: state at step " << next_step
+  MORPH_LOG(INFO, agent->log()) << "recovery: state at step " << next_step
             << (whole ? " (whole)" : " (torn)")
             << (undo_step >= 0 ? ", undo copy of step " + std::to_string(undo_step) : std::string())
             << (vote_step >= 0 ? ", vote of step " + std::to_string(vote_step) + " undecided"

@@ -4,12 +4,12 @@
 
 #include <string>
 
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 
 #if MORPH_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "collectives/nccl_communicator.h"
+#include "collectives/nccl/nccl_communicator.h"
 #endif
 
 namespace morph {

@@ -16,9 +16,9 @@
 #include <memory>
 #include <string_view>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "collectives/groups.h"
-#include "runtime/api/options.h"
+#include "morph/options.h"
 
 namespace morph {
 

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "base/testing.h"
-#include "collectives/nccl_communicator.h"
-#include "runtime/api/runtime.h"
+#include "collectives/nccl/nccl_communicator.h"
+#include "morph/runtime.h"
 
 namespace morph {
 namespace {

@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
-#include "runtime/api/runtime.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "morph/runtime.h"
 #include "runtime/plan/manifest.h"
 #include "runtime/protocol/wire.h"
 
 #if MORPH_WITH_CUDA
-#include "collectives/nccl_communicator.h"
+#include "collectives/nccl/nccl_communicator.h"
 #endif
 
 namespace morph {

@@ -1,4 +1,4 @@
-#include "runtime/api/options.h"
+#include "morph/options.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "base/params.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/coordinator/coordinator.h"
 
 namespace morph {
@@ -66,6 +66,10 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(int64_t api_port, params::ApiPort());
   o.api_port = static_cast<uint16_t>(api_port);
   MORPH_ASSIGN_OR_RETURN(o.api_token_for_reads, params::ApiTokenForReads());
+  MORPH_ASSIGN_OR_RETURN(o.coordinator_local_watch_ms, params::LocalWatchMs());
+  MORPH_ASSIGN_OR_RETURN(o.coordinator_max_unauthenticated,
+                         params::CoordinatorMaxUnauthenticated());
+  MORPH_ASSIGN_OR_RETURN(o.restart_count, ParseRestartCount(std::getenv("SLURM_RESTART_COUNT")));
   // The launcher's view (read here, once: nothing later reads the environment).
   auto env_int = [](const char* name) -> StatusOr<int> {
     const char* v = std::getenv(name);
@@ -113,6 +117,12 @@ Status Options::Validate() const {
                                 " is outside [1, max_world=" + std::to_string(max_world) + "]");
   }
   if (heartbeat_ms < 1) return InvalidArgumentError("heartbeat_ms: must be at least 1");
+  if (coordinator_local_watch_ms < 0 || coordinator_max_unauthenticated < 1 || restart_count < 0) {
+    return InvalidArgumentError(
+        "coordinator_local_watch_ms / coordinator_max_unauthenticated / restart_count: must be "
+        ">= 0 / >= 1 / >= 0, got " + std::to_string(coordinator_local_watch_ms) + " / " +
+        std::to_string(coordinator_max_unauthenticated) + " / " + std::to_string(restart_count));
+  }
   for (auto [name, v] : {std::pair{"heartbeat_timeout_ms", heartbeat_timeout_ms},
                          std::pair{"start_timeout_ms", start_timeout_ms},
                          std::pair{"change_timeout_ms", change_timeout_ms},

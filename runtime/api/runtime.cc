@@ -1,4 +1,4 @@
-#include "runtime/api/runtime.h"
+#include "morph/runtime.h"
 
 #include <glog/logging.h>
 #include <signal.h>
@@ -13,9 +13,9 @@
 #include <random>
 #include <thread>
 
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 #include "collectives/groups.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/agent/agent.h"
 #include "runtime/switch/switch.h"
 #include "runtime/api/bootstrap.h"
@@ -159,7 +159,7 @@ Status Runtime::Impl::Bootstrap() {
   const WelcomeMsg& w = agent->welcome();
   MORPH_ASSIGN_OR_RETURN(
       store, TcpStoreClient::Connect(w.store_address, opts.token, w.current.id, deadline));
-  LOG(INFO) << "worker " << w.worker << " registered with " << boot.coordinator_address
+  MORPH_LOG(INFO, agent->log()) << "registered with " << boot.coordinator_address
             << " (job generation " << w.current.id << ")";
   // Until this worker holds a rank: the first generation, or a change that takes it in.
   while (gen.RankOf(agent->id()) < 0) {
@@ -183,7 +183,7 @@ Status Runtime::Impl::Bootstrap() {
         // release, when the job ended meanwhile).
         StatusOr<bool> applied = agent->AwaitOutcome(Min(deadline, Deadline::AfterMs(opts.change_timeout_ms)));
         if (!applied.ok() || *applied) return st;
-        LOG(WARNING) << "worker " << agent->id() << ": generation " << commit.next.id
+        MORPH_LOG(WARNING, agent->log()) << "generation " << commit.next.id
                      << " did not apply; waiting for the next one: " << st;
         continue;
       }
@@ -240,7 +240,7 @@ StatusOr<Step> Runtime::BeginStep() {
     // The state holds this step's values: snapshot it (the write goes on in the background).
     Status c = m.checkpointer->MaybeSave(m.next_step, m.gen.id, m.state, rank, m.gen.config.world(),
                                          m.gen.config);
-    if (!c.ok()) LOG(WARNING) << "checkpoint of step " << m.next_step << " not taken: " << c;
+    if (!c.ok()) MORPH_LOG(WARNING, m.agent->log()) << "checkpoint of step " << m.next_step << " not taken: " << c;
   }
   if (m.snapshots && rank >= 0 && m.snapshots->Due(m.next_step)) {
     // The state holds this step's values: copy it (the copy and the exchange with the buddy go
@@ -252,7 +252,7 @@ StatusOr<Step> Runtime::BeginStep() {
     }
     if (!c.ok() && !m.snapshot_warned) {
       m.snapshot_warned = true;
-      LOG(WARNING) << "worker " << m.agent->id() << ": snapshot of step " << m.next_step
+      MORPH_LOG(WARNING, m.agent->log()) << "snapshot of step " << m.next_step
                    << " not taken: " << c;
     }
   }
@@ -260,7 +260,7 @@ StatusOr<Step> Runtime::BeginStep() {
     // The undo copy overlaps forward/backward; BeginUpdate waits for it (undo.h).
     Status u = m.undo.Begin(m.state, m.next_step, m.gen.id);
     if (!u.ok() && !m.undo_warned) {
-      LOG(WARNING) << "worker " << m.agent->id() << ": no undo copy: " << u;
+      MORPH_LOG(WARNING, m.agent->log()) << "no undo copy: " << u;
       m.undo_warned = true;
     }
   }
@@ -277,14 +277,14 @@ void Runtime::BeginUpdate() {
     Status c = m.snapshots->WaitCopied(Deadline::AfterMs(m.opts.change_timeout_ms));
     if (!c.ok() && !m.snapshot_warned) {
       m.snapshot_warned = true;
-      LOG(WARNING) << "worker " << m.agent->id() << ": snapshot of step " << m.next_step
+      MORPH_LOG(WARNING, m.agent->log()) << "snapshot of step " << m.next_step
                    << " not copied: " << c;
     }
   }
   if (m.opts.undo_copy && m.core.in_step() && !m.core.updating()) {
     Status s = m.undo.Take(m.state, m.next_step, m.gen.id);
     if (!s.ok() && !m.undo_warned) {
-      LOG(WARNING) << "worker " << m.agent->id() << ": no undo copy: " << s;
+      MORPH_LOG(WARNING, m.agent->log()) << "no undo copy: " << s;
       m.undo_warned = true;
     }
   }
@@ -313,7 +313,7 @@ Status Runtime::AbortStep(const Status& why) {
     }
   }
   m.agent->NoteStepFailed();
-  LOG(WARNING) << "worker " << m.agent->id() << ": step " << m.next_step << " aborted ("
+  MORPH_LOG(WARNING, m.agent->log()) << "step " << m.next_step << " aborted ("
                << (m.core.torn() ? "state torn" : "state intact") << "): " << why;
   return m.agent->SendFailure(report);
 }
@@ -334,7 +334,7 @@ Status Runtime::Finish(int64_t timeout_ms) {
     // finishing still is, and the job completes once every member said it is done.
     if (!m.core.finished() || m.agent->released()) {
       Status s = m.agent->SendDone();
-      if (!s.ok()) LOG(WARNING) << "done not sent: " << s;
+      if (!s.ok()) MORPH_LOG(WARNING, m.agent->log()) << "done not sent: " << s;
     }
   }
   if (m.coordinator) {
@@ -360,7 +360,6 @@ std::string Runtime::api_address() const {
   if (!impl_->coordinator || impl_->coordinator->http_port() == 0) return "";
   return "127.0.0.1:" + std::to_string(impl_->coordinator->http_port());
 }
-Coordinator* Runtime::hosted_coordinator() { return impl_->coordinator.get(); }
 const std::optional<Reconfiguration>& Runtime::last_reconfiguration() const {
   return impl_->last_reconfiguration;
 }

@@ -9,7 +9,7 @@
 #if MORPH_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "collectives/nccl_communicator.h"
+#include "collectives/nccl/nccl_communicator.h"
 #endif
 
 namespace morph {
@@ -77,7 +77,7 @@ SwitchOptions Runtime::Impl::SwitchOpts() const {
   // Morph-owned host shards: new ones are allocated and pre-faulted while the old generation
   // trains (switch.h "Pre-allocation").
   if (!cuda_state && !adopted_state) s.preallocate = HostAllocator();
-  s.restore_checkpoint = [](const std::string& path, State& st) {
+  s.restore_checkpoint = [](const std::string& path, StateStore& st) {
     return RestoreFromCheckpoint(path, st);
   };
   // Read at the switch step (training thread), while `gen` is still the generation the
@@ -108,7 +108,7 @@ void Runtime::Impl::StartPrepare(const PrepareMsg& p, std::function<void()> read
 
 void Runtime::Impl::PutBackUndo() {
   const int64_t v = UndoStep();
-  LOG(INFO) << "worker " << agent->id() << ": recovery: put back the undo copy of step " << v
+  MORPH_LOG(INFO, agent->log()) << "recovery: put back the undo copy of step " << v
             << " (the state was " << (core.torn() || !state.intact() ? "torn" : "whole")
             << " at step "
             << next_step << ")";
@@ -154,10 +154,10 @@ Status Runtime::Impl::Switch(const CommitMsg& c, SteadyClock::time_point entered
   }
   Status st = Reshard(c, deadline, r);
   if (!st.ok()) {
-    LOG(ERROR) << "worker " << agent->id() << ": switch to generation " << c.next.id
+    MORPH_LOG(ERROR, agent->log()) << "switch to generation " << c.next.id
                << " failed: " << st;
     Status sent = agent->SwitchDone(false, std::string(st.message()));
-    if (!sent.ok()) LOG(WARNING) << "applied(failed) not sent: " << sent;
+    if (!sent.ok()) MORPH_LOG(WARNING, agent->log()) << "applied(failed) not sent: " << sent;
     return st;
   }
   gen = c.next;
@@ -179,7 +179,7 @@ Status Runtime::Impl::Switch(const CommitMsg& c, SteadyClock::time_point entered
                                            .transfer_us = us(r.transfer_seconds),
                                            .resume_us = us(r.resume_seconds),
                                            .stall_us = us(r.stall_seconds)}));
-  LOG(INFO) << "worker " << agent->id() << ": generation " << c.next.id << " ("
+  MORPH_LOG(INFO, agent->log()) << "generation " << c.next.id << " ("
             << c.next.config.ToString() << ") rank " << r.rank << " from step " << r.step
             << "; switch " << r.stall_seconds << " s (communicators " << r.communicators_seconds
             << ", plan " << r.plan_seconds << ", transfer " << r.transfer_seconds << ", resume "
@@ -214,7 +214,7 @@ bool Runtime::Impl::FollowAppliedChange(const CommitMsg& c) {
   AdoptGroups(std::move(half_applied));
   gen = c.next;
   next_step = c.next.start_step;
-  LOG(WARNING) << "worker " << agent->id() << ": follows generation " << c.next.id
+  MORPH_LOG(WARNING, agent->log()) << "follows generation " << c.next.id
                << " (its switch failed only at the closing barrier)";
   return true;
 }

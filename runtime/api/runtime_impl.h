@@ -17,14 +17,15 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 #include "collectives/groups.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/agent/agent.h"
+#include "runtime/cursor/dataset_cursor.h"
 #include "runtime/switch/change_builder.h"
 #include "runtime/switch/live_groups.h"
 #include "runtime/switch/switch.h"
-#include "runtime/api/runtime.h"
+#include "morph/runtime.h"
 #include "runtime/state/step_core.h"
 #include "runtime/state/undo.h"
 #include "runtime/coordinator/coordinator.h"
@@ -45,7 +46,7 @@ std::atomic<bool>& LeaveRequestedBySignal();
 struct Runtime::Impl {
   Options opts;
   JobManifest manifest;
-  State state;
+  StateStore state;
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<Agent> agent;
   std::unique_ptr<TcpStoreClient> store;  // the job's store, generation of the last change

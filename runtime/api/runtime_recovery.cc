@@ -15,7 +15,7 @@ void Runtime::Impl::AbortCollectives(const std::string& why, int64_t generation)
   aborted_at_ns.compare_exchange_strong(
       expected, SteadyClock::now().time_since_epoch() / std::chrono::nanoseconds(1));
   if (a == LiveGroups::Aborted::kAborted) {
-    LOG(WARNING) << "worker " << agent->id() << ": aborted generation " << gen.id
+    MORPH_LOG(WARNING, agent->log()) << "aborted generation " << gen.id
                  << "'s collectives: " << why;
   }
   // A snapshot round waiting on a dead peer would hold the training thread in BeginStep.
@@ -44,7 +44,7 @@ void Runtime::Impl::StartSnapshots() {
   }();
   if (!st.ok()) {
     snapshot_warned = true;
-    LOG(WARNING) << "worker " << agent->id() << ": generation " << gen.id
+    MORPH_LOG(WARNING, agent->log()) << "generation " << gen.id
                  << ": buddy snapshots off for this generation: " << st;
   }
 }
@@ -69,7 +69,7 @@ SnapshotHoldings Runtime::Impl::EndSnapshots() {
     // A list the report cannot carry (more tensors than a wire id list holds): the held copies
     // are not offered; the recovery then has the other sources.
     if (h.held_tensors.size() > kMaxIdList) {
-      LOG(WARNING) << "worker " << agent->id() << ": the held snapshot copies hold "
+      MORPH_LOG(WARNING, agent->log()) << "the held snapshot copies hold "
                    << h.held_tensors.size() << " tensors, more than a report carries ("
                    << kMaxIdList << "); not offered to the recovery";
       h.held_step = h.held_prev_step = h.held_rank = -1;

@@ -24,27 +24,12 @@
 #include <string>
 #include <vector>
 
-#include "base/parallel_config.h"
-#include "base/status.h"
+#include "morph/parallel_config.h"
+#include "morph/options.h"
+#include "morph/status.h"
 
 namespace morph {
 
-struct ModelConstraints {
-  int num_layers = 1;  // pipeline stages split these (pp <= num_layers)
-  int num_heads = 0;   // tp must divide it when > 0
-  std::vector<int> tp_candidates = {1};
-  std::vector<int> pp_candidates = {1};
-  int64_t global_batch = 1;  // dp <= global_batch (every DP rank gets a sample)
-  int micro_batches = 1;     // per pipeline, for the bubble estimate and the config
-  int zero_stage = 0;
-  // dp must be a multiple of this (the least common multiple of the hybrid ZeRO group sizes:
-  // a group size must divide dp). Workers beyond the largest such dp are spares.
-  int dp_multiple = 1;
-  // Estimated bytes one rank needs under a config; with device_memory_bytes > 0 a config fits
-  // only if the estimate is at most that. Unset: memory always fits.
-  std::function<int64_t(const ParallelConfig&)> memory_per_rank;
-  int64_t device_memory_bytes = 0;
-};
 
 struct ConfigChoice {
   ParallelConfig config;
@@ -52,9 +37,6 @@ struct ConfigChoice {
   std::string explanation;
 };
 
-// A user policy: return a config to use it, nullopt to let the default policy decide.
-using ConfigPolicy = std::function<std::optional<ParallelConfig>(
-    int workers, const ParallelConfig* current, const ModelConstraints& model)>;
 
 class ConfigPlanner {
  public:

@@ -16,7 +16,7 @@
 #include "base/logging.h"
 #include "base/params.h"
 #include "base/printable.h"
-#include "collectives/store_protocol.h"
+#include "collectives/store/store_protocol.h"
 #include "runtime/coordinator/coordinator_impl.h"
 #include "runtime/plan/plan_input.h"
 #include "runtime/recovery/checkpoint_catalog.h"
@@ -141,6 +141,7 @@ StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.resume, ParseResumeMode(resume));
   MORPH_ASSIGN_OR_RETURN(o.restart_count, ParseRestartCount(std::getenv("SLURM_RESTART_COUNT")));
   MORPH_ASSIGN_OR_RETURN(o.http, HttpServerOptions::FromEnv());
+  o.http.token = o.token;
   MORPH_ASSIGN_OR_RETURN(o.store, TcpStoreServerOptions::FromEnv());
   return o;
 }
@@ -213,7 +214,7 @@ Status Coordinator::Impl::Start() {
   ArmTick();
   io_thread_ = std::thread([this] { io_.run(); });
   if (pthread_getcpuclockid(io_thread_.native_handle(), &io_clock_) == 0) has_io_clock_ = true;
-  LOG(INFO) << "coordinator: control channel on " << JoinHostPort(advertise_host_, port_)
+  MORPH_LOG(INFO, log_) << "control channel on " << JoinHostPort(advertise_host_, port_)
             << ", store on " << JoinHostPort(advertise_host_, store_->port())
             << (http_ ? ", scheduler API on port " + std::to_string(http_port_) : "")
             << "; waiting for " << o.initial_world << " worker(s) (at most " << waiting_.cap()
@@ -278,7 +279,7 @@ void Coordinator::Impl::Accept() {
       const int e = ec.value();
       if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) DropOldestWaiting();
       if (int64_t folded = 0; accept_warnings_.Allow(&folded)) {
-        LOG(WARNING) << "coordinator: control channel: accept failed: " << ec.message()
+        MORPH_LOG(WARNING, log_) << "control channel: accept failed: " << ec.message()
                      << "; retrying every 20 ms" << Folded(folded);
       }
       accept_backoff_.expires_after(std::chrono::milliseconds(20));
@@ -298,7 +299,7 @@ void Coordinator::Impl::Accept() {
       auto c = weak.lock();
       if (e || !c || c->state == Conn::State::kJoined) return;
       refused_.fetch_add(1);
-      VLOG(1) << "coordinator: handshake timed out";
+      MORPH_VLOG(1, log_) << "handshake timed out";
       c->gone_reported = true;
       CloseSocket(c);
     });
@@ -313,7 +314,7 @@ void Coordinator::Impl::DropOldestWaiting() {
   refused_.fetch_add(1);
   dropped_.fetch_add(1);
   if (int64_t folded = 0; drop_warnings_.Allow(&folded)) {
-    LOG(WARNING) << "coordinator: control channel: " << waiting_.size()
+    MORPH_LOG(WARNING, log_) << "control channel: " << waiting_.size()
                  << " connections have not sent their hello (at most " << waiting_.cap()
                  << ": MORPH_COORDINATOR_MAX_UNAUTHENTICATED, an eighth of the open-file "
                     "limit): closing the oldest"
@@ -390,7 +391,7 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
           NoteStep(id, msg.step);
           Feed(DeciderEvent::Heartbeat{id});
         } else if constexpr (std::is_same_v<M, LeaveMsg>) {
-          LOG(INFO) << "coordinator: worker " << id << " asks to leave: " << Printable(msg.reason);
+          MORPH_LOG(INFO, log_) << "worker " << id << " asks to leave: " << Printable(msg.reason);
           Feed(DeciderEvent::LeaveRequest{id});
         } else if constexpr (std::is_same_v<M, StepReportMsg>) {
           if (Status s = SpeaksForItself("step_report.worker", msg.worker, id); !s.ok()) {
@@ -410,15 +411,15 @@ void Coordinator::Impl::OnFrame(const std::shared_ptr<Conn>& c, WireMessage m) {
             p.stall_us = std::max(p.stall_us, msg.phases.stall_us);
           }
           if (!msg.ok) {
-            LOG(WARNING) << "coordinator: worker " << id << " failed to apply generation "
+            MORPH_LOG(WARNING, log_) << "worker " << id << " failed to apply generation "
                          << msg.generation << ": " << Printable(msg.error);
           }
           Feed(msg);
         } else if constexpr (std::is_same_v<M, DoneMsg>) {
-          LOG(INFO) << "coordinator: worker " << id << " finished training";
+          MORPH_LOG(INFO, log_) << "worker " << id << " finished training";
           Feed(DeciderEvent::Done{id});
         } else if constexpr (std::is_same_v<M, FailureReportMsg>) {
-          LOG(WARNING) << "coordinator: worker " << id << " failed step " << msg.step
+          MORPH_LOG(WARNING, log_) << "worker " << id << " failed step " << msg.step
                        << " of generation " << msg.generation << " (suspects " << Ids(msg.peers)
                        << "): " << Printable(msg.error);
           Feed(DeciderEvent::FailureReport{.worker = id, .report = std::move(msg)});
@@ -461,7 +462,7 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
   }
   if (!manifest_) {
     manifest_ = std::make_shared<const JobManifest>(std::move(m.manifest));
-    LOG(INFO) << "coordinator: the job's manifest is " << manifest_->tensors.size()
+    MORPH_LOG(INFO, log_) << "the job's manifest is " << manifest_->tensors.size()
               << " tensors, " << manifest_->scalars.size() << " scalars (defined by the first "
               << "registration, from " << c->host << ")";
   } else {
@@ -486,7 +487,7 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
                             .store_address = JoinHostPort(advertise_host_, store_->port()),
                             .current = g,
                             .first_generation = options_.first_generation})));
-  VLOG(1) << "coordinator: worker " << c->id << " registered from " << c->host;
+  MORPH_VLOG(1, log_) << "worker " << c->id << " registered from " << c->host;
   Feed(DeciderEvent::Join{.worker = c->id, .host = c->host});
 }
 
@@ -504,7 +505,7 @@ void Coordinator::Impl::Refuse(const std::shared_ptr<Conn>& c, const Status& s) 
       tcp::endpoint remote = c->sock.remote_endpoint(ec);
       from = ec ? "?" : JoinHostPort(remote.address().to_string(), remote.port());
     }
-    LOG(WARNING) << "coordinator: closing " << (joined ? "worker " + std::to_string(c->id) : "a")
+    MORPH_LOG(WARNING, log_) << "closing " << (joined ? "worker " + std::to_string(c->id) : "a")
                  << " connection from " << from << ": " << s << Folded(folded);
   }
   int32_t code = static_cast<int32_t>(s.ok() ? StatusCode::kInternal : s.code());
@@ -594,6 +595,7 @@ void Coordinator::Impl::DoWrite(const std::shared_ptr<Conn>& c) {
 // ---- Coordinator -----------------------------------------------------------------------------
 
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions options) {
+  const LogContext log("coordinator");  // before the first generation
   if (options.first_generation > kMaxCheckpointGeneration + 1) {
     return InvalidArgumentError("first_generation " + std::to_string(options.first_generation) +
                                 " leaves no room to number generations after it (at most " +
@@ -610,7 +612,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
     }
   }
   if (!options.checkpoint_dir.empty()) {
-    LOG(INFO) << "coordinator: the job's first generation is " << options.first_generation
+    MORPH_LOG(INFO, log) << "the job's first generation is " << options.first_generation
               << ": checkpoint folders in " << options.checkpoint_dir << " of a lower generation"
               << " are an earlier run's, never deleted by this job";
   }
@@ -631,7 +633,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(CoordinatorOptions opt
     resume_finder = FolderResumeFinder(options.checkpoint_dir, resumed);
   }
   if (options.ResumeEnabled() && !options.latest_checkpoint) {
-    LOG(WARNING) << "coordinator: MORPH_RESUME=" << ResumeModeName(*options.resume)
+    MORPH_LOG(WARNING, log) << "MORPH_RESUME=" << ResumeModeName(*options.resume)
                  << (options.restart_count > 0
                          ? " on restart " + std::to_string(options.restart_count)
                          : std::string())

@@ -38,9 +38,9 @@
 #include <string>
 #include <string_view>
 
-#include "base/deadline.h"
-#include "base/status.h"
-#include "collectives/tcp_store.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/coordinator/config_planner.h"
 #include "runtime/coordinator/decider.h"
 #include "runtime/plan/choose_recovery.h"

@@ -20,20 +20,21 @@ ResumeFinder FolderResumeFinder(std::string dir,
                                 std::shared_ptr<std::optional<RecoveryCheckpoint>> resumed) {
   return [dir = std::move(dir), resumed = std::move(resumed)](
              const JobManifest& m) -> StatusOr<std::optional<RecoveryCheckpoint>> {
+    const LogContext log("coordinator");  // before the first generation
     auto matches = [&m](const CheckpointReader& reader, const std::string& path) {
       return CheckCheckpointMatches(reader, path, m.tensors, m.scalars);
     };
     std::vector<SkippedCheckpoint> skipped;
     StatusOr<CheckpointRef> c = NewestIntactCheckpoint(dir, matches, &skipped);
     for (const SkippedCheckpoint& s : skipped) {
-      LOG(WARNING) << "coordinator: resume passes over checkpoint " << s.ref.path << " (step "
+      MORPH_LOG(WARNING, log) << "resume passes over checkpoint " << s.ref.path << " (step "
                    << s.ref.step << "): " << s.why;
     }
     if (c.status().code() == StatusCode::kNotFound) return std::optional<RecoveryCheckpoint>();
     if (!c.ok()) return c.status();
     if (!skipped.empty()) {
       const int64_t lost = std::max<int64_t>(0, skipped.front().ref.step - c->step);
-      LOG(WARNING) << "coordinator: resuming from checkpoint " << c->path << " at step " << c->step
+      MORPH_LOG(WARNING, log) << "resuming from checkpoint " << c->path << " at step " << c->step
                    << " instead of the newest complete one, " << skipped.front().ref.path
                    << ", which is damaged: " << lost << " steps"
                    << (lost > 0 ? " (" + std::to_string(c->step) + ".." +
@@ -125,7 +126,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
           timing_ = ChangeTiming{.from_generation = req.from.id,
                                  .from_world = static_cast<int>(req.from.ranks.size()),
                                  .planned = Clock::now()};
-          LOG(INFO) << "coordinator: planning generation " << req.generation << " from "
+          MORPH_LOG(INFO, log_) << "planning generation " << req.generation << " from "
                     << req.from.id << ": " << req.candidates.size() << " candidates, target world "
                     << req.target_world << ", lost " << Ids(req.lost);
           std::shared_ptr<const JobManifest> manifest = manifest_;
@@ -150,7 +151,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
             });
           });
         } else if constexpr (std::is_same_v<A, DeciderAction::ChooseRecovery>) {
-          LOG(INFO) << "coordinator: recovery into generation " << a.generation << ": "
+          MORPH_LOG(INFO, log_) << "recovery into generation " << a.generation << ": "
                     << a.reports.size() << " survivors reported their state";
           std::shared_ptr<const JobManifest> manifest = manifest_;
           std::function<std::optional<RecoveryCheckpoint>()> latest = options_.latest_checkpoint;
@@ -170,7 +171,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
               if (!self || self->stopping_) return;
               if (self->timing_) self->timing_->plan_ms += ms;
               if (choice.ok()) {
-                LOG(INFO) << "coordinator: generation " << gen << " recovers "
+                MORPH_LOG(INFO, self->log_) << "generation " << gen << " recovers "
                           << choice->explanation;
               }
               self->Feed(
@@ -178,7 +179,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
             });
           });
         } else if constexpr (std::is_same_v<A, DeciderAction::FindResumeCheckpoint>) {
-          LOG(INFO) << "coordinator: generation " << a.generation
+          MORPH_LOG(INFO, log_) << "generation " << a.generation
                     << " is the job's first: looking for a checkpoint to resume from (MORPH_RESUME="
                     << ResumeModeName(options_.resume.value_or(ResumeMode::kNever))
                     << ", SLURM_RESTART_COUNT=" << options_.restart_count << ")";
@@ -196,20 +197,20 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
               if (!self || self->stopping_) return;
               if (self->timing_) self->timing_->plan_ms += ms;
               if (!found.status.ok()) {
-                LOG(ERROR) << "coordinator: generation " << gen
+                MORPH_LOG(ERROR, self->log_) << "generation " << gen
                            << " cannot resume: " << found.status;
               } else if (found.checkpoint) {
-                LOG(INFO) << "coordinator: generation " << gen << " resumes from checkpoint "
+                MORPH_LOG(INFO, self->log_) << "generation " << gen << " resumes from checkpoint "
                           << std::filesystem::path(found.checkpoint->path).filename().string()
                           << " at step " << found.checkpoint->step << " (" << found.checkpoint->path
                           << ")";
               } else if (self->options_.restart_count > 0) {
-                LOG(WARNING) << "coordinator: a restart (SLURM_RESTART_COUNT="
+                MORPH_LOG(WARNING, self->log_) << "a restart (SLURM_RESTART_COUNT="
                              << self->options_.restart_count
                              << ") but no complete checkpoint to resume from in '"
                              << self->options_.checkpoint_dir << "': the job starts afresh";
               } else {
-                LOG(INFO) << "coordinator: no complete checkpoint to resume from: a fresh start";
+                MORPH_LOG(INFO, self->log_) << "no complete checkpoint to resume from: a fresh start";
               }
               self->Feed(std::move(found));
             });
@@ -219,7 +220,7 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
             timing_->prepared = Clock::now();
             timing_->has_prepare = true;
           }
-          LOG(INFO) << "coordinator: prepare generation " << a.msg.next.id << " ("
+          MORPH_LOG(INFO, log_) << "prepare generation " << a.msg.next.id << " ("
                     << a.msg.next.config.ToString() << ", " << a.msg.next.ranks.size()
                     << " ranks) to " << a.to.size() << " participants; leavers "
                     << Ids(a.msg.change.leavers) << ", exiting " << Ids(a.msg.change.exiting)
@@ -227,22 +228,22 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
           SendTo(a.to, a.msg);
         } else if constexpr (std::is_same_v<A, DeciderAction::SendCommit>) {
           if (timing_) timing_->committed = Clock::now();
-          LOG(INFO) << "coordinator: commit generation " << a.msg.next.id << " at step "
+          MORPH_LOG(INFO, log_) << "commit generation " << a.msg.next.id << " at step "
                     << a.msg.next.start_step << " (" << a.msg.next.config.ToString() << ", digest "
                     << std::hex << a.msg.next.plan_digest << std::dec << ") to " << a.to.size()
                     << " participants";
           SendTo(a.to, a.msg, /*commit=*/true);
         } else if constexpr (std::is_same_v<A, DeciderAction::SendAbort>) {
-          LOG(WARNING) << "coordinator: abort generation " << a.msg.generation << " on "
+          MORPH_LOG(WARNING, log_) << "abort generation " << a.msg.generation << " on "
                        << a.to.size() << " workers: " << a.msg.reason;
           SendTo(a.to, a.msg);
         } else if constexpr (std::is_same_v<A, DeciderAction::SendAbandon>) {
-          LOG(INFO) << "coordinator: abandon generation " << a.msg.generation
+          MORPH_LOG(INFO, log_) << "abandon generation " << a.msg.generation
                     << " (a participant was lost before the commit)";
           SendTo(a.to, a.msg);
           timing_.reset();
         } else if constexpr (std::is_same_v<A, DeciderAction::SendOutcome>) {
-          LOG(INFO) << "coordinator: generation " << a.msg.generation
+          MORPH_LOG(INFO, log_) << "generation " << a.msg.generation
                     << (a.msg.applied ? " applied" : " not applied (old generation stands)")
                     << " on " << a.to.size() << " participants";
           SendTo(a.to, a.msg);
@@ -269,12 +270,12 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
           }
           timing_.reset();
         } else if constexpr (std::is_same_v<A, DeciderAction::SendRelease>) {
-          LOG(INFO) << "coordinator: release worker " << a.to;
+          MORPH_LOG(INFO, log_) << "release worker " << a.to;
           SendTo({a.to}, a.msg);
         } else if constexpr (std::is_same_v<A, DeciderAction::AdvanceStore>) {
           store_->AdvanceGeneration(a.generation);
         } else if constexpr (std::is_same_v<A, DeciderAction::AnswerResize>) {
-          LOG(INFO) << "coordinator: resize request " << a.request_id << ": "
+          MORPH_LOG(INFO, log_) << "resize request " << a.request_id << ": "
                     << (a.status.ok() ? std::string("accepted") : a.status.ToString());
           auto it = answers_.find(a.request_id);
           if (it != answers_.end()) {
@@ -283,13 +284,13 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
             answer(a.status);
           }
         } else if constexpr (std::is_same_v<A, DeciderAction::LaunchWorkers>) {
-          LOG(INFO) << "coordinator: asking for " << a.count << " more worker(s)"
+          MORPH_LOG(INFO, log_) << "asking for " << a.count << " more worker(s)"
                     << (options_.launch_workers ? "" : " (no launcher: start them yourself)");
           if (options_.launch_workers) {
             asio::post(launcher_, [fn = options_.launch_workers, n = a.count] { fn(n); });
           }
         } else if constexpr (std::is_same_v<A, DeciderAction::Disconnect>) {
-          LOG(WARNING) << "coordinator: worker " << a.worker << " lost: " << a.reason;
+          MORPH_LOG(WARNING, log_) << "worker " << a.worker << " lost: " << a.reason;
           auto it = conns_.find(a.worker);
           if (it != conns_.end()) {
             std::shared_ptr<Conn> c = it->second;
@@ -304,15 +305,15 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
             Gone(c, a.reason);
           }
         } else if constexpr (std::is_same_v<A, DeciderAction::JobFailed>) {
-          LOG(ERROR) << "coordinator: the job failed: " << a.status;
+          MORPH_LOG(ERROR, log_) << "the job failed: " << a.status;
           EndEveryConnection(a.status.code(), "the job failed: " + std::string(a.status.message()));
           Finish(a.status);
         } else if constexpr (std::is_same_v<A, DeciderAction::JobStopped>) {
-          LOG(INFO) << "coordinator: " << a.status.message();
+          MORPH_LOG(INFO, log_) << "" << a.status.message();
           EndEveryConnection(a.status.code(), std::string(a.status.message()));
           Finish(a.status);
         } else if constexpr (std::is_same_v<A, DeciderAction::JobComplete>) {
-          LOG(INFO) << "coordinator: the job completed in generation " << a.generation;
+          MORPH_LOG(INFO, log_) << "the job completed in generation " << a.generation;
           Finish(Status::Ok());
         }
       },
@@ -324,7 +325,7 @@ int64_t Coordinator::Impl::SubmitResize(ResizeRequest request, std::function<voi
   const int64_t id = next_request_id_++;
   request.request_id = id;
   answers_[id] = std::move(answer);
-  LOG(INFO) << "coordinator: resize request " << id << " from " << via;
+  MORPH_LOG(INFO, log_) << "resize request " << id << " from " << via;
   Feed(DeciderEvent::Resize{std::move(request)});
   return id;
 }
@@ -384,12 +385,12 @@ void Coordinator::Impl::MaybeWatch(const std::shared_ptr<Conn>& c) {
   };
   c->watched = VerifyPeerProcess(static_cast<pid_t>(c->pid), end(ours), end(theirs));
   if (!c->watched) {
-    VLOG(1) << "coordinator: worker " << c->id << " says pid " << c->pid
+    MORPH_VLOG(1, log_) << "worker " << c->id << " says pid " << c->pid
             << " on this host, not proven to hold its connection: not watched";
     return;
   }
   ++watched_;
-  VLOG(1) << "coordinator: watching worker " << c->id << "'s process " << c->pid;
+  MORPH_VLOG(1, log_) << "watching worker " << c->id << "'s process " << c->pid;
   ArmWatch();
 }
 
@@ -423,7 +424,7 @@ void Coordinator::Impl::Watch() {
     if (++c->exiting_ticks >= 2 && unread == 0 && c->body.empty()) lost.push_back(c);
   }
   for (const auto& c : lost) {
-    LOG(WARNING) << "coordinator: worker " << c->id << "'s process " << c->pid
+    MORPH_LOG(WARNING, log_) << "worker " << c->id << "'s process " << c->pid
                  << " is exiting while its connection is still open";
     Gone(c, "its process " + std::to_string(c->pid) + " exited");
   }
@@ -434,6 +435,7 @@ void Coordinator::Impl::FollowGeneration() {
   if (g.id == step_generation_) return;
   step_generation_ = g.id;
   step_since_ms_ = NowMs();
+  log_.Set(g.id, -1, static_cast<int>(g.ranks.size()));
   member_steps_.clear();
   for (WorkerId w : g.ranks) member_steps_[w] = std::numeric_limits<int64_t>::min();
 }

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "base/testing.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/agent/agent_core.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/agent/control_client.h"

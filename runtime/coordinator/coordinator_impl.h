@@ -31,6 +31,7 @@
 // clang-format on
 
 #include "base/connection_limit.h"
+#include "base/logging.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/coordinator/process_watch.h"
 #include "runtime/protocol/wire.h"
@@ -208,6 +209,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   asio::thread_pool planner_{1};
   asio::thread_pool launcher_{1};
   Decider decider_;
+  LogContext log_{"coordinator"};  // "[g4 r-/8 coordinator] ": the committed generation
   tcp::acceptor acceptor_;
   asio::steady_timer accept_backoff_;
   // Connections that have not said Hello yet, oldest first, at most PreAuthCap(...).

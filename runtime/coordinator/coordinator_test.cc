@@ -622,6 +622,7 @@ TEST(CoordinatorTest, OptionsFromTheEnvironment) {
   ::setenv("MORPH_HEARTBEAT_TIMEOUT_MS", "2500", 1);
   MORPH_ASSERT_OK_AND_ASSIGN(CoordinatorOptions o, CoordinatorOptions::FromEnv());
   EXPECT_EQ(o.token, "env-token");
+  EXPECT_EQ(o.http.token, "env-token");  // read once, handed to the scheduler API
   EXPECT_EQ(o.address, "127.0.0.1");
   EXPECT_EQ(o.initial_world, 3);
   EXPECT_EQ(o.max_world, 8);

@@ -200,6 +200,7 @@ void Decider::MaybePropose(Out& out) {
   applied_ok_.clear();
   aborted_fresh_ = false;
   lost_during_commit_.clear();
+  failed_before_outcome_.clear();
   replan_ = false;
   phase_ = Phase::kPlanning;
   out.push_back(DeciderAction::ComputePlan{std::move(req)});
@@ -232,6 +233,15 @@ void Decider::OnLost(WorkerId w, const std::string& reason, Out& out) {
   if (it == workers_.end()) return;  // duplicate, or released
   bool was_done = it->second.done;
   workers_.erase(it);
+  // A worker that leaves in the committed change and answered Applied(ok) did its part: it
+  // exits as soon as its exchange is done, perhaps before the others' closing barrier returns.
+  // Its connection closing is its departure, not a loss (no abort, no recovery).
+  if (phase_ == Phase::kCommitted && pending_ && applied_ok_.count(w) &&
+      std::find(pending_change_.exiting.begin(), pending_change_.exiting.end(), w) !=
+          pending_change_.exiting.end()) {
+    lost_during_commit_.insert(w);  // answered already; no outcome is sent to it
+    return;
+  }
   bool ranked = CurrentRank(w) >= 0;
   if (finishing_) return OnLostWhileFinishing(w, was_done, reason, out);
   if (ranked) {
@@ -577,6 +587,13 @@ void Decider::OnResumeReady(DeciderEvent::ResumeReady& e, Out& out) {
 }
 
 void Decider::OnFailureReport(const DeciderEvent::FailureReport& e, Out& out) {
+  // A failure in the committed change's generation before its outcome: a participant passed
+  // the closing barrier and its first step failed. It counts once the change is applied.
+  if (phase_ == Phase::kCommitted && pending_ && e.report.generation == pending_->id &&
+      pending_->RankOf(e.worker) >= 0) {
+    failed_before_outcome_.insert(e.worker);
+    return;
+  }
   // Only a failure in the current generation's step matters; one reported against an older
   // generation is the echo of a change that already happened.
   if (e.report.generation != current_.id || CurrentRank(e.worker) < 0) return;
@@ -656,8 +673,11 @@ void Decider::MaybeFinishChange(Out& out) {
     }
     for (WorkerId w : change.exiting) workers_.erase(w);  // done: they exit on the outcome
     // The new generation's state is whole (every participant passed the barrier or holds its
-    // new state); only losses of its own members call for a recovery now.
-    recovery_needed_ = !lost_.empty();
+    // new state); only losses of its own members, or failures of its first step reported
+    // before this outcome, call for a recovery now.
+    bool failed = false;
+    for (WorkerId w : failed_before_outcome_) failed = failed || CurrentRank(w) >= 0;
+    recovery_needed_ = !lost_.empty() || failed;
   } else {
     // Nobody passed the closing barrier: participants that tried may hold torn or
     // half-released state. Old ranks that finished training before the switch step never
@@ -676,6 +696,7 @@ void Decider::MaybeFinishChange(Out& out) {
   // Not applied: the old generation stands; its ranks lost meanwhile are already in lost_, and
   // the leaving workers are still leaving, so the next proposal takes them out again.
   lost_during_commit_.clear();
+  failed_before_outcome_.clear();
   phase_ = Phase::kStable;
   noop_.reset();
   MaybePropose(out);

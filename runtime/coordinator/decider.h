@@ -67,8 +67,8 @@
 #include <variant>
 #include <vector>
 
-#include "base/parallel_config.h"
-#include "base/status.h"
+#include "morph/parallel_config.h"
+#include "morph/status.h"
 #include "runtime/protocol/messages.h"
 #include "runtime/plan/choose_recovery.h"
 
@@ -379,6 +379,9 @@ class Decider {
   // switch step).
   bool aborted_fresh_ = false;
   std::set<WorkerId> lost_during_commit_;
+  // Members of the committed change's new generation that reported a failed step of it before
+  // its outcome (they passed the barrier and trained on): a recovery once it is applied.
+  std::set<WorkerId> failed_before_outcome_;
   std::unordered_set<WorkerId> participant_set_;  // pending_change_.participants
   std::set<WorkerId> answered_;                   // applied_ ∪ lost_during_commit_
 };

@@ -3,7 +3,7 @@
 // seeded simulation (decider_sim_test.cc) covers the schedules nobody would write down.
 //
 // Script events (one per `;`):
-//   join W | leave W | lost W | done W | heartbeat W | tick
+//   join W | leave W | lost W | done W | heartbeat W | tick | failed W G (a FailureReport)
 //   plan G dp=N ranks=A,B,...     the shell's PlanReady for proposal G
 //   report W G B [state S ok|torn]  an old rank's StepReport (a recovery's with its state)
 //   applied W G ok|failed          a participant's Applied
@@ -118,6 +118,11 @@ class Script {
     if (kind == "done") return ev >> w, DeciderEvent::Any(DeciderEvent::Done{w});
     if (kind == "heartbeat") return ev >> w, DeciderEvent::Any(DeciderEvent::Heartbeat{w});
     if (kind == "tick") return DeciderEvent::Tick{};
+    if (kind == "failed") {
+      ev >> w >> g;
+      return DeciderEvent::Any(DeciderEvent::FailureReport{
+          .worker = w, .report = FailureReportMsg{.generation = g}});
+    }
     if (kind == "plan") {
       std::string dp, ranks;
       ev >> g >> dp >> ranks;
@@ -238,6 +243,32 @@ TEST(DeciderScriptTest, ADoneDuringARecoveryReleasesTheSurvivorsThatWait) {
   EXPECT_EQ(s.Run("report 2 2 9 state 9 ok"), "");
   EXPECT_EQ(s.Run("done 1"), "abandon 2 to=1,2\nrelease 2\n");
   EXPECT_EQ(s.Run("done 2"), "complete g1\n");
+}
+
+// A participant that passed the closing barrier trains the new generation's first step at
+// once; when that step fails (a collective aborted), its report can arrive before the last
+// Applied. It is the new generation's failure: once the change is applied, a recovery follows
+// (it was dropped, and the reporters waited for a decision until their timeout: failure_test).
+TEST(DeciderScriptTest, AFailureInTheNewGenerationBeforeItsOutcomeIsRecovered) {
+  Script s = Running();
+  s.Run("resize 7 add=1; join 3; plan 2 dp=3 ranks=1,2,3; report 1 2 6");
+  EXPECT_EQ(s.Run("report 2 2 6"), "commit 2 S=7 ranks=1,2,3 to=1,2,3\n");
+  EXPECT_EQ(s.Run("applied 1 2 ok; failed 1 2; applied 2 2 ok"), "");
+  EXPECT_EQ(s.Run("applied 3 2 ok"),
+            "outcome 2 applied to=1,2,3\nplan 3 from=2 cand=1,2,3 lost= target=3\n");
+}
+
+// A worker that leaves in the change exits once its exchange is done: its Applied(ok), then its
+// connection closes, while the others may still be in the closing barrier. That is its
+// departure, not a loss: no abort (which reached the others' new groups before their barrier
+// returned, failed their first step and, with its state taken for torn, ended the job with
+// DATA_LOSS: elastic_test StandbySpareTakesARank under load).
+TEST(DeciderScriptTest, AnExitingWorkerThatAppliedAndLeftIsNotALoss) {
+  Script s = Running();
+  s.Run("resize 7 world=1; plan 2 dp=1 ranks=1; report 1 2 3");
+  EXPECT_EQ(s.Run("report 2 2 3"), "commit 2 S=4 ranks=1 to=1,2\n");
+  EXPECT_EQ(s.Run("applied 2 2 ok; lost 2"), "");
+  EXPECT_EQ(s.Run("applied 1 2 ok"), "outcome 2 applied to=1\n");
 }
 
 TEST(DeciderScriptTest, AFailureReportedAfterTheFirstDoneReleasesItsReporter) {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "collectives/store_protocol.h"
+#include "collectives/store/store_protocol.h"
 
 namespace morph {
 namespace {

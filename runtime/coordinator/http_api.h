@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
-#include "base/parallel_config.h"
-#include "base/status.h"
+#include "morph/parallel_config.h"
+#include "morph/status.h"
 #include "runtime/coordinator/decider.h"
 #include "runtime/protocol/messages.h"
 

@@ -16,7 +16,6 @@
 
 #include "base/connection_limit.h"
 #include "base/params.h"
-#include "collectives/tcp_store.h"
 #include "runtime/coordinator/http_request.h"
 
 namespace morph {
@@ -262,12 +261,6 @@ StatusOr<HttpServerOptions> HttpServerOptions::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(int64_t port, params::ApiPort());
   o.port = static_cast<uint16_t>(port);
   MORPH_ASSIGN_OR_RETURN(o.token_for_reads, params::ApiTokenForReads());
-  StatusOr<std::string> token = JobTokenFromEnv();
-  if (token.ok()) {
-    o.token = *std::move(token);
-  } else if (token.status().code() != StatusCode::kFailedPrecondition) {  // not "none set"
-    return token.status();
-  }
   return o;
 }
 

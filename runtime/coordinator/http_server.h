@@ -33,7 +33,7 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "runtime/coordinator/http_api.h"
 
 namespace morph {
@@ -57,9 +57,8 @@ struct HttpServerOptions {
   int max_connections = 64;  // further connections are closed as soon as accepted
 
   // address, port and token_for_reads from MORPH_API_ADDR, MORPH_API_PORT and
-  // MORPH_API_TOKEN_FOR_READS; the token from MORPH_TOKEN / MORPH_TOKEN_FILE (empty when
-  // neither is set). kInvalidArgument naming the variable for a value that does not parse,
-  // kNotFound / kPermissionDenied for an unreadable token file.
+  // MORPH_API_TOKEN_FOR_READS. The token is the coordinator's (CoordinatorOptions::FromEnv reads
+  // it once and sets both). kInvalidArgument naming the variable for a value that does not parse.
   static StatusOr<HttpServerOptions> FromEnv();
 };
 

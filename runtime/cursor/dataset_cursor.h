@@ -23,7 +23,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
+#include "morph/step.h"  // RankBatch
 
 namespace morph {
 
@@ -34,13 +35,6 @@ struct DatasetSpec {
   bool shuffle = true;  // false: epoch order is 0..N-1
 };
 
-struct RankBatch {
-  int64_t first_position = 0;  // this rank's first position in the global stream
-  std::vector<int64_t> samples;
-  // `samples` cut into consecutive micro-batches of at most micro_batch samples (empty when
-  // this rank has no sample this step: dp > B).
-  std::vector<std::vector<int64_t>> micro_batches;
-};
 
 class DatasetCursor {
  public:

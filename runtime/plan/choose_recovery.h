@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "runtime/plan/manifest.h"
 #include "runtime/protocol/messages.h"
 

@@ -3,12 +3,10 @@
 #include <set>
 #include <sstream>
 
-#include "base/dtype.h"
+#include "morph/dtype.h"
 
 namespace morph {
 namespace {
-
-constexpr int64_t kMaxScalarBytes = int64_t{1} << 20;
 
 std::string Shape(const std::vector<int64_t>& s) {
   std::ostringstream os;

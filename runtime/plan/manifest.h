@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/layout.h"
 #include "runtime/protocol/messages.h"
 

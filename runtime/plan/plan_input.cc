@@ -3,12 +3,39 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <type_traits>
 
-#include "base/dtype.h"
+#include "morph/dtype.h"
 #include "reshard/plan_digest.h"
+#include "runtime/protocol/fields.h"
 
 namespace morph {
 namespace {
+
+// Hashes every field of the manifest's field list (runtime/protocol/fields.h): a list as its
+// length and items, a dtype by name, a layout as its ToString.
+struct ManifestHasher {
+  DigestHasher& h;
+  template <typename T>
+  void operator()(std::string_view, const T& x) {
+    if constexpr (std::is_same_v<T, bool>) {
+      h.Add(static_cast<int>(x));
+    } else if constexpr (std::is_integral_v<T>) {
+      h.Add(x);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      h.Add(std::string_view(x));
+    } else if constexpr (std::is_same_v<T, DType>) {
+      h.Add(DTypeName(x));
+    } else if constexpr (std::is_same_v<T, Layout>) {
+      h.Add(x.ToString());
+    } else if constexpr (requires { x.begin(); x.size(); }) {
+      h.Add(static_cast<int64_t>(x.size()));
+      for (const auto& e : x) (*this)("", e);
+    } else {
+      fields::Fields(*this, x);
+    }
+  }
+};
 
 bool Contains(std::span<const WorkerId> v, WorkerId w) {
   return std::find(v.begin(), v.end(), w) != v.end();
@@ -158,23 +185,8 @@ StatusOr<ChangePlan> PlanForChange(const JobManifest& manifest, const Generation
 
 uint64_t ManifestDigest(const JobManifest& m) {
   DigestHasher h;
-  const ModelShape& s = m.model;
-  h.Add(s.num_layers).Add(s.num_heads).Add(s.global_batch).Add(s.micro_batches).Add(s.zero_stage);
-  h.Add(s.device_memory_bytes);
-  h.Add(static_cast<int64_t>(s.tp_candidates.size()));
-  for (int v : s.tp_candidates) h.Add(v);
-  h.Add(static_cast<int64_t>(s.pp_candidates.size()));
-  for (int v : s.pp_candidates) h.Add(v);
-  h.Add(static_cast<int64_t>(m.tensors.size()));
-  for (const TensorSpec& t : m.tensors) {
-    h.Add(t.name).Add(DTypeName(t.dtype)).Add(t.layout.ToString());
-    h.Add(static_cast<int64_t>(t.shape.size()));
-    for (int64_t d : t.shape) h.Add(d);
-  }
-  h.Add(static_cast<int64_t>(m.scalars.size()));
-  for (const ScalarSpec& sc : m.scalars) h.Add(sc.name).Add(sc.bytes);
-  h.Add(m.dataset_samples).Add(m.dataset_seed).Add(static_cast<int>(m.dataset_shuffle));
-  h.Add(m.chunk_bytes).Add(m.staging_bytes);
+  ManifestHasher v{h};
+  fields::Fields(v, m);
   return h.value();
 }
 

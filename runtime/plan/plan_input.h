@@ -26,7 +26,7 @@
 #include <span>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/executor.h"
 #include "reshard/plan.h"
 #include "runtime/plan/manifest.h"

@@ -34,7 +34,7 @@
 #include <span>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/local_plan.h"
 #include "reshard/plan.h"
 #include "runtime/plan/manifest.h"

@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
+#include "morph/generation.h"
+#include "morph/options.h"
+#include "morph/state.h"
 #include "reshard/layout.h"
 
 namespace morph {
@@ -20,29 +23,7 @@ namespace morph {
 // ---- The job manifest (registration agreement): what every worker registers with the
 // coordinator, and what must be equal on all of them (checked by runtime/plan/manifest.h). ----
 
-// A named blob of scalar state (step counters, RNG state, LR-schedule state) kept equal on all
-// ranks and handed to joiners. Its size is fixed at registration.
-struct ScalarSpec {
-  std::string name;
-  int64_t bytes = 0;
-  friend bool operator==(const ScalarSpec&, const ScalarSpec&) = default;
-};
 
-// The config planner's inputs that come from the model (runtime/coordinator/config_planner.h's
-// ModelConstraints without its callbacks).
-struct ModelShape {
-  int num_layers = 1;
-  int num_heads = 0;
-  std::vector<int> tp_candidates = {1};
-  std::vector<int> pp_candidates = {1};
-  int64_t global_batch = 1;
-  int micro_batches = 1;
-  int zero_stage = 0;
-  // Per-rank memory available for registered state (0: unlimited). A config fits when every
-  // rank's registered shards fit.
-  int64_t device_memory_bytes = 0;
-  friend bool operator==(const ModelShape&, const ModelShape&) = default;
-};
 
 struct JobManifest {
   ModelShape model;
@@ -61,25 +42,6 @@ struct JobManifest {
   friend bool operator==(const JobManifest&, const JobManifest&) = default;
 };
 
-// A worker's identity for the whole job, assigned by the coordinator at registration and never
-// reused. Ranks change with generations; worker ids do not.
-using WorkerId = int64_t;
-
-// One committed membership and configuration. Once committed, never changes.
-struct Generation {
-  int64_t id = 0;
-  // The first step trained in this generation (the switch step S).
-  int64_t start_step = 0;
-  ParallelConfig config;
-  // ranks[r] = the worker that holds rank r; size config.world().
-  std::vector<WorkerId> ranks;
-  // Digest of everything that shapes the state exchange into this generation (plan inputs and
-  // options); every participant checks it before the first byte moves.
-  uint64_t plan_digest = 0;
-
-  int RankOf(WorkerId w) const;  // -1 when `w` holds no rank
-  friend bool operator==(const Generation&, const Generation&) = default;
-};
 
 // The workers taking part in a change from generation `from` to the proposed one, numbered as
 // the reshard planner and transport number participants: old ranks' workers in old-rank order
@@ -167,11 +129,7 @@ struct StepReportMsg {
 
 // Where a recovery's state comes from, and what it cost (a commit of a recovery).
 struct RecoveryDecision {
-  enum class Source : uint8_t {
-    kReplicas = 0,    // live state of the survivors at one step (replicas of lost pieces)
-    kSnapshot = 1,    // every rank's buddy snapshot at snapshot step (all roll back to it)
-    kCheckpoint = 2,  // the latest complete checkpoint (all roll back to it)
-  };
+  using Source = RecoverySource;
   Source source = Source::kReplicas;
   // The newest step any survivor's state held: steps [next.start_step, newest_step) were
   // trained but are lost and are trained again.

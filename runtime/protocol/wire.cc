@@ -4,6 +4,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "runtime/protocol/fields.h"
+
 namespace morph {
 namespace {
 
@@ -190,364 +192,230 @@ class Reader {
   Status status_;
 };
 
-void Put(Writer& w, const ParallelConfig& c) {
-  w.I32(c.dp);
-  w.I32(c.tp);
-  w.I32(c.pp);
-  w.I32(c.zero_stage);
-  w.I32(c.micro_batches);
-  w.U32(static_cast<uint32_t>(c.stage_of_layer.size()));
-  for (int s : c.stage_of_layer) w.I32(s);
-}
-void Get(Reader& r, ParallelConfig& c) {
-  c.dp = r.I32("config.dp");
-  c.tp = r.I32("config.tp");
-  c.pp = r.I32("config.pp");
-  c.zero_stage = r.I32("config.zero_stage");
-  c.micro_batches = r.I32("config.micro_batches");
-  uint32_t n = r.Count("config.stage_of_layer", 4);
-  c.stage_of_layer.clear();
-  c.stage_of_layer.reserve(n);
-  for (uint32_t i = 0; i < n && r.ok(); ++i) c.stage_of_layer.push_back(r.I32("config.stage"));
-  if (r.ok()) {
-    Status s = c.Validate();
-    if (!s.ok()) r.Fail("config", s.message());
-  }
-}
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename E>
+struct IsVector<std::vector<E>> : std::true_type {};
 
-void Put(Writer& w, const Generation& g) {
-  w.I64(g.id);
-  w.I64(g.start_step);
-  Put(w, g.config);
-  w.Ids(g.ranks);
-  w.U64(g.plan_digest);
+// A layout as the builder calls that reproduce it: layer, tp dim, ZeRO, extra layers, tp
+// blocks, padding, ZeRO group.
+void PutLayout(Writer& w, const Layout& l) {
+  w.I32(l.layer());
+  w.I32(l.tp_dim());
+  w.U8(l.zero_sharded() ? 1 : 0);
+  w.U32(static_cast<uint32_t>(l.extra_layers().size()));
+  for (int x : l.extra_layers()) w.I32(x);
+  w.I32(l.tp_blocks());
+  w.I32(l.pad_multiple());
+  w.I32(l.zero_group());
 }
-void Get(Reader& r, Generation& g) {
-  g.id = r.I64("generation.id");
-  g.start_step = r.I64("generation.start_step");
-  Get(r, g.config);
-  g.ranks = r.Ids("generation.ranks");
-  g.plan_digest = r.U64("generation.plan_digest");
-  // Generation 0 (none yet: a change from nothing) has no ranks.
-  if (r.ok() && !(g.id == 0 && g.ranks.empty()) &&
-      static_cast<int64_t>(g.ranks.size()) != g.config.world()) {
-    r.Fail("generation.ranks", std::to_string(g.ranks.size()) + " ranks for a world of " +
-                                   std::to_string(g.config.world()));
-  }
-}
+constexpr size_t kMinLayoutBytes = 4 + 4 + 1 + 4 + 4 + 4 + 4;
 
-void Put(Writer& w, const ChangeParticipants& c) {
-  w.Ids(c.participants);
-  w.Ids(c.leavers);
-  w.Ids(c.exiting);
-  w.Ids(c.lost);
-  w.U8(c.recovery ? 1 : 0);
-  w.Ids(c.stale);
+uint8_t GetBool(Reader& r, const std::string& field) {
+  uint8_t b = r.U8(field);
+  if (r.ok() && b > 1) r.Fail(field, "not a boolean");
+  return b;
 }
-uint8_t GetBool(Reader& r, std::string_view field);
-void Get(Reader& r, ChangeParticipants& c) {
-  c.participants = r.Ids("change.participants");
-  c.leavers = r.Ids("change.leavers");
-  c.exiting = r.Ids("change.exiting");
-  c.lost = r.Ids("change.lost");
-  c.recovery = GetBool(r, "change.recovery") == 1;
-  c.stale = r.Ids("change.stale");
-}
-
-void Put(Writer& w, const HelloMsg& m) {
-  w.Str(m.token);
-  w.Str(m.host);
-  w.I64(m.pid);
-  w.U64(m.capabilities);
-  w.I64(m.resume_id);
-}
-void Get(Reader& r, HelloMsg& m) {
-  m.token = r.Str("token");
-  m.host = r.Str("host");
-  m.pid = r.I64("pid");
-  m.capabilities = r.U64("capabilities");
-  m.resume_id = r.I64("resume_id");
-}
-void Put(Writer& w, const WelcomeMsg& m) {
-  w.I64(m.worker);
-  w.I64(m.generation);
-  w.Str(m.store_address);
-  Put(w, m.current);
-  w.I64(m.first_generation);
-}
-void Get(Reader& r, WelcomeMsg& m) {
-  m.worker = r.I64("worker");
-  m.generation = r.I64("generation");
-  m.store_address = r.Str("store_address");
-  Get(r, m.current);
-  m.first_generation = r.I64("first_generation");
-  if (r.ok() && m.current.id != m.generation) {
-    r.Fail("current", "generation " + std::to_string(m.current.id) + " is not generation " +
-                          std::to_string(m.generation));
-  }
-}
-
-void PutInts(Writer& w, const std::vector<int>& v) {
-  w.U32(static_cast<uint32_t>(v.size()));
-  for (int x : v) w.I32(x);
-}
-std::vector<int> GetInts(Reader& r, std::string_view field) {
+std::vector<int> GetInts(Reader& r, const std::string& field) {
   uint32_t n = r.Count(field, 4);
   std::vector<int> v;
   v.reserve(n);
   for (uint32_t i = 0; i < n && r.ok(); ++i) v.push_back(r.I32(field));
   return v;
 }
-uint8_t GetBool(Reader& r, std::string_view field) {
-  uint8_t b = r.U8(field);
-  if (r.ok() && b > 1) r.Fail(field, "not a boolean");
-  return b;
+// Only the encoding is checked here; what the values mean is ValidateManifest's, on the
+// coordinator.
+Layout GetLayout(Reader& r, const std::string& f) {
+  const int layer = r.I32(f + ".layer");
+  const int tp_dim = r.I32(f + ".tp_dim");
+  const uint8_t zero = GetBool(r, f + ".zero");
+  const std::vector<int> extra = GetInts(r, f + ".extra_layers");
+  const int blocks = r.I32(f + ".tp_blocks");
+  const int pad = r.I32(f + ".pad_multiple");
+  const int group = r.I32(f + ".zero_group");
+  // The builders in the order that reproduces every field (SplitTPBlocks sets tp_dim too;
+  // ZeroShard(group) sets zero).
+  Layout l = Layout::Layer(layer);
+  for (int x : extra) l = l.AlsoOnLayer(x);
+  l = blocks != 1 ? l.SplitTPBlocks(tp_dim, blocks) : l.SplitTP(tp_dim);
+  if (pad != 0) l = l.PadToMultiple(pad);
+  if (zero == 1) {
+    l = group != 0 ? l.ZeroShard(group) : l.ZeroShard(true);
+  } else if (r.ok() && group != 0) {
+    r.Fail(f + ".zero_group", "set without ZeRO");
+  }
+  return l;
 }
 
-// The smallest encodings of a tensor (empty name and shape) and a scalar (empty name): the
-// bounds for their counts.
-constexpr size_t kMinTensorBytes = 4 + 1 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 4;
-constexpr size_t kMinScalarBytes = 4 + 8;
-
-void Put(Writer& w, const RegisterMsg& msg) {
-  const JobManifest& m = msg.manifest;
-  w.I32(m.model.num_layers);
-  w.I32(m.model.num_heads);
-  PutInts(w, m.model.tp_candidates);
-  PutInts(w, m.model.pp_candidates);
-  w.I64(m.model.global_batch);
-  w.I32(m.model.micro_batches);
-  w.I32(m.model.zero_stage);
-  w.I64(m.model.device_memory_bytes);
-  w.U32(static_cast<uint32_t>(m.tensors.size()));
-  for (const TensorSpec& t : m.tensors) {
-    w.Str(t.name);
-    w.U8(static_cast<uint8_t>(t.dtype));
-    w.Ids(t.shape);
-    w.I32(t.layout.layer());
-    w.I32(t.layout.tp_dim());
-    w.U8(t.layout.zero_sharded() ? 1 : 0);
-    PutInts(w, t.layout.extra_layers());
-    w.I32(t.layout.tp_blocks());
-    w.I32(t.layout.pad_multiple());
-    w.I32(t.layout.zero_group());
-  }
-  w.U32(static_cast<uint32_t>(m.scalars.size()));
-  for (const ScalarSpec& s : m.scalars) {
-    w.Str(s.name);
-    w.I64(s.bytes);
-  }
-  w.Str(m.backend);
-  w.I64(m.dataset_samples);
-  w.U64(m.dataset_seed);
-  w.U8(m.dataset_shuffle ? 1 : 0);
-  w.U64(m.chunk_bytes);
-  w.U64(m.staging_bytes);
-}
-// Only the encoding is checked here (counts, enum values, booleans); what the values mean is
-// ValidateManifest's, on the coordinator.
-void Get(Reader& r, RegisterMsg& msg) {
-  JobManifest& m = msg.manifest;
-  m.model.num_layers = r.I32("model.num_layers");
-  m.model.num_heads = r.I32("model.num_heads");
-  m.model.tp_candidates = GetInts(r, "model.tp_candidates");
-  m.model.pp_candidates = GetInts(r, "model.pp_candidates");
-  m.model.global_batch = r.I64("model.global_batch");
-  m.model.micro_batches = r.I32("model.micro_batches");
-  m.model.zero_stage = r.I32("model.zero_stage");
-  m.model.device_memory_bytes = r.I64("model.device_memory_bytes");
-  uint32_t nt = r.Count("tensors", kMinTensorBytes);
-  m.tensors.clear();
-  m.tensors.reserve(nt);
-  for (uint32_t i = 0; i < nt && r.ok(); ++i) {
-    TensorSpec t;
-    t.name = r.Str("tensor.name");
-    uint8_t dtype = r.U8("tensor.dtype");
-    if (r.ok() && dtype > static_cast<uint8_t>(DType::kU8)) {
-      r.Fail("tensor.dtype", "not a dtype: " + std::to_string(dtype));
+// Encodes every field in its field list's order (fields.h).
+struct Encoder {
+  Writer& w;
+  template <typename T>
+  void operator()(std::string_view, const T& x) {
+    if constexpr (std::is_same_v<T, bool>) {
+      w.U8(x ? 1 : 0);
+    } else if constexpr (std::is_same_v<T, int32_t>) {
+      w.I32(x);
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      w.I64(x);
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      w.U64(x);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      w.Str(x);
+    } else if constexpr (std::is_same_v<T, DType> || std::is_same_v<T, RecoverySource>) {
+      w.U8(static_cast<uint8_t>(x));
+    } else if constexpr (std::is_same_v<T, Layout>) {
+      PutLayout(w, x);
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      w.Ids(x);
+    } else if constexpr (IsVector<T>::value) {
+      w.U32(static_cast<uint32_t>(x.size()));
+      for (const auto& e : x) (*this)("", e);
+    } else {
+      fields::Fields(*this, x);
     }
-    t.dtype = static_cast<DType>(dtype);
-    t.shape = r.Ids("tensor.shape");
-    int layer = r.I32("tensor.layer");
-    int tp_dim = r.I32("tensor.tp_dim");
-    uint8_t zero = GetBool(r, "tensor.zero");
-    std::vector<int> extra = GetInts(r, "tensor.extra_layers");
-    int blocks = r.I32("tensor.tp_blocks");
-    int pad = r.I32("tensor.pad_multiple");
-    int group = r.I32("tensor.zero_group");
-    // The builders in the order that reproduces every field (SplitTPBlocks sets tp_dim too;
-    // ZeroShard(group) sets zero).
-    Layout l = Layout::Layer(layer);
-    for (int x : extra) l = l.AlsoOnLayer(x);
-    l = blocks != 1 ? l.SplitTPBlocks(tp_dim, blocks) : l.SplitTP(tp_dim);
-    if (pad != 0) l = l.PadToMultiple(pad);
-    if (zero == 1) l = group != 0 ? l.ZeroShard(group) : l.ZeroShard(true);
-    else if (r.ok() && group != 0) r.Fail("tensor.zero_group", "set without ZeRO");
-    t.layout = l;
-    m.tensors.push_back(std::move(t));
   }
-  uint32_t ns = r.Count("scalars", kMinScalarBytes);
-  m.scalars.clear();
-  m.scalars.reserve(ns);
-  for (uint32_t i = 0; i < ns && r.ok(); ++i) {
-    ScalarSpec s;
-    s.name = r.Str("scalar.name");
-    s.bytes = r.I64("scalar.bytes");
-    m.scalars.push_back(std::move(s));
+};
+
+// The fewest bytes a value of T encodes to (its lists empty): a bound on the count of a list of
+// them that the bytes left can hold.
+struct MinBytes {
+  size_t n = 0;
+  template <typename T>
+  void operator()(std::string_view, const T& x) {
+    if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, DType> ||
+                  std::is_same_v<T, RecoverySource>) {
+      n += 1;
+    } else if constexpr (std::is_same_v<T, int32_t>) {
+      n += 4;
+    } else if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>) {
+      n += 8;
+    } else if constexpr (std::is_same_v<T, std::string> || IsVector<T>::value) {
+      n += 4;
+    } else if constexpr (std::is_same_v<T, Layout>) {
+      n += kMinLayoutBytes;
+    } else {
+      fields::Fields(*this, x);
+    }
   }
-  m.backend = r.Str("backend");
-  m.dataset_samples = r.I64("dataset_samples");
-  m.dataset_seed = r.U64("dataset_seed");
-  m.dataset_shuffle = GetBool(r, "dataset_shuffle") == 1;
-  m.chunk_bytes = r.U64("chunk_bytes");
-  m.staging_bytes = r.U64("staging_bytes");
+};
+template <typename T>
+size_t MinWireBytes() {
+  MinBytes m;
+  m("", T{});
+  return m.n;
 }
-void Put(Writer&, const DoneMsg&) {}
-void Get(Reader&, DoneMsg&) {}
-void Put(Writer& w, const HeartbeatMsg& m) { w.I64(m.step); }
-void Get(Reader& r, HeartbeatMsg& m) { m.step = r.I64("step"); }
-void Put(Writer& w, const LeaveMsg& m) { w.Str(m.reason); }
-void Get(Reader& r, LeaveMsg& m) { m.reason = r.Str("reason"); }
-void Put(Writer& w, const ErrorMsg& m) {
-  w.I32(m.code);
-  w.Str(m.message);
+
+// What a decoded struct's fields must agree on, beyond each field's encoding. `f` is the
+// struct's path ("" for a message, else "next." and so on).
+template <typename T>
+void Check(Reader&, const std::string&, const T&) {}
+void Check(Reader& r, const std::string& f, const ParallelConfig& c) {
+  Status s = c.Validate();
+  if (!s.ok()) r.Fail(f.substr(0, f.size() - 1), s.message());
 }
-void Get(Reader& r, ErrorMsg& m) {
-  m.code = r.I32("code");
-  m.message = r.Str("message");
-  if (r.ok() && (m.code <= 0 || m.code > static_cast<int32_t>(StatusCode::kUnauthenticated))) {
+void Check(Reader& r, const std::string& f, const Generation& g) {
+  // Generation 0 (none yet: a change from nothing) has no ranks.
+  if (!(g.id == 0 && g.ranks.empty()) &&
+      static_cast<int64_t>(g.ranks.size()) != g.config.world()) {
+    r.Fail(f + "ranks", std::to_string(g.ranks.size()) + " ranks for a world of " +
+                            std::to_string(g.config.world()));
+  }
+}
+void Check(Reader& r, const std::string&, const WelcomeMsg& m) {
+  if (m.current.id != m.generation) {
+    r.Fail("current", "generation " + std::to_string(m.current.id) + " is not generation " +
+                          std::to_string(m.generation));
+  }
+}
+void Check(Reader& r, const std::string&, const ErrorMsg& m) {
+  if (m.code <= 0 || m.code > static_cast<int32_t>(StatusCode::kUnauthenticated)) {
     r.Fail("code", "not a status code: " + std::to_string(m.code));
   }
 }
-// Prepare and Commit carry the same fields (a commit's start step is set).
 template <typename M>
 requires std::is_same_v<M, PrepareMsg> || std::is_same_v<M, CommitMsg>
-void Put(Writer& w, const M& m) {
-  Put(w, m.next);
-  w.I64(m.from_generation);
-  Put(w, m.from);
-  Put(w, m.change);
-  if constexpr (std::is_same_v<M, CommitMsg>) {
-    w.U8(static_cast<uint8_t>(m.recovery.source));
-    w.I64(m.recovery.newest_step);
-    w.Str(m.recovery.checkpoint);
-    w.Ids(m.recovery.snapshot_holders);
-  }
-}
-template <typename M>
-requires std::is_same_v<M, PrepareMsg> || std::is_same_v<M, CommitMsg>
-void Get(Reader& r, M& m) {
-  Get(r, m.next);
-  m.from_generation = r.I64("from_generation");
-  Get(r, m.from);
-  if (r.ok() && m.from.id != m.from_generation) {
+void Check(Reader& r, const std::string&, const M& m) {
+  if (m.from.id != m.from_generation) {
     r.Fail("from", "generation " + std::to_string(m.from.id) + " is not from_generation " +
                        std::to_string(m.from_generation));
   }
-  Get(r, m.change);
-  if constexpr (std::is_same_v<M, CommitMsg>) {
-    uint8_t source = r.U8("recovery.source");
-    if (r.ok() && source > static_cast<uint8_t>(RecoveryDecision::Source::kCheckpoint)) {
-      r.Fail("recovery.source", "not a source: " + std::to_string(source));
+}
+void Check(Reader& r, const std::string& f, const AppliedMsg::Phases& p) {
+  for (auto [name, v] : {std::pair{"communicators_us", p.communicators_us},
+                         std::pair{"plan_us", p.plan_us}, std::pair{"transfer_us", p.transfer_us},
+                         std::pair{"resume_us", p.resume_us}, std::pair{"stall_us", p.stall_us}}) {
+    if (v < 0) r.Fail(f + name, "negative duration");
+  }
+}
+
+// Decodes every field in its field list's order, naming a bad one by its path
+// ("commit.next.ranks"), then checks each struct (Check).
+struct Decoder {
+  Reader& r;
+  std::string path;
+  template <typename T>
+  void operator()(std::string_view name, T& x) {
+    const std::string f = path + std::string(name);
+    if constexpr (std::is_same_v<T, bool>) {
+      x = GetBool(r, f) == 1;
+    } else if constexpr (std::is_same_v<T, int32_t>) {
+      x = r.I32(f);
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      x = r.I64(f);
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      x = r.U64(f);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      x = r.Str(f);
+    } else if constexpr (std::is_same_v<T, DType>) {
+      const uint8_t v = r.U8(f);
+      if (r.ok() && v > static_cast<uint8_t>(DType::kU8)) {
+        r.Fail(f, "not a dtype: " + std::to_string(v));
+      }
+      x = static_cast<DType>(v);
+    } else if constexpr (std::is_same_v<T, RecoverySource>) {
+      const uint8_t v = r.U8(f);
+      if (r.ok() && v > static_cast<uint8_t>(RecoverySource::kCheckpoint)) {
+        r.Fail(f, "not a source: " + std::to_string(v));
+      }
+      x = static_cast<RecoverySource>(v);
+    } else if constexpr (std::is_same_v<T, Layout>) {
+      x = GetLayout(r, f);
+    } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+      x = r.Ids(f);
+    } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+      x = GetInts(r, f);
+    } else if constexpr (IsVector<T>::value) {
+      using E = typename T::value_type;
+      const uint32_t n = r.Count(f, MinWireBytes<E>());
+      x.clear();
+      x.reserve(n);
+      Decoder items{r, f + "."};
+      for (uint32_t i = 0; i < n && r.ok(); ++i) {
+        E e;
+        fields::Fields(items, e);
+        if (r.ok()) Check(r, items.path, e);
+        x.push_back(std::move(e));
+      }
+    } else {
+      Decoder nested{r, f + "."};
+      fields::Fields(nested, x);
+      if (r.ok()) Check(r, nested.path, x);
     }
-    m.recovery.source = static_cast<RecoveryDecision::Source>(source);
-    m.recovery.newest_step = r.I64("recovery.newest_step");
-    m.recovery.checkpoint = r.Str("recovery.checkpoint");
-    m.recovery.snapshot_holders = r.Ids("recovery.snapshot_holders");
   }
+};
+
+template <typename M>
+void Put(Writer& w, const M& m) {
+  Encoder e{w};
+  fields::Fields(e, m);
 }
-void Put(Writer& w, const StepReportMsg& m) {
-  w.I64(m.worker);
-  w.I64(m.generation);
-  w.I64(m.last_free_step);
-  w.I64(m.state_step);
-  w.U8(m.state_ok ? 1 : 0);
-  w.I64(m.snapshots.local_step);
-  w.I64(m.snapshots.local_prev_step);
-  w.I64(m.snapshots.held_step);
-  w.I64(m.snapshots.held_prev_step);
-  w.I64(m.snapshots.held_rank);
-  w.Ids(m.snapshots.held_tensors);
-  w.I64(m.undo_step);
-  w.I64(m.vote_step);
-  w.I64(m.committed_step);
+template <typename M>
+void Get(Reader& r, M& m) {
+  Decoder d{r, ""};
+  fields::Fields(d, m);
+  if (r.ok()) Check(r, "", m);
 }
-void Get(Reader& r, StepReportMsg& m) {
-  m.worker = r.I64("worker");
-  m.generation = r.I64("generation");
-  m.last_free_step = r.I64("last_free_step");
-  m.state_step = r.I64("state_step");
-  m.state_ok = GetBool(r, "state_ok") == 1;
-  m.snapshots.local_step = r.I64("snapshots.local_step");
-  m.snapshots.local_prev_step = r.I64("snapshots.local_prev_step");
-  m.snapshots.held_step = r.I64("snapshots.held_step");
-  m.snapshots.held_prev_step = r.I64("snapshots.held_prev_step");
-  m.snapshots.held_rank = r.I64("snapshots.held_rank");
-  m.snapshots.held_tensors = r.Ids("snapshots.held_tensors");
-  m.undo_step = r.I64("undo_step");
-  m.vote_step = r.I64("vote_step");
-  m.committed_step = r.I64("committed_step");
-}
-void Put(Writer& w, const AbortMsg& m) {
-  w.I64(m.generation);
-  w.Str(m.reason);
-}
-void Get(Reader& r, AbortMsg& m) {
-  m.generation = r.I64("generation");
-  m.reason = r.Str("reason");
-}
-void Put(Writer& w, const FailureReportMsg& m) {
-  w.I64(m.generation);
-  w.I64(m.step);
-  w.Ids(m.peers);
-  w.Str(m.error);
-}
-void Get(Reader& r, FailureReportMsg& m) {
-  m.generation = r.I64("generation");
-  m.step = r.I64("step");
-  m.peers = r.Ids("peers");
-  m.error = r.Str("error");
-}
-void Put(Writer& w, const AbandonMsg& m) { w.I64(m.generation); }
-void Get(Reader& r, AbandonMsg& m) { m.generation = r.I64("generation"); }
-void Put(Writer& w, const AppliedMsg& m) {
-  w.I64(m.worker);
-  w.I64(m.generation);
-  w.U8(m.ok ? 1 : 0);
-  w.Str(m.error);
-  for (int64_t v : {m.phases.communicators_us, m.phases.plan_us, m.phases.transfer_us,
-                    m.phases.resume_us, m.phases.stall_us}) {
-    w.I64(v);
-  }
-}
-void Get(Reader& r, AppliedMsg& m) {
-  m.worker = r.I64("worker");
-  m.generation = r.I64("generation");
-  uint8_t ok = r.U8("ok");
-  if (r.ok() && ok > 1) r.Fail("ok", "not a boolean");
-  m.ok = ok == 1;
-  m.error = r.Str("error");
-  for (auto [field, v] : {std::pair{"phases.communicators_us", &m.phases.communicators_us},
-                          std::pair{"phases.plan_us", &m.phases.plan_us},
-                          std::pair{"phases.transfer_us", &m.phases.transfer_us},
-                          std::pair{"phases.resume_us", &m.phases.resume_us},
-                          std::pair{"phases.stall_us", &m.phases.stall_us}}) {
-    *v = r.I64(field);
-    if (r.ok() && *v < 0) r.Fail(field, "negative duration");
-  }
-}
-void Put(Writer& w, const OutcomeMsg& m) {
-  w.I64(m.generation);
-  w.U8(m.applied ? 1 : 0);
-}
-void Get(Reader& r, OutcomeMsg& m) {
-  m.generation = r.I64("generation");
-  uint8_t a = r.U8("applied");
-  if (r.ok() && a > 1) r.Fail("applied", "not a boolean");
-  m.applied = a == 1;
-}
-void Put(Writer& w, const ReleaseMsg& m) { w.I64(m.generation); }
-void Get(Reader& r, ReleaseMsg& m) { m.generation = r.I64("generation"); }
 
 template <size_t I = 0>
 StatusOr<WireMessage> DecodeAs(size_t index, std::string_view body) {

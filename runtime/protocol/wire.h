@@ -31,7 +31,7 @@
 #include <string_view>
 #include <variant>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "runtime/protocol/messages.h"
 
 namespace morph {

@@ -210,7 +210,7 @@ TEST(WireTest, CountsAreBoundedByTheBytesLeft) {
                 .length = static_cast<uint32_t>(body.size())};
   EXPECT_THAT(DecodeBody(h, body).status(),
               StatusIs(StatusCode::kInvalidArgument,
-                       HasSubstr("commit.generation.ranks: count 4294967295 exceeds")));
+                       HasSubstr("commit.next.ranks: count 4294967295 exceeds")));
   // Trailing bytes are an error, and so are a world/ranks mismatch and a bad config.
   std::string ok = EncodeFrame(AbandonMsg{.generation = 1}) + "x";
   FrameHeader h2{
@@ -225,7 +225,7 @@ TEST(WireTest, CountsAreBoundedByTheBytesLeft) {
   c.next.config.dp = 0;
   c.next.ranks = {};
   EXPECT_THAT(DecodeFrame(EncodeFrame(c)).status(),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("commit.config")));
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("commit.next.config")));
   EXPECT_THAT(DecodeFrame(EncodeFrame(ErrorMsg{.code = 99})).status(),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("not a status code: 99")));
 }
@@ -278,7 +278,7 @@ TEST(WireTest, RegisterCountsAndValuesAreChecked) {
   std::string bad = frame;
   bad[name_at + 10] = 42;  // the dtype byte after the name
   EXPECT_THAT(DecodeFrame(bad).status(),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("register.tensor.dtype: not a "
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("register.tensors.dtype: not a "
                                                                "dtype: 42")));
   bad = frame;
   bad[frame.size() - 17] = 2;  // dataset_shuffle
@@ -358,7 +358,7 @@ TEST(WireTest, IdListsAreShortestFormVarints) {
                   .type = static_cast<uint16_t>(WireType::kCommit),
                   .length = static_cast<uint32_t>(body.size())};
     EXPECT_THAT(DecodeBody(h, body).status(),
-                StatusIs(StatusCode::kInvalidArgument, HasSubstr("commit.generation.ranks: " + why)));
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("commit.next.ranks: " + why)));
   }
 }
 
@@ -377,7 +377,7 @@ TEST(WireTest, IdListsOfOneFrameAreBoundedTogether) {
   EXPECT_LT(frame.size(), 1024u);
   EXPECT_THAT(DecodeFrame(frame).status(),
               StatusIs(StatusCode::kInvalidArgument,
-                       HasSubstr("register.tensor.shape: count 131072 takes the frame past 1048576 "
+                       HasSubstr("register.tensors.shape: count 131072 takes the frame past 1048576 "
                                  "ids in all")));
 }
 

@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "reshard/checkpoint.h"
 #include "runtime/protocol/messages.h"
 

@@ -26,19 +26,6 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// How a tensor is described to the checkpoint format: planning coordinates (layout.h), padded
-// frames bounded by the config's padded size.
-TensorInfo InfoFor(const TensorSpec& spec, const ParallelConfig& config) {
-  const TensorSpec plan = PlanningSpec(spec);
-  TensorInfo info{spec.name, spec.dtype, plan.shape, {}};
-  if (plan.layout.pad_multiple() > 0) {
-    info.padded_shape = plan.shape;
-    const size_t k = static_cast<size_t>(plan.layout.tp_dim());
-    info.padded_shape[k] = SplitLength(plan, config);
-  }
-  return info;
-}
-
 // Whether `rank` is the holder of its shard of `spec` that saves it: the first replica.
 bool SavesReplica(const TensorSpec& spec, const ParallelConfig& config, int rank) {
   const ParallelConfig::Coords c = config.CoordsOf(rank);
@@ -52,7 +39,21 @@ bool SavesReplica(const TensorSpec& spec, const ParallelConfig& config, int rank
 
 }  // namespace
 
-StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const State& state,
+// How a tensor is described to the checkpoint format: planning coordinates (layout.h), padded
+// frames bounded by the config's padded size.
+TensorInfo CheckpointTensorInfo(const TensorSpec& spec, const ParallelConfig& config) {
+  const TensorSpec plan = PlanningSpec(spec);
+  TensorInfo info{spec.name, spec.dtype, plan.shape, {}};
+  if (plan.layout.pad_multiple() > 0) {
+    info.padded_shape = plan.shape;
+    const size_t k = static_cast<size_t>(plan.layout.tp_dim());
+    info.padded_shape[k] = SplitLength(plan, config);
+  }
+  return info;
+}
+
+
+StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const StateStore& state,
                                                         const ParallelConfig& config, int rank) {
   std::vector<CheckpointPiece> pieces;
   const std::vector<TensorSpec>& specs = state.tensors();
@@ -63,7 +64,7 @@ StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const State& state,
     }
     const State::TensorRef ref = state.TensorAt(i);
     if (ref.shard.empty() || !SavesReplica(specs[i], config, rank)) continue;
-    pieces.push_back({InfoFor(specs[i], config), ref.shard, ConstBufferView(ref.data)});
+    pieces.push_back({CheckpointTensorInfo(specs[i], config), ref.shard, ConstBufferView(ref.data)});
   }
   if (rank == 0) {
     for (size_t i = 0; i < state.scalars().size(); ++i) {
@@ -133,7 +134,7 @@ Status PeriodicCheckpointer::Flush(Deadline deadline) {
   return s;
 }
 
-Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const State& state,
+Status PeriodicCheckpointer::MaybeSave(int64_t step, int64_t generation, const StateStore& state,
                                        int rank, int world, const ParallelConfig& config) {
   if (!Due(step)) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
@@ -212,7 +213,7 @@ Status LoadBoxFromCheckpoint(const CheckpointReader& reader, const TensorSpec& s
   }
   MORPH_ASSIGN_OR_RETURN(Shard whole, Shard::Whole(box));
   std::vector<char> tmp(static_cast<size_t>(whole.NumElements() * es));
-  MORPH_RETURN_IF_ERROR(reader.Read(InfoFor(spec, config), whole,
+  MORPH_RETURN_IF_ERROR(reader.Read(CheckpointTensorInfo(spec, config), whole,
                                     BufferView{tmp.data(), tmp.size(), MemoryKind::kHost}))
       << what;
   MORPH_ASSIGN_OR_RETURN(CopyGeometry g, MakeCopyGeometry(to, ContiguousView(box.shape())));
@@ -238,7 +239,7 @@ Status LoadBoxFromCheckpoint(const CheckpointReader& reader, const TensorSpec& s
 #endif
 }
 
-Status RestoreFromCheckpoint(const std::string& path, State& state) {
+Status RestoreFromCheckpoint(const std::string& path, StateStore& state) {
   if (state.config() == nullptr || state.rank() < 0) {
     return FailedPreconditionError("restoring " + path +
                                    ": the state holds no shards (not materialized, or standby)");
@@ -250,7 +251,7 @@ Status RestoreFromCheckpoint(const std::string& path, State& state) {
   for (size_t i = 0; i < state.tensors().size(); ++i) {
     State::TensorRef ref = state.TensorAt(i);
     if (ref.shard.empty()) continue;
-    MORPH_RETURN_IF_ERROR(reader.Read(InfoFor(*ref.spec, config), ref.shard, ref.data))
+    MORPH_RETURN_IF_ERROR(reader.Read(CheckpointTensorInfo(*ref.spec, config), ref.shard, ref.data))
         << "restoring tensor '" << ref.spec->name << "' " << ref.shard.ToString() << " from "
         << path;
   }

@@ -31,21 +31,25 @@
 #include <thread>
 #include <vector>
 
-#include "base/deadline.h"
+#include "morph/deadline.h"
 #include "base/logging.h"
-#include "base/parallel_config.h"
-#include "base/status.h"
+#include "morph/parallel_config.h"
+#include "morph/status.h"
 #include "reshard/checkpoint.h"
 #include "runtime/recovery/checkpoint_catalog.h"
 #include "runtime/state/state.h"
 
 namespace morph {
 
+// How a tensor is described to the checkpoint format: planning coordinates (reshard/layout.h),
+// padded frames bounded by `config`'s padded size.
+TensorInfo CheckpointTensorInfo(const TensorSpec& spec, const ParallelConfig& config);
+
 // What `rank` saves of `state` (laid out for `config`/`rank`) into a checkpoint: the first
 // replica of each of its shards (see above) and, on rank 0, every scalar, as pieces viewing the
 // state's own buffers (valid until the state changes). kInvalidArgument for a tensor named
 // "scalar:...". Any thread that may read the state.
-StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const State& state,
+StatusOr<std::vector<CheckpointPiece>> CheckpointPieces(const StateStore& state,
                                                         const ParallelConfig& config, int rank);
 
 class PeriodicCheckpointer {
@@ -80,7 +84,7 @@ class PeriodicCheckpointer {
   // for (config, rank) or not intact; kDeadlineExceeded: the previous save still writing after
   // wait_ms (nothing started); SaveCheckpointAsync's errors (e.g. kResourceExhausted for the
   // snapshot) with the step as context.
-  Status MaybeSave(int64_t step, int64_t generation, const State& state, int rank, int world,
+  Status MaybeSave(int64_t step, int64_t generation, const StateStore& state, int rank, int world,
                    const ParallelConfig& config);
 
   // Waits for the running save (and rank 0's retention pass after it): its Status (OK when
@@ -143,7 +147,7 @@ class PeriodicCheckpointer {
 // difference when the checkpoint's tensors or scalars (names, dtypes, shapes, sizes) differ
 // from the state's registration; kDataLoss from reads (checksum, truncation); kFailedPrecondition
 // when the state holds no layout (not materialized). Training thread (it writes the state).
-Status RestoreFromCheckpoint(const std::string& path, State& state);
+Status RestoreFromCheckpoint(const std::string& path, StateStore& state);
 
 // Fills only `box` (planning coordinates, e.g. a LocalPlan's `lost` piece) of `shard` of tensor
 // `spec` in `dst` (the shard's storage, host or CUDA, laid out for `config`) from `reader`;

@@ -37,7 +37,7 @@ class CheckpointerTest : public ::testing::Test {
   void SaveAll(const ParallelConfig& config, int64_t step, int64_t gen, uint64_t seed,
                bool hybrid = false, int keep = 2, int64_t first_generation = 0) {
     const int world = config.world();
-    std::vector<std::unique_ptr<State>> states;
+    std::vector<std::unique_ptr<StateStore>> states;
     std::vector<std::unique_ptr<PeriodicCheckpointer>> ckpts;
     for (int r = 0; r < world; ++r) {
       MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(config, r, hybrid));
@@ -155,7 +155,7 @@ TEST_F(CheckpointerTest, BadCallsAreRefusedNamingWhatIsWrong) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("rank 2 of world 2")));
   EXPECT_THAT(ckpt.MaybeSave(5, 1, *s, 0, 2, Config(1, 2, 1)),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("rank 1, not")));
-  State fresh;
+  StateStore fresh;
   MORPH_ASSERT_OK(fresh.AddTensor("w", {4}, DType::kF32, Layout::Layer(0)));
   EXPECT_THAT(RestoreFromCheckpoint(dir_, fresh),
               StatusIs(StatusCode::kFailedPrecondition, HasSubstr("holds no shards")));
@@ -276,7 +276,7 @@ TEST_F(CheckpointerTest, MissingPieceIsDataLossNamingTensorAndBox) {
   // Rank 1 of tp=2 saves everything but its half of "w1" (columns 6..11).
   const ParallelConfig c = Config(1, 2, 1);
   std::vector<std::unique_ptr<CheckpointSave>> saves;
-  std::vector<std::unique_ptr<State>> states;
+  std::vector<std::unique_ptr<StateStore>> states;
   for (int r = 0; r < 2; ++r) {
     MORPH_ASSERT_OK_AND_ASSIGN(auto s, MakeState(c, r));
     Fill(*s, 5);
@@ -299,13 +299,13 @@ TEST_F(CheckpointerTest, MissingPieceIsDataLossNamingTensorAndBox) {
 TEST_F(CheckpointerTest, DifferentRegistrationIsFailedPreconditionNamingIt) {
   SaveAll(Config(1, 2, 1), 5, 1, 3);
   const std::string path = CheckpointPath(dir_, 5, 1);
-  State other;
+  StateStore other;
   MORPH_ASSERT_OK(other.AddTensor("w1", {6, 10}, DType::kF32, Layout::Layer(1).SplitTP(1)));
   MORPH_ASSERT_OK(other.Materialize(Config(1, 1, 1), 0));
   EXPECT_THAT(RestoreFromCheckpoint(path, other),
               StatusIs(StatusCode::kFailedPrecondition,
                        HasSubstr("tensor 'w1' has shape [6, 10], saved as [6, 12]")));
-  State missing;
+  StateStore missing;
   MORPH_ASSERT_OK(missing.AddTensor("nope", {4}, DType::kF32, Layout::Layer(0)));
   MORPH_ASSERT_OK(missing.Materialize(Config(1, 1, 1), 0));
   EXPECT_THAT(RestoreFromCheckpoint(path, missing),

@@ -7,7 +7,7 @@
 #include <tuple>
 #include <utility>
 
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 #include "reshard/layout.h"
 
 #if MORPH_WITH_CUDA
@@ -78,7 +78,7 @@ Status CopyIn(BufferView dst, const void* src, size_t n) {
 
 }  // namespace
 
-Status RestoreFromSnapshot(const SnapshotData& snap, State& state) {
+Status RestoreFromSnapshot(const SnapshotData& snap, StateStore& state) {
   const std::string what = "restoring the snapshot of step " + std::to_string(snap.step) +
                            " (rank " + std::to_string(snap.rank) + ")";
   const auto differ = [&](const std::string& why) {
@@ -291,7 +291,7 @@ Status BuddySnapshotter::StartGeneration(Store& store, const SnapshotGeneration&
   return Status::Ok();
 }
 
-Status BuddySnapshotter::MaybeBegin(int64_t step, const State& state) {
+Status BuddySnapshotter::MaybeBegin(int64_t step, const StateStore& state) {
   Restored restored = std::move(restored_);  // only the next call may use it
   restored_ = Restored();
   if (!Due(step)) return Status::Ok();

@@ -67,12 +67,12 @@
 #include <thread>
 #include <vector>
 
-#include "base/deadline.h"
+#include "morph/deadline.h"
 #include "base/logging.h"
-#include "base/parallel_config.h"
-#include "base/status.h"
+#include "morph/parallel_config.h"
+#include "morph/status.h"
 #include "collectives/communicator.h"
-#include "collectives/store.h"
+#include "collectives/store/store.h"
 #include "reshard/buffer.h"
 #include "runtime/state/state.h"
 
@@ -118,7 +118,7 @@ struct SnapshotData {
 // storage) and every scalar. kFailedPrecondition naming the first difference when the state
 // is not laid out as the snapshot was (config, rank, a tensor's shard, a scalar's size, the
 // tensor or scalar count). Training thread (it writes the state).
-Status RestoreFromSnapshot(const SnapshotData& snap, State& state);
+Status RestoreFromSnapshot(const SnapshotData& snap, StateStore& state);
 
 // One generation's view of the job, for StartGeneration.
 struct SnapshotGeneration {
@@ -191,7 +191,7 @@ class BuddySnapshotter {
   // error (e.g. kUnavailable naming the peer that died: the generation's snapshots are then
   // broken and every later call returns it until the next StartGeneration); kResourceExhausted
   // when a buffer cannot be allocated.
-  Status MaybeBegin(int64_t step, const State& state);
+  Status MaybeBegin(int64_t step, const StateStore& state);
   // After a recovery restored `state` from this rank's local copy of (step, generation): the
   // tensors marked in `tensors` hold exactly that copy's bytes (same shard) and will not change
   // before the next MaybeBegin. If that MaybeBegin is of the same step, it writes into that

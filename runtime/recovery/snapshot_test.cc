@@ -12,8 +12,8 @@
 #include <set>
 
 #include "base/testing.h"
-#include "collectives/rank_harness.h"
-#include "collectives/tcp_store.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/state/state_testutil.h"
 
 namespace morph {
@@ -31,7 +31,7 @@ uint64_t SeedAt(int64_t step) { return 100 + static_cast<uint64_t>(step); }
 
 // OK when `snap` holds exactly `expected`'s shards, bytes and scalars; with `sent` (a held
 // copy), only the tensors its rank sends, the others as empty shards.
-Status SameAs(const SnapshotData* snap, const State& expected, int64_t step, const char* what,
+Status SameAs(const SnapshotData* snap, const StateStore& expected, int64_t step, const char* what,
               const std::vector<bool>& sent = {}) {
   const std::string name = std::string(what) + " snapshot of step " + std::to_string(step);
   if (snap == nullptr) return NotFoundError(name + " is not held");

@@ -84,11 +84,11 @@ Status State::AddScalar(std::string name, int64_t bytes) {
   return Status::Ok();
 }
 
-State::TensorRef State::TensorAt(size_t index) {
-  return static_cast<const State&>(*this).TensorAt(index);
-}
+State::TensorRef StateStore::TensorAt(size_t index) { return RefAt(index); }
 
-State::TensorRef State::TensorAt(size_t index) const {
+State::TensorRef StateStore::TensorAt(size_t index) const { return RefAt(index); }
+
+State::TensorRef State::RefAt(size_t index) const {
   const Entry& e = *entries_[index];
   TensorRef r;
   r.spec = &specs_[index];
@@ -99,7 +99,7 @@ State::TensorRef State::TensorAt(size_t index) const {
 
 StatusOr<State::TensorRef> State::tensor(std::string_view name) {
   for (size_t i = 0; i < specs_.size(); ++i) {
-    if (specs_[i].name == name) return TensorAt(i);
+    if (specs_[i].name == name) return RefAt(i);
   }
   return NotFoundError("no tensor '" + std::string(name) + "' is registered");
 }
@@ -117,12 +117,12 @@ int64_t State::local_bytes() const {
   return total;
 }
 
-void State::FillManifest(JobManifest& m) const {
+void StateStore::FillManifest(JobManifest& m) const {
   m.tensors = specs_;
   m.scalars = scalar_specs_;
 }
 
-void State::Seal() { sealed_ = true; }
+void StateStore::Seal() { sealed_ = true; }
 
 namespace {
 
@@ -142,7 +142,7 @@ Status ZeroFill(BufferView v) {
 
 }  // namespace
 
-StatusOr<Buffer> State::AllocateShard(size_t index, int64_t bytes) const {
+StatusOr<Buffer> StateStore::AllocateShard(size_t index, int64_t bytes) const {
   const Entry& e = *entries_[index];
   const std::string& name = specs_[index].name;
   const auto context = [&] {
@@ -168,27 +168,27 @@ StatusOr<Buffer> State::AllocateShard(size_t index, int64_t bytes) const {
                        [release, got](void*) { release(got); });
 }
 
-void State::ReleaseShard(size_t index) {
+void StateStore::ReleaseShard(size_t index) {
   Entry& e = *entries_[index];
   if (e.data.size() > 0 || !e.shard.empty()) intact_ = false;
   e.data = Buffer();
 }
 
-Buffer State::TakeShard(size_t index) {
+Buffer StateStore::TakeShard(size_t index) {
   Entry& e = *entries_[index];
   if (e.data.size() > 0 || !e.shard.empty()) intact_ = false;
   return std::move(e.data);
 }
 
-bool State::adopted(size_t index) const { return entries_[index]->adopted; }
+bool StateStore::adopted(size_t index) const { return entries_[index]->adopted; }
 
-MemoryKind State::memory_of(size_t index) const {
+MemoryKind StateStore::memory_of(size_t index) const {
   const Entry& e = *entries_[index];
   if (e.data.size() > 0) return e.data.kind();
   return e.adopted ? MemoryKind::kHost : e.memory;
 }
 
-void State::Install(const ParallelConfig& config, int rank, std::vector<Shard> shards,
+void StateStore::Install(const ParallelConfig& config, int rank, std::vector<Shard> shards,
                     std::vector<Buffer> buffers) {
   for (size_t i = 0; i < entries_.size(); ++i) {
     entries_[i]->data = std::move(buffers[i]);
@@ -200,7 +200,7 @@ void State::Install(const ParallelConfig& config, int rank, std::vector<Shard> s
   intact_ = true;
 }
 
-Status State::Materialize(const ParallelConfig& config, int rank) {
+Status StateStore::Materialize(const ParallelConfig& config, int rank) {
   Seal();
   if (has_config_) {
     return FailedPreconditionError("state already materialized for " + config_.ToString() +

@@ -17,7 +17,7 @@ ParallelConfig Config(int dp, int tp, int pp, int layers = 2) {
   return c;
 }
 
-void Register(State& s) {
+void Register(StateStore& s) {
   MORPH_ASSERT_OK(s.AddTensor("w1", {8, 6}, DType::kF32, Layout::Layer(0).SplitTP(1)));
   MORPH_ASSERT_OK(
       s.AddTensor("w1.m", {8, 6}, DType::kF32, Layout::Layer(0).SplitTP(1).ZeroShard()));
@@ -27,7 +27,7 @@ void Register(State& s) {
 }
 
 TEST(StateTest, RegistrationErrorsNameWhatIsWrong) {
-  State s;
+  StateStore s;
   Register(s);
   Status dup = s.AddTensor("w1", {8, 6}, DType::kF32, Layout());
   EXPECT_EQ(dup.code(), StatusCode::kInvalidArgument);
@@ -63,7 +63,7 @@ TEST(StateTest, RegistrationErrorsNameWhatIsWrong) {
 
 #if !MORPH_WITH_CUDA
 TEST(StateTest, CudaMemoryRefusedWithoutCuda) {
-  State s;
+  StateStore s;
   Status st = s.AddTensor("w", {4}, DType::kF32, Layout(), MemoryKind::kCuda);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(), "tensor 'w': CUDA memory in a build without CUDA");
@@ -71,7 +71,7 @@ TEST(StateTest, CudaMemoryRefusedWithoutCuda) {
 #endif
 
 TEST(StateTest, LookupsOfUnknownNamesAreNotFound) {
-  State s;
+  StateStore s;
   Register(s);
   EXPECT_EQ(s.tensor("nope").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(s.tensor("nope").status().message(), "no tensor 'nope' is registered");
@@ -83,7 +83,7 @@ TEST(StateTest, MaterializeAllocatesZeroFilledShardsOfTheRank) {
   const ParallelConfig c = Config(2, 2, 2);
   JobManifest m;
   for (int rank = -1; rank < c.world(); ++rank) {
-    State s;
+    StateStore s;
     Register(s);
     EXPECT_EQ(s.config(), nullptr);
     EXPECT_EQ(s.rank(), -1);
@@ -131,7 +131,7 @@ TEST(StateTest, MaterializeAllocatesZeroFilledShardsOfTheRank) {
 }
 
 TEST(StateTest, MaterializeRefusesAConfigTheTensorsDoNotFit) {
-  State s;
+  StateStore s;
   Register(s);
   Status st = s.Materialize(Config(1, 4, 1), 0);  // 6 columns do not divide by tp=4
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
@@ -161,7 +161,7 @@ TEST(StateTest, AdoptedTensorsUseTheUsersAllocator) {
                           std::free(v.data);
                         }};
   {
-    State s;
+    StateStore s;
     MORPH_ASSERT_OK(s.AdoptTensor("w", {8, 4}, DType::kF32, Layout().SplitTP(0), a));
     MORPH_ASSERT_OK(s.AdoptTensor("b", {5}, DType::kI64, Layout().ZeroShard(), a));
     MORPH_ASSERT_OK(s.Materialize(Config(2, 2, 1, 1), 3));  // d=1, t=1
@@ -176,7 +176,7 @@ TEST(StateTest, AdoptedTensorsUseTheUsersAllocator) {
 
   allocations = 0;
   fail_at = 1;
-  State s;
+  StateStore s;
   MORPH_ASSERT_OK(s.AdoptTensor("w", {8, 4}, DType::kF32, Layout(), a));
   MORPH_ASSERT_OK(s.AdoptTensor("b", {5}, DType::kI64, Layout(), a));
   Status st = s.Materialize(Config(1, 1, 1, 1), 0);
@@ -190,7 +190,7 @@ TEST(StateTest, AdoptedTensorsUseTheUsersAllocator) {
 TEST(StateTest, AdoptedAllocatorReturningTooLittleIsRefused) {
   std::vector<char> small(8);
   bool released = false;
-  State s;
+  StateStore s;
   MORPH_ASSERT_OK(s.AdoptTensor(
       "w", {4}, DType::kF32, Layout(),
       TensorAllocator{.allocate = [&](int64_t) -> StatusOr<BufferView> {
@@ -207,7 +207,7 @@ TEST(StateTest, AdoptedAllocatorReturningTooLittleIsRefused) {
 // A CUDA build on a machine without a GPU: registration is accepted, the allocation fails and
 // names the tensor. (On a GPU machine the shard is allocated and zero-filled.)
 TEST(StateTest, CudaShardsWithoutAGpuFailNamingTheTensor) {
-  State s;
+  StateStore s;
   MORPH_ASSERT_OK(s.AddTensor("w", {4}, DType::kF32, Layout(), MemoryKind::kCuda));
   Status st = s.Materialize(Config(1, 1, 1, 1), 0);
   if (st.ok()) {
@@ -224,7 +224,7 @@ TEST(StateTest, CudaShardsWithoutAGpuFailNamingTheTensor) {
 // Mixed host and CUDA storage on one worker is refused (the executor moves one kind).
 TEST(StateTest, MixedMemoryKindsAreRefused) {
   std::vector<char> fake(64);
-  State s;
+  StateStore s;
   MORPH_ASSERT_OK(s.AddTensor("h", {4}, DType::kF32, Layout()));
   MORPH_ASSERT_OK(s.AdoptTensor(
       "d", {4}, DType::kF32, Layout(),

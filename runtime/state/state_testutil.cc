@@ -16,7 +16,7 @@ ParallelConfig Config(int dp, int tp, int pp) {
 
 namespace {
 
-Status AddScalars(State& s) {
+Status AddScalars(StateStore& s) {
   MORPH_RETURN_IF_ERROR(s.AddScalar("step", 8));
   return s.AddScalar("rng", 16);
 }
@@ -50,9 +50,9 @@ uint8_t ElementByte(uint64_t seed, size_t tensor, int64_t global_index, int byte
   return static_cast<uint8_t>(x >> (8 * (byte % 8)));
 }
 
-StatusOr<std::unique_ptr<State>> MakeState(const ParallelConfig& config, int rank, bool hybrid,
+StatusOr<std::unique_ptr<StateStore>> MakeState(const ParallelConfig& config, int rank, bool hybrid,
                                            bool scalars) {
-  auto s = std::make_unique<State>();
+  auto s = std::make_unique<StateStore>();
   MORPH_RETURN_IF_ERROR(
       s->AddTensor("emb", {6, 6}, DType::kF32, Layout::Layers({0, 3}).SplitTP(1)));
   MORPH_RETURN_IF_ERROR(s->AddTensor("w1", {6, 12}, DType::kF32, Layout::Layer(1).SplitTP(1)));
@@ -74,9 +74,9 @@ StatusOr<std::unique_ptr<State>> MakeState(const ParallelConfig& config, int ran
   return s;
 }
 
-StatusOr<std::unique_ptr<State>> MakeBigState(const ParallelConfig& config, int rank,
+StatusOr<std::unique_ptr<StateStore>> MakeBigState(const ParallelConfig& config, int rank,
                                               int64_t bytes) {
-  auto s = std::make_unique<State>();
+  auto s = std::make_unique<StateStore>();
   const int64_t rows = std::max<int64_t>(config.tp, bytes / 4 / 1024 / config.tp * config.tp);
   MORPH_RETURN_IF_ERROR(
       s->AddTensor("big", {rows, 1024}, DType::kF32, Layout::Layer(0).SplitTP(0)));
@@ -85,7 +85,7 @@ StatusOr<std::unique_ptr<State>> MakeBigState(const ParallelConfig& config, int 
   return s;
 }
 
-void Fill(State& state, uint64_t seed) {
+void Fill(StateStore& state, uint64_t seed) {
   for (size_t i = 0; i < state.tensors().size(); ++i) {
     State::TensorRef r = state.TensorAt(i);
     const std::vector<int64_t> plan = PlanShape(*r.spec);
@@ -109,7 +109,7 @@ void Fill(State& state, uint64_t seed) {
   }
 }
 
-int64_t CountDifferences(const State& state, uint64_t seed, std::string* first) {
+int64_t CountDifferences(const StateStore& state, uint64_t seed, std::string* first) {
   int64_t diffs = 0;
   auto note = [&](const std::string& what) {
     if (diffs++ == 0 && first != nullptr) *first = what;
@@ -142,7 +142,7 @@ int64_t CountDifferences(const State& state, uint64_t seed, std::string* first) 
   return diffs;
 }
 
-void ExpectFilled(const State& state, uint64_t seed) {
+void ExpectFilled(const StateStore& state, uint64_t seed) {
   std::string first;
   EXPECT_EQ(CountDifferences(state, seed, &first), 0)
       << "rank " << state.rank() << ": first difference: " << first;

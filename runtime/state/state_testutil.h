@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
 #include "runtime/state/state.h"
 
 namespace morph::state_testutil {
@@ -22,20 +22,20 @@ namespace morph::state_testutil {
 ParallelConfig Config(int dp, int tp, int pp);
 // The model (7 tensors, + a hybrid-ZeRO one when `hybrid`: needs even dp; scalars "step" (8 B)
 // and "rng" (16 B) when `scalars`), materialized for (config, rank).
-StatusOr<std::unique_ptr<State>> MakeState(const ParallelConfig& config, int rank,
+StatusOr<std::unique_ptr<StateStore>> MakeState(const ParallelConfig& config, int rank,
                                            bool hybrid = false, bool scalars = true);
 // One f32 tensor of about `bytes` bytes split over TP (dim 0), plus the scalars.
-StatusOr<std::unique_ptr<State>> MakeBigState(const ParallelConfig& config, int rank,
+StatusOr<std::unique_ptr<StateStore>> MakeBigState(const ParallelConfig& config, int rank,
                                               int64_t bytes);
 // The byte a state element / scalar byte holds for `seed` (padding holds 0).
 uint8_t ElementByte(uint64_t seed, size_t tensor, int64_t global_index, int byte);
 // Writes the seed's values into every shard and scalar of `state`.
-void Fill(State& state, uint64_t seed);
+void Fill(StateStore& state, uint64_t seed);
 // Number of bytes of `state` (shards and scalars) that differ from Fill(seed); the first
 // difference is described in `*first` when given.
-int64_t CountDifferences(const State& state, uint64_t seed, std::string* first = nullptr);
+int64_t CountDifferences(const StateStore& state, uint64_t seed, std::string* first = nullptr);
 // gtest: CountDifferences(state, seed) == 0, naming the first difference.
-void ExpectFilled(const State& state, uint64_t seed);
+void ExpectFilled(const StateStore& state, uint64_t seed);
 
 }  // namespace morph::state_testutil
 

@@ -1,6 +1,7 @@
-#include "runtime/state/step.h"
+#include "morph/step.h"
 
 #include "collectives/groups.h"
+#include "runtime/cursor/dataset_cursor.h"
 
 namespace morph {
 
@@ -19,5 +20,7 @@ const RankBatch& Step::batch() const {
   }
   return batch_;
 }
+
+int64_t Step::global_batch() const { return cursor_ ? cursor_->spec().global_batch : 0; }
 
 }  // namespace morph

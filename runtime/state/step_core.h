@@ -36,7 +36,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph {
 

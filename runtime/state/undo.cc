@@ -14,7 +14,7 @@ constexpr size_t kChunk = size_t{64} << 20;
 
 UndoCopy::~UndoCopy() { Cancel(); }
 
-Status UndoCopy::Prepare(const State& state, Slot& slot, std::vector<Source>& tensors) {
+Status UndoCopy::Prepare(const StateStore& state, Slot& slot, std::vector<Source>& tensors) {
   const size_t n = state.tensors().size();
   slot.tensors.resize(n);
   tensors.clear();
@@ -54,7 +54,7 @@ void UndoCopy::Cancel() {
   in_flight_ = false;
 }
 
-Status UndoCopy::Begin(const State& state, int64_t step, int64_t generation) {
+Status UndoCopy::Begin(const StateStore& state, int64_t step, int64_t generation) {
   Cancel();
   const int spare = taken_ == 0 ? 1 : 0;
   Slot& slot = slots_[static_cast<size_t>(spare)];
@@ -72,7 +72,7 @@ Status UndoCopy::Begin(const State& state, int64_t step, int64_t generation) {
   return Status::Ok();
 }
 
-Status UndoCopy::Take(State& state, int64_t step, int64_t generation) {
+Status UndoCopy::Take(StateStore& state, int64_t step, int64_t generation) {
   if (in_flight_ && in_flight_step_ == step && in_flight_generation_ == generation) {
     worker_.join();
     in_flight_ = false;
@@ -100,7 +100,7 @@ Status UndoCopy::Take(State& state, int64_t step, int64_t generation) {
   return Status::Ok();
 }
 
-int64_t UndoCopy::StepFor(State& state, int64_t generation) {
+int64_t UndoCopy::StepFor(StateStore& state, int64_t generation) {
   Cancel();
   if (taken_ < 0) return -1;
   const Slot& slot = slots_[static_cast<size_t>(taken_)];
@@ -114,7 +114,7 @@ int64_t UndoCopy::StepFor(State& state, int64_t generation) {
   return slot.step;
 }
 
-void UndoCopy::PutBack(State& state) {
+void UndoCopy::PutBack(StateStore& state) {
   Cancel();
   const Slot& slot = slots_[static_cast<size_t>(taken_)];
   for (size_t i = 0; i < slot.tensors.size(); ++i) {

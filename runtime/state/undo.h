@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 #include "runtime/state/state.h"
 
 namespace morph {
@@ -42,20 +42,20 @@ class UndoCopy {
   // the background; the caller must not change the state until Take or Cancel. A copy already
   // in flight is cancelled first. kFailedPrecondition naming the tensor when one is not in host
   // memory (nothing begun; Take then returns the same error).
-  Status Begin(const State& state, int64_t step, int64_t generation);
+  Status Begin(const StateStore& state, int64_t step, int64_t generation);
   // Makes the copy of step `step` the one StepFor and PutBack use: the one begun for that step
   // and generation (waits for it), else a copy made now. kFailedPrecondition naming the tensor
   // when one is not in host memory (the previous copy is dropped: StepFor returns -1).
-  Status Take(State& state, int64_t step, int64_t generation);
+  Status Take(StateStore& state, int64_t step, int64_t generation);
   // Stops a copy in flight (within one chunk of its memcpy) and drops it; the last taken copy
   // stays. Nothing when none is in flight.
   void Cancel();
   // The step the copy can put back into `state` now: -1 when there is none, or it was taken in
   // another generation's layout, or a shard's size changed (a failed switch released it).
-  int64_t StepFor(State& state, int64_t generation);
+  int64_t StepFor(StateStore& state, int64_t generation);
   // Puts the copy back (StepFor must have returned its step): every shard and scalar, and the
   // state is whole again.
-  void PutBack(State& state);
+  void PutBack(StateStore& state);
 
  private:
   struct Slot {
@@ -70,7 +70,7 @@ class UndoCopy {
   };
 
   // Sizes `slot` for `state` and lists what to copy; kFailedPrecondition for CUDA storage.
-  static Status Prepare(const State& state, Slot& slot, std::vector<Source>& tensors);
+  static Status Prepare(const StateStore& state, Slot& slot, std::vector<Source>& tensors);
   // Copies `tensors` into `slot` (false: cancelled) and the scalars.
   bool Fill(const std::vector<Source>& tensors, Slot& slot);
 

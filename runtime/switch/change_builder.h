@@ -27,10 +27,10 @@
 #include <thread>
 #include <vector>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "collectives/groups.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/protocol/messages.h"
 #include "runtime/switch/switch.h"
 

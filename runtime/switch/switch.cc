@@ -78,9 +78,16 @@ void PreparedSwitch::Abort() {
   if (transport_) transport_->Abort();
   if (change_comm_) change_comm_->Abort();
   std::lock_guard<std::mutex> l(groups_mu_);
-  // (TakeGroups drops the device transport, whose communicator may be the groups' world.)
-  if (device_transport_) device_transport_->Abort();
-  if (groups_) groups_->AbortAll();
+  // Past the closing barrier the change is applied: its groups belong to the new generation,
+  // which an abort of the old one is not for (its own failures abort them through LiveGroups).
+  // (The device transport's communicator may be the groups' world; TakeGroups drops it.)
+  if (device_transport_ && !applied_) device_transport_->Abort();
+  if (groups_ && !applied_) groups_->AbortAll();
+}
+
+void MarkApplied(PreparedSwitch& sw) {
+  std::lock_guard<std::mutex> l(sw.groups_mu_);
+  sw.applied_ = true;
 }
 
 // kFailedPrecondition "plan digest mismatch: ..." unless `change` has the coordinator's digest.
@@ -230,7 +237,7 @@ Status CheckCommit(const PreparedSwitch& sw, const CommitMsg& commit) {
 // A recovery from a checkpoint: every participant installs its new shards (zero-filled) and
 // fills them and the scalars from the checkpoint; then the closing barrier.
 StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch& sw, const CommitMsg& commit,
-                                            State& state, Deadline) {
+                                            StateStore& state, Deadline) {
   const std::string gen = "recovery into generation " + std::to_string(commit.next.id) +
                           " from checkpoint " + commit.recovery.checkpoint;
   if (!sw.options_.restore_checkpoint) {
@@ -264,12 +271,25 @@ StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch& sw, const CommitMsg&
     Status barrier = sw.change_comm_->Barrier(sw.options_.timeout);
     if (!barrier.ok()) return barrier.WithContext(gen + ": closing barrier");
   }
+  MarkApplied(sw);
   stats.seconds.resume = Since(t_resume);
   stats.peak_bytes = stats.peak_state_bytes = stats.new_bytes;
   return stats;
 }
 
-StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit, State& state,
+void SwitchStats::AddExecutor(const ExecutorStats& r) {
+  bytes_sent += r.bytes_sent;
+  bytes_received += r.bytes_received;
+  bytes_copied += r.bytes_copied;
+  copy_seconds += r.copy_seconds;
+  pack_seconds += r.pack_seconds;
+  wait_seconds += r.wait_seconds;
+  unpack_seconds += r.unpack_seconds;
+  executor_seconds += r.total_seconds;
+  peak_staging_bytes = std::max(peak_staging_bytes, r.staging_peak_bytes);
+}
+
+StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit, StateStore& state,
                                     Deadline deadline) {
   const std::string gen = "switch to generation " + std::to_string(sw.next_.id);
   MORPH_RETURN_IF_ERROR(CheckCommit(sw, commit));
@@ -519,16 +539,8 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     if (!r.ok()) return fail(r.status(), where);
     stats.device.transfer_peak_bytes =
         std::max({stats.device.transfer_peak_bytes, tally.peak, tally.held + device_staging});
-    stats.bytes_sent += r->bytes_sent;
-    stats.bytes_received += r->bytes_received;
-    stats.bytes_copied += r->bytes_copied;
-    stats.copy_seconds += r->copy_seconds;
-    stats.pack_seconds += r->pack_seconds;
-    stats.wait_seconds += r->wait_seconds;
-    stats.unpack_seconds += r->unpack_seconds;
-    stats.executor_seconds += r->total_seconds;
+    stats.AddExecutor(*r);
     const auto t_release = Clock::now();
-    stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, r->staging_peak_bytes);
     stats.peak_bytes = std::max(stats.peak_bytes, held + r->staging_peak_bytes);
     for (size_t j = 0; j < sorted.size(); ++j) {
       const size_t t = static_cast<size_t>(sorted[j]);
@@ -640,6 +652,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     }
     return fail(barrier, "closing barrier");
   }
+  MarkApplied(sw);
   state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
   stats.device.resume_bytes = device_path ? stats.device.new_bytes : 0;
   stats.seconds.resume = Since(t_resume);
@@ -656,7 +669,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   return stats;
 }
 
-Status AdoptNewState(PreparedSwitch& sw, State& state) {
+Status AdoptNewState(PreparedSwitch& sw, StateStore& state) {
   if (!sw.new_complete_) {
     return FailedPreconditionError("generation " + std::to_string(sw.next_.id) +
                                    ": this participant's exchange did not complete");

@@ -131,8 +131,8 @@
 #include <thread>
 #include <vector>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "collectives/build_cancel.h"
 #include "collectives/comm_transport.h"
 #include "collectives/communicator.h"
@@ -140,7 +140,7 @@
 #include "collectives/device_transport.h"
 #include "collectives/groups.h"
 #include "collectives/union_comm.h"
-#include "collectives/store.h"
+#include "collectives/store/store.h"
 #include "reshard/executor.h"
 #include "reshard/local_plan.h"
 #include "runtime/state/state.h"
@@ -219,7 +219,7 @@ struct SwitchOptions {
   // A recovery from a checkpoint (RecoveryDecision::kCheckpoint): fills every shard and scalar
   // of the State, already installed for the new config and rank, from the checkpoint at
   // `path`. Null: such a recovery fails with kFailedPrecondition.
-  std::function<Status(const std::string& path, State& state)> restore_checkpoint;
+  std::function<Status(const std::string& path, StateStore& state)> restore_checkpoint;
   // A recovery from buddy snapshots (RecoveryDecision::kSnapshot): this worker's complete copy
   // of `step` of the generation the change starts from, its own (held = false) or the one it
   // holds for its ward (held = true); null when it has none. Called on the training thread;
@@ -300,6 +300,9 @@ struct SwitchStats {
     int64_t resume_bytes = 0;   // held when the switch returns (the new device shards)
     int64_t bytes_sent = 0, bytes_received = 0;  // over the device transport
   } device;
+
+  // Adds one executor run (a batch, a round): bytes, the phases' seconds and the staging peak.
+  void AddExecutor(const ExecutorStats& r);
 };
 
 struct DeviceTally;  // switch_internal.h
@@ -345,11 +348,12 @@ class PreparedSwitch {
                                                                  const PrepareMsg&, Store&,
                                                                  const CommunicatorFactory&,
                                                                  const SwitchOptions&, Deadline);
-  friend StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch&, const CommitMsg&, State&, Deadline);
+  friend StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch&, const CommitMsg&, StateStore&, Deadline);
   friend std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch&);
   friend Status ShrinkGroups(PreparedSwitch&, std::unique_ptr<GroupSet>, Deadline);
   friend Status PlanSwitch(PreparedSwitch&, const ChangePlan&, const SwitchOptions&);
   friend void PlanPreallocation(PreparedSwitch&);
+  friend void MarkApplied(PreparedSwitch&);
   friend void FillPreallocation(PreparedSwitch&, const Allocator&);
   friend Buffer TakePreallocated(PreparedSwitch&, size_t);
   friend int64_t PredictPeak(const PreparedSwitch&, bool keep_old);
@@ -361,15 +365,15 @@ class PreparedSwitch {
                                           std::span<const OldShardData>,
                                           std::span<const NewShardData>, SwitchStats&, int64_t*,
                                           Deadline);
-  friend StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch&, State&,
+  friend StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch&, StateStore&,
                                                 std::vector<ConstBufferView>&,
                                                 std::vector<Buffer>&, DeviceTally&);
-  friend Status ReturnStagedForBatch(PreparedSwitch&, State&, size_t,
+  friend Status ReturnStagedForBatch(PreparedSwitch&, StateStore&, size_t,
                                      std::vector<ConstBufferView>&, Buffer&, DeviceTally&);
   friend bool ShouldStageOld(PreparedSwitch&, SwitchStats&);
-  friend StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch&, const CommitMsg&, State&,
+  friend StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch&, const CommitMsg&, StateStore&,
                                                      Deadline);
-  friend StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch&, const CommitMsg&, State&,
+  friend StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch&, const CommitMsg&, StateStore&,
                                                     Deadline);
   PreparedSwitch() = default;
 
@@ -410,6 +414,9 @@ class PreparedSwitch {
   bool shrink_groups_ = false;
   std::vector<int> leaving_;
   std::mutex groups_mu_;  // groups_ between ShrinkGroups and Abort()
+  // Under groups_mu_: this participant passed the closing barrier, so the change is applied and
+  // groups_ are the new generation's: Abort() (an abort of the old generation) leaves them be.
+  bool applied_ = false;
   Store* store_ = nullptr;
   CommunicatorFactory factory_;
   std::atomic<bool> aborted_{false};
@@ -418,13 +425,13 @@ class PreparedSwitch {
   std::vector<Shard> pending_shards_;  // not yet installed (keep_old_until_barrier)
   std::vector<Buffer> pending_buffers_;
   bool pending_install_ = false;
-  friend Status AdoptNewState(PreparedSwitch&, State&);
+  friend Status AdoptNewState(PreparedSwitch&, StateStore&);
 };
 
 // Installs the new state a switch that failed only at its closing barrier completed
 // (new_state_complete()), when the change applied elsewhere. kFailedPrecondition otherwise.
 // Training thread.
-Status AdoptNewState(PreparedSwitch& prepared, State& state);
+Status AdoptNewState(PreparedSwitch& prepared, StateStore& state);
 
 // `prepare.next.plan_digest` is checked first, before any communicator is built:
 // kFailedPrecondition "plan digest mismatch: coordinator <hex>, computed <hex> (<parts>)" where
@@ -450,7 +457,7 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
 // (tensors 'a', ...)" / "scalar broadcast" / "closing barrier", and — where the communicator
 // knows them — the failed peers as "participant P (worker W)". What the State holds after an
 // error: see "Failure" above. Collective over the participants.
-StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& commit, State& state,
+StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& prepared, const CommitMsg& commit, StateStore& state,
                                     Deadline deadline);
 
 // The new generation's communicators (null when this worker holds no rank in `next`, or after

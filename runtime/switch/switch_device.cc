@@ -134,7 +134,7 @@ bool ShouldStageOld(PreparedSwitch& sw, SwitchStats& stats) {
   return stats.device.free_bytes < stats.device.bound_bytes - stats.device.old_bytes;
 }
 
-StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch& sw, State& state,
+StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch& sw, StateStore& state,
                                        std::vector<ConstBufferView>& old_view,
                                        std::vector<Buffer>& staged, DeviceTally& tally) {
   const Allocator alloc =
@@ -154,7 +154,7 @@ StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch& sw, State& state,
   return bytes;
 }
 
-Status ReturnStagedForBatch(PreparedSwitch& sw, State& state, size_t t,
+Status ReturnStagedForBatch(PreparedSwitch& sw, StateStore& state, size_t t,
                             std::vector<ConstBufferView>& old_view, Buffer& on_device,
                             DeviceTally& tally) {
   MORPH_ASSIGN_OR_RETURN(on_device, state.AllocateShard(t, static_cast<int64_t>(old_view[t].bytes)),

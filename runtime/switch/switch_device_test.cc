@@ -32,7 +32,7 @@ class DeviceCluster {
       if (c_.states_.count(w)) continue;
       auto gpu = std::make_shared<FakeDevice>(-1, node_);
       gpus_[w] = gpu;
-      auto s = std::make_unique<State>();
+      auto s = std::make_unique<StateStore>();
       for (size_t i = 0; i < c_.manifest_.tensors.size(); ++i) {
         const TensorSpec& t = c_.manifest_.tensors[i];
         if (on_device_[i]) {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "runtime/switch/switch.h"
 #include "runtime/protocol/messages.h"
 
@@ -36,6 +36,8 @@ int64_t PredictPeak(const PreparedSwitch& sw, bool keep_old);
 void PlanPreallocation(PreparedSwitch& sw);
 void FillPreallocation(PreparedSwitch& sw, const Allocator& alloc);
 Buffer TakePreallocated(PreparedSwitch& sw, size_t t);
+// The closing barrier passed: Abort() leaves the new groups be (switch.h, applied_).
+void MarkApplied(PreparedSwitch& sw);
 
 // switch_plan.cc: the global order cut into batches of tensor indices (switch.h "Order and
 // memory bound"); each batch's part of `full` (its tensors, ascending and renumbered, and their
@@ -73,11 +75,11 @@ void PlanDeviceBytes(PreparedSwitch& sw);
 bool ShouldStageOld(PreparedSwitch& sw, SwitchStats& stats);
 // Copies every old device shard to pinned host memory (`staged`), releases it on the device and
 // points old_view there; returns the bytes staged.
-StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch& sw, State& state,
+StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch& sw, StateStore& state,
                                        std::vector<ConstBufferView>& old_view,
                                        std::vector<Buffer>& staged, DeviceTally& tally);
 // A staged old shard back in device memory (`on_device`, the tensor's allocator) for its batch.
-Status ReturnStagedForBatch(PreparedSwitch& sw, State& state, size_t t,
+Status ReturnStagedForBatch(PreparedSwitch& sw, StateStore& state, size_t t,
                             std::vector<ConstBufferView>& old_view, Buffer& on_device,
                             DeviceTally& tally);
 // One batch's exchange: device-resident tensors over the device transport, the others over the
@@ -91,7 +93,7 @@ StatusOr<ExecutorStats> RunBatch(PreparedSwitch& sw, const LocalPlan& run,
 
 // ExecuteSwitch for a recovery from buddy snapshots (switch.h "Recovery"; switch_snapshot.cc).
 StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& commit,
-                                           State& state, Deadline deadline);
+                                           StateStore& state, Deadline deadline);
 
 }  // namespace morph
 

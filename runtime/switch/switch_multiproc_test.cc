@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/rank_harness.h"
-#include "collectives/tcp_store.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/store/tcp_store.h"
 #include "reshard/reshard_testutil.h"
 #include "runtime/switch/switch.h"
 #include "runtime/plan/plan_input.h"
@@ -69,7 +69,7 @@ void SwitchWithACrash(bool shared_memory) {
   ForkedRanks ranks = ForkedRanks::Fork(4, [&](int i, const std::string& address) {
     const WorkerId me = workers[static_cast<size_t>(i)];
     Status s = [&]() -> Status {
-      State state;
+      StateStore state;
       for (const TensorSpec& t : m.tensors) {
         MORPH_RETURN_IF_ERROR(state.AddTensor(t.name, t.shape, t.dtype, t.layout));
       }

@@ -1,5 +1,5 @@
 // A recovery's communicators when the step backend can shrink (NCCL; here a Gloo double whose
-// capabilities say it can, collectives/shrinkable_gloo.h): ranks that only leave make
+// capabilities say it can, collectives/gloo/shrinkable_gloo.h): ranks that only leave make
 // PrepareSwitch build no new groups, and ShrinkGroups derives them from the running ones
 // (GroupBuilder::Rebuild, kFailure). Any other change builds its groups in PrepareSwitch.
 // Workers are threads of this process over MemoryStores (label multiproc).
@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/shrinkable_gloo.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/gloo/shrinkable_gloo.h"
 #include "runtime/switch/switch.h"
 #include "runtime/plan/plan_input.h"
 

@@ -27,7 +27,7 @@ bool HasOldShards(const LocalPlan& p) {
 }  // namespace
 
 StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& commit,
-                                           State& state, Deadline deadline) {
+                                           StateStore& state, Deadline deadline) {
   const int64_t step = commit.next.start_step;
   const std::string gen = "recovery into generation " + std::to_string(commit.next.id) +
                           " from the snapshots of step " + std::to_string(step);
@@ -171,15 +171,7 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     if (sw.aborted_.load()) return fail(AbortedError("aborted"), where);
     StatusOr<ExecutorStats> r = ExecutePlan(p, olds, news, *sw.transport_, sw.executor_, deadline);
     if (!r.ok()) return fail(r.status(), where);
-    stats.bytes_sent += r->bytes_sent;
-    stats.bytes_received += r->bytes_received;
-    stats.bytes_copied += r->bytes_copied;
-    stats.copy_seconds += r->copy_seconds;
-    stats.pack_seconds += r->pack_seconds;
-    stats.wait_seconds += r->wait_seconds;
-    stats.unpack_seconds += r->unpack_seconds;
-    stats.executor_seconds += r->total_seconds;
-    stats.peak_staging_bytes = std::max(stats.peak_staging_bytes, r->staging_peak_bytes);
+    stats.AddExecutor(*r);
     return Status::Ok();
   };
   MORPH_RETURN_IF_ERROR(run(rounds.own, own_olds, "round A (own copies)"));
@@ -233,6 +225,7 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
     sw.new_complete_ = true;
     return fail(barrier, "closing barrier");
   }
+  MarkApplied(sw);
   stats.seconds.resume = Since(t_resume);
   if (opt.restored_from_own_snapshot && !own_olds.empty()) {
     // The tensors round A wrote whole from this worker's own copy, into the same shard.

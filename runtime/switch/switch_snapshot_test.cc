@@ -28,7 +28,7 @@ struct HostSnapshot {
 
 // `sent` (a held copy): only the tensors its rank sends to its buddy (BuddyCopiedTensors), the
 // others listed with an empty shard, as the buddy receives them.
-std::unique_ptr<HostSnapshot> TakeSnapshot(const State& s, int64_t generation, int64_t step,
+std::unique_ptr<HostSnapshot> TakeSnapshot(const StateStore& s, int64_t generation, int64_t step,
                                            const std::vector<bool>& sent = {}) {
   auto out = std::make_unique<HostSnapshot>();
   SnapshotData& d = out->data;
@@ -101,7 +101,7 @@ void SnapshotRecovery(bool big) {
   }
   // Training went on past the snapshot: the live state no longer holds its values.
   for (WorkerId w : workers) {
-    State& s = *c.states_.at(w);
+    StateStore& s = *c.states_.at(w);
     for (size_t t = 0; t < s.tensors().size(); ++t) {
       State::TensorRef ref = s.TensorAt(t);
       if (ref.data.bytes > 0) std::memset(ref.data.data, 0x5a, ref.data.bytes);

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 #include "runtime/switch/switch_testutil.h"
 #include "runtime/plan/plan_input.h"
 
@@ -291,6 +291,26 @@ TEST(SwitchTest, AbandonedPrepareReleasesItsPreallocatedShards) {
   c.Verify(1);  // nothing moved
 }
 
+// The switch passed its closing barrier: the change is applied everywhere, and the groups built
+// for it are the new generation's. An abort of the old generation that reaches the prepared
+// switch now (the coordinator saw an old member go) must leave them alone: aborting them made
+// the new generation's first step fail, and its failure reports, sent before the change was
+// applied, reached no one (failure_test, seeded kills).
+TEST(SwitchTest, AnAbortAfterTheClosingBarrierLeavesTheNewGroupsAlone) {
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {10, 11}));
+  c.abort_after_execute_ = true;
+  PrepareMsg p;
+  std::map<WorkerId, WorkerResult> results =
+      c.Propose(Config(3, 1, 1), {10, 11, 12}, Cluster::Defaults(), &p);
+  ASSERT_EQ(results.size(), 3u);
+  for (auto& [w, r] : results) {
+    EXPECT_TRUE(r.status.ok()) << "worker " << w << ": " << r.status;
+    EXPECT_TRUE(r.has_groups) << "worker " << w;
+    EXPECT_TRUE(r.groups_barrier.ok()) << "worker " << w << ": " << r.groups_barrier;
+  }
+}
+
 TEST(SwitchTest, CommitThatDiffersFromThePrepareIsRefused) {
   Cluster c;
   ASSERT_NO_FATAL_FAILURE(c.Start(Config(1, 1, 1), {1}));
@@ -367,7 +387,7 @@ void DisappearMidTransfer(bool shared_memory) {
     if (res.status.message().find("worker 11") != std::string::npos) ++named;
     EXPECT_NE(res.status.message().find("switch to generation 2"), std::string::npos);
     // Nothing switched: the state still says generation 1's layout (or nothing, on joiners).
-    const State& s = *c.states_.at(w);
+    const StateStore& s = *c.states_.at(w);
     EXPECT_EQ(s.rank(), p.from.RankOf(w));
   }
   EXPECT_GE(named, 1) << "no participant named the one that disappeared";

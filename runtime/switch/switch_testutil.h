@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/rank_harness.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/testing/rank_harness.h"
 #include "reshard/reshard_testutil.h"
 #include "runtime/switch/switch.h"
 #include "runtime/plan/plan_input.h"
@@ -65,6 +65,7 @@ struct WorkerResult {
   int64_t predicted_peak = 0;
   bool has_groups = false;
   int group_rank = -1;
+  Status groups_barrier;  // a barrier on the new world (with Cluster::abort_after_execute_)
   double seconds = 0;
 };
 
@@ -92,10 +93,10 @@ class Cluster {
     return d;
   }
 
-  State& StateOf(WorkerId w) {
+  StateStore& StateOf(WorkerId w) {
     auto& s = states_[w];
     if (!s) {
-      s = std::make_unique<State>();
+      s = std::make_unique<StateStore>();
       for (const TensorSpec& t : manifest_.tensors) {
         EXPECT_TRUE(s->AddTensor(t.name, t.shape, t.dtype, t.layout).ok());
       }
@@ -173,9 +174,15 @@ class Cluster {
           if (wait_for_preallocation_) sw->WaitForPreallocation();
           r.predicted_peak = sw->predicted_peak_bytes();
           MORPH_ASSIGN_OR_RETURN(r.stats, ExecuteSwitch(*sw, commit, *states_.at(w), deadline));
+          // An abort of the old generation that arrives after the closing barrier (a peer's
+          // death reported late) before the groups are taken.
+          if (abort_after_execute_) sw->Abort();
           std::unique_ptr<GroupSet> groups = TakeGroups(*sw);
           r.has_groups = groups != nullptr;
           if (groups) r.group_rank = groups->rank();
+          if (groups && abort_after_execute_) {
+            r.groups_barrier = groups->world().Barrier(std::chrono::seconds(10));
+          }
           return Status::Ok();
         }();
         r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -192,6 +199,8 @@ class Cluster {
     last_run_prepared_ = all_prepared;
     return results;
   }
+
+  bool abort_after_execute_ = false;
 
   static SwitchOptions Defaults() {
     SwitchOptions o;
@@ -232,7 +241,7 @@ class Cluster {
     std::map<WorkerId, WorkerResult> r = Propose(config, workers, Defaults(), &p);
     for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << "worker " << w << ": " << res.status;
     for (WorkerId w : current_.ranks) {
-      State& s = *states_.at(w);
+      StateStore& s = *states_.at(w);
       for (size_t i = 0; i < manifest_.tensors.size(); ++i) {
         State::TensorRef t = s.TensorAt(i);
         const std::vector<char> want = Slice(i, t.shard);
@@ -347,7 +356,7 @@ class Cluster {
   // from another thread wait there for that call to end).
   std::function<void(WorkerId)> before_release_;
   bool wait_for_preallocation_ = false;  // before executing (else ExecuteSwitch waits per shard)
-  std::map<WorkerId, std::unique_ptr<State>> states_;
+  std::map<WorkerId, std::unique_ptr<StateStore>> states_;
   Generation current_;
   int64_t scalar_generation_ = 1;
 };

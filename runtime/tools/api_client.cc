@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/params.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 
 namespace morph {
 namespace {

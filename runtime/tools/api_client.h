@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph {
 

@@ -29,8 +29,8 @@
 #include <thread>
 #include <vector>
 
-#include "base/deadline.h"
-#include "base/status.h"
+#include "morph/deadline.h"
+#include "morph/status.h"
 #include "runtime/coordinator/coordinator.h"
 
 namespace morph {

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.h"
+#include "morph/status.h"
 
 namespace morph {
 

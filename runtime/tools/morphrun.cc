@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "base/params.h"
-#include "collectives/tcp_store.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/tools/launcher.h"
 
 namespace {

@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
 
 namespace morph::testing {
 

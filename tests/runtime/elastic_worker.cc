@@ -42,7 +42,7 @@
 #include <string>
 #include <thread>
 
-#include "runtime/api/runtime.h"
+#include "morph/runtime.h"
 #include "runtime/api/test_hooks.h"
 
 namespace {
@@ -209,8 +209,8 @@ int main(int argc, char** argv) {
                    "elastic_worker %ld: recovered at step %ld from %s (newest %ld, %ld steps "
                    "lost, %s state), abort %.3f s\n",
                    static_cast<long>(r.worker_id()), static_cast<long>(c.step),
-                   c.source == morph::RecoveryDecision::Source::kCheckpoint ? "checkpoint"
-                   : c.source == morph::RecoveryDecision::Source::kSnapshot ? "snapshots"
+                   c.source == morph::RecoverySource::kCheckpoint ? "checkpoint"
+                   : c.source == morph::RecoverySource::kSnapshot ? "snapshots"
                                                                              : "replicas",
                    static_cast<long>(c.newest_step), static_cast<long>(c.lost_steps()),
                    c.stale ? "stale" : "own", c.abort_seconds);

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "base/parallel_config.h"
+#include "morph/parallel_config.h"
 #include "tests/runtime/scenarios_testutil.h"
 
 namespace morph::testing {

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "base/testing.h"
-#include "runtime/api/runtime.h"
+#include "morph/runtime.h"
 #include "runtime/coordinator/coordinator.h"
 
 namespace morph {

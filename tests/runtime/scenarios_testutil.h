@@ -23,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "base/parallel_config.h"
-#include "base/status.h"
+#include "morph/parallel_config.h"
+#include "morph/status.h"
 #include "runtime/coordinator/http_api.h"
 #include "runtime/protocol/messages.h"
 

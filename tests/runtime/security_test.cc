@@ -36,12 +36,12 @@
 #include <vector>
 
 #include "base/testing.h"
-#include "collectives/gloo_communicator.h"
-#include "collectives/store.h"
-#include "collectives/tcp_store.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/store/store.h"
+#include "collectives/store/tcp_store.h"
 #include "runtime/agent/agent_core.h"
-#include "runtime/api/options.h"
-#include "runtime/api/runtime.h"
+#include "morph/options.h"
+#include "morph/runtime.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/agent/control_client.h"
 #include "runtime/tools/launcher.h"

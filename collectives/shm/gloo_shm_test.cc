@@ -1,0 +1,573 @@
+// The Gloo communicator's same-host shared-memory path (shm_collectives.h) with ranks as forked
+// processes (label multiproc): it is taken when every rank is here and enabled, its results are
+// the reference ones and bit for bit the TCP path's, in the documented rank order; Abort() wakes
+// a waiter at once, a SIGKILLed peer gives kUnavailable naming it, a silent one
+// kDeadlineExceeded, a destroyed one kUnavailable; the segment's name is gone once created;
+// disabled on any rank, everyone uses TCP; a small broadcast's root runs ahead of its receivers
+// through a ring of slots, which they all read bit for bit, also when a peer dies meanwhile.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "base/testing.h"
+#include "collectives/testing/collective_checks.h"
+#include "collectives/gloo/gloo_communicator.h"
+#include "collectives/testing/rank_harness.h"
+#include "collectives/shm/shm_collectives.h"
+#include "collectives/store/tcp_store.h"
+
+namespace morph {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kToken[] = "shm-token";
+constexpr milliseconds kTimeout(20000);
+
+StatusOr<std::unique_ptr<GlooCommunicator>> Build(Store& store, const std::string& name, int rank,
+                                                  int world, bool shared_memory) {
+  GlooOptions options;
+  options.shared_memory = shared_memory;
+  MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(options));
+  return GlooCommunicator::Create(store, name, rank, world, device, Deadline::AfterMs(20000));
+}
+
+// Runs fn(rank, store) in `world` forked ranks; the parent may act meanwhile (`parent`, given
+// the store address) and returns the exit codes.
+std::vector<int> RunForked(
+    int world, const std::function<Status(int, TcpStoreClient&)>& fn,
+    const std::function<void(ForkedRanks&, const std::string&)>& parent = nullptr) {
+  ForkedRanks ranks = ForkedRanks::Fork(world, [&](int rank, const std::string& address) {
+    Status s = [&]() -> Status {
+      MORPH_ASSIGN_OR_RETURN(auto store,
+                             TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
+      return fn(rank, *store);
+    }();
+    return ExitCode(rank, s);
+  });
+  auto server = TcpStoreServer::Start("127.0.0.1", 0, kToken);
+  server.status().CheckOk("store server");
+  ranks.Release((*server)->address());
+  if (parent) parent(ranks, (*server)->address());
+  return ranks.Wait(Deadline::AfterMs(60000));
+}
+
+// Values whose floating-point sum depends on the order: mixed signs and magnitudes.
+void Fill(DType t, void* buf, size_t n, int rank) {
+  for (size_t i = 0; i < n; ++i) {
+    const double v = ((i + rank) % 2 ? -1.0 : 1.0) *
+                     std::ldexp(1.0 + 0.37 * static_cast<double>((i * 5 + rank * 3) % 11),
+                                static_cast<int>((i * 7 + rank * 13) % 21) - 10);
+    switch (t) {
+      case DType::kF32:
+        static_cast<float*>(buf)[i] = static_cast<float>(v);
+        break;
+      case DType::kF64:
+        static_cast<double*>(buf)[i] = v;
+        break;
+      case DType::kF16:
+        static_cast<uint16_t*>(buf)[i] = FloatToHalf(static_cast<float>(v));
+        break;
+      case DType::kBF16:
+        static_cast<uint16_t*>(buf)[i] = FloatToBFloat16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v * 1000);
+        break;
+      case DType::kI64:
+        static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v * 1e6);
+        break;
+      case DType::kI8:
+        static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(static_cast<int>(v * 7) % 100);
+        break;
+      case DType::kU8:
+        static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>((i * 31 + rank * 17) & 0xff);
+        break;
+    }
+  }
+}
+
+// Every small collective on `shm` and on `tcp` with the same inputs: the same bytes.
+Status CompareWithTcp(GlooCommunicator& shm, GlooCommunicator& tcp) {
+  const int rank = shm.rank(), world = shm.size();
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kI64,
+                  DType::kI8, DType::kU8}) {
+    const size_t es = DTypeSize(t);
+    for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, (size_t{64} << 10) / es}) {
+      const std::string what = std::string(DTypeName(t)) + " count " + std::to_string(count) + ": ";
+      std::vector<uint8_t> in(count * es * world), a, b;
+      Fill(t, in.data(), count * world, rank);
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+        a.assign(in.begin(), in.begin() + count * es);
+        b = a;
+        MORPH_RETURN_IF_ERROR(shm.Allreduce(a.data(), count, t, op, kTimeout));
+        MORPH_RETURN_IF_ERROR(tcp.Allreduce(b.data(), count, t, op, kTimeout));
+        if (a != b) {
+          return InternalError(what + "allreduce " + std::string(ReduceOpName(op)) +
+                               " differs from the TCP path's");
+        }
+        if (count * es * world <= (size_t{64} << 10)) {
+          a.assign(count * es, 0);
+          b = a;
+          MORPH_RETURN_IF_ERROR(shm.ReduceScatter(in.data(), a.data(), count, t, op, kTimeout));
+          MORPH_RETURN_IF_ERROR(tcp.ReduceScatter(in.data(), b.data(), count, t, op, kTimeout));
+          if (a != b) return InternalError(what + "reduce_scatter differs from the TCP path's");
+        }
+      }
+      a.assign(count * es * world, 0);
+      b = a;
+      MORPH_RETURN_IF_ERROR(shm.Allgather(in.data(), a.data(), count, t, kTimeout));
+      MORPH_RETURN_IF_ERROR(tcp.Allgather(in.data(), b.data(), count, t, kTimeout));
+      if (a != b) return InternalError(what + "allgather differs from the TCP path's");
+      const int root = world - 1;
+      a.assign(in.begin(), in.begin() + count * es);
+      b = a;
+      MORPH_RETURN_IF_ERROR(shm.Broadcast(a.data(), count, t, root, kTimeout));
+      MORPH_RETURN_IF_ERROR(tcp.Broadcast(b.data(), count, t, root, kTimeout));
+      if (a != b) return InternalError(what + "broadcast differs from the TCP path's");
+    }
+  }
+  return Status::Ok();
+}
+
+// Names in /dev/shm that this process's segments would have.
+int SegmentsOfThisProcess() {
+  const std::string prefix = "morph-coll-" + std::to_string(getpid()) + "-";
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) ++n;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+// `peer` published an allreduce and then left (aborted, timed out): this rank's allreduce
+// still completes with every contribution (the peer's was in), and the next one fails at once
+// with kUnavailable naming the peer rather than at its timeout.
+Status ExpectPeerLeft(GlooCommunicator& comm, int peer) {
+  int32_t v = comm.rank() + 1;
+  Status first = comm.Allreduce(&v, 1, DType::kI32, ReduceOp::kSum, kTimeout);
+  if (!first.ok()) return first.WithContext("the operation the peer had published");
+  if (v != 3) return InternalError("allreduce with the peer's contribution: " + std::to_string(v));
+  const Clock::time_point start = Clock::now();
+  Status s = comm.Allreduce(&v, 1, DType::kI32, ReduceOp::kSum, kTimeout);
+  if (s.code() != StatusCode::kUnavailable ||
+      std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+          std::vector<int>{peer} ||
+      Clock::now() - start > std::chrono::seconds(2)) {
+    return InternalError("allreduce after rank " + std::to_string(peer) + " left: " + s.ToString());
+  }
+  return Status::Ok();
+}
+
+constexpr int kRingSlots = static_cast<int>(ShmCollectives::kRingSlots);
+
+// Broadcast i's bytes: a pattern of i, so that a receiver reading a slot the root has already
+// rewritten sees the wrong bytes.
+std::vector<uint8_t> Pattern(int i, size_t bytes) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t j = 0; j < bytes; ++j) {
+    v[j] = static_cast<uint8_t>((i * 151 + j * 7 + (j >> 9)) ^ (i >> 3));
+  }
+  return v;
+}
+
+// Broadcast i's size: within a ring slot for the first kRingSlots (a root may run ahead
+// through all of them), then also larger ones (the two 64 KiB buffers) in between.
+size_t BroadcastBytes(int i) {
+  constexpr size_t kRing = ShmCollectives::kRingSlotBytes;
+  constexpr size_t kSmall[] = {1, 8, 100, kRing - 1, kRing};
+  constexpr size_t kAny[] = {1, kRing + 1, 8, ShmCollectives::kSlotBytes, 3, kRing, 5000};
+  return i < kRingSlots ? kSmall[i % 5] : kAny[(i - kRingSlots) % 7];
+}
+
+// Broadcast i (of `bytes`, or BroadcastBytes(i) if 0) from `root`, checked bit for bit on the
+// others.
+Status BroadcastAndCheck(GlooCommunicator& comm, int root, int i, milliseconds timeout,
+                         size_t bytes = 0) {
+  if (bytes == 0) bytes = BroadcastBytes(i);
+  const std::vector<uint8_t> expected = Pattern(i, bytes);
+  std::vector<uint8_t> buf = comm.rank() == root ? expected : std::vector<uint8_t>(bytes, 0xee);
+  Status s = comm.Broadcast(buf.data(), bytes, DType::kU8, root, timeout);
+  if (!s.ok()) return s.WithContext("broadcast " + std::to_string(i));
+  if (buf != expected) {
+    return InternalError("broadcast " + std::to_string(i) + " (" + std::to_string(bytes) +
+                         " B) differs from the root's bytes");
+  }
+  return Status::Ok();
+}
+
+// Milliseconds since `at_ns` (steady_clock, as the parent wrote it to the store).
+double MsSince(const std::string& at_ns) {
+  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch() -
+                                                   std::chrono::nanoseconds(std::stoll(at_ns)))
+      .count();
+}
+
+// An operation that fails because rank `peer` exited: kUnavailable, "exited", naming it alone.
+Status ExpectExited(const Status& s, int peer, const std::string& what) {
+  if (s.code() != StatusCode::kUnavailable ||
+      std::string(s.message()).find("exited") == std::string::npos ||
+      std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+          std::vector<int>{peer}) {
+    return InternalError(what + ": not kUnavailable naming rank " + std::to_string(peer) +
+                         " as exited: " + s.ToString());
+  }
+  return Status::Ok();
+}
+
+class GlooShmWorldTest : public ::testing::TestWithParam<int> {};
+
+// Failed before the shared-memory path existed (no GlooCommunicator::shared_memory()).
+TEST_P(GlooShmWorldTest, SmallCollectivesTakeSharedMemoryAndMatchTcpBitForBit) {
+  const int world = GetParam();
+  std::vector<int> codes = RunForked(world, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto shm, Build(store, "shm", rank, world, true));
+    MORPH_ASSIGN_OR_RETURN(auto tcp, Build(store, "tcp", rank, world, false));
+    if (world > 1 && !shm->shared_memory()) {
+      return InternalError("every rank is on this host, yet no shared memory");
+    }
+    if (tcp->shared_memory()) return InternalError("shared_memory = false, yet shared memory");
+    if (SegmentsOfThisProcess() != 0) {
+      return InternalError("the segment's name is still in /dev/shm after Create");
+    }
+    MORPH_RETURN_IF_ERROR(CheckAllCollectives(*shm, kTimeout));
+    MORPH_RETURN_IF_ERROR(CheckReductionOrder(*shm, GlooCommunicator::kOneShotMaxBytes, kTimeout));
+    return CompareWithTcp(*shm, *tcp);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooShmWorldTest, ::testing::Values(1, 2, 3, 4));
+
+TEST(GlooShmTest, DisabledOnOneRankMeansTcpOnAll) {
+  std::vector<int> codes = RunForked(3, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "mixed", rank, 3, rank != 1));
+    if (comm->shared_memory()) return InternalError("rank 1 disabled it, yet shared memory");
+    return CheckAllCollectives(*comm, kTimeout);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// Rank 1 never joins; rank 0's allreduce sleeps in shared memory until another thread aborts.
+TEST(GlooShmTest, AbortFromAnotherThreadWakesASharedMemoryWait) {
+  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "abort", rank, 2, true));
+    if (!comm->shared_memory()) return InternalError("no shared memory");
+    if (rank == 1) {
+      MORPH_RETURN_IF_ERROR(
+          store.Wait(std::vector<std::string>{"aborted"}, Deadline::AfterMs(20000)));
+      return ExpectPeerLeft(*comm, 0);
+    }
+    Clock::time_point aborted_at;
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(milliseconds(300));
+      aborted_at = Clock::now();
+      comm->Abort();
+    });
+    int32_t v = 1;  // what ExpectPeerLeft expects of rank 0
+    Status s = comm->Allreduce(&v, 1, DType::kI32, ReduceOp::kSum, kTimeout);
+    const Clock::time_point returned_at = Clock::now();
+    aborter.join();
+    MORPH_RETURN_IF_ERROR(store.Set("aborted", "1", Deadline::AfterMs(5000)));
+    if (s.code() != StatusCode::kAborted || s.collective_failure() == nullptr ||
+        s.collective_failure()->kind != CollectiveFailure::Kind::kAborted) {
+      return InternalError("aborted allreduce: " + s.ToString());
+    }
+    const double ms = std::chrono::duration<double, std::milli>(returned_at - aborted_at).count();
+    std::fprintf(stderr, "rank 0: allreduce returned %.3f ms after Abort()\n", ms);
+    if (ms > 100) return InternalError("Abort() took " + std::to_string(ms) + " ms to wake it");
+    if (!comm->broken()) return InternalError("not broken after Abort()");
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// Ranks 0 and 2 wait in a shared-memory allreduce for rank 1, which the test SIGKILLs.
+TEST(GlooShmTest, SigkilledPeerMidWaitIsUnavailableNamingIt) {
+  constexpr int kWorld = 3, kVictim = 1;
+  std::vector<int> codes = RunForked(
+      kWorld,
+      [&](int rank, TcpStoreClient& store) -> Status {
+        MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "kill", rank, kWorld, true));
+        if (!comm->shared_memory()) return InternalError("no shared memory");
+        MORPH_RETURN_IF_ERROR(
+            store.Set("waiting/" + std::to_string(rank), "1", Deadline::AfterMs(5000)));
+        if (rank == kVictim) {
+          std::this_thread::sleep_for(std::chrono::seconds(60));
+          return InternalError("the victim was not killed");
+        }
+        std::vector<double> v(1000, 1.0);
+        Status s = comm->Allreduce(v.data(), v.size(), DType::kF64, ReduceOp::kSum, kTimeout);
+        const Clock::time_point failed_at = Clock::now();
+        MORPH_ASSIGN_OR_RETURN(std::string killed_at,
+                               store.Get("killed_at", Deadline::AfterMs(10000)));
+        const double ms =
+            std::chrono::duration<double, std::milli>(
+                failed_at.time_since_epoch() - std::chrono::nanoseconds(std::stoll(killed_at)))
+                .count();
+        std::fprintf(stderr, "rank %d: failed %.1f ms after the kill: %s\n", rank, ms,
+                     s.ToString().c_str());
+        if (s.code() != StatusCode::kUnavailable ||
+            std::string(s.message()).find("exited") == std::string::npos) {
+          return InternalError("wrong failure: " + s.ToString());
+        }
+        if (std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+            std::vector<int>{kVictim}) {
+          return InternalError("failed_peers does not name exactly rank 1: " + s.ToString());
+        }
+        if (ms > 2000) return InternalError("noticed only " + std::to_string(ms) + " ms later");
+        // Later operations return the same error; nothing hangs.
+        Status again = comm->Barrier(kTimeout);
+        if (again.code() != StatusCode::kUnavailable || again.failed_peers().size() != 1) {
+          return InternalError("later barrier: " + again.ToString());
+        }
+        return Status::Ok();
+      },
+      [&](ForkedRanks& ranks, const std::string& address) {
+        auto store = TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000));
+        store.status().CheckOk("parent store");
+        (*store)
+            ->Wait(std::vector<std::string>{"waiting/0", "waiting/1", "waiting/2"},
+                   Deadline::AfterMs(30000))
+            .CheckOk("ranks ready");
+        std::this_thread::sleep_for(milliseconds(300));  // the survivors sleep on the futex
+        const auto killed_at = Clock::now().time_since_epoch();
+        ranks.Kill(kVictim);
+        (*store)
+            ->Set("killed_at",
+                  std::to_string(
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(killed_at).count()),
+                  Deadline::AfterMs(5000))
+            .CheckOk("killed_at");
+      });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[kVictim], 128 + SIGKILL);
+  EXPECT_EQ(codes[2], 0);
+}
+
+// A silent peer: kDeadlineExceeded at the timeout, naming the late rank in the message; the late
+// rank then fails at once (rank 0 left) instead of waiting for its own timeout. A peer that
+// destroyed its communicator fails a wait for it at once too.
+TEST(GlooShmTest, TimeoutAndDestroyedPeer) {
+  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "timeout", rank, 2, true));
+    MORPH_ASSIGN_OR_RETURN(auto other, Build(store, "destroyed", rank, 2, true));
+    if (!comm->shared_memory() || !other->shared_memory()) return InternalError("no shm");
+    int32_t v = rank + 1;  // what ExpectPeerLeft expects of rank 0
+    if (rank == 0) {
+      const Clock::time_point start = Clock::now();
+      Status s = comm->Allreduce(&v, 1, DType::kI32, ReduceOp::kSum, milliseconds(300));
+      if (s.code() != StatusCode::kDeadlineExceeded ||
+          std::string(s.message()).find("rank(s) 1 had not arrived") == std::string::npos ||
+          s.collective_failure() == nullptr ||
+          s.collective_failure()->kind != CollectiveFailure::Kind::kTimeout) {
+        return InternalError("timed-out allreduce: " + s.ToString());
+      }
+      if (Clock::now() - start > std::chrono::seconds(2)) return InternalError("late timeout");
+      MORPH_RETURN_IF_ERROR(store.Set("timed_out", "1", Deadline::AfterMs(5000)));
+      other.reset();  // rank 1 waits for it below
+      return Status::Ok();
+    }
+    MORPH_RETURN_IF_ERROR(
+        store.Wait(std::vector<std::string>{"timed_out"}, Deadline::AfterMs(20000)));
+    MORPH_RETURN_IF_ERROR(ExpectPeerLeft(*comm, 0));
+    const Clock::time_point start = Clock::now();
+    Status s = other->Barrier(kTimeout);
+    if (s.code() != StatusCode::kUnavailable || s.failed_peers().size() != 1 ||
+        s.failed_peers()[0] != 0 || Clock::now() - start > std::chrono::seconds(2)) {
+      return InternalError("barrier with a destroyed peer: " + s.ToString());
+    }
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// The root of small broadcasts returns from kRingSlots of them before any receiver started,
+// then keeps going while the receivers lag (each sleeps now and then), through the ring four
+// times, the larger broadcasts' buffers and allreduces in between: every receiver gets every
+// broadcast's bytes. Failed before the ring: the root's second broadcast waited until every
+// receiver had read the first.
+TEST(GlooShmTest, RootRunsAheadThroughTheRingAndEveryReceiverGetsEveryBroadcast) {
+  constexpr int kWorld = 4, kRoot = 2, kTotal = 4 * kRingSlots + 3;
+  std::vector<int> codes = RunForked(kWorld, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead", rank, kWorld, true));
+    if (!comm->shared_memory()) return InternalError("no shared memory");
+    int i = 0;
+    if (rank == kRoot) {
+      for (; i < kRingSlots; ++i) {
+        MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, milliseconds(5000)))
+            << "the root running ahead";
+      }
+      MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
+    } else {
+      MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"ahead"}, Deadline::AfterMs(8000)));
+    }
+    for (; i < kTotal; ++i) {
+      if (rank != kRoot && i % 16 == rank) std::this_thread::sleep_for(milliseconds(2));
+      MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, kTimeout));
+      if (i >= kRingSlots && i % 50 == 49) {  // not while the root runs ahead
+        int64_t v = rank + i;
+        MORPH_RETURN_IF_ERROR(comm->Allreduce(&v, 1, DType::kI64, ReduceOp::kSum, kTimeout));
+        if (v != int64_t{kWorld} * i + kWorld * (kWorld - 1) / 2) {
+          return InternalError("allreduce after broadcast " + std::to_string(i) + ": " +
+                               std::to_string(v));
+        }
+      }
+    }
+    return Status::Ok();
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A full ring with a receiver that reads one 8 B broadcast per 60 ms: the root's broadcasts
+// (1 s timeout each) wait for the one slot they need, not for half the ring (which would take
+// 32 x 60 ms), and none times out. Failed when the root waited for half the ring regardless.
+TEST(GlooShmTest, SlowButProgressingReceiverDoesNotTimeOutTheRoot) {
+  constexpr int kTotal = kRingSlots + 4;
+  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead-slow", rank, 2, true));
+    if (!comm->shared_memory()) return InternalError("no shared memory");
+    if (rank == 0) {
+      for (int i = 0; i < kTotal; ++i) {
+        MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, milliseconds(1000), 8))
+            << "the root, its receiver slow";
+        if (i == kRingSlots - 1) {
+          MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
+        }
+      }
+      return Status::Ok();
+    }
+    MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"ahead"}, Deadline::AfterMs(8000)));
+    for (int i = 0; i < kTotal; ++i) {
+      if (i < 40) std::this_thread::sleep_for(milliseconds(60));
+      MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, kTimeout, 8));
+    }
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// The root returns from kRingSlots broadcasts nobody has read, then rank 1 is SIGKILLed. Rank 2
+// still reads all of them (their bytes stay in the segment); the root's next broadcast, which
+// needs a slot rank 1 never read, and rank 2's next one fail with kUnavailable naming rank 1 as
+// exited, within 2 s of the kill. Failed before the ring (the root's second broadcast waited).
+TEST(GlooShmTest, PeerKilledWhileTheRootRunsAhead) {
+  constexpr int kWorld = 3, kRoot = 0, kVictim = 1, kReader = 2;
+  std::vector<int> codes = RunForked(
+      kWorld,
+      [&](int rank, TcpStoreClient& store) -> Status {
+        MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead-kill", rank, kWorld, true));
+        if (!comm->shared_memory()) return InternalError("no shared memory");
+        if (rank == kVictim) {
+          MORPH_RETURN_IF_ERROR(store.Set("victim", "1", Deadline::AfterMs(5000)));
+          std::this_thread::sleep_for(std::chrono::seconds(20));
+          return InternalError("the victim was not killed");
+        }
+        if (rank == kRoot) {
+          for (int i = 0; i < kRingSlots; ++i) {
+            MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, milliseconds(5000)))
+                << "the root running ahead";
+          }
+          MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
+        } else {
+          MORPH_RETURN_IF_ERROR(
+              store.Wait(std::vector<std::string>{"killed_at"}, Deadline::AfterMs(20000)));
+          for (int i = 0; i < kRingSlots; ++i) {
+            MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, kTimeout))
+                << "reading after the kill";
+          }
+        }
+        Status s = BroadcastAndCheck(*comm, kRoot, kRingSlots, kTimeout);
+        MORPH_ASSIGN_OR_RETURN(std::string killed_at,
+                               store.Get("killed_at", Deadline::AfterMs(10000)));
+        const double ms = MsSince(killed_at);
+        std::fprintf(stderr, "rank %d: broadcast %d failed %.1f ms after the kill: %s\n", rank,
+                     kRingSlots, ms, s.ToString().c_str());
+        MORPH_RETURN_IF_ERROR(ExpectExited(s, kVictim, "the broadcast after the ring"));
+        if (ms > 2000) return InternalError("noticed only " + std::to_string(ms) + " ms later");
+        // The root stays until the reader is done: a root that exited is named too.
+        if (rank == kReader) return store.Set("reader_done", "1", Deadline::AfterMs(5000));
+        return store.Wait(std::vector<std::string>{"reader_done"}, Deadline::AfterMs(20000));
+      },
+      [&](ForkedRanks& ranks, const std::string& address) {
+        auto store = TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000));
+        store.status().CheckOk("parent store");
+        // Without the ring the root never says "ahead": the ranks then fail at their timeouts.
+        if (!(*store)
+                 ->Wait(std::vector<std::string>{"ahead", "victim"}, Deadline::AfterMs(15000))
+                 .ok()) {
+          return;
+        }
+        const auto killed_at = Clock::now().time_since_epoch();
+        ranks.Kill(kVictim);
+        (*store)
+            ->Set("killed_at",
+                  std::to_string(
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(killed_at).count()),
+                  Deadline::AfterMs(5000))
+            .CheckOk("killed_at");
+      });
+  EXPECT_EQ(codes[kRoot], 0);
+  EXPECT_EQ(codes[kVictim], 128 + SIGKILL);
+  EXPECT_EQ(codes[kReader], 0);
+}
+
+// The root runs kRingSlots broadcasts ahead; the receiver reads the first one only, so the
+// root's next broadcast, whose slot held that one, must still wait (the receiver announces
+// that it read a broadcast only at its next operation) and times out: kDeadlineExceeded naming
+// the receiver. The receiver then reads the others and fails the next one at once (the root
+// left), kUnavailable naming it. Failed before the ring (the root's second broadcast waited).
+TEST(GlooShmTest, RootAheadTimesOutThenTheReceiverReadsWhatWasPublished) {
+  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead-timeout", rank, 2, true));
+    if (!comm->shared_memory()) return InternalError("no shared memory");
+    if (rank == 0) {
+      for (int i = 0; i < kRingSlots; ++i) {
+        MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, milliseconds(5000)))
+            << "the root running ahead";
+      }
+      MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
+      MORPH_RETURN_IF_ERROR(
+          store.Wait(std::vector<std::string>{"read_one"}, Deadline::AfterMs(20000)));
+      const Clock::time_point start = Clock::now();
+      Status s = BroadcastAndCheck(*comm, 0, kRingSlots, milliseconds(300));
+      if (s.code() != StatusCode::kDeadlineExceeded ||
+          std::string(s.message()).find("rank(s) 1 had not arrived") == std::string::npos ||
+          s.collective_failure() == nullptr ||
+          s.collective_failure()->kind != CollectiveFailure::Kind::kTimeout) {
+        return InternalError("broadcast with a full ring: " + s.ToString());
+      }
+      if (Clock::now() - start > std::chrono::seconds(2)) return InternalError("late timeout");
+      return store.Set("timed_out", "1", Deadline::AfterMs(5000));
+    }
+    MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"ahead"}, Deadline::AfterMs(8000)));
+    MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, 0, kTimeout));
+    MORPH_RETURN_IF_ERROR(store.Set("read_one", "1", Deadline::AfterMs(5000)));
+    MORPH_RETURN_IF_ERROR(
+        store.Wait(std::vector<std::string>{"timed_out"}, Deadline::AfterMs(20000)));
+    for (int i = 1; i < kRingSlots; ++i) {
+      MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, kTimeout)) << "after the timeout";
+    }
+    const Clock::time_point start = Clock::now();
+    Status s = BroadcastAndCheck(*comm, 0, kRingSlots, kTimeout);
+    if (s.code() != StatusCode::kUnavailable ||
+        std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) != std::vector<int>{0} ||
+        Clock::now() - start > std::chrono::seconds(2)) {
+      return InternalError("broadcast after the root left: " + s.ToString());
+    }
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+}  // namespace
+}  // namespace morph

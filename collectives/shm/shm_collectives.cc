@@ -1,0 +1,487 @@
+#include "collectives/shm/shm_collectives.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "collectives/shm/shm_support.h"
+
+namespace morph {
+namespace {
+
+using shm_support::CpuRelax;
+using shm_support::RingDoorbell;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMagic = 0x316c6c6f63687370ull;  // "pshcoll1"
+// A rank's state word.
+constexpr uint32_t kLive = 0;
+constexpr uint32_t kLeft = 1;    // aborted or failed (Fail)
+constexpr uint32_t kClosed = 2;  // communicator destroyed (Close)
+// How often a sleeping waiter looks at the peers' pidfds.
+constexpr auto kPollSlice = std::chrono::milliseconds(10);
+// Options::spin's automatic value when the host has a core for every rank.
+constexpr auto kAutoSpin = std::chrono::microseconds(20);
+// How long a root finding its broadcast ring full waits for half of it to be free before it
+// settles for the one slot it needs (receivers that read slowly must not time it out).
+constexpr auto kHalfRingWait = std::chrono::milliseconds(10);
+
+// One rank's words: the first line written by its owner only, the second by whoever wakes it.
+struct alignas(64) Control {
+  std::atomic<uint64_t> seq;    // the last operation this rank published
+  std::atomic<uint32_t> state;  // kLive, kLeft, kClosed
+  int32_t pid;
+  char pad0[48];
+  std::atomic<uint32_t> waiting;   // 1 while the owner may sleep on `doorbell`
+  std::atomic<uint32_t> doorbell;  // futex word: bumped to wake the owner
+  // What the owner waits for while `waiting`: every peer (wait_only < 0) or peer wait_only
+  // to publish wait_seq. Written before `waiting` is set.
+  std::atomic<uint64_t> wait_seq;
+  std::atomic<int32_t> wait_only;
+  char pad1[44];
+};
+static_assert(sizeof(Control) == 128);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+// Header (64 bytes), Control[size], then per rank two data buffers of kSlotBytes (operation
+// k in buffer k mod 2) and a ring of kRingSlots slots of kRingSlotBytes (a small broadcast's
+// root data: operation k in slot k mod kRingSlots).
+struct ShmCollectives::Segment {
+  uint64_t magic;
+  int32_t size;
+  uint32_t slot_bytes;
+  uint32_t ring_slots;
+  uint32_t ring_slot_bytes;
+  char pad[40];
+
+  static constexpr size_t kRankBytes = 2 * kSlotBytes + kRingSlots * kRingSlotBytes;
+
+  Control* control(int rank) {
+    return reinterpret_cast<Control*>(reinterpret_cast<char*>(this) + 64) + rank;
+  }
+  uint8_t* rank_data(int rank) {
+    return reinterpret_cast<uint8_t*>(this) + 64 + sizeof(Control) * static_cast<size_t>(size) +
+           static_cast<size_t>(rank) * kRankBytes;
+  }
+  uint8_t* data(int rank, uint64_t seq) { return rank_data(rank) + (seq & 1) * kSlotBytes; }
+  uint8_t* ring(int rank, uint64_t seq) {
+    return rank_data(rank) + 2 * kSlotBytes + (seq % kRingSlots) * kRingSlotBytes;
+  }
+  static size_t Bytes(int size) {
+    return 64 + (sizeof(Control) + kRankBytes) * static_cast<size_t>(size);
+  }
+};
+static_assert(sizeof(ShmCollectives::Segment) == 64);
+
+StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int size,
+                                                                 const Options& options,
+                                                                 const std::string& what,
+                                                                 const Allgather& allgather,
+                                                                 std::string* why_not) {
+  std::unique_ptr<ShmCollectives> shm(new ShmCollectives());
+  shm->rank_ = rank;
+  shm->size_ = size;
+  if (options.spin.count() >= 0) {
+    shm->spin_ = options.spin;
+  } else {
+    // Spinning only pays when the peers have cores to arrive on meanwhile.
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    shm->spin_ = size <= n ? kAutoSpin : std::chrono::microseconds(0);
+  }
+  shm->yield_ = std::max(options.yield, std::chrono::microseconds(0));
+  shm->what_ = what;
+  const size_t bytes = Segment::Bytes(size);
+  std::string name;  // rank 0's, while it may still have to unlink it
+  auto unlink_name = [&] {
+    if (!name.empty()) shm_unlink(name.c_str());
+    name.clear();
+  };
+
+  // 1. Who is on this host and willing; rank 0 creates the segment meanwhile.
+  struct Hello {
+    uint64_t host;
+    int64_t pid;
+    uint32_t enabled;
+    uint32_t created;
+    char name[48];
+  };
+  Hello mine{shm_support::HostIdentity(), getpid(), options.enable ? 1u : 0u, 0, {}};
+  std::string local_why;
+  if (rank == 0 && options.enable) {
+    std::random_device rd;
+    std::snprintf(mine.name, sizeof(mine.name), "/morph-coll-%d-%08x%08x",
+                  static_cast<int>(getpid()), rd(), rd());
+    const int fd = shm_open(mine.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    void* map = MAP_FAILED;
+    if (fd >= 0) {
+      name = mine.name;
+      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+        map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      close(fd);
+    }
+    if (map == MAP_FAILED) {
+      local_why = std::string(": ") + std::strerror(errno);
+      unlink_name();
+    } else {
+      shm->segment_ = static_cast<Segment*>(map);
+      shm->segment_bytes_ = bytes;
+      shm->segment_->magic = kMagic;
+      shm->segment_->size = size;
+      shm->segment_->slot_bytes = static_cast<uint32_t>(kSlotBytes);
+      shm->segment_->ring_slots = static_cast<uint32_t>(kRingSlots);
+      shm->segment_->ring_slot_bytes = static_cast<uint32_t>(kRingSlotBytes);
+      mine.created = 1;
+    }
+  }
+  std::vector<Hello> hellos(static_cast<size_t>(size));
+  Status s = allgather(&mine, hellos.data(), sizeof(Hello));
+  if (!s.ok()) {
+    unlink_name();
+    return s.WithContext(what + ": exchanging host identities for shared memory");
+  }
+  std::string why;
+  for (int r = 0; r < size && why.empty(); ++r) {
+    if (!hellos[r].enabled) why = "shared memory disabled on rank " + std::to_string(r);
+  }
+  for (int r = 0; r < size && why.empty(); ++r) {
+    if (hellos[r].host != mine.host) {
+      why = "rank " + std::to_string(r) + " is on another host (or PID namespace, or user)";
+    }
+  }
+  if (why.empty() && !hellos[0].created) {
+    why = "rank 0 could not create a shared-memory segment" + local_why;
+  }
+  if (!why.empty()) {
+    unlink_name();
+    *why_not = why;
+    return std::unique_ptr<ShmCollectives>();
+  }
+
+  // 2. Everyone maps rank 0's segment and opens pidfds of the peers in other processes.
+  uint8_t ok = 1;
+  if (rank != 0) {
+    hellos[0].name[sizeof(hellos[0].name) - 1] = '\0';
+    const int fd = shm_open(hellos[0].name, O_RDWR, 0);
+    if (fd >= 0) {
+      void* map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      close(fd);
+      if (map != MAP_FAILED) {
+        shm->segment_ = static_cast<Segment*>(map);
+        shm->segment_bytes_ = bytes;
+      }
+    }
+    if (shm->segment_ == nullptr) {
+      ok = 0;
+      local_why = std::string("cannot map ") + hellos[0].name + ": " + std::strerror(errno) +
+                  " (no shared /dev/shm?)";
+    } else if (shm->segment_->magic != kMagic || shm->segment_->size != size ||
+               shm->segment_->slot_bytes != kSlotBytes || shm->segment_->ring_slots != kRingSlots ||
+               shm->segment_->ring_slot_bytes != kRingSlotBytes) {
+      ok = 0;
+      local_why = std::string("segment ") + hellos[0].name + " has an unexpected header";
+    }
+  }
+  shm->pidfds_.assign(static_cast<size_t>(size), -1);
+  shm->pids_.assign(static_cast<size_t>(size), 0);
+  for (int r = 0; r < size && ok; ++r) {
+    shm->pids_[r] = static_cast<pid_t>(hellos[r].pid);
+    if (r == rank || hellos[r].pid == mine.pid) continue;  // ranks as threads of one process
+    shm->pidfds_[r] = shm_support::PidfdOpen(shm->pids_[r]);
+    if (shm->pidfds_[r] < 0) {
+      ok = 0;
+      local_why = "pidfd_open(" + std::to_string(hellos[r].pid) + ") of rank " + std::to_string(r) +
+                  " failed: " + std::strerror(errno) + " (needed to notice a peer's death)";
+    }
+  }
+  std::vector<uint8_t> oks(static_cast<size_t>(size));
+  s = allgather(&ok, oks.data(), 1);
+  unlink_name();  // every rank has mapped it or given up
+  if (!s.ok()) return s.WithContext(what + ": agreeing on shared memory");
+  for (int r = 0; r < size; ++r) {
+    if (oks[r]) continue;
+    *why_not = "rank " + std::to_string(r) + " cannot use the shared-memory segment" +
+               (r == rank ? ": " + local_why : "");
+    return std::unique_ptr<ShmCollectives>();
+  }
+  shm->segment_->control(rank)->pid = static_cast<int32_t>(mine.pid);
+  return shm;
+}
+
+ShmCollectives::~ShmCollectives() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) close(fd);
+  }
+  if (segment_ != nullptr) munmap(segment_, segment_bytes_);
+}
+
+uint8_t* ShmCollectives::Data(int rank, uint64_t seq) const { return segment_->data(rank, seq); }
+
+bool ShmCollectives::Handles(const CollectiveOp& op) const {
+  const size_t bytes = op.count * DTypeSize(op.dtype);
+  switch (op.kind) {
+    case CollectiveOp::Kind::kBarrier:
+      return true;
+    case CollectiveOp::Kind::kAllreduce:
+    case CollectiveOp::Kind::kBroadcast:
+    case CollectiveOp::Kind::kAllgather:
+      return bytes > 0 && bytes <= kSlotBytes;
+    case CollectiveOp::Kind::kReduceScatter:
+      return bytes > 0 && bytes * static_cast<size_t>(size_) <= kSlotBytes;
+    case CollectiveOp::Kind::kSendRecv:
+      return false;
+  }
+  return false;
+}
+
+Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace,
+                           std::string_view kind) {
+  const uint64_t k = ++seq_;
+  const size_t bytes = op.count * DTypeSize(op.dtype);
+  // Clamped so that the sum cannot overflow (a year is "for ever" here).
+  const Clock::time_point deadline =
+      Clock::now() + std::min<std::chrono::milliseconds>(op.timeout, std::chrono::hours(24 * 365));
+  // A small broadcast's root writes a ring slot, which last held k - kRingSlots at the latest
+  // (if that was a small broadcast too): it may run that far ahead of the slowest reader.
+  // Other writers use buffer k mod 2, which last held k - 2 at the latest. Either way every
+  // peer must have read it, which each announces by publishing the operation after it.
+  // Usually known already (the wait of k - 1 saw it); not after a broadcast, whose root does
+  // not wait for the others. Barrier and a broadcast's receivers write nothing.
+  const bool root = op.kind == CollectiveOp::Kind::kBroadcast && rank_ == op.root;
+  const bool in_ring = root && bytes <= kRingSlotBytes;
+  uint8_t* mine = in_ring ? segment_->ring(rank_, k) : Data(rank_, k);
+  uint64_t read_first = k - 1;  // every peer must have published it
+  if (in_ring) {
+    read_first = k > kRingSlots ? k - kRingSlots + 1 : 0;
+    // A full ring: wait until the slowest peer freed half of it. Waiting for one slot would
+    // make a root that keeps broadcasting sleep and be woken at every broadcast, the cost the
+    // ring is for (8 B, 4 ranks on 2 cores, 50 in a row through 16 slots: 40 us each, as
+    // without a ring); this way it sleeps once per half ring. Bounded by kHalfRingWait, then
+    // the one slot under the op's own deadline: readers that are slow but progressing are no
+    // timeout.
+    if (read_first > 0 && !Published(read_first, -1)) {
+      Status half =
+          WaitForPeers(k - kRingSlots / 2 + 1, -1, std::min(deadline, Clock::now() + kHalfRingWait),
+                       op.timeout, kind);
+      if (half.ok()) {
+        read_first = 0;
+      } else if (half.code() != StatusCode::kDeadlineExceeded || Clock::now() >= deadline) {
+        return half;
+      }
+    }
+  } else if (op.kind == CollectiveOp::Kind::kBarrier ||
+             (op.kind == CollectiveOp::Kind::kBroadcast && !root)) {
+    read_first = 0;
+  }
+  if (read_first > 0) {
+    MORPH_RETURN_IF_ERROR(WaitForPeers(read_first, -1, deadline, op.timeout, kind));
+  }
+  switch (op.kind) {
+    case CollectiveOp::Kind::kAllreduce:
+      std::memcpy(mine, op.recv, bytes);
+      break;
+    case CollectiveOp::Kind::kAllgather:
+      std::memcpy(mine, op.send, bytes);
+      break;
+    case CollectiveOp::Kind::kReduceScatter:
+      std::memcpy(mine, op.send, bytes * static_cast<size_t>(size_));
+      break;
+    case CollectiveOp::Kind::kBroadcast:
+      if (root) std::memcpy(mine, op.recv, bytes);
+      break;
+    case CollectiveOp::Kind::kBarrier:
+    case CollectiveOp::Kind::kSendRecv:
+      break;
+  }
+  Publish(k);
+  // A broadcast needs the root's data only (the root needs nothing); the rest everyone's.
+  if (op.kind != CollectiveOp::Kind::kBroadcast) {
+    MORPH_RETURN_IF_ERROR(WaitForPeers(k, -1, deadline, op.timeout, kind));
+  } else if (rank_ != op.root) {
+    MORPH_RETURN_IF_ERROR(WaitForPeers(k, op.root, deadline, op.timeout, kind));
+  }
+  switch (op.kind) {
+    case CollectiveOp::Kind::kAllreduce:
+    case CollectiveOp::Kind::kReduceScatter: {
+      const size_t offset = op.kind == CollectiveOp::Kind::kAllreduce ? 0 : bytes * rank_;
+      std::vector<const uint8_t*> pieces(static_cast<size_t>(size_));
+      for (int p = 0; p < size_; ++p) pieces[p] = Data(p, k) + offset;
+      gloo_algorithms::ReduceInRankOrder(workspace, pieces, op.count, op.dtype, op.reduce, op.recv);
+      break;
+    }
+    case CollectiveOp::Kind::kAllgather:
+      for (int p = 0; p < size_; ++p) {
+        std::memcpy(static_cast<uint8_t*>(op.recv) + bytes * p, Data(p, k), bytes);
+      }
+      break;
+    case CollectiveOp::Kind::kBroadcast:
+      if (!root) {
+        const bool ring = bytes <= kRingSlotBytes;  // as the root decided
+        std::memcpy(op.recv, ring ? segment_->ring(op.root, k) : Data(op.root, k), bytes);
+      }
+      break;
+    case CollectiveOp::Kind::kBarrier:
+    case CollectiveOp::Kind::kSendRecv:
+      break;
+  }
+  return Status::Ok();
+}
+
+void ShmCollectives::Publish(uint64_t seq) {
+  // seq_cst with the waiter's `waiting` store and seq loads (WaitForPeers): either the waiter
+  // sees the new seq before it sleeps, or this sees it waiting and rings. A sleeper is rung
+  // only once what it waits for is complete: of several publishers finishing together the
+  // last one in the seq_cst order sees all their seqs. Waking it at every publish instead
+  // costs a context switch each on a shared core (a root waiting for a full ring's readers
+  // was woken at every one of their operations). Taking the flag makes this the one ring for
+  // that sleep (a root running ahead would otherwise ring a woken peer at every broadcast
+  // until it runs).
+  segment_->control(rank_)->seq.store(seq, std::memory_order_seq_cst);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Control* c = segment_->control(p);
+    if (c->waiting.load(std::memory_order_seq_cst) == 0) continue;
+    const uint64_t target = c->wait_seq.load(std::memory_order_relaxed);
+    const int only = c->wait_only.load(std::memory_order_relaxed);
+    bool complete = true;
+    for (int q = 0; q < size_ && complete; ++q) {
+      complete = q == p || (only >= 0 && q != only) ||
+                 segment_->control(q)->seq.load(std::memory_order_seq_cst) >= target;
+    }
+    if (complete && c->waiting.exchange(0, std::memory_order_seq_cst) != 0) {
+      RingDoorbell(&c->doorbell);
+    }
+  }
+}
+
+bool ShmCollectives::Published(uint64_t seq, int only) const {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && (only < 0 || p == only) &&
+        segment_->control(p)->seq.load(std::memory_order_seq_cst) < seq) {
+      return false;
+    }
+  }
+  return true;
+}
+
+Status ShmCollectives::WaitForPeers(uint64_t seq, int only, Clock::time_point deadline,
+                                    std::chrono::milliseconds timeout, std::string_view kind) {
+  auto what = [&] { return what_ + ": " + std::string(kind); };
+  auto ready = [&] { return Published(seq, only); };
+  if (ready()) return Status::Ok();
+  const Clock::time_point spin_end = Clock::now() + spin_;
+  for (uint32_t i = 1; spin_.count() > 0 && !failed_.load(std::memory_order_relaxed); ++i) {
+    if (ready()) return Status::Ok();
+    CpuRelax();
+    if (i % 64 == 0 && Clock::now() >= spin_end) break;
+  }
+  const Clock::time_point yield_end = Clock::now() + yield_;
+  while (yield_.count() > 0 && !failed_.load(std::memory_order_relaxed)) {
+    sched_yield();
+    if (ready()) return Status::Ok();
+    if (Clock::now() >= yield_end) break;
+  }
+  Control* me = segment_->control(rank_);
+  for (;;) {
+    if (failed_.load(std::memory_order_acquire)) {
+      return AbortedError(what() + ": aborted while waiting in shared memory")
+          .WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}, ""});
+    }
+    if (ready()) return Status::Ok();
+    MORPH_RETURN_IF_ERROR(PeerFailure(seq, only, kind));
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      std::vector<int> late;
+      for (int p = 0; p < size_; ++p) {
+        if (p != rank_ && (only < 0 || p == only) &&
+            segment_->control(p)->seq.load(std::memory_order_acquire) < seq) {
+          late.push_back(p);
+        }
+      }
+      return DeadlineExceededError(what() + ": did not finish in " +
+                                   std::to_string(timeout.count()) + " ms: rank(s) " +
+                                   RankList(late) + " had not arrived (shared memory)")
+          .WithCollectiveFailure({CollectiveFailure::Kind::kTimeout, {}, ""});
+    }
+    const uint32_t bell = me->doorbell.load(std::memory_order_acquire);
+    me->wait_seq.store(seq, std::memory_order_relaxed);
+    me->wait_only.store(only, std::memory_order_relaxed);
+    me->waiting.store(1, std::memory_order_seq_cst);  // publishes the two above with it
+    if (!ready() && !failed_.load(std::memory_order_acquire)) {
+      shm_support::FutexWait(&me->doorbell, bell,
+                             std::min<Clock::duration>(kPollSlice, deadline - now));
+    }
+    me->waiting.store(0, std::memory_order_relaxed);
+  }
+}
+
+Status ShmCollectives::PeerFailure(uint64_t seq, int only, std::string_view kind) const {
+  auto what = [&] { return what_ + ": " + std::string(kind); };
+  // A peer that exited is the cause; one that left (failed, aborted, destroyed) may have left
+  // in reaction to it, so it is named only when no peer is dead.
+  std::vector<int> dead, left;
+  bool dead_blocks = false, closed = false;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Control* c = segment_->control(p);
+    const uint32_t state = c->state.load(std::memory_order_acquire);
+    const bool blocks = (only < 0 || p == only) && c->seq.load(std::memory_order_acquire) < seq;
+    if (shm_support::PidfdExited(pidfds_[p])) {
+      dead.push_back(p);
+      dead_blocks = dead_blocks || blocks;
+    } else if (state != kLive && blocks) {
+      left.push_back(p);
+      closed = closed || state == kClosed;
+    }
+  }
+  // A dead peer that already published this operation fails only the next one, unless a peer
+  // that left in reaction to its death blocks this one.
+  if (!dead.empty() && (dead_blocks || !left.empty())) {
+    std::string pids;
+    for (int p : dead) pids += (pids.empty() ? "" : ", ") + std::to_string(pids_[p]);
+    return UnavailableError(what() + ": peer rank(s) " + RankList(dead) + " (pid " + pids +
+                            ") exited (shared memory)")
+        .WithCollectiveFailure({CollectiveFailure::Kind::kPeerClosed, dead, ""});
+  }
+  if (!left.empty()) {
+    return UnavailableError(
+               what() + ": peer rank(s) " + RankList(left) +
+               (closed ? " destroyed their communicator or failed" : " aborted or failed") +
+               " before this operation (shared memory)")
+        .WithCollectiveFailure({CollectiveFailure::Kind::kPeerClosed, left, ""});
+  }
+  return Status::Ok();
+}
+
+void ShmCollectives::SetState(uint32_t state) {
+  uint32_t live = kLive;
+  segment_->control(rank_)->state.compare_exchange_strong(live, state, std::memory_order_acq_rel);
+  for (int p = 0; p < size_; ++p) RingDoorbell(&segment_->control(p)->doorbell);
+}
+
+void ShmCollectives::Fail() {
+  failed_.store(true, std::memory_order_release);
+  SetState(kLeft);  // also rings this rank's own doorbell: its waiter returns now
+}
+
+void ShmCollectives::Close() { SetState(kClosed); }
+
+}  // namespace morph

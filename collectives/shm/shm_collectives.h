@@ -1,0 +1,161 @@
+// ShmCollectives: the same-host fast path of the Gloo communicator (gloo_communicator.h) for
+// small collectives. Over TCP every small collective costs several thread hand-offs (Gloo's
+// event thread, ~1 ms each on a loaded host); Open MPI busy-polls shared memory. When every rank
+// of a communicator is on this host, small allreduce, reduce-scatter, broadcast, allgather and
+// barrier go through one shared segment instead: each rank copies its contribution into its
+// own slot, publishes the operation's sequence number, waits until every peer published it, and
+// reads the others' slots. Reductions run in rank order with the same function as the TCP
+// one-round algorithms (gloo_algorithms::ReduceInRankOrder), so every rank gets the same bits,
+// and the same bits as over TCP. docs/collectives.md, "Same-host shared memory".
+//
+//   MORPH_ASSIGN_OR_RETURN(auto shm, ShmCollectives::Create(rank, size, options, what,
+//                                                           tcp_allgather, &why_not));
+//   if (shm != nullptr && shm->Handles(op)) return shm->Run(op, workspace, "allreduce");
+//
+// Slots are double-buffered by the sequence number's parity: a rank rewrites the buffer of
+// operation k only at k + 2, after every peer published k + 1, which each does only once it
+// has read everything of k. So one wait per operation, no acknowledgements.
+//
+// A broadcast's root does not wait for the others: it returns once its data is published. Up
+// to kRingSlotBytes, that data goes to the root's ring of kRingSlots slots (operation k in slot
+// k mod kRingSlots), so a root may return from kRingSlots broadcasts before the slowest peer
+// read the first, as MPI's eager root does; the next one that needs a slot waits until every
+// peer published the operation after the slot's last one. The root of a larger broadcast and
+// every rank of an allreduce, allgather or reduce-scatter (they write buffer k mod 2) first
+// wait until every peer published k - 1; a barrier and a broadcast's receivers write nothing
+// and wait for nothing first. A root that returned from a broadcast has handed its data over:
+// a peer still reads it after the root failed, closed or exited.
+//
+// Waiting: a bounded spin (Options::spin, _mm_pause), a bounded poll between sched_yield()
+// calls (Options::yield), then futex waits on this rank's doorbell
+// word, which a publisher rings only when the waiter said it sleeps and what it waits for is
+// then complete (one wake-up per sleep, not one per peer's publish); every 10 ms a sleeping
+// waiter also polls the peers' pidfds. An oversubscribed host (more ranks than cores) spends at
+// most the spin per operation busy. A publisher takes the `waiting` flag when it rings, so a
+// root running ahead rings a sleeping peer once, not at every broadcast until it runs.
+//
+// Failures (the communicator contract, communicator.h): Fail() (Abort, or any error of the
+// communicator; any thread) sets this rank's state word and rings every doorbell, so its own
+// waiter returns kAborted within microseconds and peers waiting for it return kUnavailable
+// naming it. A peer that exited (pidfd) gives kUnavailable naming it, preferred over a peer
+// that merely failed in reaction; the timeout gives kDeadlineExceeded naming the ranks that did
+// not arrive in the message (failed_peers empty, as over TCP). Close() (communicator destroyed)
+// lets peers still waiting for this rank fail the same way, at once.
+//
+// The segment (/dev/shm/morph-coll-<pid>-<random>, created by rank 0) is unlinked as soon as
+// every rank opened it, at the end of Create; only a rank 0 killed inside Create leaves it.
+// Internal to collectives/ (not installed).
+//
+// Thread-safety: Run by one thread at a time (the communicator's op thread or its owner);
+// Fail() and Close() from any thread.
+#ifndef MORPH_COLLECTIVES_SHM_COLLECTIVES_H_
+#define MORPH_COLLECTIVES_SHM_COLLECTIVES_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "morph/status.h"
+#include "collectives/communicator.h"
+#include "collectives/gloo/gloo_algorithms.h"
+
+namespace morph {
+
+class ShmCollectives {
+ public:
+  // The largest contribution of one rank to one operation: the allreduce or broadcast buffer,
+  // one rank's allgather input, the whole reduce-scatter input.
+  static constexpr size_t kSlotBytes = size_t{64} << 10;
+  // A broadcast of up to kRingSlotBytes goes through its root's ring of kRingSlots slots, so
+  // that a root may return from that many broadcasts before the slowest peer read the first.
+  static constexpr size_t kRingSlots = 64;
+  static constexpr size_t kRingSlotBytes = size_t{4} << 10;
+
+  struct Options {
+    bool enable = true;
+    // How long a wait busy-polls before it sleeps on the futex. Negative: 20 us when this
+    // process may run on at least as many CPUs as the communicator has ranks, else 0 (spinning
+    // on an oversubscribed host takes the core a late peer needs: measured 5x slower).
+    std::chrono::microseconds spin{-1};
+    // Then how long it polls with a sched_yield() between looks before it sleeps. On an
+    // oversubscribed host the yield hands the core to a peer this rank waits for; a sleep
+    // costs a futex wake-up and a scheduler hand-off at every operation (4 ranks on 2 cores,
+    // 8 B allreduce: 21-23 us without, 5-7 us with 50 us, load 4). Where nothing else is
+    // runnable it busy-polls; 0: none.
+    std::chrono::microseconds yield{50};
+  };
+
+  // An allgather of `bytes` per rank over the communicator's TCP path (used twice).
+  using Allgather = std::function<Status(const void* send, void* recv, size_t bytes)>;
+
+  // Collective over the communicator's `size` ranks (every rank calls it, with its own
+  // options): exchanges host identities and `enable` (one allgather), then, when every rank is
+  // on this host and enabled, maps rank 0's segment and agrees that all did (a second one).
+  // Returns null, with the reason in `*why_not`, when any rank cannot use it (another host,
+  // disabled on some rank, shm_open/mmap/pidfd failed); the decision is the same on every
+  // rank. Errors: the allgather's only. `what` (the communicator's name) prefixes messages.
+  static StatusOr<std::unique_ptr<ShmCollectives>> Create(int rank, int size,
+                                                          const Options& options,
+                                                          const std::string& what,
+                                                          const Allgather& allgather,
+                                                          std::string* why_not);
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
+
+  // Whether `op` takes this path: barrier; allreduce and broadcast of 1 .. kSlotBytes bytes;
+  // allgather of 1 .. kSlotBytes bytes per rank; reduce-scatter of 1 .. kSlotBytes in all.
+  // Depends only on what every rank passes alike, so all ranks agree. Any thread.
+  bool Handles(const CollectiveOp& op) const;
+
+  // Runs `op` (Handles(op) must be true; arguments validated by the caller). OK; kAborted
+  // after Fail(); kUnavailable naming the peer that exited or failed; kDeadlineExceeded at
+  // op.timeout. Each error carries its CollectiveFailure; after one, the caller must call
+  // Fail() (the communicator does). `kind` names the operation in messages ("allreduce").
+  Status Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace, std::string_view kind);
+
+  // This rank leaves for good: its waits, now and later, return kAborted; peers waiting for it
+  // fail. Idempotent. Any thread.
+  void Fail();
+  // The communicator is being destroyed: peers waiting for an operation this rank will never
+  // publish fail (kUnavailable naming it) rather than time out. Any thread.
+  void Close();
+
+  struct Segment;  // the shared layout (shm_collectives.cc)
+
+ private:
+  ShmCollectives() = default;
+  // Waits until every peer (`only` < 0) or peer `only` published `seq`, up to `deadline`
+  // (the op's `timeout` after its start).
+  Status WaitForPeers(uint64_t seq, int only, std::chrono::steady_clock::time_point deadline,
+                      std::chrono::milliseconds timeout, std::string_view kind);
+  // Whether every peer (`only` < 0) or peer `only` published `seq`.
+  bool Published(uint64_t seq, int only) const;
+  // The error for such a wait that cannot finish because a peer exited or left, or OK.
+  Status PeerFailure(uint64_t seq, int only, std::string_view kind) const;
+  void Publish(uint64_t seq);
+  void SetState(uint32_t state);
+  uint8_t* Data(int rank, uint64_t seq) const;
+
+  int rank_ = 0;
+  int size_ = 0;
+  std::string what_;
+  std::chrono::microseconds spin_{0};
+  std::chrono::microseconds yield_{0};
+  Segment* segment_ = nullptr;
+  size_t segment_bytes_ = 0;
+  std::vector<int> pidfds_;  // per rank; -1 for this rank and ranks in this process
+  std::vector<pid_t> pids_;
+  uint64_t seq_ = 0;  // operations run here (Run's thread only)
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace morph
+
+#endif  // MORPH_COLLECTIVES_SHM_COLLECTIVES_H_
