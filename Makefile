@@ -31,7 +31,7 @@ test: build
 
 # Reshard benchmarks: one JSON object per line on stdout. Extend the list with new binaries;
 # binaries that this build does not make (pack_gpu_bench without CUDA) are skipped.
-BENCH_RESHARD_BINS := bench/plan_bench bench/executor_bench bench/checkpoint_bench bench/pack_gpu_bench \
+BENCH_RESHARD_BINS := bench/projection_bench bench/plan_bench bench/executor_bench bench/checkpoint_bench bench/pack_gpu_bench \
                       bench/reshard_multiproc_bench
 .PHONY: bench-reshard
 bench-reshard: configure

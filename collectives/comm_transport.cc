@@ -1,50 +1,16 @@
 #include "collectives/comm_transport.h"
 
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "base/params.h"
+#include "collectives/tag_record.h"
 #include "reshard/strided_copy.h"
 
 namespace morph {
 namespace {
 
-// Message identity (transport.h): ahead of its payload, each group sends every peer it sends to
-// one 16-byte record {count, FNV-1a of the tags in posting order} of the messages it sends that
-// peer, and receives the same record from every peer it receives from; Wait compares it with
-// the tags of the receives posted here. Both records lead their pair's messages of the group, so
-// the backend's in-order matching pairs record with record.
-struct TagRecord {
-  uint64_t count = 0;
-  uint64_t hash = 14695981039346656037ull;
-  void Add(uint64_t tag) {
-    ++count;
-    for (int i = 0; i < 8; ++i) hash = (hash ^ ((tag >> (8 * i)) & 0xff)) * 1099511628211ull;
-  }
-  void Store(unsigned char* out) const {
-    for (int i = 0; i < 8; ++i) {
-      out[i] = static_cast<unsigned char>(count >> (8 * i));
-      out[8 + i] = static_cast<unsigned char>(hash >> (8 * i));
-    }
-  }
-  static TagRecord Load(const unsigned char* in) {
-    TagRecord r;
-    r.count = r.hash = 0;
-    for (int i = 0; i < 8; ++i) {
-      r.count |= uint64_t{in[i]} << (8 * i);
-      r.hash |= uint64_t{in[8 + i]} << (8 * i);
-    }
-    return r;
-  }
-};
-constexpr size_t kTagRecordBytes = 16;
-
-std::string Hex(uint64_t v) {
-  char buf[19];
-  std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+constexpr size_t kTagRecordBytes = TagRecord::kBytes;
 
 // A strided op over the communicator: its bytes go through `buf`.
 struct Bounce {
@@ -108,12 +74,8 @@ class CommTransportWork : public TransportWork {
     for (size_t i = 0; i < tags_from_.size(); ++i) {
       const TagRecord got = TagRecord::Load(tags_in_.data() + i * kTagRecordBytes);
       const TagRecord& want = tags_expected_[i];
-      if (got.count != want.count || got.hash != want.hash) {
-        return FailedPreconditionError(
-            "message tag mismatch: peer " + std::to_string(tags_from_[i]) + " sent " +
-            std::to_string(got.count) + " messages with tag hash " + Hex(got.hash) +
-            ", the receives posted here expect " + std::to_string(want.count) + " with " +
-            Hex(want.hash) + " (the two sides run different plans or steps)");
+      if (!(got == want)) {
+        return FailedPreconditionError(TagMismatch(tags_from_[i], got, want));
       }
     }
     return Status();

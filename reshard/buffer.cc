@@ -198,4 +198,17 @@ Allocator CudaAllocator(int device) {
 #endif
 }
 
+Allocator PinnedHostAllocator() {
+#if MORPH_WITH_CUDA
+  return [](size_t bytes) -> StatusOr<Buffer> {
+    void* p = nullptr;
+    MORPH_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocDefault))
+        << "allocating " << bytes << " bytes of pinned host memory";
+    return Buffer::Adopt(p, bytes, MemoryKind::kHost, [](void* q) { (void)cudaFreeHost(q); });
+  };
+#else
+  return HostAllocator();
+#endif
+}
+
 }  // namespace morph

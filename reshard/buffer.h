@@ -116,6 +116,10 @@ Status PrefaultHost(BufferView view);
 // cudaMalloc on `device`. Without CUDA support in this build every call returns
 // kUnimplemented; without a usable GPU, kUnavailable.
 Allocator CudaAllocator(int device = 0);
+// Page-locked host memory (cudaHostAlloc; MemoryKind::kHost), which device copies reach by DMA
+// at full PCIe speed: where a switch stages old device shards when the device cannot hold the
+// change. Without CUDA in this build: HostAllocator's memory.
+Allocator PinnedHostAllocator();
 
 }  // namespace morph
 

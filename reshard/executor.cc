@@ -686,7 +686,9 @@ class Execution {
                             handshake_);
     num_rounds_ = static_cast<int64_t>(groups_.size());
     stats_.rounds = num_rounds_;
-    pool_ = std::make_unique<StagingPool>(engine_->StagingAllocator(), chunk_);
+    Allocator staging = transport_.StagingAllocator();
+    pool_ = std::make_unique<StagingPool>(staging ? std::move(staging) : engine_->StagingAllocator(),
+                                          chunk_);
     SliceLocalCopies();
     int64_t next = 0, completed = 0;
     int64_t local_credit = SliceShare(num_rounds_);

@@ -22,6 +22,7 @@
 
 #include "morph/deadline.h"
 #include "morph/status.h"
+#include "reshard/buffer.h"
 
 namespace morph {
 
@@ -105,6 +106,10 @@ class Transport {
   virtual bool SupportsDeviceMemory() const = 0;
   // True if Start accepts ops with a StridedLayout (see there); false: contiguous ops only.
   virtual bool SupportsStridedOps() const { return false; }
+  // Where the executor's staging buffers for this transport come from (a device transport's
+  // device memory); null: the executor's own (host memory, or cudaMalloc on the current device
+  // for CUDA shards). Owning thread.
+  virtual Allocator StagingAllocator() { return nullptr; }
 
   // Starts a group of sends and receives that progress concurrently. Between one pair of
   // ranks, messages match in the order they were posted (the i-th send from a to b matches

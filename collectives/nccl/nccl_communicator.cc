@@ -179,7 +179,8 @@ class NcclCommunicator::Impl {
   // Polls `comm` until it leaves ncclInProgress after a non-blocking call that returned `r`.
   // Takes `mu_` for each poll only, so Abort() (or a failure seen by another thread) reaches
   // it between polls. Errors are returned, not recorded: the caller decides what fails.
-  Status Settle(ncclComm_t comm, Watch watch, ncclResult_t r, const char* what, Deadline deadline) {
+  Status Settle(ncclComm_t comm, Watch watch, ncclResult_t r, const char* what, Deadline deadline,
+                const BuildCancel* cancel = nullptr) {
     if (r != ncclSuccess && r != ncclInProgress) {
       std::lock_guard<std::mutex> lock(mu_);
       return NcclToStatus(r, what, __FILE__, __LINE__, comm);
@@ -192,6 +193,10 @@ class NcclCommunicator::Impl {
         }
         if (watch == Watch::kChild && abort_requested_.load()) {
           return AbortedError(std::string(what) + ": aborted (Abort() called)")
+              .WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}});
+        }
+        if (cancel != nullptr && cancel->cancelled()) {
+          return AbortedError(std::string(what) + ": cancelled (BuildCancel)")
               .WithCollectiveFailure({CollectiveFailure::Kind::kAborted, {}});
         }
         ncclResult_t state = ncclSuccess;
@@ -455,8 +460,31 @@ Status QueryRankAndSize(ncclComm_t comm, int* rank, int* size) {
 
 }  // namespace
 
+namespace {
+
+// The unique id rank 0 published, waited for in slices so that `cancel` ends the wait.
+StatusOr<std::string> GetUniqueId(Store& store, const std::string& key, Deadline deadline,
+                                  const BuildCancel* cancel) {
+  while (true) {
+    if (cancel != nullptr && cancel->cancelled()) {
+      return AbortedError("waiting for the unique id: cancelled (BuildCancel)");
+    }
+    const Deadline slice = cancel ? Min(deadline, Deadline::AfterMs(100)) : deadline;
+    StatusOr<std::string> got = store.Get(key, slice);
+    if (got.ok() || got.status().code() != StatusCode::kDeadlineExceeded || deadline.Expired()) {
+      return got;
+    }
+  }
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
-    Store& store, std::string_view name, int rank, int size, int cuda_device, Deadline deadline) {
+    Store& store, std::string_view name, int rank, int size, int cuda_device, Deadline deadline,
+    const BuildCancel* cancel) {
+  if (cancel != nullptr && cancel->cancelled()) {
+    return AbortedError("nccl communicator '" + std::string(name) + "': cancelled (BuildCancel)");
+  }
   if (name.empty()) return InvalidArgumentError("nccl communicator name is empty");
   if (size < 1 || rank < 0 || rank >= size) {
     return InvalidArgumentError("nccl communicator '" + std::string(name) + "': rank " +
@@ -477,7 +505,8 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
         store.Set(key, std::string_view(id.internal, sizeof(id.internal)), deadline))
         << impl->Describe();
   } else {
-    MORPH_ASSIGN_OR_RETURN(std::string bytes, store.Get(key, deadline), impl->Describe());
+    MORPH_ASSIGN_OR_RETURN(std::string bytes, GetUniqueId(store, key, deadline, cancel),
+                           impl->Describe());
     if (bytes.size() != sizeof(id.internal)) {
       return InternalError(impl->Describe() + ": unique id of " + std::to_string(bytes.size()) +
                            " bytes in the store");
@@ -497,7 +526,8 @@ StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     impl->comm_ = comm;
   }
   // From here on the Impl owns the communicator: its destructor releases it on any error.
-  Status s = impl->Settle(comm, Impl::Watch::kThis, r, "ncclCommInitRankConfig", deadline);
+  Status s =
+      impl->Settle(comm, Impl::Watch::kThis, r, "ncclCommInitRankConfig", deadline, cancel);
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(impl->mu_);
     impl->AbortCommLocked();
@@ -705,6 +735,16 @@ void NcclCommunicator::Abort() {
 
 bool NcclCommunicator::broken() const {
   return impl_->broken_.load() || impl_->abort_requested_.load();
+}
+
+CommunicatorFactory NcclFactory(int cuda_device, std::shared_ptr<const BuildCancel> cancel) {
+  return [cuda_device, cancel](Store& store, std::string_view name, int rank, int size,
+                               Deadline deadline) -> StatusOr<std::unique_ptr<Communicator>> {
+    MORPH_ASSIGN_OR_RETURN(auto comm,
+                           NcclCommunicator::Create(store, name, rank, size, cuda_device, deadline,
+                                                    cancel.get()));
+    return std::unique_ptr<Communicator>(std::move(comm));
+  };
 }
 
 CommunicatorFactory NcclFactory(int cuda_device) {

@@ -50,6 +50,7 @@
 #include <string>
 #include <string_view>
 
+#include "collectives/build_cancel.h"
 #include "collectives/communicator.h"
 #include "collectives/groups.h"
 #include "collectives/store/store.h"
@@ -66,9 +67,12 @@ class NcclCommunicator : public Communicator {
   // kInvalidArgument for rank/size/name; kUnavailable when CUDA or NCCL fail to initialize
   // (no GPU, "Duplicate GPU detected"...); the store's errors; kDeadlineExceeded if init does
   // not finish in time (the half-built communicator is aborted). Any thread.
+  // With `cancel` (build_cancel.h): kAborted at the next poll of the unique-id wait or of the
+  // non-blocking init once it is cancelled, the half-built communicator aborted.
   static StatusOr<std::unique_ptr<NcclCommunicator>> Create(Store& store, std::string_view name,
                                                             int rank, int size, int cuda_device,
-                                                            Deadline deadline);
+                                                            Deadline deadline,
+                                                            const BuildCancel* cancel = nullptr);
   // Releases the communicator (see Teardown above); at most ~200 ms on a healthy one.
   ~NcclCommunicator() override;
 
@@ -102,6 +106,8 @@ class NcclCommunicator : public Communicator {
 
 // NCCL communicators on `cuda_device` for GroupBuilder.
 CommunicatorFactory NcclFactory(int cuda_device);
+// Its builds end with kAborted once `cancel` is cancelled (NcclCommunicator::Create).
+CommunicatorFactory NcclFactory(int cuda_device, std::shared_ptr<const BuildCancel> cancel);
 
 }  // namespace morph
 

@@ -133,6 +133,26 @@ bad 's/"tp_blocks": 6}/"tp_blocks": 6, "blocks": 2}/' unknownkey '$.tensors[1].b
 # The block size (384 / 6 = 64) must divide by tp: tp 3 is refused naming tensor and block.
 bad '/"new"/s/"tp": 2/"tp": 3/' tp3b "block size 64 of dimension 0 (6 blocks) is not divisible by tp=3 (with \$.new)"
 
+# --project: the transfer projected on a topology (reshard/projection.h).
+TOPO=$2/topology_h200.json
+expect 0 "projection on H200 nodes of 8" "$EX" --project "$TOPO"
+out=$("$BIN" --project "$TOPO" "$EX")
+for f in "transfer:" "bytes intra-node:" "bytes inter-node:" "stall:" "slowest:"; do
+  [[ $out == *"$f"* ]] || fail "projection lacks '$f'"
+done
+json=$("$BIN" --json --project "$TOPO" "$EX") || fail "--json --project exit $?"
+for f in '"projection"' '"transfer_seconds"' '"bytes_inter_node"' '"per_worker"'; do
+  [[ $json == *"$f"* ]] || fail "--json --project lacks $f"
+done
+# All 16 workers of the example on one node: nothing crosses a NIC.
+printf '{"gpus_per_node": 16}' >"$TMP/one_node.json"
+out=$("$BIN" --project "$TMP/one_node.json" "$EX")
+[[ $out == *"bytes inter-node:  0.000 GB"* ]] || fail "one node: inter-node bytes not 0: $out"
+printf '{"nic_Gbps": 0}' >"$TMP/bad_topo.json"
+expect 2 '$.nic_Gbps: must be > 0' "$EX" --project "$TMP/bad_topo.json"
+printf '{"nics": 8}' >"$TMP/bad_topo2.json"
+expect 2 '$.nics: unknown field' "$EX" --project "$TMP/bad_topo2.json"
+
 if [[ $fails -gt 0 ]]; then
   echo "$fails failure(s)"
   exit 1

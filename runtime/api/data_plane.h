@@ -1,9 +1,10 @@
 // The data plane of a worker: which backend builds the communicators a step hands out (world,
-// dp, tp, pp: Options::backend) and which CUDA device a worker with NCCL uses. Reconfiguration
-// traffic keeps Gloo whatever the backend: the change communicator carries the reshard transport
-// (host memory, TCP or cross-memory attach), the scalar broadcast and the closing barrier, none
-// of which NCCL can do on host buffers; a CUDA state is staged through host memory for it
-// (SwitchOptions::stage_old_in_host).
+// dp, tp, pp: Options::backend) and which CUDA device a worker with NCCL uses. The change
+// communicator stays on Gloo whatever the backend: it carries the reshard transport of host
+// tensors (TCP or cross-memory attach), the scalar broadcast and the closing barrier, none of
+// which NCCL can do on host buffers. With NCCL, morph-owned CUDA tensors move over NCCL instead
+// (the switch's device path, SwitchOptions::device, set by Runtime::Impl::SetDevicePath); other
+// CUDA state is staged through host memory (SwitchOptions::stage_old_in_host).
 //
 //   MORPH_ASSIGN_OR_RETURN(DataPlane dp, MakeDataPlane(opts, gloo_device));
 //   GroupBuilder builder(dp.factory);   // world/dp/tp/pp on NCCL, "change" on Gloo

@@ -66,7 +66,9 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
   }
   impl->state.Seal();
   for (size_t t = 0; t < impl->state.tensors().size(); ++t) {
-    if (impl->state.memory_of(t) == MemoryKind::kCuda) impl->cuda_state = true;
+    const bool cuda = impl->state.memory_of(t) == MemoryKind::kCuda;
+    impl->device_tensors.push_back(cuda);
+    if (cuda) impl->cuda_state = true;
     if (impl->state.adopted(t)) impl->adopted_state = true;
   }
   JobManifest& m = impl->manifest;
@@ -118,6 +120,7 @@ Status Runtime::Impl::Bootstrap() {
   // CUDA shard is allocated); reconfiguration traffic on Gloo (runtime/api/data_plane.h).
   MORPH_ASSIGN_OR_RETURN(DataPlane data_plane, MakeDataPlane(opts, device));
   factory = std::move(data_plane.factory);
+  cuda_device = data_plane.cuda_device;
   if (opts.snapshot_every > 0) {
     BuddySnapshotOptions so;
     // Its own device, so its own Gloo event loop: a round's hundreds of MB are read on that

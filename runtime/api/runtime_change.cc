@@ -3,7 +3,14 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "runtime/api/data_plane.h"
 #include "runtime/api/runtime_impl.h"
+
+#if MORPH_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "collectives/nccl/nccl_communicator.h"
+#endif
 
 namespace morph {
 namespace {
@@ -22,11 +29,51 @@ const char* SourceName(RecoveryDecision::Source s) {
 
 }  // namespace
 
+// NCCL data plane and morph-owned CUDA state (the registration, so the same on every worker,
+// joiners included): device shards move over NCCL between device buffers (switch.h "Device
+// path"), old shards staged to pinned host memory only when cudaMemGetInfo says the device cannot
+// hold the change (5% of the device kept for NCCL and the kernels).
+// Device memory by phase next to its bound (switch.h "Device memory").
+static void LogDevicePath(int64_t generation, const SwitchStats::Device& d) {
+  LOG(INFO) << "generation " << generation << ": device state " << d.old_bytes << " -> "
+            << d.new_bytes << " B over the union communicator (" << d.union_source << "), sent "
+            << d.bytes_sent << " B; device bytes held: " << d.prepare_bytes << " at start, peak "
+            << d.transfer_peak_bytes << " (bound " << d.bound_bytes << "), " << d.resume_bytes
+            << " at the end" << (d.staged_bytes > 0 ? ", old shards staged to pinned host: " +
+                                                          std::to_string(d.staged_bytes) + " B"
+                                                    : std::string());
+}
+
+void Runtime::Impl::SetDevicePath(SwitchOptions& s) const {
+#if MORPH_WITH_CUDA
+  if (!cuda_state || adopted_state || cuda_device < 0) return;
+  const int d = cuda_device;
+  s.stage_old_in_host = false;
+  s.device.tensors = device_tensors;
+  // The union's and the step groups' creations end on an abort (ChangeBuilder::AbortFrom).
+  s.device.factory = NcclFactory(d, s.cancel);
+  s.groups_factory = RouteStepGroups(NcclFactory(d, s.cancel), GlooFactory(device));
+  s.device.new_world_on_device = true;  // the step groups are NCCL (RouteStepGroups)
+  s.device.memory = [d] { return CudaDeviceMemory(d); };
+  s.device.free_bytes = [d]() -> int64_t {
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(d) != cudaSuccess || cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+    return static_cast<int64_t>(free) - static_cast<int64_t>(total / 20);
+  };
+  s.device.pinned_host = PinnedHostAllocator();
+#else
+  (void)s;
+#endif
+}
+
 SwitchOptions Runtime::Impl::SwitchOpts() const {
   SwitchOptions s;
+  s.cancel = std::make_shared<BuildCancel>();  // one per prepare (ChangeBuilder::AbortFrom)
   s.keep_old_until_barrier = opts.keep_old_until_barrier;
-  // The change communicator is Gloo (host memory only): CUDA shards go through host copies.
+  // The change communicator is Gloo (host memory only): CUDA shards go through host copies,
+  // unless they take the device path below.
   s.stage_old_in_host = cuda_state;
+  SetDevicePath(s);
   // Morph-owned host shards: new ones are allocated and pre-faulted while the old generation
   // trains (switch.h "Pre-allocation").
   if (!cuda_state && !adopted_state) s.preallocate = HostAllocator();
@@ -210,6 +257,7 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
   r.old_state_bytes = stats.old_bytes;
   r.prepare_bytes = stats.old_bytes + stats.preallocated_bytes;
   r.new_state_bytes = stats.new_bytes;
+  if (!stats.device.union_source.empty()) LogDevicePath(c.next.id, stats.device);
   return Status();
 }
 

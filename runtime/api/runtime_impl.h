@@ -54,6 +54,9 @@ struct Runtime::Impl {
   CommunicatorFactory factory;
   bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
   bool adopted_state = false;  // some tensor's storage is the user's (AdoptTensor; set in Start)
+  // Per tensor: registered in CUDA memory (set in Start); the NCCL data plane's device, -1: Gloo.
+  std::vector<bool> device_tensors;
+  int cuda_device = -1;
   // The running generation's communicators, and the next generation's built beside them.
   LiveGroups live;
   std::unique_ptr<ChangeBuilder> builder;  // from Bootstrap on
@@ -102,6 +105,7 @@ struct Runtime::Impl {
   SnapshotHoldings EndSnapshots();
 
   SwitchOptions SwitchOpts() const;
+  void SetDevicePath(SwitchOptions& s) const;  // the NCCL data plane's device path
 
   // Control thread: a prepare for a generation this worker takes part in (ChangeBuilder::Start;
   // a recovery's aborts the running generation's collectives first).

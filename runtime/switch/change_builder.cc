@@ -30,6 +30,8 @@ void ChangeBuilder::Start(const PrepareMsg& p, SwitchOptions options, std::funct
   if (latest_) stale_.push_back(std::move(latest_));
   auto job = std::make_shared<Built>();
   job->generation = p.next.id;
+  job->from = p.from.id;
+  job->cancel = options.cancel;
   // The thread gets copies of what it reads (see Built).
   job->thread = std::thread([job_ref = job, p, in = in_, options = std::move(options),
                              gate = gate_, ready = std::move(ready)] {
@@ -80,6 +82,8 @@ void ChangeBuilder::AbortFrom(int64_t from) {
     std::lock_guard<std::mutex> r(p->mu);
     p->aborted_from = from;
     if (p->result.ok() && *p->result && (*p->result)->from().id == from) (*p->result)->Abort();
+    // A build in progress: its communicators still being created end at their next poll.
+    if (p->from == from && p->cancel) p->cancel->Cancel();
   }
 }
 

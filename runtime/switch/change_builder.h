@@ -54,6 +54,9 @@ class ChangeBuilder {
   // the runtime's.
   struct Built {
     int64_t generation = 0;
+    int64_t from = -1;  // the generation the change starts from
+    // Cancels the build's communicator creations in progress (SwitchOptions::cancel).
+    std::shared_ptr<BuildCancel> cancel;
     std::thread thread;
     std::mutex mu;  // `store` and `result` while the thread runs
     std::unique_ptr<TcpStoreClient> store;

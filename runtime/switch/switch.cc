@@ -29,84 +29,6 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Copies of each element under `c`: DP replicas unless ZeRO-sharded, TP replicas unless split.
-int64_t Copies(const TensorSpec& t, const ParallelConfig& c) {
-  return (t.layout.zero_sharded() ? 1 : c.dp) * (t.layout.tp_split() ? 1 : c.tp);
-}
-
-// The largest shard of `t` any rank of `c` holds: TP slices are equal and DP rank 0 has the
-// longest ZeRO range, so it is the shard of (stage, d=0, t=0). Caller validated the pair.
-int64_t LargestShardBytes(const TensorSpec& t, const ParallelConfig& c) {
-  const int rank = c.RankOf({StageOfUnchecked(t, c), 0, 0});
-  return ShardOfUnchecked(t, c, rank).NumElements() * DTypeSize(t.dtype);
-}
-
-// The global order (switch.h, "Order and memory bound"), cut into batches of tensor indices.
-std::vector<std::vector<int32_t>> Batches(const std::vector<TensorSpec>& tensors,
-                                          const ParallelConfig& from, const ParallelConfig& next,
-                                          uint64_t batch_bytes) {
-  const size_t n = tensors.size();
-  std::vector<__int128> change(n);
-  for (size_t i = 0; i < n; ++i) {
-    change[i] = static_cast<__int128>(TensorBytes(tensors[i])) *
-                (Copies(tensors[i], next) - Copies(tensors[i], from));
-  }
-  std::vector<int32_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return change[a] < change[b]; });
-  std::vector<std::vector<int32_t>> batches;
-  uint64_t in_batch = 0;
-  for (int32_t t : order) {
-    const uint64_t m = static_cast<uint64_t>(LargestShardBytes(tensors[t], next));
-    if (batches.empty() || in_batch + m > batch_bytes) {
-      batches.emplace_back();
-      in_batch = 0;
-    }
-    batches.back().push_back(t);
-    in_batch += m;
-  }
-  return batches;
-}
-
-// Each batch's part of `full`: its tensors (ascending index, renumbered) and their pieces in
-// the order `full` lists them, so both ends of every pair list the same pieces alike.
-std::vector<LocalPlan> SplitPlan(const LocalPlan& full,
-                                 const std::vector<std::vector<int32_t>>& batches) {
-  const size_t nt = full.tensors.size();
-  std::vector<int32_t> batch_of(nt, -1), index_in(nt, -1);
-  std::vector<LocalPlan> out(batches.size());
-  for (size_t k = 0; k < batches.size(); ++k) {
-    std::vector<int32_t> sorted = batches[k];
-    std::sort(sorted.begin(), sorted.end());
-    LocalPlan& p = out[k];
-    p.participant = full.participant;
-    p.num_participants = full.num_participants;
-    p.digest = full.digest;
-    for (int32_t t : sorted) {
-      batch_of[static_cast<size_t>(t)] = static_cast<int32_t>(k);
-      index_in[static_cast<size_t>(t)] = static_cast<int32_t>(p.tensors.size());
-      p.tensors.push_back(full.tensors[static_cast<size_t>(t)]);
-      p.old_shards.push_back(full.old_shards[static_cast<size_t>(t)]);
-      p.new_shards.push_back(full.new_shards[static_cast<size_t>(t)]);
-    }
-  }
-  auto distribute = [&](const std::vector<PieceMove>& list,
-                        std::vector<PieceMove> LocalPlan::*member) {
-    for (PieceMove m : list) {
-      const size_t t = static_cast<size_t>(m.tensor);
-      LocalPlan& p = out[static_cast<size_t>(batch_of[t])];
-      m.tensor = index_in[t];
-      (p.*member).push_back(std::move(m));
-    }
-  };
-  distribute(full.sends, &LocalPlan::sends);
-  distribute(full.recvs, &LocalPlan::recvs);
-  distribute(full.local_copies, &LocalPlan::local_copies);
-  distribute(full.lost, &LocalPlan::lost);
-  return out;
-}
-
 std::string DigestParts(const PlanDigest& d) {
   std::string out;
   for (int i = 0; i < PlanDigest::kNumParts; ++i) {
@@ -116,6 +38,8 @@ std::string DigestParts(const PlanDigest& d) {
   return out;
 }
 
+}  // namespace
+
 Status CopyBytes(BufferView dst, ConstBufferView src) {
   if (src.bytes == 0) return Status::Ok();
   if (dst.kind == MemoryKind::kHost && src.kind == MemoryKind::kHost) {
@@ -124,14 +48,13 @@ Status CopyBytes(BufferView dst, ConstBufferView src) {
   }
 #if MORPH_WITH_CUDA
   MORPH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst.data, src.data, src.bytes, cudaMemcpyDefault))
-      << "staging a shard through host memory";
+      << "copying a shard between host and device";
   return Status::Ok();
 #else
   return FailedPreconditionError("CUDA memory in a build without CUDA");
 #endif
 }
 
-}  // namespace
 
 std::string NamePeers(const Status& s, const std::vector<WorkerId>& participants) {
   std::string out;
@@ -157,6 +80,8 @@ void PreparedSwitch::Abort() {
   std::lock_guard<std::mutex> l(groups_mu_);
   // Past the closing barrier the change is applied: its groups belong to the new generation,
   // which an abort of the old one is not for (its own failures abort them through LiveGroups).
+  // (The device transport's communicator may be the groups' world; TakeGroups drops it.)
+  if (device_transport_ && !applied_) device_transport_->Abort();
   if (groups_ && !applied_) groups_->AbortAll();
 }
 
@@ -176,69 +101,6 @@ static Status CheckDigest(const ChangePlan& change, uint64_t expected) {
           : "first generation: manifest, config and ranks";
   return FailedPreconditionError("plan digest mismatch: coordinator " + DigestHex(expected) +
                                  ", computed " + DigestHex(change.digest) + " (" + parts + ")");
-}
-
-// This participant's part of `change`, its batches and the byte figures of "Order and memory
-// bound" (PrepareSwitch; ExecuteSwitch for a recovery).
-Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOptions& options) {
-  SwitchStats& planned = sw.planned_;
-  const std::string gen = "generation " + std::to_string(sw.next_.id);
-  if (change.planner) {
-    if (sw.participant_ < 0) {
-      return InvalidArgumentError(gen + ": worker " + std::to_string(sw.me_) +
-                                  " holds a rank but is no participant of the change");
-    }
-    MORPH_ASSIGN_OR_RETURN(sw.plan_, change.planner->PlanFor(sw.participant_),
-                           gen << ": planning participant " << sw.participant_);
-    sw.batches_ = Batches(sw.manifest_.tensors, sw.from_.config, sw.next_.config,
-                           options.batch_bytes);
-    sw.batch_plans_ = SplitPlan(sw.plan_, sw.batches_);
-    // The byte figures of "Order and memory bound" for this worker.
-    const LocalPlan& p = sw.plan_;
-    for (size_t t = 0; t < p.tensors.size(); ++t) {
-      const int64_t n = ShardBytes(p.new_shards[t], p.tensors[t].dtype);
-      planned.old_bytes += ShardBytes(p.old_shards[t], p.tensors[t].dtype);
-      planned.new_bytes += n;
-      planned.largest_shard_bytes = std::max(planned.largest_shard_bytes, n);
-    }
-    // Tensors whose new shard here is exactly the old one keep their buffer (ExecuteSwitch):
-    // nothing is allocated or copied for them.
-    sw.kept_.assign(p.tensors.size(), false);
-    sw.grow_offset_.assign(p.tensors.size(), -1);
-    if (!options.stage_old_in_host && !options.keep_old_until_barrier) {
-      for (size_t t = 0; t < p.tensors.size(); ++t) sw.grow_offset_[t] = GrowOffset(p, t);
-      std::vector<bool> receives(p.tensors.size(), false);
-      for (const PieceMove& m : p.recvs) receives[static_cast<size_t>(m.tensor)] = true;
-      for (size_t t = 0; t < p.tensors.size(); ++t) {
-        sw.kept_[t] = !receives[t] && p.old_shards[t] && p.new_shards[t] &&
-                       !p.old_shards[t]->empty() && *p.old_shards[t] == *p.new_shards[t];
-      }
-    }
-    bool grew = false;
-    for (const auto& batch : sw.batches_) {
-      int64_t batch_new = 0;
-      for (int32_t t : batch) {
-        const DType dt = p.tensors[static_cast<size_t>(t)].dtype;
-        const int64_t o = ShardBytes(p.old_shards[static_cast<size_t>(t)], dt);
-        const int64_t n = ShardBytes(p.new_shards[static_cast<size_t>(t)], dt);
-        if (sw.kept_[static_cast<size_t>(t)]) continue;  // neither allocated nor released
-        batch_new += n;
-        if (n > o) grew = true;
-        if (n < o && grew) planned.sign_consistent = false;
-      }
-      planned.largest_batch_bytes = std::max(planned.largest_batch_bytes, batch_new);
-    }
-    sw.pre_pos_.clear();
-    sw.prealloc_order_.clear();
-    sw.prealloc_bytes_ = 0;
-    sw.predicted_peak_ = PredictPeak(sw, options.keep_old_until_barrier);
-    if (options.keep_old_until_barrier) planned.sign_consistent = planned.old_bytes == 0;
-    planned.batches = static_cast<int>(sw.batches_.size());
-    planned.bound_bytes = std::max(planned.old_bytes, planned.new_bytes) +
-                          planned.largest_batch_bytes +
-                          static_cast<int64_t>(sw.executor_.staging_bytes);
-  }
-  return Status::Ok();
 }
 
 StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manifest, WorkerId me,
@@ -266,6 +128,7 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   if (!prepare.change.recovery) {
     MORPH_RETURN_IF_ERROR(CheckDigest(change, prepare.next.plan_digest));
   }
+  MORPH_RETURN_IF_ERROR(CheckDeviceOptions(options, manifest.tensors.size(), gen));
   sw->participants_ = change.participants;
   sw->participant_ = change.IndexOf(me);
   sw->num_participants_ = static_cast<int>(change.participants.size());
@@ -286,6 +149,11 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
   planned.seconds.plan = Since(t_plan);
 
   const auto t_comm = Clock::now();
+  auto cancelled = [&](const char* before) -> Status {
+    if (!options.cancel || !options.cancel->cancelled()) return Status::Ok();
+    return AbortedError(gen + ": prepare cancelled before " + before);
+  };
+  MORPH_RETURN_IF_ERROR(cancelled("the change communicator"));
   // Filled in the background (the old generation trains on); ExecuteSwitch waits per shard,
   // ~PreparedSwitch stops and joins it.
   if (options.preallocate && !options.stage_old_in_host && change.planner &&
@@ -324,12 +192,19 @@ StatusOr<std::unique_ptr<PreparedSwitch>> PrepareSwitch(const JobManifest& manif
       sw->leaving_ = std::move(leaving);
     }
   }
+  MORPH_RETURN_IF_ERROR(cancelled("the new groups"));
   if (sw->new_rank_ >= 0 && !sw->shrink_groups_) {
-    GroupBuilder builder(factory);
+    GroupBuilder builder(options.groups_factory ? options.groups_factory : factory);
     MORPH_ASSIGN_OR_RETURN(sw->groups_,
                            builder.Build(store, prepare.next.config, sw->new_rank_,
                                          prepare.next.config.world(), deadline),
                            gen << ": communicators of rank " << sw->new_rank_);
+  }
+  // After the groups: the union may be the next generation's world (every participant builds
+  // the change communicator, then its groups, then the union, in that order).
+  if (change.planner && DevicePathOn(options)) {
+    MORPH_RETURN_IF_ERROR(cancelled("the union communicator"));
+    MORPH_RETURN_IF_ERROR(PrepareDevicePath(*sw, store, deadline));
   }
   planned.seconds.communicators = Since(t_comm);
   return sw;
@@ -512,7 +387,20 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   }
   held += sw.prealloc_bytes_;
   stats.peak_state_bytes = held;
+  // The device path's own count of device bytes (switch.h "Device memory").
+  const bool device_path = sw.device_transport_ != nullptr;
+  DeviceTally tally;
+  for (size_t t = 0; t < nt && device_path; ++t) {
+    if (OnDevice(sw, t)) tally.Add(static_cast<int64_t>(old_view[t].bytes));
+  }
+  stats.device.prepare_bytes = tally.held;
   const auto t_transfer = Clock::now();
+  // Old device shards staged to pinned host memory when the device cannot hold the change.
+  std::vector<Buffer> staged(nt);
+  if (device_path && ShouldStageOld(sw, stats)) {
+    MORPH_ASSIGN_OR_RETURN(stats.device.staged_bytes,
+                           StageOldDeviceShards(sw, state, old_view, staged, tally), gen);
+  }
   if (opt.stage_old_in_host) {
     for (size_t t = 0; t < nt; ++t) {
       if (old_view[t].bytes == 0 || old_view[t].kind == MemoryKind::kHost) continue;
@@ -557,7 +445,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
     bool any_keep = false, any_moved = false;
     for (size_t j = 0; j < sorted.size(); ++j) {
       const size_t t = static_cast<size_t>(sorted[j]);
-      keep[j] = sw.kept_[t] && old_view[t].bytes > 0;
+      keep[j] = sw.kept_[t] && old_view[t].bytes > 0 && staged[t].size() == 0;
       any_keep |= keep[j];
     }
     for (size_t j = 0; j < sorted.size(); ++j) {
@@ -598,6 +486,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
         fresh[j] = std::move(b).value();
         if (!pre) held += bytes;  // a pre-allocated one that failed is counted already
       }
+      if (device_path && OnDevice(sw, t)) tally.Add(static_cast<int64_t>(fresh[j].size()));
       // Growing in place (switch.h "Growing in place"): the old shard's pages become the
       // resident part of the new one; it still sends from there.
       if (sw.grow_offset_[t] >= 0 && old_view[t].bytes > 0) {
@@ -611,6 +500,15 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       }
     }
     pool.Clear();  // what this batch did not reuse (the bound counts it as released)
+    // Staged old shards of this batch back on the device, for its exchange only.
+    std::vector<Buffer> returned(sorted.size());
+    for (size_t j = 0; j < sorted.size(); ++j) {
+      const size_t t = static_cast<size_t>(sorted[j]);
+      if (staged[t].size() == 0) continue;
+      Status r = ReturnStagedForBatch(sw, state, t, old_view, returned[j], tally);
+      if (!r.ok()) return fail(r, where);
+      held += static_cast<int64_t>(returned[j].size());
+    }
     const LocalPlan* run = &bp;
     LocalPlan trimmed;
     if (any_keep || any_moved) {
@@ -635,9 +533,12 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       if (fresh[j].size() > 0) news.push_back({info.name, info.dtype, fresh[j].view()});
     }
     stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
+    int64_t device_staging = 0;
     StatusOr<ExecutorStats> r =
-        ExecutePlan(*run, olds, news, *sw.transport_, sw.executor_, deadline);
+        RunBatch(sw, *run, sorted, olds, news, stats, &device_staging, deadline);
     if (!r.ok()) return fail(r.status(), where);
+    stats.device.transfer_peak_bytes =
+        std::max({stats.device.transfer_peak_bytes, tally.peak, tally.held + device_staging});
     stats.AddExecutor(*r);
     const auto t_release = Clock::now();
     stats.peak_bytes = std::max(stats.peak_bytes, held + r->staging_peak_bytes);
@@ -654,6 +555,12 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       // (Install): freeing 0.5 GB takes 0.15-0.2 s here, which the others would wait for.
       if (!opt.keep_old_until_barrier && sw.new_rank_ >= 0 && old_view[t].bytes > 0) {
         held -= static_cast<int64_t>(old_view[t].bytes);
+        if (device_path && OnDevice(sw, t)) tally.Sub(static_cast<int64_t>(old_view[t].bytes));
+        if (staged[t].size() > 0) {  // the host copy went with old_view above; this is the device's
+          held -= static_cast<int64_t>(returned[j].size());
+          staged[t] = Buffer();
+          returned[j] = Buffer();
+        }
         old_host[t] = Buffer();
         if (recycle) {
           Buffer b = state.TakeShard(t);
@@ -678,11 +585,20 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
       }
       new_buffers[t] = std::move(fresh[j]);
     }
+    for (size_t j = 0; j < sorted.size(); ++j) {  // not released above: the host copy stays
+      if (returned[j].size() == 0) continue;
+      const size_t t = static_cast<size_t>(sorted[j]);
+      old_view[t] = staged[t].view();
+      tally.Sub(static_cast<int64_t>(returned[j].size()));
+      held -= static_cast<int64_t>(returned[j].size());
+      returned[j] = Buffer();
+    }
     stats.release_seconds += Since(t_release);
     if (opt.after_batch) opt.after_batch(k);
   }
   pool.Clear();
   stats.peak_bytes = std::max(stats.peak_bytes, stats.peak_state_bytes);
+  stats.device.transfer_peak_bytes = std::max(stats.device.transfer_peak_bytes, tally.peak);
   stats.seconds.transfer = Since(t_transfer);
 
   const auto t_resume = Clock::now();
@@ -738,6 +654,7 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   }
   MarkApplied(sw);
   state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
+  stats.device.resume_bytes = device_path ? stats.device.new_bytes : 0;
   stats.seconds.resume = Since(t_resume);
   VLOG(1) << gen << ": participant " << sw.participant_ << " of " << sw.num_participants_
           << ", rank " << sw.old_rank_ << " -> " << sw.new_rank_ << ", " << stats.batches
@@ -767,6 +684,8 @@ Status AdoptNewState(PreparedSwitch& sw, StateStore& state) {
 
 std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch& prepared) {
   std::lock_guard<std::mutex> l(prepared.groups_mu_);
+  prepared.device_transport_.reset();  // its communicator may be the world handed out
+  prepared.union_ = UnionComm();
   return std::move(prepared.groups_);
 }
 

@@ -95,6 +95,22 @@
 // (SwitchOptions::snapshot) — then the scalars from the first participant serving its own
 // copy, then the closing barrier. SwitchStats::shards_kept / recycled_bytes count the reuse.
 //
+// Device path (SwitchOptions::device; switch_device.cc; docs/design.md "The device path, as
+// built"). Device-resident tensors move over a DeviceTransport on the change's union
+// communicator: the next generation's world when every participant holds a rank in it and the
+// step groups are on the device, else a fresh one over the participants, built last in
+// PrepareSwitch (after the change communicator and the new groups, on every participant). Each
+// batch runs one exchange per transport it needs: its device tensors over the union, its host
+// tensors over the change transport.
+//
+// Device memory. SwitchStats::device counts this worker's device bytes as they are allocated and
+// released: held at the start (old device shards O_d), the peak during the batches (device
+// staging and the transport's bounce buffers included) and at the end (N_d), next to bound =
+// max(O_d, N_d) + E_d + staging over the device tensors (guaranteed where sign-consistent, as
+// above). When device.free_bytes() says the device cannot hold bound - O_d more, every old device
+// shard is first copied to device.pinned_host and released; each batch copies its own back to the
+// device for its exchange only, so the peak is <= N_d + 2 E_d + staging.
+//
 // Abandon: destroying a PreparedSwitch releases the change communicator and the new groups
 // (peers still building or using them fail with kUnavailable); the State is untouched.
 //
@@ -110,14 +126,20 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "morph/deadline.h"
 #include "morph/status.h"
+#include "collectives/build_cancel.h"
 #include "collectives/comm_transport.h"
 #include "collectives/communicator.h"
+#include "collectives/device_memory.h"
+#include "collectives/device_transport.h"
 #include "collectives/groups.h"
+#include "collectives/union_comm.h"
 #include "collectives/store/store.h"
 #include "reshard/executor.h"
 #include "reshard/local_plan.h"
@@ -127,6 +149,32 @@
 #include "runtime/recovery/snapshot.h"
 
 namespace morph {
+
+// The device data path (docs/design.md "Device path"): which tensors live in device memory and
+// how to reach the device. Every field must be equal on all participants except `memory` and
+// `free_bytes`, which are this worker's.
+struct SwitchDeviceOptions {
+  // Per manifest tensor: its shards are device memory (e.g. State::memory_of(t) == kCuda at
+  // registration). Those tensors move over a DeviceTransport on the change's union communicator
+  // (collectives/union_comm.h), the others over the change transport (Gloo, shared memory); a
+  // batch holding both runs one exchange on each. Empty: no device path.
+  std::vector<bool> tensors;
+  // Builds the union communicator when it must be fresh (NcclFactory(device); tests:
+  // FakeNcclHub::Factory). Required with `tensors`.
+  CommunicatorFactory factory;
+  // The step groups are built on the device (NCCL): when every participant holds a rank in the
+  // next generation, its world communicator carries the reshard and nothing more is built.
+  bool new_world_on_device = false;
+  // This worker's device (CudaDeviceMemory(device); tests: FakeDevice::Memory). Required with
+  // `tensors`.
+  std::function<StatusOr<std::unique_ptr<DeviceMemory>>()> memory;
+  // Device bytes this worker may hold beyond its current state during the change (cudaMemGetInfo's
+  // free bytes less a margin); < 0 or null: no limit. When the change needs more (its device
+  // bound), the old device shards are staged to `pinned_host` first (switch.h "Device memory").
+  std::function<int64_t()> free_bytes;
+  // Host memory for that staging (pinned: CudaHostAllocator(); tests: HostAllocator()).
+  Allocator pinned_host;
+};
 
 struct SwitchOptions {
   // Bound on new-shard bytes allocated at once beyond what is freed: tensors are resharded in
@@ -157,6 +205,14 @@ struct SwitchOptions {
   // Bounds each transport group, the scalar broadcast and the closing barrier (the deadline
   // passed to ExecuteSwitch bounds the whole switch too).
   std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;
+  SwitchDeviceOptions device;
+  // Ends this prepare from any thread (ChangeBuilder::AbortFrom): PrepareSwitch checks it
+  // between its builds and returns kAborted; factories made with it (NcclFactory(device,
+  // cancel), FakeNcclHub::Factory(process, cancel)) end a creation in progress at its next poll.
+  std::shared_ptr<BuildCancel> cancel;
+  // The new step groups' factory when it is not PrepareSwitch's `factory` (the runtime's NCCL
+  // one made with `cancel`, so that an abort ends their creation too). Null: `factory`.
+  CommunicatorFactory groups_factory;
   // Tests: called on the training thread after batch `k` (0-based) moved and released its old
   // shards, before the next. Fault injection only.
   std::function<void(int batch)> after_batch;
@@ -225,10 +281,31 @@ struct SwitchStats {
          unpack_seconds = 0;
   double executor_seconds = 0;  // the executor's total (the above + handshakes, validation)
   double release_seconds = 0;   // releasing old shards
+  // The device path (SwitchOptions::device; "Device memory" above): this worker's device-memory
+  // figures by phase next to their bound, counted as the switch allocates and releases (tests
+  // check them against the fake device's own count).
+  struct Device {
+    std::string union_source;  // where the union communicator came from; empty: no device path
+    int64_t old_bytes = 0, new_bytes = 0;  // device state before / after
+    int64_t largest_batch_bytes = 0;       // largest batch's new device shard bytes here
+    // The manifest's executor staging plus the device transport's bounce buffers (host
+    // messages through device memory, measured: a few KiB).
+    int64_t staging_bytes = 0;
+    // max(old, new) + largest batch + staging: the peak when the device holds it all.
+    int64_t bound_bytes = 0;
+    int64_t free_bytes = -1;    // what SwitchDeviceOptions::free_bytes said (-1: no limit)
+    int64_t staged_bytes = 0;   // old device shards staged to pinned host memory (0: none)
+    int64_t prepare_bytes = 0;  // held when the transfer starts (the old device shards)
+    int64_t transfer_peak_bytes = 0;  // most held during the batches, device staging included
+    int64_t resume_bytes = 0;   // held when the switch returns (the new device shards)
+    int64_t bytes_sent = 0, bytes_received = 0;  // over the device transport
+  } device;
 
   // Adds one executor run (a batch, a round): bytes, the phases' seconds and the staging peak.
   void AddExecutor(const ExecutorStats& r);
 };
+
+struct DeviceTally;  // switch_internal.h
 
 // Built between Prepare and S, beside the running generation (DynaTrain-style masking).
 class PreparedSwitch {
@@ -280,6 +357,20 @@ class PreparedSwitch {
   friend void FillPreallocation(PreparedSwitch&, const Allocator&);
   friend Buffer TakePreallocated(PreparedSwitch&, size_t);
   friend int64_t PredictPeak(const PreparedSwitch&, bool keep_old);
+  friend Status PrepareDevicePath(PreparedSwitch&, Store&, Deadline);
+  friend void PlanDeviceBytes(PreparedSwitch&);
+  friend bool OnDevice(const PreparedSwitch&, size_t);
+  friend StatusOr<ExecutorStats> RunBatch(PreparedSwitch&, const LocalPlan&,
+                                          const std::vector<int32_t>&,
+                                          std::span<const OldShardData>,
+                                          std::span<const NewShardData>, SwitchStats&, int64_t*,
+                                          Deadline);
+  friend StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch&, StateStore&,
+                                                std::vector<ConstBufferView>&,
+                                                std::vector<Buffer>&, DeviceTally&);
+  friend Status ReturnStagedForBatch(PreparedSwitch&, StateStore&, size_t,
+                                     std::vector<ConstBufferView>&, Buffer&, DeviceTally&);
+  friend bool ShouldStageOld(PreparedSwitch&, SwitchStats&);
   friend StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch&, const CommitMsg&, StateStore&,
                                                      Deadline);
   friend StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch&, const CommitMsg&, StateStore&,
@@ -315,6 +406,10 @@ class PreparedSwitch {
   std::unique_ptr<Communicator> change_comm_;
   std::unique_ptr<CommTransport> transport_;
   std::unique_ptr<GroupSet> groups_;
+  // The device path (switch_device.cc): the union communicator (its `comm` may be groups_'s
+  // world) and the transport over it; declared after groups_ so they go first.
+  UnionComm union_;
+  std::unique_ptr<DeviceTransport> device_transport_;
   // ShrinkGroups: the old ranks that are not in `next`, and what PrepareSwitch was given.
   bool shrink_groups_ = false;
   std::vector<int> leaving_;

@@ -2,6 +2,7 @@
 #ifndef MORPH_RUNTIME_SWITCH_SWITCH_INTERNAL_H_
 #define MORPH_RUNTIME_SWITCH_SWITCH_INTERNAL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -17,6 +18,9 @@ namespace morph {
 // "participant 2 (worker 12), participant 3 (worker 5)" for the peers a failure names
 // (Status::failed_peers are participant indices of `participants`).
 std::string NamePeers(const Status& s, const std::vector<WorkerId>& participants);
+
+// Copies `src` into `dst` (same size), host or device on either side (cudaMemcpy).
+Status CopyBytes(BufferView dst, ConstBufferView src);
 
 // Bytes of a shard of `dtype` (0 when there is none).
 inline int64_t ShardBytes(const std::optional<Shard>& s, DType dtype) {
@@ -34,6 +38,58 @@ void FillPreallocation(PreparedSwitch& sw, const Allocator& alloc);
 Buffer TakePreallocated(PreparedSwitch& sw, size_t t);
 // The closing barrier passed: Abort() leaves the new groups be (switch.h, applied_).
 void MarkApplied(PreparedSwitch& sw);
+
+// switch_plan.cc: the global order cut into batches of tensor indices (switch.h "Order and
+// memory bound"); each batch's part of `full` (its tensors, ascending and renumbered, and their
+// pieces in the order `full` lists them, so both ends of every pair list the same pieces alike);
+// this participant's part of `change`, its batches and byte figures (PrepareSwitch; ExecuteSwitch
+// for a recovery).
+std::vector<std::vector<int32_t>> Batches(const std::vector<TensorSpec>& tensors,
+                                          const ParallelConfig& from, const ParallelConfig& next,
+                                          uint64_t batch_bytes);
+std::vector<LocalPlan> SplitPlan(const LocalPlan& full,
+                                 const std::vector<std::vector<int32_t>>& batches);
+Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOptions& options);
+
+// switch_device.cc (switch.h "Device path", "Device memory").
+// Device bytes held during one switch (old device shards not yet released, new ones allocated,
+// staged copies returned for a batch) and their peak.
+struct DeviceTally {
+  int64_t held = 0, peak = 0;
+  void Add(int64_t n) {
+    held += n;
+    peak = std::max(peak, held);
+  }
+  void Sub(int64_t n) { held -= n; }
+};
+bool DevicePathOn(const SwitchOptions& o);
+// Tensor t (manifest index) is device-resident (SwitchDeviceOptions::tensors).
+bool OnDevice(const PreparedSwitch& sw, size_t t);
+// kInvalidArgument naming the field for device options that cannot work.
+Status CheckDeviceOptions(const SwitchOptions& o, size_t num_tensors, const std::string& gen);
+// PrepareSwitch: plans and builds the union communicator and the device transport over it.
+Status PrepareDevicePath(PreparedSwitch& sw, Store& store, Deadline deadline);
+// PlanSwitch: SwitchStats::device's planned figures (old, new, largest batch, bound).
+void PlanDeviceBytes(PreparedSwitch& sw);
+// True when device.free_bytes says the device cannot hold the change's bound (records it).
+bool ShouldStageOld(PreparedSwitch& sw, SwitchStats& stats);
+// Copies every old device shard to pinned host memory (`staged`), releases it on the device and
+// points old_view there; returns the bytes staged.
+StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch& sw, StateStore& state,
+                                       std::vector<ConstBufferView>& old_view,
+                                       std::vector<Buffer>& staged, DeviceTally& tally);
+// A staged old shard back in device memory (`on_device`, the tensor's allocator) for its batch.
+Status ReturnStagedForBatch(PreparedSwitch& sw, StateStore& state, size_t t,
+                            std::vector<ConstBufferView>& old_view, Buffer& on_device,
+                            DeviceTally& tally);
+// One batch's exchange: device-resident tensors over the device transport, the others over the
+// change transport (one exchange each when the batch holds both). `global`: the manifest index
+// of each of `run`'s tensors. *device_staging: the device exchange's staging peak.
+StatusOr<ExecutorStats> RunBatch(PreparedSwitch& sw, const LocalPlan& run,
+                                 const std::vector<int32_t>& global,
+                                 std::span<const OldShardData> olds,
+                                 std::span<const NewShardData> news, SwitchStats& stats,
+                                 int64_t* device_staging, Deadline deadline);
 
 // ExecuteSwitch for a recovery from buddy snapshots (switch.h "Recovery"; switch_snapshot.cc).
 StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& commit,

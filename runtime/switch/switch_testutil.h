@@ -143,7 +143,7 @@ class Cluster {
     std::map<WorkerId, CommunicatorFactory> factories;
     for (WorkerId w : workers) {
       StateOf(w);  // registration, on this thread
-      factories[w] = GlooFactory(DeviceOf(w));
+      factories[w] = factory_of_ ? factory_of_(w) : GlooFactory(DeviceOf(w));
     }
     std::map<WorkerId, WorkerResult> results;
     std::mutex mu;
@@ -186,6 +186,7 @@ class Cluster {
           return Status::Ok();
         }();
         r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        if (before_release_) before_release_(w);
         sw.reset();
         std::lock_guard<std::mutex> lock(mu);
         results[w] = std::move(r);
@@ -349,6 +350,11 @@ class Cluster {
   int64_t next_id_ = 0;
   int abandoned_ = 0;  // proposals abandoned because communicators failed to build
   bool last_run_prepared_ = true;
+  // The factory a worker's PrepareSwitch gets (null: Gloo on the worker's device).
+  std::function<CommunicatorFactory(WorkerId)> factory_of_;
+  // Called on a worker's thread before its PreparedSwitch is destroyed (tests that call into it
+  // from another thread wait there for that call to end).
+  std::function<void(WorkerId)> before_release_;
   bool wait_for_preallocation_ = false;  // before executing (else ExecuteSwitch waits per shard)
   std::map<WorkerId, std::unique_ptr<StateStore>> states_;
   Generation current_;

@@ -32,18 +32,19 @@ gpt_bins=()
 if ninja -C "$build" -t targets all 2>/dev/null | grep '^gpt_nccl:' >/dev/null; then
   gpt_bins=(gpt gpt_nccl morphrun)
 fi
-ninja -C "$build" -j2 "${targets[@]}" pack_gpu_bench "${gpt_bins[@]}"
+ninja -C "$build" -j2 "${targets[@]}" pack_gpu_bench device_reshard_gpu_bench "${gpt_bins[@]}"
 mapfile -t tests < <(gpu_tests command)
 extra_bins=()
 for b in "${gpt_bins[@]}"; do
   case $b in
-    morphrun) extra_bins+=("$build/runtime/morphrun") ;;
+    morphrun) extra_bins+=("$build/runtime/tools/morphrun") ;;
     *) extra_bins+=("$build/examples/gpt/$b") ;;
   esac
 done
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
-for b in "${tests[@]}" "$build/bench/pack_gpu_bench" "${extra_bins[@]}"; do
+for b in "${tests[@]}" "$build/bench/pack_gpu_bench" "$build/bench/device_reshard_gpu_bench" \
+         "${extra_bins[@]}"; do
   cp "$b" "$out/bin/"
   strip --strip-debug "$out/bin/$(basename "$b")"  # RelWithDebInfo: -g makes them 5-8x larger
   # Shared libraries outside the C/C++ runtime, the CUDA driver and NCCL (too large; the GPU

@@ -9,7 +9,9 @@
 #
 # Prints the NCCL version first (and sets NCCL_MULTI_RANK_GPU_ENABLE=1 from NCCL 2.30, which
 # lets several ranks share the one GPU), then one line per test (PASS/SKIP/FAIL) with the
-# "gpu-note:" lines it printed (measurements, skip reasons), then the benchmark's JSON lines.
+# "gpu-note:" lines it printed (measurements, skip reasons), then the benchmarks' JSON lines
+# (pack_gpu_bench: kernels vs cudaMemcpy; device_reshard_gpu_bench: a 1 GiB device reshard vs
+# raw NCCL p2p, NCCL init / abort / shrink times).
 # The tests include gpt_nccl_test: examples/gpt's gpt_nccl (state on the GPU, NCCL, cuBLAS)
 # against the CPU build. Everything printed also goes to $OUT/run.txt, each test's whole output
 # to $OUT/<test>.log ($OUT: the device tool's output folder; default ./gpu-out). Exit status:
@@ -137,7 +139,8 @@ for t in json.load(sys.stdin)["tests"]:
     else:
         print(t["name"])' 2>/dev/null)  # a test's name is its target's (morph_cc_test)
   if [ ${#targets[@]} -gt 0 ]; then
-    cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" pack_gpu_bench >/dev/null \
+    cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" pack_gpu_bench \
+      device_reshard_gpu_bench >/dev/null \
       || { echo "FAIL build"; exit 1; }
   else
     cmake --build "$build" -j "$(nproc)" >/dev/null || { echo "FAIL build"; exit 1; }
@@ -152,6 +155,14 @@ if [ -x "$bench" ]; then
   timeout 120 "$bench" --mb="${GPU_BENCH_MB:-512}" || { echo "FAIL pack_gpu_bench"; failed=1; }
 else
   echo "FAIL pack_gpu_bench not found at $bench"; failed=1
+fi
+# The device data path: a 1 GiB reshard over NCCL vs raw NCCL p2p, NCCL init / abort / shrink.
+reshard_bench="$(dirname "$bench")/device_reshard_gpu_bench"
+if [ -x "$reshard_bench" ]; then
+  timeout 180 "$reshard_bench" --mb="${GPU_RESHARD_MB:-1024}" ||
+    { echo "FAIL device_reshard_gpu_bench"; failed=1; }
+else
+  echo "FAIL device_reshard_gpu_bench not found at $reshard_bench"; failed=1
 fi
 echo "gpu run: $(( $(date +%s) - start )) s, $([ $failed -eq 0 ] && echo OK || echo FAILED)"
 exit $failed
