@@ -235,34 +235,17 @@ StatusOr<std::unique_ptr<TransportWork>> CommTransport::Start(std::span<const Se
     ops.push_back({P2POp::Kind::kRecv, r.peer, data, r.bytes});
   }
   // Tag records lead the TCP part: per peer, one record of the tags of this group's messages.
-  const int n = size();
-  std::vector<TagRecord> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
-  std::vector<bool> sends_to(static_cast<size_t>(n)), recvs_from(static_cast<size_t>(n));
-  for (const SendOp& s : sends) {
-    if (IsSharedMemoryPeer(s.peer)) continue;
-    to[static_cast<size_t>(s.peer)].Add(s.tag);
-    sends_to[static_cast<size_t>(s.peer)] = true;
-  }
-  for (const RecvOp& r : recvs) {
-    if (IsSharedMemoryPeer(r.peer)) continue;
-    from[static_cast<size_t>(r.peer)].Add(r.tag);
-    recvs_from[static_cast<size_t>(r.peer)] = true;
-  }
-  std::vector<int> out_peers;
-  for (int p = 0; p < n; ++p) {
-    if (sends_to[static_cast<size_t>(p)]) out_peers.push_back(p);
-    if (recvs_from[static_cast<size_t>(p)]) {
-      work->tags_from_.push_back(p);
-      work->tags_expected_.push_back(from[static_cast<size_t>(p)]);
-    }
-  }
-  work->tags_out_.resize(out_peers.size() * kTagRecordBytes);
-  work->tags_in_.resize(work->tags_from_.size() * kTagRecordBytes);
+  TagRecords t =
+      MakeTagRecords(size(), sends, recvs, [this](int peer) { return IsSharedMemoryPeer(peer); });
+  const std::vector<int>& out_peers = t.out_peers;
+  work->tags_from_ = std::move(t.in_peers);
+  work->tags_expected_ = std::move(t.expected);
+  work->tags_out_ = std::move(t.out);
+  work->tags_in_ = std::move(t.in);
   std::vector<P2POp> all;
   all.reserve(ops.size() + out_peers.size() + work->tags_from_.size());
   for (size_t i = 0; i < out_peers.size(); ++i) {
     unsigned char* rec = work->tags_out_.data() + i * kTagRecordBytes;
-    to[static_cast<size_t>(out_peers[i])].Store(rec);
     all.push_back({P2POp::Kind::kSend, out_peers[i], rec, kTagRecordBytes});
   }
   for (size_t i = 0; i < work->tags_from_.size(); ++i) {

@@ -204,32 +204,17 @@ StatusOr<std::unique_ptr<TransportWork>> DeviceTransport::Start(std::span<const 
   auto work = std::make_unique<DeviceTransportWork>(pool_, &participant_of_);
 
   // Tag records lead each pair's messages of the group (tag_record.h).
-  std::vector<TagRecord> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
-  std::vector<bool> sends_to(static_cast<size_t>(n)), recvs_from(static_cast<size_t>(n));
-  for (const SendOp& s : sends) {
-    to[static_cast<size_t>(s.peer)].Add(s.tag);
-    sends_to[static_cast<size_t>(s.peer)] = true;
-  }
-  for (const RecvOp& r : recvs) {
-    from[static_cast<size_t>(r.peer)].Add(r.tag);
-    recvs_from[static_cast<size_t>(r.peer)] = true;
-  }
-  std::vector<int> out_peers;
-  for (int p = 0; p < n; ++p) {
-    if (sends_to[static_cast<size_t>(p)]) out_peers.push_back(p);
-    if (recvs_from[static_cast<size_t>(p)]) {
-      work->tags_from_.push_back(p);
-      work->tags_expected_.push_back(from[static_cast<size_t>(p)]);
-    }
-  }
-  work->tags_out_.resize(out_peers.size() * TagRecord::kBytes);
-  work->tags_in_.resize(work->tags_from_.size() * TagRecord::kBytes);
+  TagRecords t = MakeTagRecords(n, sends, recvs, [](int) { return false; });
+  const std::vector<int>& out_peers = t.out_peers;
+  work->tags_from_ = std::move(t.in_peers);
+  work->tags_expected_ = std::move(t.expected);
+  work->tags_out_ = std::move(t.out);
+  work->tags_in_ = std::move(t.in);
 
   std::vector<Pending> ops;
   ops.reserve(out_peers.size() + work->tags_from_.size() + sends.size() + recvs.size());
   for (size_t i = 0; i < out_peers.size(); ++i) {
     unsigned char* rec = work->tags_out_.data() + i * TagRecord::kBytes;
-    to[static_cast<size_t>(out_peers[i])].Store(rec);
     ops.push_back({P2POp::Kind::kSend, comm_rank(out_peers[i]), rec, TagRecord::kBytes});
   }
   for (size_t i = 0; i < work->tags_from_.size(); ++i) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace morph {
 
@@ -52,6 +53,48 @@ inline std::string TagMismatch(int peer, const TagRecord& got, const TagRecord& 
          std::to_string(got.count) + " messages with tag hash " + TagHex(got.hash) +
          ", the receives posted here expect " + std::to_string(want.count) + " with " +
          TagHex(want.hash) + " (the two sides run different plans or steps)";
+}
+
+// One transport group's records: for each peer this side sends to (ascending), the record of
+// its sends there, stored in `out`; for each peer it receives from (ascending), the record its
+// receives there expect, and `in` sized for the ones that arrive. Peers for which `skip(peer)`
+// holds carry no record (same-host shared-memory peers). Sends and receives: anything with
+// `peer` and `tag` (reshard/transport.h SendOp, RecvOp).
+struct TagRecords {
+  std::vector<int> out_peers;
+  std::vector<unsigned char> out;
+  std::vector<int> in_peers;
+  std::vector<TagRecord> expected;
+  std::vector<unsigned char> in;
+};
+template <typename Sends, typename Recvs, typename Skip>
+TagRecords MakeTagRecords(int n, const Sends& sends, const Recvs& recvs, Skip skip) {
+  std::vector<TagRecord> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
+  std::vector<bool> sends_to(static_cast<size_t>(n)), recvs_from(static_cast<size_t>(n));
+  for (const auto& s : sends) {
+    if (skip(s.peer)) continue;
+    to[static_cast<size_t>(s.peer)].Add(s.tag);
+    sends_to[static_cast<size_t>(s.peer)] = true;
+  }
+  for (const auto& r : recvs) {
+    if (skip(r.peer)) continue;
+    from[static_cast<size_t>(r.peer)].Add(r.tag);
+    recvs_from[static_cast<size_t>(r.peer)] = true;
+  }
+  TagRecords t;
+  for (int p = 0; p < n; ++p) {
+    if (sends_to[static_cast<size_t>(p)]) t.out_peers.push_back(p);
+    if (recvs_from[static_cast<size_t>(p)]) {
+      t.in_peers.push_back(p);
+      t.expected.push_back(from[static_cast<size_t>(p)]);
+    }
+  }
+  t.out.resize(t.out_peers.size() * TagRecord::kBytes);
+  for (size_t i = 0; i < t.out_peers.size(); ++i) {
+    to[static_cast<size_t>(t.out_peers[i])].Store(t.out.data() + i * TagRecord::kBytes);
+  }
+  t.in.resize(t.in_peers.size() * TagRecord::kBytes);
+  return t;
 }
 
 }  // namespace morph
