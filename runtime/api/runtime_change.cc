@@ -29,13 +29,10 @@ const char* SourceName(RecoveryDecision::Source s) {
 
 }  // namespace
 
-// NCCL data plane and morph-owned CUDA state (the registration, so the same on every worker,
-// joiners included): device shards move over NCCL between device buffers (switch.h "Device
-// path"), old shards staged to pinned host memory only when cudaMemGetInfo says the device cannot
-// hold the change (5% of the device kept for NCCL and the kernels).
 // Device memory by phase next to its bound (switch.h "Device memory").
-static void LogDevicePath(int64_t generation, const SwitchStats::Device& d) {
-  LOG(INFO) << "generation " << generation << ": device state " << d.old_bytes << " -> "
+static void LogDevicePath(const LogContext& log, int64_t generation,
+                          const SwitchStats::Device& d) {
+  MORPH_LOG(INFO, log) << "generation " << generation << ": device state " << d.old_bytes << " -> "
             << d.new_bytes << " B over the union communicator (" << d.union_source << "), sent "
             << d.bytes_sent << " B; device bytes held: " << d.prepare_bytes << " at start, peak "
             << d.transfer_peak_bytes << " (bound " << d.bound_bytes << "), " << d.resume_bytes
@@ -43,6 +40,11 @@ static void LogDevicePath(int64_t generation, const SwitchStats::Device& d) {
                                                           std::to_string(d.staged_bytes) + " B"
                                                     : std::string());
 }
+
+// NCCL data plane and morph-owned CUDA state (the registration, so the same on every worker,
+// joiners included): device shards move over NCCL between device buffers (switch.h "Device
+// path"), old shards staged to pinned host memory only when cudaMemGetInfo says the device cannot
+// hold the change (5% of the device kept for NCCL and the kernels).
 
 void Runtime::Impl::SetDevicePath(SwitchOptions& s) const {
 #if MORPH_WITH_CUDA
@@ -257,7 +259,7 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
   r.old_state_bytes = stats.old_bytes;
   r.prepare_bytes = stats.old_bytes + stats.preallocated_bytes;
   r.new_state_bytes = stats.new_bytes;
-  if (!stats.device.union_source.empty()) LogDevicePath(c.next.id, stats.device);
+  if (!stats.device.union_source.empty()) LogDevicePath(agent->log(), c.next.id, stats.device);
   return Status();
 }
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "base/logging.h"
+
 namespace morph {
 namespace {
 
@@ -67,9 +69,11 @@ void ChangeBuilder::Start(const PrepareMsg& p, SwitchOptions options, std::funct
     }
     StatusOr<std::unique_ptr<PreparedSwitch>> built =
         PrepareSwitch(in.manifest, in.me, p, *client, in.factory, options, deadline);
-    LOG(INFO) << "worker " << in.me << ": generation " << p.next.id << " prepared in "
-              << std::chrono::duration<double>(Clock::now() - began).count() << " s"
-              << (built.ok() ? std::string() : ": " + built.status().ToString());
+    LogContext log("switch");
+    log.Set(p.next.id, p.next.RankOf(in.me), p.next.config.world());
+    MORPH_LOG(INFO, log) << "worker " << in.me << " prepared the generation in "
+                         << std::chrono::duration<double>(Clock::now() - began).count() << " s"
+                         << (built.ok() ? std::string() : ": " + built.status().ToString());
     raw->SetResult(std::move(built));  // AbortFrom reads it
   });
   latest_ = std::move(job);
@@ -128,9 +132,11 @@ void ChangeBuilder::JoinOrDetach(std::chrono::milliseconds grace) {
     if (p->finished.load()) {
       p->thread.join();
     } else {
-      LOG(WARNING) << "worker " << in_.me << ": generation " << p->generation
-                   << "'s abandoned build is still waiting on its peers; left to end at its "
-                      "deadline";
+      LogContext log("switch");
+      log.Set(p->generation, -1, 0);
+      MORPH_LOG(WARNING, log) << "worker " << in_.me
+                              << ": the abandoned build is still waiting on its peers; left to "
+                                 "end at its deadline";
       p->thread.detach();
     }
   }

@@ -289,66 +289,46 @@ void SwitchStats::AddExecutor(const ExecutorStats& r) {
   peak_staging_bytes = std::max(peak_staging_bytes, r.staging_peak_bytes);
 }
 
-StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit, StateStore& state,
-                                    Deadline deadline) {
-  const std::string gen = "switch to generation " + std::to_string(sw.next_.id);
+// Phase 1: the commit is the change this worker prepared.
+Status SwitchExecution::ValidateCommit(const PreparedSwitch& sw, const CommitMsg& commit,
+                                       const std::string& gen) {
   MORPH_RETURN_IF_ERROR(CheckCommit(sw, commit));
-  {
-    ChangeParticipants prepared = sw.change_;
-    prepared.stale = commit.change.stale;  // a recovery's commit adds them
-    if (!(commit.change == prepared)) {
-      return FailedPreconditionError(gen + ": the commit's participants differ from the prepare's");
-    }
+  ChangeParticipants prepared = sw.change_;
+  prepared.stale = commit.change.stale;  // a recovery's commit adds them
+  if (!(commit.change == prepared)) {
+    return FailedPreconditionError(gen + ": the commit's participants differ from the prepare's");
   }
-  const bool recovery = commit.change.recovery;
-  const bool stale = recovery && std::find(commit.change.stale.begin(), commit.change.stale.end(),
-                                           sw.me_) != commit.change.stale.end();
-  if (recovery && commit.recovery.source == RecoveryDecision::Source::kCheckpoint) {
-    if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
-    sw.executed_ = true;
-    return RestoreFromCheckpoint(sw, commit, state, deadline);
+  return Status::Ok();
+}
+
+// Phase 2: the plan of a recovery depends on its commit (the stale participants).
+Status SwitchExecution::ReplanRecovery(PreparedSwitch& sw, const CommitMsg& commit,
+                                       const std::string& gen) {
+  if (!commit.change.recovery || sw.executed_) return Status::Ok();
+  const auto t_plan = Clock::now();
+  MORPH_ASSIGN_OR_RETURN(ChangePlan change,
+                         PlanForChange(sw.manifest_, sw.from_, commit.next, commit.change), gen);
+  MORPH_RETURN_IF_ERROR(CheckDigest(change, commit.next.plan_digest)) << gen;
+  sw.next_ = commit.next;
+  sw.change_ = commit.change;
+  MORPH_RETURN_IF_ERROR(PlanSwitch(sw, change, sw.options_));
+  sw.planned_.seconds.plan += Since(t_plan);
+  return Status::Ok();
+}
+
+// Phase 3: the state is what the plan's old shards describe: the job's manifest, laid out for
+// the generation the change starts from (a stale participant's is not used: it goes at once).
+Status SwitchExecution::CheckStateAgainstPlan(const PreparedSwitch& sw, const CommitMsg& commit,
+                                              StateStore& state, const std::string& gen) {
+  JobManifest mine = sw.manifest_;
+  state.FillManifest(mine);
+  const std::string diff = FirstDifference(sw.manifest_, mine);
+  if (!diff.empty()) {
+    return FailedPreconditionError(gen + ": the state differs from the job's manifest: " + diff);
   }
-  if (recovery && commit.recovery.source == RecoveryDecision::Source::kSnapshot) {
-    if (sw.executed_) return FailedPreconditionError(gen + ": already executed");
-    if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
-    sw.executed_ = true;
-    return RestoreFromSnapshots(sw, commit, state, deadline);
-  }
-  if (recovery && !sw.executed_) {
-    // The plan of a recovery depends on its commit (the stale participants).
-    const auto t_plan = Clock::now();
-    MORPH_ASSIGN_OR_RETURN(ChangePlan change,
-                           PlanForChange(sw.manifest_, sw.from_, commit.next, commit.change), gen);
-    MORPH_RETURN_IF_ERROR(CheckDigest(change, commit.next.plan_digest)) << gen;
-    sw.next_ = commit.next;
-    sw.change_ = commit.change;
-    MORPH_RETURN_IF_ERROR(PlanSwitch(sw, change, sw.options_));
-    sw.planned_.seconds.plan += Since(t_plan);
-  }
-  if (sw.executed_) return FailedPreconditionError(gen + ": already executed");
-  if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
-  sw.executed_ = true;
-  state.Seal();
-  {
-    JobManifest mine = sw.manifest_;
-    state.FillManifest(mine);
-    const std::string diff = FirstDifference(sw.manifest_, mine);
-    if (!diff.empty()) {
-      return FailedPreconditionError(gen + ": the state differs from the job's manifest: " + diff);
-    }
-  }
-  SwitchStats stats = sw.planned_;
-  if (sw.first_generation()) {
-    const auto t0 = Clock::now();
-    MORPH_RETURN_IF_ERROR(state.Materialize(sw.next_.config, sw.new_rank_)) << gen;
-    stats.new_bytes = stats.peak_state_bytes = stats.peak_bytes = state.local_bytes();
-    stats.bound_bytes = stats.new_bytes;
-    stats.seconds.resume = Since(t0);
-    return stats;
-  }
-  // The state must be what the plan's old shards describe (a stale participant's is not used:
-  // it goes at once).
-  if (stale) {
+  if (sw.first_generation()) return Status::Ok();
+  const std::vector<WorkerId>& stale = commit.change.stale;
+  if (commit.change.recovery && std::find(stale.begin(), stale.end(), sw.me_) != stale.end()) {
     for (size_t t = 0; t < state.tensors().size(); ++t) state.ReleaseShard(t);
   } else if (sw.old_rank_ >= 0) {
     const ParallelConfig* c = state.config();
@@ -366,307 +346,48 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
                                    " but its state holds " + std::to_string(state.local_bytes()) +
                                    " bytes");
   }
+  return Status::Ok();
+}
 
-  const SwitchOptions& opt = sw.options_;
-  const LocalPlan& plan = sw.plan_;
-  const size_t nt = plan.tensors.size();
-  auto fail = [&](Status s, const std::string& where) {
-    std::string peers = NamePeers(s, sw.participants_);
-    if (!peers.empty()) s = s.WithContext("failed peers: " + peers);
-    return s.WithContext(gen + ": " + where);
-  };
-
-  // Old sources: the state's buffers, or host copies of device shards (stage_old_in_host).
-  std::vector<ConstBufferView> old_view(nt);
-  std::vector<Buffer> old_host(nt);
-  int64_t held = 0;
-  for (size_t t = 0; t < nt; ++t) {
-    const BufferView v = state.TensorAt(t).data;
-    old_view[t] = v;
-    held += static_cast<int64_t>(v.bytes);
-  }
-  held += sw.prealloc_bytes_;
-  stats.peak_state_bytes = held;
-  // The device path's own count of device bytes (switch.h "Device memory").
-  const bool device_path = sw.device_transport_ != nullptr;
-  DeviceTally tally;
-  for (size_t t = 0; t < nt && device_path; ++t) {
-    if (OnDevice(sw, t)) tally.Add(static_cast<int64_t>(old_view[t].bytes));
-  }
-  stats.device.prepare_bytes = tally.held;
-  const auto t_transfer = Clock::now();
-  // Old device shards staged to pinned host memory when the device cannot hold the change.
-  std::vector<Buffer> staged(nt);
-  if (device_path && ShouldStageOld(sw, stats)) {
-    MORPH_ASSIGN_OR_RETURN(stats.device.staged_bytes,
-                           StageOldDeviceShards(sw, state, old_view, staged, tally), gen);
-  }
-  if (opt.stage_old_in_host) {
-    for (size_t t = 0; t < nt; ++t) {
-      if (old_view[t].bytes == 0 || old_view[t].kind == MemoryKind::kHost) continue;
-      MORPH_ASSIGN_OR_RETURN(old_host[t], HostAllocator()(old_view[t].bytes),
-                             gen << ": host copy of tensor '" << plan.tensors[t].name << "'");
-      MORPH_RETURN_IF_ERROR(CopyBytes(old_host[t].view(), old_view[t]))
-          << gen << ": tensor '" << plan.tensors[t].name << "'";
-      held += static_cast<int64_t>(old_view[t].bytes);
-      stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
-      state.ReleaseShard(t);
-      held -= static_cast<int64_t>(old_view[t].bytes);
-      old_view[t] = old_host[t].view();
-    }
-  }
-
-  std::vector<Buffer> new_buffers(nt);
-  std::vector<Buffer> taken(nt);  // old shards taken out of the State to be grown in place
-  // Recycling (switch.h): the old shards released after batch k back batch k+1's new shards.
-  const bool recycle = opt.preallocate && !opt.stage_old_in_host && !opt.keep_old_until_barrier;
-  PagePool pool;
-  const int num_batches = static_cast<int>(sw.batches_.size());
-  for (int k = 0; k < num_batches; ++k) {
-    const LocalPlan& bp = sw.batch_plans_[static_cast<size_t>(k)];
-    std::vector<int32_t> sorted = sw.batches_[static_cast<size_t>(k)];
-    std::sort(sorted.begin(), sorted.end());
-    std::string where =
-        "batch " + std::to_string(k + 1) + " of " + std::to_string(num_batches) + " (tensors";
-    for (size_t j = 0; j < sorted.size() && j < 4; ++j) {
-      where += (j ? ", '" : " '") + plan.tensors[static_cast<size_t>(sorted[j])].name + "'";
-    }
-    where += sorted.size() > 4 ? ", ...)" : ")";
-    if (sw.aborted_.load()) return fail(AbortedError("aborted"), where);
-
-    std::vector<OldShardData> olds;
-    std::vector<NewShardData> news;
-    std::vector<Buffer> fresh(sorted.size());
-    // A tensor whose new shard here is exactly its old one (same frame and range: e.g. a
-    // parameter replicated over DP when only dp changes) keeps its buffer: nothing is
-    // allocated or copied for it; it still sends from it. Not with host staging or when the
-    // old state must stay intact until the barrier.
-    std::vector<bool> keep(sorted.size(), false), moved(sorted.size(), false);
-    bool any_keep = false, any_moved = false;
-    for (size_t j = 0; j < sorted.size(); ++j) {
-      const size_t t = static_cast<size_t>(sorted[j]);
-      keep[j] = sw.kept_[t] && old_view[t].bytes > 0 && staged[t].size() == 0;
-      any_keep |= keep[j];
-    }
-    for (size_t j = 0; j < sorted.size(); ++j) {
-      const size_t t = static_cast<size_t>(sorted[j]);
-      const TensorInfo& info = plan.tensors[t];
-      if (keep[j]) continue;
-      const int64_t bytes = ShardBytes(plan.new_shards[t], info.dtype);
-      if (bytes == 0) continue;
-      const bool pre = t < sw.pre_pos_.size() && sw.pre_pos_[t] >= 0;
-      if (pre) {
-        const auto t_wait = Clock::now();
-        fresh[j] = TakePreallocated(sw, t);  // counted in `held` from the start
-        stats.prealloc_wait_seconds += Since(t_wait);
-      }
-      if (fresh[j].size() == 0) {
-        const auto t_alloc = Clock::now();
-        StatusOr<Buffer> b = Buffer();
-        if (recycle && pool.bytes() > 0 && sw.grow_offset_[t] < 0) {
-          size_t recycled = 0;
-          b = pool.Get(static_cast<size_t>(bytes), &recycled);
-          if (b.ok() && recycled < b->size()) {
-            Status f = PrefaultHost({static_cast<char*>(b->data()) + recycled, b->size() - recycled,
-                                     MemoryKind::kHost});
-            if (!f.ok()) b = f;
-          }
-          stats.recycled_bytes += static_cast<int64_t>(recycled);
-        } else {
-          b = opt.stage_old_in_host ? HostAllocator()(static_cast<size_t>(bytes))
-                                    : state.AllocateShard(t, bytes);
-          // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
-          if (b.ok() && opt.preallocate && !opt.stage_old_in_host) {
-            Status f = PrefaultFresh(b->view(), sw.grow_offset_[t], old_view[t].bytes);
-            if (!f.ok()) b = f;
-          }
-        }
-        stats.alloc_seconds += Since(t_alloc);
-        if (!b.ok()) return fail(b.status(), where);
-        fresh[j] = std::move(b).value();
-        if (!pre) held += bytes;  // a pre-allocated one that failed is counted already
-      }
-      if (device_path && OnDevice(sw, t)) tally.Add(static_cast<int64_t>(fresh[j].size()));
-      // Growing in place (switch.h "Growing in place"): the old shard's pages become the
-      // resident part of the new one; it still sends from there.
-      if (sw.grow_offset_[t] >= 0 && old_view[t].bytes > 0) {
-        taken[t] = state.TakeShard(t);
-        if (MovePages(taken[t], fresh[j], static_cast<size_t>(sw.grow_offset_[t])).ok()) {
-          old_view[t] = ConstBufferView(static_cast<char*>(fresh[j].data()) + sw.grow_offset_[t],
-                                        old_view[t].bytes, MemoryKind::kHost);
-          moved[j] = any_moved = true;
-          ++stats.shards_grown;
-        }
-      }
-    }
-    pool.Clear();  // what this batch did not reuse (the bound counts it as released)
-    // Staged old shards of this batch back on the device, for its exchange only.
-    std::vector<Buffer> returned(sorted.size());
-    for (size_t j = 0; j < sorted.size(); ++j) {
-      const size_t t = static_cast<size_t>(sorted[j]);
-      if (staged[t].size() == 0) continue;
-      Status r = ReturnStagedForBatch(sw, state, t, old_view, returned[j], tally);
-      if (!r.ok()) return fail(r, where);
-      held += static_cast<int64_t>(returned[j].size());
-    }
-    const LocalPlan* run = &bp;
-    LocalPlan trimmed;
-    if (any_keep || any_moved) {
-      trimmed = bp;
-      // A moved tensor's resident pieces are in place: listed as covered (`lost` is what the
-      // executor counts as covered and never writes).
-      for (const PieceMove& m : trimmed.local_copies) {
-        if (moved[static_cast<size_t>(m.tensor)]) trimmed.lost.push_back(m);
-      }
-      std::erase_if(trimmed.local_copies, [&](const PieceMove& m) {
-        return keep[static_cast<size_t>(m.tensor)] || moved[static_cast<size_t>(m.tensor)];
-      });
-      for (size_t j = 0; j < sorted.size(); ++j) {
-        if (keep[j]) trimmed.new_shards[j].reset();
-      }
-      run = &trimmed;
-    }
-    for (size_t j = 0; j < sorted.size(); ++j) {
-      const size_t t = static_cast<size_t>(sorted[j]);
-      const TensorInfo& info = plan.tensors[t];
-      if (old_view[t].bytes > 0) olds.push_back({info.name, info.dtype, old_view[t]});
-      if (fresh[j].size() > 0) news.push_back({info.name, info.dtype, fresh[j].view()});
-    }
-    stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
-    int64_t device_staging = 0;
-    StatusOr<ExecutorStats> r =
-        RunBatch(sw, *run, sorted, olds, news, stats, &device_staging, deadline);
-    if (!r.ok()) return fail(r.status(), where);
-    stats.device.transfer_peak_bytes =
-        std::max({stats.device.transfer_peak_bytes, tally.peak, tally.held + device_staging});
-    stats.AddExecutor(*r);
-    const auto t_release = Clock::now();
-    stats.peak_bytes = std::max(stats.peak_bytes, held + r->staging_peak_bytes);
-    for (size_t j = 0; j < sorted.size(); ++j) {
-      const size_t t = static_cast<size_t>(sorted[j]);
-      if (keep[j]) {
-        new_buffers[t] = state.TakeShard(t);  // stays where it is
-        old_view[t] = ConstBufferView();
-        ++stats.shards_kept;
-        continue;
-      }
-      // Freed early to bound the peak when new shards follow; a worker left without a rank
-      // (a standby, a leaver) allocates none, so its old shards go after the closing barrier
-      // (Install): freeing 0.5 GB takes 0.15-0.2 s here, which the others would wait for.
-      if (!opt.keep_old_until_barrier && sw.new_rank_ >= 0 && old_view[t].bytes > 0) {
-        held -= static_cast<int64_t>(old_view[t].bytes);
-        if (device_path && OnDevice(sw, t)) tally.Sub(static_cast<int64_t>(old_view[t].bytes));
-        if (staged[t].size() > 0) {  // the host copy went with old_view above; this is the device's
-          held -= static_cast<int64_t>(returned[j].size());
-          staged[t] = Buffer();
-          returned[j] = Buffer();
-        }
-        old_host[t] = Buffer();
-        if (recycle) {
-          Buffer b = state.TakeShard(t);
-          if (!pool.Put(b)) b = Buffer();
-          if (!pool.Put(taken[t])) taken[t] = Buffer();
-        }
-        taken[t] = Buffer();  // a grow in place that could not move it
-        state.ReleaseShard(t);
-        old_view[t] = ConstBufferView();
-      }
-      if (fresh[j].size() == 0) continue;
-      if (opt.stage_old_in_host) {
-        // Into the tensor's own storage (device memory for a CUDA tensor), one at a time.
-        StatusOr<Buffer> b = state.AllocateShard(t, static_cast<int64_t>(fresh[j].size()));
-        if (!b.ok()) return fail(b.status(), where);
-        held += static_cast<int64_t>(b->size());
-        stats.peak_state_bytes = std::max(stats.peak_state_bytes, held);
-        Status c = CopyBytes(b->view(), fresh[j].view());
-        if (!c.ok()) return fail(c, where);
-        held -= static_cast<int64_t>(fresh[j].size());
-        fresh[j] = std::move(b).value();
-      }
-      new_buffers[t] = std::move(fresh[j]);
-    }
-    for (size_t j = 0; j < sorted.size(); ++j) {  // not released above: the host copy stays
-      if (returned[j].size() == 0) continue;
-      const size_t t = static_cast<size_t>(sorted[j]);
-      old_view[t] = staged[t].view();
-      tally.Sub(static_cast<int64_t>(returned[j].size()));
-      held -= static_cast<int64_t>(returned[j].size());
-      returned[j] = Buffer();
-    }
-    stats.release_seconds += Since(t_release);
-    if (opt.after_batch) opt.after_batch(k);
-  }
-  pool.Clear();
-  stats.peak_bytes = std::max(stats.peak_bytes, stats.peak_state_bytes);
-  stats.device.transfer_peak_bytes = std::max(stats.device.transfer_peak_bytes, tally.peak);
-  stats.seconds.transfer = Since(t_transfer);
-
-  const auto t_resume = Clock::now();
-  if (sw.aborted_.load()) return fail(AbortedError("aborted"), "before the scalar broadcast");
-  int64_t scalar_bytes = 0;
-  for (const ScalarSpec& s : state.scalars()) scalar_bytes += s.bytes;
-  if (scalar_bytes > 0) {
-    std::vector<std::byte> blob(static_cast<size_t>(scalar_bytes));
-    size_t at = 0;
-    for (const ScalarSpec& s : state.scalars()) {
-      std::span<std::byte> v = *state.scalar(s.name);
-      std::memcpy(blob.data() + at, v.data(), v.size());
-      at += v.size();
-    }
-    // From the first participant whose state is used (participant 0 outside a recovery).
-    int root = 0;
-    while (root < sw.num_participants_ &&
-           std::find(commit.change.stale.begin(), commit.change.stale.end(),
-                     sw.participants_[static_cast<size_t>(root)]) != commit.change.stale.end()) {
-      ++root;
-    }
-    Status b =
-        sw.change_comm_->Broadcast(blob.data(), blob.size(), DType::kU8, root, opt.timeout);
-    if (!b.ok()) return fail(b, "scalar broadcast from participant " + std::to_string(root));
-    at = 0;
-    for (const ScalarSpec& s : state.scalars()) {
-      std::span<std::byte> v = *state.scalar(s.name);
-      std::memcpy(v.data(), blob.data() + at, v.size());
-      at += v.size();
-    }
-  }
-  // Every participant's exchange completed (executor.h "Completion"): only now may old state go
-  // and a leaver exit.
-  Status barrier = sw.change_comm_->Barrier(opt.timeout);
-  std::vector<Shard> shards(nt);
-  for (size_t t = 0; t < nt; ++t) {
-    if (plan.new_shards[t]) shards[t] = *plan.new_shards[t];
-  }
-  if (!barrier.ok()) {
-    // This participant's exchange completed (a peer failed at the barrier): its new state is
-    // whole. It is installed, so that if someone passed the barrier (the change applied) this
-    // worker follows; if nobody did, the old state was kept intact only with
-    // keep_old_until_barrier, and is lost otherwise (State::intact() says which).
-    sw.new_complete_ = true;
-    if (opt.keep_old_until_barrier) {
-      sw.pending_shards_ = std::move(shards);
-      sw.pending_buffers_ = std::move(new_buffers);
-      sw.pending_install_ = true;
-    } else {
-      state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
-    }
-    return fail(barrier, "closing barrier");
-  }
-  MarkApplied(sw);
-  state.Install(sw.next_.config, sw.new_rank_, std::move(shards), std::move(new_buffers));
-  stats.device.resume_bytes = device_path ? stats.device.new_bytes : 0;
-  stats.seconds.resume = Since(t_resume);
-  VLOG(1) << gen << ": participant " << sw.participant_ << " of " << sw.num_participants_
-          << ", rank " << sw.old_rank_ << " -> " << sw.new_rank_ << ", " << stats.batches
-          << " batches, sent " << stats.bytes_sent << " B, received " << stats.bytes_received
-          << " B, copied " << stats.bytes_copied << " B, pre-allocated " << stats.preallocated_bytes
-          << " B (waited " << stats.prealloc_wait_seconds << " s), recycled "
-          << stats.recycled_bytes << " B, peak " << stats.peak_bytes << " B (bound "
-          << stats.bound_bytes << " B); transfer " << stats.seconds.transfer << " s: alloc "
-          << stats.alloc_seconds << " copy " << stats.copy_seconds << " pack " << stats.pack_seconds
-          << " wait " << stats.wait_seconds << " unpack " << stats.unpack_seconds << " (executor "
-          << stats.executor_seconds << ") release " << stats.release_seconds;
+// The first generation: nothing moves; each rank's shards are allocated where they are.
+StatusOr<SwitchStats> SwitchExecution::MaterializeFirst(const PreparedSwitch& sw,
+                                                        StateStore& state,
+                                                        const std::string& gen) {
+  SwitchStats stats = sw.planned_;
+  const auto t0 = Clock::now();
+  MORPH_RETURN_IF_ERROR(state.Materialize(sw.next_.config, sw.new_rank_)) << gen;
+  stats.new_bytes = stats.peak_state_bytes = stats.peak_bytes = state.local_bytes();
+  stats.bound_bytes = stats.new_bytes;
+  stats.seconds.resume = Since(t0);
   return stats;
+}
+
+// The phases, in order: validate the commit; a recovery from a checkpoint or snapshots goes its
+// own way; re-plan a recovery; check the state against the plan; move the state in batches,
+// hand over the scalars and close (SwitchExecution, switch_execute.cc).
+StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit, StateStore& state,
+                                    Deadline deadline) {
+  const std::string gen = "switch to generation " + std::to_string(sw.next_.id);
+  MORPH_RETURN_IF_ERROR(SwitchExecution::ValidateCommit(sw, commit, gen));
+  using Source = RecoveryDecision::Source;
+  const bool recovery = commit.change.recovery;
+  if (recovery && commit.recovery.source == Source::kCheckpoint) {
+    if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
+    sw.executed_ = true;
+    return RestoreFromCheckpoint(sw, commit, state, deadline);
+  }
+  const bool from_snapshots = recovery && commit.recovery.source == Source::kSnapshot;
+  if (!from_snapshots) {
+    MORPH_RETURN_IF_ERROR(SwitchExecution::ReplanRecovery(sw, commit, gen));
+  }
+  if (sw.executed_) return FailedPreconditionError(gen + ": already executed");
+  if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
+  sw.executed_ = true;
+  if (from_snapshots) return RestoreFromSnapshots(sw, commit, state, deadline);
+  state.Seal();
+  MORPH_RETURN_IF_ERROR(SwitchExecution::CheckStateAgainstPlan(sw, commit, state, gen));
+  if (sw.first_generation()) return SwitchExecution::MaterializeFirst(sw, state, gen);
+  return SwitchExecution(sw, commit, state, deadline).Run();
 }
 
 Status AdoptNewState(PreparedSwitch& sw, StateStore& state) {

@@ -349,6 +349,7 @@ class PreparedSwitch {
                                                                  const CommunicatorFactory&,
                                                                  const SwitchOptions&, Deadline);
   friend StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch&, const CommitMsg&, StateStore&, Deadline);
+  friend class SwitchExecution;
   friend std::unique_ptr<GroupSet> TakeGroups(PreparedSwitch&);
   friend Status ShrinkGroups(PreparedSwitch&, std::unique_ptr<GroupSet>, Deadline);
   friend Status PlanSwitch(PreparedSwitch&, const ChangePlan&, const SwitchOptions&);

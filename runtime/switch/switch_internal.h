@@ -1,4 +1,5 @@
-// What the switch engine's files (switch.cc, switch_snapshot.cc) share; not part of its API.
+// What the switch engine's files (switch.cc, switch_execute.cc, switch_snapshot.cc, ...)
+// share; not part of its API.
 #ifndef MORPH_RUNTIME_SWITCH_SWITCH_INTERNAL_H_
 #define MORPH_RUNTIME_SWITCH_SWITCH_INTERNAL_H_
 
@@ -10,6 +11,7 @@
 
 #include "morph/deadline.h"
 #include "morph/status.h"
+#include "reshard/buffer.h"
 #include "runtime/switch/switch.h"
 #include "runtime/protocol/messages.h"
 
@@ -90,6 +92,69 @@ StatusOr<ExecutorStats> RunBatch(PreparedSwitch& sw, const LocalPlan& run,
                                  std::span<const OldShardData> olds,
                                  std::span<const NewShardData> news, SwitchStats& stats,
                                  int64_t* device_staging, Deadline deadline);
+
+// switch_execute.cc: ExecuteSwitch's phases once the commit and the state are checked: the old
+// shards viewed (and staged off the device when it cannot hold the change), each batch moved
+// (new shards allocated, the exchange, old shards released), the scalars handed over, the
+// closing barrier. One object per execution; Run() once.
+class SwitchExecution {
+ public:
+  SwitchExecution(PreparedSwitch& sw, const CommitMsg& commit, StateStore& state,
+                  Deadline deadline);
+  StatusOr<SwitchStats> Run();
+
+  // The phases before the state moves (switch.cc): the commit validated against the prepare,
+  // a recovery re-planned for its commit (its stale participants), the state checked against
+  // the plan, the first generation materialized.
+  static Status ValidateCommit(const PreparedSwitch& sw, const CommitMsg& commit,
+                               const std::string& gen);
+  static Status ReplanRecovery(PreparedSwitch& sw, const CommitMsg& commit,
+                               const std::string& gen);
+  static Status CheckStateAgainstPlan(const PreparedSwitch& sw, const CommitMsg& commit,
+                                      StateStore& state, const std::string& gen);
+  static StatusOr<SwitchStats> MaterializeFirst(const PreparedSwitch& sw, StateStore& state,
+                                                const std::string& gen);
+
+ private:
+  struct Batch;
+  Status Fail(Status s, const std::string& where) const;
+  void ViewOldShards();
+  Status StageOldShards();
+  Batch StartBatch(int k) const;
+  Status MoveBatch(int k);
+  Status AllocateNewShards(Batch& b);
+  StatusOr<Buffer> AllocateFresh(size_t t, int64_t bytes);
+  void GrowInPlace(Batch& b, size_t j);
+  Status ReturnStaged(Batch& b);
+  const LocalPlan& PlanToRun(const Batch& b, LocalPlan& trimmed) const;
+  Status ReleaseBatch(Batch& b);
+  void ReleaseOld(Batch& b, size_t j);
+  Status IntoTensorStorage(size_t t, Buffer& fresh);
+  Status HandOverScalars();
+  Status Close();
+  void LogStats() const;
+
+  PreparedSwitch& sw_;
+  const CommitMsg& commit_;
+  StateStore& state_;
+  const Deadline deadline_;
+  const SwitchOptions& opt_;
+  const LocalPlan& plan_;
+  const size_t nt_;
+  const std::string gen_;
+  SwitchStats stats_;
+  // Per tensor (manifest index): where its old shard is read from (the state's buffer, a host
+  // copy, a staged copy, the resident part of a grown new shard), the host copies
+  // (stage_old_in_host), the staged device shards, the new shards to install, old shards
+  // taken out of the State to be grown in place.
+  std::vector<ConstBufferView> old_view_;
+  std::vector<Buffer> old_host_, staged_, new_buffers_, taken_;
+  int64_t held_ = 0;  // state bytes held now (old, new, pre-allocated)
+  const bool device_path_;
+  DeviceTally tally_;
+  const bool recycle_;
+  PagePool pool_;
+};
 
 // ExecuteSwitch for a recovery from buddy snapshots (switch.h "Recovery"; switch_snapshot.cc).
 StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& commit,
