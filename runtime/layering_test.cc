@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 // Lowest first. "runtime/x" is a folder of the runtime; the others are top-level folders.
 const std::vector<std::string> kOrder = {
     "morph",          "base",           "reshard",          "collectives",   "runtime/protocol",
-    "runtime/plan",   "runtime/cursor",   "runtime/state", "runtime/recovery",
+    "runtime/ha",     "runtime/plan",   "runtime/cursor",   "runtime/state", "runtime/recovery",
     "runtime/agent",  "runtime/switch",   "runtime/coordinator", "runtime/api",
     "runtime/tools"};
 

@@ -19,6 +19,10 @@ PACKAGES=(
   libopenblas-dev  # examples/gpt: matrix products
   fortunes-min     # examples/gpt: its training text (/usr/share/games/fortunes)
   gnuplot-nox      # make demo: the loss plot
+  # Coordinator failover's tests (label ha) start private etcd clusters on loopback ports of
+  # their own. Under systemd the package enables etcd.service on 127.0.0.1:2379 (ports the
+  # tests never use); in containers policy-rc.d keeps it from starting at all.
+  etcd-server
 
   # Slurm 22.05 for the slurm tests' private cluster (scripts/slurm-local.sh); nothing starts
   # on install. Never purge libmunge2 with them: Open MPI depends on it.
@@ -43,3 +47,9 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# etcd-server was not installed before: its system service is not ours to run (the tests start
+# their own clusters), so it does not stay on 2379 on a systemd host.
+if [[ " ${missing[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now etcd.service >/dev/null 2>&1 || true
+fi

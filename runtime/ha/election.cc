@@ -1,0 +1,182 @@
+#include "runtime/ha/election.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "base/logging.h"
+
+namespace morph {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+std::string Nonce() {
+  std::random_device rd;
+  uint64_t v = (uint64_t{rd()} << 32) ^ rd();
+  char buf[17];
+  snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+}  // namespace
+
+std::string LeaderValuePayload(const std::string& value) {
+  size_t nl = value.rfind('\n');
+  return nl == std::string::npos ? value : value.substr(0, nl);
+}
+
+std::string CoordinatorAddresses(const std::string& control, const std::string& store,
+                                 int http_port) {
+  return nlohmann::json{{"control", control}, {"store", store}, {"http_port", http_port}}.dump();
+}
+
+StatusOr<std::string> LeaderControlAddress(const std::string& value) {
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("control") || !j["control"].is_string()) {
+    return DataLossError("the leader key holds no control address: " + value.substr(0, 200));
+  }
+  return j["control"].get<std::string>();
+}
+
+StatusOr<std::optional<std::string>> LookupLeader(EtcdClient& etcd, const std::string& prefix) {
+  MORPH_ASSIGN_OR_RETURN(std::optional<EtcdKv> kv, etcd.Get(LeaderKey(prefix)));
+  if (!kv) return std::optional<std::string>();
+  return std::optional<std::string>(LeaderValuePayload(kv->value));
+}
+
+StatusOr<std::unique_ptr<Election>> Election::Start(ElectionOptions options, Callbacks callbacks) {
+  if (options.prefix.empty()) return InvalidArgumentError("election: empty etcd prefix");
+  if (options.ttl_s < 1) return InvalidArgumentError("election: lease TTL below 1 s");
+  if (options.poll_ms <= 0) options.poll_ms = std::max<int64_t>(options.ttl_s * 1000 / 8, 10);
+  std::unique_ptr<Election> e(new Election(std::move(options), std::move(callbacks)));
+  e->thread_ = std::thread([p = e.get()] { p->Loop(); });
+  return e;
+}
+
+Election::Election(ElectionOptions options, Callbacks callbacks)
+    : options_(std::move(options)), callbacks_(std::move(callbacks)), etcd_(options_.etcd) {
+  options_.value += "\n" + Nonce();
+}
+
+Election::~Election() { Stop(); }
+
+void Election::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Election::Resign() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resign_ = true;
+  }
+  cv_.notify_all();
+}
+
+EtcdFence Election::fence() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fence_;
+}
+
+bool Election::Sleep(int64_t ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return !cv_.wait_for(lock, std::chrono::milliseconds(ms), [&] { return stop_ || resign_; }) ||
+         !stop_;
+}
+
+void Election::StepDown(const Status& why) {
+  if (!leading_.exchange(false)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fence_.lease = 0;
+  }
+  LOG(WARNING) << "election " << options_.prefix << ": stepping down: " << why;
+  if (callbacks_.deposed) callbacks_.deposed(why);
+}
+
+void Election::Loop() {
+  const std::string key = LeaderKey(options_.prefix);
+  const int64_t ttl_ms = options_.ttl_s * 1000;
+  int64_t lease = 0;
+  Clock::time_point renewed{};  // when the last accepted renewal (or the grant) was sent
+  bool logged_follower = false;
+  while (true) {
+    bool resign = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) break;
+      resign = std::exchange(resign_, false);
+    }
+    if (resign && leading_.load()) {
+      Status revoked = etcd_.LeaseRevoke(lease);
+      if (!revoked.ok()) VLOG(1) << "election: revoking lease " << lease << ": " << revoked;
+      lease = 0;
+      StepDown(AbortedError("resigned"));
+      if (!Sleep(ttl_ms)) break;
+      continue;
+    }
+    const Clock::time_point sent = Clock::now();
+    if (lease == 0) {
+      StatusOr<int64_t> granted = etcd_.LeaseGrant(options_.ttl_s);
+      if (!granted.ok()) {
+        VLOG(1) << "election " << options_.prefix << ": lease grant: " << granted.status();
+        if (!Sleep(options_.poll_ms)) break;
+        continue;
+      }
+      lease = *granted;
+      renewed = sent;
+    } else {
+      StatusOr<int64_t> ttl = etcd_.LeaseKeepAlive(lease);
+      if (ttl.ok()) {
+        renewed = sent;
+      } else if (ttl.status().code() == StatusCode::kNotFound) {
+        lease = 0;
+        StepDown(ttl.status());
+        // A leader that lost its lease campaigns again only a TTL later: the others first.
+        if (!Sleep(ttl_ms)) break;
+        continue;
+      } else if (Clock::now() - renewed >= std::chrono::milliseconds(ttl_ms)) {
+        // etcd may have let the lease expire: a successor may lead now.
+        lease = 0;
+        StepDown(UnavailableError("lease not renewed for a TTL: " +
+                                  std::string(ttl.status().message())));
+        if (!Sleep(ttl_ms)) break;
+        continue;
+      }
+    }
+    if (!leading_.load()) {
+      StatusOr<bool> won = etcd_.CreateIfAbsent(key, options_.value, lease);
+      if (won.ok() && *won) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          fence_ = EtcdFence{.key = key, .value = options_.value, .lease = lease};
+        }
+        leading_ = true;
+        logged_follower = false;
+        LOG(INFO) << "election " << options_.prefix << ": leading (lease " << lease << ", TTL "
+                  << options_.ttl_s << " s)";
+        if (callbacks_.elected) callbacks_.elected(fence());
+      } else if (won.ok() && !logged_follower) {
+        logged_follower = true;
+        LOG(INFO) << "election " << options_.prefix << ": following (another candidate leads)";
+      }
+    }
+    // A leader renews at a third of the TTL; a follower looks at the key every poll.
+    if (!Sleep(leading_.load() ? std::max<int64_t>(ttl_ms / 3, 10) : options_.poll_ms)) break;
+  }
+  if (lease != 0) {
+    Status revoked = etcd_.LeaseRevoke(lease);
+    if (!revoked.ok()) VLOG(1) << "election: revoking lease " << lease << ": " << revoked;
+  }
+  StepDown(CancelledError("election stopped"));
+}
+
+}  // namespace morph
