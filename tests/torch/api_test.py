@@ -167,5 +167,26 @@ class RuntimeTest(unittest.TestCase):
         rt.close()
 
 
+class DeclareErrorTest(unittest.TestCase):
+    """What declare raises comes out of start unchanged (run in its own process: ctest
+    torch_api_declare_error_test)."""
+
+    def test_declare_error_propagates(self):
+        for k in list(os.environ):
+            if k.startswith(("MORPH_", "OMPI_", "SLURM_")):
+                del os.environ[k]
+
+        class Boom(Exception):
+            pass
+
+        def declare(s):
+            s.add_tensor("w", shape=(2, 2))
+            raise Boom("declare failed on purpose")
+
+        with self.assertRaises(Boom) as cm:
+            morph.start(declare)
+        self.assertIn("on purpose", str(cm.exception))
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

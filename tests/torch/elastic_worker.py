@@ -93,10 +93,11 @@ while True:
                 stall=rc.stall_seconds)
         # The step's collectives, on the generation's torch groups.
         x = torch.tensor([float(step.rank + 1)])
-        if a.kill_at == step.index and step.rank == a.kill_rank:
-            with open(os.path.join(a.out, "kill.json"), "w") as f:
-                json.dump({"t": time.time() + 0.5, "pid": pid}, f)
-            time.sleep(0.5)
+        kill_file = os.path.join(a.out, "kill.json")
+        if a.kill_at == step.index and step.rank == a.kill_rank and not os.path.exists(kill_file):
+            time.sleep(0.5)  # the peers are inside the all_reduce below by now
+            with open(kill_file, "w") as f:
+                json.dump({"t": time.time(), "pid": pid}, f)
             os.kill(pid, signal.SIGKILL)
         t0 = time.time()
         try:
