@@ -1,0 +1,103 @@
+"""torch.distributed process groups for each morph generation (docs/torch.md "Process groups").
+
+At the first step of every generation the runtime rebuilds, from scratch, the default process
+group (the world), the DP, TP and PP groups and a DeviceMesh ("pp", "dp", "tp") over them, with
+ranks exactly morph's (rank = (p*dp + d)*tp + t). The rendezvous is a torch TCPStore that the
+generation's rank 0 hosts on a free port; its address travels to the others over morph's world
+communicator (one 256-byte broadcast), so nothing but morph's own bootstrap is needed: no
+MASTER_ADDR/MASTER_PORT is read. They are written, with RANK, WORLD_SIZE and LOCAL_RANK, for
+libraries that read them.
+
+Failure behaviour: Gloo's TCP pairs see a killed peer's connections close, so an in-flight
+collective raises at once (torch.distributed.DistBackendError); a peer that hangs without dying
+is bounded by the groups' timeout (`timeout`, default 300 s: morph's collective default).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+_ADDR_BYTES = 256
+
+
+@dataclass
+class ProcessGroups:
+    """One generation's process groups. `world` is the default group (also `dist.group.WORLD`)."""
+
+    generation: int
+    rank: int
+    world_size: int
+    config: Any
+    world: Any
+    dp: Any
+    tp: Any
+    pp: Any
+    mesh: Any
+    store: Any
+    seconds: float
+
+    def stage_mesh(self) -> Any:
+        """The ("dp", "tp") submesh of this rank's pipeline stage (where DTensors live)."""
+        return self.mesh["dp", "tp"]
+
+
+def destroy(groups: Optional[ProcessGroups]) -> None:
+    """Destroys the current generation's groups (the default group with them)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def build(step: Any, *, backend: str = "gloo", host: str = "127.0.0.1",
+          timeout: datetime.timedelta = datetime.timedelta(seconds=300),
+          local_rank: int = -1, previous: Optional[ProcessGroups] = None) -> ProcessGroups:
+    """Builds the groups of `step`'s generation (every rank of it calls this at the same step).
+    Raises what torch or the morph broadcast raised when a peer failed meanwhile."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    t0 = time.perf_counter()
+    destroy(previous)
+    cfg = step.config
+    rank, world = step.rank, step.world_size
+    comm = step.communicator("world")
+    addr = torch.zeros(_ADDR_BYTES, dtype=torch.uint8)
+    store = None
+    timeout_ms = int(timeout.total_seconds() * 1000)
+    if rank == 0:
+        store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False,
+                              timeout=timeout, use_libuv=True)
+        text = f"{host}:{store.port}".encode()
+        addr[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    comm.broadcast(addr.data_ptr(), _ADDR_BYTES, "u8", 0, timeout_ms)
+    master = bytes(addr.tolist()).rstrip(b"\0").decode()
+    master_host, master_port = master.rsplit(":", 1)
+    if store is None:
+        store = dist.TCPStore(master_host, int(master_port), world, is_master=False,
+                              timeout=timeout, use_libuv=True)
+    prefixed = dist.PrefixStore(f"morph/g{step.generation}", store)
+    device = "cuda" if backend == "nccl" else "cpu"
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=master_host,
+                      MASTER_PORT=master_port,
+                      LOCAL_RANK=str(local_rank if local_rank >= 0 else 0))
+    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
+    mesh = DeviceMesh(device, torch.arange(world).reshape(cfg.pp, cfg.dp, cfg.tp),
+                      mesh_dim_names=("pp", "dp", "tp"))
+    return ProcessGroups(generation=step.generation, rank=rank, world_size=world, config=cfg,
+                         world=dist.group.WORLD, dp=mesh.get_group("dp"), tp=mesh.get_group("tp"),
+                         pp=mesh.get_group("pp"), mesh=mesh, store=store,
+                         seconds=time.perf_counter() - t0)
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """True for what a torch collective raises when a peer failed or the group was aborted."""
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "gloo",
+                            "Gloo", "NCCL", "ProcessGroup", "Timed out"))

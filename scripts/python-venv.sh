@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Creates (or checks) the Python venv the torch tests and `pip install ./python` use (issue 24):
+# build/venv with Python 3.11, torch pinned to 2.11.* (the version on the GPU machines some tasks
+# are lent), numpy, nanobind and scikit-build-core. Idempotent: a venv that already imports the
+# pinned versions is left alone; the first run downloads several GiB and takes minutes.
+#
+#   scripts/python-venv.sh                     # build/venv
+#   MORPH_VENV=/tmp/v scripts/python-venv.sh   # elsewhere
+#
+# Only PyPI is reachable from these machines (download.pytorch.org is not), so this installs
+# PyPI's `torch` wheel, as bench/peers/setup_torch.sh does: on Linux x86-64 it is built with CUDA
+# and pulls NVIDIA's runtime libraries (about 3 GiB in the venv); it runs on a CPU-only machine.
+# Set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu where that index is reachable for the
+# small CPU wheel. Prints the venv's python on its last line.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${MORPH_VENV:-$repo/build/venv}"
+torch_spec="${TORCH_SPEC:-torch==2.11.*}"
+torch_prefix="${TORCH_PREFIX:-2.11.}"
+numpy_spec="${NUMPY_SPEC:-numpy==2.2.6}"
+nanobind_spec="${NANOBIND_SPEC:-nanobind==2.9.2}"
+skbuild_spec="${SKBUILD_SPEC:-scikit-build-core==0.11.6}"
+need_gib="${MORPH_VENV_MIN_FREE_GIB:-6}"
+
+log() { echo "python-venv: $*" >&2; }
+
+check='import sys, numpy, torch, nanobind, scikit_build_core
+assert sys.version_info[:2] == (3, 11), sys.version
+assert torch.distributed.is_available() and torch.distributed.is_gloo_available()
+print(torch.__version__)'
+
+if [[ -x "$venv/bin/python" ]] && have="$("$venv/bin/python" -c "$check" 2>/dev/null)" &&
+   [[ "$have" == "$torch_prefix"* ]]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+# One installer at a time per venv (ctest runs tests in parallel; each may call this script).
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+if [[ -x "$venv/bin/python" ]] && have="$("$venv/bin/python" -c "$check" 2>/dev/null)" &&
+   [[ "$have" == "$torch_prefix"* ]]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+
+free_kib="$(df -Pk "$(dirname "$venv")" | awk 'NR == 2 {print $4}')"
+if (( free_kib < need_gib * 1024 * 1024 )); then
+  log "only $((free_kib / 1024 / 1024)) GiB free under $(dirname "$venv"), need $need_gib GiB" \
+      "for $torch_spec and its NVIDIA libraries; free some space or set MORPH_VENV"
+  exit 1
+fi
+
+py=""
+for cand in "${PYTHON:-}" python3.11 python3; do
+  [[ -n "$cand" ]] || continue
+  if command -v "$cand" >/dev/null &&
+     [[ "$("$cand" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" == 3.11 ]]; then
+    py="$cand"; break
+  fi
+done
+[[ -n "$py" ]] || { log "no Python 3.11 found (set PYTHON=/path/to/python3.11)"; exit 1; }
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  log "creating $venv with $py"
+  "$py" -m venv "$venv" || { log "$py -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
+fi
+index=()
+[[ -n "${TORCH_INDEX_URL:-}" ]] && index=(--index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple)
+log "installing $torch_spec $numpy_spec $nanobind_spec $skbuild_spec into $venv (minutes on first use)"
+"$venv/bin/python" -m pip install --disable-pip-version-check --no-input --timeout 120 --retries 3 \
+  "${index[@]}" "$torch_spec" "$numpy_spec" "$nanobind_spec" "$skbuild_spec"
+have="$("$venv/bin/python" -c "$check")"
+[[ "$have" == "$torch_prefix"* ]] || { log "installed torch $have is not $torch_spec"; exit 1; }
+log "torch $have ready in $venv"
+echo "$venv/bin/python"

@@ -1,0 +1,192 @@
+"""The morph package's API on a one-worker job (ctest torch_api_test, label torch): errors as
+exception classes, the placement mapping, bad input refused with a clear exception while the job
+goes on, tensors shared with torch without copies, the step loop with process groups."""
+import os
+import sys
+import unittest
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+import morph
+
+
+class ErrorsTest(unittest.TestCase):
+    def test_codes_are_classes(self):
+        for cls in (morph.AbortedError, morph.DataLossError, morph.UnavailableError,
+                    morph.InvalidArgumentError, morph.DeadlineExceededError):
+            self.assertTrue(issubclass(cls, morph.MorphError))
+        e = morph._errors._from_status(10, "step 3 was not committed", [1, 2], "peer_closed", "dp/p0t0")
+        self.assertIsInstance(e, morph.AbortedError)
+        self.assertEqual(e.failed_peers, (1, 2))
+        self.assertEqual(e.group, "dp/p0t0")
+        self.assertIn("ABORTED: step 3", str(e))
+        self.assertIsInstance(morph._errors._from_status(3, "x", [], None, None), ValueError)
+
+    def test_binding_raises_the_class(self):
+        with self.assertRaises(morph.InvalidArgumentError) as cm:
+            morph.shard_of("w", [4, 6], "f32", morph.Layout.layer(0).split_tp(5),
+                           morph.ParallelConfig(), 0)
+        self.assertIn("'w'", str(cm.exception))
+        c = morph.ParallelConfig()
+        c.dp = -1
+        with self.assertRaises(morph.InvalidArgumentError):
+            c.validate()
+
+
+class PlacementsTest(unittest.TestCase):
+    def test_mapping(self):
+        L = morph.Layout
+        self.assertEqual(morph.layout_from_placements("w", (4, 6), [Replicate(), Replicate()]),
+                         L.layer(0))
+        self.assertEqual(morph.layout_from_placements("w", (4, 6), [Replicate(), Shard(1)], layer=2),
+                         L.layer(2).split_tp(1))
+        self.assertEqual(morph.layout_from_placements("w", (4, 6), [Replicate(), Shard(-2)]),
+                         L.layer(0).split_tp(0))
+        self.assertEqual(morph.layout_from_placements("b", (37,), [Shard(0), Replicate()]),
+                         L.layer(0).zero_shard())
+        self.assertEqual(morph.layout_from_placements("w", (4, 6), [Shard(1)], ["tp"]),
+                         L.layer(0).split_tp(1))
+
+    def test_torch_chunk_of_1d_equals_zero_ranges(self):
+        for n in (0, 1, 5, 37, 64):
+            for dp in (1, 2, 3, 4, 7):
+                chunks = torch.arange(n).chunk(dp) if n else ()
+                for d in range(dp):
+                    b, e = morph.zero_range(n, dp, d)
+                    got = list(range(b, e))
+                    want = chunks[d].tolist() if d < len(chunks) else []
+                    self.assertEqual(got, want, (n, dp, d))
+
+    def test_refused_with_tensor_and_placement(self):
+        cases = [
+            ((4, 6), [Shard(0), Replicate()], "Shard(0) on mesh dimension 'dp'"),
+            ((4, 6), [Partial(), Replicate()], "Partial()"),
+            ((4, 6), [_StridedShard(0, split_factor=2), Replicate()], "_StridedShard"),
+            ((4, 6), [Replicate(), Shard(2)], "dimension 2 of a 2-D tensor"),
+            ((4, 6), [Shard(1)], "placements for mesh dimensions"),
+            ((8,), [Shard(0), Shard(0)], "both 'dp' and 'tp'"),
+            ((4, 6), [Shard(0)], "'pp'"),
+        ]
+        for shape, placements, want in cases:
+            names = ["pp"] if want == "'pp'" else ["dp", "tp"]
+            with self.assertRaises(morph.InvalidArgumentError, msg=want) as cm:
+                morph.layout_from_placements("layers.0.w", shape, placements, names)
+            self.assertIn("tensor 'layers.0.w'", str(cm.exception))
+            self.assertIn(want, str(cm.exception))
+
+    def test_dtypes(self):
+        self.assertEqual(morph.morph_dtype(torch.bfloat16), "bf16")
+        self.assertEqual(morph.torch_dtype("bf16"), torch.bfloat16)
+        with self.assertRaises(morph.InvalidArgumentError) as cm:
+            morph.morph_dtype(torch.complex64, "z")
+        self.assertIn("tensor 'z': dtype torch.complex64", str(cm.exception))
+
+
+class RuntimeTest(unittest.TestCase):
+    """One worker hosting its own coordinator (no launcher variables)."""
+
+    def test_job(self):
+        for k in list(os.environ):
+            if k.startswith(("MORPH_", "OMPI_", "SLURM_")):
+                del os.environ[k]
+        w0 = torch.arange(24, dtype=torch.float32).reshape(4, 6) / 7
+        refused = {}
+
+        def attempt(key, fn):
+            try:
+                fn()
+            except morph.MorphError as e:
+                refused[key] = e
+
+        def declare(s):
+            s.add_tensor("w", w0, morph.Layout.layer(0).split_tp(1))
+            attempt("twice", lambda: s.add_tensor("w", shape=(4, 6)))
+            attempt("dtype", lambda: s.add_tensor("c", torch.zeros(3, dtype=torch.complex64)))
+            attempt("disagree", lambda: s.add_tensor("d", torch.zeros(3), dtype=torch.float16))
+            attempt("placement", lambda: s.add_tensor("p", shape=(4, 6),
+                                                      placements=[Shard(0), Replicate()]))
+            attempt("layout", lambda: s.add_tensor("q", shape=(4, 6),
+                                                   layout=morph.Layout.layer(0).split_tp(7)))
+            s.add_tensor("m", shape=(37,), dtype=torch.float64,
+                         placements=[Shard(0), Replicate()])
+            s.add_tensor("bf", torch.ones(5, dtype=torch.bfloat16))
+            s.add_scalar("count", 8)
+
+        rt = morph.start(declare, global_batch=2, dataset_samples=100)
+        self.assertTrue(rt.fresh_start)
+        self.assertIsInstance(refused["twice"], morph.InvalidArgumentError)
+        self.assertIn("tensor 'w' is registered twice", str(refused["twice"]))
+        self.assertIn("tensor 'c': dtype torch.complex64", str(refused["dtype"]))
+        self.assertIn("tensor 'd': dtype torch.float16 given, the tensor's is torch.float32",
+                      str(refused["disagree"]))
+        self.assertIn("tensor 'p': placement Shard(0) on mesh dimension 'dp'",
+                      str(refused["placement"]))
+        self.assertIn("'q'", str(refused["layout"]))  # split_tp(7) of a 2-D tensor
+        self.assertEqual(rt.state.names(), ["w", "m", "bf"])  # the job is unharmed
+
+        w = rt.state["w"]
+        self.assertTrue(torch.equal(w, w0))  # a given tensor initializes a fresh start
+        self.assertEqual(rt.state["m"].dtype, torch.float64)
+        self.assertEqual(rt.state["m"].shape, (37,))
+        self.assertTrue(torch.equal(rt.state["bf"], torch.ones(5, dtype=torch.bfloat16)))
+        # Shared, not copied: a write through one view is seen through another.
+        self.assertEqual(w.data_ptr(), rt.state["w"].data_ptr())
+        w.add_(1)
+        self.assertTrue(torch.equal(rt.state["w"], w0 + 1))
+        with self.assertRaises(morph.FailedPreconditionError):
+            rt.state.add_tensor("late", shape=(2,))
+        with self.assertRaises(morph.NotFoundError):
+            rt.state.tensor("nope")
+
+        seen = []
+        for _ in range(10):
+            with rt.step() as step:
+                if step.done or step.index >= 3:
+                    break
+                self.assertEqual(dist.get_world_size(), 1)
+                x = torch.ones(3)
+                dist.all_reduce(x, group=step.groups.dp)
+                self.assertEqual(step.mesh.mesh_dim_names, ("pp", "dp", "tp"))
+                dt = rt.dtensor("w")
+                self.assertEqual(tuple(dt.shape), (4, 6))
+                self.assertEqual(dt.to_local().data_ptr(), rt.state["w"].data_ptr())
+                rt.commit_update()
+                rt.state["w"].mul_(2)
+                count = int.from_bytes(rt.state.scalar("count"), "little") + 1
+                rt.state.set_scalar("count", count.to_bytes(8, "little"))
+                seen.append(step.index)
+        self.assertEqual(seen, [0, 1, 2])
+        self.assertTrue(torch.equal(rt.state["w"], (w0 + 1) * 8))
+        self.assertEqual(int.from_bytes(rt.state.scalar("count"), "little"), 3)
+        with self.assertRaises(morph.InvalidArgumentError):
+            rt.state.set_scalar("count", b"123")
+        rt.finish()
+        rt.close()
+
+
+class DeclareErrorTest(unittest.TestCase):
+    """What declare raises comes out of start unchanged (run in its own process: ctest
+    torch_api_declare_error_test)."""
+
+    def test_declare_error_propagates(self):
+        for k in list(os.environ):
+            if k.startswith(("MORPH_", "OMPI_", "SLURM_")):
+                del os.environ[k]
+
+        class Boom(Exception):
+            pass
+
+        def declare(s):
+            s.add_tensor("w", shape=(2, 2))
+            raise Boom("declare failed on purpose")
+
+        with self.assertRaises(Boom) as cm:
+            morph.start(declare)
+        self.assertIn("on purpose", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

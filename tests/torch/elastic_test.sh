@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The torch elastic test (ctest torch_elastic_*_test, label torch): elastic_worker.py under
+# morphrun, checked against torch.distributed.checkpoint at every change.
+#
+#   elastic_test.sh <build dir> <morphrun> <morphctl> <case>
+#   case grow:   2 workers (dp=2) -> 4 (morphctl resize 4, dp=4) -> 3 (resize 3, dp=3)
+#   case kill:   4 workers (dp=4, buddy snapshots every step) -> one SIGKILLs itself while its
+#                peers are inside a torch all_reduce -> 3 survivors (dp=3)
+#
+# Checks: (a) at every reconfiguration each worker of the new generation compared its new
+# shards of every tensor, bitwise, with DCP's load of the old layout's save at that step
+# (oracle=ok; a recovery's step may lack a complete save: then no-checkpoint is allowed once);
+# (b) the final state equals a replay on whole tensors, and the step counter scalar equals the
+# steps (no step lost or applied twice); (c) kill: the survivors' torch collective raised, and
+# how long after the kill (printed as JSON: collective_error_seconds).
+set -euo pipefail
+build=$1
+morphrun=$2
+morphctl=$3
+case_=$4
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="$(MORPH_VENV="${MORPH_VENV:-$build/venv}" "$here/../../scripts/python-venv.sh" | tail -n 1)"
+export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
+export MORPH_TOKEN=torch-elastic-test-token
+STEPS=${STEPS:-14}
+tmp=$(mktemp -d)
+mkdir -p "$tmp/out/pids"
+run=""
+cleanup() {
+  [ -n "$run" ] && kill -TERM "$run" 2>/dev/null || true
+  sleep 1
+  for f in "$tmp"/out/pids/*; do [ -e "$f" ] && kill -KILL "${f##*/}" 2>/dev/null || true; done
+  [ -n "$run" ] && kill -KILL "$run" 2>/dev/null || true
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+fail() {
+  echo "torch_elastic_test ($case_): $*" >&2
+  tail -n 30 "$tmp/run.log" >&2 || true
+  cat "$tmp/out/events.jsonl" >&2 2>/dev/null || true
+  for f in "$tmp"/logs/*; do [ -e "$f" ] && { echo "== $f" >&2; tail -n 25 "$f" >&2; }; done
+  exit 1
+}
+args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.15)
+case $case_ in
+  grow) n=2 ;;
+  kill) n=4 args+=(--kill-at 5 --kill-rank 2) export MORPH_SNAPSHOT_EVERY=1 ;;
+  *) fail "unknown case $case_" ;;
+esac
+timeout 300 "$morphrun" -n "$n" --max 6 --log-dir "$tmp/logs" -- "$python" \
+  "$here/elastic_worker.py" "${args[@]}" >"$tmp/run.log" 2>&1 &
+run=$!
+api=""
+for _ in $(seq 300); do
+  api=$(sed -n 's/.*scheduler API \([0-9.]*:[0-9]*\).*/\1/p' "$tmp/run.log")
+  [ -n "$api" ] && break
+  sleep 0.1
+done
+[ -n "$api" ] || fail "morphrun did not start"
+at_step() {  # waits until some worker logged a DCP save for step >= $1
+  for _ in $(seq 1200); do
+    [ -d "$tmp/out/dcp/at-$1" ] && return 0
+    kill -0 "$run" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  fail "step $1 not reached"
+}
+if [ "$case_" = grow ]; then
+  at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
+  at_step 8 && "$morphctl" --addr "$api" resize 3 >/dev/null
+fi
+set +e
+wait "$run"
+rc=$?
+set -e
+run=""
+if [ "$case_" = kill ] && [ "$rc" = 137 ] && grep -q "the job completed" "$tmp/run.log"; then rc=0; fi
+[ "$rc" = 0 ] || fail "morphrun exited $rc"
+
+"$python" - "$tmp/out" "$case_" <<'PY' || fail "checks failed"
+import json, sys
+out, case = sys.argv[1], sys.argv[2]
+ev = [json.loads(l) for l in open(out + "/events.jsonl")]
+rec = [e for e in ev if e["event"] == "reconfigured"]
+final = [e for e in ev if e["event"] == "final"]
+steps = {}
+for e in rec:
+    steps.setdefault(e["step"], []).append(e)
+worlds = [max(x["world"] for x in v) for _, v in sorted(steps.items())]
+want = [4, 3] if case == "grow" else [3]
+assert worlds == want, f"worlds after each change {worlds}, want {want}"
+for s, v in sorted(steps.items()):
+    assert len(v) == v[0]["world"], f"step {s}: {len(v)} workers reported, world {v[0]['world']}"
+    bad = [x for x in v if x["oracle"] != "ok" and not (x["recovery"] and x["oracle"] == "no-checkpoint")]
+    assert not bad, f"step {s}: oracle {[x['oracle'] for x in v]}"
+assert final and all(f["equal"] for f in final), f"final state differs: {final}"
+assert all(f["count"] == f["steps"] for f in final), f"step counter differs: {final}"
+res = {"name": f"torch_elastic/{case}", "changes": len(steps),
+       "oracle_ok": sum(x["oracle"] == "ok" for v in steps.values() for x in v),
+       "pg_rebuild_seconds_max": round(max(x["pg_seconds"] for x in rec), 3),
+       "stall_seconds_max": round(max(x["stall"] for x in rec), 3)}
+if case == "kill":
+    kill = json.load(open(out + "/kill.json"))
+    failed = [e for e in ev if e["event"] == "collective_failed"]
+    assert len(failed) >= 2, f"survivors whose torch collective raised: {failed}"
+    res["collective_error_seconds"] = [round(e["t_fail"] - kill["t"], 3) for e in failed]
+    res["recovery"] = any(x["recovery"] for x in rec)
+print(json.dumps(res))
+PY
+echo "torch_elastic_test ($case_): passed"

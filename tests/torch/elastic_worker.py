@@ -1,0 +1,151 @@
+"""A worker of the torch elastic test (elastic_test.sh): registers a replicated matrix, a TP-free
+1-D ZeRO moment (DTensor Shard(0) over dp) and a float64 vector, trains deterministic steps that
+use the generation's torch process groups, and at every reconfiguration checks its new shards,
+bitwise, against torch.distributed.checkpoint: the old layout's state saved at that step (after
+the previous step's EndStep, through DCP over the old generation's groups) loaded into DTensors
+of the new layout. Writes one JSON line per event to <out>/events.jsonl.
+
+  elastic_worker.py --steps 12 --out DIR [--kill-at STEP --kill-rank R]
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import morph
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=12)
+p.add_argument("--out", required=True)
+p.add_argument("--kill-at", type=int, default=-1)
+p.add_argument("--kill-rank", type=int, default=1)
+p.add_argument("--step-sleep", type=float, default=0.0)
+a = p.parse_args()
+os.makedirs(a.out, exist_ok=True)
+ck = os.path.join(a.out, "dcp")
+pid = os.getpid()
+open(os.path.join(a.out, "pids", str(pid)) if os.path.isdir(os.path.join(a.out, "pids"))
+     else os.devnull, "w").close()
+
+W_SHAPE, M_N, V_N = (8, 6), 37, 23
+
+
+def log(**kv):
+    kv.update(pid=pid, t=time.time())
+    with open(os.path.join(a.out, "events.jsonl"), "a") as f:
+        f.write(json.dumps(kv) + "\n")
+
+
+def declare(s):
+    s.add_tensor("w", torch.arange(48, dtype=torch.float32).reshape(W_SHAPE) / 8)
+    s.add_tensor("m", torch.zeros(M_N), placements=[torch.distributed.tensor.Shard(0),
+                                                    torch.distributed.tensor.Replicate()])
+    s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64),
+                 layout=morph.Layout.layer(0).zero_shard())
+    s.add_scalar("count", 8)
+
+
+rt = morph.start(declare, global_batch=4, dataset_samples=1000)
+
+
+def state_dict():
+    return {n: rt.dtensor(n) for n in ("w", "m", "v")}
+
+
+def check_oracle(step):
+    """The new shards against DCP's load of the old layout's save at this step."""
+    path = os.path.join(ck, f"at-{step.index}")
+    if not os.path.exists(os.path.join(path, ".metadata")):
+        return "no-checkpoint"
+    mine = state_dict()
+    want = {n: torch.distributed.tensor.zeros(t.shape, dtype=t.dtype, device_mesh=t.device_mesh,
+                                              placements=t.placements)
+            for n, t in mine.items()}
+    dcp.load(want, checkpoint_id=path)
+    for n in mine:
+        a_, b_ = mine[n].to_local(), want[n].to_local()
+        if a_.shape != b_.shape or not torch.equal(a_.view(torch.uint8) if a_.numel() else a_,
+                                                   b_.view(torch.uint8) if b_.numel() else b_):
+            return f"differs:{n}"
+    return "ok"
+
+
+def idx(name):
+    sh = rt.state.shard(name)
+    return torch.arange(sh.flat_begin, sh.flat_end, dtype=torch.float64)
+
+
+while True:
+    index = None  # set when the step's body completed (not when a failure aborted it)
+    with rt.step() as step:
+        if step.done or step.index >= a.steps:
+            break
+        if step.reconfigured:
+            rc = rt.last_reconfiguration
+            log(event="reconfigured", step=step.index, rank=step.rank, world=step.world_size,
+                recovery=rc.recovery, oracle=check_oracle(step), pg_seconds=rt.groups.seconds,
+                stall=rc.stall_seconds)
+        # The step's collectives, on the generation's torch groups.
+        x = torch.tensor([float(step.rank + 1)])
+        kill_file = os.path.join(a.out, "kill.json")
+        if a.kill_at == step.index and step.rank == a.kill_rank and not os.path.exists(kill_file):
+            time.sleep(0.5)  # the peers are inside the all_reduce below by now
+            with open(kill_file, "w") as f:
+                json.dump({"t": time.time(), "pid": pid}, f)
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.time()
+        try:
+            dist.all_reduce(x)  # world
+        except Exception as e:
+            log(event="collective_failed", step=step.index, rank=step.rank, t_fail=time.time(),
+                t_start=t0, error=f"{type(e).__name__}: {e}"[:300])
+            raise
+        n = step.world_size
+        assert x.item() == n * (n + 1) / 2, (x.item(), n)
+        g = torch.tensor([1.0])
+        dist.all_reduce(g, group=step.groups.dp)
+        assert g.item() == step.config.dp
+        if a.step_sleep:
+            time.sleep(a.step_sleep)
+        rt.commit_update()
+        s = float(step.index + 1)
+        w = rt.state["w"]
+        w.mul_(0.5).add_(s)
+        rt.state["m"].add_(idx("m").float() * s)
+        rt.state["v"].mul_(1.5).add_(idx("v") / s)
+        c = int.from_bytes(rt.state.scalar("count"), "little") + 1
+        rt.state.set_scalar("count", c.to_bytes(8, "little"))
+        index, rank = step.index, step.rank
+    # Between steps: the state at step index+1 in this generation's layout, saved through DCP as
+    # the oracle of a change that applies at that step.
+    if index is not None and rt.groups is not None:
+        try:
+            dcp.save(state_dict(), checkpoint_id=os.path.join(ck, f"at-{index + 1}"))
+        except Exception as e:  # a peer failed while saving: that step has no oracle
+            log(event="save_failed", step=index + 1, error=str(e)[:200])
+
+# The final state against a replay of the same updates on whole tensors (one rank's view).
+if not rt.finished and rt.rank >= 0:
+    w = torch.arange(48, dtype=torch.float32).reshape(W_SHAPE) / 8
+    m = torch.zeros(M_N)
+    v = torch.linspace(0, 1, V_N, dtype=torch.float64)
+    for i in range(a.steps):
+        s = float(i + 1)
+        w.mul_(0.5).add_(s)
+        m.add_(torch.arange(M_N, dtype=torch.float64).float() * s)
+        v.mul_(1.5).add_(torch.arange(V_N, dtype=torch.float64) / s)
+    ok = torch.equal(rt.state["w"], w)
+    for n, full in (("m", m), ("v", v)):
+        sh = rt.state.shard(n)
+        ok = ok and torch.equal(rt.state[n], full[sh.flat_begin: sh.flat_end])
+    count = int.from_bytes(rt.state.scalar("count"), "little")
+    log(event="final", rank=rt.rank, world=rt.config.world, equal=bool(ok), count=count,
+        steps=a.steps)
+rt.finish()
+rt.close()
