@@ -1,6 +1,7 @@
 // What the planner and executor need of a Layout beyond the public API (morph/layout.h): ZeRO
-// rank spans, stage and shard computations without checks for the hot paths, the planning view
-// of a block-interleaved spec, real boxes of planning boxes, and the registry of a model's
+// rank spans, DP cuts (ZeRO's flat ranges, ChunkDP's rows) and TP slices (even, padded,
+// torch.chunk), stage and shard computations without checks for the hot paths, the planning
+// view of a block-interleaved spec, real boxes of planning boxes, and the registry of a model's
 // tensors. Pure values and functions; any thread.
 #ifndef MORPH_RESHARD_LAYOUT_H_
 #define MORPH_RESHARD_LAYOUT_H_
