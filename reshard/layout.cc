@@ -9,9 +9,10 @@ std::string Layout::ToString() const {
   std::string s = "layer=" + std::to_string(layer_);
   for (int l : extra_layers_) s += "," + std::to_string(l);
   s += " tp_dim=" + (tp_dim_ >= 0 ? std::to_string(tp_dim_) : std::string("none"));
+  if (tp_chunk_) s += " tp_chunk";
   if (tp_blocks_ != 1) s += " blocks=" + std::to_string(tp_blocks_);
   if (pad_multiple_ != 0) s += " pad_multiple=" + std::to_string(pad_multiple_);
-  s += zero_ ? " zero" : " replicated";
+  s += dp_chunk_ ? " dp_chunk" : zero_ ? " zero" : " replicated";
   if (zero_group_ != 0) s += " zero_group=" + std::to_string(zero_group_);
   return s;
 }
@@ -27,6 +28,31 @@ DpSpan ZeroRanksOf(int64_t n, int dp, Interval range) {
   return {static_cast<int>(range.begin / chunk), static_cast<int>((range.end - 1) / chunk)};
 }
 
+Interval DpCut::Range(int i) const {
+  const Interval r = ZeroRange(units, groups, i);
+  return {r.begin * unit, r.end * unit};
+}
+
+DpSpan DpCut::RanksOf(Interval flat) const {
+  if (flat.empty() || units <= 0) return {};
+  return ZeroRanksOf(units, groups, {flat.begin / unit, (flat.end - 1) / unit + 1});
+}
+
+DpCut DpCutOf(const Layout& layout, const ParallelConfig& config, int64_t n, int64_t rows) {
+  DpCut c{n, 1, ZeroGroupSize(layout, config)};
+  if (layout.dp_chunked() && n > 0 && rows > 0) {
+    c.unit = n / rows;
+    c.units = rows;
+  }
+  return c;
+}
+
+DpCut DpCutOf(const Layout& layout, const ParallelConfig& config, const Box& frame) {
+  int64_t n = 1;
+  for (const Interval& i : frame.dims()) n *= i.size();
+  return DpCutOf(layout, config, n, frame.rank() > 0 ? frame.dim(0).size() : 1);
+}
+
 namespace {
 
 Status Bad(const TensorSpec& spec, const std::string& what) {
@@ -37,6 +63,35 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+// The torch.chunk layouts' own checks (ChunkTP, ChunkDP).
+Status ValidateChunks(const TensorSpec& spec) {
+  const Layout& l = spec.layout;
+  if (l.tp_chunked() && !l.tp_split()) {
+    return Bad(spec, "tp_chunk (ChunkTP) needs a TP split (tp_dim)");
+  }
+  if (l.tp_chunked() && l.tp_blocks() > 1) {
+    return Bad(spec, "tp_chunk (ChunkTP) with blocks=" + std::to_string(l.tp_blocks()) +
+                         " is not supported (use SplitTPBlocks, whose blocks divide evenly)");
+  }
+  if (l.tp_chunked() && l.pad_multiple() > 0) {
+    return Bad(spec, "tp_chunk (ChunkTP) with pad_multiple=" + std::to_string(l.pad_multiple()) +
+                         " is not supported (torch.chunk slices are uneven, not padded)");
+  }
+  if (l.dp_chunked() && !l.zero_sharded()) {
+    return Bad(spec, "dp_chunk (ChunkDP) is a DP sharding and needs the DP-sharded flag");
+  }
+  if (l.dp_chunked() && spec.shape.empty()) {
+    return Bad(spec,
+               "dp_chunk (ChunkDP) cuts dimension 0 and needs a tensor of rank >= 1, "
+               "not a scalar (shape [])");
+  }
+  if (l.dp_chunked() && l.tp_blocks() > 1 && l.tp_dim() == 0) {
+    return Bad(spec, "dp_chunk (ChunkDP) with blocks=" + std::to_string(l.tp_blocks()) +
+                         " on dimension 0 is not supported (block-interleave another dimension)");
+  }
+  return Status();
 }
 
 }  // namespace
@@ -91,7 +146,7 @@ Status ValidateTensorSpec(const TensorSpec& spec) {
   if (l.zero_group() > 0 && !l.zero_sharded()) {
     return Bad(spec, "zero_group=" + std::to_string(l.zero_group()) + " needs ZeRO sharding");
   }
-  return Status();
+  return ValidateChunks(spec);
 }
 
 Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& config) {
@@ -116,7 +171,7 @@ Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& con
       return Bad(spec, "block size " + std::to_string(len / l.tp_blocks()) + " of dimension " +
                            std::to_string(l.tp_dim()) + " (" + std::to_string(l.tp_blocks()) +
                            " blocks) is not divisible by tp=" + std::to_string(config.tp));
-    } else if (len % config.tp != 0) {
+    } else if (!l.tp_chunked() && len % config.tp != 0) {
       return Bad(spec, "dimension " + std::to_string(l.tp_dim()) + " of size " +
                            std::to_string(len) +
                            " is not divisible by tp=" + std::to_string(config.tp));
@@ -126,7 +181,8 @@ Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& con
       (l.zero_group() > config.dp || config.dp % l.zero_group() != 0)) {
     return Bad(spec, "zero_group=" + std::to_string(l.zero_group()) +
                          " does not divide dp=" + std::to_string(config.dp) +
-                         " (hybrid ZeRO needs dp to be a multiple of its group size)");
+                         (l.dp_chunked() ? " (hybrid ChunkDP" : " (hybrid ZeRO") +
+                         " needs dp to be a multiple of its group size)");
   }
   return Status();
 }
@@ -193,6 +249,19 @@ int64_t SplitLength(const TensorSpec& spec, const ParallelConfig& config) {
   return (len + unit - 1) / unit * unit;
 }
 
+int64_t TpSliceWidth(const TensorSpec& spec, const ParallelConfig& config) {
+  if (spec.layout.tp_chunked()) {
+    const int64_t len = spec.shape[static_cast<size_t>(spec.layout.tp_dim())];
+    return (len + config.tp - 1) / config.tp;
+  }
+  return SplitLength(spec, config) / config.tp;
+}
+
+Interval TpSlice(const TensorSpec& spec, const ParallelConfig& config, int t) {
+  const int64_t w = TpSliceWidth(spec, config), end = SplitLength(spec, config);
+  return {std::min(w * t, end), std::min(w * (t + 1), end)};
+}
+
 int ZeroGroupSize(const Layout& layout, const ParallelConfig& config) {
   return layout.zero_group() > 0 ? layout.zero_group() : config.dp;
 }
@@ -223,11 +292,7 @@ std::vector<Box> RealBoxes(const TensorSpec& spec, const Box& plan_box) {
 Box TpBoxOf(const TensorSpec& spec, const ParallelConfig& config, int t) {
   if (spec.layout.tp_blocks() > 1) return TpBoxOf(PlanningSpec(spec), config, t);
   Box box = Box::FromShape(spec.shape);
-  if (spec.layout.tp_split()) {
-    Interval& dim = box.dim(spec.layout.tp_dim());
-    const int64_t slice = SplitLength(spec, config) / config.tp;
-    dim = {slice * t, slice * (t + 1)};
-  }
+  if (spec.layout.tp_split()) box.dim(spec.layout.tp_dim()) = TpSlice(spec, config, t);
   return box;
 }
 
@@ -237,15 +302,14 @@ Shard ShardOfUnchecked(const TensorSpec& spec, const ParallelConfig& config, int
   Shard s;
   s.frame = TpBoxOf(spec, config, c.t);
   if (!OnStageUnchecked(spec, config, c.p)) return s;
-  int64_t n = 1;
-  for (const Interval& i : s.frame.dims()) n *= i.size();
   if (spec.layout.zero_sharded()) {
-    const int g = ZeroGroupSize(spec.layout, config);
-    Interval r = ZeroRange(n, g, c.d % g);
+    const DpCut cut = DpCutOf(spec.layout, config, s.frame);
+    const Interval r = cut.Range(c.d % cut.groups);
     s.flat_begin = r.begin;
     s.flat_end = r.end;
   } else {
-    s.flat_end = n;
+    s.flat_end = 1;
+    for (const Interval& i : s.frame.dims()) s.flat_end *= i.size();
   }
   return s;
 }

@@ -1,6 +1,7 @@
 // What the planner and executor need of a Layout beyond the public API (morph/layout.h): ZeRO
-// rank spans, stage and shard computations without checks for the hot paths, the planning view
-// of a block-interleaved spec, real boxes of planning boxes, and the registry of a model's
+// rank spans, DP cuts (ZeRO's flat ranges, ChunkDP's rows) and TP slices (even, padded,
+// torch.chunk), stage and shard computations without checks for the hot paths, the planning
+// view of a block-interleaved spec, real boxes of planning boxes, and the registry of a model's
 // tensors. Pure values and functions; any thread.
 #ifndef MORPH_RESHARD_LAYOUT_H_
 #define MORPH_RESHARD_LAYOUT_H_
@@ -24,6 +25,25 @@ struct DpSpan {
 };
 DpSpan ZeroRanksOf(int64_t n, int dp, Interval range);
 
+// How a DP-sharded layout cuts the n elements of a TP-local piece (row-major) into `groups`
+// ranges: `units` units of `unit` elements each, range i = unit * ZeroRange(units, groups, i).
+// ZeRO: units = n, unit = 1 (flat ranges); ChunkDP: units = the piece's rows (its dimension 0),
+// unit = elements per row (torch.chunk of dimension 0).
+struct DpCut {
+  int64_t units = 0;
+  int64_t unit = 1;
+  int groups = 1;
+  // DP range index i's flat range in the piece.
+  Interval Range(int i) const;
+  // The range indices holding any of flat indices `flat` (empty span if none).
+  DpSpan RanksOf(Interval flat) const;
+};
+// The cut of a piece of n elements whose dimension 0 has `rows` rows (unchecked; a ZeRO or
+// ChunkDP layout, G from ZeroGroupSize).
+DpCut DpCutOf(const Layout& layout, const ParallelConfig& config, int64_t n, int64_t rows);
+// The cut of the piece `frame` (its dimension 0 is the rows).
+DpCut DpCutOf(const Layout& layout, const ParallelConfig& config, const Box& frame);
+
 // Stage without checks: the caller validated the pair.
 int StageOfUnchecked(const TensorSpec& spec, const ParallelConfig& config);
 // Every stage holding the tensor, ascending, each once (unchecked).
@@ -37,6 +57,11 @@ TensorSpec PlanningSpec(const TensorSpec& spec);
 // Length of the split dimension of the planning view in `config`: padded when the layout pads,
 // else its size. Caller validated the pair; the spec must be a planning spec (no blocks).
 int64_t SplitLength(const TensorSpec& spec, const ParallelConfig& config);
+// Width of TP slices of the planning view's split dimension: SplitLength / tp, or for ChunkTP
+// ceil(L / tp). TpSlice: TP rank t's slice, [t*w, (t+1)*w) clipped to SplitLength (only ChunkTP
+// slices are ever clipped: short or empty at the end).
+int64_t TpSliceWidth(const TensorSpec& spec, const ParallelConfig& config);
+Interval TpSlice(const TensorSpec& spec, const ParallelConfig& config, int t);
 // The number of ZeRO ranges G of a ZeRO tensor under `config` (zero_group() or dp).
 int ZeroGroupSize(const Layout& layout, const ParallelConfig& config);
 // A real-shape description of a planning-view box: the boxes of the real tensor (shape

@@ -71,14 +71,13 @@ void RegionsOf(const TensorSpec& spec, const ParallelConfig& old, const Shard& n
   int t_first = 0, t_last = 0;
   if (split) {
     const int k = spec.layout.tp_dim();
-    const int64_t slice = SplitLength(spec, old) / old.tp;
+    const int64_t slice = TpSliceWidth(spec, old);
     const Interval i =
         Intersect(need.frame.dim(k), Interval{0, spec.shape[static_cast<size_t>(k)]});
     if (i.empty()) return;  // all padding
     t_first = static_cast<int>(i.begin / slice);
     t_last = static_cast<int>((i.end - 1) / slice);
   }
-  const int groups = zero ? ZeroGroupSize(spec.layout, old) : 1;
   for (int t = t_first; t <= t_last; ++t) {
     const Box frame = TpBoxOf(spec, old, t);
     std::vector<Box> boxes = split ? IntersectShard(need, frame) : ShardBoxes(need);
@@ -88,12 +87,12 @@ void RegionsOf(const TensorSpec& spec, const ParallelConfig& old, const Shard& n
       for (const Box& b : boxes) out.push_back({b, tc0, tc1, 0, old.dp - 1, 1});
       continue;
     }
-    const int64_t n = NumEl(frame);
+    const DpCut cut = DpCutOf(spec.layout, old, frame);
+    const int groups = cut.groups;
     for (const Box& b : boxes) {
-      const DpSpan span =
-          ZeroRanksOf(n, groups, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
+      const DpSpan span = cut.RanksOf({LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
       for (int g = span.first; g <= span.last; ++g) {
-        const Interval r = ZeroRange(n, groups, g);
+        const Interval r = cut.Range(g);
         for (Box& x : IntersectShard(Shard{frame, r.begin, r.end}, b)) {
           out.push_back({std::move(x), tc0, tc1, g, g + (old.dp / groups - 1) * groups, groups});
         }
@@ -239,12 +238,13 @@ StatusOr<Planner> Planner::Prepare(PlanInput input, const PlanOptions& options) 
       if (t.layout.tp_blocks() > 1) t = PlanningSpec(t);
     }
   }
-  std::map<std::tuple<DType, std::vector<int64_t>, int, bool, int, int>, int> class_of;
+  std::map<std::tuple<DType, std::vector<int64_t>, int, bool, int, int, bool, bool>, int> class_of;
   classes->new_stages_of_old.resize(static_cast<size_t>(oc.pp));
   classes->on_new_stage.resize(static_cast<size_t>(nc.pp));
   for (const TensorSpec& t : input.tensors) {
     auto key = std::make_tuple(t.dtype, t.shape, t.layout.tp_dim(), t.layout.zero_sharded(),
-                               t.layout.pad_multiple(), t.layout.zero_group());
+                               t.layout.pad_multiple(), t.layout.zero_group(),
+                               t.layout.tp_chunked(), t.layout.dp_chunked());
     auto [it, fresh] = class_of.emplace(key, static_cast<int>(classes->classes.size()));
     if (fresh) {
       int64_t elems = 1;
@@ -474,7 +474,7 @@ void ForEachServedRegion(const PlanInput& in, int32_t r, OnShard&& on_shard, OnR
     int t_first = 0, t_last = 0;
     if (split) {
       const int kd = spec.layout.tp_dim();
-      const int64_t slice = SplitLength(spec, nc) / nc.tp;
+      const int64_t slice = TpSliceWidth(spec, nc);
       const Interval i =
           Intersect(have.frame.dim(kd), Interval{0, spec.shape[static_cast<size_t>(kd)]});
       if (i.empty()) continue;  // all padding
@@ -487,14 +487,13 @@ void ForEachServedRegion(const PlanInput& in, int32_t r, OnShard&& on_shard, OnR
       int d_first = 0, d_last = 0;
       if (zero) {
         const Box frame = TpBoxOf(spec, nc, t);
-        const int64_t n = NumEl(frame);
+        const DpCut cut = DpCutOf(spec.layout, nc, frame);
         d_first = groups;
         d_last = -1;
         std::vector<Box> bs = split ? IntersectShard(have, frame) : ShardBoxes(have);
         ClipToState(spec, bs);
         for (const Box& b : bs) {
-          const DpSpan sp =
-              ZeroRanksOf(n, groups, {LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
+          const DpSpan sp = cut.RanksOf({LinearIn(frame, b, false), LinearIn(frame, b, true) + 1});
           if (sp.first > sp.last) continue;
           d_first = std::min(d_first, sp.first);
           d_last = std::max(d_last, sp.last);

@@ -19,8 +19,8 @@ Shard ShardAt(const TensorSpec& spec, const ParallelConfig& config, int d, int t
   s.frame = TpBoxOf(spec, config, t);
   const int64_t n = NumEl(s.frame);
   if (spec.layout.zero_sharded()) {
-    const int g = ZeroGroupSize(spec.layout, config);
-    const Interval r = ZeroRange(n, g, d % g);
+    const DpCut cut = DpCutOf(spec.layout, config, s.frame);
+    const Interval r = cut.Range(d % cut.groups);
     s.flat_begin = r.begin;
     s.flat_end = r.end;
   } else {
@@ -80,21 +80,31 @@ int Pieces(Interval r, int64_t w, int64_t c0, int64_t inner, int64_t limit, Piec
   return m;
 }
 
-// The [outer, split dim, inner] view of a TP-split tensor: the split dim's logical length, its
-// (padded) slice widths in the two configs, and where padding starts (in-row position).
+// The [outer, split dim, inner] view of a TP-split tensor: its split dim's logical length and
+// where padding starts (in-row position).
 struct SplitView {
-  int64_t outer = 1, inner = 1, len = 0, wo = 0, wn = 0, limit = 0;
-  int go = 1, gn = 1;  // ZeRO ranges per TP slice
-  SplitView(const TensorSpec& spec, const ParallelConfig& oc, const ParallelConfig& nc) {
+  int64_t outer = 1, inner = 1, len = 0, limit = 0;
+  explicit SplitView(const TensorSpec& spec) {
     const size_t k = static_cast<size_t>(spec.layout.tp_dim());
     for (size_t i = 0; i < k; ++i) outer *= spec.shape[i];
     for (size_t i = k + 1; i < spec.shape.size(); ++i) inner *= spec.shape[i];
     len = spec.shape[k];
-    wo = SplitLength(spec, oc) / oc.tp;
-    wn = SplitLength(spec, nc) / nc.tp;
     limit = len * inner;
-    go = ZeroGroupSize(spec.layout, oc);
-    gn = ZeroGroupSize(spec.layout, nc);
+  }
+};
+
+// A DP-sharded TP-local piece of a split tensor in the split view: its slice of the split dim
+// (width w, from c0; ChunkTP slices differ in width) and its DP range index r's flat range.
+struct SplitPiece {
+  int64_t w = 0, c0 = 0;
+  Interval range;
+  SplitPiece(const TensorSpec& spec, const SplitView& v, const ParallelConfig& c, int d, int t) {
+    const Interval slice = TpSlice(spec, c, t);
+    w = slice.size();
+    c0 = slice.begin;
+    const int64_t rows = spec.layout.tp_dim() == 0 ? w : spec.shape[0];  // of dimension 0
+    const DpCut cut = DpCutOf(spec.layout, c, v.outer * w * v.inner, rows);
+    range = cut.Range(d % cut.groups);
   }
 };
 
@@ -102,13 +112,15 @@ struct SplitView {
 
 DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
                      const ParallelConfig& nc, int tn) {
-  const SplitView v(spec, oc, nc);
-  const int64_t inner = v.inner, wo = v.wo, wn = v.wn;
+  const SplitView v(spec);
+  const int64_t inner = v.inner;
+  const SplitPiece po(spec, v, oc, d, t);
   Piece a[3];
-  const int na =
-      Pieces(ZeroRange(v.outer * wo * inner, v.go, d % v.go), wo, wo * t, inner, v.limit, a);
-  const int64_t lo = wn * tn * inner, hi = lo + wn * inner;  // new frame's in-row positions
-  int64_t first = -1, last = -1;                             // flat positions in the new frame
+  const int na = Pieces(po.range, po.w, po.c0, inner, v.limit, a);
+  const Interval sn = TpSlice(spec, nc, tn);
+  const int64_t wn = sn.size();
+  const int64_t lo = sn.begin * inner, hi = lo + wn * inner;  // new frame's in-row positions
+  int64_t first = -1, last = -1;                              // flat positions in the new frame
   for (int i = 0; i < na; ++i) {
     const int64_t x0 = std::max(a[i].x0, lo), x1 = std::min(a[i].x1, hi);
     if (x0 >= x1) continue;
@@ -118,18 +130,17 @@ DpSpan ZeroSplitSpan(const TensorSpec& spec, const ParallelConfig& oc, int d, in
     last = std::max(last, l);
   }
   if (first < 0) return {};
-  return ZeroRanksOf(v.outer * wn * inner, v.gn, {first, last + 1});
+  const int64_t rows = spec.layout.tp_dim() == 0 ? wn : spec.shape[0];
+  return DpCutOf(spec.layout, nc, v.outer * wn * inner, rows).RanksOf({first, last + 1});
 }
 
 int64_t ZeroSplitOverlap(const TensorSpec& spec, const ParallelConfig& oc, int d, int t,
                          const ParallelConfig& nc, int dn, int tn) {
-  const SplitView v(spec, oc, nc);
-  const int64_t outer = v.outer, inner = v.inner, wo = v.wo, wn = v.wn;
+  const SplitView v(spec);
+  const SplitPiece po(spec, v, oc, d, t), pn(spec, v, nc, dn, tn);
   Piece a[3], b[3];
-  const int na =
-      Pieces(ZeroRange(outer * wo * inner, v.go, d % v.go), wo, wo * t, inner, v.limit, a);
-  const int nb =
-      Pieces(ZeroRange(outer * wn * inner, v.gn, dn % v.gn), wn, wn * tn, inner, v.limit, b);
+  const int na = Pieces(po.range, po.w, po.c0, v.inner, v.limit, a);
+  const int nb = Pieces(pn.range, pn.w, pn.c0, v.inner, v.limit, b);
   int64_t n = 0;
   for (int i = 0; i < na; ++i) {
     for (int j = 0; j < nb; ++j) {
@@ -226,7 +237,7 @@ class PairWeights {
       if (k.elems == 0) continue;
       const bool split = k.rep.layout.tp_split(), zero = k.rep.layout.zero_sharded();
       const int64_t bytes = count * k.elem;
-      padded_ |= k.rep.layout.pad_multiple() > 0;
+      padded_ |= k.rep.layout.pad_multiple() > 0 || k.rep.layout.tp_chunked();
       if (!split && !zero) w1_ += bytes * k.elems;
       if (split && !zero) rep_split_.push_back({&k, bytes});
       if (!split && zero) zero_unsplit_.push_back({&k, bytes});
@@ -235,17 +246,18 @@ class PairWeights {
   }
   int64_t W1() const { return w1_; }
   // TP indices of `to` whose slices may overlap the state of index t's slice of `from`: the
-  // fraction overlap (equal logical lengths), widened by each padded class's own overlap (its
-  // slice widths P/tp differ between the configs). A hull: indices without overlap get weight 0.
+  // fraction overlap (equal logical lengths), widened by each padded or ChunkTP class's own
+  // overlap (its slice widths, P/tp or ceil(L/tp), are not L/tp). A hull: indices without
+  // overlap get weight 0.
   std::pair<int, int> TpRange(int t, const ParallelConfig& from, const ParallelConfig& to) const {
     std::pair<int, int> r = FractionOverlap(t, from.tp, to.tp);
     if (!padded_) return r;
     for (const auto* parts : {&rep_split_, &zero_split_}) {
       for (const auto& [k, bytes] : *parts) {
-        if (k->rep.layout.pad_multiple() <= 0) continue;
+        if (k->rep.layout.pad_multiple() <= 0 && !k->rep.layout.tp_chunked()) continue;
         const int64_t len = k->rep.shape[static_cast<size_t>(k->rep.layout.tp_dim())];
-        const int64_t sf = SplitLength(k->rep, from) / from.tp;
-        const int64_t st = SplitLength(k->rep, to) / to.tp;
+        const int64_t sf = TpSliceWidth(k->rep, from);
+        const int64_t st = TpSliceWidth(k->rep, to);
         const int64_t lo = sf * t, hi = std::min(sf * (t + 1), len);
         if (lo >= hi) continue;
         r.first = std::min(r.first, static_cast<int>(lo / st));
@@ -264,7 +276,7 @@ class PairWeights {
     int64_t w = 0;
     for (const auto& [k, bytes] : rep_split_) {
       const int64_t len = k->rep.shape[static_cast<size_t>(k->rep.layout.tp_dim())];
-      const int64_t so = SplitLength(k->rep, oc_) / oc_.tp, sn = SplitLength(k->rep, nc_) / nc_.tp;
+      const int64_t so = TpSliceWidth(k->rep, oc_), sn = TpSliceWidth(k->rep, nc_);
       if (len == 0) continue;
       w += bytes * (k->elems / len) *
            Intersect(Intersect(Interval{so * t, so * (t + 1)}, Interval{sn * tn, sn * (tn + 1)}),
@@ -276,9 +288,8 @@ class PairWeights {
   int64_t W3(int d, int dn) const {
     int64_t w = 0;
     for (const auto& [k, bytes] : zero_unsplit_) {
-      const int go = ZeroGroupSize(k->rep.layout, oc_), gn = ZeroGroupSize(k->rep.layout, nc_);
-      w += bytes *
-           Intersect(ZeroRange(k->elems, go, d % go), ZeroRange(k->elems, gn, dn % gn)).size();
+      const DpCut co = Cut(*k, oc_), cn = Cut(*k, nc_);
+      w += bytes * Intersect(co.Range(d % co.groups), cn.Range(dn % cn.groups)).size();
     }
     return w;
   }
@@ -294,8 +305,9 @@ class PairWeights {
   void Span3(int d, std::vector<int>& out) const {
     out.clear();
     for (const auto& [k, bytes] : zero_unsplit_) {
-      const int go = ZeroGroupSize(k->rep.layout, oc_), gn = ZeroGroupSize(k->rep.layout, nc_);
-      const DpSpan s = ZeroRanksOf(k->elems, gn, ZeroRange(k->elems, go, d % go));
+      const DpCut co = Cut(*k, oc_), cn = Cut(*k, nc_);
+      const int gn = cn.groups;
+      const DpSpan s = cn.RanksOf(co.Range(d % co.groups));
       for (int g = s.first; g <= s.last; ++g) {
         for (int dn = g; dn < nc_.dp; dn += gn) out.push_back(dn);  // hybrid: every replica
       }
@@ -317,6 +329,10 @@ class PairWeights {
 
  private:
   using Part = std::pair<const Planner::Classes::Class*, int64_t>;  // class, bytes/element
+  // The DP cut of an unsplit class (its piece is the whole tensor).
+  static DpCut Cut(const Planner::Classes::Class& k, const ParallelConfig& c) {
+    return DpCutOf(k.rep.layout, c, k.elems, k.rep.shape.empty() ? 1 : k.rep.shape[0]);
+  }
   const Planner::Classes& cl_;
   const ParallelConfig& oc_;
   const ParallelConfig& nc_;

@@ -100,6 +100,11 @@ PlanDigest DigestPlanInput(const PlanInput& in, const PlanOptions& options,
         for (int l : t.layout.extra_layers()) h.Add(l);
         h.Add(t.layout.tp_blocks()).Add(t.layout.pad_multiple()).Add(t.layout.zero_group());
       }
+      // The torch.chunk layouts (ChunkTP, ChunkDP), likewise only when set.
+      if (t.layout.chunked()) {
+        h.Add(std::string_view("layout v3"));
+        h.Add(t.layout.tp_chunked() ? 1 : 0).Add(t.layout.dp_chunked() ? 1 : 0);
+      }
     }
     p[PlanDigest::kTensors] = h.value();
   }

@@ -102,7 +102,9 @@ TEST(PlanDigestTest, EveryLayoutFieldChangesTheTensorsPart) {
       Layout::Layer(0).SplitTP(0).AlsoOnLayer(1),   Layout::Layers({1, 0}).SplitTP(0),
       Layout::Layer(0).SplitTPBlocks(0, 2),         Layout::Layer(0).SplitTPBlocks(0, 4),
       Layout::Layer(0).SplitTP(0).PadToMultiple(8), Layout::Layer(0).SplitTP(0).PadToMultiple(16),
-      Layout::Layer(0).SplitTP(0).ZeroShard(2),     Layout::Layer(0).SplitTP(0).ZeroShard(1)};
+      Layout::Layer(0).SplitTP(0).ZeroShard(2),     Layout::Layer(0).SplitTP(0).ZeroShard(1),
+      Layout::Layer(0).ChunkTP(0),                  Layout::Layer(0).SplitTP(0).ChunkDP(),
+      Layout::Layer(0).ChunkTP(0).ChunkDP(),        Layout::Layer(0).SplitTP(0).ChunkDP(2)};
   std::set<uint64_t> seen{d.parts[PlanDigest::kTensors]};
   for (const Layout& l : variants) {
     PlanInput in = base;
@@ -111,6 +113,11 @@ TEST(PlanDigestTest, EveryLayoutFieldChangesTheTensorsPart) {
     EXPECT_TRUE(seen.insert(e.parts[PlanDigest::kTensors]).second) << l.ToString();
     EXPECT_EQ(e.parts[PlanDigest::kOldConfig], d.parts[PlanDigest::kOldConfig]);
   }
+  // ChunkDP is not ZeRO: same group, different digest.
+  PlanInput z = base, c = base;
+  z.tensors[1].layout = Layout::Layer(0).ZeroShard();
+  c.tensors[1].layout = Layout::Layer(0).ChunkDP();
+  EXPECT_NE(DigestOf(z).parts[PlanDigest::kTensors], DigestOf(c).parts[PlanDigest::kTensors]);
   // ZeroShard(0) is ZeroShard(): the same layout, the same digest.
   PlanInput a = base, b = base;
   a.tensors[1].layout = Layout::Layer(0).ZeroShard(0);

@@ -58,7 +58,7 @@ Case RandomCase(Rng& rng, int max_world = 12, int max_dim = 4) {
     if (layers > 1 && Uniform(rng, 0, 3) == 0) l = l.AlsoOnLayer(Uniform(rng, 0, layers - 1));
     if (rank > 0 && Uniform(rng, 0, 2) > 0) {
       const int dim = Uniform(rng, 0, rank - 1);
-      const int kind = Uniform(rng, 0, 3);
+      const int kind = Uniform(rng, 0, 4);
       if (kind == 0) {
         const int blocks = Uniform(rng, 2, 3);
         t.shape[static_cast<size_t>(dim)] = blocks * lcm * Uniform(rng, 1, 2);
@@ -66,6 +66,9 @@ Case RandomCase(Rng& rng, int max_world = 12, int max_dim = 4) {
       } else if (kind == 1) {
         t.shape[static_cast<size_t>(dim)] = Uniform(rng, 1, 9);
         l = l.SplitTP(dim).PadToMultiple(Uniform(rng, 1, 3));
+      } else if (kind == 4) {  // torch.chunk: any length, tp need not divide it
+        t.shape[static_cast<size_t>(dim)] = Uniform(rng, 0, 9);
+        l = l.ChunkTP(dim);
       } else {
         t.shape[static_cast<size_t>(dim)] = lcm * Uniform(rng, 1, 3);
         l = l.SplitTP(dim);
@@ -82,6 +85,11 @@ Case RandomCase(Rng& rng, int max_world = 12, int max_dim = 4) {
       } else {
         l = l.ZeroShard(Uniform(rng, 0, 1) == 1);
       }
+    }
+    // FSDP2's dim-0 chunks (about a third of the DP-sharded tensors that have a dimension 0).
+    const bool blocks_on_0 = l.tp_blocks() > 1 && l.tp_dim() == 0;
+    if (l.zero_sharded() && rank > 0 && !blocks_on_0 && Uniform(rng, 0, 2) == 0) {
+      l = l.ChunkDP(l.zero_group());
     }
     t.layout = l;
     in.tensors.push_back(std::move(t));

@@ -348,6 +348,39 @@ TEST(PlannerTest, ZeroSplitOverlapWithPaddingAndHybridGroups) {
   }
 }
 
+// The closed form with torch.chunk slices (ChunkTP: uneven, possibly empty) and dim-0 row chunks
+// (ChunkDP, hybrid or not; with SplitTP too), against the box-by-box count.
+TEST(PlannerTest, ZeroSplitOverlapWithTorchChunks) {
+  std::mt19937_64 rng(24);
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int it = 0; it < 4000; ++it) {
+    const int tp_o = uni(1, 5), tp_n = uni(1, 5), g = uni(0, 2);
+    const int rank = uni(1, 3), k = uni(0, rank - 1);
+    const bool chunk_tp = uni(0, 3) > 0;
+    Layout l = chunk_tp ? Layout::Layer(0).ChunkTP(k) : Layout::Layer(0).SplitTP(k);
+    l = uni(0, 3) > 0 ? l.ChunkDP(g) : l.ZeroShard(g);
+    TensorSpec spec{"z", DType::kF32, {}, l};
+    for (int i = 0; i < rank; ++i) {
+      spec.shape.push_back(i == k ? (chunk_tp ? uni(0, 13) : tp_o * tp_n * uni(1, 2)) : uni(1, 4));
+    }
+    const int m = std::max(g, 1);
+    const ParallelConfig oc = Config(m * uni(1, 3), tp_o, 1, 1),
+                         nc = Config(m * uni(1, 3), tp_n, 1, 1);
+    const int d = uni(0, oc.dp - 1), t = uni(0, tp_o - 1), dn = uni(0, nc.dp - 1),
+              tn = uni(0, tp_n - 1);
+    const int64_t n = plan_internal::OverlapCount(plan_internal::ShardAt(spec, oc, d, t),
+                                                  plan_internal::ShardAt(spec, nc, dn, tn));
+    ASSERT_EQ(plan_internal::ZeroSplitOverlap(spec, oc, d, t, nc, dn, tn), n)
+        << "iteration " << it << " " << l.ToString();
+    const DpSpan span = plan_internal::ZeroSplitSpan(spec, oc, d, t, nc, tn);
+    if (n > 0) {  // the hull (in range indices) holds every overlapping new range
+      const int gn = g > 0 ? g : nc.dp;
+      ASSERT_LE(span.first, dn % gn) << "iteration " << it;
+      ASSERT_GE(span.last, dn % gn) << "iteration " << it;
+    }
+  }
+}
+
 // A tied embedding (first and last stage) has two old replicas per TP slice: both serve a joiner
 // that needs it (balanced senders across stages), and each survivor keeps its own copy.
 TEST(PlannerTest, TiedTensorReplicasOnEveryStageSend) {

@@ -109,6 +109,9 @@ std::vector<int64_t> ReferenceSlots(const TensorSpec& spec, const ParallelConfig
       const int64_t unit = int64_t{m} * config.tp;
       const int64_t w = (len + unit - 1) / unit * unit / config.tp;
       for (int64_t i = 0; i < w; ++i) map_k.push_back(c.t * w + i < len ? c.t * w + i : -1);
+    } else if (spec.layout.tp_chunked()) {  // torch.chunk: chunks of ceil(len/tp), then empty
+      const int64_t w = (len + config.tp - 1) / config.tp;
+      for (int64_t i = c.t * w; i < (c.t + 1) * w && i < len; ++i) map_k.push_back(i);
     } else {
       const int64_t w = len / config.tp;
       for (int64_t i = 0; i < w; ++i) map_k.push_back(c.t * w + i);
@@ -137,8 +140,11 @@ std::vector<int64_t> ReferenceSlots(const TensorSpec& spec, const ParallelConfig
   }
   if (!spec.layout.zero_sharded()) return piece;
   const int g = spec.layout.zero_group() > 0 ? spec.layout.zero_group() : config.dp;
-  const int64_t chunk = (n + g - 1) / g, i = c.d % g;
-  const int64_t a = std::min(n, chunk * i), b = std::min(n, chunk * (i + 1));
+  // ZeRO cuts the flattened piece into elements; ChunkDP cuts its dimension 0 into rows.
+  const int64_t rows = spec.layout.dp_chunked() ? local_shape[0] : n;
+  const int64_t row = rows > 0 ? n / rows : 0;
+  const int64_t chunk = (rows + g - 1) / g, i = c.d % g;
+  const int64_t a = std::min(rows, chunk * i) * row, b = std::min(rows, chunk * (i + 1)) * row;
   return std::vector<int64_t>(piece.begin() + a, piece.begin() + b);
 }
 

@@ -26,8 +26,9 @@ uint8_t ReferenceByte(int tensor, int64_t linear, int b);
 // What `rank`'s local buffer of `spec` holds, slot by slot: the real row-major linear index
 // (in spec.shape) of each element, -1 for padding; empty off-stage. Built element by element
 // from the layout's definition (stages of its layers; TP rank t's slice of the split dimension,
-// or of each of its blocks, or of the padded dimension; the flattened TP-local piece cut into
-// ceil(n / G) ranges, range d % G), sharing no code with ShardOf or the planner.
+// or of each of its blocks, or of the padded dimension, or its torch.chunk; the flattened
+// TP-local piece cut into ceil(n / G) ranges, or for ChunkDP its dimension 0 cut into
+// ceil(rows / G) row ranges, range d % G), sharing no code with ShardOf or the planner.
 std::vector<int64_t> ReferenceSlots(const TensorSpec& spec, const ParallelConfig& config, int rank);
 
 // Checks that for every pair (a, b) a's sends to b and b's recvs from a list the same

@@ -393,18 +393,106 @@ TEST(ReshardE2ETest, RandomRealModelLayouts) {
                   DType::kU8,
                   {4 * lcm, 5},
                   Layout::Layers({1, 2}).SplitTPBlocks(0, 4).ZeroShard(Uniform(rng, 0, 1) == 1)});
+    // Torch's layouts (issue 24): uneven torch.chunk splits and FSDP2/HSDP dim-0 chunks.
+    const int k = Uniform(rng, 0, 1);
+    ts.push_back({"fsdp_tp",
+                  DType::kF32,
+                  {Uniform(rng, 0, 9), Uniform(rng, 1, 7)},
+                  Layout::Layer(Uniform(rng, 0, 3)).ChunkTP(k).ChunkDP(g % 2 == 0 ? 2 : 0)});
     SCOPED_TRACE("case " + std::to_string(i) + ": " + from.ToString() + " -> " + to.ToString());
     RunAndCheckSlots(Change(ts, from, to), 64 << Uniform(rng, 0, 4));
   }
 }
 
-// Checkpoints of the new layouts: saved under one config (each element once: the first stage
-// holding a tensor, d < G, t == 0 for unsplit tensors; padding never saved), loaded under
-// another through Read(TensorInfo), checked slot by slot, padding zero-filled.
-TEST(ReshardE2ETest, RealModelCheckpointLoadsIntoAnotherConfig) {
+// Saves `model`'s state under config `a` into `dir` (each element once: the first stage holding
+// a tensor, d < G, t == 0 for unsplit tensors; padding never saved), old buffers from the
+// reference with garbage padding.
+void SaveModel(const std::vector<TensorSpec>& model, const ParallelConfig& a,
+               const std::string& dir) {
+  std::vector<std::vector<char>> keep;
+  keep.reserve(size_t(a.world()) * model.size());
+  for (int r = 0; r < a.world(); ++r) {
+    const ParallelConfig::Coords c = a.CoordsOf(r);
+    std::vector<CheckpointPiece> pieces;
+    for (size_t t = 0; t < model.size(); ++t) {
+      const TensorSpec& spec = model[t];
+      const int g = spec.layout.zero_sharded() ? ZeroGroupSize(spec.layout, a) : 1;
+      if (c.d >= g || (!spec.layout.tp_split() && c.t != 0) ||
+          c.p != StagesOfUnchecked(spec, a).front()) {
+        continue;
+      }
+      MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(spec, a, r));
+      if (s.empty()) continue;
+      const std::vector<int64_t> slots = testutil::ReferenceSlots(spec, a, r);
+      const int es = DTypeSize(spec.dtype);
+      keep.emplace_back();
+      for (int64_t e : slots) {
+        for (int k = 0; k < es; ++k) {
+          keep.back().push_back(e < 0 ? kGarbage
+                                      : static_cast<char>(testutil::ReferenceByte(int(t), e, k)));
+        }
+      }
+      TensorInfo info{spec.name, spec.dtype, PlanShape(spec), {}};
+      if (spec.layout.pad_multiple() > 0) {
+        info.padded_shape = info.shape;
+        info.padded_shape[size_t(spec.layout.tp_dim())] = SplitLength(spec, a);
+      }
+      pieces.push_back(
+          {info, s, ConstBufferView(keep.back().data(), keep.back().size(), MemoryKind::kHost)});
+    }
+    MORPH_ASSERT_OK_AND_ASSIGN(auto save, SaveCheckpointAsync(dir, r, a.world(), 3, {}, pieces));
+    MORPH_ASSERT_OK(save->Wait(Deadline::AfterMs(60000)));
+  }
+}
+
+// Loads every shard of `model` under config `b` from the checkpoint in `dir` through
+// Read(TensorInfo) and checks it slot by slot (padding zero-filled). `model` may lay the tensors
+// out differently from the saved model (same names, dtypes and shapes).
+void LoadAndCheckModel(const std::vector<TensorSpec>& model, const ParallelConfig& b,
+                       const std::string& dir) {
+  MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir));
+  for (const TensorInfo& saved : ckpt.tensors()) {
+    for (const TensorSpec& spec : model) {
+      if (spec.name == saved.name) {
+        EXPECT_EQ(saved.shape, PlanShape(spec)) << "no padding saved";
+      }
+    }
+  }
+  for (int r = 0; r < b.world(); ++r) {
+    for (size_t t = 0; t < model.size(); ++t) {
+      const TensorSpec& spec = model[t];
+      MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(spec, b, r));
+      TensorInfo info{spec.name, spec.dtype, PlanShape(spec), {}};
+      if (spec.layout.pad_multiple() > 0) {
+        info.padded_shape = info.shape;
+        info.padded_shape[size_t(spec.layout.tp_dim())] = SplitLength(spec, b);
+      }
+      const int es = DTypeSize(spec.dtype);
+      std::vector<char> got(size_t(s.NumElements() * es), kGarbage);
+      MORPH_ASSERT_OK(ckpt.Read(info, s, BufferView{got.data(), got.size(), MemoryKind::kHost}));
+      const std::vector<int64_t> slots = testutil::ReferenceSlots(spec, b, r);
+      ASSERT_EQ(got.size(), slots.size() * size_t(es));
+      for (size_t e = 0; e < slots.size(); ++e) {
+        for (int k = 0; k < es; ++k) {
+          const char want =
+              slots[e] < 0 ? 0 : static_cast<char>(testutil::ReferenceByte(int(t), slots[e], k));
+          ASSERT_EQ(got[e * size_t(es) + size_t(k)], want)
+              << spec.name << " rank " << r << " slot " << e;
+        }
+      }
+    }
+  }
+}
+
+std::string TempDir() {
   char tmpl[] = "/tmp/morph_e2e_layouts_XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string root = tmpl;
+  EXPECT_NE(::mkdtemp(tmpl), nullptr);
+  return tmpl;
+}
+
+// Checkpoints of the new layouts: saved under one config, loaded under another.
+TEST(ReshardE2ETest, RealModelCheckpointLoadsIntoAnotherConfig) {
+  const std::string root = TempDir();
   struct Step {
     ParallelConfig from, to;
   };
@@ -416,73 +504,69 @@ TEST(ReshardE2ETest, RealModelCheckpointLoadsIntoAnotherConfig) {
     SCOPED_TRACE(a.ToString() + " -> " + b.ToString());
     const std::vector<TensorSpec> model = RealModel(std::lcm(a.tp, b.tp));
     const std::string dir = root + "/step-" + std::to_string(i);
-    std::vector<std::vector<char>> keep;
-    keep.reserve(size_t(a.world()) * model.size());
-    for (int r = 0; r < a.world(); ++r) {
-      const ParallelConfig::Coords c = a.CoordsOf(r);
-      std::vector<CheckpointPiece> pieces;
-      for (size_t t = 0; t < model.size(); ++t) {
-        const TensorSpec& spec = model[t];
-        const int g = spec.layout.zero_sharded() ? ZeroGroupSize(spec.layout, a) : 1;
-        if (c.d >= g || (!spec.layout.tp_split() && c.t != 0) ||
-            c.p != StagesOfUnchecked(spec, a).front()) {
-          continue;
-        }
-        MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(spec, a, r));
-        if (s.empty()) continue;
-        const std::vector<int64_t> slots = testutil::ReferenceSlots(spec, a, r);
-        const int es = DTypeSize(spec.dtype);
-        keep.emplace_back();
-        for (int64_t e : slots) {
-          for (int k = 0; k < es; ++k) {
-            keep.back().push_back(e < 0 ? kGarbage
-                                        : static_cast<char>(testutil::ReferenceByte(int(t), e, k)));
-          }
-        }
-        TensorInfo info{spec.name, spec.dtype, PlanShape(spec), {}};
-        if (spec.layout.pad_multiple() > 0) {
-          info.padded_shape = info.shape;
-          info.padded_shape[size_t(spec.layout.tp_dim())] = SplitLength(spec, a);
-        }
-        pieces.push_back(
-            {info, s, ConstBufferView(keep.back().data(), keep.back().size(), MemoryKind::kHost)});
-      }
-      MORPH_ASSERT_OK_AND_ASSIGN(auto save, SaveCheckpointAsync(dir, r, a.world(), 3, {}, pieces));
-      MORPH_ASSERT_OK(save->Wait(Deadline::AfterMs(60000)));
-    }
-    MORPH_ASSERT_OK_AND_ASSIGN(CheckpointReader ckpt, CheckpointReader::Open(dir));
-    for (const TensorInfo& saved : ckpt.tensors()) {
-      for (const TensorSpec& spec : model) {
-        if (spec.name == saved.name) {
-          EXPECT_EQ(saved.shape, PlanShape(spec)) << "no padding saved";
-        }
-      }
-    }
-    for (int r = 0; r < b.world(); ++r) {
-      for (size_t t = 0; t < model.size(); ++t) {
-        const TensorSpec& spec = model[t];
-        MORPH_ASSERT_OK_AND_ASSIGN(Shard s, ShardOf(spec, b, r));
-        TensorInfo info{spec.name, spec.dtype, PlanShape(spec), {}};
-        if (spec.layout.pad_multiple() > 0) {
-          info.padded_shape = info.shape;
-          info.padded_shape[size_t(spec.layout.tp_dim())] = SplitLength(spec, b);
-        }
-        const int es = DTypeSize(spec.dtype);
-        std::vector<char> got(size_t(s.NumElements() * es), kGarbage);
-        MORPH_ASSERT_OK(ckpt.Read(info, s, BufferView{got.data(), got.size(), MemoryKind::kHost}));
-        const std::vector<int64_t> slots = testutil::ReferenceSlots(spec, b, r);
-        ASSERT_EQ(got.size(), slots.size() * size_t(es));
-        for (size_t e = 0; e < slots.size(); ++e) {
-          for (int k = 0; k < es; ++k) {
-            const char want =
-                slots[e] < 0 ? 0 : static_cast<char>(testutil::ReferenceByte(int(t), slots[e], k));
-            ASSERT_EQ(got[e * size_t(es) + size_t(k)], want)
-                << spec.name << " rank " << r << " slot " << e;
-          }
-        }
-      }
-    }
+    SaveModel(model, a, dir);
+    LoadAndCheckModel(model, b, dir);
   }
+  std::filesystem::remove_all(root);
+}
+
+// FSDP2 + TP as torch lays parameters out: DTensor's Shard(d) with torch.chunk sizes
+// (ColwiseParallel cuts dim 0, RowwiseParallel dim 1; tp need not divide them) and FSDP2's
+// Shard(0) of each TP-local piece (torch's _StridedShard when both cut dim 0), FSDP-only norms,
+// HSDP moments (groups of 2, when `hybrid`). Every size is uneven somewhere.
+std::vector<TensorSpec> TorchModel(bool hybrid) {
+  const Layout moment =
+      hybrid ? Layout::Layer(1).ChunkTP(1).ChunkDP(2) : Layout::Layer(1).ChunkTP(1).ChunkDP();
+  return {
+      {"wq", DType::kBF16, {11, 6}, Layout::Layer(1).ChunkTP(0).ChunkDP()},
+      {"wo", DType::kF32, {6, 11}, Layout::Layer(1).ChunkTP(1).ChunkDP()},
+      {"wo.adam_m", DType::kF32, {6, 11}, moment},
+      {"embed", DType::kF32, {13, 3}, Layout::Layers({0, 3}).ChunkTP(0).ChunkDP()},
+      {"norm", DType::kF32, {7}, Layout::Layer(2).ChunkDP()},
+      {"bias", DType::kF64, {5}, Layout::Layer(3).ChunkTP(0)},
+      {"gate_up", DType::kF32, {3, 2 * 60}, Layout::Layer(2).SplitTPBlocks(1, 2).ChunkDP()},
+  };
+}
+
+TEST(ReshardE2ETest, TorchChunkLayoutsAcrossTpPpDpChanges) {
+  struct Step {
+    const char* what;
+    ParallelConfig from, to;
+    bool hybrid;
+  };
+  const std::vector<Step> steps = {
+      {"tp 4 -> 2", Cfg(2, 4, 1), Cfg(2, 2, 1), true},
+      {"tp 2 -> 3", Cfg(2, 2, 1), Cfg(2, 3, 1), true},
+      {"tp 1 -> 5 (empty chunks)", Cfg(2, 1, 2), Cfg(2, 5, 2), true},
+      {"pp 2 -> 4", Cfg(2, 1, 2), Cfg(2, 1, 4), true},
+      {"dp 4 -> 2", Cfg(4, 1, 1), Cfg(2, 1, 1), true},
+      {"dp 2 -> 6", Cfg(2, 2, 1), Cfg(6, 1, 1), true},
+      {"dp 3 -> 5 (more ranks than rows)", Cfg(3, 2, 1), Cfg(5, 1, 1), false},
+      {"tp, pp and dp at once", Cfg(4, 2, 2), Cfg(2, 3, 1), true},
+  };
+  for (const Step& st : steps) {
+    SCOPED_TRACE(st.what);
+    RunAndCheckSlots(Change(TorchModel(st.hybrid), st.from, st.to), 256);
+  }
+}
+
+// A checkpoint saved in torch's layouts loads re-sliced into flat ZeRO layouts and back (same
+// names, dtypes and shapes; the layout is the reader's).
+TEST(ReshardE2ETest, TorchLayoutCheckpointLoadsIntoOtherLayouts) {
+  const std::string root = TempDir();
+  const std::vector<TensorSpec> torch = TorchModel(true);
+  std::vector<TensorSpec> flat = torch;
+  for (TensorSpec& t : flat) {
+    const std::vector<int> layers = t.layout.layers();
+    // Block-interleaved tensors are saved in their block view: they keep their blocks.
+    t.layout = t.layout.tp_blocks() > 1 ? t.layout.ZeroShard()
+                                        : Layout::Layers(layers).ZeroShard(t.name != "bias");
+  }
+  SaveModel(torch, Cfg(2, 3, 2), root + "/torch");
+  LoadAndCheckModel(flat, Cfg(3, 2, 1), root + "/torch");
+  LoadAndCheckModel(torch, Cfg(4, 2, 4), root + "/torch");
+  SaveModel(flat, Cfg(3, 1, 2), root + "/flat");
+  LoadAndCheckModel(torch, Cfg(2, 4, 1), root + "/flat");
   std::filesystem::remove_all(root);
 }
 

@@ -16,6 +16,15 @@
 // ceil(n / G) and DP rank d holds [min(i*chunk, n), min((i+1)*chunk, n)) for i = d % G. Trailing
 // ranges may be short or empty; nothing is physically padded.
 //
+// PyTorch's layouts (torch.chunk semantics: chunk size c = ceil(n / parts), part i holds
+// [min(i*c, n), min((i+1)*c, n)), the last parts short or empty, nothing padded):
+//   - ChunkTP(dim): DTensor's Shard(dim) on the TP mesh dimension; tp need not divide dim.
+//   - ChunkDP() / ChunkDP(g): FSDP2's Shard(0) over DP (HSDP with g): dimension 0 of the
+//     TP-local piece cut into G chunks of rows, DP rank d holding chunk d % G. With a TP split
+//     this is FSDP2+TP (DP chunks the TP-local tensor, as FSDP2 does with a DTensor's local
+//     tensor; torch's _StridedShard when both cut dimension 0).
+// In Shard form a ChunkDP piece is again a flat range of the TP-local frame (whole rows).
+//
 // Planning coordinates. A block-interleaved tensor is planned in its block view: the split
 // dimension of size L becomes two, [k, L/k], and the TP split cuts the second one (PlanShape).
 // Row-major order is unchanged, so a local buffer and a global linear index mean the same bytes
@@ -28,6 +37,8 @@
 //                  Layout::Layer(3).SplitTPBlocks(0, 3)};
 //   TensorSpec emb{"embed", DType::kBF16, {50257, 4096},
 //                  Layout::Layers({0, 23}).SplitTP(0).PadToMultiple(128)};
+//   TensorSpec wq{"layers.3.attn.wq", DType::kBF16, {4096, 4096},   // ColwiseParallel + FSDP2
+//                 Layout::Layer(3).ChunkTP(0).ChunkDP()};
 //   TensorRegistry model;
 //   MORPH_RETURN_IF_ERROR(model.Add(w));
 //   MORPH_RETURN_IF_ERROR(model.ValidateFor(config));
@@ -64,12 +75,23 @@ class MORPH_API Layout {
   Layout SplitTP(int dim) const {
     Layout l = *this;
     l.tp_dim_ = dim;
+    l.tp_chunk_ = false;
+    return l;
+  }
+  // DTensor's Shard(dim) on the TP mesh dimension: torch.chunk semantics, so tp need not divide
+  // the dimension (length n, c = ceil(n / tp)): TP rank t holds [min(t*c, n), min((t+1)*c, n)),
+  // the last slices shorter or empty. Not combined with blocks or padding.
+  Layout ChunkTP(int dim) const {
+    Layout l = *this;
+    l.tp_dim_ = dim;
+    l.tp_chunk_ = true;
     return l;
   }
   Layout ZeroShard(bool on = true) const {
     Layout l = *this;
     l.zero_ = on;
     l.zero_group_ = 0;
+    l.dp_chunk_ = false;
     return l;
   }
   // Hybrid ZeRO: sharded within DP groups of `group_size` consecutive DP ranks, replicated
@@ -79,6 +101,16 @@ class MORPH_API Layout {
     Layout l = *this;
     l.zero_ = true;
     l.zero_group_ = group_size;
+    l.dp_chunk_ = false;
+    return l;
+  }
+  // FSDP2's Shard(0) over the DP dimension: dimension 0 of the TP-local piece (length n,
+  // c = ceil(n / G)) is cut torch.chunk-style, DP rank d holding rows [min(i*c, n),
+  // min((i+1)*c, n)) for i = d % G, G = group_size or dp (0: the whole DP group; a group size is
+  // HSDP, as for ZeroShard(g)). A DP-sharded layout like ZeroShard: zero_sharded() is true.
+  Layout ChunkDP(int group_size = 0) const {
+    Layout l = ZeroShard(group_size);
+    l.dp_chunk_ = true;
     return l;
   }
   // Tensors on several stages: `layers` (at least one; the first is layer()). Every stage that
@@ -101,6 +133,7 @@ class MORPH_API Layout {
   Layout SplitTPBlocks(int dim, int blocks) const {
     Layout l = *this;
     l.tp_dim_ = dim;
+    l.tp_chunk_ = false;
     l.tp_blocks_ = blocks;
     return l;
   }
@@ -117,8 +150,12 @@ class MORPH_API Layout {
   // The split dimension, or -1 when every TP rank holds the whole tensor.
   int tp_dim() const { return tp_dim_; }
   bool tp_split() const { return tp_dim_ >= 0; }
+  // Whether the TP split is ChunkTP's (torch.chunk: uneven slices allowed).
+  bool tp_chunked() const { return tp_chunk_; }
+  // DP-sharded: ZeRO flat ranges, or ChunkDP's rows of dimension 0 (dp_chunked()).
   bool zero_sharded() const { return zero_; }
-  // Hybrid ZeRO group size; 0: the whole DP group (plain ZeRO), or not sharded.
+  bool dp_chunked() const { return dp_chunk_; }
+  // Hybrid group size of a DP-sharded layout; 0: the whole DP group, or not sharded.
   int zero_group() const { return zero_group_; }
   // Every layer holding the tensor, layer() first.
   std::vector<int> layers() const {
@@ -131,10 +168,14 @@ class MORPH_API Layout {
   int pad_multiple() const { return pad_multiple_; }
   // True when any field beyond layer/tp_dim/zero is set (they enter the digest only then).
   bool extended() const {
-    return !extra_layers_.empty() || tp_blocks_ != 1 || pad_multiple_ != 0 || zero_group_ != 0;
+    return !extra_layers_.empty() || tp_blocks_ != 1 || pad_multiple_ != 0 || zero_group_ != 0 ||
+           chunked();
   }
+  // ChunkTP or ChunkDP (the torch layouts; they enter the digest only when set).
+  bool chunked() const { return tp_chunk_ || dp_chunk_; }
 
-  // "layer=3 tp_dim=1 zero" / "layer=0 tp_dim=none replicated"
+  // "layer=3 tp_dim=1 zero" / "layer=0 tp_dim=none replicated" /
+  // "layer=0 tp_dim=1 tp_chunk dp_chunk zero_group=2"
   std::string ToString() const;
   friend bool operator==(const Layout&, const Layout&) = default;
 
@@ -146,6 +187,8 @@ class MORPH_API Layout {
   int pad_multiple_ = 0;
   bool zero_ = false;
   int zero_group_ = 0;
+  bool tp_chunk_ = false;
+  bool dp_chunk_ = false;
 };
 
 struct MORPH_API TensorSpec {
@@ -163,11 +206,11 @@ MORPH_API Interval ZeroRange(int64_t n, int dp, int d);
 // negative layer, negative dimension, tp_dim not a dimension of the shape, byte size overflows,
 // blocks < 1 or not dividing the split dimension or set without a split, a negative pad
 // multiple or one set without a split or with blocks, a negative ZeRO group or one set
-// without ZeRO).
+// without ZeRO, ChunkTP with blocks or padding, ChunkDP on a scalar or with blocks on dim 0).
 MORPH_API Status ValidateTensorSpec(const TensorSpec& spec);
 // Checks against a config, assuming ValidateTensorSpec passed: kInvalidArgument naming the
 // tensor when one of its layers has no stage, tp does not divide the split dimension (each
-// block of it, when block-interleaved; padded tensors always divide), the padded size
+// block of it, when block-interleaved; padded and ChunkTP tensors need not), the padded size
 // overflows, or a hybrid ZeRO group size does not divide dp (there is no implicit regrouping:
 // a DP change to a dp the group size does not divide is refused).
 MORPH_API Status ValidateTensorForConfig(const TensorSpec& spec, const ParallelConfig& config);

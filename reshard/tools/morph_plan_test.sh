@@ -133,6 +133,38 @@ bad 's/"tp_blocks": 6}/"tp_blocks": 6, "blocks": 2}/' unknownkey '$.tensors[1].b
 # The block size (384 / 6 = 64) must divide by tp: tp 3 is refused naming tensor and block.
 bad '/"new"/s/"tp": 2/"tp": 3/' tp3b "block size 64 of dimension 0 (6 blocks) is not divisible by tp=3 (with \$.new)"
 
+# Issue 24: torch's layouts (DTensor's Shard(d) with torch.chunk sizes, FSDP2's dim-0 Shard(0),
+# HSDP). Uneven sizes plan under a tp that divides nothing; moved = lower bound; bad values
+# are refused naming the field.
+cat >"$TMP/torch.json" <<'JSON'
+{"tensors": [
+  {"name": "l{layer}.wq", "layers": [0, 3], "dtype": "bf16", "shape": [100, 37], "tp_dim": 0,
+   "tp_chunk": true, "dp_chunk": true},
+  {"name": "l{layer}.wo", "layers": [0, 3], "dtype": "bf16", "shape": [37, 100], "tp_dim": 1,
+   "tp_chunk": true, "dp_chunk": true},
+  {"name": "l{layer}.wo.adam_m", "layers": [0, 3], "dtype": "f32", "shape": [37, 100],
+   "tp_dim": 1, "tp_chunk": true, "dp_chunk": true, "zero_group": 2},
+  {"name": "l{layer}.norm", "layers": [0, 3], "dtype": "f32", "shape": [37], "dp_chunk": true}],
+ "old": {"dp": 4, "tp": 3, "pp": 2}, "new": {"dp": 2, "tp": 3, "pp": 1}}
+JSON
+expect 0 "bytes moved:" "$TMP/torch.json"
+out=$("$BIN" "$TMP/torch.json")
+lb=$(sed -n 's/^bytes lower bound: *\([0-9]*\).*/\1/p' <<<"$out")
+mv=$(sed -n 's/^bytes moved: *\([0-9]*\).*/\1/p' <<<"$out")
+[[ -n $lb && $lb == "$mv" && $lb -gt 0 ]] || fail "torch layouts: lower bound '$lb' != moved '$mv'"
+T=$TMP/torch.json
+tbad() { sed "$1" "$T" >"$TMP/$2.json"; expect 2 "$3" "$TMP/$2.json"; }
+tbad 's/"tp_dim": 0,$/"tp_dim": null,/' chunknodim '$.tensors[0].tp_chunk: needs "tp_dim"'
+tbad '0,/"tp_chunk": true/s//"tp_chunk": 1/' chunknotbool '$.tensors[0].tp_chunk: must be true or false'
+tbad 's/"shape": \[37\], "dp_chunk": true/"shape": [37], "zero": true, "dp_chunk": true/' dpzero \
+  '$.tensors[3].dp_chunk: cannot be combined with "zero": true'
+tbad 's/"shape": \[37\], "dp_chunk": true/"shape": [], "dp_chunk": true/' dpscalar \
+  "\$.tensors[3]: tensor 'l0.norm': dp_chunk (ChunkDP) cuts dimension 0"
+tbad 's/"zero_group": 2/"zero_group": 3/' chunkgroup3 \
+  "\$.tensors[2]: tensor 'l0.wo.adam_m': zero_group=3 does not divide dp=4 (hybrid ChunkDP"
+tbad 's/"dp_chunk": true, "zero_group": 2/"zero_group": 2/' groupnochunk \
+  '$.tensors[2].zero_group: needs "zero": true (hybrid ZeRO) or "dp_chunk": true'
+
 # --project: the transfer projected on a topology (reshard/projection.h).
 TOPO=$2/topology_h200.json
 expect 0 "projection on H200 nodes of 8" "$EX" --project "$TOPO"

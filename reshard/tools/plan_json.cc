@@ -80,12 +80,40 @@ StatusOr<ParallelConfig> ParseConfig(const json& j, const std::string& path, int
   return c;
 }
 
+// The torch.chunk layouts of a "tensors" entry: "tp_chunk" (DTensor's Shard(tp_dim)) and
+// "dp_chunk" (FSDP2's Shard(0) over DP; with "zero_group", HSDP).
+struct Chunks {
+  bool tp = false, dp = false;
+};
+StatusOr<Chunks> ParseChunks(const json& j, const std::string& path, int tp_dim, int blocks,
+                             int pad, bool zero) {
+  Chunks c;
+  for (const char* key : {"tp_chunk", "dp_chunk"}) {
+    if (j.contains(key) && !j[key].is_boolean()) {
+      return Bad(path + "." + key, "must be true or false");
+    }
+  }
+  c.tp = j.value("tp_chunk", false);
+  c.dp = j.value("dp_chunk", false);
+  if (c.tp && tp_dim < 0) return Bad(path + ".tp_chunk", "needs \"tp_dim\" (the dim to chunk)");
+  if (c.tp && (blocks > 1 || pad > 0)) {
+    return Bad(path + ".tp_chunk", "cannot be combined with \"tp_blocks\" or \"pad_multiple\"");
+  }
+  if (c.dp && zero) {
+    return Bad(path + ".dp_chunk",
+               "cannot be combined with \"zero\": true (one DP sharding: flat ZeRO ranges or "
+               "dim-0 chunks)");
+  }
+  return c;
+}
+
 // One entry of "tensors", expanded over its "layers" range.
 Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpec>& out,
                    std::vector<std::string>& paths) {
-  MORPH_RETURN_IF_ERROR(OnlyKeys(j, path,
-                                 {"name", "dtype", "shape", "layer", "layers", "tp_dim", "zero",
-                                  "also_on_layers", "tp_blocks", "pad_multiple", "zero_group"}));
+  MORPH_RETURN_IF_ERROR(
+      OnlyKeys(j, path,
+               {"name", "dtype", "shape", "layer", "layers", "tp_dim", "zero", "also_on_layers",
+                "tp_blocks", "pad_multiple", "zero_group", "tp_chunk", "dp_chunk"}));
   if (!j.contains("name")) return Bad(path + ".name", "is required");
   MORPH_ASSIGN_OR_RETURN(std::string name, Str(j["name"], path + ".name"));
   if (!j.contains("dtype")) return Bad(path + ".dtype", "is required");
@@ -164,10 +192,14 @@ Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpe
     if (blocks > 1) return Bad(path + ".pad_multiple", "cannot be combined with \"tp_blocks\"");
     pad = static_cast<int>(v);
   }
+  MORPH_ASSIGN_OR_RETURN(const Chunks chunks, ParseChunks(j, path, tp_dim, blocks, pad, zero));
   int group = 0;
   if (j.contains("zero_group")) {
     MORPH_ASSIGN_OR_RETURN(int64_t v, Int(j["zero_group"], path + ".zero_group", 1, 1 << 20));
-    if (!zero) return Bad(path + ".zero_group", "needs \"zero\": true (hybrid ZeRO)");
+    if (!zero && !chunks.dp) {
+      return Bad(path + ".zero_group",
+                 "needs \"zero\": true (hybrid ZeRO) or \"dp_chunk\": true (HSDP)");
+    }
     group = static_cast<int>(v);
   }
   // The planner refuses more than kMaxPlanTensors tensors; refuse them here, before the
@@ -186,7 +218,9 @@ Status ParseTensor(const json& j, const std::string& path, std::vector<TensorSpe
     for (int a : also) layout = layout.AlsoOnLayer(a);
     layout = blocks > 1 ? layout.SplitTPBlocks(tp_dim, blocks) : layout.SplitTP(tp_dim);
     if (pad > 0) layout = layout.PadToMultiple(pad);
+    if (chunks.tp) layout = layout.ChunkTP(tp_dim);
     if (group > 0) layout = layout.ZeroShard(group);
+    if (chunks.dp) layout = layout.ChunkDP(group);
     TensorSpec t{n, *dtype, shape, layout};
     if (Status s = ValidateTensorSpec(t); !s.ok()) return Bad(path, std::string(s.message()));
     out.push_back(std::move(t));

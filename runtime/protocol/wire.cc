@@ -198,7 +198,8 @@ template <typename E>
 struct IsVector<std::vector<E>> : std::true_type {};
 
 // A layout as the builder calls that reproduce it: layer, tp dim, ZeRO, extra layers, tp
-// blocks, padding, ZeRO group.
+// blocks, padding, ZeRO group, and the torch.chunk flags (bit 0 ChunkTP, bit 1 ChunkDP).
+constexpr uint8_t kChunkTPBit = 1, kChunkDPBit = 2;
 void PutLayout(Writer& w, const Layout& l) {
   w.I32(l.layer());
   w.I32(l.tp_dim());
@@ -208,8 +209,9 @@ void PutLayout(Writer& w, const Layout& l) {
   w.I32(l.tp_blocks());
   w.I32(l.pad_multiple());
   w.I32(l.zero_group());
+  w.U8((l.tp_chunked() ? kChunkTPBit : 0) | (l.dp_chunked() ? kChunkDPBit : 0));
 }
-constexpr size_t kMinLayoutBytes = 4 + 4 + 1 + 4 + 4 + 4 + 4;
+constexpr size_t kMinLayoutBytes = 4 + 4 + 1 + 4 + 4 + 4 + 4 + 1;
 
 uint8_t GetBool(Reader& r, const std::string& field) {
   uint8_t b = r.U8(field);
@@ -233,16 +235,22 @@ Layout GetLayout(Reader& r, const std::string& f) {
   const int blocks = r.I32(f + ".tp_blocks");
   const int pad = r.I32(f + ".pad_multiple");
   const int group = r.I32(f + ".zero_group");
+  const uint8_t chunks = r.U8(f + ".chunks");
+  if (r.ok() && (chunks & ~(kChunkTPBit | kChunkDPBit)) != 0) r.Fail(f + ".chunks", "unknown bits");
   // The builders in the order that reproduces every field (SplitTPBlocks sets tp_dim too;
   // ZeroShard(group) sets zero).
   Layout l = Layout::Layer(layer);
   for (int x : extra) l = l.AlsoOnLayer(x);
   l = blocks != 1 ? l.SplitTPBlocks(tp_dim, blocks) : l.SplitTP(tp_dim);
   if (pad != 0) l = l.PadToMultiple(pad);
+  if (chunks & kChunkTPBit) l = l.ChunkTP(tp_dim);
   if (zero == 1) {
     l = group != 0 ? l.ZeroShard(group) : l.ZeroShard(true);
+    if (chunks & kChunkDPBit) l = l.ChunkDP(group);
   } else if (r.ok() && group != 0) {
     r.Fail(f + ".zero_group", "set without ZeRO");
+  } else if (r.ok() && (chunks & kChunkDPBit)) {
+    r.Fail(f + ".chunks", "ChunkDP set without DP sharding");
   }
   return l;
 }

@@ -49,7 +49,8 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 //    copy); RecoveryDecision::snapshot_holders may hold -1.
 // 8: StepReportMsg::vote_step and committed_step (Runtime::CommitUpdate's commit vote).
 // 9: WelcomeMsg::first_generation (checkpoint retention keeps to the job's own generations).
-inline constexpr uint16_t kWireVersion = 9;
+// 10: layouts carry the torch.chunk flags (ChunkTP, ChunkDP).
+inline constexpr uint16_t kWireVersion = 10;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;

@@ -48,7 +48,11 @@ JobManifest Manifest() {
       // Every layout field travels (wire version 2): tied layers, blocks, padding, hybrid ZeRO.
       TensorSpec{"embed", DType::kF32, {50, 16}, Layout::Layers({0, 1}).SplitTP(0).PadToMultiple(8)},
       TensorSpec{"layers.0.qkv", DType::kF32, {48, 16},
-                 Layout::Layer(0).SplitTPBlocks(0, 3).ZeroShard(2)}};
+                 Layout::Layer(0).SplitTPBlocks(0, 3).ZeroShard(2)},
+      // The torch.chunk layouts (wire version 10): DTensor's Shard(d), FSDP2's Shard(0), HSDP.
+      TensorSpec{"layers.1.wo", DType::kF32, {16, 33}, Layout::Layer(1).ChunkTP(1).ChunkDP()},
+      TensorSpec{"layers.1.wq", DType::kF32, {33, 16}, Layout::Layer(1).ChunkTP(0).ChunkDP(2)},
+      TensorSpec{"layers.1.ln", DType::kF32, {17}, Layout::Layer(1).ChunkDP()}};
   m.scalars = {ScalarSpec{"rng", 16}, ScalarSpec{"step", 8}};
   m.dataset_samples = 1000;
   m.dataset_seed = 0x1234567890abcdefULL;
@@ -285,6 +289,29 @@ TEST(WireTest, RegisterCountsAndValuesAreChecked) {
   EXPECT_THAT(DecodeFrame(bad).status(),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("register.dataset_shuffle: not a boolean")));
+  // The layout's chunk flags (wire version 10): unknown bits, ChunkDP without DP sharding.
+  {
+    RegisterMsg replicated{.manifest = Manifest()};
+    replicated.manifest.tensors.back().layout = Layout::Layer(1);  // was Layer(1).ChunkDP()
+    const std::string plain = EncodeFrame(replicated);
+    ASSERT_EQ(plain.size(), frame.size());
+    std::vector<size_t> diff;  // the zero flag, then the chunk flags
+    for (size_t i = 0; i < frame.size(); ++i) {
+      if (plain[i] != frame[i]) diff.push_back(i);
+    }
+    ASSERT_EQ(diff.size(), 2u);
+    ASSERT_EQ(frame[diff[1]], 2);  // kChunkDPBit
+    bad = frame;
+    bad[diff[1]] = 4;
+    EXPECT_THAT(DecodeFrame(bad).status(),
+                StatusIs(StatusCode::kInvalidArgument,
+                         HasSubstr("register.tensors.layout.chunks: unknown bits")));
+    bad = frame;
+    bad[diff[0]] = 0;
+    EXPECT_THAT(DecodeFrame(bad).status(),
+                StatusIs(StatusCode::kInvalidArgument,
+                         HasSubstr("chunks: ChunkDP set without DP sharding")));
+  }
   // Register is not limited like Hello: a large manifest passes the header check.
   JobManifest big = Manifest();
   for (int i = 0; i < 2000; ++i) {
