@@ -406,6 +406,7 @@ class Runtime:
         """Finishes (if not yet) and releases the runtime and the process groups."""
         distributed.destroy(self.groups)
         self.groups = None
+        self.state._core = None  # the binding's State points into the runtime closed below
         if self._core is not None:
             self._core.close()
 
