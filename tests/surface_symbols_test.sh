@@ -25,6 +25,9 @@ while IFS= read -r s; do
     *) echo "not in namespace morph: $s" >&2; bad=1; continue ;;
   esac
   name=${s#morph::}
+  # Helpers the public headers' inline code and macros use (status.h's StatusBuilder) live in
+  # morph::internal; a build that does not inline them (-O1, sanitizers) exports them.
+  name=${name#internal::}
   name=${name%%[(<:]*}
   if [[ $s == morph::operator* ]]; then name=$(echo "$s" | grep -oE 'operator(<<|==)'); fi
   if ! grep -qxF "$name" <<<"$declared"; then
