@@ -15,7 +15,6 @@ each step it trains.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -232,12 +231,7 @@ def main() -> int:
     a = parse_args()
     args = LlamaArgs(n_layers=a.layers)
     corpus = load_corpus()
-    # The groups' timeout bounds a torch collective that waits on a dead peer: Gloo ends one in
-    # flight only when a neighbour's connection closes (ProcessGroupGloo.abort() does not, torch
-    # 2.11). This model's collectives take milliseconds; 6 s is below the coordinator's 10 s
-    # wait for a survivor's state report, so a blocked rank still takes part in the recovery.
-    rt = morph.start(declare_state(args, a.seed), pg_timeout=datetime.timedelta(seconds=6),
-                     num_layers=args.n_layers,
+    rt = morph.start(declare_state(args, a.seed), num_layers=args.n_layers,
                      num_heads=args.n_kv_heads,
                      tp_candidates=[int(x) for x in a.tp_candidates.split(",")],
                      pp_candidates=[int(x) for x in a.pp_candidates.split(",")],

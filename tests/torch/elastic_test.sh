@@ -22,7 +22,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="$(MORPH_VENV="${MORPH_VENV:-$build/venv}" "$here/../../scripts/python-venv.sh" | tail -n 1)"
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 export MORPH_TOKEN=torch-elastic-test-token
-STEPS=${STEPS:-14}
+STEPS=${STEPS:-32}
 tmp=$(mktemp -d)
 mkdir -p "$tmp/out/pids"
 run=""
@@ -41,10 +41,16 @@ fail() {
   for f in "$tmp"/logs/*; do [ -e "$f" ] && { echo "== $f" >&2; tail -n 25 "$f" >&2; }; done
   exit 1
 }
-args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.15)
+# Joiners start Python and import torch (seconds on 2 loaded cores): steps are paced so that
+# the job still runs when they arrive.
+args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4)
 case $case_ in
   grow) n=2 ;;
-  kill) n=4 args+=(--kill-at 5 --kill-rank 2) export MORPH_SNAPSHOT_EVERY=1 ;;
+  kill)
+    n=4
+    args+=(--kill-at 5 --kill-rank 2)
+    export MORPH_SNAPSHOT_EVERY=1
+    ;;
   *) fail "unknown case $case_" ;;
 esac
 timeout 300 "$morphrun" -n "$n" --max 6 --log-dir "$tmp/logs" -- "$python" \
@@ -65,9 +71,18 @@ at_step() {  # waits until some worker logged a DCP save for step >= $1
   done
   fail "step $1 not reached"
 }
+at_world() {  # waits until a worker reported a reconfiguration into world $1
+  for _ in $(seq 1200); do
+    grep -q "\"event\": \"reconfigured\".*\"world\": $1," "$tmp/out/events.jsonl" 2>/dev/null &&
+      return 0
+    kill -0 "$run" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  fail "no reconfiguration into world $1"
+}
 if [ "$case_" = grow ]; then
   at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
-  at_step 8 && "$morphctl" --addr "$api" resize 3 >/dev/null
+  at_world 4 && "$morphctl" --addr "$api" resize 3 >/dev/null
 fi
 set +e
 wait "$run"

@@ -439,7 +439,7 @@ class Runtime:
             raise FailedPreconditionError("no process groups (begin a step first)")
         shape, _dtype, layout = self.state.spec(name)
         local = self.state.tensor(name)
-        placements = placements_of(name, shape, layout)
+        placements = placements_of(name, shape, layout, self.groups.config.tp)
         cfg = self.groups.config
         stages = list(cfg.stage_of_layer)
         if stages and all(stages[l] != self.groups.mesh.get_coordinate()[0]
@@ -452,7 +452,7 @@ class Runtime:
 
 def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
           process_groups: bool = True,
-          pg_timeout: datetime.timedelta = datetime.timedelta(seconds=300),
+          pg_timeout: Optional[datetime.timedelta] = None,
           log_verbosity: int = 0, **model: Any) -> Runtime:
     """Joins the elastic job and returns once this worker holds a rank with its state in place.
 
@@ -463,6 +463,14 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
     global_batch, micro_batches, zero_stage, num_heads, device_memory_bytes) or options
     fields (dataset_samples, micro_batch, ...). With `process_groups`, every generation gets
     torch.distributed process groups and a DeviceMesh (morph.distributed).
+
+    `pg_timeout` bounds every torch collective of the process groups; by default 60% of
+    morph's failure detection time (Options.heartbeat_timeout_ms, MORPH_HEARTBEAT_TIMEOUT_MS):
+    Gloo ends a collective that waits on a dead peer only when a neighbour's connection closes
+    (ProcessGroupGloo.abort() does not end one in flight, torch 2.11), and a recovery waits that
+    long for every survivor's state report, so a rank blocked behind the dead peer must fail
+    sooner to take part (docs/torch.md "Failure behaviour"). Raise it (with the heartbeat
+    timeout) for collectives that legitimately run longer.
 
     On a fresh start, tensors given with values at registration are copied into the shards;
     otherwise the state came from peers (or a checkpoint): rt.fresh_start says which.
@@ -490,6 +498,8 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
         core = _morph.Runtime.start(opts, _declare)
     finally:
         state._sealed = True
+    if pg_timeout is None:
+        pg_timeout = datetime.timedelta(milliseconds=0.6 * opts.heartbeat_timeout_ms)
     rt = Runtime(core, state, opts, process_groups, pg_timeout)
     if core.fresh_start:
         state._initialize_from_given()

@@ -8,9 +8,10 @@ communicator (one 256-byte broadcast), so nothing but morph's own bootstrap is n
 MASTER_ADDR/MASTER_PORT is read. They are written, with RANK, WORLD_SIZE and LOCAL_RANK, for
 libraries that read them.
 
-Failure behaviour: Gloo's TCP pairs see a killed peer's connections close, so an in-flight
-collective raises at once (torch.distributed.DistBackendError); a peer that hangs without dying
-is bounded by the groups' timeout (`timeout`, default 300 s: morph's collective default).
+Failure behaviour: Gloo's TCP pairs see a killed peer's connections close, so a neighbour's
+in-flight collective raises at once; a rank blocked behind the dead peer (not its neighbour), or
+on a peer that hangs without dying, is bounded by the groups' timeout (`timeout`; morph.start
+passes 60% of morph's failure detection time: docs/torch.md "Failure behaviour").
 """
 from __future__ import annotations
 
