@@ -36,19 +36,57 @@ class ErrorsTest(unittest.TestCase):
             c.validate()
 
 
+def _held(rows, dp, d):
+    """Global element indices DP rank d holds of a [rows, 3] tensor under ChunkDP (shard_of)."""
+    cfg = morph.ParallelConfig()
+    cfg.dp = dp
+    sh = morph.shard_of("w", [rows, 3], "f32", morph.Layout.layer(0).chunk_dp(), cfg, d)
+    return list(range(sh[0][0] * 3 + sh[2], sh[0][0] * 3 + sh[3])) if sh[3] > sh[2] else []
+
+
 class PlacementsTest(unittest.TestCase):
     def test_mapping(self):
         L = morph.Layout
         self.assertEqual(morph.layout_from_placements("w", (4, 6), [Replicate(), Replicate()]),
                          L.layer(0))
         self.assertEqual(morph.layout_from_placements("w", (4, 6), [Replicate(), Shard(1)], layer=2),
-                         L.layer(2).split_tp(1))
+                         L.layer(2).chunk_tp(1))
         self.assertEqual(morph.layout_from_placements("w", (4, 6), [Replicate(), Shard(-2)]),
-                         L.layer(0).split_tp(0))
+                         L.layer(0).chunk_tp(0))
         self.assertEqual(morph.layout_from_placements("b", (37,), [Shard(0), Replicate()]),
-                         L.layer(0).zero_shard())
+                         L.layer(0).chunk_dp())
         self.assertEqual(morph.layout_from_placements("w", (4, 6), [Shard(1)], ["tp"]),
-                         L.layer(0).split_tp(1))
+                         L.layer(0).chunk_tp(1))
+        # FSDP2: dim-0 rows over dp; with TP on dim 1; with TP on dim 0 (the strided shard).
+        self.assertEqual(morph.layout_from_placements("w", (5, 6), [Shard(0), Replicate()]),
+                         L.layer(0).chunk_dp())
+        self.assertEqual(morph.layout_from_placements("w", (5, 6), [Shard(0), Shard(1)]),
+                         L.layer(0).chunk_tp(1).chunk_dp())
+        self.assertEqual(morph.layout_from_placements(
+            "w", (10, 6), [_StridedShard(0, split_factor=2), Shard(0)]),
+            L.layer(0).chunk_tp(0).chunk_dp())
+
+    def test_placements_round_trip(self):
+        L = morph.Layout
+        for layout, tp, want in [
+                (L.layer(0), 1, [Replicate(), Replicate()]),
+                (L.layer(0).chunk_tp(1), 2, [Replicate(), Shard(1)]),
+                (L.layer(0).chunk_dp(), 1, [Shard(0), Replicate()]),
+                (L.layer(0).chunk_tp(1).chunk_dp(), 2, [Shard(0), Shard(1)]),
+                (L.layer(0).chunk_tp(0).chunk_dp(), 2, [_StridedShard(0, split_factor=2),
+                                                        Shard(0)])]:
+            got = morph.placements_of("w", (10, 6), layout, tp)
+            self.assertEqual(got, want, layout)
+            self.assertEqual(morph.layout_from_placements("w", (10, 6), got), layout)
+
+    def test_fsdp2_rows_equal_torch_chunk(self):
+        """morph's ChunkDP rows (shard_of) are exactly torch.chunk's of dim 0, uneven included."""
+        for rows in (1, 5, 7, 10):
+            for dp in (1, 2, 3, 4):
+                chunks = torch.arange(rows * 3).reshape(rows, 3).chunk(dp)
+                for d in range(dp):
+                    want = chunks[d].flatten().tolist() if d < len(chunks) else []
+                    self.assertEqual(_held(rows, dp, d), want, (rows, dp, d))
 
     def test_torch_chunk_of_1d_equals_zero_ranges(self):
         for n in (0, 1, 5, 37, 64):
@@ -62,9 +100,10 @@ class PlacementsTest(unittest.TestCase):
 
     def test_refused_with_tensor_and_placement(self):
         cases = [
-            ((4, 6), [Shard(0), Replicate()], "Shard(0) on mesh dimension 'dp'"),
+            ((4, 6), [Shard(1), Replicate()], "Shard(1) on mesh dimension 'dp'"),
             ((4, 6), [Partial(), Replicate()], "Partial()"),
             ((4, 6), [_StridedShard(0, split_factor=2), Replicate()], "_StridedShard"),
+            ((4, 6), [Shard(0), Shard(0)], "both 'dp' and 'tp'"),
             ((4, 6), [Replicate(), Shard(2)], "dimension 2 of a 2-D tensor"),
             ((4, 6), [Shard(1)], "placements for mesh dimensions"),
             ((8,), [Shard(0), Shard(0)], "both 'dp' and 'tp'"),
@@ -107,7 +146,7 @@ class RuntimeTest(unittest.TestCase):
             attempt("dtype", lambda: s.add_tensor("c", torch.zeros(3, dtype=torch.complex64)))
             attempt("disagree", lambda: s.add_tensor("d", torch.zeros(3), dtype=torch.float16))
             attempt("placement", lambda: s.add_tensor("p", shape=(4, 6),
-                                                      placements=[Shard(0), Replicate()]))
+                                                      placements=[Shard(1), Replicate()]))
             attempt("layout", lambda: s.add_tensor("q", shape=(4, 6),
                                                    layout=morph.Layout.layer(0).split_tp(7)))
             s.add_tensor("m", shape=(37,), dtype=torch.float64,
@@ -122,7 +161,7 @@ class RuntimeTest(unittest.TestCase):
         self.assertIn("tensor 'c': dtype torch.complex64", str(refused["dtype"]))
         self.assertIn("tensor 'd': dtype torch.float16 given, the tensor's is torch.float32",
                       str(refused["disagree"]))
-        self.assertIn("tensor 'p': placement Shard(0) on mesh dimension 'dp'",
+        self.assertIn("tensor 'p': placement Shard(1) on mesh dimension 'dp'",
                       str(refused["placement"]))
         self.assertIn("'q'", str(refused["layout"]))  # split_tp(7) of a 2-D tensor
         self.assertEqual(rt.state.names(), ["w", "m", "bf"])  # the job is unharmed

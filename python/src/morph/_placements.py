@@ -1,16 +1,19 @@
 """torch dtypes and DTensor placements <-> morph dtypes and layouts (docs/torch.md has the table).
 
-A DTensor's placements on a mesh with named dimensions "pp", "dp", "tp" map to a morph Layout:
+A DTensor's placements on a mesh with named dimensions "pp", "dp", "tp" map to a morph Layout
+(docs/reshard-planner.md §1.2: torch.chunk semantics, uneven sizes allowed):
 
-  Replicate() on every dimension          -> Layout.layer(l)             (replicated)
-  Shard(d) on "tp"                        -> Layout.layer(l).split_tp(d)  (tp equal slices)
-  Shard(0) on "dp", 1-D tensor            -> Layout.layer(l).zero_shard() (torch.chunk's ranges
-                                              of a 1-D tensor are exactly morph's ZeRO ranges)
+  Replicate() on every dimension              -> Layout.layer(l)                 (replicated)
+  Shard(d) on "tp"                            -> Layout.layer(l).chunk_tp(d)
+  Shard(0) on "dp" (FSDP2)                    -> Layout.layer(l).chunk_dp()      (rows of dim 0)
+  Shard(0) on "dp", Shard(d > 0) on "tp"      -> ....chunk_tp(d).chunk_dp()      (FSDP2 + TP)
+  _StridedShard(0) on "dp", Shard(0) on "tp"  -> ....chunk_tp(0).chunk_dp()      (FSDP2 + TP on
+                                                  dim 0: DP chunks the TP-local rows)
 
 Refused, with a message naming the tensor and the placement: Partial() (a pending reduction is
-not state), _StridedShard (FSDP2+TP), Shard on "pp" (stages hold whole tensors by layer), and
-Shard(d) on "dp" of a tensor of rank > 1 (FSDP2's dim-0 chunks: they need the dim-0 chunk layout
-that morph's layout algebra does not have yet).
+not state), Shard on "pp" (stages hold whole tensors by layer), Shard(d != 0) on "dp" (FSDP2
+shards dim 0), and a plain Shard(0) on both "dp" and "tp" (DTensor's mesh order cuts dp first:
+not what FSDP2 builds, and not a morph layout).
 """
 from __future__ import annotations
 
@@ -65,20 +68,18 @@ def layout_from_placements(name: str, shape: Sequence[int], placements: Sequence
     ndim = len(shape)
     layout = _morph.Layout.layers(list(layers)) if layers else _morph.Layout.layer(layer)
     tp_dim: Optional[int] = None
-    dp_shard = False
+    dp_shard = None  # "plain" (Shard(0)) or "strided" (_StridedShard(0))
     for p, dim in zip(placements, mesh_dim_names):
         where = f"tensor '{name}': placement {_describe(p)} on mesh dimension '{dim}'"
         if dim not in MESH_DIMS:
             raise InvalidArgumentError(f"{where}: morph's mesh dimensions are {MESH_DIMS}")
-        if type(p).__name__ == "_StridedShard":
-            raise InvalidArgumentError(
-                f"{where}: _StridedShard (FSDP2 over TP) is not expressible in morph's layouts yet")
         if isinstance(p, Replicate):
             continue
         if isinstance(p, Partial):
             raise InvalidArgumentError(f"{where}: a Partial() tensor holds a pending reduction, "
                                        "not state; register it after the reduction")
-        if not isinstance(p, Shard):
+        strided = type(p).__name__ == "_StridedShard"
+        if not isinstance(p, Shard) and not strided:
             raise InvalidArgumentError(f"{where}: unknown placement")
         d = p.dim + ndim if p.dim < 0 else p.dim
         if not 0 <= d < ndim:
@@ -87,36 +88,48 @@ def layout_from_placements(name: str, shape: Sequence[int], placements: Sequence
             raise InvalidArgumentError(f"{where}: pipeline stages hold whole tensors by layer; "
                                        "pass layer= (or layers=) instead")
         if dim == "tp":
+            if strided:
+                raise InvalidArgumentError(f"{where}: a strided shard on tp is not a morph layout")
             tp_dim = d
-        else:  # dp
-            if ndim != 1 or d != 0:
-                raise InvalidArgumentError(
-                    f"{where}: FSDP2's dim-0 chunks of a {ndim}-D tensor need morph's dim-0 "
-                    "chunk layout, which it does not have yet; use Replicate(), or a flat "
-                    "ZeRO shard (Layout.layer(l).zero_shard()) registered without placements")
-            dp_shard = True
-    if tp_dim is not None and dp_shard:
+            continue
+        if d != 0:  # dp
+            raise InvalidArgumentError(f"{where}: morph shards dp by rows of dimension 0 "
+                                       f"(FSDP2's Shard(0)), not dimension {d}")
+        dp_shard = "strided" if strided else "plain"
+    if dp_shard == "plain" and tp_dim == 0:
         raise InvalidArgumentError(
-            f"tensor '{name}': Shard on both 'dp' and 'tp' of a 1-D tensor (torch shards in "
-            "mesh order, morph cuts ZeRO ranges inside the TP slice): not expressible")
+            f"tensor '{name}': Shard(0) on both 'dp' and 'tp' cuts dim 0 over dp first (DTensor's "
+            "mesh order); FSDP2 over TP chunks the TP-local rows: _StridedShard(0) on 'dp'")
+    if dp_shard == "strided" and tp_dim != 0:
+        raise InvalidArgumentError(
+            f"tensor '{name}': _StridedShard(0) on 'dp' without Shard(0) on 'tp'")
     if tp_dim is not None:
-        layout = layout.split_tp(tp_dim)
+        layout = layout.chunk_tp(tp_dim)
     if dp_shard:
-        layout = layout.zero_shard()
+        layout = layout.chunk_dp()
     return layout
 
 
-def placements_of(name: str, shape: Sequence[int], layout: "_morph.Layout") -> list:
+def placements_of(name: str, shape: Sequence[int], layout: "_morph.Layout",
+                  tp_size: int = 1) -> list:
     """The DTensor placements on the ("dp", "tp") mesh of a stage for a morph layout, where one
-    exists (the inverse of layout_from_placements); InvalidArgumentError otherwise."""
+    exists (the inverse of layout_from_placements; `tp_size` for FSDP2+TP's strided shard);
+    InvalidArgumentError otherwise."""
     from torch.distributed.tensor import Replicate, Shard
 
     if layout.tp_blocks != 1 or layout.pad_multiple != 0:
         raise InvalidArgumentError(f"tensor '{name}': {layout!r} (block-interleaved or padded "
                                    "TP split) has no DTensor placement")
-    if layout.zero_sharded and (len(shape) != 1 or layout.tp_dim >= 0 or layout.zero_group):
+    if layout.zero_group:
+        raise InvalidArgumentError(f"tensor '{name}': {layout!r} (hybrid sharding in groups) "
+                                   "has no placement on a ('dp', 'tp') mesh")
+    if layout.zero_sharded and not layout.dp_chunked and (len(shape) != 1 or layout.tp_dim >= 0):
         raise InvalidArgumentError(f"tensor '{name}': {layout!r} (a flat ZeRO range of a "
                                    f"{len(shape)}-D tensor) has no DTensor placement")
-    dp = Shard(0) if layout.zero_sharded else Replicate()
     tp = Shard(layout.tp_dim) if layout.tp_dim >= 0 else Replicate()
-    return [dp, tp]
+    if not layout.zero_sharded:
+        return [Replicate(), tp]
+    if layout.tp_dim == 0 and tp_size > 1:  # FSDP2 + TP on dim 0
+        from torch.distributed.tensor.placement_types import _StridedShard
+        return [_StridedShard(0, split_factor=tp_size), tp]
+    return [Shard(0), tp]
