@@ -89,6 +89,17 @@ bench-runtime: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target runtime_bench restart_baseline_bench
 	BUILD_DIR=$(BUILD_DIR) RUNTIME_BYTES=$(RUNTIME_BYTES) bash bench/peers/run_runtime_bench.sh
 
+# Coordinator failover on etcd (issue 26): fenced state write latency by job size, succession
+# after a resign, then HA_RUNS kills of the leading morphd under training (succession, the
+# survivors' longest stall, a resize right after). Private etcd clusters on loopback. JSON lines.
+HA_RUNS ?= 3
+.PHONY: bench-ha
+bench-ha: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target ha_bench coordinator_failover_test
+	$(BUILD_DIR)/bench/ha_bench
+	$(BUILD_DIR)/tests/runtime/coordinator_failover_test \
+	  --gtest_filter='*LeaderKilled*' --gtest_repeat=$(HA_RUNS) | grep '^{'
+
 # Recovery redundancy (runtime/recovery/): per-step cost of periodic checkpoints and buddy
 # snapshots next to plain 100 ms steps, copy and exchange rates, snapshot memory. JSON lines.
 .PHONY: bench-recovery

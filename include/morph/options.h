@@ -112,6 +112,13 @@ struct MORPH_API Options {
   // When this process hosts the coordinator (bootstrap 2-4): a file it writes "host:port\ntoken\n" to (mode
   // 0600, replaced atomically) for joiners started outside the launcher (MORPH_COORDINATOR_FILE).
   std::string coordinator_file;
+  // Coordinator failover (MORPH_ETCD, docs/operations.md "Coordinator failover"): etcd's
+  // endpoints "host:port,..."; set, this worker reconnects to the successor when its
+  // coordinator dies (the leader named under etcd_prefix), for up to etcd_rejoin_ms, and trains
+  // on meanwhile. Empty: the coordinator's death ends the worker, as before.
+  std::string etcd;
+  std::string etcd_prefix = "/morph/job";  // MORPH_ETCD_PREFIX
+  int64_t etcd_rejoin_ms = 10000;          // MORPH_ETCD_REJOIN_MS
   // The config planner's user callback (docs/design.md §5) for the coordinator this process
   // hosts (mpirun rank 0, Slurm task 0, a lone worker): asked first at every change; nullopt
   // from it falls back to the default policy. Workers that join a coordinator ignore it

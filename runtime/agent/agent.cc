@@ -2,7 +2,10 @@
 
 #include <glog/logging.h>
 
+#include <chrono>
+#include <thread>
 #include <utility>
+#include <variant>
 
 namespace morph {
 
@@ -23,7 +26,7 @@ void Agent::StartThread() {
 }
 
 Agent::Agent(std::unique_ptr<ControlClient> client, AgentOptions options)
-    : client_(std::move(client)),
+    : client_(std::shared_ptr<ControlClient>(std::move(client))),
       options_(std::move(options)),
       welcome_(client_->welcome()),
       log_("worker " + std::to_string(welcome_.worker)),
@@ -34,9 +37,82 @@ Agent::Agent(std::unique_ptr<ControlClient> client, AgentOptions options)
 
 Agent::~Agent() { Close(); }
 
+std::shared_ptr<ControlClient> Agent::Client() const {
+  std::lock_guard<std::mutex> l(client_mu_);
+  return client_;
+}
+
+Status Agent::SendOrDefer(const WireMessage& m) {
+  Status s = Client()->Send(m);
+  if (!s.ok() && options_.reconnect && !stop_.load()) {
+    MORPH_VLOG(1, log_) << "not sent (the rejoin carries it): " << s;
+    return Status();
+  }
+  return s;
+}
+
+bool Agent::Reconnect(const Status& why) {
+  if (!options_.reconnect || stop_.load() || done_sent_.load()) return false;
+  if (Client()->last_error()) return false;  // the coordinator ended this worker on purpose
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (core_.finished() || !connection_.ok()) return false;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  MORPH_LOG(WARNING, log_) << "coordinator connection lost (" << why.message()
+                           << "); reconnecting to the leader, training goes on";
+  Deadline deadline = Deadline::AfterMs(options_.reconnect_timeout_ms);
+  Status last = why;
+  while (!stop_.load() && !deadline.Expired()) {
+    ResumeState state;
+    std::optional<std::variant<StepReportMsg, AppliedMsg>> outstanding;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      state = ResumeState{.generation = core_.generation().id,
+                          .step = begun_.load() + 1,
+                          .awaiting_outcome = core_.awaiting_outcome(),
+                          .prepared = core_.prepared(),
+                          .done = done_sent_.load(),
+                          .leaving = leave_sent_.load()};
+    }
+    StatusOr<std::unique_ptr<ControlClient>> c = options_.reconnect(id(), state, deadline);
+    if (c.ok()) {
+      if (options_.coordinator_timeout_ms > 0) {
+        (void)(*c)->SetUnackedTimeout(std::chrono::milliseconds(options_.coordinator_timeout_ms));
+      }
+      WelcomeMsg welcome = (*c)->welcome();
+      std::string address = (*c)->address();
+      {
+        std::lock_guard<std::mutex> l(client_mu_);
+        client_ = std::shared_ptr<ControlClient>(std::move(*c));
+      }
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        outstanding = core_.Outstanding();
+      }
+      if (outstanding) {
+        std::visit([&](auto& m) { (void)Client()->Send(m); }, *outstanding);
+      }
+      MORPH_LOG(INFO, log_) << "reconnected to the coordinator at " << address << " in "
+                            << std::chrono::duration<double, std::milli>(
+                                   std::chrono::steady_clock::now() - t0)
+                                   .count()
+                            << " ms";
+      if (options_.on_reconnected) options_.on_reconnected(welcome);
+      return true;
+    }
+    last = c.status();
+    MORPH_VLOG(1, log_) << "reconnect: " << last;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  MORPH_LOG(WARNING, log_) << "no coordinator to reconnect to within "
+                           << options_.reconnect_timeout_ms << " ms: " << last;
+  return false;
+}
+
 void Agent::Close() {
   stop_.store(true);
-  client_->Close();
+  Client()->Close();
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
@@ -52,7 +128,8 @@ void Agent::Run() {
   while (!stop_.load()) {
     auto now = std::chrono::steady_clock::now();
     if (now >= next_beat) {
-      Status s = client_->Send(HeartbeatMsg{.step = begun_.load()});
+      Status s = Client()->Send(HeartbeatMsg{.step = begun_.load()});
+      if (!s.ok() && !stop_.load() && Reconnect(s)) continue;
       if (!s.ok() && !stop_.load()) {
         {
           std::lock_guard<std::mutex> l(mu_);
@@ -70,10 +147,11 @@ void Agent::Run() {
       RequestLeave("SIGTERM (preemption notice)");
     }
     Deadline d(std::min(next_beat, now + std::chrono::milliseconds(50)));
-    StatusOr<WireMessage> m = client_->Receive(d);
+    StatusOr<WireMessage> m = Client()->Receive(d);
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kDeadlineExceeded) continue;
       if (stop_.load()) return;
+      if (Reconnect(m.status())) continue;
       bool lost = false;
       {
         std::lock_guard<std::mutex> l(mu_);
@@ -157,7 +235,7 @@ void Agent::Handle(WireMessage m) {
     cv_.notify_all();
   }
   if (report) {
-    Status s = client_->Send(*report);
+    Status s = SendOrDefer(*report);
     if (!s.ok()) MORPH_LOG(WARNING, log_) << "step report not sent: " << s;
   }
   if (prepared) {
@@ -181,7 +259,7 @@ void Agent::ReportPrepared(const PrepareMsg& p) {
     cv_.notify_all();
   }
   if (report) {
-    Status s = client_->Send(*report);
+    Status s = SendOrDefer(*report);
     if (!s.ok()) MORPH_LOG(WARNING, log_) << "step report not sent: " << s;
   }
 }
@@ -221,7 +299,7 @@ Status Agent::ReportState(StepReportMsg state) {
     cv_.notify_all();
   }
   if (!report) return Status();
-  return client_->Send(*report);
+  return SendOrDefer(*report);
 }
 
 Status Agent::SwitchDone(bool ok, const std::string& error, AppliedMsg::Phases phases) {
@@ -237,7 +315,7 @@ Status Agent::SwitchDone(bool ok, const std::string& error, AppliedMsg::Phases p
     }
     UpdatePendingLocked();
   }
-  return client_->Send(applied);
+  return SendOrDefer(applied);
 }
 
 StatusOr<bool> Agent::AwaitOutcome(Deadline deadline) {
@@ -266,13 +344,13 @@ bool Agent::released() const {
 
 void Agent::RequestLeave(const std::string& reason) {
   if (leave_sent_.exchange(true)) return;
-  Status s = client_->Send(LeaveMsg{.reason = reason});
+  Status s = SendOrDefer(LeaveMsg{.reason = reason});
   if (!s.ok()) MORPH_LOG(WARNING, log_) << "leave request not sent: " << s;
 }
 
 Status Agent::SendDone() {
   done_sent_.store(true);
-  return client_->Send(DoneMsg{});
+  return Client()->Send(DoneMsg{});
 }
 
 Status Agent::SendFailure(const FailureReportMsg& report) {
@@ -282,7 +360,7 @@ Status Agent::SendFailure(const FailureReportMsg& report) {
     std::lock_guard<std::mutex> l(mu_);
     if (!connection_.ok()) return connection_;
   }
-  Status s = client_->Send(report);
+  Status s = SendOrDefer(report);
   if (s.code() == StatusCode::kUnavailable) {
     return UnavailableError("connection to the coordinator lost: " + std::string(s.message()));
   }

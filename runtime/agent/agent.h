@@ -63,6 +63,18 @@ struct AgentOptions {
   // then, not at the training thread's next step boundary, so that the change away from this
   // worker is prepared while its step runs.
   std::function<bool()> leave_requested;
+  // Coordinator failover: when the connection drops (not closed by an ErrorMsg, nor after Done),
+  // the control thread calls `reconnect` until it returns a registered client or
+  // reconnect_timeout_ms passes, while the training thread trains on (the connection counts as
+  // lost only then). It looks up the leader and connects as this worker, saying where it stands
+  // (`state`); then the agent sends what the dead leader may not have had
+  // (AgentCore::Outstanding) and calls on_reconnected with the new Welcome (the store moved).
+  // Sends that fail meanwhile are not errors: the rejoin carries them. Null: no failover.
+  std::function<StatusOr<std::unique_ptr<ControlClient>>(WorkerId me, const ResumeState& state,
+                                                         Deadline deadline)>
+      reconnect;
+  int64_t reconnect_timeout_ms = 10000;
+  std::function<void(const WelcomeMsg&)> on_reconnected;
 };
 
 class Agent {
@@ -129,8 +141,15 @@ class Agent {
   void ReportPrepared(const PrepareMsg& p);
   void UpdatePendingLocked();
   void ConnectionLost();  // calls on_connection_lost once, outside mu_
+  // The connection dropped for `why`: reconnects to a successor (AgentOptions::reconnect).
+  // False when there is none to try or it could not be reached in time.
+  bool Reconnect(const Status& why);
+  std::shared_ptr<ControlClient> Client() const;
+  // A send on the control channel; with failover a failed one is left to the rejoin.
+  Status SendOrDefer(const WireMessage& m);
 
-  std::unique_ptr<ControlClient> client_;
+  mutable std::mutex client_mu_;
+  std::shared_ptr<ControlClient> client_;  // client_mu_ (replaced on reconnect)
   AgentOptions options_;
   WelcomeMsg welcome_;
   LogContext log_;

@@ -117,6 +117,23 @@ void AgentCore::OnOutcome(const OutcomeMsg& m) {
   gate_ = kNoGate;
 }
 
+std::optional<std::variant<StepReportMsg, AppliedMsg>> AgentCore::Outstanding() const {
+  if (finished_) return std::nullopt;
+  if (commit_) {
+    if (!switch_failed_) return std::nullopt;  // its switch has not run yet
+    return AppliedMsg{.worker = me_, .generation = commit_->next.id, .ok = false,
+                      .error = "switch failed (sent again to a new coordinator)"};
+  }
+  if (recovery_ != 0) {
+    if (recovery_built_ && recovery_state_) return *recovery_state_;
+    return std::nullopt;
+  }
+  if (prepared_ != 0) {
+    return StepReportMsg{.worker = me_, .generation = prepared_, .last_free_step = reported_};
+  }
+  return std::nullopt;
+}
+
 void AgentCore::OnRelease(const ReleaseMsg&) {
   if (commit_) return;  // a participant of a change leaves through its outcome
   finished_ = true;

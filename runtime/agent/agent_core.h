@@ -24,6 +24,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include "runtime/protocol/messages.h"
 
@@ -102,6 +103,15 @@ class AgentCore {
   WorkerId me() const { return me_; }
 
   bool Participates(const ChangeParticipants& c) const;
+
+  // Coordinator failover: on reconnecting to a successor the worker says where it stands (the
+  // decider's Rejoin) and sends again what the dead leader may never have had: the report of
+  // the proposal it prepared (or of the recovery it reported its state for), or the failed
+  // switch's Applied whose Outcome it waits for.
+  int64_t awaiting_outcome() const { return commit_ && switch_failed_ ? commit_->next.id : 0; }
+  // The proposal it reported for (or stopped for, a recovery's) without a commit yet (0: none).
+  int64_t prepared() const { return commit_ ? 0 : prepared_; }
+  std::optional<std::variant<StepReportMsg, AppliedMsg>> Outstanding() const;
 
  private:
   bool Exits(const ChangeParticipants& c) const;

@@ -56,6 +56,9 @@ StatusOr<Options> Options::FromEnv() {
     MORPH_ASSIGN_OR_RETURN(o.token, JobTokenFromEnv());
   }
   MORPH_ASSIGN_OR_RETURN(o.coordinator_file, params::CoordinatorFile());
+  MORPH_ASSIGN_OR_RETURN(o.etcd, params::Etcd());
+  MORPH_ASSIGN_OR_RETURN(o.etcd_prefix, params::EtcdPrefix());
+  MORPH_ASSIGN_OR_RETURN(o.etcd_rejoin_ms, params::EtcdRejoinMs());
   MORPH_ASSIGN_OR_RETURN(o.data_hostname, params::GlooHostname());
   MORPH_ASSIGN_OR_RETURN(o.data_iface, params::GlooIface());
   MORPH_ASSIGN_OR_RETURN(std::string backend, params::Backend());

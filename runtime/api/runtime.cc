@@ -23,6 +23,7 @@
 #include "runtime/api/runtime_impl.h"
 #include "runtime/state/undo.h"
 #include "runtime/coordinator/coordinator.h"
+#include "runtime/ha/election.h"
 #include "runtime/plan/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
 #include "runtime/recovery/snapshot.h"
@@ -145,6 +146,25 @@ Status Runtime::Impl::Bootstrap() {
   ao.on_connection_lost = [this](const Status& why) {
     AbortCollectives("the coordinator is gone (" + std::string(why.message()) + ")");
   };
+  if (!opts.etcd.empty()) {
+    // Coordinator failover: on a dropped connection, find the leader in etcd and rejoin it.
+    MORPH_ASSIGN_OR_RETURN(EtcdOptions eo, EtcdOptions::Parse(opts.etcd, "MORPH_ETCD"));
+    auto etcd = std::make_shared<EtcdClient>(eo);
+    ao.reconnect_timeout_ms = opts.etcd_rejoin_ms;
+    ao.reconnect = [etcd, prefix = opts.etcd_prefix, token = opts.token, host = opts.host,
+                    m = manifest](WorkerId me, const ResumeState& state,
+                              Deadline d) -> StatusOr<std::unique_ptr<ControlClient>> {
+      MORPH_ASSIGN_OR_RETURN(std::optional<std::string> leader, LookupLeader(*etcd, prefix));
+      if (!leader) return UnavailableError("no coordinator leads " + prefix + " yet");
+      MORPH_ASSIGN_OR_RETURN(std::string control, LeaderControlAddress(*leader));
+      HelloMsg h{.token = token, .host = host, .pid = getpid(), .resume_id = me};
+      return ControlClient::Connect(control, h, RegisterMsg{.manifest = m, .resume = state},
+                                    Min(d, Deadline::AfterMs(500)));
+    };
+    ao.on_reconnected = [this](const WelcomeMsg& w) {
+      if (builder) builder->SetStoreAddress(w.store_address);
+    };
+  }
   HelloMsg hello{.token = opts.token, .host = opts.host, .pid = getpid(), .capabilities = 0};
   MORPH_ASSIGN_OR_RETURN(agent, Agent::Connect(boot.coordinator_address, hello,
                                                RegisterMsg{.manifest = manifest}, ao, deadline));

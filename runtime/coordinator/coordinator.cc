@@ -143,6 +143,13 @@ StatusOr<CoordinatorOptions> CoordinatorOptions::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.http, HttpServerOptions::FromEnv());
   o.http.token = o.token;
   MORPH_ASSIGN_OR_RETURN(o.store, TcpStoreServerOptions::FromEnv());
+  MORPH_ASSIGN_OR_RETURN(std::string etcd, params::Etcd());
+  if (!etcd.empty()) {
+    MORPH_ASSIGN_OR_RETURN(o.etcd, EtcdOptions::Parse(etcd, "MORPH_ETCD"));
+  }
+  MORPH_ASSIGN_OR_RETURN(o.etcd_prefix, params::EtcdPrefix());
+  MORPH_ASSIGN_OR_RETURN(o.etcd_ttl_s, params::EtcdTtlS());
+  MORPH_ASSIGN_OR_RETURN(o.rejoin_timeout_ms, params::EtcdRejoinMs());
   return o;
 }
 
@@ -212,6 +219,9 @@ Status Coordinator::Impl::Start() {
   work_.emplace(asio::make_work_guard(io_));
   Accept();
   ArmTick();
+  if (ha()) {
+    MORPH_RETURN_IF_ERROR(StartCampaign());
+  }
   io_thread_ = std::thread([this] { io_.run(); });
   if (pthread_getcpuclockid(io_thread_.native_handle(), &io_clock_) == 0) has_io_clock_ = true;
   MORPH_LOG(INFO, log_) << "control channel on " << JoinHostPort(advertise_host_, port_)
@@ -228,6 +238,8 @@ void Coordinator::Impl::Stop() {
     if (stopped_) return;
     stopped_ = true;
   }
+  // A leader that stops resigns: a successor leads at once, not a lease TTL later.
+  if (election_) election_->Stop();
   if (io_thread_.joinable()) {
     std::promise<void> closed;
     asio::post(io_, [this, &closed] {
@@ -449,12 +461,17 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
   tcp::endpoint remote = c->sock.remote_endpoint(ec);
   c->host = !m.host.empty() ? m.host : ec ? std::string("?") : remote.address().to_string();
   c->pid = m.pid;
+  c->resume_id = m.resume_id;
   c->state = Conn::State::kRegister;
 }
 
 void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m) {
   if (ended_) {
     return Refuse(c, FailedPreconditionError("the job has ended: " + ended_->ToString()));
+  }
+  if (!leading_) {
+    return Refuse(c, UnavailableError("this coordinator does not lead the job (coordinator "
+                                      "failover): look up the leader in etcd"));
   }
   Status valid = ValidateManifest(m.manifest);
   if (!valid.ok()) {
@@ -471,6 +488,7 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
       return Refuse(c, FailedPreconditionError("registration differs from the job's: " + why));
     }
   }
+  if (c->resume_id != 0) return OnResumeRegister(c, m);
   c->timer.cancel();
   c->id = next_worker_++;
   c->state = Conn::State::kJoined;
@@ -480,13 +498,7 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
   MaybeWatch(c);
   registered_.fetch_add(1);
   connected_.fetch_add(1);
-  const Generation& g = decider_.current();
-  Enqueue(c, std::make_shared<const std::string>(EncodeFrame(
-                 WelcomeMsg{.worker = c->id,
-                            .generation = g.id,
-                            .store_address = JoinHostPort(advertise_host_, store_->port()),
-                            .current = g,
-                            .first_generation = options_.first_generation})));
+  SendWelcome(c);
   MORPH_VLOG(1, log_) << "worker " << c->id << " registered from " << c->host;
   Feed(DeciderEvent::Join{.worker = c->id, .host = c->host});
 }
@@ -712,6 +724,11 @@ Coordinator::Stats Coordinator::stats() const {
   s.frames_sent = impl_->sent_.load();
   s.commits_sent = impl_->commits_sent_.load();
   s.hosts_known = impl_->hosts_known_.load();
+  s.leading = impl_->leading_flag_.load();
+  s.successions = impl_->successions_.load();
+  s.etcd_writes = impl_->etcd_writes_.load();
+  s.etcd_write_ms_total = static_cast<double>(impl_->etcd_write_us_.load()) / 1000.0;
+  s.etcd_write_ms_max = static_cast<double>(impl_->etcd_write_max_us_.load()) / 1000.0;
   timespec ts{};
   std::lock_guard<std::mutex> lock(impl_->mu_);
   if (impl_->has_io_clock_.load() && !impl_->stopped_ &&

@@ -46,6 +46,7 @@
 #include "runtime/plan/choose_recovery.h"
 #include "runtime/coordinator/http_api.h"
 #include "runtime/coordinator/http_server.h"
+#include "runtime/ha/etcd_client.h"
 #include "runtime/protocol/messages.h"
 
 namespace morph {
@@ -120,9 +121,23 @@ struct CoordinatorOptions {
   // the cap the oldest is closed (MORPH_COORDINATOR_MAX_UNAUTHENTICATED).
   int64_t max_unauthenticated = 1024;
 
+  // Coordinator failover (docs/design.md "Coordinator failover"; MORPH_ETCD): with etcd set
+  // this coordinator is one candidate among several. It campaigns for leadership on an etcd
+  // lease of etcd_ttl_s seconds under etcd_prefix; a follower refuses registrations (kUnavailable,
+  // naming the leader) and decides nothing. A leader restores the decider's state the last
+  // leader persisted (workers it knew have rejoin_timeout_ms to reconnect) and persists it
+  // after every decision, in a transaction fenced on its lease, before carrying it out; a write
+  // refused (deposed) or failed (etcd unreachable) makes it step down: its connections close
+  // and it campaigns again. Unset: one coordinator, as before.
+  std::optional<EtcdOptions> etcd;
+  std::string etcd_prefix = "/morph/job";
+  int64_t etcd_ttl_s = 2;
+  int64_t rejoin_timeout_ms = 10000;
+
   // MORPH_COORDINATOR_ADDR, MORPH_COORDINATOR_PORT, MORPH_COORDINATOR_ADVERTISE, MORPH_TOKEN /
   // MORPH_TOKEN_FILE, MORPH_INITIAL_WORLD, MORPH_MAX_WORLD, MORPH_HEARTBEAT_TIMEOUT_MS,
-  // MORPH_COORDINATOR_MAX_UNAUTHENTICATED, MORPH_LOCAL_WATCH_MS, MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto) and SLURM_RESTART_COUNT, plus
+  // MORPH_COORDINATOR_MAX_UNAUTHENTICATED, MORPH_LOCAL_WATCH_MS, MORPH_CHECKPOINT_DIR, MORPH_RESUME (default auto) and SLURM_RESTART_COUNT,
+  // MORPH_ETCD, MORPH_ETCD_PREFIX, MORPH_ETCD_TTL_S, MORPH_ETCD_REJOIN_MS, plus
   // HttpServerOptions::FromEnv and TcpStoreServerOptions::FromEnv. kInvalidArgument naming the
   // variable for a bad value; kFailedPrecondition when no token is set; kNotFound /
   // kPermissionDenied for an unreadable token file. Any thread.
@@ -180,6 +195,13 @@ class Coordinator {
     int64_t frames_sent = 0;         // fully written
     int64_t commits_sent = 0;        // commit frames fully written
     int64_t hosts_known = 0;         // workers' host strings held (for /v1/status)
+    // Coordinator failover: whether this candidate leads (always true without etcd), how many
+    // times it took over, and its fenced state writes (count, total and largest latency).
+    bool leading = true;
+    int64_t successions = 0;
+    int64_t etcd_writes = 0;
+    double etcd_write_ms_total = 0;
+    double etcd_write_ms_max = 0;
     double io_cpu_seconds = 0;       // CPU time the io thread used so far
   };
   Stats stats() const;  // any thread

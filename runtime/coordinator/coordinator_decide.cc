@@ -109,7 +109,10 @@ void Coordinator::Impl::Feed(DeciderEvent::Any event) {
     events_.pop_front();
     bool heartbeat = std::holds_alternative<DeciderEvent::Heartbeat>(e) ||
                      std::holds_alternative<DeciderEvent::Tick>(e);
+    if (!leading_) continue;  // a follower decides nothing (a planner's late answer, say)
     std::vector<DeciderAction::Any> actions = decider_.Handle(NowMs(), std::move(e));
+    // Coordinator failover: the decision is durable before anything of it is carried out.
+    if (ha() && !(heartbeat && actions.empty()) && !Persist()) break;
     FollowGeneration();
     for (DeciderAction::Any& a : actions) Execute(a);
     if (!heartbeat || !actions.empty()) MarkDirty();
@@ -324,6 +327,11 @@ int64_t Coordinator::Impl::SubmitResize(ResizeRequest request, std::function<voi
                                         std::string_view via) {
   const int64_t id = next_request_id_++;
   request.request_id = id;
+  if (!leading_) {
+    answer(UnavailableError("this coordinator does not lead the job (coordinator failover): ask "
+                            "the leader"));
+    return id;
+  }
   answers_[id] = std::move(answer);
   MORPH_LOG(INFO, log_) << "resize request " << id << " from " << via;
   Feed(DeciderEvent::Resize{std::move(request)});
@@ -350,8 +358,11 @@ void Coordinator::Impl::Finish(Status s) {
 }
 
 void Coordinator::Impl::ArmTick() {
-  if (options_.heartbeat_timeout_ms <= 0) return;
-  int64_t period = std::clamp<int64_t>(options_.heartbeat_timeout_ms / 4, 5, 1000);
+  if (options_.heartbeat_timeout_ms <= 0 && !ha()) return;
+  // With failover the tick also ends a successor's wait for the workers to reconnect.
+  int64_t period = options_.heartbeat_timeout_ms > 0 ? options_.heartbeat_timeout_ms : INT64_MAX;
+  if (ha()) period = std::min(period, options_.rejoin_timeout_ms);
+  period = std::clamp<int64_t>(period / 4, 5, 1000);
   tick_.expires_after(std::chrono::milliseconds(period));
   tick_.async_wait([this](error_code ec) {
     if (ec || stopping_) return;

@@ -34,6 +34,7 @@
 #include "base/logging.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/coordinator/process_watch.h"
+#include "runtime/ha/election.h"
 #include "runtime/protocol/wire.h"
 
 namespace morph {
@@ -103,6 +104,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   WorkerId id = 0;
   std::string host;
   int64_t pid = 0;  // as the Hello said
+  WorkerId resume_id = 0;  // as the Hello said: a worker reconnecting to a successor
   // A same-host worker proven to hold this connection (process_watch.h), and how many watch
   // ticks in a row have seen its process exiting.
   std::optional<WatchedProcess> watched;
@@ -134,12 +136,7 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
       : options_(std::move(options)),
         resume_finder_(resume_finder ? std::move(resume_finder)
                                      : CallbackResumeFinder(options_.latest_checkpoint)),
-        decider_(
-            DeciderOptions{.initial_world = options_.initial_world,
-                           .max_world = options_.max_world,
-                           .heartbeat_timeout_ms = options_.heartbeat_timeout_ms,
-                           .resume = options_.ResumeEnabled() && static_cast<bool>(resume_finder_),
-                           .first_generation = options_.first_generation}),
+        decider_(MakeDeciderOptions()),
         acceptor_(io_),
         accept_backoff_(io_),
         tick_(io_),
@@ -196,6 +193,23 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   void Finish(Status s);
   // The job ended without completing: every connection gets ErrorMsg{code, message}, then closes.
   void EndEveryConnection(StatusCode code, const std::string& message);
+  // ---- coordinator failover (coordinator_ha.cc) ----
+  bool ha() const { return options_.etcd.has_value(); }
+  // Start(): campaigns (the election's callbacks post OnElected / OnDeposed to the io thread).
+  Status StartCampaign();
+  void OnElected(const EtcdFence& fence);  // restores the persisted state, then leads
+  // Stops leading: closes every connection, forgets the decider's state, and (unless the
+  // election deposed it) resigns so that another candidate may lead.
+  void StepDown(const Status& why, bool resign);
+  // After the decider handled an event: writes its state, fenced, if it changed. False when the
+  // write failed (this coordinator stepped down: carry out nothing).
+  bool Persist();
+  std::string SavedState() const;
+  // A Register from a worker with a Hello resume_id (a successor's rejoin). Returns after
+  // refusing or welcoming it.
+  void OnResumeRegister(const std::shared_ptr<Conn>& c, const RegisterMsg& m);
+  void SendWelcome(const std::shared_ptr<Conn>& c);
+  DeciderOptions MakeDeciderOptions() const;
   int64_t NowMs() const {
     return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - epoch_).count();
   }
@@ -235,6 +249,15 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   std::optional<Status> ended_;  // io thread: the job completed (OK) or failed
   clockid_t io_clock_{};
   std::atomic<bool> has_io_clock_{false};
+
+  std::unique_ptr<Election> election_;
+  bool leading_ = true;      // io thread; false while an HA candidate follows
+  std::atomic<bool> leading_flag_{true};
+  EtcdFence fence_;          // io thread: the leadership the state writes are fenced on
+  std::string saved_;        // io thread: the state last written
+  std::string manifest_frame_;  // the manifest as a Register frame, for the saved state
+  std::atomic<int64_t> successions_{0}, etcd_writes_{0}, etcd_write_us_{0},
+      etcd_write_max_us_{0};
 
   std::shared_ptr<const JobManifest> manifest_;
   WorkerId next_worker_ = 1;

@@ -35,6 +35,17 @@ Decider::Decider(DeciderOptions options)
 std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::Any event) {
   Out out;
   if (phase_ == Phase::kFailed || phase_ == Phase::kComplete || phase_ == Phase::kStopped) {
+    // A successor of a leader that completed the job (and died before releasing everyone):
+    // a worker without a rank that reconnects is released as it would have been.
+    const auto* r = std::get_if<DeciderEvent::Rejoin>(&event);
+    if (r && phase_ == Phase::kComplete && CurrentRank(r->worker) < 0) {
+      if (r->awaiting_outcome != 0) {  // a joiner whose exchange was aborted
+        out.push_back(DeciderAction::SendOutcome{
+            {r->worker},
+            OutcomeMsg{r->awaiting_outcome, current_.id == r->awaiting_outcome}});
+      }
+      out.push_back(DeciderAction::SendRelease{r->worker, ReleaseMsg{current_.id}});
+    }
     return out;
   }
   now_ms_ = now_ms;
@@ -80,6 +91,8 @@ std::vector<DeciderAction::Any> Decider::Handle(int64_t now_ms, DeciderEvent::An
           OnRecoveryReady(e, out);
         } else if constexpr (std::is_same_v<E, DeciderEvent::ResumeReady>) {
           OnResumeReady(e, out);
+        } else if constexpr (std::is_same_v<E, DeciderEvent::Rejoin>) {
+          OnRejoin(e, out);
         }
       },
       event);
@@ -526,13 +539,24 @@ void Decider::OnPlanReady(DeciderEvent::PlanReady& e, Out& out) {
     return;
   }
   recovery_prepared_ms_ = change.recovery ? now_ms_ : -1;
-  out.push_back(DeciderAction::SendPrepare{
-      change.participants,
-      PrepareMsg{.next = *pending_, .from_generation = current_.id, .from = current_, .change = change}});
+  out.push_back(DeciderAction::SendPrepare{change.participants, PrepareMessage()});
+}
+
+PrepareMsg Decider::PrepareMessage() const {
+  return PrepareMsg{.next = *pending_, .from_generation = current_.id, .from = current_,
+                    .change = pending_change_};
+}
+
+CommitMsg Decider::CommitMessage() const {
+  return CommitMsg{.next = *pending_, .from_generation = current_.id, .from = current_,
+                   .change = pending_change_,
+                   .recovery = pending_change_.recovery ? recovery_decision_ : RecoveryDecision{}};
 }
 
 void Decider::OnReport(const StepReportMsg& m, Out& out) {
-  if (phase_ != Phase::kPreparing || !pending_ || m.generation != pending_->id) return;
+  if (phase_ != Phase::kPreparing || !pending_ || m.generation != pending_->id) {
+    return OnStaleReport(m, out);
+  }
   if (CurrentRank(m.worker) < 0 || lost_.count(m.worker) || choosing_) return;
   reports_.emplace(m.worker, m);  // a duplicate keeps the first answer
   // lost_ holds only current_'s ranks: the live old ranks are the rest.
@@ -625,11 +649,7 @@ void Decider::Commit(Out& out, std::optional<int64_t> start_step) {
   if (start_step) s = *start_step;
   pending_->start_step = s;
   phase_ = Phase::kCommitted;
-  out.push_back(DeciderAction::SendCommit{
-      pending_change_.participants,
-      CommitMsg{.next = *pending_, .from_generation = current_.id, .from = current_,
-                .change = pending_change_,
-                .recovery = pending_change_.recovery ? recovery_decision_ : RecoveryDecision{}}});
+  out.push_back(DeciderAction::SendCommit{pending_change_.participants, CommitMessage()});
 }
 
 void Decider::OnApplied(const AppliedMsg& m, Out& out) {
@@ -710,6 +730,7 @@ void Decider::AbandonPending(Out& out) {
 }
 
 void Decider::OnTick(int64_t now_ms, Out& out) {
+  OnRejoinDeadline(now_ms, out);
   if (options_.heartbeat_timeout_ms <= 0) return;
   std::vector<WorkerId> silent;
   for (const auto& [id, w] : workers_) {

@@ -88,6 +88,9 @@ struct DeciderOptions {
   bool resume = false;
   // The id of the job's first generation (ids only grow from there); values below 1 mean 1.
   int64_t first_generation = 1;
+  // After a succession (Resume): a worker the persisted state knows that has not reconnected
+  // (Rejoin) this long after the successor took over is lost (MORPH_ETCD_REJOIN_MS).
+  int64_t rejoin_timeout_ms = 10000;
 };
 
 // What the shell must compute for a proposal: a configuration and an assignment of candidates
@@ -175,8 +178,25 @@ struct DeciderEvent {
     Status status;
     std::optional<RecoveryCheckpoint> checkpoint;
   };
+  // Coordinator failover (decider_persist.cc): a worker reconnected to a successor (a Register
+  // with resume set) and says where it stands, so that what the dead leader sent it or heard from
+  // it but had not persisted is made good: `generation` is the generation it trains in (0: none
+  // yet); `awaiting_outcome` the committed change whose switch failed here and whose Outcome it
+  // waits for (0: none); `done` whether its training loop ended (its Done may be lost);
+  // `leaving` whether it asked to leave; `prepared` a proposal it reported for and waits on
+  // (a commit or an abandon). It resends its own outstanding report or Applied after this
+  // (AgentCore::Outstanding).
+  struct Rejoin {
+    WorkerId worker = 0;
+    std::string host;
+    int64_t generation = 0;
+    int64_t awaiting_outcome = 0;
+    bool done = false;
+    bool leaving = false;
+    int64_t prepared = 0;
+  };
   using Any = std::variant<Join, LeaveRequest, Lost, Heartbeat, Resize, StepReportMsg, AppliedMsg,
-                           PlanReady, Tick, Done, FailureReport, RecoveryReady, ResumeReady>;
+                           PlanReady, Tick, Done, FailureReport, RecoveryReady, ResumeReady, Rejoin>;
 };
 
 struct DeciderAction {
@@ -293,6 +313,20 @@ class Decider {
   const std::string& last_explanation() const { return last_explanation_; }
   int64_t last_generation_id() const { return last_id_; }
 
+  // ---- Coordinator failover (decider_persist.cc) ----
+  // Everything a successor needs to decide as this decider would, as bytes (JSON): the leader
+  // writes it (fenced) after every Handle that changed it, before it carries out the actions.
+  // Clocks are not in it (the successor's restarts them).
+  std::string Save() const;
+  // Replaces this decider's state with a saved one (same options). kDataLoss for bytes that are
+  // not a saved state. Call Resume next.
+  Status Load(std::string_view saved);
+  // The successor takes over at `now_ms`: every known worker has options.rejoin_timeout_ms to
+  // Rejoin; a plan being computed is dropped and proposed again (its id is skipped), a recovery
+  // choice or a resume checkpoint being looked up is asked again; the store moves to the newest
+  // generation id. Returns the actions.
+  std::vector<DeciderAction::Any> Resume(int64_t now_ms);
+
  private:
   struct Worker {
     std::string host;
@@ -315,6 +349,14 @@ class Decider {
   void OnFailureReport(const DeciderEvent::FailureReport& e, Out& out);
   void OnRecoveryReady(DeciderEvent::RecoveryReady& e, Out& out);
   void OnResumeReady(DeciderEvent::ResumeReady& e, Out& out);
+  void OnRejoin(const DeciderEvent::Rejoin& e, Out& out);
+  // A successor got a report for a proposal it does not run: one the dead leader abandoned
+  // (the worker built its prepare after the leader died, and waits at its gate).
+  void OnStaleReport(const StepReportMsg& m, Out& out);
+  // Workers that did not Rejoin within the timeout after Resume are lost.
+  void OnRejoinDeadline(int64_t now_ms, Out& out);
+  PrepareMsg PrepareMessage() const;  // the pending change's prepare
+  CommitMsg CommitMessage() const;    // the pending change's commit
   void MaybeComplete(Out& out);
   // The job starts finishing (the first Done): a proposal in progress is dropped.
   void DropChangeForFinish(Out& out);
@@ -384,6 +426,11 @@ class Decider {
   std::set<WorkerId> failed_before_outcome_;
   std::unordered_set<WorkerId> participant_set_;  // pending_change_.participants
   std::set<WorkerId> answered_;                   // applied_ ∪ lost_during_commit_
+  // After Resume: the workers of the saved state that have not rejoined yet, and until when
+  // they may (-1: no succession pending).
+  std::set<WorkerId> rejoin_waiting_;
+  int64_t rejoin_deadline_ms_ = -1;
+  bool resumed_ = false;  // this decider took over from a dead leader (Resume)
 };
 
 std::string_view DeciderPhaseName(Decider::Phase phase);

@@ -16,6 +16,12 @@
 // once or lingers until the job completes (a hosting rank 0), whatever change is being planned,
 // prepared or committed meanwhile. Such a job must complete: every worker ends, none trains
 // step L or later, and nothing is left waiting.
+// Two schedules in five lose their coordinator up to three times (coordinator failover): the
+// leader dies after persisting its decider's state (Decider::Save) and before carrying out some
+// or all of that event's actions; what workers sent it since is lost; a successor restores the
+// saved state (Load, Resume), every live worker reconnects (Rejoin) and sends again what it is
+// owed an answer for (AgentCore::Outstanding); the same invariants hold, and a re-sent commit is
+// the original one.
 // MORPH_TEST_SEED=<n> runs one seed (printed on failure); MORPH_SIM_RUNS overrides the count.
 #include <gtest/gtest.h>
 
@@ -61,6 +67,8 @@ struct SimWorker {
   bool poked = false;
   bool finished_loop = false;  // its training loop ended (it sent Done)
   bool lingers = false;        // after Done it stays connected until the job completes
+  bool done_delivered = false;     // a leader has its Done (or it needs none)
+  bool exit_after_rejoin = false;  // it exits once a successor has heard its Done
   // The change it was preparing or had committed when an Abort of the generation that change
   // starts from came: its switch fails (the runtime aborts that change, not later ones).
   int64_t aborted_change = 0;
@@ -73,7 +81,8 @@ struct SimWorker {
 class Sim {
  public:
   explicit Sim(uint64_t seed)
-      : rng_(seed), decider_(DeciderOptions{.initial_world = 0, .max_world = 12}) {}
+      : rng_(seed), succession_rng_(seed * 7919 + 17),
+        decider_(DeciderOptions{.initial_world = 0, .max_world = 12}) {}
 
   // Returns "" or the first violated invariant.
   std::string Run() {
@@ -87,10 +96,16 @@ class Sim {
       total_steps_ = Rand(3, 250);
       break_before_last_ = Chance(0.5);
     }
-    decider_ = Decider(DeciderOptions{.initial_world = initial,
-                                      .max_world = 12,
-                                      .resume = resume_,
-                                      .first_generation = first_generation_});
+    options_ = DeciderOptions{.initial_world = initial,
+                              .max_world = 12,
+                              .resume = resume_,
+                              .first_generation = first_generation_,
+                              .rejoin_timeout_ms = 400};
+    decider_ = Decider(options_);
+    // Its own generator: schedules without a succession are the ones they always were.
+    if (std::bernoulli_distribution(0.4)(succession_rng_)) {
+      max_successions_ = std::uniform_int_distribution<int>(1, 3)(succession_rng_);
+    }
     for (int i = 0; i < initial; ++i) SpawnWorker(Rand(0, 20));
     if (resume_ && Chance(0.3)) {
       // An initial worker dies while the checkpoint is looked up (or before): the proposal is
@@ -135,6 +150,7 @@ class Sim {
   int64_t resumed() const { return resumed_; }
   bool ended() const { return ended_; }
   int64_t recoveries() const { return recoveries_; }
+  int successions() const { return successions_; }
 
  private:
   struct Event {
@@ -167,9 +183,16 @@ class Sim {
     last = std::max(last, now_ + Rand(1, 30));
     return last;
   }
+  // Fed only if the coordinator it was meant for still leads (a dead one's input is lost).
+  void FeedAt(int64_t t, DeciderEvent::Any e) {
+    const int ep = epoch_;
+    Schedule(t, [this, e, ep] {
+      if (ep == epoch_) Feed(e);
+    });
+  }
   void ToCoordinator(WorkerId from, DeciderEvent::Any e) {
-    Schedule(ChannelTime(from, -1), [this, e] { Feed(e); });
-    if (Chance(0.05)) Schedule(now_ + Rand(30, 400), [this, e] { Feed(e); });
+    FeedAt(ChannelTime(from, -1), e);
+    if (Chance(0.05)) FeedAt(now_ + Rand(30, 400), e);
   }
   void ToWorkerMsg(WorkerId to, ToWorker m) {
     Schedule(ChannelTime(-1, to), [this, to, m] { Deliver(to, m); });
@@ -208,6 +231,7 @@ class Sim {
     } else if (kind <= 4 && nonleaving.size() > 1) {
       WorkerId w = nonleaving[Rand(0, nonleaving.size() - 1)];
       leave_asked_.insert(w);
+      leave_sent_.insert(w);
       ToCoordinator(w, DeciderEvent::LeaveRequest{.worker = w});
     } else if (kind <= 7) {
       ResizeRequest r{.request_id = next_request_++};
@@ -246,7 +270,7 @@ class Sim {
     // Its connection drops: the coordinator notices after a delay; a process that exits
     // normally closes it after what it sent (its Done is read first).
     const int64_t at = reason == "exited" ? ChannelTime(id, -1) : now_ + Rand(1, 40);
-    Schedule(at, [this, id, reason] { Feed(DeciderEvent::Lost{.worker = id, .reason = reason}); });
+    FeedAt(at, DeciderEvent::Lost{.worker = id, .reason = reason});
     // Any closing barrier it was part of fails.
     for (auto& [gid, parts] : barrier_parts_) {
       if (parts.count(id) && !barrier_done_.count(gid)) FailBarrier(gid);
@@ -262,11 +286,32 @@ class Sim {
     if (!w.core.finished() || w.core.released()) {
       if (decider_.pending() && !done_sent_) done_during_change_ = true;
       done_sent_ = true;
-      ToCoordinator(w.core.me(), DeciderEvent::Done{.worker = w.core.me()});
+      const WorkerId me = w.core.me();
+      const int ep = epoch_;
+      Schedule(ChannelTime(me, -1), [this, me, ep] {
+        if (ep != epoch_) return;
+        W(me).done_delivered = true;
+        Feed(DeciderEvent::Done{.worker = me});
+      });
+      if (Chance(0.05)) FeedAt(now_ + Rand(30, 400), DeciderEvent::Done{.worker = me});
+    } else {
+      w.done_delivered = true;
     }
     w.lingers = Chance(0.5);
     const WorkerId id = w.core.me();
-    if (!w.lingers) Schedule(now_ + Rand(1, 60), [this, id] { Kill(id, "exited"); });
+    if (!w.lingers) Schedule(now_ + Rand(1, 60), [this, id] { ExitAfterDone(id); });
+  }
+
+  // With failover the runtime's Finish returns only once a leader has its Done: a Done lost with
+  // a dead leader is said again in the rejoin, and the process exits after that.
+  void ExitAfterDone(WorkerId id) {
+    SimWorker& w = W(id);
+    if (max_successions_ == 0 || w.done_delivered) return Kill(id, "exited");
+    w.exit_after_rejoin = true;
+    const int ep = epoch_;
+    Schedule(now_ + 5, [this, id, ep] {
+      if (ep == epoch_ && W(id).alive && W(id).done_delivered) Kill(id, "exited");
+    });
   }
 
   void CheckEveryWorkerEnded() {
@@ -298,7 +343,82 @@ class Sim {
           },
           e);
     }
-    for (auto& a : decider_.Handle(now_, std::move(e))) Execute(a);
+    std::vector<DeciderAction::Any> actions = decider_.Handle(now_, std::move(e));
+    size_t cut = actions.size();
+    bool die = false;
+    if (max_successions_ > 0) {
+      persisted_ = decider_.Save();  // what the leader writes before it acts
+      if (SuccessionChance(0.02)) {
+        Decider copy(options_);
+        if (Status s = copy.Load(persisted_); !s.ok() || copy.Save() != persisted_) {
+          Fail("the saved decider state does not load back: " + s.ToString());
+        }
+      }
+      if (successions_ < max_successions_ && decider_.current().id != 0 && !complete_ &&
+          SuccessionChance(0.01)) {
+        cut = std::uniform_int_distribution<size_t>(0, actions.size())(succession_rng_);
+        die = true;
+      }
+    }
+    for (size_t i = 0; i < cut; ++i) Execute(actions[i]);
+    // The job's end is no message: the successor reaches it from the saved phase (the shell
+    // finishes the job when it restores a completed, stopped or failed one).
+    for (size_t i = cut; i < actions.size(); ++i) {
+      if (std::holds_alternative<DeciderAction::JobComplete>(actions[i]) ||
+          std::holds_alternative<DeciderAction::JobFailed>(actions[i]) ||
+          std::holds_alternative<DeciderAction::JobStopped>(actions[i])) {
+        Execute(actions[i]);
+      }
+    }
+    if (die) Succeed();
+  }
+
+  bool SuccessionChance(double p) { return std::bernoulli_distribution(p)(succession_rng_); }
+
+  // The leader died after writing persisted_ (and after some of its last actions): a successor
+  // restores it; every live worker reconnects to it.
+  void Succeed() {
+    ++successions_;
+    ++epoch_;
+    Decider next(options_);
+    if (Status s = next.Load(persisted_); !s.ok()) return Fail("restore: " + s.ToString());
+    decider_ = std::move(next);
+    store_gen_ = 0;     // the successor's store starts afresh
+    requests_.clear();  // the dead leader's HTTP clients saw their connection close
+    open_commit_ = decider_.phase() == Decider::Phase::kCommitted && decider_.pending()
+                       ? decider_.pending()->id
+                       : 0;
+    for (auto& a : decider_.Resume(now_)) Execute(a);
+    const int ep = epoch_;
+    Schedule(now_ + options_.rejoin_timeout_ms + 1, [this, ep] {
+      if (ep == epoch_) Feed(DeciderEvent::Tick{});
+    });
+    for (auto& [id, w] : workers_) {
+      if (!w.alive || !w.connected || (w.core.finished() && !w.finished_loop)) continue;
+      const WorkerId wid = id;
+      const int64_t delay = std::uniform_int_distribution<int64_t>(5, 200)(succession_rng_);
+      Schedule(now_ + delay, [this, wid, ep] { Rejoin(wid, ep); });
+    }
+  }
+
+  void Rejoin(WorkerId id, int ep) {
+    if (ep != epoch_) return;  // another succession since: it reconnects to that leader
+    SimWorker& w = W(id);
+    // A finished process exits instead (the agent never reconnects once finished).
+    if (!w.alive || (w.core.finished() && !w.finished_loop)) return;
+    Feed(DeciderEvent::Rejoin{.worker = id,
+                              .host = "h",
+                              .generation = w.core.generation().id,
+                              .awaiting_outcome = w.core.awaiting_outcome(),
+                              .done = w.finished_loop,
+                              .leaving = leave_sent_.count(id) > 0,
+                              .prepared = w.core.prepared()});
+    if (ep != epoch_) return;
+    if (w.finished_loop) w.done_delivered = true;  // the rejoin said so
+    if (auto m = w.core.Outstanding()) {
+      std::visit([&](auto& x) { ToCoordinator(id, x); }, *m);
+    }
+    if (w.exit_after_rejoin && w.alive) Schedule(now_ + 1, [this, id] { Kill(id, "exited"); });
   }
 
   void Execute(DeciderAction::Any& action) {
@@ -307,13 +427,17 @@ class Sim {
           using A = std::decay_t<decltype(a)>;
           if constexpr (std::is_same_v<A, DeciderAction::ComputePlan>) {
             PlanRequest req = a.request;
-            Schedule(now_ + Rand(1, 60), [this, req] {
+            const int ep = epoch_;
+            Schedule(now_ + Rand(1, 60), [this, req, ep] {
+              if (ep != epoch_) return;  // the planner died with its coordinator
               Feed(DeciderEvent::PlanReady{.generation = req.generation, .plan = Plan(req)});
             });
           } else if constexpr (std::is_same_v<A, DeciderAction::ChooseRecovery>) {
             // Pure DP: any whole state holds every piece; the newest whole step wins.
             DeciderAction::ChooseRecovery req = a;
-            Schedule(now_ + Rand(1, 60), [this, req] {
+            const int ep = epoch_;
+            Schedule(now_ + Rand(1, 60), [this, req, ep] {
+              if (ep != epoch_) return;
               StatusOr<RecoveryChoice> choice = DataLossError("no surviving state");
               int64_t best = -1;
               for (const StepReportMsg& r : req.reports) {
@@ -336,7 +460,9 @@ class Sim {
             // Again only when the first generation did not apply (a participant died in it).
             if (decider_.current().id != 0) Fail("looked for a checkpoint in a running job");
             const int64_t gen = a.generation;
-            Schedule(now_ + Rand(1, 60), [this, gen] {
+            const int ep = epoch_;
+            Schedule(now_ + Rand(1, 60), [this, gen, ep] {
+              if (ep != epoch_) return;
               DeciderEvent::ResumeReady found{.generation = gen};
               const int64_t kind = Rand(0, 19);
               if (kind == 0) {
@@ -354,6 +480,9 @@ class Sim {
           } else if constexpr (std::is_same_v<A, DeciderAction::SendCommit>) {
             CheckOneChange(a.msg.next.id);
             if (a.msg.next.id < first_generation_) Fail("a generation below the first one");
+            // A successor sends the commit again to a participant that may not have it.
+            auto [it, fresh] = commits_.emplace(a.msg.next.id, a.msg);
+            if (!fresh && !(it->second == a.msg)) Fail("generation changed after its commit");
             if (a.msg.from_generation == 0) {
               // The first generation: afresh at 0, or resumed at the checkpoint's step.
               const bool from_ckpt = a.msg.change.recovery;
@@ -365,15 +494,13 @@ class Sim {
                 Fail("a first generation's recovery that is no resume from its checkpoint");
               }
               if (!from_ckpt && a.msg.next.start_step != 0) Fail("a fresh start past step 0");
-              if (from_ckpt) ++resumed_;
+              if (from_ckpt && fresh) ++resumed_;
             }
-            if (a.msg.change.recovery) {
+            if (a.msg.change.recovery && fresh) {
               ++recoveries_;
               // Steps from the resume step on are trained again in the new generation.
               step_gen_.erase(step_gen_.lower_bound(a.msg.next.start_step), step_gen_.end());
             }
-            auto [it, fresh] = commits_.emplace(a.msg.next.id, a.msg);
-            if (!fresh && !(it->second == a.msg)) Fail("generation changed after its commit");
             open_commit_ = a.msg.next.id;
             barrier_parts_[a.msg.next.id] = std::set<WorkerId>(a.msg.change.participants.begin(),
                                                                a.msg.change.participants.end());
@@ -384,8 +511,13 @@ class Sim {
             if (open_commit_ == a.msg.generation) Fail("abandoned a committed generation");
             for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
           } else if constexpr (std::is_same_v<A, DeciderAction::SendOutcome>) {
-            if (open_commit_ != a.msg.generation) Fail("outcome for a generation not committed");
-            open_commit_ = 0;
+            auto [it, fresh] = outcomes_.emplace(a.msg.generation, a.msg.applied);
+            if (it->second != a.msg.applied) Fail("an outcome changed");
+            if (open_commit_ == a.msg.generation) {
+              open_commit_ = 0;
+            } else if (!commits_.count(a.msg.generation) || (fresh && successions_ == 0)) {
+              Fail("outcome for a generation not committed");
+            }
             for (WorkerId w : a.to) ToWorkerMsg(w, a.msg);
           } else if constexpr (std::is_same_v<A, DeciderAction::SendRelease>) {
             ToWorkerMsg(a.to, a.msg);
@@ -397,7 +529,12 @@ class Sim {
           } else if constexpr (std::is_same_v<A, DeciderAction::LaunchWorkers>) {
             for (int i = 0; i < a.count; ++i) SpawnWorker(Rand(5, 200));
           } else if constexpr (std::is_same_v<A, DeciderAction::Disconnect>) {
-            Fail("no heartbeats are simulated, yet a worker was disconnected");
+            if (a.reason.starts_with("did not reconnect") || a.reason.find("declared lost") !=
+                                                                 std::string::npos) {
+              if (W(a.worker).alive) Kill(a.worker, "disconnected");  // it cannot come back
+            } else {
+              Fail("no heartbeats are simulated, yet a worker was disconnected");
+            }
           } else if constexpr (std::is_same_v<A, DeciderAction::JobComplete>) {
             if (total_steps_ == 0) Fail("a job without an end completed");
             complete_ = true;
@@ -584,8 +721,7 @@ class Sim {
           EndLoop(w);  // a member released because the job ends: Done, then it exits
         } else if (!w.reported_exit) {
           w.reported_exit = true;
-          Schedule(now_ + Rand(1, 20),
-                   [this, id] { Feed(DeciderEvent::Lost{.worker = id, .reason = "exited"}); });
+          FeedAt(now_ + Rand(1, 20), DeciderEvent::Lost{.worker = id, .reason = "exited"});
         }
         break;
     }
@@ -711,7 +847,7 @@ class Sim {
   std::string Describe() {
     std::ostringstream os;
     const Generation& cur = decider_.current();
-    os << "decider: phase " << DeciderPhaseName(decider_.phase()) << ", current g" << cur.id
+    os << "successions " << successions_ << "; decider: phase " << DeciderPhaseName(decider_.phase()) << ", current g" << cur.id
        << " S=" << cur.start_step << " ranks";
     for (WorkerId w : cur.ranks) os << " " << w;
     if (decider_.pending()) os << ", pending g" << decider_.pending()->id;
@@ -734,7 +870,15 @@ class Sim {
   }
 
   std::mt19937_64 rng_;
+  std::mt19937_64 succession_rng_;
+  DeciderOptions options_;
   Decider decider_;
+  int max_successions_ = 0;
+  int successions_ = 0;
+  int epoch_ = 0;           // which coordinator leads (a dead one's input is dropped)
+  std::string persisted_;   // the leader's last write
+  std::set<WorkerId> leave_sent_;
+  std::map<int64_t, bool> outcomes_;
   std::priority_queue<Event> queue_;
   int64_t now_ = 0;
   int64_t seq_ = 0;
@@ -773,13 +917,15 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
     runs = 1;
   }
   if (const char* r = std::getenv("MORPH_SIM_RUNS")) runs = std::atoi(r);
-  int64_t commits = 0, ended = 0, recoveries = 0, resumed = 0, complete = 0, mid_change = 0;
+  int64_t commits = 0, ended = 0, recoveries = 0, resumed = 0, complete = 0, mid_change = 0,
+          successions = 0;
   for (int i = 0; i < runs; ++i) {
     uint64_t seed = first + i;
     Sim sim(seed);
     std::string err = sim.Run();
     ASSERT_EQ(err, "") << "seed " << seed << " (MORPH_TEST_SEED=" << seed << ")";
     commits += sim.commits();
+    successions += sim.successions();
     recoveries += sim.recoveries();
     resumed += sim.resumed();
     ended += sim.ended() ? 1 : 0;
@@ -795,6 +941,8 @@ TEST(DeciderSimTest, SeededSchedulesKeepEveryInvariant) {
   EXPECT_GT(commits, 3 * runs);
   // Deaths of ranked workers are recovered from, often.
   EXPECT_GT(recoveries, runs / 2) << recoveries << " recoveries in " << runs << " runs";
+  // Coordinators die often (up to three times in two schedules of five).
+  EXPECT_GT(successions * 5, runs) << successions << " successions in " << runs << " runs";
   // About a fifth of the schedules resume their first generation from a checkpoint.
   EXPECT_GT(resumed * 10, runs) << resumed << " resumed in " << runs << " runs";
 }

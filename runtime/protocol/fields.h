@@ -106,10 +106,21 @@ void Fields(V& v, T& m) {
   v("first_generation", m.first_generation);
 }
 
+template <typename V, Is<ResumeState> T>
+void Fields(V& v, T& r) {
+  v("generation", r.generation);
+  v("step", r.step);
+  v("awaiting_outcome", r.awaiting_outcome);
+  v("prepared", r.prepared);
+  v("done", r.done);
+  v("leaving", r.leaving);
+}
+
 // The manifest's fields directly: "register.tensors.dtype", not "register.manifest.…".
 template <typename V, Is<RegisterMsg> T>
 void Fields(V& v, T& m) {
   Fields(v, m.manifest);
+  v("resume", m.resume);
 }
 
 template <typename V, Is<DoneMsg> T>

@@ -50,7 +50,8 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 // 8: StepReportMsg::vote_step and committed_step (Runtime::CommitUpdate's commit vote).
 // 9: WelcomeMsg::first_generation (checkpoint retention keeps to the job's own generations).
 // 10: layouts carry the torch.chunk flags (ChunkTP, ChunkDP).
-inline constexpr uint16_t kWireVersion = 10;
+// 11: RegisterMsg::resume (coordinator failover: a worker reconnects to a successor as itself).
+inline constexpr uint16_t kWireVersion = 11;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;
@@ -75,8 +76,20 @@ struct HelloMsg {
 // worker registers (tensors, scalars, model constraints, dataset). Bounded by kMaxFrameBody.
 // The job's manifest is the first registration's (or the coordinator's configured one); a
 // worker whose manifest differs is refused with an ErrorMsg naming the first difference.
+// Coordinator failover: a worker that reconnects to a successor (HelloMsg::resume_id = its
+// worker id) says where it stands (the decider's Rejoin event).
+struct ResumeState {
+  int64_t generation = 0;        // the generation it trains in (0: none yet)
+  int64_t step = 0;              // the step it will begin next
+  int64_t awaiting_outcome = 0;  // a committed change whose switch failed here, outcome unknown
+  int64_t prepared = 0;          // a proposal it reported for, no commit or abandon yet
+  bool done = false;             // its training loop ended (it sent Done)
+  bool leaving = false;          // it asked to leave
+  friend bool operator==(const ResumeState&, const ResumeState&) = default;
+};
 struct RegisterMsg {
   JobManifest manifest;
+  ResumeState resume;  // only read when the Hello's resume_id is set
   friend bool operator==(const RegisterMsg&, const RegisterMsg&) = default;
 };
 // Coordinator -> worker, the answer to Hello + Register: registered as `worker`.

@@ -285,7 +285,8 @@ TEST(WireTest, RegisterCountsAndValuesAreChecked) {
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("register.tensors.dtype: not a "
                                                                "dtype: 42")));
   bad = frame;
-  bad[frame.size() - 17] = 2;  // dataset_shuffle
+  // dataset_shuffle: before chunk_bytes, staging_bytes and the resume fields (4 x i64, 2 bools).
+  bad[frame.size() - 17 - 34] = 2;
   EXPECT_THAT(DecodeFrame(bad).status(),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("register.dataset_shuffle: not a boolean")));

@@ -93,6 +93,13 @@ class ChangeBuilder {
   // The switch with what Take returned is over: an abort no longer reaches it.
   void Done();
 
+  // Coordinator failover: the successor hosts the job's store elsewhere; builds started from now
+  // on rendezvous there. Any thread.
+  void SetStoreAddress(std::string address) {
+    std::lock_guard<std::mutex> l(mu_);
+    in_.store_address = std::move(address);
+  }
+
   // Joins the abandoned builds whose thread is done (at a step boundary: one still connecting
   // to a peer that died ends at its deadline, and the training thread must not wait for it).
   void JoinStale();
@@ -109,7 +116,7 @@ class ChangeBuilder {
     bool open = true;
   };
 
-  const Inputs in_;
+  Inputs in_;  // mu_ (only the store address changes)
   std::mutex mu_;
   BuiltPtr latest_;                // the latest prepare's build
   BuiltPtr switching_;             // the one the training thread is switching with

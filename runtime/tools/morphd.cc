@@ -4,6 +4,8 @@
 //   {"control":"10.0.0.1:29400","store":"10.0.0.1:41235","http_port":8080}
 // and runs until the job completes (exit 0), stops because every worker asked to leave (exit
 // 0), fails (exit 1), or SIGTERM / SIGINT stops it (exit 0). Bad flags or a failed start: exit 2.
+// With --etcd / MORPH_ETCD it is a coordinator candidate (docs/operations.md "Coordinator
+// failover"): it prints the line at once, leads once elected and follows meanwhile.
 #include <signal.h>
 
 #include <cerrno>
@@ -23,9 +25,12 @@ int Usage(const char* why = nullptr) {
                "usage: morphd [--address IP] [--port N] [--advertise HOST] [--initial-world N]\n"
                "              [--max-world N] [--heartbeat-timeout-ms N] [--token-file PATH]\n"
                "              [--api-address IP] [--api-port N] [--no-http]\n"
+               "              [--etcd HOST:PORT,...] [--etcd-prefix PREFIX]\n"
                "Environment: MORPH_COORDINATOR_ADDR/PORT/ADVERTISE, MORPH_TOKEN(_FILE),\n"
                "MORPH_INITIAL_WORLD, MORPH_MAX_WORLD, MORPH_HEARTBEAT_TIMEOUT_MS, MORPH_API_*,\n"
-               "MORPH_STORE_*; flags override them.\n");
+               "MORPH_STORE_*, MORPH_ETCD, MORPH_ETCD_PREFIX, MORPH_ETCD_TTL_S,\n"
+               "MORPH_ETCD_REJOIN_MS; flags override them. With --etcd (MORPH_ETCD) this morphd\n"
+               "is one coordinator candidate: it leads when elected, else follows.\n");
   return 2;
 }
 
@@ -46,7 +51,8 @@ int main(int argc, char** argv) {
     std::string value;
     bool set = false;
   };
-  Flag address, port, advertise, initial, max_world, hb, token_file, api_address, api_port;
+  Flag address, port, advertise, initial, max_world, hb, token_file, api_address, api_port, etcd,
+      etcd_prefix;
   bool no_http = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -66,6 +72,8 @@ int main(int argc, char** argv) {
     else if (a == "--token-file") ok = take(token_file);
     else if (a == "--api-address") ok = take(api_address);
     else if (a == "--api-port") ok = take(api_port);
+    else if (a == "--etcd") ok = take(etcd);
+    else if (a == "--etcd-prefix") ok = take(etcd_prefix);
     else if (a == "--no-http") no_http = true;
     else if (a == "-h" || a == "--help") return Usage(), 0;
     else return Usage(("unknown argument '" + a + "'").c_str());
@@ -115,6 +123,15 @@ int main(int argc, char** argv) {
     o.http.port = static_cast<uint16_t>(v);
   }
   if (no_http) o.serve_http = false;
+  if (etcd.set) {
+    morph::StatusOr<morph::EtcdOptions> eo = morph::EtcdOptions::Parse(etcd.value, "--etcd");
+    if (!eo.ok()) return Usage(std::string(eo.status().message()).c_str());
+    o.etcd = *std::move(eo);
+  }
+  if (etcd_prefix.set) {
+    if (etcd_prefix.value.empty()) return Usage("--etcd-prefix: empty");
+    o.etcd_prefix = etcd_prefix.value;
+  }
 
   // SIGTERM and SIGINT are taken by sigtimedwait below: block them before any thread starts.
   sigset_t stop_signals;

@@ -1,0 +1,172 @@
+// Coordinator failover, the decider's cases a person reasons about (decider_persist.cc): the
+// leader dies between the commit and the switch, and a successor restored from what it saved
+// completes the change; a worker that does not come back is lost; an outcome decided but never
+// delivered is delivered; a saved state loads back to the same bytes, and bad bytes are
+// refused. The seeded simulation (decider_sim_test.cc) kills leaders on its own schedules.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "base/testing.h"
+#include "runtime/coordinator/decider.h"
+
+namespace morph {
+namespace {
+
+using ::morph::testing::StatusIs;
+using ::testing::HasSubstr;
+using Out = std::vector<DeciderAction::Any>;
+
+DeciderOptions Options() {
+  return DeciderOptions{.initial_world = 2, .max_world = 8, .rejoin_timeout_ms = 1000};
+}
+
+template <typename A>
+std::vector<A> All(const Out& out) {
+  std::vector<A> v;
+  for (const auto& a : out) {
+    if (const A* x = std::get_if<A>(&a)) v.push_back(*x);
+  }
+  return v;
+}
+
+PlannedChange Plan(std::vector<WorkerId> ranks, uint64_t digest) {
+  PlannedChange p;
+  p.config.dp = static_cast<int>(ranks.size());
+  p.ranks = std::move(ranks);
+  p.plan_digest = digest;
+  return p;
+}
+
+// Workers 1 and 2 in generation 1 (trained from step 0), worker 3 joined: generation 2 is
+// committed at step 8 to 1, 2 and 3. Returns the commit.
+CommitMsg ToCommittedGeneration2(Decider& d) {
+  d.Handle(0, DeciderEvent::Join{.worker = 1, .host = "h"});
+  Out out = d.Handle(0, DeciderEvent::Join{.worker = 2, .host = "h"});
+  EXPECT_EQ(All<DeciderAction::ComputePlan>(out).size(), 1u);
+  out = d.Handle(1, DeciderEvent::PlanReady{.generation = 1, .plan = Plan({1, 2}, 11)});
+  EXPECT_EQ(All<DeciderAction::SendCommit>(out).size(), 1u);
+  d.Handle(2, AppliedMsg{.worker = 1, .generation = 1, .ok = true});
+  d.Handle(2, AppliedMsg{.worker = 2, .generation = 1, .ok = true});
+  EXPECT_EQ(d.current().id, 1);
+  out = d.Handle(3, DeciderEvent::Join{.worker = 3, .host = "h"});
+  EXPECT_EQ(All<DeciderAction::ComputePlan>(out).size(), 1u);
+  out = d.Handle(4, DeciderEvent::PlanReady{.generation = 2, .plan = Plan({1, 2, 3}, 22)});
+  EXPECT_EQ(All<DeciderAction::SendPrepare>(out).size(), 1u);
+  d.Handle(5, StepReportMsg{.worker = 1, .generation = 2, .last_free_step = 7});
+  out = d.Handle(5, StepReportMsg{.worker = 2, .generation = 2, .last_free_step = 5});
+  std::vector<DeciderAction::SendCommit> commits = All<DeciderAction::SendCommit>(out);
+  EXPECT_EQ(commits.size(), 1u);
+  EXPECT_EQ(d.phase(), Decider::Phase::kCommitted);
+  return commits.empty() ? CommitMsg{} : commits[0].msg;
+}
+
+TEST(DeciderPersistTest, SavedStateLoadsBackToTheSameBytes) {
+  Decider d(Options());
+  ToCommittedGeneration2(d);
+  const std::string saved = d.Save();
+  Decider e(Options());
+  MORPH_ASSERT_OK(e.Load(saved));
+  EXPECT_EQ(e.Save(), saved);
+  EXPECT_EQ(e.current(), d.current());
+  EXPECT_EQ(e.pending(), d.pending());
+  EXPECT_EQ(e.phase(), Decider::Phase::kCommitted);
+  EXPECT_THAT(e.Load("{"), StatusIs(StatusCode::kDataLoss, HasSubstr("not a JSON object")));
+  EXPECT_THAT(e.Load("{\"version\":99}"), StatusIs(StatusCode::kDataLoss, HasSubstr("version")));
+  EXPECT_THAT(e.Load("{\"version\":1,\"phase\":2}"),
+              StatusIs(StatusCode::kDataLoss, HasSubstr("saved decider state")));
+}
+
+// The leader died right after it saved the commit (some sends may not have gone out). The
+// successor: worker 1 switched (its Applied was lost: it counts as applied), worker 2 never got
+// the commit (it gets the very same one again), worker 3 got it and answers now. The change
+// completes as generation 2 at step 8.
+TEST(DeciderPersistTest, LeaderDiesBetweenCommitAndSwitchSuccessorCompletesTheChange) {
+  Decider d(Options());
+  const CommitMsg commit = ToCommittedGeneration2(d);
+  EXPECT_EQ(commit.next.start_step, 8);
+  Decider s(Options());
+  MORPH_ASSERT_OK(s.Load(d.Save()));
+  Out out = s.Resume(100);
+  ASSERT_EQ(All<DeciderAction::AdvanceStore>(out).size(), 1u);
+  EXPECT_EQ(All<DeciderAction::AdvanceStore>(out)[0].generation, 2);
+
+  out = s.Handle(110, DeciderEvent::Rejoin{.worker = 1, .host = "h", .generation = 2});
+  EXPECT_TRUE(All<DeciderAction::SendCommit>(out).empty());
+  out = s.Handle(120, DeciderEvent::Rejoin{.worker = 2, .host = "h", .generation = 1,
+                                           .prepared = 2});
+  std::vector<DeciderAction::SendCommit> again = All<DeciderAction::SendCommit>(out);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].to, std::vector<WorkerId>{2});
+  EXPECT_EQ(again[0].msg, commit);  // the original commit, byte for byte
+  EXPECT_TRUE(All<DeciderAction::SendAbandon>(out).empty());  // its proposal is committed
+  s.Handle(130, DeciderEvent::Rejoin{.worker = 3, .host = "h", .generation = 0});
+  s.Handle(140, AppliedMsg{.worker = 2, .generation = 2, .ok = true});
+  out = s.Handle(150, AppliedMsg{.worker = 3, .generation = 2, .ok = true});
+  std::vector<DeciderAction::SendOutcome> outcome = All<DeciderAction::SendOutcome>(out);
+  ASSERT_EQ(outcome.size(), 1u);
+  EXPECT_TRUE(outcome[0].msg.applied);
+  EXPECT_EQ(s.current().id, 2);
+  EXPECT_EQ(s.current().start_step, 8);
+  EXPECT_EQ(s.phase(), Decider::Phase::kStable);
+  // Everybody rejoined: the deadline passes quietly.
+  EXPECT_TRUE(All<DeciderAction::Disconnect>(s.Handle(2000, DeciderEvent::Tick{})).empty());
+}
+
+// A worker that does not reconnect within the rejoin timeout is lost; a member's loss aborts
+// the generation and a recovery follows.
+TEST(DeciderPersistTest, WorkerThatDoesNotRejoinIsLost) {
+  Decider d(Options());
+  ToCommittedGeneration2(d);
+  d.Handle(6, AppliedMsg{.worker = 1, .generation = 2, .ok = true});
+  d.Handle(6, AppliedMsg{.worker = 2, .generation = 2, .ok = true});
+  d.Handle(6, AppliedMsg{.worker = 3, .generation = 2, .ok = true});
+  ASSERT_EQ(d.current().id, 2);
+  Decider s(Options());
+  MORPH_ASSERT_OK(s.Load(d.Save()));
+  s.Resume(100);
+  s.Handle(110, DeciderEvent::Rejoin{.worker = 1, .host = "h", .generation = 2});
+  s.Handle(120, DeciderEvent::Rejoin{.worker = 2, .host = "h", .generation = 2});
+  EXPECT_TRUE(All<DeciderAction::Disconnect>(s.Handle(900, DeciderEvent::Tick{})).empty());
+  Out out = s.Handle(1101, DeciderEvent::Tick{});
+  std::vector<DeciderAction::Disconnect> gone = All<DeciderAction::Disconnect>(out);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].worker, 3);
+  EXPECT_THAT(gone[0].reason, HasSubstr("did not reconnect"));
+  EXPECT_EQ(All<DeciderAction::SendAbort>(out).size(), 1u);
+  std::vector<DeciderAction::ComputePlan> plan = All<DeciderAction::ComputePlan>(out);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].request.lost, std::vector<WorkerId>{3});
+}
+
+// The leader decided an outcome (not applied: nobody passed the barrier) and died before
+// sending it: a rejoining worker that waits for it gets it; one that prepared an abandoned
+// proposal gets the abandon; a lost member may not come back as itself.
+TEST(DeciderPersistTest, UndeliveredOutcomeAndAbandonAreDelivered) {
+  Decider d(Options());
+  ToCommittedGeneration2(d);
+  d.Handle(6, AppliedMsg{.worker = 1, .generation = 2, .ok = false});
+  d.Handle(6, AppliedMsg{.worker = 2, .generation = 2, .ok = false});
+  d.Handle(6, AppliedMsg{.worker = 3, .generation = 2, .ok = false});
+  ASSERT_EQ(d.current().id, 1);  // not applied; a recovery is being planned
+  Decider s(Options());
+  MORPH_ASSERT_OK(s.Load(d.Save()));
+  s.Resume(100);
+  Out out = s.Handle(110, DeciderEvent::Rejoin{.worker = 1, .host = "h", .generation = 1,
+                                               .awaiting_outcome = 2});
+  std::vector<DeciderAction::SendOutcome> o = All<DeciderAction::SendOutcome>(out);
+  ASSERT_EQ(o.size(), 1u);
+  EXPECT_EQ(o[0].msg.generation, 2);
+  EXPECT_FALSE(o[0].msg.applied);
+  out = s.Handle(120, DeciderEvent::Rejoin{.worker = 2, .host = "h", .generation = 1,
+                                           .prepared = 2});
+  ASSERT_EQ(All<DeciderAction::SendAbandon>(out).size(), 1u);
+  EXPECT_EQ(All<DeciderAction::SendAbandon>(out)[0].msg.generation, 2);
+  // Worker 9 never existed here and says it trained: it is sent away.
+  out = s.Handle(130, DeciderEvent::Rejoin{.worker = 9, .host = "h", .generation = 1});
+  ASSERT_EQ(All<DeciderAction::SendRelease>(out).size(), 1u);
+}
+
+}  // namespace
+}  // namespace morph
