@@ -488,7 +488,9 @@ void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m
       return Refuse(c, FailedPreconditionError("registration differs from the job's: " + why));
     }
   }
-  if (c->resume_id != 0) return OnResumeRegister(c, m);
+  // A worker reconnecting to a successor as itself: only with failover (a lone coordinator gives
+  // every registration a fresh id, so that a token holder cannot take over another's identity).
+  if (c->resume_id != 0 && ha()) return OnResumeRegister(c, m);
   c->timer.cancel();
   c->id = next_worker_++;
   c->state = Conn::State::kJoined;
