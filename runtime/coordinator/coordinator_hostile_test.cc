@@ -354,6 +354,10 @@ TEST(CoordinatorHostileTest, TheStepIsTheCurrentGenerationsAndNoWorkerPinsIt) {
   MORPH_ASSERT_OK_AND_ASSIGN(Worker b, Join(*coord));
   ASSERT_TRUE(Reach({&a, &b}, 1, Deadline::AfterMs(10000)));
   const int64_t start1 = a.core->generation().start_step;
+  // Only once the coordinator has seen generation 1 applied by both: a heartbeat that arrives
+  // before the last member's SwitchDone is a step of the generation it is still leaving (real
+  // workers send one every second; these are sent once).
+  ASSERT_TRUE(WaitFor([&] { return coord->Snapshot().generation == 1; }));
   // One member claims the largest step there is, the other an honest one.
   MORPH_ASSERT_OK(a.client->Send(HeartbeatMsg{.step = INT64_MAX}));
   MORPH_ASSERT_OK(b.client->Send(HeartbeatMsg{.step = start1 + 7}));
