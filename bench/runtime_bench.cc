@@ -8,6 +8,9 @@
 //
 //   runtime_bench [--bytes 1GiB] [--changes dp4to2,dp2to4,tp2to1,pp2to1,grow1] [--grow-bytes
 //   256MiB] runtime_bench --step-cost    (BeginStep + EndStep in a one-worker job)
+//   runtime_bench --worker-cmd "python bench/torch/reconfig_worker.py" --label python ...
+//                 (the workers are that program, given --bytes and --out: the Python package's
+//                 worker for `make bench-torch`; its lines carry "workers": LABEL, default "cpp")
 //
 // One JSON object per line: {"name": "reconfigure", "change": "dp4to2", "bytes": ..., "seconds":
 // <request -> first step>, "stall_seconds", "transfer_seconds", ..., "bytes_moved",
@@ -260,14 +263,24 @@ Parsed ReadLogs(const fs::path& dir, int64_t generation) {
   return p;
 }
 
-int Drive(const std::string& self, const Change& c, int64_t bytes) {
+// The workers' command (argv before --bytes/--out): this binary's worker mode, or --worker-cmd.
+struct WorkerCommand {
+  std::vector<std::string> argv;
+  std::string label = "cpp";
+};
+
+int Drive(const WorkerCommand& cmd, const Change& c, int64_t bytes) {
   fs::path dir = fs::temp_directory_path() / ("morph-rtbench-" + c.name + "-" +
                                               std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   morph::LauncherOptions o;
   o.workers = c.from.world();
-  o.argv = {self, "--worker", "--bytes", std::to_string(bytes), "--out", dir.string()};
+  o.argv = cmd.argv;
+  for (const std::string& a : {std::string("--bytes"), std::to_string(bytes), std::string("--out"),
+                               dir.string()}) {
+    o.argv.push_back(a);
+  }
   o.log_dir = dir.string();
   o.env = {{"MORPH_HEARTBEAT_MS", "20"}};
   o.coordinator.serve_http = false;
@@ -337,7 +350,7 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
   double transfer_bw = p.max["transfer"] > 0 ? p.sum_received / p.max["transfer"] : 0;
   const double ring = p.ring_seconds > 0 ? p.ring_bytes / p.ring_seconds : 0;
   std::printf(
-      "{\"name\":\"reconfigure\",\"change\":\"%s\",\"bytes\":%lld,\"seconds\":%.4f,"
+      "{\"name\":\"reconfigure\",\"workers\":\"%s\",\"change\":\"%s\",\"bytes\":%lld,\"seconds\":%.4f,"
       "\"stall_seconds\":%.4f,\"communicators_seconds\":%.4f,\"plan_seconds\":%.4f,"
       "\"transfer_seconds\":%.4f,\"resume_seconds\":%.4f,\"stall_minus_transfer_seconds\":%.4f,"
       "\"bytes_moved\":%.0f,\"raw_bandwidth_bytes_per_s\":%.0f,\"transfer_bandwidth_bytes_per_s\":"
@@ -346,7 +359,8 @@ int Drive(const std::string& self, const Change& c, int64_t bytes) {
       "\"memory\":{\"before_bytes_max\":%.0f,\"prepare_bytes_max\":%.0f,\"switch_peak_bytes_max\":"
       "%.0f,\"after_bytes_max\":%.0f,\"bound_bytes_max\":%.0f,\"workers_over_bound\":%d,"
       "\"measured_rss_extra_bytes_max\":%.0f,\"measured_rss_extra_vs_bound_allowance\":%.3f}}\n",
-      c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"], p.max["communicators"],
+      cmd.label.c_str(), c.name.c_str(), static_cast<long long>(bytes), total, p.max["stall"],
+      p.max["communicators"],
       p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
       p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, ring,
       ring > 0 ? transfer_bw / ring : 0.0, p.max["peak_bytes"], p.max["bound_bytes"],
@@ -394,6 +408,7 @@ int main(int argc, char** argv) {
   bool worker = false, step_cost = false;
   int64_t bytes = int64_t{1} << 30, steps = 1 << 30, grow_bytes = int64_t{256} << 20;
   std::string out = ".", changes = "dp4to2,dp2to4,tp2to1,pp2to1,grow1";
+  WorkerCommand cmd;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -409,6 +424,10 @@ int main(int argc, char** argv) {
       grow_bytes = static_cast<int64_t>(*b);
     } else if (a == "--out") out = next();
     else if (a == "--changes") changes = next();
+    else if (a == "--worker-cmd") {
+      std::istringstream words(next());
+      for (std::string w; words >> w;) cmd.argv.push_back(w);
+    } else if (a == "--label") cmd.label = next();
     else if (a == "--steps") steps = std::atoll(next().c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
@@ -417,6 +436,7 @@ int main(int argc, char** argv) {
   }
   if (worker) return Worker(bytes, out, steps);
   if (step_cost) return StepCost();
+  if (cmd.argv.empty()) cmd.argv = {fs::canonical("/proc/self/exe").string(), "--worker"};
   int rc = 0;
   std::vector<Change> all = AllChanges();
   // Grow by one joiner (issue 9: joiner process start -> first step at the new size).
@@ -425,7 +445,7 @@ int main(int argc, char** argv) {
   for (const Change& c : all) {
     if (("," + changes + ",").find("," + c.name + ",") == std::string::npos) continue;
     int64_t b = c.name == "grow1" ? grow_bytes : bytes;
-    rc |= Drive(fs::canonical("/proc/self/exe").string(), c, b);
+    rc |= Drive(cmd, c, b);
   }
   return rc;
 }

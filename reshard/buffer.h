@@ -102,6 +102,12 @@ class PagePool {
 // Returns a buffer of exactly `bytes` bytes (contents undefined), or kResourceExhausted
 // naming the size. Called from any thread.
 using Allocator = std::function<StatusOr<Buffer>(size_t bytes)>;
+// The same for a given tensor's shard (`tensor`: its index in the state): the storage that
+// tensor's shards live in. ForAnyTensor(a): `a` for every tensor.
+using ShardAllocator = std::function<StatusOr<Buffer>(size_t tensor, size_t bytes)>;
+inline ShardAllocator ForAnyTensor(Allocator a) {
+  return [a = std::move(a)](size_t, size_t bytes) { return a(bytes); };
+}
 
 // Host memory aligned to 64 bytes; buffers of 1 MiB or more are page-mapped (MapHost).
 Allocator HostAllocator();

@@ -23,7 +23,7 @@ fi
 declare -A targets=(
   [store]="collectives/store/fuzz/store_protocol_fuzz.cc;collectives/store/store_protocol.cc base/status.cc;collectives/store/fuzz/corpus;"
   [wire]="runtime/protocol/fuzz/wire_fuzz.cc;runtime/protocol/wire.cc base/parallel_config.cc base/status.cc;runtime/protocol/fuzz/corpus;-malloc_limit_mb=64"
-  [http]="runtime/coordinator/fuzz/http_request_fuzz.cc;runtime/coordinator/http_request.cc runtime/coordinator/http_api.cc runtime/coordinator/decider.cc runtime/coordinator/decider_persist.cc runtime/protocol/messages.cc collectives/store/store_protocol.cc base/parallel_config.cc base/status.cc;runtime/coordinator/fuzz/corpus;-malloc_limit_mb=64"
+  [http]="runtime/coordinator/fuzz/http_request_fuzz.cc;runtime/coordinator/http_request.cc runtime/coordinator/http_api.cc runtime/coordinator/decider.cc runtime/coordinator/decider_change.cc runtime/coordinator/decider_persist.cc runtime/protocol/messages.cc collectives/store/store_protocol.cc base/parallel_config.cc base/status.cc;runtime/coordinator/fuzz/corpus;-malloc_limit_mb=64"
 )
 if [ "$which" = all ]; then
   names=(store wire http)

@@ -75,7 +75,10 @@ struct MORPH_API ModelConstraints {
 using ConfigPolicy = std::function<std::optional<ParallelConfig>(
     int workers, const ParallelConfig* current, const ModelConstraints& model)>;
 
-enum class Bootstrap { kAuto, kJoin, kMpi, kSlurm, kHost };
+// kEtcd: coordinator candidates hosted by workers (Options::etcd_candidates): find the leader
+// through etcd, hosting a candidate when among the first; kAuto picks it when etcd is set and
+// no coordinator is given.
+enum class Bootstrap { kAuto, kJoin, kMpi, kSlurm, kHost, kEtcd };
 
 // Backend of the communicators a step hands out (world, dp, tp, pp; docs/operations.md
 // "Backends"). kNccl needs a CUDA build and a GPU; the buffers passed to those communicators are
@@ -119,6 +122,13 @@ struct MORPH_API Options {
   std::string etcd;
   std::string etcd_prefix = "/morph/job";  // MORPH_ETCD_PREFIX
   int64_t etcd_rejoin_ms = 10000;          // MORPH_ETCD_REJOIN_MS
+  int64_t etcd_ttl_s = 2;                  // MORPH_ETCD_TTL_S: a hosted candidate's lease
+  // With etcd set and no coordinator given (bootstrap kAuto), the first etcd_candidates workers
+  // of the launch (launch_index under morphrun, else launcher_rank) each host a coordinator
+  // candidate that campaigns on etcd, and every worker finds the leader through etcd's
+  // <etcd_prefix>/leader key (MORPH_ETCD_CANDIDATES; 0: no worker hosts one).
+  int etcd_candidates = 3;
+  int launch_index = -1;  // morphrun's MORPH_LAUNCH_INDEX; -1 when not launched by morphrun
   // The config planner's user callback (docs/design.md §5) for the coordinator this process
   // hosts (mpirun rank 0, Slurm task 0, a lone worker): asked first at every change; nullopt
   // from it falls back to the default policy. Workers that join a coordinator ignore it

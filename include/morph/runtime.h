@@ -201,7 +201,9 @@ class MORPH_API Runtime {
   // Ends this worker's part of the job normally: tells the coordinator, and when this process
   // hosts the coordinator, waits (up to `timeout_ms`) until every worker finished, so that the
   // others keep their coordinator to the end (OK also when the job stopped because every
-  // worker asked to leave). Idempotent.
+  // worker asked to leave). With coordinator failover (MORPH_ETCD) it first waits until a
+  // leader acknowledged the Done — a Done lost with a dying leader is said again to its
+  // successor — for at most MORPH_ETCD_REJOIN_MS (then a WARNING; still OK). Idempotent.
   Status Finish(int64_t timeout_ms = 60000);
 
   // This worker's identity and the current generation.
@@ -211,7 +213,9 @@ class MORPH_API Runtime {
   // The step BeginStep will begin next.
   int64_t next_step() const;
   // "host:port" of the coordinator (for others to join: MORPH_COORDINATOR), and of its
-  // scheduler API when this process hosts it ("" otherwise).
+  // scheduler API when this process hosts it ("" otherwise). With failover candidates hosted
+  // by the workers (MORPH_ETCD without MORPH_COORDINATOR) those of this process's candidate,
+  // which may not lead (etcd's <prefix>/leader names the leader); "" where it hosts none.
   std::string coordinator_address() const;
   std::string api_address() const;
  private:

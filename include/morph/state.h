@@ -52,10 +52,15 @@ namespace morph {
 // view allocate returned — when it no longer needs it. allocate returns at least `bytes` bytes
 // (more is allowed; morph uses the first `bytes`) of one memory kind, or an error (e.g.
 // kResourceExhausted), which fails the start or the change naming the tensor. Called on the
-// training thread.
+// training thread, unless `any_thread`.
 struct MORPH_API TensorAllocator {
   std::function<StatusOr<BufferView>(int64_t bytes)> allocate;
   std::function<void(BufferView)> release;
+  // Both functions may be called from any thread, concurrently with the training thread (they
+  // take no lock the training thread holds while it calls into morph). Host tensors whose
+  // allocators all say so get their new shards allocated and pre-faulted while the old
+  // generation trains, as morph-owned ones do (docs/design.md "Pre-allocation").
+  bool any_thread = false;
 };
 
 // Largest scalar blob (what JobManifest validation allows).

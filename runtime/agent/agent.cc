@@ -52,11 +52,15 @@ Status Agent::SendOrDefer(const WireMessage& m) {
 }
 
 bool Agent::Reconnect(const Status& why) {
-  if (!options_.reconnect || stop_.load() || done_sent_.load()) return false;
+  if (!options_.reconnect || stop_.load()) return false;
   if (Client()->last_error()) return false;  // the coordinator ended this worker on purpose
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (core_.finished() || !connection_.ok()) return false;
+    // A Done not acknowledged may have died with the leader: a successor must hear it, or it
+    // would count this worker lost. One acknowledged: the job ending closes the connection.
+    const bool owed_ack = done_sent_.load() && !done_acked_;
+    if (done_sent_.load() && !owed_ack) return false;
+    if ((core_.finished() && !owed_ack) || !connection_.ok()) return false;
   }
   const auto t0 = std::chrono::steady_clock::now();
   MORPH_LOG(WARNING, log_) << "coordinator connection lost (" << why.message()
@@ -86,13 +90,24 @@ bool Agent::Reconnect(const Status& why) {
         std::lock_guard<std::mutex> l(client_mu_);
         client_ = std::shared_ptr<ControlClient>(std::move(*c));
       }
+      std::vector<WireMessage> since;
       {
         std::lock_guard<std::mutex> l(mu_);
         outstanding = core_.Outstanding();
+        // The rejoin says where this worker stood when the attempt began; the training thread
+        // went on meanwhile. A switch it completed since sent its Applied to the dead
+        // connection (a successor that believes it is still in the old generation would wait
+        // for that Applied for ever), and a Done it sent since went the same way.
+        if (core_.generation().id != state.generation) {
+          since.push_back(
+              AppliedMsg{.worker = id(), .generation = core_.generation().id, .ok = true});
+        }
+        if (done_sent_.load() && !state.done) since.push_back(DoneMsg{});
       }
       if (outstanding) {
         std::visit([&](auto& m) { (void)Client()->Send(m); }, *outstanding);
       }
+      for (const WireMessage& m : since) (void)Client()->Send(m);
       MORPH_LOG(INFO, log_) << "reconnected to the coordinator at " << address << " in "
                             << std::chrono::duration<double, std::milli>(
                                    std::chrono::steady_clock::now() - t0)
@@ -123,6 +138,14 @@ void Agent::UpdatePendingLocked() {
 }
 
 void Agent::Run() {
+  struct Ended {  // WaitDoneAck stops waiting once nothing can acknowledge any more
+    Agent& a;
+    ~Ended() {
+      std::lock_guard<std::mutex> l(a.mu_);
+      a.run_ended_ = true;
+      a.cv_.notify_all();
+    }
+  } ended{*this};
   auto next_beat = std::chrono::steady_clock::now();
   const auto beat = std::chrono::milliseconds(options_.heartbeat_ms);
   while (!stop_.load()) {
@@ -131,13 +154,17 @@ void Agent::Run() {
       Status s = Client()->Send(HeartbeatMsg{.step = begun_.load()});
       if (!s.ok() && !stop_.load() && Reconnect(s)) continue;
       if (!s.ok() && !stop_.load()) {
+        // The coordinator's closing word may be unread: read what is there before judging.
+        (void)Client()->Receive(Deadline::AfterMs(0));
+        bool stopped;
         {
           std::lock_guard<std::mutex> l(mu_);
-          connection_ = s;
+          stopped = JobStoppedLocked();
+          if (!stopped) connection_ = s;
           UpdatePendingLocked();
           cv_.notify_all();
         }
-        ConnectionLost();
+        if (!stopped) ConnectionLost();
         return;
       }
       next_beat = now + beat;
@@ -155,7 +182,9 @@ void Agent::Run() {
       bool lost = false;
       {
         std::lock_guard<std::mutex> l(mu_);
-        if (!core_.finished()) {
+        if (JobStoppedLocked()) {
+          // Ended as asked: BeginStep returns done(), nothing is lost.
+        } else if (!core_.finished()) {
           if (connection_.ok()) {
             connection_ = UnavailableError("connection to the coordinator lost: " +
                                            std::string(m.status().message()));
@@ -177,6 +206,19 @@ void Agent::Run() {
     }
     Handle(std::move(*m));
   }
+}
+
+bool Agent::JobStoppedLocked() {
+  // The control client keeps the coordinator's last word (an ErrorMsg closes the connection,
+  // control_client.h): CANCELLED is JobStopped, every worker asked to leave and this one too.
+  const std::optional<ErrorMsg>& e = Client()->last_error();
+  if (!e || static_cast<StatusCode>(e->code) != StatusCode::kCancelled) return false;
+  if (!core_.finished()) {
+    MORPH_LOG(INFO, log_) << "the coordinator ended the job as asked: " << e->message;
+  }
+  connection_ = Status(StatusCode::kCancelled, "coordinator: " + e->message);
+  core_.OnJobStopped();
+  return true;
 }
 
 void Agent::ConnectionLost() {
@@ -223,6 +265,8 @@ void Agent::Handle(WireMessage m) {
     } else if (auto* ab = std::get_if<AbortMsg>(&m)) {
       core_.OnAbort(*ab);
       aborted = *ab;
+    } else if (std::holds_alternative<DoneMsg>(m)) {
+      done_acked_ = true;  // the coordinator recorded this worker's Done (WaitDoneAck)
     } else if (auto* e = std::get_if<ErrorMsg>(&m)) {
       connection_ = Status(static_cast<StatusCode>(e->code), "coordinator: " + e->message);
       // Every worker was asked to leave (JobStopped): this one leaves as asked.
@@ -353,15 +397,28 @@ Status Agent::SendDone() {
   return Client()->Send(DoneMsg{});
 }
 
+bool Agent::WaitDoneAck(Deadline deadline) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_until(l, deadline.when(), [&] { return done_acked_ || run_ended_; });
+  return done_acked_;
+}
+
 Status Agent::SendFailure(const FailureReportMsg& report) {
   // A failure report right after the coordinator died (its death aborted the step) says so,
-  // as BeginStep would, rather than what the socket said.
+  // as BeginStep would, rather than what the socket said. After the job stopped as asked (the
+  // step failed because the others left) there is nothing to report: BeginStep returns done().
   {
     std::lock_guard<std::mutex> l(mu_);
+    if (core_.finished() && connection_.code() == StatusCode::kCancelled) return Status();
     if (!connection_.ok()) return connection_;
   }
   Status s = SendOrDefer(report);
   if (s.code() == StatusCode::kUnavailable) {
+    // The control thread may not have read the coordinator's closing word yet (it reads every
+    // 50 ms): give it a moment to say whether the job stopped as asked.
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, std::chrono::seconds(1), [&] { return !connection_.ok(); });
+    if (core_.finished() && connection_.code() == StatusCode::kCancelled) return Status();
     return UnavailableError("connection to the coordinator lost: " + std::string(s.message()));
   }
   return s;

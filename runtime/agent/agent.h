@@ -125,8 +125,13 @@ class Agent {
 
   // Sends Leave (once). Any thread.
   void RequestLeave(const std::string& reason);
-  // Sends Done: this worker's training ended normally. Any thread.
+  // Sends Done: this worker's training ended normally. Any thread. With failover a Done the
+  // coordinator has not acknowledged is said again to a successor (the rejoin carries it).
   Status SendDone();
+  // After SendDone: waits until a coordinator acknowledged the Done (it recorded it; with
+  // failover, persisted). False after `deadline`, or once the control thread ended (the
+  // connection closed for good, no successor found). Any thread.
+  bool WaitDoneAck(Deadline deadline);
   // Sends a FailureReport (Runtime::AbortStep). Any thread. kUnavailable ("connection to the
   // coordinator lost: ...") when the coordinator is gone.
   Status SendFailure(const FailureReportMsg& report);
@@ -141,6 +146,9 @@ class Agent {
   void ReportPrepared(const PrepareMsg& p);
   void UpdatePendingLocked();
   void ConnectionLost();  // calls on_connection_lost once, outside mu_
+  // The coordinator closed the connection ending the job as asked (JobStopped: its ErrorMsg
+  // was CANCELLED): marks the core finished and connection_ CANCELLED, and says so. mu_ held.
+  bool JobStoppedLocked();
   // The connection dropped for `why`: reconnects to a successor (AgentOptions::reconnect).
   // False when there is none to try or it could not be reached in time.
   bool Reconnect(const Status& why);
@@ -161,6 +169,8 @@ class Agent {
   // SendDone went out: this worker finished; the coordinator closing the connection afterwards
   // (the job ended, a hosting process stopped it) is expected, not a loss to act on.
   std::atomic<bool> done_sent_{false};
+  bool done_acked_ = false;  // mu_: a coordinator acknowledged the Done
+  bool run_ended_ = false;   // mu_: the control thread returned
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

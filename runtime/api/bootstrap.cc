@@ -5,14 +5,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "runtime/api/test_hooks.h"
 #include "runtime/coordinator/coordinator.h"
+#include "runtime/ha/election.h"
 #if MORPH_WITH_MPI
 #include "collectives/mpi_bootstrap.h"
 #endif
@@ -22,9 +25,11 @@ namespace {
 
 constexpr uint16_t kSlurmDefaultPort = 29400;
 
-StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
-                                            const std::string& bind, uint16_t port,
-                                            const std::string& token) {
+// What a coordinator hosted in a worker is given: `o`'s settings, bound to bind:port with its
+// scheduler API on api_port, admitting `initial_world` workers with `token`.
+StatusOr<CoordinatorOptions> HostedOptions(const Options& o, int initial_world,
+                                           const std::string& bind, uint16_t port,
+                                           uint16_t api_port, const std::string& token) {
   CoordinatorOptions c;
   c.address = bind;
   c.port = port;
@@ -38,15 +43,109 @@ StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
   MORPH_ASSIGN_OR_RETURN(c.resume, ParseResumeMode(o.resume, "resume"));
   c.restart_count = o.restart_count;
   c.http.address = o.api_address;
-  c.http.port = o.api_port;
+  c.http.port = api_port;
   c.http.token_for_reads = o.api_token_for_reads;
   c.http.token = token;
   c.http.max_world = o.max_world;
   c.policy = o.config_policy;
+  return c;
+}
+
+StatusOr<std::unique_ptr<Coordinator>> Host(const Options& o, int initial_world,
+                                            const std::string& bind, uint16_t port,
+                                            const std::string& token) {
+  MORPH_ASSIGN_OR_RETURN(CoordinatorOptions c,
+                         HostedOptions(o, initial_world, bind, port, o.api_port, token));
   return Coordinator::Start(std::move(c));
 }
 
+// A coordinator candidate hosted by the worker at `index` of the launch (Bootstrap::kEtcd).
+// Candidates of one host must not share ports: fixed ones (MORPH_COORDINATOR_PORT,
+// MORPH_API_PORT) are offset by the index. A grow's LaunchWorkers becomes a key
+// <prefix>/launch/<nonce>-<n> holding the count, which morphrun (Launcher) turns into joiners.
+StatusOr<std::unique_ptr<Coordinator>> HostCandidate(const Options& o, int index,
+                                                     const EtcdOptions& etcd) {
+  std::string bind = o.coordinator_bind;
+  if (!o.slurm_nodelist.empty() && bind == "127.0.0.1") bind = "0.0.0.0";
+  MORPH_ASSIGN_OR_RETURN(
+      CoordinatorOptions c,
+      HostedOptions(o, o.initial_world, bind,
+                    o.coordinator_port ? static_cast<uint16_t>(o.coordinator_port + index) : 0,
+                    o.api_port ? static_cast<uint16_t>(o.api_port + index) : 0, o.token));
+  c.etcd = etcd;
+  c.etcd_prefix = o.etcd_prefix;
+  c.etcd_ttl_s = o.etcd_ttl_s;
+  c.rejoin_timeout_ms = o.etcd_rejoin_ms;
+  // Runs on the coordinator's launcher thread, only ever for a leader's persisted decision.
+  auto client = std::make_shared<EtcdClient>(etcd);
+  StatusOr<std::string> nonce = RandomToken();
+  c.launch_workers = [client, key = LaunchKeyPrefix(o.etcd_prefix) +
+                                    (nonce.ok() ? nonce->substr(0, 12) : std::to_string(index)),
+                      n = std::make_shared<std::atomic<int64_t>>(0)](int count) {
+    const std::string k = key + "-" + std::to_string(n->fetch_add(1));
+    Status s = client->Put(k, std::to_string(count));
+    if (s.ok()) {
+      LOG(INFO) << "asked the launcher for " << count << " worker(s) (etcd " << k << ")";
+    } else {
+      LOG(WARNING) << "cannot ask the launcher for " << count << " worker(s): " << s;
+    }
+  };
+  return Coordinator::Start(std::move(c));
+}
+
+StatusOr<BootstrapResult> ResolveEtcd(const Options& o, BootstrapResult r, Deadline deadline) {
+  if (o.token.empty()) {
+    return FailedPreconditionError(
+        "coordinator candidates hosted by workers (MORPH_ETCD without MORPH_COORDINATOR) need the "
+        "same job token in every worker: set MORPH_TOKEN or MORPH_TOKEN_FILE");
+  }
+  MORPH_ASSIGN_OR_RETURN(EtcdOptions etcd, EtcdOptions::Parse(o.etcd, "MORPH_ETCD"));
+  // morphrun's launch index first: under morphrun --slurm each worker is task 0 of its own step.
+  const int index = o.launch_index >= 0 ? o.launch_index : o.launcher_rank;
+  if (index >= 0 && index < o.etcd_candidates) {
+    if (index > 0) {
+      // Candidate 0 (rank 0) leads a new job, as without failover: the others campaign once a
+      // leader exists, or after index seconds without one (candidate 0 is slow or gone). A
+      // worker waits for a leader before it registers anyway.
+      EtcdClient client(etcd);
+      (void)FindLeader(client, o.etcd_prefix, Min(deadline, Deadline::AfterMs(1000 * index)));
+    }
+    MORPH_ASSIGN_OR_RETURN(r.coordinator, HostCandidate(o, index, etcd));
+    LOG(INFO) << "hosting coordinator candidate " << index << " of " << o.etcd_candidates
+              << " at " << r.coordinator->control_address() << " (scheduler API port "
+              << r.coordinator->http_port() << ") for " << o.initial_world
+              << " worker(s), etcd prefix " << o.etcd_prefix;
+  }
+  if (!o.slurm_nodelist.empty() && (r.data_hostname.empty() || r.data_hostname == "127.0.0.1")) {
+    r.data_hostname = o.host;
+  }
+  r.leader_from_etcd = true;
+  return r;
+}
+
 }  // namespace
+
+std::string LaunchKeyPrefix(const std::string& prefix) { return prefix + "/launch/"; }
+
+StatusOr<std::string> FindLeader(EtcdClient& etcd, const std::string& prefix, Deadline deadline) {
+  Status last;
+  bool logged = false;
+  while (true) {
+    StatusOr<std::optional<std::string>> v = LookupLeader(etcd, prefix);
+    if (v.ok() && v->has_value()) return LeaderControlAddress(**v);
+    if (!v.ok()) last = v.status();
+    if (!logged) {
+      logged = true;
+      LOG(INFO) << "waiting for a coordinator to lead " << prefix << " (etcd "
+                << etcd.options().endpoints.front() << ")";
+    }
+    if (deadline.Remaining() < std::chrono::milliseconds(20)) {
+      return DeadlineExceededError("no coordinator leads " + prefix + " in etcd in time" +
+                                   (last.ok() ? "" : " (last lookup: " + last.ToString() + ")"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
 
 Status WritePrivateFile(const std::string& path, const std::string& body,
                         const std::string& what) {
@@ -136,7 +235,9 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
   r.data_hostname = o.data_hostname;
   Bootstrap mode = o.bootstrap;
   if (mode == Bootstrap::kAuto) {
-    if (!o.coordinator.empty()) {
+    if (!o.etcd.empty() && o.coordinator.empty()) {
+      mode = Bootstrap::kEtcd;
+    } else if (!o.coordinator.empty()) {
       mode = Bootstrap::kJoin;
     } else if (o.launcher_size > 0 && o.slurm_nodelist.empty()) {
       mode = Bootstrap::kMpi;
@@ -148,6 +249,8 @@ StatusOr<BootstrapResult> ResolveBootstrap(const Options& o, Deadline deadline) 
   }
   r.mode = mode;
   switch (mode) {
+    case Bootstrap::kEtcd:
+      return ResolveEtcd(o, std::move(r), deadline);
     case Bootstrap::kAuto:
     case Bootstrap::kJoin:
       if (o.coordinator.empty()) {

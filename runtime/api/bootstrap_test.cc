@@ -140,5 +140,59 @@ TEST(BootstrapTest, RandomTokensDiffer) {
   EXPECT_NE(*a, *b);
 }
 
+// Candidates hosted by workers (MORPH_ETCD, no MORPH_COORDINATOR): what needs no etcd to check.
+TEST(BootstrapTest, EtcdWithoutACoordinatorPicksHostedCandidates) {
+  Options o;
+  o.etcd = "127.0.0.1:1";
+  o.etcd_prefix = "/morph/bootstrap-test";
+  // No token: a candidate cannot make one up, the others must use the same.
+  EXPECT_THAT(ResolveBootstrap(o, Deadline::AfterMs(1000)),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("MORPH_TOKEN")));
+  o.token = "bootstrap-test-token";
+  // Past the first MORPH_ETCD_CANDIDATES workers (or not launched by anyone): no candidate here,
+  // the leader comes from etcd.
+  o.launch_index = 3;
+  StatusOr<BootstrapResult> r = ResolveBootstrap(o, Deadline::AfterMs(1000));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, Bootstrap::kEtcd);
+  EXPECT_TRUE(r->leader_from_etcd);
+  EXPECT_EQ(r->coordinator, nullptr);
+  EXPECT_EQ(r->coordinator_address, "");
+  // Under morphrun --slurm every worker is task 0 of its own step: morphrun's index decides.
+  o.launcher_rank = 0;
+  o.launcher_size = 1;
+  r = ResolveBootstrap(o, Deadline::AfterMs(1000));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->coordinator, nullptr);
+  o.launcher_rank = -1;
+  o.launcher_size = -1;
+  o.launch_index = -1;
+  r = ResolveBootstrap(o, Deadline::AfterMs(1000));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->coordinator, nullptr);
+  // A given coordinator wins (workers of morphd candidates may start with the leader's address).
+  o.coordinator = "127.0.0.1:2";
+  r = ResolveBootstrap(o, Deadline::AfterMs(1000));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->mode, Bootstrap::kJoin);
+  EXPECT_FALSE(r->leader_from_etcd);
+  o.coordinator.clear();
+  o.etcd = "";
+  o.bootstrap = Bootstrap::kEtcd;
+  EXPECT_THAT(ResolveBootstrap(o, Deadline::AfterMs(1000)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("MORPH_ETCD")));
+}
+
+TEST(BootstrapTest, FindLeaderGivesUpAtItsDeadline) {
+  StatusOr<EtcdOptions> eo = EtcdOptions::Parse("127.0.0.1:1");
+  ASSERT_TRUE(eo.ok()) << eo.status();
+  eo->timeout = std::chrono::milliseconds(100);
+  EtcdClient etcd(*eo);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THAT(FindLeader(etcd, "/morph/nobody", Deadline::AfterMs(300)),
+              StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("no coordinator leads /morph/nobody")));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+}
+
 }  // namespace
 }  // namespace morph

@@ -59,6 +59,11 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.etcd, params::Etcd());
   MORPH_ASSIGN_OR_RETURN(o.etcd_prefix, params::EtcdPrefix());
   MORPH_ASSIGN_OR_RETURN(o.etcd_rejoin_ms, params::EtcdRejoinMs());
+  MORPH_ASSIGN_OR_RETURN(o.etcd_ttl_s, params::EtcdTtlS());
+  MORPH_ASSIGN_OR_RETURN(int64_t candidates, params::EtcdCandidates());
+  o.etcd_candidates = static_cast<int>(candidates);
+  MORPH_ASSIGN_OR_RETURN(int64_t launch_index, params::LaunchIndex());
+  o.launch_index = static_cast<int>(launch_index);
   MORPH_ASSIGN_OR_RETURN(o.data_hostname, params::GlooHostname());
   MORPH_ASSIGN_OR_RETURN(o.data_iface, params::GlooIface());
   MORPH_ASSIGN_OR_RETURN(std::string backend, params::Backend());
@@ -95,7 +100,9 @@ StatusOr<Options> Options::FromEnv() {
       return InvalidArgumentError("SLURM_PROCID is set but SLURM_STEP_NODELIST is not");
     }
   }
-  if (o.launcher_size > 0) o.initial_world = o.launcher_size;
+  // Not under morphrun --slurm, whose workers are each the one task of a step of their own:
+  // morphrun says the job's initial world (MORPH_INITIAL_WORLD) to the candidates it starts.
+  if (o.launcher_size > 0 && o.launch_index < 0) o.initial_world = o.launcher_size;
   // The local rank, for the CUDA device: mpirun's, Slurm's, else morphrun's launch index.
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MORPH_LAUNCH_INDEX"}) {
     MORPH_ASSIGN_OR_RETURN(int local, env_int(name));
@@ -120,6 +127,11 @@ Status Options::Validate() const {
                                 " is outside [1, max_world=" + std::to_string(max_world) + "]");
   }
   if (heartbeat_ms < 1) return InvalidArgumentError("heartbeat_ms: must be at least 1");
+  if (etcd_ttl_s < 1 || etcd_candidates < 0) {
+    return InvalidArgumentError("etcd_ttl_s / etcd_candidates: must be >= 1 / >= 0, got " +
+                                std::to_string(etcd_ttl_s) + " / " +
+                                std::to_string(etcd_candidates));
+  }
   if (coordinator_local_watch_ms < 0 || coordinator_max_unauthenticated < 1 || restart_count < 0) {
     return InvalidArgumentError(
         "coordinator_local_watch_ms / coordinator_max_unauthenticated / restart_count: must be "

@@ -70,7 +70,10 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
     const bool cuda = impl->state.memory_of(t) == MemoryKind::kCuda;
     impl->device_tensors.push_back(cuda);
     if (cuda) impl->cuda_state = true;
-    if (impl->state.adopted(t)) impl->adopted_state = true;
+    if (impl->state.adopted(t)) {
+      impl->adopted_state = true;
+      if (!impl->state.allocator_any_thread(t)) impl->adopted_any_thread = false;
+    }
   }
   JobManifest& m = impl->manifest;
   m.model = o.model;
@@ -112,6 +115,7 @@ Status Runtime::Impl::Bootstrap() {
   Deadline deadline = Deadline::AfterMs(opts.start_timeout_ms);
   MORPH_ASSIGN_OR_RETURN(BootstrapResult boot, ResolveBootstrap(opts, deadline));
   coordinator = std::move(boot.coordinator);
+  candidate = boot.leader_from_etcd && coordinator != nullptr;
   opts.token = boot.token;
   GlooOptions gloo;
   if (!boot.data_hostname.empty()) gloo.hostname = boot.data_hostname;
@@ -146,10 +150,12 @@ Status Runtime::Impl::Bootstrap() {
   ao.on_connection_lost = [this](const Status& why) {
     AbortCollectives("the coordinator is gone (" + std::string(why.message()) + ")");
   };
+  std::shared_ptr<EtcdClient> etcd;
   if (!opts.etcd.empty()) {
     // Coordinator failover: on a dropped connection, find the leader in etcd and rejoin it.
     MORPH_ASSIGN_OR_RETURN(EtcdOptions eo, EtcdOptions::Parse(opts.etcd, "MORPH_ETCD"));
-    auto etcd = std::make_shared<EtcdClient>(eo);
+    etcd = std::make_shared<EtcdClient>(eo);
+    this->etcd = etcd;
     ao.reconnect_timeout_ms = opts.etcd_rejoin_ms;
     ao.reconnect = [etcd, prefix = opts.etcd_prefix, token = opts.token, host = opts.host,
                     m = manifest](WorkerId me, const ResumeState& state,
@@ -166,8 +172,29 @@ Status Runtime::Impl::Bootstrap() {
     };
   }
   HelloMsg hello{.token = opts.token, .host = opts.host, .pid = getpid(), .capabilities = 0};
-  MORPH_ASSIGN_OR_RETURN(agent, Agent::Connect(boot.coordinator_address, hello,
-                                               RegisterMsg{.manifest = manifest}, ao, deadline));
+  while (true) {
+    // Candidates hosted by workers: dial whichever leads now; a leader that died or stepped
+    // down before this worker registered (refused, or "does not lead") is looked up again.
+    if (boot.leader_from_etcd) {
+      MORPH_ASSIGN_OR_RETURN(boot.coordinator_address,
+                             FindLeader(*etcd, opts.etcd_prefix, deadline));
+    }
+    StatusOr<std::unique_ptr<Agent>> a = Agent::Connect(
+        boot.coordinator_address, hello, RegisterMsg{.manifest = manifest}, ao,
+        boot.leader_from_etcd ? Min(deadline, Deadline::AfterMs(5000)) : deadline);
+    if (a.ok()) {
+      agent = *std::move(a);
+      break;
+    }
+    const StatusCode code = a.status().code();
+    if (!boot.leader_from_etcd || deadline.Expired() ||
+        (code != StatusCode::kUnavailable && code != StatusCode::kDeadlineExceeded)) {
+      return a.status();
+    }
+    LOG(INFO) << "leader " << boot.coordinator_address << " did not register this worker ("
+              << a.status() << "); looking it up again";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   builder = std::make_unique<ChangeBuilder>(ChangeBuilder::Inputs{
       .manifest = manifest,
       .me = agent->id(),
@@ -354,9 +381,20 @@ Status Runtime::Finish(int64_t timeout_ms) {
     // finishing still is, and the job completes once every member said it is done.
     if (!m.core.finished() || m.agent->released()) {
       Status s = m.agent->SendDone();
-      if (!s.ok()) MORPH_LOG(WARNING, m.agent->log()) << "done not sent: " << s;
+      const bool failover = !m.opts.etcd.empty();
+      if (!s.ok() && !failover) MORPH_LOG(WARNING, m.agent->log()) << "done not sent: " << s;
+      // With failover a Done that died with the leader would make a successor count this
+      // worker lost: wait until a leader acknowledged it (the agent says it again to a
+      // successor it reconnects to), for at most as long as a successor waits for workers.
+      if (failover && !m.agent->WaitDoneAck(Deadline::AfterMs(m.opts.etcd_rejoin_ms))) {
+        MORPH_LOG(WARNING, m.agent->log())
+            << "no coordinator acknowledged this worker's Done within " << m.opts.etcd_rejoin_ms
+            << " ms" << (s.ok() ? std::string() : " (" + std::string(s.message()) + ")")
+            << ": a successor may count it lost";
+      }
     }
   }
+  if (m.coordinator && m.candidate) return m.FinishCandidate(timeout_ms);
   if (m.coordinator) {
     Status s = m.coordinator->Wait(Deadline::AfterMs(timeout_ms));
     // Every worker, this one included, was asked to leave: its part ended as asked.
@@ -367,6 +405,73 @@ Status Runtime::Finish(int64_t timeout_ms) {
     return s;
   }
   return Status();
+}
+
+namespace {
+// The job's end as a hosted coordinator's Wait says it: every worker, this one included, asked
+// to leave (kCancelled) is an end as asked.
+Status JobEnded(const Status& s) { return s.code() == StatusCode::kCancelled ? Status::Ok() : s; }
+}  // namespace
+
+Status Runtime::Impl::FinishCandidate(int64_t timeout_ms) {
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  Status result;
+  if (coordinator->stats().leading) {
+    // A member whose training loop ended (not one that left in a change) ends with the job: as
+    // the leader it hosts the job to its end, as without failover. A worker that left the job
+    // (a shrink, a preemption notice) hands the lead over instead, so that the others train on
+    // with another candidate.
+    const bool ends_with_job = done_sent && (!core.finished() || (agent && agent->released()));
+    if (ends_with_job || !agent) {
+      result = JobEnded(coordinator->Wait(deadline));
+    } else {
+      result = HandOver(deadline);
+    }
+  }
+  if (agent) agent->Close();  // before the coordinator closes it
+  coordinator->Stop();  // a follower's lease is revoked: nothing else changes
+  coordinator.reset();
+  return result;
+}
+
+Status Runtime::Impl::HandOver(Deadline deadline) {
+  // The change this worker left in is applied at this leader first: a successor that restored
+  // it still committed would wait for this worker's Applied and count it lost (a recovery).
+  const Deadline applied = Min(deadline, Deadline::AfterMs(opts.change_timeout_ms));
+  while (coordinator->stats().leading && coordinator->Snapshot().generation < gen.id &&
+         !applied.Expired()) {
+    Status s = coordinator->Wait(Deadline::AfterMs(10));
+    if (s.code() != StatusCode::kDeadlineExceeded) return JobEnded(s);  // ended meanwhile
+  }
+  // Out of the job: nothing more to tell a coordinator (its connection must not rejoin one).
+  agent->Close();
+  MORPH_LOG(INFO, agent->log()) << "this worker leaves the job: its coordinator resigns the lead";
+  coordinator->Resign();
+  const std::string me = coordinator->control_address();
+  const auto gave_up = Deadline::AfterMs(1000);
+  while (coordinator->stats().leading && !gave_up.Expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  while (!deadline.Expired()) {
+    StatusOr<std::optional<std::string>> v = LookupLeader(*etcd, opts.etcd_prefix);
+    if (v.ok() && v->has_value()) {
+      StatusOr<std::string> control = LeaderControlAddress(**v);
+      if (control.ok() && *control != me) {
+        MORPH_LOG(INFO, agent->log()) << "coordinator " << *control << " leads now";
+        return Status::Ok();
+      }
+    }
+    // No other candidate is left: this one leads again (a TTL after resigning) and hosts the
+    // job to its end.
+    if (coordinator->stats().leading) {
+      MORPH_LOG(WARNING, agent->log()) << "no other coordinator candidate took the lead: this "
+                                          "worker hosts the job's coordinator to its end";
+      return JobEnded(coordinator->Wait(deadline));
+    }
+    Status s = coordinator->Wait(Min(deadline, Deadline::AfterMs(50)));
+    if (s.code() != StatusCode::kDeadlineExceeded) return JobEnded(s);
+  }
+  return DeadlineExceededError("no other coordinator candidate took the lead in time");
 }
 
 WorkerId Runtime::worker_id() const { return impl_->agent ? impl_->agent->id() : 0; }

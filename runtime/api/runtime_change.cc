@@ -76,9 +76,13 @@ SwitchOptions Runtime::Impl::SwitchOpts() const {
   // unless they take the device path below.
   s.stage_old_in_host = cuda_state;
   SetDevicePath(s);
-  // Morph-owned host shards: new ones are allocated and pre-faulted while the old generation
-  // trains (switch.h "Pre-allocation").
-  if (!cuda_state && !adopted_state) s.preallocate = HostAllocator();
+  // Host shards, morph-owned or from allocators callable from any thread: new ones are
+  // allocated and pre-faulted while the old generation trains (switch.h "Pre-allocation").
+  if (!cuda_state && (!adopted_state || adopted_any_thread)) {
+    s.preallocate = [this](size_t t, size_t bytes) {
+      return state.AllocateShard(t, static_cast<int64_t>(bytes));
+    };
+  }
   s.restore_checkpoint = [](const std::string& path, StateStore& st) {
     return RestoreFromCheckpoint(path, st);
   };
@@ -204,6 +208,21 @@ Status Runtime::Impl::Switch(const CommitMsg& c, SteadyClock::time_point entered
 
 void Runtime::Impl::AdoptGroups(ChangeBuilder::BuiltPtr p) {
   std::unique_ptr<GroupSet> next = TakeGroups(**p->result);
+  const std::string current = builder->store_address();
+  if (p->store && p->store_address != current && !p->store_address.empty()) {
+    // Built through a leader that died since: this generation's store is the successor's
+    // (buddy snapshots rendezvous there next).
+    StatusOr<std::unique_ptr<TcpStoreClient>> moved = TcpStoreClient::Connect(
+        current, opts.token, p->generation, Deadline::AfterMs(opts.change_timeout_ms));
+    if (moved.ok()) {
+      p->store = std::move(*moved);
+      p->store_address = current;
+    } else {
+      MORPH_LOG(WARNING, agent->log()) << "generation " << p->generation
+                                       << ": the new coordinator's store at " << current
+                                       << " cannot be reached: " << moved.status();
+    }
+  }
   if (p->store) store = std::move(p->store);
   live.Adopt(std::move(next), std::move(p));
 }

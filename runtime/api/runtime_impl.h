@@ -48,12 +48,18 @@ struct Runtime::Impl {
   JobManifest manifest;
   StateStore state;
   std::unique_ptr<Coordinator> coordinator;
+  // The coordinator is a failover candidate hosted by this worker (Bootstrap::kEtcd): Finish
+  // hands its lead over unless the job ends with this worker (FinishCandidate).
+  bool candidate = false;
+  std::shared_ptr<EtcdClient> etcd;  // with Options::etcd
   std::unique_ptr<Agent> agent;
   std::unique_ptr<TcpStoreClient> store;  // the job's store, generation of the last change
   std::shared_ptr<GlooDevice> device;
   CommunicatorFactory factory;
   bool cuda_state = false;  // some registered tensor lives in CUDA memory (set in Start)
   bool adopted_state = false;  // some tensor's storage is the user's (AdoptTensor; set in Start)
+  // Every adopted tensor's allocator may be called from any thread (TensorAllocator::any_thread).
+  bool adopted_any_thread = true;
   // Per tensor: registered in CUDA memory (set in Start); the NCCL data plane's device, -1: Gloo.
   std::vector<bool> device_tensors;
   int cuda_device = -1;
@@ -145,6 +151,12 @@ struct Runtime::Impl {
   StatusOr<bool> AwaitVoteOutcome(int64_t step);
 
   Status Bootstrap();
+  // Runtime::Finish of a worker that hosts a failover candidate: a follower stops; a leader
+  // hosts the job to its end when the job ends with this worker, else hands the lead over.
+  Status FinishCandidate(int64_t timeout_ms);
+  // Resigns the lead and waits for another candidate to take it; when none does, leads again
+  // and hosts the job to its end.
+  Status HandOver(Deadline deadline);
 
   // The worker holding rank `r` of this worker's group `group` (a GroupBuilder name: "world",
   // "dp/...", "tp/...", "pp/..."), or 0 when that cannot be told.

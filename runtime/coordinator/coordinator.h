@@ -182,6 +182,11 @@ class Coordinator {
   Status Wait(Deadline deadline);
   // Closes the listener, every connection, the scheduler API and the store; idempotent.
   void Stop();
+  // Coordinator failover: a leader gives its leadership up (as after a refused write: its
+  // connections close, its lease is revoked so another candidate may lead at once, and it
+  // campaigns again a TTL later), e.g. when the worker that hosts it leaves the job. Nothing
+  // without etcd or when not leading. Any thread; returns at once.
+  void Resign();
 
   struct Stats {
     int64_t connections_accepted = 0;

@@ -275,6 +275,8 @@ void Coordinator::Impl::Execute(DeciderAction::Any& action) {
         } else if constexpr (std::is_same_v<A, DeciderAction::SendRelease>) {
           MORPH_LOG(INFO, log_) << "release worker " << a.to;
           SendTo({a.to}, a.msg);
+        } else if constexpr (std::is_same_v<A, DeciderAction::AckDone>) {
+          SendTo({a.to}, DoneMsg{});  // its Done is recorded (and persisted, with failover)
         } else if constexpr (std::is_same_v<A, DeciderAction::AdvanceStore>) {
           store_->AdvanceGeneration(a.generation);
         } else if constexpr (std::is_same_v<A, DeciderAction::AnswerResize>) {

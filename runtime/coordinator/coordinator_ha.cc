@@ -162,6 +162,17 @@ void Coordinator::Impl::StepDown(const Status& why, bool resign) {
   MarkDirty();
 }
 
+void Coordinator::Resign() {
+  std::weak_ptr<Impl> weak = impl_;
+  asio::post(impl_->io_, [weak] {
+    auto s = weak.lock();
+    if (s && !s->stopping_ && s->leading_ && s->ha()) {
+      s->StepDown(AbortedError("resigned (the worker that hosts it leaves the job)"),
+                  /*resign=*/true);
+    }
+  });
+}
+
 std::string Coordinator::Impl::SavedState() const {
   json j{{"decider", decider_.Save()},
          {"next_worker", next_worker_},

@@ -242,6 +242,12 @@ struct DeciderAction {
     WorkerId to = 0;
     ReleaseMsg msg;
   };
+  // A worker's Done is recorded (persisted first, like every action's cause): its Finish may
+  // return (with failover it waits for this, saying Done again to a successor if need be).
+  // Every Done is acknowledged, a duplicate or one the decider ignores included.
+  struct AckDone {
+    WorkerId to = 0;
+  };
   // The store's generation moves to `generation` (only the coordinator advances it).
   struct AdvanceStore {
     int64_t generation = 0;
@@ -275,7 +281,7 @@ struct DeciderAction {
   using Any = std::variant<ComputePlan, SendPrepare, SendCommit, SendAbandon, SendOutcome,
                            SendRelease, AdvanceStore, AnswerResize, LaunchWorkers, Disconnect,
                            JobFailed, JobComplete, ChooseRecovery, SendAbort, FindResumeCheckpoint,
-                           JobStopped>;
+                           JobStopped, AckDone>;
 };
 
 class Decider {
@@ -322,8 +328,10 @@ class Decider {
   // not a saved state. Call Resume next.
   Status Load(std::string_view saved);
   // The successor takes over at `now_ms`: every known worker has options.rejoin_timeout_ms to
-  // Rejoin; a plan being computed is dropped and proposed again (its id is skipped), a recovery
-  // choice or a resume checkpoint being looked up is asked again; the store moves to the newest
+  // Rejoin; a plan being computed is dropped and proposed again (its id is skipped), a prepare
+  // in progress is abandoned and proposed again under a new id (its participants' builds
+  // rendezvoused on the dead leader's store), a recovery choice or a resume checkpoint being
+  // looked up is asked again; the store moves to the newest
   // generation id. Returns the actions.
   std::vector<DeciderAction::Any> Resume(int64_t now_ms);
 

@@ -234,6 +234,15 @@ std::vector<DeciderAction::Any> Decider::Resume(int64_t now_ms) {
     pending_.reset();
     phase_ = current_.id == 0 ? Phase::kStarting : Phase::kStable;
     MaybePropose(out);
+  } else if (phase_ == Phase::kPreparing && !choosing_ && pending_) {
+    // Its participants build the new generation's communicators through the dead leader's
+    // store, and only some may have got through: a build waiting there never ends (before the
+    // change timeout), and one rebuilt on this leader's store would not meet the others. So the
+    // proposal is abandoned and proposed anew under a new id, whose builds all rendezvous
+    // here. Reports come only from built participants, so no commit depended on it yet; a
+    // worker waiting at its gate for it gets the abandon when it rejoins (OnRejoin).
+    AbandonPending(out);
+    MaybePropose(out);
   } else if (phase_ == Phase::kPreparing && choosing_ && pending_) {
     if (current_.id == 0) {
       out.push_back(DeciderAction::FindResumeCheckpoint{pending_->id});
@@ -261,6 +270,7 @@ void Decider::OnRejoin(const DeciderEvent::Rejoin& e, Out& out) {
       OnJoin(DeciderEvent::Join{.worker = w, .host = e.host}, out);
     } else {
       // Released (or gone through a change) before the leader died: it has nothing to do here.
+      if (e.done) out.push_back(DeciderAction::AckDone{w});
       out.push_back(DeciderAction::SendRelease{w, ReleaseMsg{current_.id}});
     }
     return;

@@ -1,6 +1,7 @@
 // Coordinator failover, the decider's cases a person reasons about (decider_persist.cc): the
 // leader dies between the commit and the switch, and a successor restored from what it saved
-// completes the change; a worker that does not come back is lost; an outcome decided but never
+// completes the change; the leader dies during a prepare, and the successor proposes anew; a
+// worker that does not come back is lost; an outcome decided but never
 // delivered is delivered; a saved state loads back to the same bytes, and bad bytes are
 // refused. The seeded simulation (decider_sim_test.cc) kills leaders on its own schedules.
 #include <gtest/gtest.h>
@@ -114,6 +115,56 @@ TEST(DeciderPersistTest, LeaderDiesBetweenCommitAndSwitchSuccessorCompletesTheCh
   EXPECT_TRUE(All<DeciderAction::Disconnect>(s.Handle(2000, DeciderEvent::Tick{})).empty());
 }
 
+// The leader dies during a prepare (worker 1 reported, worker 2 not): the participants build the
+// new generation's communicators through the dead leader's store, which is gone, so the
+// proposal cannot complete as it is. The successor abandons it and proposes anew (a new
+// generation id: its builds rendezvous on the successor's store); a rejoining worker that
+// waits at its gate for the old proposal gets its abandon, then the new prepare.
+TEST(DeciderPersistTest, LeaderDiesDuringAPrepareSuccessorProposesAnew) {
+  Decider d(Options());
+  d.Handle(0, DeciderEvent::Join{.worker = 1, .host = "h"});
+  d.Handle(0, DeciderEvent::Join{.worker = 2, .host = "h"});
+  d.Handle(1, DeciderEvent::PlanReady{.generation = 1, .plan = Plan({1, 2}, 11)});
+  d.Handle(2, AppliedMsg{.worker = 1, .generation = 1, .ok = true});
+  d.Handle(2, AppliedMsg{.worker = 2, .generation = 1, .ok = true});
+  d.Handle(3, DeciderEvent::Join{.worker = 3, .host = "h"});
+  Out out = d.Handle(4, DeciderEvent::PlanReady{.generation = 2, .plan = Plan({1, 2, 3}, 22)});
+  ASSERT_EQ(All<DeciderAction::SendPrepare>(out).size(), 1u);
+  d.Handle(5, StepReportMsg{.worker = 1, .generation = 2, .last_free_step = 7});
+  ASSERT_EQ(d.phase(), Decider::Phase::kPreparing);
+
+  Decider s(Options());
+  MORPH_ASSERT_OK(s.Load(d.Save()));
+  out = s.Resume(100);
+  ASSERT_EQ(All<DeciderAction::SendAbandon>(out).size(), 1u);
+  EXPECT_EQ(All<DeciderAction::SendAbandon>(out)[0].msg.generation, 2);
+  std::vector<DeciderAction::ComputePlan> plan = All<DeciderAction::ComputePlan>(out);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].request.generation, 3);
+  EXPECT_EQ(s.phase(), Decider::Phase::kPlanning);
+  out = s.Handle(110, DeciderEvent::PlanReady{.generation = 3, .plan = Plan({1, 2, 3}, 33)});
+  ASSERT_EQ(All<DeciderAction::SendPrepare>(out).size(), 1u);
+  EXPECT_EQ(All<DeciderAction::SendPrepare>(out)[0].msg.next.id, 3);
+  // Worker 1 waits at its gate for generation 2: the abandon, then the new prepare.
+  out = s.Handle(120, DeciderEvent::Rejoin{.worker = 1, .host = "h", .generation = 1,
+                                           .prepared = 2});
+  ASSERT_EQ(All<DeciderAction::SendAbandon>(out).size(), 1u);
+  EXPECT_EQ(All<DeciderAction::SendAbandon>(out)[0].msg.generation, 2);
+  ASSERT_EQ(All<DeciderAction::SendPrepare>(out).size(), 1u);
+  EXPECT_EQ(All<DeciderAction::SendPrepare>(out)[0].msg.next.id, 3);
+  // Worker 2 was still building generation 2: the new prepare.
+  out = s.Handle(130, DeciderEvent::Rejoin{.worker = 2, .host = "h", .generation = 1});
+  EXPECT_TRUE(All<DeciderAction::SendAbandon>(out).empty());
+  ASSERT_EQ(All<DeciderAction::SendPrepare>(out).size(), 1u);
+  s.Handle(140, DeciderEvent::Rejoin{.worker = 3, .host = "h", .generation = 0});
+  s.Handle(150, StepReportMsg{.worker = 1, .generation = 3, .last_free_step = 9});
+  out = s.Handle(160, StepReportMsg{.worker = 2, .generation = 3, .last_free_step = 10});
+  std::vector<DeciderAction::SendCommit> commit = All<DeciderAction::SendCommit>(out);
+  ASSERT_EQ(commit.size(), 1u);
+  EXPECT_EQ(commit[0].msg.next.id, 3);
+  EXPECT_EQ(commit[0].msg.next.start_step, 11);
+}
+
 // A worker that does not reconnect within the rejoin timeout is lost; a member's loss aborts
 // the generation and a recovery follows.
 TEST(DeciderPersistTest, WorkerThatDoesNotRejoinIsLost) {
@@ -166,6 +217,12 @@ TEST(DeciderPersistTest, UndeliveredOutcomeAndAbandonAreDelivered) {
   // Worker 9 never existed here and says it trained: it is sent away.
   out = s.Handle(130, DeciderEvent::Rejoin{.worker = 9, .host = "h", .generation = 1});
   ASSERT_EQ(All<DeciderAction::SendRelease>(out).size(), 1u);
+  // Worker 3 finished training and its Done died with the leader: the rejoin says so, and the
+  // successor records and acknowledges it (the worker's Finish waits for that).
+  out = s.Handle(140, DeciderEvent::Rejoin{.worker = 3, .host = "h", .generation = 1,
+                                           .done = true});
+  ASSERT_EQ(All<DeciderAction::AckDone>(out).size(), 1u);
+  EXPECT_EQ(All<DeciderAction::AckDone>(out)[0].to, 3);
 }
 
 }  // namespace

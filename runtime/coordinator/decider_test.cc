@@ -80,8 +80,7 @@ std::string Render(const DeciderAction::Any& action) {
         } else if constexpr (std::is_same_v<A, DeciderAction::ChooseRecovery>) {
           os << "choose " << a.generation;
         } else if constexpr (std::is_same_v<A, DeciderAction::FindResumeCheckpoint>) {
-          os << "find-checkpoint " << a.generation;
-        }
+          os << "find-checkpoint " << a.generation;        }  // AckDone: left out of the scripts (EveryDoneIsAcknowledged checks it)
       },
       action);
   return os.str();
@@ -100,7 +99,9 @@ class Script {
       std::stringstream ev(line);
       std::string kind;
       if (!(ev >> kind)) continue;
-      for (const auto& a : d_.Handle(now_, Parse(kind, ev))) out += Render(a) + "\n";
+      for (const auto& a : d_.Handle(now_, Parse(kind, ev))) {
+        if (!std::holds_alternative<DeciderAction::AckDone>(a)) out += Render(a) + "\n";
+      }
     }
     return out;
   }
@@ -344,6 +345,25 @@ std::vector<A> Actions(const std::vector<DeciderAction::Any>& out) {
     if (const A* x = std::get_if<A>(&a)) v.push_back(*x);
   }
   return v;
+}
+
+// Every Done is acknowledged, once the decider recorded it (the shell persists before it sends
+// the acknowledgment): a member's, a duplicate, a spare's it ignores, and one after the job
+// completed. With failover a worker's Finish waits for it.
+TEST(DeciderScriptTest, EveryDoneIsAcknowledged) {
+  Script s = Running(2);
+  s.Run("join 3");
+  auto acked = [&](WorkerId w) {
+    std::vector<DeciderAction::AckDone> a =
+        Actions<DeciderAction::AckDone>(s.decider().Handle(0, DeciderEvent::Done{.worker = w}));
+    return a.size() == 1 && a[0].to == w;
+  };
+  EXPECT_TRUE(acked(3));  // a spare: ignored, acknowledged
+  EXPECT_TRUE(acked(1));
+  EXPECT_TRUE(acked(1));  // said again (to a successor, or a late duplicate)
+  EXPECT_TRUE(acked(2));
+  EXPECT_EQ(s.decider().phase(), Decider::Phase::kComplete);
+  EXPECT_TRUE(acked(3));  // released at the end, says Done after it
 }
 
 // Resume at start: the first generation's plan is followed by FindResumeCheckpoint, not a

@@ -55,7 +55,8 @@ std::string EtcdBinary() {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
+StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members,
+                                                         const std::string& client_host) {
   const std::string binary = EtcdBinary();
   if (binary.empty()) {
     return NotFoundError("no etcd binary (apt-get install etcd-server, or set MORPH_ETCD_BINARY)");
@@ -64,6 +65,7 @@ StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "morph-etcd-XXXXXX").string();
   if (mkdtemp(tmpl.data()) == nullptr) return InternalError("mkdtemp failed");
   c->dir_ = tmpl;
+  c->client_host_ = client_host;
   std::vector<uint16_t> peer_ports;
   std::string initial;
   for (int i = 0; i < members; ++i) {
@@ -74,7 +76,7 @@ StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
   }
   for (int i = 0; i < members; ++i) {
     const std::string name = "m" + std::to_string(i);
-    const std::string client = "http://127.0.0.1:" + std::to_string(c->client_ports_[i]);
+    const std::string client = "http://" + client_host + ":" + std::to_string(c->client_ports_[i]);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_ports[i]);
     std::vector<std::string> args = {binary,
                                      "--name=" + name,
@@ -136,14 +138,14 @@ void EtcdCluster::Kill(int i) {
 std::string EtcdCluster::endpoints() const {
   std::string s;
   for (size_t i = 0; i < client_ports_.size(); ++i) {
-    s += (i ? "," : "") + std::string("127.0.0.1:") + std::to_string(client_ports_[i]);
+    s += (i ? "," : "") + client_host_ + ":" + std::to_string(client_ports_[i]);
   }
   return s;
 }
 
 EtcdOptions EtcdCluster::options() const {
   EtcdOptions o;
-  for (uint16_t p : client_ports_) o.endpoints.push_back("127.0.0.1:" + std::to_string(p));
+  for (uint16_t p : client_ports_) o.endpoints.push_back(client_host_ + ":" + std::to_string(p));
   return o;
 }
 

@@ -24,10 +24,15 @@ class EtcdCluster {
   // kNotFound when no etcd binary is installed (MORPH_ETCD_BINARY, else `etcd` on PATH or
   // /usr/bin/etcd); kDeadlineExceeded when the cluster does not answer within 30 s (the members'
   // logs are left in the folder and named in the message).
-  static StatusOr<std::unique_ptr<EtcdCluster>> Start(int members = 3);
+  // `client_host`: the IPv4 address its members serve clients on (their peers talk over
+  // loopback), e.g. a bridge's address that network namespaces reach; its ports are picked free
+  // on loopback.
+  static StatusOr<std::unique_ptr<EtcdCluster>> Start(int members = 3,
+                                                      const std::string& client_host = "127.0.0.1");
   ~EtcdCluster();
 
-  // "127.0.0.1:p1,127.0.0.1:p2,..." (MORPH_ETCD's format).
+  // "127.0.0.1:p1,127.0.0.1:p2,..." (MORPH_ETCD's format; the client host instead of
+  // 127.0.0.1 when one was given).
   std::string endpoints() const;
   EtcdOptions options() const;
   const std::string& dir() const { return dir_; }
@@ -38,6 +43,7 @@ class EtcdCluster {
   EtcdCluster() = default;
 
   std::string dir_;
+  std::string client_host_ = "127.0.0.1";
   std::vector<uint16_t> client_ports_;
   std::vector<pid_t> pids_;
 };

@@ -51,7 +51,8 @@ inline constexpr uint32_t kWireMagic = 0x4850524d;
 // 9: WelcomeMsg::first_generation (checkpoint retention keeps to the job's own generations).
 // 10: layouts carry the torch.chunk flags (ChunkTP, ChunkDP).
 // 11: RegisterMsg::resume (coordinator failover: a worker reconnects to a successor as itself).
-inline constexpr uint16_t kWireVersion = 11;
+// 12: DoneMsg also coordinator -> worker: the acknowledgment of a worker's Done.
+inline constexpr uint16_t kWireVersion = 12;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Largest body: a commit for 2^20 ranks (8 MiB of worker ids) fits with room to spare.
 inline constexpr uint32_t kMaxFrameBody = 32u << 20;
@@ -117,7 +118,8 @@ struct LeaveMsg {
 };
 // Worker -> coordinator: this worker's training loop ended normally. Once every member of the
 // current generation sent Done (or closed its connection after it), the job is complete and
-// the coordinator proposes no further change.
+// the coordinator proposes no further change. Coordinator -> worker: the Done is recorded (with
+// failover, persisted): a worker's Finish waits for this before its process may exit.
 struct DoneMsg {
   friend bool operator==(const DoneMsg&, const DoneMsg&) = default;
 };

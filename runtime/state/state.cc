@@ -182,6 +182,10 @@ Buffer StateStore::TakeShard(size_t index) {
 
 bool StateStore::adopted(size_t index) const { return entries_[index]->adopted; }
 
+bool StateStore::allocator_any_thread(size_t index) const {
+  return entries_[index]->adopted && entries_[index]->allocator.any_thread;
+}
+
 MemoryKind StateStore::memory_of(size_t index) const {
   const Entry& e = *entries_[index];
   if (e.data.size() > 0) return e.data.kind();

@@ -69,6 +69,8 @@ class StateStore final : public State {
   // True for a tensor registered with AdoptTensor (its storage comes from the user's
   // allocator, on the training thread).
   bool adopted(size_t index) const;
+  // An adopted tensor whose allocator may be called from any thread (TensorAllocator::any_thread).
+  bool allocator_any_thread(size_t index) const;
   // Installs the new layout: `shards[i]` / `buffers[i]` for every tensor (empty Buffer where
   // the shard is empty), laid out for `config` / `rank` (-1: none). Releases whatever storage
   // was still held.

@@ -29,7 +29,12 @@ void ChangeBuilder::Built::SetResult(StatusOr<std::unique_ptr<PreparedSwitch>> b
 void ChangeBuilder::Start(const PrepareMsg& p, SwitchOptions options, std::function<void()> ready) {
   std::lock_guard<std::mutex> l(mu_);
   if (latest_ && latest_->generation >= p.next.id) return;  // a duplicate: the first one reports
-  if (latest_) stale_.push_back(std::move(latest_));
+  if (latest_) {
+    // A newer proposal replaces it (a successor's, after the one built here died with its
+    // leader): its late answer would promise a step for a proposal nobody runs.
+    latest_->superseded.store(true);
+    stale_.push_back(std::move(latest_));
+  }
   auto job = std::make_shared<Built>();
   job->generation = p.next.id;
   job->from = p.from.id;
@@ -43,14 +48,15 @@ void ChangeBuilder::Start(const PrepareMsg& p, SwitchOptions options, std::funct
       const std::function<void()>& f;
       ReadyGate& gate;
       std::atomic<bool>& finished;
+      const std::atomic<bool>& superseded;
       ~Ready() {
         {
           std::lock_guard<std::mutex> l(gate.mu);
-          if (gate.open && f) f();
+          if (gate.open && f && !superseded.load()) f();
         }
         finished.store(true);
       }
-    } answer{ready, *gate, raw->finished};
+    } answer{ready, *gate, raw->finished, raw->superseded};
     const auto began = Clock::now();
     Deadline deadline = Deadline::AfterMs(in.timeout_ms);
     // A fresh client (the training thread's store may not exist yet: a prepare can arrive while
@@ -66,6 +72,7 @@ void ChangeBuilder::Start(const PrepareMsg& p, SwitchOptions options, std::funct
     {
       std::lock_guard<std::mutex> l(raw->mu);
       raw->store = std::move(*s);
+      raw->store_address = in.store_address;
     }
     StatusOr<std::unique_ptr<PreparedSwitch>> built =
         PrepareSwitch(in.manifest, in.me, p, *client, in.factory, options, deadline);
@@ -146,8 +153,12 @@ StatusOr<ChangeBuilder::BuiltPtr> ChangeBuilder::Take(const CommitMsg& c, TcpSto
                                                       const SwitchOptions& options,
                                                       Deadline deadline) {
   BuiltPtr mine;
+  std::string address;
+  bool moved = false;  // a successor's store: the training thread's may be the dead leader's
   {
     std::lock_guard<std::mutex> l(mu_);
+    address = in_.store_address;
+    moved = store_moved_;
     if (latest_ && latest_->generation == c.next.id) mine = std::move(latest_);
     if (!mine) {
       mine = std::make_shared<Built>();
@@ -159,7 +170,13 @@ StatusOr<ChangeBuilder::BuiltPtr> ChangeBuilder::Take(const CommitMsg& c, TcpSto
     mine->thread.join();
     return mine;
   }
-  MORPH_ASSIGN_OR_RETURN(mine->store, store.ForGeneration(c.next.id, deadline));
+  if (!moved) {
+    MORPH_ASSIGN_OR_RETURN(mine->store, store.ForGeneration(c.next.id, deadline));
+  } else {
+    MORPH_ASSIGN_OR_RETURN(mine->store,
+                           TcpStoreClient::Connect(address, in_.token, c.next.id, deadline));
+  }
+  mine->store_address = address;
   mine->SetResult(
       PrepareSwitch(in_.manifest, in_.me, AsPrepare(c), *mine->store, in_.factory, options,
                     deadline));

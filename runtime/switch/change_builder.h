@@ -60,8 +60,11 @@ class ChangeBuilder {
     std::thread thread;
     std::mutex mu;  // `store` and `result` while the thread runs
     std::unique_ptr<TcpStoreClient> store;
+    std::string store_address;  // where `store` is connected
     StatusOr<std::unique_ptr<PreparedSwitch>> result = InternalError("not built yet");
     std::atomic<bool> finished{false};  // the thread is done (JoinStale joins it)
+    // A newer prepare replaced it before it was built: it does not answer its prepare.
+    std::atomic<bool> superseded{false};
     // An abort of the generation the change starts from that came while it was being built
     // (-1: none): applied to the result as soon as there is one (SetResult).
     int64_t aborted_from = -1;
@@ -97,7 +100,13 @@ class ChangeBuilder {
   // on rendezvous there. Any thread.
   void SetStoreAddress(std::string address) {
     std::lock_guard<std::mutex> l(mu_);
+    if (address != in_.store_address) store_moved_ = true;
     in_.store_address = std::move(address);
+  }
+  // The job's store as last known (the Welcome's, or the successor's). Any thread.
+  std::string store_address() {
+    std::lock_guard<std::mutex> l(mu_);
+    return in_.store_address;
   }
 
   // Joins the abandoned builds whose thread is done (at a step boundary: one still connecting
@@ -118,6 +127,7 @@ class ChangeBuilder {
 
   Inputs in_;  // mu_ (only the store address changes)
   std::mutex mu_;
+  bool store_moved_ = false;       // a successor hosts the store: Take connects there
   BuiltPtr latest_;                // the latest prepare's build
   BuiltPtr switching_;             // the one the training thread is switching with
   std::vector<BuiltPtr> stale_;    // abandoned ones, joined by the training thread

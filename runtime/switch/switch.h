@@ -192,12 +192,13 @@ struct SwitchOptions {
   // Release old shards only after the closing barrier: a failed switch then leaves the whole
   // old state intact (rollback possible), at the cost of holding old and new state together.
   bool keep_old_until_barrier = false;
-  // Pre-allocation (see "Pre-allocation" above): the allocator that gives this worker's new
-  // shards the same storage State::AllocateShard would (HostAllocator() for morph-owned host
-  // tensors), callable from PrepareSwitch's thread. Null: nothing is pre-allocated (CUDA state,
-  // adopted tensors, whose allocator belongs to the training thread). Ignored with
-  // stage_old_in_host and for recoveries.
-  Allocator preallocate;
+  // Pre-allocation (see "Pre-allocation" above): (tensor index, bytes) -> the storage
+  // State::AllocateShard gives that tensor's new shard (HostAllocator's for morph-owned host
+  // tensors, the tensor's allocator for adopted ones), callable from PrepareSwitch's thread.
+  // Null: nothing is pre-allocated (CUDA state, adopted tensors whose allocator belongs to the
+  // training thread). Ignored with stage_old_in_host and for recoveries. Adopted tensors'
+  // shards never come from the page pool (their storage is the allocator's).
+  ShardAllocator preallocate;
   // chunk_bytes and staging_bytes come from the manifest (they are part of the plan digest);
   // the other fields (rounds in flight, strided messages) from here.
   ExecutorOptions executor;
@@ -355,7 +356,7 @@ class PreparedSwitch {
   friend Status PlanSwitch(PreparedSwitch&, const ChangePlan&, const SwitchOptions&);
   friend void PlanPreallocation(PreparedSwitch&);
   friend void MarkApplied(PreparedSwitch&);
-  friend void FillPreallocation(PreparedSwitch&, const Allocator&);
+  friend void FillPreallocation(PreparedSwitch&, const ShardAllocator&);
   friend Buffer TakePreallocated(PreparedSwitch&, size_t);
   friend int64_t PredictPeak(const PreparedSwitch&, bool keep_old);
   friend Status PrepareDevicePath(PreparedSwitch&, Store&, Deadline);

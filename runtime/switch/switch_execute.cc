@@ -212,7 +212,7 @@ Status SwitchExecution::AllocateNewShards(Batch& b) {
 // tensor's allocator; faulted in at once when pre-allocating (half the cost of faulting by the
 // copy or receive: switch.h).
 StatusOr<Buffer> SwitchExecution::AllocateFresh(size_t t, int64_t bytes) {
-  if (recycle_ && pool_.bytes() > 0 && sw_.grow_offset_[t] < 0) {
+  if (recycle_ && pool_.bytes() > 0 && sw_.grow_offset_[t] < 0 && !state_.adopted(t)) {
     size_t recycled = 0;
     MORPH_ASSIGN_OR_RETURN(Buffer b, pool_.Get(static_cast<size_t>(bytes), &recycled));
     stats_.recycled_bytes += static_cast<int64_t>(recycled);

@@ -36,7 +36,7 @@ Status PrefaultFresh(BufferView v, int64_t offset, size_t resident);
 int64_t GrowOffset(const LocalPlan& p, size_t t);
 int64_t PredictPeak(const PreparedSwitch& sw, bool keep_old);
 void PlanPreallocation(PreparedSwitch& sw);
-void FillPreallocation(PreparedSwitch& sw, const Allocator& alloc);
+void FillPreallocation(PreparedSwitch& sw, const ShardAllocator& alloc);
 Buffer TakePreallocated(PreparedSwitch& sw, size_t t);
 // The closing barrier passed: Abort() leaves the new groups be (switch.h, applied_).
 void MarkApplied(PreparedSwitch& sw);

@@ -112,13 +112,13 @@ done:
 // ready; stops early when the switch is destroyed or aborted. A failed allocation leaves that
 // shard (and the rest) to ExecuteSwitch, which allocates it and reports the error if it fails
 // again. The pre-allocation thread.
-void FillPreallocation(PreparedSwitch& sw, const Allocator& alloc) {
+void FillPreallocation(PreparedSwitch& sw, const ShardAllocator& alloc) {
   const LocalPlan& p = sw.plan_;
   for (size_t k = 0; k < sw.prealloc_order_.size(); ++k) {
     if (sw.prealloc_stop_.load() || sw.aborted_.load()) break;
     const size_t t = static_cast<size_t>(sw.prealloc_order_[k]);
     const int64_t n = ShardBytes(p.new_shards[t], p.tensors[t].dtype);
-    StatusOr<Buffer> b = alloc(static_cast<size_t>(n));
+    StatusOr<Buffer> b = alloc(t, static_cast<size_t>(n));
     const size_t resident = static_cast<size_t>(ShardBytes(p.old_shards[t], p.tensors[t].dtype));
     Status s = b.ok() ? PrefaultFresh(b->view(), sw.grow_offset_[t], resident) : b.status();
     if (!s.ok()) {

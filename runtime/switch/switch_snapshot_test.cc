@@ -209,7 +209,7 @@ void SnapshotRecovery(bool big) {
   };
   c.states_.erase(dead);
   SwitchOptions options = Cluster::Defaults();
-  if (big) options.preallocate = HostAllocator();
+  if (big) options.preallocate = ForAnyTensor(HostAllocator());
   std::map<WorkerId, WorkerResult> r = c.Run(p, tweak, options, edit);
   ASSERT_EQ(r.size(), 3u);
   int64_t received = 0;

@@ -185,7 +185,7 @@ struct CountingAllocator {
 TEST(SwitchTest, PreallocatedNewShardsKeepTheStateAndTheBound) {
   CountingAllocator counting;
   SwitchOptions o = Cluster::Defaults();
-  o.preallocate = counting.Get();
+  o.preallocate = ForAnyTensor(counting.Get());
   Cluster c;
   ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {10, 11}));
   ASSERT_NO_FATAL_FAILURE(c.Change(Config(4, 1, 1), {10, 11, 12, 13}, /*sign_consistent=*/true, o));
@@ -218,7 +218,7 @@ TEST(SwitchTest, GrowingShardsKeepTheirResidentPagesInPlace) {
     SCOPED_TRACE(preallocate ? "pre-allocated" : "allocated at the switch");
     SwitchOptions o = Cluster::Defaults();
     o.batch_bytes = 8 << 20;
-    if (preallocate) o.preallocate = HostAllocator();
+    if (preallocate) o.preallocate = ForAnyTensor(HostAllocator());
     Cluster c(big);
     c.manifest_.chunk_bytes = 1 << 20;
     c.manifest_.staging_bytes = 8 << 20;
@@ -271,7 +271,7 @@ TEST(SwitchTest, GrowingShardsKeepTheirResidentPagesInPlace) {
 TEST(SwitchTest, AbandonedPrepareReleasesItsPreallocatedShards) {
   CountingAllocator counting;
   SwitchOptions o = Cluster::Defaults();
-  o.preallocate = counting.Get();
+  o.preallocate = ForAnyTensor(counting.Get());
   Cluster c;
   ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {1, 2}));
   MORPH_ASSERT_OK_AND_ASSIGN(PrepareMsg p, c.Decide(Config(4, 1, 1), {1, 2, 3, 4}));

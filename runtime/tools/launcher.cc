@@ -12,7 +12,10 @@
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/api/bootstrap.h"
+#include "runtime/coordinator/decider.h"
 
 extern char** environ;
 
@@ -53,6 +56,26 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
   }
   c.initial_world = l->options_.workers;
   c.max_world = l->options_.max_workers;
+  if (l->options_.etcd.empty()) {
+    const char* e = worker_env("MORPH_ETCD");
+    if (e != nullptr) l->options_.etcd = e;
+  }
+  if (!l->options_.etcd.empty()) {
+    MORPH_ASSIGN_OR_RETURN(EtcdOptions eo, EtcdOptions::Parse(l->options_.etcd, "MORPH_ETCD"));
+    l->etcd_ = std::make_unique<EtcdClient>(eo);
+    std::string& prefix = l->options_.etcd_prefix;
+    if (prefix.empty()) {
+      const char* p = worker_env("MORPH_ETCD_PREFIX");
+      if (p != nullptr && *p != 0) {
+        prefix = p;
+      } else {
+        // A fresh prefix per launch: never an earlier job's saved state.
+        MORPH_ASSIGN_OR_RETURN(std::string id, RandomToken());
+        prefix = "/morph/morphrun-" + id.substr(0, 12);
+        l->own_prefix_ = true;
+      }
+    }
+  }
   if (l->options_.token_file.empty()) {
     // A folder of its own (0700): nobody can read the file, or put one in its place first.
     std::error_code ec;
@@ -66,6 +89,14 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
   }
   MORPH_RETURN_IF_ERROR(WritePrivateFile(l->options_.token_file, c.token + "\n", "token file"));
   Launcher* raw = l.get();
+  if (l->etcd_) {
+    // The workers host the coordinator's candidates; this process only launches.
+    LOG(INFO) << "morphrun: coordinator failover on etcd " << l->options_.etcd << ", prefix "
+              << l->options_.etcd_prefix << ": the first workers host coordinator candidates";
+    for (int i = 0; i < l->options_.workers; ++i) MORPH_RETURN_IF_ERROR(l->SpawnOne());
+    l->watcher_ = std::thread([raw] { raw->Watch(); });
+    return l;
+  }
   c.launch_workers = [raw](int count) {
     int n = raw->Spawn(count);
     LOG(INFO) << "morphrun: started " << n << " of " << count << " requested worker(s)";
@@ -75,7 +106,58 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
   return l;
 }
 
+void Launcher::Watch() {
+  const std::string launch = LaunchKeyPrefix(options_.etcd_prefix);
+  for (int tick = 0; !stopping_.load(); ++tick) {
+    StatusOr<std::vector<EtcdKv>> asks = etcd_->GetPrefix(launch);
+    if (asks.ok()) {
+      for (const EtcdKv& kv : *asks) {
+        // Deleted first: a request is carried out once (a failed delete is tried again).
+        if (!etcd_->Delete(kv.key).ok()) continue;
+        char* end = nullptr;
+        const long count = std::strtol(kv.value.c_str(), &end, 10);
+        if (end == kv.value.c_str() || *end != 0 || count < 1 || count > options_.max_workers) {
+          LOG(WARNING) << "morphrun: ignoring launch request " << kv.key << " = '" << kv.value
+                       << "'";
+          continue;
+        }
+        int n = Spawn(static_cast<int>(count));
+        LOG(INFO) << "morphrun: started " << n << " of " << count << " requested worker(s)";
+      }
+    }
+    if (tick % 2 == 0) {
+      std::optional<Status> outcome = OutcomeFromEtcd();
+      if (outcome) {
+        std::lock_guard<std::mutex> l(mu_);
+        etcd_outcome_ = *outcome;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::optional<Status> Launcher::OutcomeFromEtcd() {
+  StatusOr<std::optional<EtcdKv>> got = etcd_->Get(options_.etcd_prefix + "/state");
+  if (!got.ok() || !got->has_value()) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse((*got)->value, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("decider") || !j["decider"].is_string()) return std::nullopt;
+  Decider d{DeciderOptions{}};
+  if (!d.Load(j["decider"].get<std::string>()).ok()) return std::nullopt;
+  switch (d.phase()) {
+    case Decider::Phase::kComplete:
+      return Status::Ok();
+    case Decider::Phase::kStopped:
+      return CancelledError("the job stopped: every worker was asked to leave");
+    case Decider::Phase::kFailed:
+      return FailedPreconditionError("the job failed (its coordinator's log says why)");
+    default:
+      return std::nullopt;
+  }
+}
+
 Launcher::~Launcher() {
+  stopping_ = true;
+  if (watcher_.joinable()) watcher_.join();
   Reap();
   Signal(SIGTERM);
   auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.kill_grace_ms);
@@ -91,14 +173,31 @@ Launcher::~Launcher() {
     if (c.running) waitpid(c.pid, nullptr, 0);
   }
   if (coordinator_) coordinator_->Stop();
+  if (etcd_ && own_prefix_) {
+    // Every worker is gone: nobody reads the job's keys any more, and nobody else knows them.
+    Status s = etcd_->DeletePrefix(options_.etcd_prefix + "/");
+    if (!s.ok()) LOG(WARNING) << "morphrun: the job's keys stay in etcd: " << s;
+  }
   if (!options_.token_file.empty()) unlink(options_.token_file.c_str());
   if (!private_dir_.empty()) rmdir(private_dir_.c_str());
 }
 
 Status Launcher::SpawnOne() {
   // The launcher's own: where the coordinator is and where the token is (never the token).
-  const auto ours = [](const std::string& key) {
-    return key == "MORPH_COORDINATOR" || key == "MORPH_TOKEN" || key == "MORPH_TOKEN_FILE";
+  std::map<std::string, std::string> mine = {{"MORPH_TOKEN_FILE", options_.token_file}};
+  if (etcd_) {
+    mine["MORPH_ETCD"] = options_.etcd;
+    mine["MORPH_ETCD_PREFIX"] = options_.etcd_prefix;
+    mine["MORPH_INITIAL_WORLD"] = std::to_string(options_.workers);
+    mine["MORPH_MAX_WORLD"] = std::to_string(options_.max_workers);
+    const CoordinatorOptions& c = options_.coordinator;
+    if (c.port) mine["MORPH_COORDINATOR_PORT"] = std::to_string(c.port);
+    if (c.http.port) mine["MORPH_API_PORT"] = std::to_string(c.http.port);
+  } else {
+    mine["MORPH_COORDINATOR"] = coordinator_->control_address();
+  }
+  const auto ours = [&](const std::string& key) {
+    return key == "MORPH_COORDINATOR" || key == "MORPH_TOKEN" || mine.count(key) > 0;
   };
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -110,8 +209,7 @@ Status Launcher::SpawnOne() {
   for (const auto& [k, v] : options_.env) {
     if (!ours(k)) env_strings.push_back(k + "=" + v);
   }
-  env_strings.push_back("MORPH_COORDINATOR=" + coordinator_->control_address());
-  env_strings.push_back("MORPH_TOKEN_FILE=" + options_.token_file);
+  for (const auto& [k, v] : mine) env_strings.push_back(k + "=" + v);
   // One spawn at a time (the coordinator's launcher thread and Start's), so indexes are unique.
   std::lock_guard<std::mutex> spawning(spawn_mu_);
   int index;
@@ -206,7 +304,20 @@ StatusOr<int> Launcher::Wait(Deadline deadline) {
   std::optional<std::chrono::steady_clock::time_point>& all_gone = all_gone_;
   while (true) {
     Reap();
-    if (!job) {
+    if (!job && !coordinator_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::lock_guard<std::mutex> l(mu_);
+      if (etcd_outcome_) {
+        job = etcd_outcome_->code() == StatusCode::kCancelled ? Status::Ok() : *etcd_outcome_;
+        if (etcd_outcome_->ok()) {
+          LOG(INFO) << "morphrun: the job completed";
+        } else if (job->ok()) {
+          LOG(INFO) << "morphrun: " << etcd_outcome_->message();
+        } else {
+          LOG(ERROR) << "morphrun: " << *job;
+        }
+      }
+    } else if (!job) {
       Status s = coordinator_->Wait(Deadline::AfterMs(20));
       if (s.code() == StatusCode::kCancelled) {
         LOG(INFO) << "morphrun: " << s.message();  // every worker left, as asked

@@ -9,6 +9,13 @@
 //   MORPH_ASSIGN_OR_RETURN(auto launcher, Launcher::Start(std::move(o)));
 //   MORPH_ASSIGN_OR_RETURN(int code, launcher->Wait(Deadline::AfterMs(3600000)));
 //
+// With etcd (LauncherOptions::etcd, or MORPH_ETCD in the environment; docs/operations.md
+// "Coordinator failover") it hosts no coordinator: its first MORPH_ETCD_CANDIDATES workers host
+// candidates, every worker finds the leader in etcd (MORPH_ETCD_PREFIX, a fresh one per launch
+// unless set), a leader's grow request arrives as a key under <prefix>/launch/ (polled every 100
+// ms, deleted, turned into joiners), and the job's outcome is read from <prefix>/state. The
+// scheduler API is the leader's (its http_port in <prefix>/leader).
+//
 // Under Slurm (morphrun --slurm, docs/operations.md "Slurm") each worker is its own job step:
 // `wrapper` = {"srun", "-N1", "-n1", "--exact", ...} is put before argv, so the child is the
 // step's srun, and `token_file` is on a file system every node reads.
@@ -20,6 +27,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -32,6 +40,7 @@
 #include "morph/deadline.h"
 #include "morph/status.h"
 #include "runtime/coordinator/coordinator.h"
+#include "runtime/ha/etcd_client.h"
 
 namespace morph {
 
@@ -59,6 +68,16 @@ struct LauncherOptions {
   // /proc/<pid>/environ, and by whatever it starts). Empty: a file "token" in a private
   // folder (0700, removed too) under $TMPDIR or /tmp.
   std::string token_file;
+  // Coordinator failover with candidates hosted by the workers (above): etcd's endpoints
+  // ("host:port,..."; empty: MORPH_ETCD of the workers' environment, this process's plus `env`;
+  // both empty: the launcher hosts the coordinator) and the job's prefix (empty:
+  // MORPH_ETCD_PREFIX there, else "/morph/morphrun-<12 random hex digits>", whose keys the
+  // destructor deletes once every worker is gone). The workers get
+  // MORPH_ETCD, MORPH_ETCD_PREFIX, MORPH_INITIAL_WORLD = workers, MORPH_MAX_WORLD = max_workers,
+  // and MORPH_COORDINATOR_PORT / MORPH_API_PORT from coordinator.port / coordinator.http.port
+  // when set (candidate i adds i to each).
+  std::string etcd;
+  std::string etcd_prefix;
 };
 
 struct ChildInfo {
@@ -76,7 +95,11 @@ class Launcher {
   static StatusOr<std::unique_ptr<Launcher>> Start(LauncherOptions options);
   ~Launcher();  // stops the workers (SIGTERM, then SIGKILL) and the coordinator
 
+  // The coordinator it hosts; only without etcd (hosts_coordinator()).
   Coordinator& coordinator() { return *coordinator_; }
+  bool hosts_coordinator() const { return coordinator_ != nullptr; }
+  // With etcd: the job's prefix there ("" without).
+  const std::string& etcd_prefix() const { return options_.etcd_prefix; }
   // Starts `count` more workers; returns how many started.
   int Spawn(int count);
   // Sends `sig` to every running worker.
@@ -97,6 +120,12 @@ class Launcher {
   Launcher() = default;
   Status SpawnOne();
   void Reap();
+  // With etcd, on watcher_: starts the workers a leader asks for (<prefix>/launch/ keys) and
+  // reads the job's outcome from <prefix>/state until it is known or the launcher ends.
+  void Watch();
+  // The job's outcome from its saved state: OK (completed or stopped as asked), an error (it
+  // failed), nullopt while it runs (or etcd cannot be read).
+  std::optional<Status> OutcomeFromEtcd();
 
   LauncherOptions options_;
   std::string private_dir_;  // the token file's folder when the Launcher made one
@@ -107,6 +136,12 @@ class Launcher {
   std::mutex spawn_mu_;  // SpawnOne, whole (Start's thread and the coordinator's launcher thread)
   mutable std::mutex mu_;
   std::vector<ChildInfo> children_;
+  // With etcd (mu_ for etcd_outcome_).
+  std::unique_ptr<EtcdClient> etcd_;
+  std::optional<Status> etcd_outcome_;
+  bool own_prefix_ = false;  // made up here: its keys are deleted when the launcher ends
+  std::thread watcher_;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace morph

@@ -1,9 +1,12 @@
 // morphrun: runs an elastic job on this machine, or inside a Slurm allocation with one job step
 // per worker (docs/operations.md "morphrun" and "Slurm").
 //
-//   morphrun -n 4 [--max 8] [--log-dir DIR] [--port P] [--api-port P] -- ./train args...
+//   morphrun -n 4 [--max 8] [--log-dir DIR] [--port P] [--api-port P] [--etcd H:P,...]
+//            [--config N=dpAtpBppC]... -- ./train args...
 //   morphrun --slurm -n 4 [--max 8] [--token-file F] [--srun-arg A]... -- ./train args...
 //
+// --config N=dpAtpBppC pins the config for a world of exactly N workers (config_pins.h); the
+// planner decides the other sizes.
 // Hosts the coordinator (its scheduler API on 127.0.0.1:<api-port>, the token in MORPH_TOKEN or
 // MORPH_TOKEN_FILE, or generated), starts the workers (the token in a 0600 file their
 // MORPH_TOKEN_FILE names, removed at exit; worker logs under --log-dir are 0600), starts joiners
@@ -12,6 +15,11 @@
 // 0 when it completed (workers killed by a signal were failures it survived), a worker's exit
 // code in 1..127, 1 when it failed without one, 128 + the signal when a forwarded SIGINT/SIGTERM
 // ended it before it completed, 2 for a usage error.
+//
+// --etcd (or MORPH_ETCD): coordinator failover with candidates hosted by the workers
+// (docs/operations.md "Coordinator failover"): morphrun hosts no coordinator; its first
+// MORPH_ETCD_CANDIDATES workers host candidates, the scheduler API is the leader's (the
+// <prefix>/leader key names it), and the joiners a grow asks for come from morphrun as before.
 //
 // --slurm (in an sbatch script or salloc): each worker is `srun -N1 -n1 --exact
 // --kill-on-bad-exit=0 -J morph-<index> [--srun-arg...] PROGRAM`, its own step, so the scheduler
@@ -33,6 +41,7 @@
 
 #include "base/params.h"
 #include "collectives/store/tcp_store.h"
+#include "runtime/tools/config_pins.h"
 #include "runtime/tools/launcher.h"
 
 namespace {
@@ -42,8 +51,8 @@ void OnSignal(int sig) { g_signal.store(sig); }
 
 int Usage(const std::string& why) {
   std::cerr << "morphrun: " << why << "\n"
-            << "usage: morphrun -n N [--max M] [--log-dir DIR] [--port P] [--api-port P] -- "
-               "PROGRAM [ARGS...]\n"
+            << "usage: morphrun -n N [--max M] [--log-dir DIR] [--port P] [--api-port P] "
+               "[--etcd HOST:PORT,...] [--config N=dpAtpBppC]... -- PROGRAM [ARGS...]\n"
             << "       morphrun --slurm -n N [--max M] [--token-file F] [--srun-arg A]... "
                "[options above] -- PROGRAM [ARGS...]\n";
   return 2;
@@ -67,7 +76,7 @@ int main(int argc, char** argv) {
   int i = 1;
   bool have_n = false, slurm = false;
   std::string slurm_token_file;
-  std::vector<std::string> srun_args;
+  std::vector<std::string> srun_args, pins;
   for (; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--") {
@@ -91,11 +100,17 @@ int main(int argc, char** argv) {
     } else if (a == "--log-dir") {
       if (i + 1 >= argc) return Usage("--log-dir needs a directory");
       o.log_dir = argv[++i];
+    } else if (a == "--etcd") {
+      if (i + 1 >= argc || argv[i + 1][0] == 0) return Usage("--etcd needs host:port,...");
+      o.etcd = argv[++i];
     } else if (a == "--slurm") {
       slurm = true;
     } else if (a == "--token-file") {
       if (i + 1 >= argc || argv[i + 1][0] == 0) return Usage("--token-file needs a path");
       slurm_token_file = argv[++i];
+    } else if (a == "--config") {  // a config pinned for a world size (config_pins.h)
+      if (i + 1 >= argc) return Usage("--config needs N=dpAtpBppC");
+      pins.push_back(argv[++i]);
     } else if (a == "--srun-arg") {
       if (i + 1 >= argc) return Usage("--srun-arg needs an argument for srun");
       srun_args.push_back(argv[++i]);
@@ -107,6 +122,16 @@ int main(int argc, char** argv) {
   if (i >= argc) return Usage("no program given after --");
   if (o.max_workers < o.workers) return Usage("--max is below -n");
   for (; i < argc; ++i) o.argv.push_back(argv[i]);
+  if (!pins.empty()) {
+    const char* etcd_env = std::getenv("MORPH_ETCD");
+    if (!o.etcd.empty() || (etcd_env != nullptr && *etcd_env != 0)) {
+      return Usage("--config pins morphrun's own coordinator's configs; with etcd the workers "
+                   "host the coordinator candidates");
+    }
+    auto parsed = morph::ParseConfigPins(pins);
+    if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
+    o.coordinator.policy = parsed->Policy();
+  }
   if (!slurm && (!slurm_token_file.empty() || !srun_args.empty())) {
     return Usage("--token-file and --srun-arg go with --slurm");
   }
@@ -164,9 +189,15 @@ int main(int argc, char** argv) {
     std::cerr << "morphrun: " << launcher.status() << "\n";
     return 1;
   }
-  morph::Coordinator& c = (*launcher)->coordinator();
-  std::cerr << "morphrun: coordinator " << c.control_address() << ", scheduler API 127.0.0.1:"
-            << c.http_port() << std::endl;
+  if ((*launcher)->hosts_coordinator()) {
+    morph::Coordinator& c = (*launcher)->coordinator();
+    std::cerr << "morphrun: coordinator " << c.control_address() << ", scheduler API 127.0.0.1:"
+              << c.http_port() << std::endl;
+  } else {
+    std::cerr << "morphrun: coordinator candidates hosted by the first workers, etcd prefix "
+              << (*launcher)->etcd_prefix() << " (the leader and its scheduler API: "
+              << (*launcher)->etcd_prefix() << "/leader)" << std::endl;
+  }
   int forwarded = 0;  // the first signal forwarded
   while (true) {
     int sig = g_signal.exchange(0);

@@ -4,9 +4,23 @@
 //   - kill -9 of the leading morphd in steady training: no worker stops, every step is trained
 //     exactly once (no step lost, none twice), the other candidate leads within two lease TTLs,
 //     and a resize asked of it right after works;
+//   - kill -9 of the leading morphd in the middle of a change: during a planned shrink's
+//     prepare, between a join's commit and its switch, and during a recovery's prepare (a
+//     worker killed). The test waits until the leader's persisted state (<prefix>/state) shows
+//     the phase, kills it there, and checks from the dead leader's last write that the kill hit
+//     that phase. The change completes under the successor (never half-applied), a later resize
+//     works, the job runs to its last step and every worker exits 0 (its state was bitwise right
+//     at every step), and the samples are the fixed global order (no step lost, none twice;
+//     steps a recovery rolled back are trained again). A phase is made to last without hooks:
+//     an old rank stopped with SIGSTOP cannot report (a prepare waits for it), and a switch step
+//     is at least one whole step after its commit (100 ms steps);
+//   - kill -9 of the leading morphd as the workers finish (stopped first, so that their Done
+//     frames are never read): every worker's Finish waits until the successor acknowledged its
+//     Done, and the job completes there;
 //   - one etcd member killed: nothing changes (the same leader, training on, a resize works).
 // Skipped (saying why) where no etcd binary is installed. Every wait is bounded; TearDown stops
-// every process it started and the etcd cluster, and removes the job's directory.
+// every process it started (continuing stopped ones) and the etcd cluster, and removes the
+// job's directory.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -16,13 +30,16 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "runtime/coordinator/decider.h"
 #include "runtime/ha/election.h"
 #include "runtime/ha/etcd_testutil.h"
 #include "runtime/tools/api_client.h"
@@ -61,6 +78,7 @@ class CoordinatorFailoverTest : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override {
+    for (pid_t p : stopped_) kill(p, SIGCONT);
     for (pid_t p : launched_) testing::Stop(p);
     etcd_.reset();
     if (!HasFailure()) fs::remove_all(dir_);
@@ -114,8 +132,23 @@ class CoordinatorFailoverTest : public ::testing::Test {
     }
     return "";
   }
-  std::vector<std::string> Worker() const {
-    return {MORPH_ELASTIC_WORKER, "--steps", "1000000", "--out", dir_.string(), "--step-ms", "20"};
+  std::vector<std::string> Worker(int64_t steps = 1000000, int64_t step_ms = 20) const {
+    return {MORPH_ELASTIC_WORKER, "--steps", std::to_string(steps), "--out", dir_.string(),
+            "--step-ms", std::to_string(step_ms)};
+  }
+  // `p` exited and was reaped: TearDown must not signal its (reusable) pid.
+  void Forget(pid_t p) {
+    launched_.erase(std::remove(launched_.begin(), launched_.end(), p), launched_.end());
+    workers_.erase(std::remove(workers_.begin(), workers_.end(), p), workers_.end());
+  }
+  // SIGSTOP / SIGCONT of a worker (TearDown continues one still stopped).
+  void Pause(pid_t p) {
+    ASSERT_EQ(kill(p, SIGSTOP), 0);
+    stopped_.push_back(p);
+  }
+  void Continue(pid_t p) {
+    EXPECT_EQ(kill(p, SIGCONT), 0);
+    stopped_.erase(std::remove(stopped_.begin(), stopped_.end(), p), stopped_.end());
   }
   std::string Logs() const { return testing::WorkerLogs(dir_); }
 
@@ -174,14 +207,8 @@ class CoordinatorFailoverTest : public ::testing::Test {
   // POST /v1/resize {"world_size": n} to the scheduler API on `port`, then waits until every
   // remaining worker trained in the new world; the request's latency to the first step of it.
   double Resize(uint16_t port, int n) {
-    ApiClient api(ApiEndpoint{.host = "127.0.0.1", .port = port, .token = kToken},
-                  std::chrono::seconds(10));
     const auto t0 = Clock::now();
-    StatusOr<ApiResponse> r =
-        api.Post("/v1/resize", nlohmann::json{{"world_size", n}, {"reason", "test"}}.dump());
-    EXPECT_TRUE(r.ok()) << r.status();
-    if (!r.ok()) return -1;
-    EXPECT_EQ(r->status, 202) << r->body;
+    if (!AskResize(port, n)) return -1;
     // Trained in a world of n: the samples line's third field is the config's dp.
     const auto until = Clock::now() + std::chrono::seconds(60);
     while (Clock::now() < until) {
@@ -199,7 +226,193 @@ class CoordinatorFailoverTest : public ::testing::Test {
     return -1;
   }
 
+  // POST /v1/resize {"world_size": n} to the scheduler API on `port`: accepted (202).
+  bool AskResize(uint16_t port, int n) {
+    ApiClient api(ApiEndpoint{.host = "127.0.0.1", .port = port, .token = kToken},
+                  std::chrono::seconds(10));
+    StatusOr<ApiResponse> r =
+        api.Post("/v1/resize", nlohmann::json{{"world_size", n}, {"reason", "test"}}.dump());
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return false;
+    EXPECT_EQ(r->status, 202) << r->body;
+    return r->status == 202;
+  }
+
+  // ---- The leader's persisted decisions (<prefix>/state) ----
+  // The decider's state the leader last wrote (Decider::Save's JSON), null when none or
+  // unreadable.
+  nlohmann::json Persisted() {
+    if (!poll_) {
+      EtcdOptions o = etcd_->options();
+      o.timeout = std::chrono::milliseconds(500);
+      poll_ = std::make_unique<EtcdClient>(o);
+    }
+    StatusOr<std::optional<EtcdKv>> got = poll_->Get(std::string(kPrefix) + "/state");
+    if (!got.ok() || !got->has_value()) return nullptr;
+    nlohmann::json j = nlohmann::json::parse((*got)->value, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("decider") || !j["decider"].is_string()) return nullptr;
+    nlohmann::json d =
+        nlohmann::json::parse(j["decider"].get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    return d.is_object() ? d : nlohmann::json(nullptr);
+  }
+  // Polls the persisted state (as fast as etcd answers) until `pred` holds for it; that state,
+  // or null after `timeout_ms`.
+  nlohmann::json WaitPersisted(const std::function<bool(const nlohmann::json&)>& pred,
+                               int64_t timeout_ms = 30000) {
+    const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (Clock::now() < until) {
+      nlohmann::json d = Persisted();
+      if (!d.is_null() && pred(d)) return d;
+    }
+    return nullptr;
+  }
+  static int Phase(const nlohmann::json& d) { return d.value("phase", -1); }
+  static bool IsPhase(const nlohmann::json& d, Decider::Phase p) {
+    return Phase(d) == static_cast<int>(p);
+  }
+  // A stable state whose current generation has `world` ranks and no change in progress.
+  static bool StableAt(const nlohmann::json& d, size_t world) {
+    return IsPhase(d, Decider::Phase::kStable) && d["pending"].is_null() &&
+           d["current"]["ranks"].size() == world;
+  }
+  // The first step any DP rank trained in generation `generation` (-1: none).
+  int64_t FirstStepIn(int64_t generation) const {
+    int64_t first = -1;
+    for (const auto& [f, lines] : SampleLines()) {
+      for (const auto& [step, gen] : lines) {
+        if (gen == generation && (first < 0 || step < first)) first = step;
+      }
+    }
+    return first;
+  }
+  // Every DP rank's samples file: (step, generation) of each line.
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> SampleLines() const {
+    std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      if (e.path().extension() != ".samples") continue;
+      std::istringstream in(ReadFile(e.path()));
+      auto& v = out[e.path().filename().string()];
+      for (std::string line; std::getline(in, line);) {
+        std::istringstream l(line);
+        int64_t step = 0, gen = 0;
+        if (l >> step >> gen) v.emplace_back(step, gen);
+      }
+    }
+    return out;
+  }
+  // Some DP rank trained a step in generation `generation` or later.
+  bool TrainedInGeneration(int64_t generation) const {
+    for (const auto& [f, lines] : SampleLines()) {
+      for (const auto& [step, gen] : lines) {
+        if (gen >= generation) return true;
+      }
+    }
+    return false;
+  }
+  bool WaitTrainedInGeneration(int64_t generation, int64_t timeout_ms = 60000) const {
+    const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (Clock::now() < until) {
+      if (TrainedInGeneration(generation)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  // ---- A job whose leader dies in the middle of a change ----
+  // Candidates a (leading) and b, and kWorkers workers of `steps` steps of `step_ms` each.
+  void StartJob(int64_t steps, int64_t step_ms,
+                const std::map<std::string, std::string>& extra_env = {}) {
+    std::tie(a_, a_port_) = Candidate("morphd-a");
+    first_ = Leader(20000);
+    ASSERT_FALSE(first_.empty()) << ReadFile(dir_ / "morphd-a.out");
+    std::tie(b_, b_port_) = Candidate("morphd-b");
+    worker_env_ = HaEnv();
+    worker_env_["MORPH_COORDINATOR"] = first_;
+    worker_env_["MORPH_HEARTBEAT_MS"] = "50";
+    worker_env_["MORPH_CHANGE_TIMEOUT_MS"] = "30000";
+    for (const auto& [k, v] : extra_env) worker_env_[k] = v;
+    steps_ = steps;
+    step_ms_ = step_ms;
+    for (int i = 0; i < kWorkers; ++i) AddWorker();
+    ASSERT_TRUE(WaitTrained(5)) << Logs();
+    ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) { return StableAt(d, kWorkers); })
+                     .is_null())
+        << "the job's first generation is not persisted\n"
+        << ReadFile(dir_ / "morphd-a.out");
+  }
+  pid_t AddWorker() {
+    const pid_t p = Spawn(Worker(steps_, step_ms_), worker_env_,
+                          "worker-" + std::to_string(worker_logs_++) + ".log");
+    workers_.push_back(p);
+    return p;
+  }
+  // kill -9 of the leader (a): the dead leader's last persisted state, read before any successor
+  // can write (it needs about a TTL to be elected). Checks that the other candidate leads
+  // within two TTLs.
+  // `after` runs right after the kill (continuing a stopped worker).
+  nlohmann::json KillLeader(const std::function<void()>& after = {}) {
+    const auto killed = Clock::now();
+    EXPECT_EQ(kill(a_, SIGKILL), 0);
+    EXPECT_EQ(WaitExit(a_, 10000), 128 + SIGKILL);
+    Forget(a_);
+    nlohmann::json last = Persisted();
+    if (after) after();
+    EXPECT_LT(MsSince(killed), 500.0) << "the dead leader's state was read late: a successor "
+                                         "may have written already";
+    const std::string second = Leader(4 * kTtlS * 1000, first_);
+    const double succession_ms = MsSince(killed);
+    EXPECT_FALSE(second.empty()) << ReadFile(dir_ / "morphd-b.out");
+    EXPECT_LT(succession_ms, 2 * kTtlS * 1000.0) << "a successor leads only after two TTLs";
+    std::printf("leader killed at phase %s: successor leads %.0f ms later\n",
+                std::string(DeciderPhaseName(static_cast<Decider::Phase>(Phase(last)))).c_str(),
+                succession_ms);
+    return last;
+  }
+  // The change `generation` completes under the successor with `world` ranks; a later resize to
+  // `later` asked of the successor works; the job runs to its last step and every worker still
+  // running exits 0 (a worker exits 3 when its state was wrong at any step); the samples are the
+  // global order (with `retrained`, steps a recovery rolled back appear again).
+  void ExpectChangeCompletesAndJobFinishes(int64_t generation, size_t world, int later,
+                                           bool retrained) {
+    nlohmann::json d = WaitPersisted(
+        [&](const nlohmann::json& s) {
+          return s["current"].value("id", int64_t{0}) >= generation && StableAt(s, world);
+        },
+        15000);
+    ASSERT_FALSE(d.is_null()) << "change " << generation << " did not complete with " << world
+                              << " ranks: " << Persisted().dump() << "\n"
+                              << ReadFile(dir_ / "morphd-b.out") << Logs();
+    ASSERT_TRUE(WaitTrainedInGeneration(d["current"]["id"].get<int64_t>())) << Logs();
+    EXPECT_LT(MaxLastStep(), steps_ - 20) << "too few steps left for the later resize";
+    ASSERT_TRUE(AskResize(b_port_, later)) << ReadFile(dir_ / "morphd-b.out");
+    nlohmann::json r = WaitPersisted(
+        [&](const nlohmann::json& s) {
+          return s["current"].value("id", int64_t{0}) > d["current"]["id"].get<int64_t>() &&
+                 StableAt(s, static_cast<size_t>(later));
+        },
+        60000);
+    ASSERT_FALSE(r.is_null()) << "the later resize to " << later << " did not apply\n"
+                              << ReadFile(dir_ / "morphd-b.out") << Logs();
+    ASSERT_TRUE(WaitTrainedInGeneration(r["current"]["id"].get<int64_t>())) << Logs();
+    for (pid_t w : std::vector<pid_t>(workers_)) {
+      std::optional<int> code = WaitExit(w, 120000);
+      ASSERT_TRUE(code.has_value()) << "worker pid " << w << " did not finish\n" << Logs();
+      Forget(w);
+      EXPECT_EQ(*code, 0) << "worker pid " << w << "\n" << Logs();
+    }
+    testing::CheckSamples(dir_, steps_, retrained);
+    if (!retrained) ExpectNoStepLost();
+  }
+
   std::unique_ptr<EtcdCluster> etcd_;
+  std::unique_ptr<EtcdClient> poll_;
+  std::vector<pid_t> stopped_;
+  pid_t a_ = -1, b_ = -1;
+  uint16_t a_port_ = 0, b_port_ = 0;
+  std::string first_;
+  std::map<std::string, std::string> worker_env_;
+  int64_t steps_ = 0, step_ms_ = 0;
+  int worker_logs_ = 0;
   fs::path dir_;
   std::vector<pid_t> launched_;
   std::vector<pid_t> workers_;
@@ -274,6 +487,117 @@ TEST_F(CoordinatorFailoverTest, LeaderKilledMidTrainingSuccessorLeadsAndTraining
               "\"survivor_stall_ms\":%.1f,\"step_ms\":20,\"resize_after_succession_ms\":%.1f}\n",
               static_cast<long>(kTtlS), succession_ms, stall_ms.load(), resize_ms);
   EXPECT_NE(ReadFile(dir_ / "morphd-b.out").find("leading"), std::string::npos);
+}
+
+// A planned shrink (3 -> 2) in its prepare: one old rank is stopped (SIGSTOP) before the resize
+// is asked, so the new world cannot be built (the others wait for it in the rendezvous on the
+// leader's store) and no old rank has reported its step when the leader dies. The stopped
+// worker continues right after; the successor finds the prepare in the saved state, sends it
+// again to whoever rejoins without having answered, and the change completes or is abandoned
+// and proposed anew.
+TEST_F(CoordinatorFailoverTest, LeaderKilledDuringAPrepare) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(/*steps=*/400, /*step_ms=*/20));
+  const pid_t silent = workers_[0];
+  ASSERT_NO_FATAL_FAILURE(Pause(silent));
+  ASSERT_TRUE(AskResize(a_port_, 2)) << ReadFile(dir_ / "morphd-a.out");
+  ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) {
+                 return IsPhase(d, Decider::Phase::kPreparing) && !d["pending"].is_null() &&
+                        d["pending"]["ranks"].size() == 2;
+               }).is_null())
+      << Persisted().dump() << "\n" << ReadFile(dir_ / "morphd-a.out");
+  nlohmann::json last = KillLeader([&] { Continue(silent); });
+  ASSERT_TRUE(IsPhase(last, Decider::Phase::kPreparing)) << last.dump();
+  EXPECT_LT(last["reports"].size(), kWorkers) << "every old rank reported: " << last.dump();
+  EXPECT_FALSE(last["pending_change"]["recovery"].get<bool>()) << last.dump();
+  ExpectChangeCompletesAndJobFinishes(last["pending"]["id"].get<int64_t>(), 2, 1,
+                                      /*retrained=*/false);
+}
+
+// A join (3 -> 4) committed, its switch step not reached: 100 ms steps put the switch step at
+// least one whole step after the commit, and the leader dies as soon as the commit is
+// persisted, before any Applied. The workers switch at that step without a coordinator (the
+// commit is theirs); the successor counts their Applied when they rejoin. The new generation
+// starts at the committed step: the commit never changed.
+TEST_F(CoordinatorFailoverTest, LeaderKilledBetweenCommitAndSwitch) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(/*steps=*/250, /*step_ms=*/100));
+  AddWorker();
+  ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) {
+                 return IsPhase(d, Decider::Phase::kCommitted) && d["applied"].empty();
+               }).is_null())
+      << Persisted().dump() << "\n" << ReadFile(dir_ / "morphd-a.out");
+  nlohmann::json last = KillLeader();
+  ASSERT_TRUE(IsPhase(last, Decider::Phase::kCommitted)) << last.dump();
+  EXPECT_TRUE(last["applied"].empty()) << last.dump();
+  const int64_t generation = last["pending"]["id"].get<int64_t>();
+  const int64_t switch_step = last["pending"]["start_step"].get<int64_t>();
+  ExpectChangeCompletesAndJobFinishes(generation, kWorkers + 1, 2, /*retrained=*/false);
+  EXPECT_EQ(FirstStepIn(generation), switch_step);
+}
+
+// A recovery in its prepare: one worker killed (SIGKILL) while another is stopped, so the
+// recovery's prepare waits for the stopped survivor's report of the step its state holds when
+// the leader dies. Buddy snapshots every step (MORPH_SNAPSHOT_EVERY=1) hold the dead worker's
+// ZeRO shards; the successor asks the survivors again, chooses, commits and the job goes on.
+TEST_F(CoordinatorFailoverTest, LeaderKilledDuringARecovery) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartJob(/*steps=*/400, /*step_ms=*/20, {{"MORPH_SNAPSHOT_EVERY", "1"}}));
+  const pid_t victim = workers_[0];
+  const pid_t silent = workers_[1];
+  ASSERT_NO_FATAL_FAILURE(Pause(silent));
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  EXPECT_EQ(WaitExit(victim, 10000), 128 + SIGKILL);
+  Forget(victim);
+  ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) {
+                 return IsPhase(d, Decider::Phase::kPreparing) &&
+                        d["pending_change"]["recovery"].get<bool>();
+               }).is_null())
+      << Persisted().dump() << "\n" << ReadFile(dir_ / "morphd-a.out");
+  nlohmann::json last = KillLeader([&] { Continue(silent); });
+  ASSERT_TRUE(IsPhase(last, Decider::Phase::kPreparing)) << last.dump();
+  EXPECT_TRUE(last["pending_change"]["recovery"].get<bool>()) << last.dump();
+  EXPECT_LT(last["reports"].size(), kWorkers - 1) << "the stopped survivor reported: " << last.dump();
+  ExpectChangeCompletesAndJobFinishes(last["pending"]["id"].get<int64_t>(), kWorkers - 1, 1,
+                                      /*retrained=*/true);
+}
+
+// The leader dies as the workers finish (Runtime::Finish with MORPH_ETCD): it is stopped
+// (SIGSTOP) a few steps before the last, so the workers' Done frames reach its socket and are
+// never read, then killed. Each worker's Finish waits for an acknowledgment of its Done; the
+// agent reconnects to the successor and says it again, the successor records it, and the job
+// completes there with every worker exiting 0. Without the wait the workers would exit at once
+// and the successor would count them lost after MORPH_ETCD_REJOIN_MS.
+TEST_F(CoordinatorFailoverTest, LeaderKilledAsTheWorkersFinish) {
+  constexpr int64_t kSteps = 60;
+  ASSERT_NO_FATAL_FAILURE(StartJob(kSteps, /*step_ms=*/20));
+  ASSERT_TRUE(WaitTrained(kSteps - 8)) << Logs();
+  ASSERT_EQ(kill(a_, SIGSTOP), 0);
+  stopped_.push_back(a_);
+  ASSERT_TRUE(WaitTrained(kSteps - 1)) << Logs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // their Done frames go out
+  for (pid_t w : workers_) {
+    EXPECT_FALSE(WaitExit(w, 0).has_value())
+        << "a worker exited before a leader acknowledged its Done\n" << Logs();
+  }
+  nlohmann::json last = KillLeader();
+  stopped_.clear();
+  for (const nlohmann::json& w : last["workers"]) {
+    EXPECT_FALSE(w["done"].get<bool>()) << "the leader recorded a Done: " << last.dump();
+  }
+  for (pid_t w : std::vector<pid_t>(workers_)) {
+    std::optional<int> code = WaitExit(w, 30000);
+    ASSERT_TRUE(code.has_value()) << "worker pid " << w << " did not finish\n" << Logs();
+    Forget(w);
+    EXPECT_EQ(*code, 0) << "worker pid " << w << "\n" << Logs();
+  }
+  std::optional<int> b_code = WaitExit(b_, 30000);
+  ASSERT_TRUE(b_code.has_value()) << ReadFile(dir_ / "morphd-b.out");
+  Forget(b_);
+  EXPECT_EQ(*b_code, 0) << ReadFile(dir_ / "morphd-b.out");
+  const std::string b_log = ReadFile(dir_ / "morphd-b.out");
+  EXPECT_NE(b_log.find("the job completed"), std::string::npos) << b_log;
+  EXPECT_EQ(b_log.find("did not reconnect"), std::string::npos) << b_log;
+  EXPECT_EQ(b_log.find(" lost"), std::string::npos) << b_log;
+  testing::CheckSamples(dir_, kSteps);
 }
 
 TEST_F(CoordinatorFailoverTest, OneEtcdMemberKilledChangesNothing) {

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -144,6 +145,18 @@ void Stop(pid_t pid, int64_t grace_ms) {
   if (WaitExit(pid, grace_ms)) return;
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
+}
+
+int Sh(const std::string& cmd, std::string* out) {
+  std::string full = cmd + " 2>&1";
+  FILE* p = popen(full.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::string text;
+  char buf[512];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  int rc = pclose(p);
+  if (out != nullptr) *out = text;
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 std::string ReadFile(const fs::path& path) {

@@ -51,6 +51,9 @@ void Stop(pid_t pid, int64_t grace_ms = 3000);
 
 // The text of a file ("" when it cannot be read).
 std::string ReadFile(const std::filesystem::path& path);
+// Runs a shell command (stderr with stdout); its exit status, -1 if it did not exit; its output
+// into `out` when given.
+int Sh(const std::string& cmd, std::string* out = nullptr);
 // Lines of `log` in which an elastic_worker says it stopped because the coordinator is gone:
 // "elastic_worker P: <call>: UNAVAILABLE: [context: ]connection to the coordinator lost...",
 // from whichever call of its training loop came first after the loss (BeginStep, AbortStep,

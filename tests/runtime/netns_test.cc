@@ -32,6 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using testing::ReadFile;
+using testing::Sh;
 using testing::SpawnProcess;
 using testing::WaitExit;
 
@@ -40,18 +41,6 @@ constexpr int kHosts = 4;
 constexpr int64_t kHeartbeatTimeoutMs = 2000;
 constexpr int64_t kSteps = 150;
 
-// Runs a shell command; its exit status (output into `out` when given).
-int Sh(const std::string& cmd, std::string* out = nullptr) {
-  std::string full = cmd + " 2>&1";
-  FILE* p = popen(full.c_str(), "r");
-  if (p == nullptr) return -1;
-  std::string text;
-  char buf[512];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
-  int rc = pclose(p);
-  if (out != nullptr) *out = text;
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
 
 class NetnsTest : public ::testing::Test {
  protected:
