@@ -2,6 +2,7 @@
 #   make test                              install deps, configure, build, run every test
 #   make test SANITIZE=address,undefined   the same under ASan+UBSan (separate build folder)
 #   make demo                              the elastic GPT example under a scripted scheduler
+#   make demo-torch                        the same for the PyTorch example (examples/torch)
 SHELL := /bin/bash
 SANITIZE ?=
 JOBS ?= $(shell nproc)
@@ -89,6 +90,15 @@ bench-runtime: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target runtime_bench restart_baseline_bench
 	BUILD_DIR=$(BUILD_DIR) RUNTIME_BYTES=$(RUNTIME_BYTES) bash bench/peers/run_runtime_bench.sh
 
+# The Python package (issue 24): 1 GiB of unique state, dp 4->2, tp 2->1, pp 2->1, morph's Python
+# workers next to its C++ workers and to a torchrun-style DCP restart (same torch), medians of
+# TORCH_BENCH_REPEATS rounds; then the step loop's per-step cost (bench/torch/run_torch_bench.sh).
+TORCH_BENCH_BYTES ?= 1GiB
+.PHONY: bench-torch
+bench-torch: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target runtime_bench restart_baseline_bench morphrun morph_python
+	BUILD_DIR=$(BUILD_DIR) TORCH_BENCH_BYTES=$(TORCH_BENCH_BYTES) bash bench/torch/run_torch_bench.sh
+
 # Coordinator failover on etcd (issue 26): fenced state write latency by job size, succession
 # after a resign, then HA_RUNS kills of the leading morphd under training (succession, the
 # survivors' longest stall, a resize right after). Private etcd clusters on loopback. JSON lines.
@@ -124,6 +134,12 @@ bench-failures: configure
 .PHONY: demo
 demo: configure
 	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) bash scripts/demo.sh
+
+# The same for the PyTorch example (examples/torch/train.py; the venv of scripts/python-venv.sh,
+# the package pip-installed against the installed morph), 6 workers: results in $(BUILD_DIR)/demo-torch.
+.PHONY: demo-torch
+demo-torch: configure
+	BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) OUT=$(BUILD_DIR)/demo-torch DEMO_PROGRAM=torch bash scripts/demo.sh
 
 # Failure soak (issue 10): failure_test's seeded SIGKILL trials for SOAK_TRIALS seeds (default
 # 200, from SOAK_FIRST_SEED), one process per seed with a timeout; the failing seeds' logs in

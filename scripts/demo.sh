@@ -10,19 +10,29 @@
 #
 #   bash scripts/demo.sh                 # BUILD_DIR=build, OUT=$BUILD_DIR/demo
 #   DEMO_SHORT=1 bash scripts/demo.sh    # the CI form (gpt_demo_test): fewer steps, same events
+#   DEMO_PROGRAM=torch bash scripts/demo.sh   # make demo-torch: examples/torch/train.py instead
+#
+# DEMO_PROGRAM=torch trains the PyTorch Llama of examples/torch (2 layers, 4.3 MB of parameters
+# and AdamW moments) with the Python package `pip install ./python` builds against the installed
+# prefix (into $BUILD_DIR/demo-python; the venv from scripts/python-venv.sh): 6 workers;
+# `morphctl resize 4`; SIGTERM; SIGKILL; `morphctl resize 6`. Its budget (2.6 MB) holds the
+# state split 3 ways, so at 2 workers the planner goes to tp=2 or pp=2 and back to dp after.
 #
 # Environment: BUILD_DIR (a configured and built morph tree; the script installs it into
 # $BUILD_DIR/demo-prefix and builds examples/gpt against that prefix, as a user's project would),
 # OUT (results), DEMO_STEPS, DEMO_EVENT_STEPS (steps between the scheduler's events),
 # DEMO_EVENTS (the scheduler's script, default "resize:6 term kill resize:8"), DEMO_MEMORY (the
 # per-rank budget in bytes, default 850000), MORPH_SNAPSHOT_EVERY (default 1), DEMO_SKIP_BUILD=1
-# (use $BUILD_DIR/examples/gpt/gpt as it is). Exit status: morphrun's, or 1 when a check failed.
+# (use $BUILD_DIR/examples/gpt/gpt, or for torch the tree's $BUILD_DIR/python package, as they
+# are), DEMO_WORKERS (8; torch 6). Exit status: morphrun's, or 1 when a check failed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BUILD_DIR=${BUILD_DIR:-build}
 case $BUILD_DIR in /*) ;; *) BUILD_DIR=$here/$BUILD_DIR ;; esac
 OUT=${OUT:-$BUILD_DIR/demo}
 SHORT=${DEMO_SHORT:-0}
+PROGRAM=${DEMO_PROGRAM:-gpt}
+case $PROGRAM in gpt|torch) ;; *) echo "demo: DEMO_PROGRAM is gpt or torch, not '$PROGRAM'" >&2; exit 2 ;; esac
 if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-200}; else STEPS=${DEMO_STEPS:-300}; fi
 # Steps between the scheduler's events (counted from the step at which the previous change
 # landed). The old generation trains on while a change is prepared, so a slow change (joiners
@@ -30,40 +40,72 @@ if [ "$SHORT" = 1 ]; then STEPS=${DEMO_STEPS:-200}; else STEPS=${DEMO_STEPS:-300
 if [ "$SHORT" = 1 ]; then EVENT_STEPS=${DEMO_EVENT_STEPS:-16}; else EVENT_STEPS=${DEMO_EVENT_STEPS:-$((STEPS / 8))}; fi
 # resize:N (morphctl resize N), term (SIGTERM to a member: a preemption), kill (SIGKILL to a
 # member: a failure and its recovery).
-read -r -a EVENTS <<<"${DEMO_EVENTS:-resize:6 term kill resize:8}"
-WORKERS=8
-MEMORY=${DEMO_MEMORY:-850000}
+if [ "$PROGRAM" = torch ]; then
+  read -r -a EVENTS <<<"${DEMO_EVENTS:-resize:4 term kill resize:6}"
+  WORKERS=${DEMO_WORKERS:-6}
+  MEMORY=${DEMO_MEMORY:-2600000}
+else
+  read -r -a EVENTS <<<"${DEMO_EVENTS:-resize:6 term kill resize:8}"
+  WORKERS=${DEMO_WORKERS:-8}
+  MEMORY=${DEMO_MEMORY:-850000}
+fi
 JOBS=${JOBS:-2}
 say() { printf '%s\n' "demo: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-# --- build: morph installed into a prefix, examples/gpt built against it with find_package ---
+# --- build: morph installed into a prefix, the example built against it as a user's would be ---
+# gpt: examples/gpt with find_package(morph); torch: `pip install ./python` against the prefix.
 prefix=$BUILD_DIR/demo-prefix
 gpt_build=$BUILD_DIR/gpt-standalone
-if [ "${DEMO_SKIP_BUILD:-0}" = 1 ]; then
-  GPT=$BUILD_DIR/examples/gpt/gpt
-  BIN=$BUILD_DIR/runtime
-else
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
+build_log() { tail -30 "$1"; die "$2 (log: $1)"; }
+install_prefix() {
   say "building morph ($BUILD_DIR) and installing it into $prefix"
   # What the install copies (libraries, morphrun, morphctl, morphd; no tests or benchmarks).
   cmake --build "$BUILD_DIR" -j "$JOBS" --target morph_installables >"$BUILD_DIR/demo-build.log" 2>&1 ||
-    { tail -30 "$BUILD_DIR/demo-build.log"; die "build failed (log: $BUILD_DIR/demo-build.log)"; }
+    build_log "$BUILD_DIR/demo-build.log" "build failed"
   cmake --install "$BUILD_DIR" --prefix "$prefix" >"$BUILD_DIR/demo-install.log" 2>&1 ||
-    { tail -30 "$BUILD_DIR/demo-install.log"; die "install failed"; }
-  say "building examples/gpt against the installed morph ($gpt_build)"
-  launcher=()
-  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  cmake -S "$here/examples/gpt" -B "$gpt_build" "${gen[@]}" "${launcher[@]}" \
-    -DCMAKE_PREFIX_PATH="$prefix" -DBUILD_TESTING=OFF \
-    >"$BUILD_DIR/demo-gpt.log" 2>&1 &&
-    cmake --build "$gpt_build" -j "$JOBS" >>"$BUILD_DIR/demo-gpt.log" 2>&1 ||
-    { tail -30 "$BUILD_DIR/demo-gpt.log"; die "examples/gpt did not build against $prefix"; }
-  GPT=$gpt_build/gpt
-  BIN=$prefix/bin
+    build_log "$BUILD_DIR/demo-install.log" "install failed"
+}
+if [ "$PROGRAM" = torch ]; then
+  python=$(MORPH_VENV="${MORPH_VENV:-$BUILD_DIR/venv}" bash "$here/scripts/python-venv.sh" | tail -n 1)
+  if [ "${DEMO_SKIP_BUILD:-0}" = 1 ]; then
+    pypath=$BUILD_DIR/python
+    BIN=$BUILD_DIR/runtime/tools
+  else
+    install_prefix
+    pypath=$BUILD_DIR/demo-python
+    say "pip install ./python against $prefix (into $pypath)"
+    rm -rf "$pypath"
+    "$python" -m pip install --no-deps --no-build-isolation --target "$pypath" "$here/python" \
+      -Ccmake.define.CMAKE_PREFIX_PATH="$prefix" -Cbuild-dir="$BUILD_DIR/demo-python-build" \
+      >"$BUILD_DIR/demo-pip.log" 2>&1 || build_log "$BUILD_DIR/demo-pip.log" "pip install ./python failed"
+    BIN=$prefix/bin
+  fi
+  [ -f "$pypath/morph/__init__.py" ] || die "no morph package in $pypath"
+  export PYTHONPATH=$pypath OMP_NUM_THREADS=1
+  PROG=("$python" "$here/examples/torch/train.py" --layers 2 --step-sleep "${DEMO_STEP_SLEEP:-0.05}")
+else
+  if [ "${DEMO_SKIP_BUILD:-0}" = 1 ]; then
+    GPT=$BUILD_DIR/examples/gpt/gpt
+    BIN=$BUILD_DIR/runtime/tools
+  else
+    install_prefix
+    say "building examples/gpt against the installed morph ($gpt_build)"
+    gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    launcher=()
+    command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+    cmake -S "$here/examples/gpt" -B "$gpt_build" "${gen[@]}" "${launcher[@]}" \
+      -DCMAKE_PREFIX_PATH="$prefix" -DBUILD_TESTING=OFF \
+      >"$BUILD_DIR/demo-gpt.log" 2>&1 &&
+      cmake --build "$gpt_build" -j "$JOBS" >>"$BUILD_DIR/demo-gpt.log" 2>&1 ||
+      build_log "$BUILD_DIR/demo-gpt.log" "examples/gpt did not build against $prefix"
+    GPT=$gpt_build/gpt
+    BIN=$prefix/bin
+  fi
+  [ -x "$GPT" ] || die "no $GPT"
+  PROG=("$GPT")
 fi
-[ -x "$GPT" ] || die "no $GPT"
 [ -x "$BIN/morphrun" ] && [ -x "$BIN/morphctl" ] || die "no morphrun/morphctl in $BIN"
 
 # --- run ---
@@ -81,7 +123,7 @@ export MORPH_SNAPSHOT_EVERY=${MORPH_SNAPSHOT_EVERY:-1}
 # picks the fitting config with the highest estimated throughput).
 GPT_ARGS=(--steps "$STEPS" --out "$OUT" --quiet --device-memory "$MEMORY")
 start=$(date +%s.%N)
-"$BIN/morphrun" -n "$WORKERS" --max 8 --log-dir "$OUT/logs" -- "$GPT" "${GPT_ARGS[@]}" \
+"$BIN/morphrun" -n "$WORKERS" --max 8 --log-dir "$OUT/logs" -- "${PROG[@]}" "${GPT_ARGS[@]}" \
   >"$OUT/morphrun.log" 2>&1 &
 run_pid=$!
 cleanup() { kill "$run_pid" 2>/dev/null || true; }
@@ -357,7 +399,7 @@ printf '\nloss %s -> %s over %s steps\n' "$first_loss" "$last_loss" "$(last_step
 
 # --- plot ---
 if command -v gnuplot >/dev/null; then
-  bash "$here/scripts/demo_plot.sh" "$OUT" || say "gnuplot failed: $(cat "$OUT/gnuplot.log" 2>/dev/null)"
+  DEMO_TITLE="examples/$PROGRAM" bash "$here/scripts/demo_plot.sh" "$OUT" || say "gnuplot failed: $(cat "$OUT/gnuplot.log" 2>/dev/null)"
   [ -s "$OUT/loss.png" ] && printf 'plot: %s\n' "$OUT/loss.png"
 else
   say "gnuplot not installed: no plot (bash scripts/install-deps.sh)"

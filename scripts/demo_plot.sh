@@ -5,6 +5,7 @@
 # scheduler.tsv (the scheduler's actions; its SIGKILLs are marked on the loss curve).
 #
 #   bash scripts/demo_plot.sh OUT
+# DEMO_TITLE: the program named in the title (default examples/gpt).
 #
 # The loss on the left axis; the world (ranks) and the workers (ranks + standby spares) on the
 # right; each reconfiguration a dashed line in its kind's colour, labelled with the new config.
@@ -34,7 +35,7 @@ color() {
 {
   echo "set terminal pngcairo size 1200,650 noenhanced font ',10'"
   echo "set output '$OUT/loss.png'"
-  echo "set title 'examples/gpt under morph: loss, workers and reconfigurations (by kind)'"
+  echo "set title '${DEMO_TITLE:-examples/gpt} under morph: loss, workers and reconfigurations (by kind)'"
   echo "set xlabel 'step' offset 0, 0.5; set ylabel 'loss (nats/byte)'; set y2label 'workers'"
   echo "set xrange [0:$last]; set y2range [0:12]; set y2tics 0, 1, 8; set ytics nomirror; set grid"
   echo "set key at screen 0.5, screen 0.01 center bottom horizontal Left reverse spacing 1.2 width 2 maxrows 3"

@@ -33,6 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "gpt_elastic_test ($case_): $*" >&2; exit 1; }
+source "$(cd "$(dirname "$0")/../.." && pwd)/scripts/elastic_checks.sh"
 export MORPH_TOKEN=gpt-elastic-test-token OPENBLAS_NUM_THREADS=1
 common=(--steps "$STEPS" --quiet --seq 16 --global-batch 12 --micro-batch 2 --seed 99)
 case $case_ in
@@ -100,41 +101,9 @@ cfgs=$(cut -f7 "$tmp/el/events.tsv" | tr '\n' ' ')
 # (A recovery's checkpoint may be incomplete: the lost worker died before saving it.)
 awk -F'\t' '$16 < 1 && $8 != 1 { exit 1 }' "$tmp/el/events.tsv" ||
   fail "a reconfiguration compared no tensor: $(cat "$tmp/el/events.tsv")"
-seen="$(head -n 1 "$tmp/el/metrics.tsv" | awk -F'\t' '{ print "dp" $4 "tp" $5 "pp" $6 }') $cfgs"
-for w in "${want[@]}"; do
-  case " $seen " in *" $w "*) ;; *) fail "configuration $w not reached (saw: $seen)" ;; esac
-done
+elastic_check_configs "$tmp/el" "${want[@]}"
+[ "$case_" = kill ] && elastic_check_recovery "$tmp/el"
 
-if [ "$case_" = kill ]; then
-  awk -F'\t' '$8 == 1 { found = 1 } END { exit !found }' "$tmp/el/events.tsv" ||
-    fail "no recovery among the reconfigurations: $(cat "$tmp/el/events.tsv")"
-fi
-
-# (a) the loss of every step matches the reference (a step trained again after a recovery:
-# its last value). World rank 0 logs a step after its update; when the SIGKILL hits rank 0
-# between its update and that line while the survivors completed the step too, the recovery
-# resumes after it and nobody logs it: only the step just before the recovery's may be missing.
-unlogged=-1
-if [ "$case_" = kill ]; then
-  unlogged=$(awk -F'\t' '$8 == 1 { print $1 - 1; exit }' "$tmp/el/events.tsv")
-fi
-awk -F'\t' -v tol="$TOL" -v unlogged="$unlogged" '
-  NR == FNR { ref[$1] = $2; next }
-  { got[$1] = $2 }
-  END {
-    n = 0; worst = 0
-    for (s in ref) {
-      if (!(s in got) && s + 0 == unlogged + 0) continue
-      if (!(s in got)) { printf "step %s missing from the elastic run\n", s; exit 1 }
-      d = got[s] - ref[s]; if (d < 0) d = -d
-      if (d > worst) worst = d
-      if (d > tol) { printf "step %s: loss %s, reference %s (|diff| %g > %g)\n", s, got[s], ref[s], d, tol; exit 1 }
-      n++
-    }
-    printf "%d steps match the reference, largest |diff| %g\n", n, worst
-  }' "$tmp/ref/metrics.tsv" "$tmp/el/metrics.tsv" || fail "loss differs from the reference"
-first=$(head -n 1 "$tmp/ref/metrics.tsv" | cut -f2)
-last=$(tail -n 1 "$tmp/ref/metrics.tsv" | cut -f2)
-awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' ||
-  fail "the loss did not go down: $first -> $last"
-echo "gpt_elastic_test ($case_): passed; configurations $seen; loss $first -> $last"
+# (a) the loss of every step matches the reference.
+elastic_check_loss "$tmp/ref" "$tmp/el" "$TOL" "$([ "$case_" = kill ] && echo 1 || echo 0)"
+echo "gpt_elastic_test ($case_): passed; configurations $(elastic_seen_configs "$tmp/el"); loss $ELASTIC_LOSS"

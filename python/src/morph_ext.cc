@@ -5,11 +5,16 @@
 // morph.<Code>Error, built by morph._errors), and releases the GIL around every call that blocks
 // or moves data (Start, BeginStep, CommitUpdate, EndStep, AbortStep, Finish, collectives).
 //
-// Tensor storage is torch's, adopted by morph (State::AdoptTensor): the allocator calls back into
-// Python (holding the GIL only for that call) for a torch tensor of the asked bytes on the
-// tensor's device and hands its data pointer to morph, so the shards morph fills at a change are
-// torch storage, visible to the program without a copy, on the CPU or a CUDA device alike.
+// Tensor storage is adopted by morph (State::AdoptTensor), visible to torch without a copy:
+//  - host tensors: blocks allocated here (HostBlocks), without Python, so from any thread
+//    (TensorAllocator::any_thread: morph allocates and pre-faults a change's new shards while
+//    the old generation trains); host_storage(ptr) hands torch a uint8 tensor over a block
+//    (DLPack) that keeps it alive, so storage the program still holds after morph released it
+//    stays valid;
+//  - CUDA tensors: the allocator calls back into Python (holding the GIL only for that call)
+//    for a torch tensor of the asked bytes on the device, and hands its pointer to morph.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -21,6 +26,7 @@
 #include <glog/logging.h>
 #include <morph/morph.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <cstdint>
@@ -29,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -58,6 +65,55 @@ T Value(StatusOr<T>&& s) {
 }
 
 using Release = nb::call_guard<nb::gil_scoped_release>;
+
+// Host storage of the package's CPU tensors: aligned blocks, each owned by shared pointers held
+// by morph (from allocate to release) and by every torch tensor host_storage made over it.
+// Any thread; no Python.
+struct HostBlock {
+  void* data = nullptr;
+  size_t bytes = 0;
+  ~HostBlock() { std::free(data); }
+};
+
+class HostBlocks {
+ public:
+  static HostBlocks& Get() {
+    static auto* blocks = new HostBlocks();  // outlives every State (never destroyed)
+    return *blocks;
+  }
+  StatusOr<morph::BufferView> Allocate(const std::string& tensor, int64_t bytes) {
+    const size_t n = static_cast<size_t>(bytes > 0 ? bytes : 1);
+    const size_t align = n >= (size_t{1} << 20) ? 4096 : 64;  // pages for the big ones
+    auto b = std::make_shared<HostBlock>();
+    if (posix_memalign(&b->data, align, (n + align - 1) / align * align) != 0) {
+      b->data = nullptr;
+      return morph::ResourceExhaustedError("tensor '" + tensor + "': allocating " +
+                                           std::to_string(bytes) + " bytes of host memory failed");
+    }
+    b->bytes = n;
+    morph::BufferView v{b->data, static_cast<size_t>(bytes), morph::MemoryKind::kHost};
+    std::lock_guard<std::mutex> l(mu_);
+    blocks_[reinterpret_cast<uintptr_t>(b->data)] = std::move(b);
+    return v;
+  }
+  void Release(const void* data) {
+    std::shared_ptr<HostBlock> last;  // freed outside the lock
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = blocks_.find(reinterpret_cast<uintptr_t>(data));
+    if (it == blocks_.end()) return;
+    last = std::move(it->second);
+    blocks_.erase(it);
+  }
+  std::shared_ptr<HostBlock> Find(uintptr_t data) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = blocks_.find(data);
+    return it == blocks_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uintptr_t, std::shared_ptr<HostBlock>> blocks_;
+};
 
 // A Python callable kept by C++ code that may drop it without the GIL (a TensorAllocator lives
 // as long as the State): takes the GIL to release it.
@@ -143,7 +199,7 @@ NB_MODULE(_morph, m) {
   m.def("init_logging", [](const std::string& program, int verbosity) {
     std::call_once(g_logging_once, [&] {
       FLAGS_logtostderr = true;
-      FLAGS_v = verbosity;
+      FLAGS_v = std::max<int>(FLAGS_v, verbosity);  // GLOG_v, if higher, stays
       static std::string name = program;  // glog keeps the pointer
       google::InitGoogleLogging(name.c_str());
     });
@@ -207,6 +263,22 @@ NB_MODULE(_morph, m) {
       .def("__eq__", [](const morph::Layout& a, const morph::Layout& b) { return a == b; })
       .def("__repr__", [](const morph::Layout& l) { return "Layout(" + l.ToString() + ")"; });
 
+  m.def("host_storage", [](uintptr_t data, size_t bytes) {
+    std::shared_ptr<HostBlock> b = HostBlocks::Get().Find(data);
+    if (b == nullptr || bytes > b->bytes) {
+      throw StatusError(morph::NotFoundError("no host block of " + std::to_string(bytes) +
+                                             " bytes at " + std::to_string(data)));
+    }
+    auto* keep = new std::shared_ptr<HostBlock>(std::move(b));
+    nb::capsule owner(keep, [](void* p) noexcept {
+      delete static_cast<std::shared_ptr<HostBlock>*>(p);
+    });
+    size_t shape[1] = {bytes};
+    return nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>, nb::device::cpu>(
+        reinterpret_cast<uint8_t*>(data), 1, shape, owner);
+  }, "data_ptr"_a, "bytes"_a,
+  "A torch uint8 tensor over `bytes` bytes of the host block at data_ptr (a host tensor's "
+  "shard), keeping the block alive while torch holds it.");
   m.def("zero_range", [](int64_t n, int dp, int d) {
     morph::Interval i = morph::ZeroRange(n, dp, d);
     return std::make_pair(i.begin, i.end);
@@ -281,6 +353,12 @@ NB_MODULE(_morph, m) {
       .def_ro("stall_seconds", &morph::Reconfiguration::stall_seconds)
       .def_ro("bytes_sent", &morph::Reconfiguration::bytes_sent)
       .def_ro("bytes_received", &morph::Reconfiguration::bytes_received)
+      .def_ro("peak_bytes", &morph::Reconfiguration::peak_bytes)
+      .def_ro("bound_bytes", &morph::Reconfiguration::bound_bytes)
+      .def_ro("old_state_bytes", &morph::Reconfiguration::old_state_bytes)
+      .def_ro("prepare_bytes", &morph::Reconfiguration::prepare_bytes)
+      .def_ro("new_state_bytes", &morph::Reconfiguration::new_state_bytes)
+      .def_ro("abort_seconds", &morph::Reconfiguration::abort_seconds)
       .def_ro("recovery", &morph::Reconfiguration::recovery)
       .def_prop_ro("source", [](const morph::Reconfiguration& r) {
         switch (r.source) {
@@ -341,6 +419,21 @@ NB_MODULE(_morph, m) {
            "name"_a, "shape"_a, "dtype"_a, "layout"_a, "allocate"_a, "release"_a,
            "Registers a tensor whose shards live in storage `allocate(bytes) -> (data_ptr, "
            "bytes, is_cuda)` returns; `release(data_ptr)` when morph no longer needs it.")
+      .def("add_host_tensor",
+           [](StateRef& self, std::string name, std::vector<int64_t> shape,
+              const std::string& dtype, const morph::Layout& layout) {
+             morph::TensorAllocator a;
+             a.allocate = [tname = name](int64_t bytes) {
+               return HostBlocks::Get().Allocate(tname, bytes);
+             };
+             a.release = [](morph::BufferView v) { HostBlocks::Get().Release(v.data); };
+             a.any_thread = true;
+             Check(self.get().AdoptTensor(std::move(name), std::move(shape),
+                                          ParseDTypeOrThrow(dtype), layout, std::move(a)));
+           },
+           "name"_a, "shape"_a, "dtype"_a, "layout"_a,
+           "Registers a host tensor whose shards live in blocks this module allocates (any "
+           "thread); host_storage(data_ptr, bytes) views one as a torch uint8 tensor.")
       .def("add_scalar", [](StateRef& self, std::string name, int64_t bytes) {
         Check(self.get().AddScalar(std::move(name), bytes));
       }, "name"_a, "bytes"_a)

@@ -66,6 +66,53 @@ class PlacementsTest(unittest.TestCase):
             "w", (10, 6), [_StridedShard(0, split_factor=2), Shard(0)]),
             L.layer(0).chunk_tp(0).chunk_dp())
 
+    def test_hsdp_mapping(self):
+        """HSDP (FSDP2 with a replicate and a shard mesh dimension) -> chunk_dp(S)."""
+        L = morph.Layout
+        hs = ["dp_replicate", "dp_shard", "tp"]
+        self.assertEqual(morph.layout_from_placements(
+            "w", (5, 6), [Replicate(), Shard(0), Replicate()], hs, dp_shard_size=2),
+            L.layer(0).chunk_dp(2))
+        self.assertEqual(morph.layout_from_placements(
+            "w", (5, 6), [Replicate(), Shard(0), Shard(1)], hs, layer=1, dp_shard_size=3),
+            L.layer(1).chunk_tp(1).chunk_dp(3))
+        self.assertEqual(morph.layout_from_placements(
+            "w", (10, 6), [Replicate(), _StridedShard(0, split_factor=2), Shard(0)], hs,
+            dp_shard_size=2), L.layer(0).chunk_tp(0).chunk_dp(2))
+        for layout, tp in [(L.layer(0).chunk_dp(2), 1), (L.layer(0).chunk_tp(1).chunk_dp(2), 2),
+                           (L.layer(0).chunk_tp(0).chunk_dp(4), 2)]:
+            got = morph.placements_of("w", (10, 6), layout, tp)
+            self.assertEqual(len(got), 3, layout)
+            self.assertEqual(morph.layout_from_placements("w", (10, 6), got, hs,
+                                                          dp_shard_size=layout.zero_group), layout)
+        # The rows DP rank r*S + s holds are torch.chunk's s-th of dim 0 (replicated over r).
+        for rows in (1, 5, 7):
+            for replicas, s_size in ((2, 2), (3, 2), (2, 3)):
+                cfg = morph.ParallelConfig()
+                cfg.dp = replicas * s_size
+                chunks = torch.arange(rows * 3).reshape(rows, 3).chunk(s_size)
+                for d in range(cfg.dp):
+                    sh = morph.shard_of("w", [rows, 3], "f32", L.layer(0).chunk_dp(s_size), cfg, d)
+                    got = (list(range(sh[0][0] * 3 + sh[2], sh[0][0] * 3 + sh[3]))
+                           if sh[3] > sh[2] else [])
+                    s = d % s_size
+                    want = chunks[s].flatten().tolist() if s < len(chunks) else []
+                    self.assertEqual(got, want, (rows, replicas, s_size, d))
+
+    def test_hsdp_refused(self):
+        hs = ["dp_replicate", "dp_shard", "tp"]
+        for placements, names, size, want in [
+                ([Shard(0), Replicate(), Replicate()], hs, 2, "replicates across 'dp_replicate'"),
+                ([Replicate(), Shard(0), Replicate()], hs, None, "give dp_shard_size"),
+                ([Replicate(), Shard(1), Replicate()], hs, 2, "not dimension 1"),
+                ([Replicate(), Shard(0), Shard(0)], hs, 2, "both 'dp_shard' and 'tp'"),
+                ([Shard(0), Shard(0), Replicate()], ["dp", "dp_shard", "tp"], 2, "not both")]:
+            with self.assertRaises(morph.InvalidArgumentError, msg=want) as cm:
+                morph.layout_from_placements("layers.1.w", (4, 6), placements, names,
+                                             dp_shard_size=size)
+            self.assertIn("tensor 'layers.1.w'", str(cm.exception))
+            self.assertIn(want, str(cm.exception))
+
     def test_placements_round_trip(self):
         L = morph.Layout
         for layout, tp, want in [

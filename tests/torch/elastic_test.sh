@@ -6,13 +6,17 @@
 #   case grow:   2 workers (dp=2) -> 4 (morphctl resize 4, dp=4) -> 3 (resize 3, dp=3)
 #   case kill:   4 workers (dp=4, buddy snapshots every step) -> one SIGKILLs itself while its
 #                peers are inside a torch all_reduce -> 3 survivors (dp=3)
+#   case reshape: 4 workers pinned to dp=1 tp=2 pp=2 -> 2 (pinned dp=2 tp=1 pp=1: tp and pp 2 -> 1
+#                at once) -> 3 (dp=3); two more tensors split over tp, one chunked over dp
 #
 # Checks: (a) at every reconfiguration each worker of the new generation compared its new
 # shards of every tensor, bitwise, with DCP's load of the old layout's save at that step
 # (oracle=ok; a recovery's step may lack a complete save: then no-checkpoint is allowed once);
 # (b) the final state equals a replay on whole tensors, and the step counter scalar equals the
 # steps (no step lost or applied twice); (c) kill: the survivors' torch collective raised, and
-# how long after the kill (printed as JSON: collective_error_seconds).
+# how long after the kill (printed as JSON: collective_error_seconds); (d) a shard the program
+# held before a change is unchanged after it (its storage outlives morph's release), and in the
+# grow a survivor pre-allocated its new shards before the switch step (prepare_bytes).
 set -euo pipefail
 build=$1
 morphrun=$2
@@ -44,8 +48,14 @@ fail() {
 # Joiners start Python and import torch (seconds on 2 loaded cores): steps are paced so that
 # the job still runs when they arrive.
 args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4)
+pins=()
 case $case_ in
   grow) n=2 ;;
+  reshape)  # dp1 tp2 pp2 -> dp2 tp1 pp1 in one change, then dp3 (the configs pinned)
+    n=4
+    args+=(--tp-pp)
+    pins=(--config 4=dp1tp2pp2 --config 2=dp2tp1pp1)
+    ;;
   kill)
     n=4
     args+=(--kill-at 5 --kill-rank 2)
@@ -53,7 +63,7 @@ case $case_ in
     ;;
   *) fail "unknown case $case_" ;;
 esac
-timeout 300 "$morphrun" -n "$n" --max 6 --log-dir "$tmp/logs" -- "$python" \
+timeout 300 "$morphrun" -n "$n" --max 6 "${pins[@]}" --log-dir "$tmp/logs" -- "$python" \
   "$here/elastic_worker.py" "${args[@]}" >"$tmp/run.log" 2>&1 &
 run=$!
 api=""
@@ -84,6 +94,10 @@ if [ "$case_" = grow ]; then
   at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
   at_world 4 && "$morphctl" --addr "$api" resize 3 >/dev/null
 fi
+if [ "$case_" = reshape ]; then
+  at_step 3 && "$morphctl" --addr "$api" resize 2 >/dev/null
+  at_world 2 && "$morphctl" --addr "$api" resize 3 >/dev/null
+fi
 set +e
 wait "$run"
 rc=$?
@@ -93,7 +107,7 @@ if [ "$case_" = kill ] && [ "$rc" = 137 ] && grep -q "the job completed" "$tmp/r
 [ "$rc" = 0 ] || fail "morphrun exited $rc"
 
 "$python" - "$tmp/out" "$case_" <<'PY' || fail "checks failed"
-import json, sys
+import json, os, sys
 out, case = sys.argv[1], sys.argv[2]
 ev = [json.loads(l) for l in open(out + "/events.jsonl")]
 rec = [e for e in ev if e["event"] == "reconfigured"]
@@ -102,12 +116,20 @@ steps = {}
 for e in rec:
     steps.setdefault(e["step"], []).append(e)
 worlds = [max(x["world"] for x in v) for _, v in sorted(steps.items())]
-want = [4, 3] if case == "grow" else [3]
+want = {"grow": [4, 3], "reshape": [2, 3]}.get(case, [3])
 assert worlds == want, f"worlds after each change {worlds}, want {want}"
 for s, v in sorted(steps.items()):
     assert len(v) == v[0]["world"], f"step {s}: {len(v)} workers reported, world {v[0]['world']}"
     bad = [x for x in v if x["oracle"] != "ok" and not (x["recovery"] and x["oracle"] == "no-checkpoint")]
     assert not bad, f"step {s}: oracle {[x['oracle'] for x in v]}"
+# A shard the program held before a change is still valid and unchanged after it.
+held = [x for x in rec if x["old_held_intact"] is not None]
+assert held and all(x["old_held_intact"] for x in held), f"old shards held: {held}"
+# The package's host tensors are pre-allocated while the old generation trains (not for a
+# recovery): a survivor of a planned change held its new shards before the switch step.
+if case == "grow":
+    pre = [x for x in rec if x["old_rank"] >= 0 and x["prepare_bytes"] > x["old_state_bytes"]]
+    assert pre, f"no survivor pre-allocated its new shards: {rec}"
 assert final and all(f["equal"] for f in final), f"final state differs: {final}"
 assert all(f["count"] == f["steps"] for f in final), f"step counter differs: {final}"
 res = {"name": f"torch_elastic/{case}", "changes": len(steps),
@@ -119,6 +141,10 @@ if case == "kill":
     failed = [e for e in ev if e["event"] == "collective_failed"]
     assert len(failed) >= 2, f"survivors whose torch collective raised: {failed}"
     res["collective_error_seconds"] = [round(e["t_fail"] - kill["t"], 3) for e in failed]
+    # Within morph's detection time (the survivors' reports are awaited that long).
+    detect = int(os.environ.get("MORPH_HEARTBEAT_TIMEOUT_MS", "10000")) / 1000
+    late = [s for s in res["collective_error_seconds"] if s > detect]
+    assert not late, f"torch collectives raised {late} s after the kill (detection {detect} s)"
     res["recovery"] = any(x["recovery"] for x in rec)
 print(json.dumps(res))
 PY

@@ -5,7 +5,11 @@ bitwise, against torch.distributed.checkpoint: the old layout's state saved at t
 the previous step's EndStep, through DCP over the old generation's groups) loaded into DTensors
 of the new layout. Writes one JSON line per event to <out>/events.jsonl.
 
-  elastic_worker.py --steps 12 --out DIR [--kill-at STEP --kill-rank R]
+  elastic_worker.py --steps 12 --out DIR [--kill-at STEP --kill-rank R] [--tp-pp]
+
+--tp-pp: two layers, and two more tensors: "t0" on layer 0 split over tp on dim 0 (Shard(0) on
+tp), "t1" on layer 1 split over tp on dim 1 and chunked over dp (FSDP2 + TP), for changes of tp
+and pp (the test pins the configs: morphrun --config).
 """
 import argparse
 import json
@@ -26,6 +30,7 @@ p.add_argument("--out", required=True)
 p.add_argument("--kill-at", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
 p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--tp-pp", action="store_true")
 a = p.parse_args()
 os.makedirs(a.out, exist_ok=True)
 ck = os.path.join(a.out, "dcp")
@@ -49,13 +54,23 @@ def declare(s):
     s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64),
                  layout=morph.Layout.layer(0).zero_shard())
     s.add_scalar("count", 8)
+    if a.tp_pp:
+        R, S = torch.distributed.tensor.Replicate, torch.distributed.tensor.Shard
+        s.add_tensor("t0", torch.arange(30, dtype=torch.float32).reshape(6, 5),
+                     placements=[R(), S(0)], layer=0)
+        s.add_tensor("t1", -torch.arange(28, dtype=torch.float32).reshape(4, 7),
+                     placements=[S(0), S(1)], layer=1)
 
 
-rt = morph.start(declare, global_batch=4, dataset_samples=1000)
+NAMES = ("w", "m", "v") + (("t0", "t1") if a.tp_pp else ())
+extra = dict(num_layers=2, tp_candidates=[1, 2], pp_candidates=[1, 2]) if a.tp_pp else {}
+rt = morph.start(declare, global_batch=4, dataset_samples=1000, **extra)
 
 
 def state_dict():
-    return {n: rt.dtensor(n) for n in ("w", "m", "v")}
+    """This rank's DTensors (its stage's: another stage's tensors are not held here)."""
+    out = {n: rt.dtensor(n) for n in NAMES}
+    return {n: t for n, t in out.items() if t is not None}
 
 
 def check_oracle(step):
@@ -81,6 +96,7 @@ def idx(name):
     return torch.arange(sh.flat_begin, sh.flat_end, dtype=torch.float64)
 
 
+held = None  # a shard as the program held it after its last step, and a copy of its values
 while True:
     index = None  # set when the step's body completed (not when a failure aborted it)
     with rt.step() as step:
@@ -88,9 +104,13 @@ while True:
             break
         if step.reconfigured:
             rc = rt.last_reconfiguration
+            # The old shard the program still holds stays valid and unchanged (morph released
+            # it; the storage lives while torch holds it, and is never reused meanwhile).
+            intact = bool(torch.equal(*held)) if held is not None else None
             log(event="reconfigured", step=step.index, rank=step.rank, world=step.world_size,
                 recovery=rc.recovery, oracle=check_oracle(step), pg_seconds=rt.groups.seconds,
-                stall=rc.stall_seconds)
+                stall=rc.stall_seconds, old_rank=rc.old_rank, old_held_intact=intact,
+                old_state_bytes=rc.old_state_bytes, prepare_bytes=rc.prepare_bytes)
         # The step's collectives, on the generation's torch groups.
         x = torch.tensor([float(step.rank + 1)])
         kill_file = os.path.join(a.out, "kill.json")
@@ -119,9 +139,12 @@ while True:
         w.mul_(0.5).add_(s)
         rt.state["m"].add_(idx("m").float() * s)
         rt.state["v"].mul_(1.5).add_(idx("v") / s)
+        for n in NAMES[3:]:  # elementwise: the same whatever the layout
+            rt.state[n].mul_(0.5).add_(s)
         c = int.from_bytes(rt.state.scalar("count"), "little") + 1
         rt.state.set_scalar("count", c.to_bytes(8, "little"))
         index, rank = step.index, step.rank
+        held = (rt.state["v"], rt.state["v"].clone())
     # Between steps: the state at step index+1 in this generation's layout, saved through DCP as
     # the oracle of a change that applies at that step.
     if index is not None and rt.groups is not None:

@@ -9,11 +9,16 @@ A DTensor's placements on a mesh with named dimensions "pp", "dp", "tp" map to a
   Shard(0) on "dp", Shard(d > 0) on "tp"      -> ....chunk_tp(d).chunk_dp()      (FSDP2 + TP)
   _StridedShard(0) on "dp", Shard(0) on "tp"  -> ....chunk_tp(0).chunk_dp()      (FSDP2 + TP on
                                                   dim 0: DP chunks the TP-local rows)
+  HSDP, on "dp_replicate", "dp_shard" (and "tp") instead of "dp": Replicate() on "dp_replicate",
+  Shard(0) (or the strided shard) on "dp_shard" of size S -> the same with chunk_dp(S): rows
+  of dim 0 chunked within groups of S consecutive DP ranks (dp = replicas * S, DP rank
+  r*S + s is torch's mesh coordinate (r, s)), replicated across the groups.
 
 Refused, with a message naming the tensor and the placement: Partial() (a pending reduction is
 not state), Shard on "pp" (stages hold whole tensors by layer), Shard(d != 0) on "dp" (FSDP2
-shards dim 0), and a plain Shard(0) on both "dp" and "tp" (DTensor's mesh order cuts dp first:
-not what FSDP2 builds, and not a morph layout).
+shards dim 0), a plain Shard(0) on both "dp" and "tp" (DTensor's mesh order cuts dp first:
+not what FSDP2 builds, and not a morph layout), a Shard on "dp_replicate", "dp" together with
+"dp_shard", and "dp_shard" without its size.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ _TORCH_TO_MORPH = {
 }
 _MORPH_TO_TORCH = {v: k for k, v in _TORCH_TO_MORPH.items()}
 
-MESH_DIMS = ("pp", "dp", "tp")
+MESH_DIMS = ("pp", "dp", "tp", "dp_replicate", "dp_shard")
 
 
 def morph_dtype(dtype: torch.dtype, name: str = "?") -> str:
@@ -54,11 +59,13 @@ def _describe(p: object) -> str:
 
 def layout_from_placements(name: str, shape: Sequence[int], placements: Sequence[object],
                            mesh_dim_names: Sequence[str] = ("dp", "tp"), layer: int = 0,
-                           layers: Optional[Sequence[int]] = None) -> "_morph.Layout":
+                           layers: Optional[Sequence[int]] = None,
+                           dp_shard_size: Optional[int] = None) -> "_morph.Layout":
     """The morph Layout of a tensor placed like a DTensor: `placements[i]` on mesh dimension
-    `mesh_dim_names[i]` (each of "pp", "dp", "tp"). `layer` (or `layers`, tied tensors) says
-    which pipeline stage holds it. InvalidArgumentError naming the tensor and the placement for
-    what morph cannot express."""
+    `mesh_dim_names[i]` (each of "pp", "dp", "tp", or HSDP's "dp_replicate" and "dp_shard",
+    whose size `dp_shard_size` gives). `layer` (or `layers`, tied tensors) says which pipeline
+    stage holds it. InvalidArgumentError naming the tensor and the placement for what morph
+    cannot express."""
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     if len(placements) != len(mesh_dim_names):
@@ -69,6 +76,12 @@ def layout_from_placements(name: str, shape: Sequence[int], placements: Sequence
     layout = _morph.Layout.layers(list(layers)) if layers else _morph.Layout.layer(layer)
     tp_dim: Optional[int] = None
     dp_shard = None  # "plain" (Shard(0)) or "strided" (_StridedShard(0))
+    if "dp" in mesh_dim_names and ("dp_shard" in mesh_dim_names or
+                                   "dp_replicate" in mesh_dim_names):
+        raise InvalidArgumentError(
+            f"tensor '{name}': mesh dimensions {tuple(mesh_dim_names)}: 'dp', or HSDP's "
+            "'dp_replicate' and 'dp_shard', not both")
+    hybrid = "dp_shard" in mesh_dim_names
     for p, dim in zip(placements, mesh_dim_names):
         where = f"tensor '{name}': placement {_describe(p)} on mesh dimension '{dim}'"
         if dim not in MESH_DIMS:
@@ -87,49 +100,59 @@ def layout_from_placements(name: str, shape: Sequence[int], placements: Sequence
         if dim == "pp":
             raise InvalidArgumentError(f"{where}: pipeline stages hold whole tensors by layer; "
                                        "pass layer= (or layers=) instead")
+        if dim == "dp_replicate":
+            raise InvalidArgumentError(f"{where}: HSDP replicates across 'dp_replicate' "
+                                       "(Replicate()) and shards over 'dp_shard'")
         if dim == "tp":
             if strided:
                 raise InvalidArgumentError(f"{where}: a strided shard on tp is not a morph layout")
             tp_dim = d
             continue
-        if d != 0:  # dp
+        if d != 0:  # dp or dp_shard
             raise InvalidArgumentError(f"{where}: morph shards dp by rows of dimension 0 "
                                        f"(FSDP2's Shard(0)), not dimension {d}")
+        if dim == "dp_shard" and (dp_shard_size is None or dp_shard_size < 1):
+            raise InvalidArgumentError(f"{where}: give dp_shard_size (the size of the mesh's "
+                                       "'dp_shard' dimension)")
         dp_shard = "strided" if strided else "plain"
+    dp = "dp_shard" if hybrid else "dp"
     if dp_shard == "plain" and tp_dim == 0:
         raise InvalidArgumentError(
-            f"tensor '{name}': Shard(0) on both 'dp' and 'tp' cuts dim 0 over dp first (DTensor's "
-            "mesh order); FSDP2 over TP chunks the TP-local rows: _StridedShard(0) on 'dp'")
+            f"tensor '{name}': Shard(0) on both '{dp}' and 'tp' cuts dim 0 over {dp} first "
+            f"(DTensor's mesh order); FSDP2 over TP chunks the TP-local rows: _StridedShard(0) "
+            f"on '{dp}'")
     if dp_shard == "strided" and tp_dim != 0:
         raise InvalidArgumentError(
-            f"tensor '{name}': _StridedShard(0) on 'dp' without Shard(0) on 'tp'")
+            f"tensor '{name}': _StridedShard(0) on '{dp}' without Shard(0) on 'tp'")
     if tp_dim is not None:
         layout = layout.chunk_tp(tp_dim)
     if dp_shard:
-        layout = layout.chunk_dp()
+        layout = layout.chunk_dp(dp_shard_size if hybrid else 0)
     return layout
 
 
 def placements_of(name: str, shape: Sequence[int], layout: "_morph.Layout",
                   tp_size: int = 1) -> list:
     """The DTensor placements on the ("dp", "tp") mesh of a stage for a morph layout, where one
-    exists (the inverse of layout_from_placements; `tp_size` for FSDP2+TP's strided shard);
+    exists (the inverse of layout_from_placements; `tp_size` for FSDP2+TP's strided shard); for
+    a hybrid chunk_dp(S), on HSDP's ("dp_replicate", "dp_shard", "tp") mesh (Replicate() first).
     InvalidArgumentError otherwise."""
     from torch.distributed.tensor import Replicate, Shard
 
     if layout.tp_blocks != 1 or layout.pad_multiple != 0:
         raise InvalidArgumentError(f"tensor '{name}': {layout!r} (block-interleaved or padded "
                                    "TP split) has no DTensor placement")
-    if layout.zero_group:
-        raise InvalidArgumentError(f"tensor '{name}': {layout!r} (hybrid sharding in groups) "
-                                   "has no placement on a ('dp', 'tp') mesh")
+    if layout.zero_group and not layout.dp_chunked:
+        raise InvalidArgumentError(f"tensor '{name}': {layout!r} (hybrid flat ZeRO ranges) "
+                                   "has no DTensor placement")
     if layout.zero_sharded and not layout.dp_chunked and (len(shape) != 1 or layout.tp_dim >= 0):
         raise InvalidArgumentError(f"tensor '{name}': {layout!r} (a flat ZeRO range of a "
                                    f"{len(shape)}-D tensor) has no DTensor placement")
     tp = Shard(layout.tp_dim) if layout.tp_dim >= 0 else Replicate()
     if not layout.zero_sharded:
         return [Replicate(), tp]
+    hsdp = [Replicate()] if layout.zero_group else []
     if layout.tp_dim == 0 and tp_size > 1:  # FSDP2 + TP on dim 0
         from torch.distributed.tensor.placement_types import _StridedShard
-        return [_StridedShard(0, split_factor=tp_size), tp]
-    return [Shard(0), tp]
+        return hsdp + [_StridedShard(0, split_factor=tp_size), tp]
+    return hsdp + [Shard(0), tp]

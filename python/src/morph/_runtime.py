@@ -52,23 +52,26 @@ class Shard(tuple):
 
 
 class _Registered:
-    __slots__ = ("name", "shape", "dtype", "device", "layout", "init", "buffers")
+    __slots__ = ("name", "shape", "dtype", "device", "layout", "init", "buffers", "host")
 
     def __init__(self, name: str, shape: Tuple[int, ...], dtype: torch.dtype,
                  device: torch.device, layout: Any, init: Optional[torch.Tensor]) -> None:
         self.name, self.shape, self.dtype, self.device = name, shape, dtype, device
         self.layout, self.init = layout, init
         self.buffers: Dict[int, torch.Tensor] = {}  # data_ptr -> the torch storage morph holds
+        self.host = device.type == "cpu"  # storage from the extension's host blocks
 
 
 class State:
     """The registered state. Inside `declare` (morph.start's argument) add tensors and scalars;
     afterwards read this rank's shards as torch tensors: `state["w"]`, `state.tensors()`.
 
-    A tensor's shards are torch storage on the tensor's device, allocated by torch and adopted
-    by morph: morph writes the resharded values into them at a change, the program reads and
-    writes them in place. Look tensors up again after a change (on_reconfigure): the shards are
-    new storage then (the old storage stays valid while the program holds it).
+    A tensor's shards are storage morph adopted and torch views without a copy: host blocks the
+    extension allocates (from any thread, so a change's new shards are allocated and pre-faulted
+    while the old generation trains), or, on a CUDA device, torch storage. morph writes the
+    resharded values into them at a change, the program reads and writes them in place. Look
+    tensors up again after a change (on_reconfigure): the shards are new storage then (the old
+    storage stays valid while the program holds it).
     """
 
     def __init__(self) -> None:
@@ -83,7 +86,8 @@ class State:
                    device: Union[str, torch.device, None] = None,
                    placements: Optional[Sequence[object]] = None,
                    mesh_dim_names: Sequence[str] = ("dp", "tp"), layer: int = 0,
-                   layers: Optional[Sequence[int]] = None) -> None:
+                   layers: Optional[Sequence[int]] = None,
+                   dp_shard_size: Optional[int] = None) -> None:
         """Registers tensor `name` (the whole, global tensor).
 
         `tensor` gives its shape, dtype and device (a meta tensor, the full tensor, or a
@@ -91,7 +95,8 @@ class State:
         layout is given); on a fresh start a real tensor's values initialize the shards. Or give
         `shape`, `dtype` (default float32) and `device` (default cpu). The layout is `layout`
         (a morph.Layout), else the one `placements` on `mesh_dim_names` map to (DTensor style,
-        layout_from_placements), else replicated on `layer` (or `layers`).
+        layout_from_placements; HSDP's "dp_shard" with `dp_shard_size`, taken from a DTensor's
+        mesh), else replicated on `layer` (or `layers`).
 
         Raises InvalidArgumentError naming the tensor for a dtype morph has not, a dtype or
         shape disagreeing with `tensor`, a placement morph cannot express, a name registered
@@ -106,6 +111,9 @@ class State:
                 if placements is None and layout is None:
                     placements = list(tensor.placements)
                     mesh_dim_names = tensor.device_mesh.mesh_dim_names or mesh_dim_names
+                    if "dp_shard" in mesh_dim_names and dp_shard_size is None:  # HSDP
+                        dp_shard_size = tensor.device_mesh.size(
+                            list(mesh_dim_names).index("dp_shard"))
             t_shape = tuple(tensor.shape)
             if shape is not None and tuple(shape) != t_shape:
                 raise InvalidArgumentError(
@@ -129,11 +137,17 @@ class State:
         shape = tuple(int(s) for s in shape)
         if layout is None:
             if placements is not None:
-                layout = layout_from_placements(name, shape, placements, mesh_dim_names, layer, layers)
+                layout = layout_from_placements(name, shape, placements, mesh_dim_names, layer,
+                                                layers, dp_shard_size)
             else:
                 layout = Layout.layers(list(layers)) if layers else Layout.layer(layer)
         reg = _Registered(name, shape, dtype, device, layout, init)
         is_cuda = device.type == "cuda"
+
+        if not is_cuda:
+            core.add_host_tensor(name, list(shape), mdt, layout)
+            self._tensors[name] = reg
+            return
 
         def allocate(nbytes: int) -> Tuple[int, int, bool]:
             buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -165,19 +179,26 @@ class State:
 
     def tensor(self, name: str) -> torch.Tensor:
         """This rank's shard of tensor `name`, a torch tensor over morph's storage (no copy):
-        shaped like the local box when the rank holds a whole box (replicated, TP-split), 1-D
-        for a ZeRO range, empty when the rank's stage does not hold the tensor."""
+        shaped like the local box when the rank holds a whole box (replicated, TP-split), rows
+        of dim 0 of that box for a chunk_dp layout (FSDP2's local shard: [rows, *rest], maybe
+        0 rows), 1-D for a ZeRO range, empty when the rank's stage does not hold the tensor."""
         core = self._core_or_raise()
         reg = self._tensors.get(name)
         if reg is None:
             raise NotFoundError(f"no tensor '{name}' is registered")
         ptr, nbytes, _kind, origin, fshape, fb, fe = core.tensor_info(name)
+        rows_of = (reg.layout.dp_chunked and len(fshape) == len(reg.shape) and len(fshape) > 1)
+        row = math.prod(fshape[1:]) if rows_of else 0
         if fe <= fb or nbytes == 0:
+            if rows_of:  # a chunk of no rows: torch's local shard of it is [0, *rest]
+                return torch.empty((0, *fshape[1:]), dtype=reg.dtype, device=reg.device)
             return torch.empty(0, dtype=reg.dtype, device=reg.device)
-        buf = reg.buffers.get(ptr)
+        buf = _morph.host_storage(ptr, nbytes) if reg.host else reg.buffers.get(ptr)
         if buf is None:
             raise MorphError(f"tensor '{name}': storage {ptr:#x} is not one morph allocated here")
         flat = buf[:nbytes].view(reg.dtype)
+        if rows_of and row > 0:  # whole rows of the TP-local box (ChunkDP)
+            return flat[: (fe - fb) // row * row].view(-1, *fshape[1:])
         if fb != 0 or fe != math.prod(fshape):
             return flat
         local = list(fshape)
@@ -430,7 +451,8 @@ class Runtime:
 
     # ---- DTensors ----
     def dtensor(self, name: str) -> Optional[Any]:
-        """Tensor `name` as a DTensor over this stage's ("dp", "tp") mesh, sharing morph's
+        """Tensor `name` as a DTensor over this stage's ("dp", "tp") mesh (a hybrid
+        chunk_dp(S): groups.hsdp_mesh(S), built on first use on every rank), sharing morph's
         storage (DTensor.from_local, no copy); None when this rank's stage does not hold it.
         InvalidArgumentError for a layout without a DTensor placement (placements_of)."""
         from torch.distributed.tensor import DTensor
@@ -446,7 +468,13 @@ class Runtime:
                           for l in layout.all_layers if l < len(stages)):
             return None  # another stage's tensor
         stride = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-        return DTensor.from_local(local, self.groups.stage_mesh(), placements, run_check=False,
+        mesh = (self.groups.hsdp_mesh(layout.zero_group) if len(placements) == 3
+                else self.groups.stage_mesh())
+        if local.numel() == 0:  # an empty chunk: torch's local shape of it (e.g. [0, cols])
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+            want, _ = compute_local_shape_and_global_offset(torch.Size(shape), mesh, placements)
+            local = local.new_empty(want)
+        return DTensor.from_local(local, mesh, placements, run_check=False,
                                   shape=torch.Size(shape), stride=tuple(stride))
 
 

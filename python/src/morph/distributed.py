@@ -43,9 +43,33 @@ class ProcessGroups:
     store: Any
     seconds: float
 
+    hsdp: Any = None  # shard size -> HSDP mesh (hsdp_mesh)
+
     def stage_mesh(self) -> Any:
         """The ("dp", "tp") submesh of this rank's pipeline stage (where DTensors live)."""
         return self.mesh["dp", "tp"]
+
+    def hsdp_mesh(self, shard_size: int) -> Any:
+        """The ("dp_replicate", "dp_shard", "tp") mesh of this rank's stage for HSDP: DP split
+        into dp / shard_size replicas of `shard_size` consecutive DP ranks (DP rank r*S + s has
+        coordinates (r, s)), what morph's chunk_dp(shard_size) shards within. Built on first
+        use (a collective: every rank of the generation calls it, in the same order), cached.
+        InvalidArgumentError unless shard_size divides dp."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from ._errors import InvalidArgumentError
+
+        cfg = self.config
+        if shard_size < 1 or cfg.dp % shard_size:
+            raise InvalidArgumentError(f"HSDP shard size {shard_size} does not divide dp={cfg.dp}")
+        self.hsdp = self.hsdp or {}
+        if shard_size not in self.hsdp:
+            ranks = torch.arange(self.world_size).reshape(cfg.pp, cfg.dp // shard_size,
+                                                          shard_size, cfg.tp)
+            mesh = DeviceMesh(self.mesh.device_type, ranks,
+                              mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+            self.hsdp[shard_size] = mesh["dp_replicate", "dp_shard", "tp"]
+        return self.hsdp[shard_size]
 
 
 def destroy(groups: Optional[ProcessGroups]) -> None:

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `make bench-torch` (issue 24): morph's Python package next to the C++ runtime and PyTorch DCP
+# on the same model, changes and machine, in one run. JSON lines on stdout.
+#
+# For each change (dp4to2, tp2to1, pp2to1; bench/reconfig_cases.h) and each of TORCH_BENCH_REPEATS
+# rounds (default 3), interleaved:
+#   - runtime_bench with its C++ workers                       ("workers": "cpp")
+#   - runtime_bench with bench/torch/reconfig_worker.py workers ("workers": "python")
+#   - bench/peers/dcp_reconfig.py: dcp.save, every process exits, a fresh world imports torch
+#     and dcp.load-s into the new layout (torchrun-style restart; the same torch as the package)
+# Each line as the tool prints it, then per change a summary line (name "torch_vs_peers/<change>")
+# with the medians and ranges of request -> first step at the new size, ratio_vs_dcp (DCP
+# seconds / morph Python seconds), ratio_vs_dcp_excl_import (DCP without its processes' torch
+# import), python_vs_cpp (Python seconds / C++ seconds - 1; target 0.10). Then the step loop's
+# cost (bench/torch/step_overhead.py under morphrun -n 1; target 0.01).
+#
+#   TORCH_BENCH_BYTES=1GiB TORCH_BENCH_CHANGES="dp4to2 tp2to1 pp2to1" TORCH_BENCH_REPEATS=3 \
+#     BUILD_DIR=build bash bench/torch/run_torch_bench.sh
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="${BUILD_DIR:-build}"
+[[ "$build" = /* ]] || build="$repo/$build"
+bytes="${TORCH_BENCH_BYTES:-1GiB}"
+changes="${TORCH_BENCH_CHANGES:-dp4to2 tp2to1 pp2to1}"
+repeats="${TORCH_BENCH_REPEATS:-3}"
+timeout_s="${TORCH_BENCH_TIMEOUT:-600}"
+python="$(MORPH_VENV="${MORPH_VENV:-$build/venv}" bash "$repo/scripts/python-venv.sh" | tail -n 1)"
+for f in bench/runtime_bench bench/restart_baseline_bench runtime/tools/morphrun python/morph/__init__.py; do
+  [[ -e "$build/$f" ]] || { echo "run_torch_bench: no $build/$f (make bench-torch builds it)" >&2; exit 1; }
+done
+export PYTHONPATH="$build/python" OMP_NUM_THREADS=1
+tmp="$build/bench-tmp/torch"
+mkdir -p "$tmp"
+lines="$tmp/lines.jsonl"
+: >"$lines"
+emit() { [[ -n "$1" ]] && { echo "$1"; echo "$1" >>"$lines"; }; }
+for ((r = 0; r < repeats; ++r)); do
+  for change in $changes; do
+    emit "$(timeout "$timeout_s" "$build/bench/runtime_bench" --bytes "$bytes" --changes "$change" \
+            2>"$tmp/cpp-$change.log" | grep '"reconfigure"')" ||
+      { echo "run_torch_bench: runtime_bench (cpp) $change failed: $tmp/cpp-$change.log" >&2; exit 1; }
+    emit "$(timeout "$timeout_s" "$build/bench/runtime_bench" --bytes "$bytes" --changes "$change" \
+            --worker-cmd "$python $repo/bench/torch/reconfig_worker.py" --label python \
+            2>"$tmp/python-$change.log" | grep '"reconfigure"')" ||
+      { echo "run_torch_bench: runtime_bench (python) $change failed: $tmp/python-$change.log" >&2; exit 1; }
+    emit "$(timeout "$timeout_s" "$python" "$repo/bench/peers/dcp_reconfig.py" --change "$change" \
+            --bytes "$bytes" --layout-bin "$build/bench/restart_baseline_bench" --dir "$tmp/dcp" \
+            --timeout "$timeout_s" 2>"$tmp/dcp-$change.log")" ||
+      { echo "run_torch_bench: DCP $change failed: $tmp/dcp-$change.log" >&2; exit 1; }
+  done
+done
+python3 - "$lines" <<'PY'
+import json, statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    kind = j.get("workers", "dcp") if j["name"] == "reconfigure" else "dcp"
+    runs.setdefault(j["change"], {}).setdefault(kind, []).append(j)
+def med(xs): return round(statistics.median(xs), 4)
+def rng(xs): return [round(min(xs), 4), round(max(xs), 4)]
+for change, by in runs.items():
+    py = [j["seconds"] for j in by.get("python", [])]
+    cpp = [j["seconds"] for j in by.get("cpp", [])]
+    dcp = [j["seconds"] for j in by.get("dcp", [])]
+    dcp_x = [j["seconds_excl_import"] for j in by.get("dcp", [])]
+    if not (py and cpp and dcp):
+        continue
+    print(json.dumps({
+        "name": "torch_vs_peers/" + change, "change": change, "bytes": by["python"][0]["bytes"],
+        "runs": len(py), "python_seconds": med(py), "python_seconds_range": rng(py),
+        "python_stall_seconds": med([j["stall_seconds"] for j in by["python"]]),
+        "cpp_seconds": med(cpp), "cpp_seconds_range": rng(cpp),
+        "dcp_seconds": med(dcp), "dcp_seconds_range": rng(dcp),
+        "dcp_seconds_excl_import": med(dcp_x), "dcp_seconds_excl_import_range": rng(dcp_x),
+        "ratio_vs_dcp": round(statistics.median(dcp) / statistics.median(py), 1),
+        "ratio_vs_dcp_excl_import": round(statistics.median(dcp_x) / statistics.median(py), 1),
+        "python_vs_cpp": round(statistics.median(py) / statistics.median(cpp) - 1, 3),
+        "python_vs_cpp_target": 0.10,
+        "verified_dcp": all(j.get("verified") for j in by["dcp"])}))
+PY
+MORPH_TOKEN="${MORPH_TOKEN:-bench-torch}" timeout "$timeout_s" "$build/runtime/tools/morphrun" -n 1 -- \
+  "$python" "$repo/bench/torch/step_overhead.py" 2>"$tmp/step.log" | grep '"torch_step_overhead"' ||
+  { echo "run_torch_bench: step_overhead failed: $tmp/step.log" >&2; exit 1; }

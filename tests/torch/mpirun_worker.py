@@ -1,0 +1,31 @@
+"""A PyTorch program launched by mpirun (tests/torch/mpirun_test.sh): rank 0 hosts the
+coordinator (its address and a fresh token travel by MPI, as for a C++ program), every rank
+trains 6 steps on the generation's torch process groups and a replicated tensor, and prints one
+JSON line with what it saw."""
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+import morph
+
+rt = morph.start(lambda s: s.add_tensor("w", torch.arange(12.0).reshape(3, 4)), global_batch=4)
+steps = 0
+while True:
+    with rt.step() as step:
+        if step.done or step.index >= 6:
+            break
+        x = torch.ones(1)
+        dist.all_reduce(x, group=step.groups.world)
+        assert x.item() == step.world_size, (x.item(), step.world_size)
+        rt.commit_update()
+        rt.state["w"].add_(1)
+        steps += 1
+w = rt.state["w"]
+print(json.dumps({"rank": rt.rank, "world": rt.config.world, "steps": steps,
+                  "w_equal": bool(torch.equal(w, torch.arange(12.0).reshape(3, 4) + 6)),
+                  "torch_rank": os.environ.get("RANK"), "torch_world": os.environ.get("WORLD_SIZE")}),
+      flush=True)
+rt.finish()
+rt.close()
