@@ -9,8 +9,9 @@
 //  - host tensors: blocks allocated here (HostBlocks), without Python, so from any thread
 //    (TensorAllocator::any_thread: morph allocates and pre-faults a change's new shards while
 //    the old generation trains); host_storage(ptr) hands torch a uint8 tensor over a block
-//    (DLPack) that keeps it alive, so storage the program still holds after morph released it
-//    stays valid;
+//    (DLPack) that keeps it alive, so the range of storage the program still holds after morph
+//    released it is never reused; blocks of 1 MiB or more are mappings of their own whose pages
+//    a growing shard takes over (HostBlocks::MovePages), leaving the old range inaccessible;
 //  - CUDA tensors: the allocator calls back into Python (holding the GIL only for that call)
 //    for a torch tensor of the asked bytes on the device, and hands its pointer to morph.
 #include <nanobind/nanobind.h>
@@ -25,6 +26,8 @@
 
 #include <glog/logging.h>
 #include <morph/morph.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -72,7 +75,14 @@ using Release = nb::call_guard<nb::gil_scoped_release>;
 struct HostBlock {
   void* data = nullptr;
   size_t bytes = 0;
-  ~HostBlock() { std::free(data); }
+  size_t mapped = 0;  // the length of its own anonymous mapping (1 MiB or more), else 0
+  ~HostBlock() {
+    if (mapped > 0) {
+      munmap(data, mapped);
+    } else {
+      std::free(data);
+    }
+  }
 };
 
 class HostBlocks {
@@ -83,10 +93,22 @@ class HostBlocks {
   }
   StatusOr<morph::BufferView> Allocate(const std::string& tensor, int64_t bytes) {
     const size_t n = static_cast<size_t>(bytes > 0 ? bytes : 1);
-    const size_t align = n >= (size_t{1} << 20) ? 4096 : 64;  // pages for the big ones
     auto b = std::make_shared<HostBlock>();
-    if (posix_memalign(&b->data, align, (n + align - 1) / align * align) != 0) {
+    if (n >= (size_t{1} << 20)) {
+      // A mapping of its own, as morph's HostAllocator gives (reshard/buffer.h MapHost): not
+      // from malloc's arenas, whose locks and trimming the pre-allocating thread would share
+      // with the training thread, and returned to the system when released.
+      const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+      const size_t len = (n + page - 1) / page * page;
+      void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p != MAP_FAILED) {
+        b->data = p;
+        b->mapped = len;
+      }
+    } else if (posix_memalign(&b->data, 64, (n + 63) / 64 * 64) != 0) {
       b->data = nullptr;
+    }
+    if (b->data == nullptr) {
       return morph::ResourceExhaustedError("tensor '" + tensor + "': allocating " +
                                            std::to_string(bytes) + " bytes of host memory failed");
     }
@@ -103,6 +125,30 @@ class HostBlocks {
     if (it == blocks_.end()) return;
     last = std::move(it->second);
     blocks_.erase(it);
+  }
+  // TensorAllocator::move_pages for host blocks: the pages of block `from` become bytes
+  // [offset, offset + its length) of block `to`, not copied; `from`'s range stays reserved but
+  // inaccessible, so that a torch view of the old shard the program kept faults when read
+  // instead of reading zeros or another shard. Both must be mappings of their own (1 MiB or
+  // more); false (nothing changed) otherwise, or where the kernel lacks MREMAP_DONTUNMAP (5.7).
+  bool MovePages(const void* from, const void* to, size_t offset) {
+    std::shared_ptr<HostBlock> src = Find(reinterpret_cast<uintptr_t>(from));
+    std::shared_ptr<HostBlock> dst = Find(reinterpret_cast<uintptr_t>(to));
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    if (!src || !dst || src->mapped == 0 || dst->mapped == 0 || offset % page != 0 ||
+        offset + src->mapped > dst->mapped) {
+      return false;
+    }
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4
+#endif
+    void* at = static_cast<char*>(dst->data) + offset;
+    if (mremap(src->data, src->mapped, src->mapped,
+               MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, at) == MAP_FAILED) {
+      return false;
+    }
+    (void)mprotect(src->data, src->mapped, PROT_NONE);  // left readable (zeros) if it fails
+    return true;
   }
   std::shared_ptr<HostBlock> Find(uintptr_t data) {
     std::lock_guard<std::mutex> l(mu_);
@@ -427,6 +473,9 @@ NB_MODULE(_morph, m) {
                return HostBlocks::Get().Allocate(tname, bytes);
              };
              a.release = [](morph::BufferView v) { HostBlocks::Get().Release(v.data); };
+             a.move_pages = [](morph::BufferView from, morph::BufferView to, size_t offset) {
+               return HostBlocks::Get().MovePages(from.data, to.data, offset);
+             };
              a.any_thread = true;
              Check(self.get().AdoptTensor(std::move(name), std::move(shape),
                                           ParseDTypeOrThrow(dtype), layout, std::move(a)));

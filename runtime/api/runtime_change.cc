@@ -78,6 +78,12 @@ SwitchOptions Runtime::Impl::SwitchOpts() const {
   SetDevicePath(s);
   // Host shards, morph-owned or from allocators callable from any thread: new ones are
   // allocated and pre-faulted while the old generation trains (switch.h "Pre-allocation").
+  if (adopted_state) {
+    s.fixed_storage.resize(manifest.tensors.size());
+    for (size_t t = 0; t < manifest.tensors.size(); ++t) {
+      s.fixed_storage[t] = !state.pages_movable(t);
+    }
+  }
   if (!cuda_state && (!adopted_state || adopted_any_thread)) {
     s.preallocate = [this](size_t t, size_t bytes) {
       return state.AllocateShard(t, static_cast<int64_t>(bytes));
@@ -279,6 +285,13 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
   r.prepare_bytes = stats.old_bytes + stats.preallocated_bytes;
   r.new_state_bytes = stats.new_bytes;
   if (!stats.device.union_source.empty()) LogDevicePath(agent->log(), c.next.id, stats.device);
+  MORPH_VLOG(1, agent->log()) << "generation " << c.next.id << " host memory: "
+      << stats.shards_preallocated << " shards pre-allocated (" << stats.preallocated_bytes
+      << " B; waited " << stats.prealloc_wait_seconds << " s), " << stats.shards_grown
+      << " grown in place, " << stats.shards_kept << " kept, " << stats.recycled_bytes
+      << " B recycled; transfer: alloc " << stats.alloc_seconds << " s, copy "
+      << stats.copy_seconds << ", pack " << stats.pack_seconds << ", wait " << stats.wait_seconds
+      << ", unpack " << stats.unpack_seconds << ", release " << stats.release_seconds;
   return Status();
 }
 

@@ -186,6 +186,21 @@ bool StateStore::allocator_any_thread(size_t index) const {
   return entries_[index]->adopted && entries_[index]->allocator.any_thread;
 }
 
+bool StateStore::pages_movable(size_t index) const {
+  const Entry& e = *entries_[index];
+  return e.adopted ? static_cast<bool>(e.allocator.move_pages) : e.memory == MemoryKind::kHost;
+}
+
+Status StateStore::MoveShardPages(size_t index, Buffer& from, Buffer& to, size_t offset) const {
+  const Entry& e = *entries_[index];
+  if (!e.adopted) return MovePages(from, to, offset);
+  if (!e.allocator.move_pages || !e.allocator.move_pages(from.view(), to.view(), offset)) {
+    return UnimplementedError("tensor '" + specs_[index].name +
+                              "': its allocator did not move the old shard's pages");
+  }
+  return Status::Ok();
+}
+
 MemoryKind StateStore::memory_of(size_t index) const {
   const Entry& e = *entries_[index];
   if (e.data.size() > 0) return e.data.kind();

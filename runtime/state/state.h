@@ -71,6 +71,14 @@ class StateStore final : public State {
   bool adopted(size_t index) const;
   // An adopted tensor whose allocator may be called from any thread (TensorAllocator::any_thread).
   bool allocator_any_thread(size_t index) const;
+  // Whether tensor `index`'s host storage can have its pages moved into a new shard's: a
+  // morph-owned tensor's page-mapped buffers (MovePages), an adopted one's when its allocator
+  // has TensorAllocator::move_pages.
+  bool pages_movable(size_t index) const;
+  // Moves `from`'s pages (an old shard of tensor `index`) to byte `offset` of `to` (its new
+  // shard): MovePages for morph-owned storage (`from` is empty afterwards), the allocator's
+  // move_pages for adopted storage (`from` is released as usual later). An error: nothing moved.
+  Status MoveShardPages(size_t index, Buffer& from, Buffer& to, size_t offset) const;
   // Installs the new layout: `shards[i]` / `buffers[i]` for every tensor (empty Buffer where
   // the shard is empty), laid out for `config` / `rank` (-1: none). Releases whatever storage
   // was still held.

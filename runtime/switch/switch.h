@@ -199,6 +199,13 @@ struct SwitchOptions {
   // training thread). Ignored with stage_old_in_host and for recoveries. Adopted tensors'
   // shards never come from the page pool (their storage is the allocator's).
   ShardAllocator preallocate;
+  // Per manifest tensor: its storage is its allocator's and cannot have its pages moved
+  // (StateStore::pages_movable: adopted without TensorAllocator::move_pages), so it is never
+  // grown in place ("Growing in place"): the resident part is copied, and
+  // pre-allocation faults in the whole new shard so that the copy lands in resident pages
+  // (first touch costs about ten times a copy on these VMs: design.md "Fresh pages"). Empty:
+  // every tensor's storage is morph's.
+  std::vector<bool> fixed_storage;
   // chunk_bytes and staging_bytes come from the manifest (they are part of the plan digest);
   // the other fields (rounds in flight, strided messages) from here.
   ExecutorOptions executor;

@@ -237,7 +237,8 @@ void SwitchExecution::GrowInPlace(Batch& b, size_t j) {
   const size_t t = static_cast<size_t>(b.tensors[j]);
   if (sw_.grow_offset_[t] < 0 || old_view_[t].bytes == 0) return;
   taken_[t] = state_.TakeShard(t);
-  if (!MovePages(taken_[t], b.fresh[j], static_cast<size_t>(sw_.grow_offset_[t])).ok()) return;
+  const size_t offset = static_cast<size_t>(sw_.grow_offset_[t]);
+  if (!state_.MoveShardPages(t, taken_[t], b.fresh[j], offset).ok()) return;
   old_view_[t] = ConstBufferView(static_cast<char*>(b.fresh[j].data()) + sw_.grow_offset_[t],
                                  old_view_[t].bytes, MemoryKind::kHost);
   b.moved[j] = b.any_moved = true;

@@ -117,7 +117,10 @@ Status PlanSwitch(PreparedSwitch& sw, const ChangePlan& change, const SwitchOpti
     sw.kept_.assign(p.tensors.size(), false);
     sw.grow_offset_.assign(p.tensors.size(), -1);
     if (!options.stage_old_in_host && !options.keep_old_until_barrier) {
-      for (size_t t = 0; t < p.tensors.size(); ++t) sw.grow_offset_[t] = GrowOffset(p, t);
+      for (size_t t = 0; t < p.tensors.size(); ++t) {
+        const bool fixed = t < options.fixed_storage.size() && options.fixed_storage[t];
+        sw.grow_offset_[t] = fixed ? -1 : GrowOffset(p, t);
+      }
       std::vector<bool> receives(p.tensors.size(), false);
       for (const PieceMove& m : p.recvs) receives[static_cast<size_t>(m.tensor)] = true;
       for (size_t t = 0; t < p.tensors.size(); ++t) {

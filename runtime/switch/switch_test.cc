@@ -266,6 +266,32 @@ TEST(SwitchTest, GrowingShardsKeepTheirResidentPagesInPlace) {
   }
 }
 
+// Storage that is its allocator's (SwitchOptions::fixed_storage: adopted tensors, the Python
+// package's host blocks that torch may still view) is never grown in place, even when it is
+// page-mapped: its resident part is copied into a new shard that pre-allocation faulted in.
+TEST(SwitchTest, FixedStorageIsCopiedNotGrownInPlace) {
+  const std::vector<TensorSpec> big = {
+      {"l0.w.exp_avg", DType::kF32, {1024, 1024}, Layout::Layer(0).ZeroShard()},
+      {"l1.ln", DType::kF32, {7}, Layout::Layer(1)},
+  };
+  SwitchOptions o = Cluster::Defaults();
+  o.batch_bytes = 8 << 20;
+  o.preallocate = ForAnyTensor(HostAllocator());
+  o.fixed_storage = {true, true};
+  Cluster c(big);
+  c.manifest_.chunk_bytes = 1 << 20;
+  c.manifest_.staging_bytes = 8 << 20;
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {1, 2}));
+  PrepareMsg p;
+  auto r = c.Propose(Config(1, 1, 1), {1}, o, &p);  // the ZeRO range doubles at offset 0
+  for (auto& [w, res] : r) {
+    ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+    EXPECT_EQ(res.stats.shards_grown, 0) << w;
+    EXPECT_EQ(res.stats.peak_state_bytes, res.predicted_peak) << w;
+  }
+  c.Verify(1);
+}
+
 // A prepare that pre-allocated and is then abandoned (its commit refused, then destroyed)
 // releases every pre-allocated buffer, and the state is untouched.
 TEST(SwitchTest, AbandonedPrepareReleasesItsPreallocatedShards) {

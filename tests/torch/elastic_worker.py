@@ -38,7 +38,9 @@ pid = os.getpid()
 open(os.path.join(a.out, "pids", str(pid)) if os.path.isdir(os.path.join(a.out, "pids"))
      else os.devnull, "w").close()
 
-W_SHAPE, M_N, V_N = (8, 6), 37, 23
+# v: 4 MiB of float64, so that its ZeRO shards (1 MiB or more) are page-mapped host blocks that
+# a growing range takes over (TensorAllocator::move_pages).
+W_SHAPE, M_N, V_N = (8, 6), 37, 1 << 19
 
 
 def log(**kv):
@@ -91,6 +93,21 @@ def check_oracle(step):
     return "ok"
 
 
+def held_state(held):
+    """What became of an old shard the program kept a view of across a change: "moved" (morph
+    moved its pages into the new shard: the view's range is now inaccessible, so reading it would
+    fault, never read another shard's bytes), "intact" (readable and unchanged), or "differs"."""
+    view, copy = held
+    addr = view.data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, perms = line.split()[:2]
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= addr < hi and perms.startswith("---"):
+                return "moved"
+    return "intact" if torch.equal(view, copy) else "differs"
+
+
 def idx(name):
     sh = rt.state.shard(name)
     return torch.arange(sh.flat_begin, sh.flat_end, dtype=torch.float64)
@@ -104,12 +121,13 @@ while True:
             break
         if step.reconfigured:
             rc = rt.last_reconfiguration
-            # The old shard the program still holds stays valid and unchanged (morph released
-            # it; the storage lives while torch holds it, and is never reused meanwhile).
-            intact = bool(torch.equal(*held)) if held is not None else None
+            # An old shard the program still holds is either unchanged or moved into the new
+            # shard and inaccessible (docs/torch.md "Tensors"); its range is never reused.
+            old_held = held_state(held) if held is not None else None
+            held = None
             log(event="reconfigured", step=step.index, rank=step.rank, world=step.world_size,
                 recovery=rc.recovery, oracle=check_oracle(step), pg_seconds=rt.groups.seconds,
-                stall=rc.stall_seconds, old_rank=rc.old_rank, old_held_intact=intact,
+                stall=rc.stall_seconds, old_rank=rc.old_rank, old_held=old_held,
                 old_state_bytes=rc.old_state_bytes, prepare_bytes=rc.prepare_bytes)
         # The step's collectives, on the generation's torch groups.
         x = torch.tensor([float(step.rank + 1)])

@@ -9,6 +9,7 @@ run once those groups exist.
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import os
 import sys
@@ -70,8 +71,9 @@ class State:
     extension allocates (from any thread, so a change's new shards are allocated and pre-faulted
     while the old generation trains), or, on a CUDA device, torch storage. morph writes the
     resharded values into them at a change, the program reads and writes them in place. Look
-    tensors up again after a change (on_reconfigure): the shards are new storage then (the old
-    storage stays valid while the program holds it).
+    tensors up again after a change (on_reconfigure): the shards are new storage then. Do not
+    read an old tensor after a change: a shard that grew over its old range took over the old
+    block's pages, and the old view faults when read (docs/torch.md "The API").
     """
 
     def __init__(self) -> None:
@@ -427,6 +429,7 @@ class Runtime:
         """Finishes (if not yet) and releases the runtime and the process groups."""
         distributed.destroy(self.groups)
         self.groups = None
+        distributed.join_retired()
         self.state._core = None  # the binding's State points into the runtime closed below
         if self._core is not None:
             self._core.close()
@@ -481,7 +484,7 @@ class Runtime:
 def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
           process_groups: bool = True,
           pg_timeout: Optional[datetime.timedelta] = None,
-          log_verbosity: int = 0, **model: Any) -> Runtime:
+          log_verbosity: int = 0, freeze_gc: bool = True, **model: Any) -> Runtime:
     """Joins the elastic job and returns once this worker holds a rank with its state in place.
 
     `declare(state)` registers the job's tensors and scalars (state.add_tensor/add_scalar); it
@@ -499,6 +502,12 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
     long for every survivor's state report, so a rank blocked behind the dead peer must fail
     sooner to take part (docs/torch.md "Failure behaviour"). Raise it (with the heartbeat
     timeout) for collectives that legitimately run longer.
+
+    With `freeze_gc` (the default), the objects alive once the worker started (torch's modules,
+    the program's setup) go to the garbage collector's permanent generation (gc.freeze()), so
+    that the collections of the step loop do not traverse them again: on these 2-core machines
+    full collections over torch's objects in 4 workers took CPU from a change in progress
+    (docs/torch.md "Performance"). Objects created later are collected as usual.
 
     On a fresh start, tensors given with values at registration are copied into the shards;
     otherwise the state came from peers (or a checkpoint): rt.fresh_start says which.
@@ -534,4 +543,6 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
     else:
         for reg in state._tensors.values():
             reg.init = None
+    if freeze_gc:
+        gc.freeze()
     return rt
