@@ -62,13 +62,15 @@ struct MORPH_API TensorAllocator {
   // generation trains, as morph-owned ones do (docs/design.md "Pre-allocation").
   bool any_thread = false;
   // Optional, host storage: moves the pages of `from` (storage allocate gave, holding an old
-  // shard that morph releases once the change is applied) to byte `offset` of `to` (storage
-  // allocate gave for the new shard), without copying, and returns true; false when it cannot
-  // (then morph copies). morph calls it when an old shard is a contiguous part of the new one
-  // at a page-aligned offset — a ZeRO range growing, a dim-0 TP split merging — with `to` large
-  // enough for `from` rounded up to whole pages (docs/design.md "Growing in place"). Afterwards
-  // `from`'s bytes are no longer there: a view the program kept of the old shard must not be
-  // read (the Python package's host blocks make such a view fault).
+  // shard that morph releases once the change is applied, or a page-aligned part of it) to byte
+  // `offset` of `to` (storage allocate gave for a new shard, possibly another tensor's), without
+  // copying, and returns true; false when it cannot (then morph copies, or faults in fresh
+  // pages). `offset` is page-aligned and `to` has room for `from` rounded up to whole pages.
+  // morph calls it (1) when an old shard is a contiguous part of the new one — a ZeRO range
+  // growing, a dim-0 TP split merging (docs/design.md "Growing in place") — and (2) with
+  // pre-allocation on, to back a new shard with the pages of old shards released in the batch
+  // before ("Recycling"). Afterwards `from`'s bytes are no longer there: a view the program
+  // kept of an old shard must not be read (the Python package's host blocks make it fault).
   std::function<bool(BufferView from, BufferView to, size_t offset)> move_pages;
 };
 

@@ -34,6 +34,7 @@
 #include <cstring>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -126,29 +127,43 @@ class HostBlocks {
     last = std::move(it->second);
     blocks_.erase(it);
   }
-  // TensorAllocator::move_pages for host blocks: the pages of block `from` become bytes
-  // [offset, offset + its length) of block `to`, not copied; `from`'s range stays reserved but
-  // inaccessible, so that a torch view of the old shard the program kept faults when read
-  // instead of reading zeros or another shard. Both must be mappings of their own (1 MiB or
-  // more); false (nothing changed) otherwise, or where the kernel lacks MREMAP_DONTUNMAP (5.7).
-  bool MovePages(const void* from, const void* to, size_t offset) {
-    std::shared_ptr<HostBlock> src = Find(reinterpret_cast<uintptr_t>(from));
-    std::shared_ptr<HostBlock> dst = Find(reinterpret_cast<uintptr_t>(to));
+  // TensorAllocator::move_pages for host blocks: the pages of `from` (a page-aligned part of a
+  // block, rounded up to whole pages) become bytes [offset, ...) of block `to`, not copied;
+  // `from`'s range stays reserved but inaccessible, so that a torch view of the old shard the
+  // program kept faults when read instead of reading zeros or another shard. Both blocks must
+  // be mappings of their own (1 MiB or more); false (nothing changed) otherwise, or where the
+  // kernel lacks MREMAP_DONTUNMAP (5.7).
+  bool MovePages(morph::BufferView from, morph::BufferView to, size_t offset) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(from.data);
+    std::shared_ptr<HostBlock> src = Containing(p);
+    std::shared_ptr<HostBlock> dst = Find(reinterpret_cast<uintptr_t>(to.data));
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    if (!src || !dst || src->mapped == 0 || dst->mapped == 0 || offset % page != 0 ||
-        offset + src->mapped > dst->mapped) {
+    const size_t len = (from.bytes + page - 1) / page * page;
+    if (!src || !dst || src->mapped == 0 || dst->mapped == 0 || len == 0 || p % page != 0 ||
+        offset % page != 0 || p + len > reinterpret_cast<uintptr_t>(src->data) + src->mapped ||
+        offset + len > dst->mapped) {
       return false;
     }
 #ifndef MREMAP_DONTUNMAP
 #define MREMAP_DONTUNMAP 4
 #endif
     void* at = static_cast<char*>(dst->data) + offset;
-    if (mremap(src->data, src->mapped, src->mapped,
-               MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, at) == MAP_FAILED) {
+    if (mremap(from.data, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, at) ==
+        MAP_FAILED) {
       return false;
     }
-    (void)mprotect(src->data, src->mapped, PROT_NONE);  // left readable (zeros) if it fails
+    (void)mprotect(from.data, len, PROT_NONE);  // left readable (zeros) if it fails
     return true;
+  }
+  // The block whose mapping holds address `p`.
+  std::shared_ptr<HostBlock> Containing(uintptr_t p) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = blocks_.upper_bound(p);
+    if (it == blocks_.begin()) return nullptr;
+    --it;
+    const HostBlock& b = *it->second;
+    const size_t span = b.mapped > 0 ? b.mapped : b.bytes;
+    return p < it->first + span ? it->second : nullptr;
   }
   std::shared_ptr<HostBlock> Find(uintptr_t data) {
     std::lock_guard<std::mutex> l(mu_);
@@ -158,7 +173,7 @@ class HostBlocks {
 
  private:
   std::mutex mu_;
-  std::unordered_map<uintptr_t, std::shared_ptr<HostBlock>> blocks_;
+  std::map<uintptr_t, std::shared_ptr<HostBlock>> blocks_;  // by address (Containing)
 };
 
 // A Python callable kept by C++ code that may drop it without the GIL (a TensorAllocator lives
@@ -474,7 +489,7 @@ NB_MODULE(_morph, m) {
              };
              a.release = [](morph::BufferView v) { HostBlocks::Get().Release(v.data); };
              a.move_pages = [](morph::BufferView from, morph::BufferView to, size_t offset) {
-               return HostBlocks::Get().MovePages(from.data, to.data, offset);
+               return HostBlocks::Get().MovePages(from, to, offset);
              };
              a.any_thread = true;
              Check(self.get().AdoptTensor(std::move(name), std::move(shape),

@@ -194,9 +194,15 @@ bool StateStore::pages_movable(size_t index) const {
 Status StateStore::MoveShardPages(size_t index, Buffer& from, Buffer& to, size_t offset) const {
   const Entry& e = *entries_[index];
   if (!e.adopted) return MovePages(from, to, offset);
-  if (!e.allocator.move_pages || !e.allocator.move_pages(from.view(), to.view(), offset)) {
-    return UnimplementedError("tensor '" + specs_[index].name +
-                              "': its allocator did not move the old shard's pages");
+  return MoveAdoptedPages(index, from.view(), to.view(), offset);
+}
+
+Status StateStore::MoveAdoptedPages(size_t index, BufferView from, BufferView to,
+                                    size_t offset) const {
+  const Entry& e = *entries_[index];
+  if (!e.adopted || !e.allocator.move_pages || !e.allocator.move_pages(from, to, offset)) {
+    return UnimplementedError("tensor '" + specs_[index].name + "': its allocator did not move " +
+                              std::to_string(from.bytes) + " bytes of an old shard's pages");
   }
   return Status::Ok();
 }

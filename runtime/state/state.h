@@ -79,6 +79,9 @@ class StateStore final : public State {
   // shard): MovePages for morph-owned storage (`from` is empty afterwards), the allocator's
   // move_pages for adopted storage (`from` is released as usual later). An error: nothing moved.
   Status MoveShardPages(size_t index, Buffer& from, Buffer& to, size_t offset) const;
+  // The allocator's move_pages of adopted tensor `index`: `from` is (a page-aligned part of)
+  // storage it gave, `to` storage it or another tensor's allocator gave. An error: nothing moved.
+  Status MoveAdoptedPages(size_t index, BufferView from, BufferView to, size_t offset) const;
   // Installs the new layout: `shards[i]` / `buffers[i]` for every tensor (empty Buffer where
   // the shard is empty), laid out for `config` / `rank` (-1: none). Releases whatever storage
   // was still held.

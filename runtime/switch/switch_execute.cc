@@ -72,6 +72,7 @@ StatusOr<SwitchStats> SwitchExecution::Run() {
     MORPH_RETURN_IF_ERROR(MoveBatch(k));
   }
   pool_.Clear();
+  adopted_pool_.clear();
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.peak_state_bytes);
   stats_.device.transfer_peak_bytes = std::max(stats_.device.transfer_peak_bytes, tally_.peak);
   stats_.seconds.transfer = Since(t_transfer);
@@ -153,6 +154,7 @@ Status SwitchExecution::MoveBatch(int k) {
   if (sw_.aborted_.load()) return Fail(AbortedError("aborted"), b.where);
   MORPH_RETURN_IF_ERROR(AllocateNewShards(b));
   pool_.Clear();  // what this batch did not reuse (the bound counts it as released)
+  adopted_pool_.clear();
   MORPH_RETURN_IF_ERROR(ReturnStaged(b));
   LocalPlan trimmed;
   const LocalPlan& run = PlanToRun(b, trimmed);
@@ -225,10 +227,37 @@ StatusOr<Buffer> SwitchExecution::AllocateFresh(size_t t, int64_t bytes) {
   MORPH_ASSIGN_OR_RETURN(Buffer b, opt_.stage_old_in_host
                                        ? HostAllocator()(static_cast<size_t>(bytes))
                                        : state_.AllocateShard(t, bytes));
-  if (opt_.preallocate && !opt_.stage_old_in_host) {
-    MORPH_RETURN_IF_ERROR(PrefaultFresh(b.view(), sw_.grow_offset_[t], old_view_[t].bytes));
+  size_t recycled = 0;
+  if (recycle_ && !adopted_pool_.empty() && sw_.grow_offset_[t] < 0 && state_.adopted(t)) {
+    recycled = FillFromAdoptedPool(b);
+    stats_.recycled_bytes += static_cast<int64_t>(recycled);
+  }
+  if (opt_.preallocate && !opt_.stage_old_in_host && recycled < b.size()) {
+    BufferView rest{static_cast<char*>(b.data()) + recycled, b.size() - recycled, b.kind()};
+    MORPH_RETURN_IF_ERROR(PrefaultFresh(rest, recycled > 0 ? -1 : sw_.grow_offset_[t],
+                                        old_view_[t].bytes));
   }
   return b;
+}
+
+// Recycling for adopted storage: the front of new shard `b` backed by the pages of pooled old
+// shards, moved by their allocators (TensorAllocator::move_pages), page by page as PagePool::Get
+// does. Returns the bytes backed; the rest of `b` is untouched.
+size_t SwitchExecution::FillFromAdoptedPool(Buffer& b) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t len = (b.size() + page - 1) / page * page;
+  size_t done = 0;
+  while (done < len && !adopted_pool_.empty()) {
+    Pooled& p = adopted_pool_.back();
+    const size_t have = (p.buffer.size() + page - 1) / page * page - p.used;
+    const size_t k = std::min(have, len - done);
+    BufferView from{static_cast<char*>(p.buffer.data()) + p.used, k, MemoryKind::kHost};
+    if (!state_.MoveAdoptedPages(p.tensor, from, b.view(), done).ok()) break;
+    p.used += k;
+    done += k;
+    if (p.used >= p.buffer.size()) adopted_pool_.pop_back();
+  }
+  return std::min(done, b.size());
 }
 
 // Growing in place (switch.h "Growing in place"): the old shard's pages become the resident
@@ -320,7 +349,10 @@ void SwitchExecution::ReleaseOld(Batch& b, size_t j) {
     b.returned[j] = Buffer();
   }
   old_host_[t] = Buffer();
-  if (recycle_) {
+  if (recycle_ && state_.adopted(t) && state_.pages_movable(t) && taken_[t].size() == 0) {
+    Buffer taken = state_.TakeShard(t);  // released once the next batch allocated its shards
+    if (taken.size() > 0) adopted_pool_.push_back({t, std::move(taken)});
+  } else if (recycle_) {
     Buffer taken = state_.TakeShard(t);
     if (!pool_.Put(taken)) taken = Buffer();
     if (!pool_.Put(taken_[t])) taken_[t] = Buffer();

@@ -124,6 +124,7 @@ class SwitchExecution {
   Status MoveBatch(int k);
   Status AllocateNewShards(Batch& b);
   StatusOr<Buffer> AllocateFresh(size_t t, int64_t bytes);
+  size_t FillFromAdoptedPool(Buffer& b);
   void GrowInPlace(Batch& b, size_t j);
   Status ReturnStaged(Batch& b);
   const LocalPlan& PlanToRun(const Batch& b, LocalPlan& trimmed) const;
@@ -154,6 +155,15 @@ class SwitchExecution {
   DeviceTally tally_;
   const bool recycle_;
   PagePool pool_;
+  // Recycling for adopted tensors whose allocator moves pages (StateStore::pages_movable): old
+  // shards released in a batch, held until the next batch's new shards took their pages
+  // (FillFromAdoptedPool) and released after its allocation, as pool_.
+  struct Pooled {
+    size_t tensor;  // whose allocator gave `buffer`
+    Buffer buffer;
+    size_t used = 0;  // bytes of its pages moved out, from the front
+  };
+  std::vector<Pooled> adopted_pool_;
 };
 
 // ExecuteSwitch for a recovery from buddy snapshots (switch.h "Recovery"; switch_snapshot.cc).

@@ -8,7 +8,10 @@
 #include "runtime/switch/switch.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -290,6 +293,125 @@ TEST(SwitchTest, FixedStorageIsCopiedNotGrownInPlace) {
     EXPECT_EQ(res.stats.peak_state_bytes, res.predicted_peak) << w;
   }
   c.Verify(1);
+}
+
+// Host storage of adopted tensors whose allocator moves pages (TensorAllocator::move_pages), as
+// the Python package's host blocks: each block a mapping of its own; a moved range is left
+// reserved and inaccessible. Shared by every worker of a test (one process).
+class MovableBlocks {
+ public:
+  TensorAllocator Get() {
+    TensorAllocator a;
+    a.allocate = [this](int64_t bytes) -> StatusOr<BufferView> {
+      const size_t len = Round(static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+      void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return ResourceExhaustedError("mmap");
+      std::lock_guard<std::mutex> l(mu_);
+      blocks_[reinterpret_cast<uintptr_t>(p)] = len;
+      return BufferView{p, static_cast<size_t>(bytes), MemoryKind::kHost};
+    };
+    a.release = [this](BufferView v) {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = blocks_.find(reinterpret_cast<uintptr_t>(v.data));
+      ASSERT_NE(it, blocks_.end());
+      munmap(v.data, it->second);
+      blocks_.erase(it);
+    };
+    a.move_pages = [this](BufferView from, BufferView to, size_t offset) {
+      const size_t len = Round(from.bytes);
+      if (reinterpret_cast<uintptr_t>(from.data) % Round(1) != 0 || offset % Round(1) != 0) {
+        return false;
+      }
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = blocks_.find(reinterpret_cast<uintptr_t>(to.data));
+        if (it == blocks_.end() || offset + len > it->second) return false;
+      }
+      void* at = static_cast<char*>(to.data) + offset;
+      if (mremap(from.data, len, len, MREMAP_MAYMOVE | MREMAP_FIXED | 4 /* DONTUNMAP */, at) ==
+          MAP_FAILED) {
+        return false;
+      }
+      mprotect(from.data, len, PROT_NONE);
+      moved_bytes += len;
+      return true;
+    };
+    a.any_thread = true;
+    return a;
+  }
+  // The allocator's storage as pre-allocation's ShardAllocator wants it.
+  ShardAllocator Preallocate() {
+    return [a = Get()](size_t, size_t bytes) -> StatusOr<Buffer> {
+      MORPH_ASSIGN_OR_RETURN(BufferView v, a.allocate(static_cast<int64_t>(bytes)));
+      return Buffer::Adopt(v.data, v.bytes, MemoryKind::kHost,
+                           [rel = a.release, v](void*) { rel(v); });
+    };
+  }
+  size_t live() {
+    std::lock_guard<std::mutex> l(mu_);
+    return blocks_.size();
+  }
+  std::atomic<size_t> moved_bytes{0};
+
+ private:
+  static size_t Round(size_t n) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (n + page - 1) / page * page;
+  }
+  std::mutex mu_;
+  std::map<uintptr_t, size_t> blocks_;
+};
+
+// Adopted storage whose allocator moves pages is grown in place and recycled as morph's own
+// page-mapped buffers are (the Python package's host blocks); bitwise right, nothing leaked.
+TEST(SwitchTest, AdoptedStorageThatMovesPagesIsGrownAndRecycled) {
+  const std::vector<TensorSpec> big = {
+      {"l0.w.exp_avg", DType::kF32, {1024, 1024}, Layout::Layer(0).ZeroShard()},
+      {"l1.w.exp_avg", DType::kF32, {1024, 768}, Layout::Layer(1).ZeroShard()},
+      {"l1.ln", DType::kF32, {7}, Layout::Layer(1)},
+  };
+  MovableBlocks blocks;
+  Cluster c(big);
+  c.manifest_.chunk_bytes = 1 << 20;
+  c.manifest_.staging_bytes = 8 << 20;
+  for (WorkerId w : {1, 2}) {
+    auto s = std::make_unique<StateStore>();
+    for (const TensorSpec& t : big) {
+      ASSERT_TRUE(s->AdoptTensor(t.name, t.shape, t.dtype, t.layout, blocks.Get()).ok());
+    }
+    for (const ScalarSpec& sc : c.manifest_.scalars) {
+      ASSERT_TRUE(s->AddScalar(sc.name, sc.bytes).ok());
+    }
+    c.states_[w] = std::move(s);
+  }
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {1, 2}));
+  SwitchOptions o = Cluster::Defaults();
+  o.preallocate = blocks.Preallocate();
+  PrepareMsg p;
+  auto r = c.Propose(Config(1, 1, 1), {1, 2}, o, &p);  // ZeRO ranges double on worker 1
+  int grown = 0;
+  for (auto& [w, res] : r) {
+    ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+    grown += res.stats.shards_grown;
+  }
+  EXPECT_GE(grown, 2);
+  EXPECT_GT(blocks.moved_bytes.load(), 0u);
+  c.Verify(1);
+  // Back out to dp 2, one tensor per batch: released old shards back the next batch's new ones.
+  o.batch_bytes = 0;
+  r = c.Propose(Config(2, 1, 1), {1, 2}, o, &p);
+  int64_t recycled = 0;
+  for (auto& [w, res] : r) {
+    ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+    recycled += res.stats.recycled_bytes;
+  }
+  EXPECT_GT(recycled, 0) << "no released adopted page was reused";
+  c.Verify(1);
+  size_t shards = 0;
+  for (auto& [w, s] : c.states_) {
+    for (size_t i = 0; i < big.size(); ++i) shards += s->TensorAt(i).data.bytes > 0 ? 1 : 0;
+  }
+  EXPECT_EQ(blocks.live(), shards) << "storage released or leaked";
 }
 
 // A prepare that pre-allocated and is then abandoned (its commit refused, then destroyed)
