@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -325,6 +326,36 @@ TEST_F(SlurmTest, GrowByExtraSteps) {
   for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
   testing::CheckSamples(dir_, kSteps);
 }
+
+#ifdef MORPH_TORCH_PYTHON
+// A PyTorch program (tests/torch/mpirun_worker.py) under `morphrun --slurm -n 2`: each worker a
+// step of the allocation, the coordinator in morphrun, torch process groups from morph; both
+// train 6 steps on the generation's groups and exit 0 with the state every step wrote, and see
+// the torchrun variables (what torch_mpirun_test checks under mpirun).
+TEST_F(SlurmTest, TorchProgramUnderMorphrun) {
+  SubmitScript(std::string("export PYTHONPATH=") + MORPH_TORCH_PYTHONPATH + " OMP_NUM_THREADS=1\n" +
+               MORPHRUN + " --slurm -n 2 --api-port " + std::to_string(api_) + " --log-dir " +
+               dir_.string() + " -- " + MORPH_TORCH_PYTHON + " " + MORPH_TORCH_WORKER);
+  std::map<int, int> exits = Finish(0);
+  EXPECT_EQ(exits.size(), 2u) << Logs();
+  for (const auto& [index, code] : exits) EXPECT_EQ(code, 0) << "worker " << index << Logs();
+  std::set<int64_t> ranks;
+  for (int w = 0; w < 2; ++w) {
+    std::istringstream log(ReadFile(dir_ / ("worker-" + std::to_string(w) + ".log")));
+    for (std::string line; std::getline(log, line);) {
+      if (line.rfind("{\"rank\"", 0) != 0) continue;
+      nlohmann::json j = nlohmann::json::parse(line);
+      EXPECT_EQ(j["world"], 2) << line;
+      EXPECT_EQ(j["steps"], 6) << line;
+      EXPECT_TRUE(j["w_equal"].get<bool>()) << line;
+      EXPECT_EQ(j["torch_rank"], std::to_string(j["rank"].get<int64_t>())) << line;
+      EXPECT_EQ(j["torch_world"], "2") << line;
+      ranks.insert(j["rank"].get<int64_t>());
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int64_t>{0, 1})) << Logs();
+}
+#endif
 
 // The single-step bootstrap (no morphrun): `srun -n 4` starts all four workers as one step,
 // task 0 (SLURM_PROCID) hosts the coordinator at MORPH_COORDINATOR_PORT on the first node of
