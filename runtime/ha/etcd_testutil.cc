@@ -1,5 +1,7 @@
 #include "runtime/ha/etcd_testutil.h"
 
+#include <nlohmann/json.hpp>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -14,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+
+#include "runtime/ha/election.h"
 
 extern char** environ;
 
@@ -147,6 +151,25 @@ EtcdOptions EtcdCluster::options() const {
   EtcdOptions o;
   for (uint16_t p : client_ports_) o.endpoints.push_back(client_host_ + ":" + std::to_string(p));
   return o;
+}
+
+LeaderSeen WaitForLeader(EtcdOptions options, const std::string& prefix, int64_t timeout_ms,
+                         const std::string& not_) {
+  options.timeout = std::chrono::milliseconds(500);
+  EtcdClient etcd(options);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    StatusOr<std::optional<std::string>> v = LookupLeader(etcd, prefix);
+    if (v.ok() && v->has_value()) {
+      nlohmann::json j = nlohmann::json::parse(**v, nullptr, /*allow_exceptions=*/false);
+      const std::string control = j.is_object() ? j.value("control", "") : "";
+      if (!control.empty() && control != not_) {
+        return LeaderSeen{control, static_cast<uint16_t>(j.value("http_port", 0))};
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return LeaderSeen{};
 }
 
 }  // namespace morph

@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,16 @@ class EtcdCluster {
 
 // A loopback TCP port nobody listens on now (bound, then released).
 uint16_t FreeLoopbackPort();
+
+// The coordinator leading the job under `prefix`, as <prefix>/leader names it.
+struct LeaderSeen {
+  std::string control;  // its control address; empty: none was seen
+  uint16_t http_port = 0;
+};
+// Polls <prefix>/leader every 5 ms until a coordinator other than control address `not_`
+// leads; an empty LeaderSeen after `timeout_ms`.
+LeaderSeen WaitForLeader(EtcdOptions options, const std::string& prefix, int64_t timeout_ms,
+                         const std::string& not_ = "");
 
 }  // namespace morph
 

@@ -242,20 +242,24 @@ StatusOr<Buffer> SwitchExecution::AllocateFresh(size_t t, int64_t bytes) {
 
 // Recycling for adopted storage: the front of new shard `b` backed by the pages of pooled old
 // shards, moved by their allocators (TensorAllocator::move_pages), page by page as PagePool::Get
-// does. Returns the bytes backed; the rest of `b` is untouched.
+// does. A pooled shard whose allocator does not move it here (too small to be a mapping of its
+// own, say) is passed over, and released with the rest after the batch allocated. Returns the
+// bytes backed; the rest of `b` is untouched.
 size_t SwitchExecution::FillFromAdoptedPool(Buffer& b) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t len = (b.size() + page - 1) / page * page;
   size_t done = 0;
-  while (done < len && !adopted_pool_.empty()) {
-    Pooled& p = adopted_pool_.back();
+  for (size_t i = adopted_pool_.size(); i > 0 && done < len; --i) {
+    Pooled& p = adopted_pool_[i - 1];
     const size_t have = (p.buffer.size() + page - 1) / page * page - p.used;
     const size_t k = std::min(have, len - done);
     BufferView from{static_cast<char*>(p.buffer.data()) + p.used, k, MemoryKind::kHost};
-    if (!state_.MoveAdoptedPages(p.tensor, from, b.view(), done).ok()) break;
+    if (!state_.MoveAdoptedPages(p.tensor, from, b.view(), done).ok()) continue;
     p.used += k;
     done += k;
-    if (p.used >= p.buffer.size()) adopted_pool_.pop_back();
+    if (p.used >= p.buffer.size()) {
+      adopted_pool_.erase(adopted_pool_.begin() + static_cast<std::ptrdiff_t>(i - 1));
+    }
   }
   return std::min(done, b.size());
 }

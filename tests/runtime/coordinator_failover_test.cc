@@ -50,6 +50,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using testing::MsSince;
 using testing::ReadFile;
 using testing::SpawnProcess;
 using testing::WaitExit;
@@ -58,10 +59,6 @@ constexpr char kToken[] = "coordinator-failover-token";
 constexpr char kPrefix[] = "/morph/failover-test";
 constexpr int kWorkers = 3;
 constexpr int64_t kTtlS = 2;
-
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 class CoordinatorFailoverTest : public ::testing::Test {
  protected:
@@ -102,35 +99,16 @@ class CoordinatorFailoverTest : public ::testing::Test {
     pid_t p = Spawn({MORPHD, "--initial-world", std::to_string(kWorkers), "--heartbeat-timeout-ms",
                      "5000", "--api-port", "0"},
                     HaEnv(), name + ".out");
-    const auto until = Clock::now() + std::chrono::seconds(20);
-    while (Clock::now() < until) {
-      std::istringstream in(ReadFile(dir_ / (name + ".out")));
-      for (std::string line; std::getline(in, line);) {
-        if (line.rfind("{\"control\":", 0) != 0) continue;
-        nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (j.is_object()) return {p, static_cast<uint16_t>(j.value("http_port", 0))};
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const uint16_t port = testing::WaitForMorphdApiPort(dir_ / (name + ".out"));
+    if (port == 0) {
+      ADD_FAILURE() << name << " printed no addresses\n" << ReadFile(dir_ / (name + ".out"));
     }
-    ADD_FAILURE() << name << " printed no addresses\n" << ReadFile(dir_ / (name + ".out"));
-    return {p, 0};
+    return {p, port};
   }
   // The leader's control address, once there is one (or "" after `timeout_ms`); with `not_`
   // set, a leader other than that one.
   std::string Leader(int64_t timeout_ms, const std::string& not_ = "") {
-    EtcdOptions o = etcd_->options();
-    o.timeout = std::chrono::milliseconds(500);
-    EtcdClient etcd(o);
-    const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (Clock::now() < until) {
-      StatusOr<std::optional<std::string>> v = LookupLeader(etcd, kPrefix);
-      if (v.ok() && v->has_value()) {
-        StatusOr<std::string> control = LeaderControlAddress(**v);
-        if (control.ok() && *control != not_) return *control;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return "";
+    return WaitForLeader(etcd_->options(), kPrefix, timeout_ms, not_).control;
   }
   std::vector<std::string> Worker(int64_t steps = 1000000, int64_t step_ms = 20) const {
     return {MORPH_ELASTIC_WORKER, "--steps", std::to_string(steps), "--out", dir_.string(),
@@ -155,13 +133,9 @@ class CoordinatorFailoverTest : public ::testing::Test {
   // Every DP rank's samples file: its steps in order.
   std::map<std::string, std::vector<int64_t>> Steps() const {
     std::map<std::string, std::vector<int64_t>> out;
-    for (const auto& e : fs::directory_iterator(dir_)) {
-      if (e.path().extension() != ".samples") continue;
-      std::istringstream in(ReadFile(e.path()));
-      auto& v = out[e.path().filename().string()];
-      for (std::string line; std::getline(in, line);) {
-        if (!line.empty()) v.push_back(std::strtoll(line.c_str(), nullptr, 10));
-      }
+    for (const auto& [file, lines] : testing::ReadSampleFiles(dir_)) {
+      auto& v = out[file];
+      for (const testing::SampleLine& l : lines) v.push_back(l.step);
     }
     return out;
   }
@@ -288,15 +262,9 @@ class CoordinatorFailoverTest : public ::testing::Test {
   // Every DP rank's samples file: (step, generation) of each line.
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> SampleLines() const {
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
-    for (const auto& e : fs::directory_iterator(dir_)) {
-      if (e.path().extension() != ".samples") continue;
-      std::istringstream in(ReadFile(e.path()));
-      auto& v = out[e.path().filename().string()];
-      for (std::string line; std::getline(in, line);) {
-        std::istringstream l(line);
-        int64_t step = 0, gen = 0;
-        if (l >> step >> gen) v.emplace_back(step, gen);
-      }
+    for (const auto& [file, lines] : testing::ReadSampleFiles(dir_)) {
+      auto& v = out[file];
+      for (const testing::SampleLine& l : lines) v.emplace_back(l.step, l.generation);
     }
     return out;
   }

@@ -52,16 +52,10 @@ void CheckSamples(const fs::path& dir, int64_t steps, bool retrained) {
   std::map<int64_t, std::map<int, std::vector<int64_t>>> by_step;  // step -> dp rank -> samples
   std::map<int64_t, int> dp_of_step;
   std::map<int64_t, int64_t> gen_of_step;  // the latest generation that trained it
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().extension() != ".samples") continue;
-    std::ifstream in(e.path());
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream l(line);
-      int64_t s, g, dp, d;
-      l >> s >> g >> dp >> d;
-      std::vector<int64_t> xs;
-      for (int64_t x; l >> x;) xs.push_back(x);
+  for (const auto& [file, lines] : ReadSampleFiles(dir)) {
+    for (const SampleLine& line : lines) {
+      const int64_t s = line.step, g = line.generation, dp = line.dp, d = line.dp_rank;
+      const std::vector<int64_t>& xs = line.samples;
       if (retrained) {
         auto it = gen_of_step.find(s);
         if (it != gen_of_step.end() && it->second > g) continue;  // superseded
@@ -125,6 +119,43 @@ pid_t SpawnProcess(const std::vector<std::string>& argv,
   }
   execv(cargv[0], cargv.data());
   _exit(127);
+}
+
+uint16_t WaitForMorphdApiPort(const std::filesystem::path& out, int64_t timeout_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    std::istringstream in(ReadFile(out));
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("{\"control\":", 0) != 0) continue;
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object()) return static_cast<uint16_t>(j.value("http_port", 0));
+    }
+    if (std::chrono::steady_clock::now() >= until) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::map<std::string, std::vector<SampleLine>> ReadSampleFiles(const fs::path& dir) {
+  std::map<std::string, std::vector<SampleLine>> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".samples") continue;
+    const std::string text = ReadFile(e.path());
+    auto& lines = out[e.path().filename().string()];
+    size_t at = 0;
+    for (size_t end = text.find('\n'); end != std::string::npos; end = text.find('\n', at)) {
+      std::istringstream l(text.substr(at, end - at));  // a line still being written: left out
+      at = end + 1;
+      SampleLine x;
+      if (!(l >> x.step >> x.generation >> x.dp >> x.dp_rank)) continue;
+      for (int64_t s; l >> s;) x.samples.push_back(s);
+      lines.push_back(std::move(x));
+    }
+  }
+  return out;
+}
+
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
 std::optional<int> WaitExit(pid_t pid, int64_t timeout_ms) {

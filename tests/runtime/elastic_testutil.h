@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -46,6 +47,22 @@ pid_t SpawnProcess(const std::vector<std::string>& argv,
                    const std::map<std::string, std::string>& env, const std::string& log);
 // Its exit code (128 + signal when killed), or nullopt if it still runs after `timeout_ms`.
 std::optional<int> WaitExit(pid_t pid, int64_t timeout_ms);
+
+// The scheduler API port a morphd printed on a line {"control": ..., "http_port": N} of its
+// output file `out`, waiting up to `timeout_ms`; 0 when it printed none by then.
+uint16_t WaitForMorphdApiPort(const std::filesystem::path& out, int64_t timeout_ms = 20000);
+
+// One line of an elastic_worker's <dir>/worker-<id>.samples: the step it trained, the
+// generation, the config's dp, its DP rank, and the sample indices it trained on.
+struct SampleLine {
+  int64_t step = 0, generation = 0, dp = 0, dp_rank = 0;
+  std::vector<int64_t> samples;
+};
+// Every *.samples file of `dir`: file name -> its complete lines, in order.
+std::map<std::string, std::vector<SampleLine>> ReadSampleFiles(const std::filesystem::path& dir);
+
+// Milliseconds of the steady clock since `t`.
+double MsSince(std::chrono::steady_clock::time_point t);
 // SIGTERM, then SIGKILL after `grace_ms`; reaps it. For cleanup.
 void Stop(pid_t pid, int64_t grace_ms = 3000);
 

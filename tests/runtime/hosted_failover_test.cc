@@ -44,6 +44,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using testing::MsSince;
 using testing::ReadFile;
 using testing::SpawnProcess;
 using testing::WaitExit;
@@ -54,14 +55,7 @@ constexpr int64_t kTtlS = 2;
 constexpr int64_t kRejoinMs = 3000;
 constexpr int64_t kSteps = 700;
 
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-struct Leader {
-  std::string control;
-  uint16_t http_port = 0;
-};
+using Leader = LeaderSeen;
 
 class HostedFailoverTest : public ::testing::Test {
  protected:
@@ -82,21 +76,7 @@ class HostedFailoverTest : public ::testing::Test {
   // The current leader (its control address other than `not_`), or an empty control after
   // `timeout_ms`.
   Leader WaitLeader(int64_t timeout_ms, const std::string& not_ = "") {
-    EtcdOptions o = etcd_->options();
-    o.timeout = std::chrono::milliseconds(500);
-    EtcdClient etcd(o);
-    const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (Clock::now() < until) {
-      StatusOr<std::optional<std::string>> v = LookupLeader(etcd, prefix_);
-      if (v.ok() && v->has_value()) {
-        nlohmann::json j = nlohmann::json::parse(**v, nullptr, /*allow_exceptions=*/false);
-        if (j.is_object() && j.value("control", "") != not_ && !j.value("control", "").empty()) {
-          return Leader{j.value("control", ""), static_cast<uint16_t>(j.value("http_port", 0))};
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return Leader{};
+    return WaitForLeader(etcd_->options(), prefix_, timeout_ms, not_);
   }
 
   // Per worker-<id>.samples file: its lines' steps and dp, in order.
@@ -105,15 +85,9 @@ class HostedFailoverTest : public ::testing::Test {
   };
   std::map<std::string, std::vector<Line>> Samples() const {
     std::map<std::string, std::vector<Line>> out;
-    for (const auto& e : fs::directory_iterator(dir_)) {
-      if (e.path().extension() != ".samples") continue;
-      std::istringstream in(ReadFile(e.path()));
-      auto& v = out[e.path().filename().string()];
-      for (std::string line; std::getline(in, line);) {
-        std::istringstream l(line);
-        Line x{};
-        if (l >> x.step >> x.gen >> x.dp) v.push_back(x);
-      }
+    for (const auto& [file, lines] : testing::ReadSampleFiles(dir_)) {
+      auto& v = out[file];
+      for (const testing::SampleLine& l : lines) v.push_back(Line{l.step, l.generation, l.dp});
     }
     return out;
   }

@@ -41,6 +41,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using testing::MsSince;
 using testing::ReadFile;
 using testing::Sh;
 using testing::SpawnProcess;
@@ -51,9 +52,6 @@ constexpr int kWorkers = 3;
 constexpr int64_t kTtlS = 2;
 
 
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 class NetnsFailoverTest : public ::testing::Test {
  protected:
@@ -126,47 +124,22 @@ class NetnsFailoverTest : public ::testing::Test {
                                      std::to_string(kWorkers), "--heartbeat-timeout-ms", "5000"};
     if (!ns.empty()) argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", ns});
     pid_t p = Spawn(argv, Env(), name + ".out");
-    const auto until = Clock::now() + std::chrono::seconds(20);
-    while (Clock::now() < until) {
-      std::istringstream in(ReadFile(dir_ / (name + ".out")));
-      for (std::string line; std::getline(in, line);) {
-        if (line.rfind("{\"control\":", 0) != 0) continue;
-        nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-        if (j.is_object()) return {p, static_cast<uint16_t>(j.value("http_port", 0))};
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const uint16_t port = testing::WaitForMorphdApiPort(dir_ / (name + ".out"));
+    if (port == 0) {
+      ADD_FAILURE() << name << " printed no addresses\n" << ReadFile(dir_ / (name + ".out"));
     }
-    ADD_FAILURE() << name << " printed no addresses\n" << ReadFile(dir_ / (name + ".out"));
-    return {p, 0};
+    return {p, port};
   }
   // The leader's control address (other than `not_`), or "" after `timeout_ms`.
   std::string Leader(int64_t timeout_ms, const std::string& not_ = "") {
-    EtcdOptions o = etcd_->options();
-    o.timeout = std::chrono::milliseconds(500);
-    EtcdClient etcd(o);
-    const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (Clock::now() < until) {
-      StatusOr<std::optional<std::string>> v = LookupLeader(etcd, prefix_);
-      if (v.ok() && v->has_value()) {
-        StatusOr<std::string> control = LeaderControlAddress(**v);
-        if (control.ok() && *control != not_) return *control;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return "";
+    return WaitForLeader(etcd_->options(), prefix_, timeout_ms, not_).control;
   }
   // Per samples file: (step, dp) of each line.
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> Samples() const {
     std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> out;
-    for (const auto& e : fs::directory_iterator(dir_)) {
-      if (e.path().extension() != ".samples") continue;
-      std::istringstream in(ReadFile(e.path()));
-      auto& v = out[e.path().filename().string()];
-      for (std::string line; std::getline(in, line);) {
-        std::istringstream l(line);
-        int64_t step = 0, gen = 0, dp = 0;
-        if (l >> step >> gen >> dp) v.emplace_back(step, dp);
-      }
+    for (const auto& [file, lines] : testing::ReadSampleFiles(dir_)) {
+      auto& v = out[file];
+      for (const testing::SampleLine& l : lines) v.emplace_back(l.step, l.dp);
     }
     return out;
   }
