@@ -9,15 +9,16 @@ build=$1
 mpiexec=$2
 python="$(MORPH_VENV="${MORPH_VENV:-$build/venv}" bash "$here/../../scripts/python-venv.sh" | tail -n 1)"
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+res=$(mktemp -d)
+trap 'rm -rf "$out" "$res"' EXIT
 env -u MORPH_COORDINATOR -u MORPH_TOKEN -u MORPH_TOKEN_FILE \
   timeout 240 "$mpiexec" --allow-run-as-root --oversubscribe -np 2 \
   -x PYTHONPATH="$build/python" -x OMP_NUM_THREADS=1 \
-  "$python" "$here/mpirun_worker.py" >"$out" 2>&1 ||
+  "$python" "$here/mpirun_worker.py" --out "$res" >"$out" 2>&1 ||
   { tail -40 "$out"; echo "torch_mpirun_test: mpirun failed" >&2; exit 1; }
-"$python" - "$out" <<'PY'
-import json, sys
-lines = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+"$python" - "$res" <<'PY'
+import glob, json, sys
+lines = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/rank-*.json"))]
 assert sorted(l["rank"] for l in lines) == [0, 1], lines
 for l in lines:
     assert l["world"] == 2 and l["steps"] == 6 and l["w_equal"], l
