@@ -86,7 +86,7 @@ def main() -> int:
                     "first_step_ns": first_step_ns,
                     "communicators": r.communicators_seconds, "plan": r.plan_seconds,
                     "transfer": r.transfer_seconds, "resume": r.resume_seconds,
-                    "stall": r.stall_seconds, "process_groups": step.groups.seconds, "bytes_received": r.bytes_received,
+                    "stall": r.stall_seconds, "process_groups": step.groups.seconds, "pg_phases": step.groups.phases, "bytes_received": r.bytes_received,
                     "bytes_sent": r.bytes_sent, "local_bytes": rt.state.local_bytes,
                     "peak_bytes": r.peak_bytes, "bound_bytes": r.bound_bytes,
                     "old_state_bytes": r.old_state_bytes, "prepare_bytes": r.prepare_bytes,

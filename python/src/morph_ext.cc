@@ -578,6 +578,9 @@ NB_MODULE(_morph, m) {
         Check(c.get().Barrier(Ms(timeout_ms)));
       }, "timeout_ms"_a)
       .def("abort", [](const CommRef& c) { c.get().Abort(); })
+      .def("_address", [](const CommRef& c) { return reinterpret_cast<uintptr_t>(&c.get()); },
+           "The morph::Communicator's address (for morph._torch_backend; valid as long as the "
+           "communicator).")
       .def_prop_ro("broken", [](const CommRef& c) { return c.get().broken(); });
 
   nb::class_<StepRef>(m, "Step")

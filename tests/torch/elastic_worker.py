@@ -5,11 +5,14 @@ bitwise, against torch.distributed.checkpoint: the old layout's state saved at t
 the previous step's EndStep, through DCP over the old generation's groups) loaded into DTensors
 of the new layout. Writes one JSON line per event to <out>/events.jsonl.
 
-  elastic_worker.py --steps 12 --out DIR [--kill-at STEP --kill-rank R] [--tp-pp]
+  elastic_worker.py --steps 12 --out DIR [--kill-at STEP --kill-rank R] [--tp-pp] [--hsdp]
 
 --tp-pp: two layers, and two more tensors: "t0" on layer 0 split over tp on dim 0 (Shard(0) on
 tp), "t1" on layer 1 split over tp on dim 1 and chunked over dp (FSDP2 + TP), for changes of tp
 and pp (the test pins the configs: morphrun --config).
+--hsdp: hybrid sharding (HSDP, shard groups of 2 DP ranks, replicated across groups) of every
+DP-sharded tensor, "m" and "v" (1-D) and a 2-D "h": FSDP2's placements on the
+("dp_replicate", "dp_shard", "tp") mesh, so that a killed worker's shards have a replica.
 """
 import argparse
 import json
@@ -31,6 +34,7 @@ p.add_argument("--kill-at", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--tp-pp", action="store_true")
+p.add_argument("--hsdp", action="store_true")
 a = p.parse_args()
 os.makedirs(a.out, exist_ok=True)
 ck = os.path.join(a.out, "dcp")
@@ -49,12 +53,22 @@ def log(**kv):
         f.write(json.dumps(kv) + "\n")
 
 
+HSDP = dict(placements=[torch.distributed.tensor.Replicate(), torch.distributed.tensor.Shard(0),
+                        torch.distributed.tensor.Replicate()],
+            mesh_dim_names=("dp_replicate", "dp_shard", "tp"), dp_shard_size=2)
+
+
 def declare(s):
     s.add_tensor("w", torch.arange(48, dtype=torch.float32).reshape(W_SHAPE) / 8)
-    s.add_tensor("m", torch.zeros(M_N), placements=[torch.distributed.tensor.Shard(0),
-                                                    torch.distributed.tensor.Replicate()])
-    s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64),
-                 layout=morph.Layout.layer(0).zero_shard())
+    if a.hsdp:
+        s.add_tensor("m", torch.zeros(M_N), **HSDP)
+        s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64), **HSDP)
+        s.add_tensor("h", torch.arange(30, dtype=torch.float32).reshape(10, 3), **HSDP)
+    else:
+        s.add_tensor("m", torch.zeros(M_N), placements=[torch.distributed.tensor.Shard(0),
+                                                        torch.distributed.tensor.Replicate()])
+        s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64),
+                     layout=morph.Layout.layer(0).zero_shard())
     s.add_scalar("count", 8)
     if a.tp_pp:
         R, S = torch.distributed.tensor.Replicate, torch.distributed.tensor.Shard
@@ -64,7 +78,7 @@ def declare(s):
                      placements=[S(0), S(1)], layer=1)
 
 
-NAMES = ("w", "m", "v") + (("t0", "t1") if a.tp_pp else ())
+NAMES = ("w", "m", "v") + (("t0", "t1") if a.tp_pp else ()) + (("h",) if a.hsdp else ())
 extra = dict(num_layers=2, tp_candidates=[1, 2], pp_candidates=[1, 2]) if a.tp_pp else {}
 rt = morph.start(declare, global_batch=4, dataset_samples=1000, **extra)
 
@@ -127,6 +141,7 @@ while True:
             held = None
             log(event="reconfigured", step=step.index, rank=step.rank, world=step.world_size,
                 recovery=rc.recovery, oracle=check_oracle(step), pg_seconds=rt.groups.seconds,
+                backend=dist.get_backend(rt.groups.world),
                 stall=rc.stall_seconds, old_rank=rc.old_rank, old_held=old_held,
                 old_state_bytes=rc.old_state_bytes, prepare_bytes=rc.prepare_bytes)
         # The step's collectives, on the generation's torch groups.
@@ -182,9 +197,15 @@ if not rt.finished and rt.rank >= 0:
         m.add_(torch.arange(M_N, dtype=torch.float64).float() * s)
         v.mul_(1.5).add_(torch.arange(V_N, dtype=torch.float64) / s)
     ok = torch.equal(rt.state["w"], w)
-    for n, full in (("m", m), ("v", v)):
+    finals = [("m", m), ("v", v)]
+    if a.hsdp:
+        h = torch.arange(30, dtype=torch.float32).reshape(10, 3)
+        for i in range(a.steps):
+            h.mul_(0.5).add_(float(i + 1))
+        finals.append(("h", h.flatten()))
+    for n, full in finals:
         sh = rt.state.shard(n)
-        ok = ok and torch.equal(rt.state[n], full[sh.flat_begin: sh.flat_end])
+        ok = ok and torch.equal(rt.state[n].flatten(), full[sh.flat_begin: sh.flat_end])
     count = int.from_bytes(rt.state.scalar("count"), "little")
     log(event="final", rank=rt.rank, world=rt.config.world, equal=bool(ok), count=count,
         steps=a.steps)

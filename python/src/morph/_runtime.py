@@ -328,8 +328,9 @@ class Runtime:
     of each call; here every blocking call releases the GIL."""
 
     def __init__(self, core: Any, state: State, options: Any, process_groups: bool,
-                 pg_timeout: datetime.timedelta) -> None:
+                 pg_timeout: datetime.timedelta, torch_backend: str = "gloo") -> None:
         self._core = core
+        self.torch_backend = torch_backend  # the process groups' torch backend
         self.state = state
         self.options = options
         self._process_groups = process_groups
@@ -361,7 +362,7 @@ class Runtime:
                                          self.groups.generation != s.generation):
                 try:
                     self.groups = distributed.build(
-                        s, backend=self.options.backend,
+                        s, backend=self.torch_backend,
                         host=self.options.data_hostname or "127.0.0.1",
                         timeout=self._pg_timeout, local_rank=self.options.launcher_local_rank,
                         previous=self.groups)
@@ -484,7 +485,8 @@ class Runtime:
 def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
           process_groups: bool = True,
           pg_timeout: Optional[datetime.timedelta] = None,
-          log_verbosity: int = 0, freeze_gc: bool = True, **model: Any) -> Runtime:
+          log_verbosity: int = 0, freeze_gc: bool = True,
+          torch_backend: Optional[str] = None, **model: Any) -> Runtime:
     """Joins the elastic job and returns once this worker holds a rank with its state in place.
 
     `declare(state)` registers the job's tensors and scalars (state.add_tensor/add_scalar); it
@@ -494,6 +496,11 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
     global_batch, micro_batches, zero_stage, num_heads, device_memory_bytes) or options
     fields (dataset_samples, micro_batch, ...). With `process_groups`, every generation gets
     torch.distributed process groups and a DeviceMesh (morph.distributed).
+
+    `torch_backend` is the process groups' torch backend: "morph" (the default for CPU: torch
+    groups over the generation's morph communicators, built in the prepare and aborted by the
+    runtime when a peer fails: docs/torch.md "Process groups"), "gloo" (torch's own), or
+    "nccl" (the default with MORPH_BACKEND=nccl); MORPH_TORCH_BACKEND sets it too.
 
     `pg_timeout` bounds every torch collective of the process groups; by default 60% of
     morph's failure detection time (Options.heartbeat_timeout_ms, MORPH_HEARTBEAT_TIMEOUT_MS):
@@ -524,6 +531,14 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
             setattr(opts, k, v)
         else:
             raise InvalidArgumentError(f"start(): no model or option field '{k}'")
+    torch_backend = torch_backend or os.environ.get("MORPH_TORCH_BACKEND") or (
+        "nccl" if opts.backend == "nccl" else
+        "morph" if distributed.morph_backend_available() else "gloo")
+    if torch_backend not in ("morph", "gloo", "nccl"):
+        raise InvalidArgumentError(f"torch backend '{torch_backend}' (morph, gloo or nccl)")
+    if torch_backend == "morph" and not distributed.morph_backend_available():
+        raise InvalidArgumentError("torch backend 'morph': morph._torch_backend was not built "
+                                   "(no torch where the package was built)")
     state = State()
 
     def _declare(core_state: Any) -> None:
@@ -537,7 +552,7 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
         state._sealed = True
     if pg_timeout is None:
         pg_timeout = datetime.timedelta(milliseconds=0.6 * opts.heartbeat_timeout_ms)
-    rt = Runtime(core, state, opts, process_groups, pg_timeout)
+    rt = Runtime(core, state, opts, process_groups, pg_timeout, torch_backend)
     if core.fresh_start:
         state._initialize_from_given()
     else:

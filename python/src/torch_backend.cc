@@ -1,0 +1,547 @@
+// morph._torch_backend: a torch.distributed backend ("morph", c10d::Backend) over the
+// generation's morph communicators (docs/torch.md "Process groups"). Built against the torch
+// the package runs with (its headers and pybind11; python/CMakeLists.txt), beside the nanobind
+// extension, and linked to the same libmorph, so that a morph::Communicator handed over as an
+// address is the runtime's own object.
+//
+// Why a backend of our own rather than torch's Gloo groups: morph builds a generation's
+// communicators during the prepare, while the old generation trains, so the torch groups over
+// them cost no connection at the switch step; and when a peer fails the runtime aborts them,
+// so a torch collective in flight raises at once on every survivor (a Gloo group ends it only
+// when one of its own connections closes, else at its timeout).
+//
+// Every operation is started on the communicator (its ops run in order on its own thread) and
+// returns a Work that Wait-s on it: async_op=True overlaps as with torch's Gloo. CPU tensors of
+// the dtypes morph reduces (f32, f64, f16, bf16, i32, i64, i8, u8; bool moved as u8 where
+// nothing is reduced); sum, avg, max, min. Point-to-point ops between a coalescing start and
+// end progress together (batch_isend_irecv), as morph's SendRecv does.
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/python.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "morph/communicator.h"
+
+namespace {
+
+using c10d::OpType;
+using morph::CollectiveOp;
+using morph::DType;
+
+// The generation's communicator and whether it is still that generation's (the Python layer
+// invalidates it when it destroys the groups; morph frees the communicator at a later switch).
+struct Channel {
+  morph::Communicator* comm = nullptr;
+  std::atomic<bool> valid{true};
+  std::mutex start_mu;  // Start is the owning thread's; torch may call from more than one
+  std::string name;
+};
+
+[[noreturn]] void Fail(const morph::Status& s, const std::string& what) {
+  std::string msg = "morph backend: " + what + ": " + s.ToString();
+  switch (s.code()) {
+    case morph::StatusCode::kInvalidArgument:
+      TORCH_CHECK(false, msg);
+    case morph::StatusCode::kDeadlineExceeded:
+      TORCH_CHECK_WITH(DistBackendError, false, msg + " (Timed out)");
+    default:
+      TORCH_CHECK_WITH(DistNetworkError, false, msg);
+  }
+}
+
+DType DTypeOf(const at::Tensor& t, bool reduced) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::kF32;
+    case at::kDouble: return DType::kF64;
+    case at::kHalf: return DType::kF16;
+    case at::kBFloat16: return DType::kBF16;
+    case at::kInt: return DType::kI32;
+    case at::kLong: return DType::kI64;
+    case at::kChar: return DType::kI8;
+    case at::kByte: return DType::kU8;
+    case at::kBool:
+      if (!reduced) return DType::kU8;
+      break;
+    default:
+      break;
+  }
+  TORCH_CHECK(false, "morph backend: dtype ", t.scalar_type(),
+              reduced ? " is not reduced by morph's communicators"
+                      : " is not moved by morph's communicators");
+}
+
+void CheckTensor(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), "morph backend: ", what, " is on ", t.device(),
+              " (the morph backend moves CPU tensors; CUDA groups use NCCL)");
+  TORCH_CHECK(t.is_contiguous(), "morph backend: ", what, " is not contiguous");
+  TORCH_CHECK(!t.is_sparse(), "morph backend: ", what, " is sparse");
+}
+
+// A started morph operation, and what completes the torch op after it (copies out, a
+// division for avg). Wait-s once; later waits and isCompleted report that outcome.
+class MorphWork : public c10d::Work {
+ public:
+  MorphWork(OpType type, std::unique_ptr<morph::Work> work, std::vector<at::Tensor> outputs,
+            std::function<void()> finish, std::chrono::milliseconds timeout, std::string what,
+            std::vector<at::Tensor> inputs = {})
+      : c10d::Work(-1, type), work_(std::move(work)), outputs_(std::move(outputs)),
+        inputs_(std::move(inputs)), finish_(std::move(finish)), timeout_(timeout),
+        what_(std::move(what)) {}
+
+  bool isCompleted() override { return done_ || (work_ && work_->Done()); }
+  bool isSuccess() const override { return done_ && !error_; }
+  std::exception_ptr exception() const override { return error_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      auto t = timeout == kNoTimeout ? timeout_ : timeout;
+      morph::Status s = work_ ? work_->Wait(morph::Deadline::After(t)) : morph::Status();
+      try {
+        if (!s.ok()) Fail(s, what_);
+        if (finish_) finish_();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      work_.reset();
+      inputs_.clear();
+      done_ = true;
+      finish_ = nullptr;
+    }
+    if (error_) std::rethrow_exception(error_);
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto fut = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()));
+    try {
+      wait(kNoTimeout);
+      fut->markCompleted(c10::IValue(outputs_));
+    } catch (...) {
+      fut->setError(std::current_exception());
+    }
+    return fut;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<morph::Work> work_;
+  std::vector<at::Tensor> outputs_;
+  std::vector<at::Tensor> inputs_;  // alive until the op is over (a temporary's storage)
+  std::function<void()> finish_;
+  std::chrono::milliseconds timeout_;
+  std::string what_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class MorphBackend : public c10d::Backend {
+ public:
+  MorphBackend(std::shared_ptr<Channel> ch, int rank, int size, std::chrono::milliseconds timeout)
+      : c10d::Backend(rank, size), ch_(std::move(ch)), timeout_(timeout) {}
+
+  const std::string getBackendName() const override { return "morph"; }
+  bool supportsCoalescing() const override { return true; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    TORCH_CHECK(tensors.size() == 1, "morph backend: allreduce of ", tensors.size(),
+                " tensors (one per call)");
+    at::Tensor& t = tensors[0];
+    CheckTensor(t, "allreduce's tensor");
+    auto [op, avg] = Reduce(opts.reduceOp);
+    auto finish = avg ? std::function<void()>([t, n = size_]() mutable { t.div_(n); }) : nullptr;
+    return Begin(OpType::ALLREDUCE,
+                 CollectiveOp::Allreduce(t.data_ptr(), t.numel(), DTypeOf(t, true), op,
+                                         Timeout(opts.timeout)),
+                 {t}, std::move(finish), "allreduce");
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    c10::intrusive_ptr<c10d::Work> last;
+    for (auto& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      last = allreduce(one, opts);
+    }
+    return Chain(std::move(last), tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    TORCH_CHECK(tensors.size() == 1, "morph backend: broadcast of ", tensors.size(), " tensors");
+    at::Tensor& t = tensors[0];
+    CheckTensor(t, "broadcast's tensor");
+    return Begin(OpType::BROADCAST,
+                 CollectiveOp::Broadcast(t.data_ptr(), t.numel(), DTypeOf(t, false),
+                                         static_cast<int>(opts.rootRank), Timeout(opts.timeout)),
+                 {t}, nullptr, "broadcast");
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions& opts) override {
+    CheckTensor(in, "all_gather's input");
+    CheckTensor(out, "all_gather's output");
+    TORCH_CHECK(out.numel() == in.numel() * size_ && out.scalar_type() == in.scalar_type(),
+                "morph backend: all_gather_into_tensor's output holds ", out.numel(),
+                " elements, not world size (", size_, ") x ", in.numel());
+    return Begin(OpType::_ALLGATHER_BASE,
+                 CollectiveOp::Allgather(in.data_ptr(), out.data_ptr(), in.numel(),
+                                         DTypeOf(in, false), Timeout(opts.timeout)),
+                 {out}, nullptr, "all_gather", {in});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1 &&
+                    static_cast<int>(outputs[0].size()) == size_,
+                "morph backend: all_gather takes one input and world size outputs");
+    at::Tensor in = inputs[0];
+    CheckTensor(in, "all_gather's input");
+    for (auto& o : outputs[0]) {
+      TORCH_CHECK(o.numel() == in.numel() && o.scalar_type() == in.scalar_type(),
+                  "morph backend: all_gather's outputs differ from its input in size or dtype");
+    }
+    at::Tensor flat = at::empty({in.numel() * size_}, in.options());
+    std::vector<at::Tensor> outs = outputs[0];
+    auto finish = [flat, outs, n = in.numel()]() mutable {
+      for (size_t i = 0; i < outs.size(); ++i) {
+        outs[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(outs[i].sizes()));
+      }
+    };
+    return Begin(OpType::ALLGATHER,
+                 CollectiveOp::Allgather(in.data_ptr(), flat.data_ptr(), in.numel(),
+                                         DTypeOf(in, false), Timeout(opts.timeout)),
+                 outs, finish, "all_gather", {in});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK(outputs.size() == inputs.size(), "morph backend: coalesced all_gather sizes");
+    c10::intrusive_ptr<c10d::Work> last;
+    for (size_t i = 0; i < inputs.size(); ++i) last = _allgather_base(outputs[i], inputs[i], opts);
+    return Chain(std::move(last), outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& out, at::Tensor& in, const c10d::ReduceScatterOptions& opts) override {
+    CheckTensor(in, "reduce_scatter's input");
+    CheckTensor(out, "reduce_scatter's output");
+    TORCH_CHECK(in.numel() == out.numel() * size_ && out.scalar_type() == in.scalar_type(),
+                "morph backend: reduce_scatter_tensor's input holds ", in.numel(),
+                " elements, not world size (", size_, ") x ", out.numel());
+    auto [op, avg] = Reduce(opts.reduceOp);
+    auto finish = avg ? std::function<void()>([out, n = size_]() mutable { out.div_(n); })
+                      : nullptr;
+    return Begin(OpType::_REDUCE_SCATTER_BASE,
+                 CollectiveOp::ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(),
+                                             DTypeOf(in, true), op, Timeout(opts.timeout)),
+                 {out}, std::move(finish), "reduce_scatter", {in});
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1 &&
+                    static_cast<int>(inputs[0].size()) == size_,
+                "morph backend: reduce_scatter takes one output and world size inputs");
+    std::vector<at::Tensor> flat_in;
+    for (auto& t : inputs[0]) flat_in.push_back(t.reshape({-1}));
+    at::Tensor in = at::cat(flat_in);
+    at::Tensor out = outputs[0];
+    return _reduce_scatter_base(out, in, opts);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    TORCH_CHECK(outputs.size() == inputs.size(), "morph backend: coalesced reduce_scatter sizes");
+    c10::intrusive_ptr<c10d::Work> last;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      last = _reduce_scatter_base(outputs[i], inputs[i], opts);
+    }
+    return Chain(std::move(last), outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    TORCH_CHECK(tensors.size() == 1, "morph backend: reduce of ", tensors.size(), " tensors");
+    // An allreduce; off the root into a copy (torch leaves a non-root's tensor as it was).
+    std::vector<at::Tensor> t{rank_ == opts.rootRank ? tensors[0] : tensors[0].clone()};
+    c10d::AllreduceOptions ar;
+    ar.reduceOp = opts.reduceOp;
+    ar.timeout = opts.timeout;
+    return allreduce(t, ar);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    TORCH_CHECK(inputs.size() == 1, "morph backend: gather of one input");
+    at::Tensor in = inputs[0];
+    CheckTensor(in, "gather's input");
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<morph::P2POp> ops;
+    std::vector<at::Tensor> keep{in};
+    if (rank_ == root) {
+      TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
+                  "morph backend: gather's root takes world size outputs");
+      for (int r = 0; r < size_; ++r) {
+        at::Tensor o = outputs[0][r];
+        CheckTensor(o, "gather's output");
+        TORCH_CHECK(o.nbytes() == in.nbytes(), "morph backend: gather's outputs differ in size");
+        if (r == rank_) {
+          o.copy_(in);
+        } else {
+          ops.push_back({morph::P2POp::Kind::kRecv, r, o.data_ptr(), o.nbytes()});
+        }
+        keep.push_back(o);
+      }
+    } else {
+      ops.push_back({morph::P2POp::Kind::kSend, root, in.data_ptr(), in.nbytes()});
+    }
+    return Exchange(OpType::GATHER, std::move(ops), keep, Timeout(opts.timeout), "gather");
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    TORCH_CHECK(outputs.size() == 1, "morph backend: scatter into one output");
+    at::Tensor out = outputs[0];
+    CheckTensor(out, "scatter's output");
+    const int root = static_cast<int>(opts.rootRank);
+    std::vector<morph::P2POp> ops;
+    std::vector<at::Tensor> keep{out};
+    if (rank_ == root) {
+      TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
+                  "morph backend: scatter's root takes world size inputs");
+      for (int r = 0; r < size_; ++r) {
+        at::Tensor i = inputs[0][r].contiguous();
+        TORCH_CHECK(i.nbytes() == out.nbytes(), "morph backend: scatter's inputs differ in size");
+        if (r == rank_) {
+          out.copy_(i);
+        } else {
+          ops.push_back({morph::P2POp::Kind::kSend, r, i.data_ptr(), i.nbytes()});
+        }
+        keep.push_back(i);
+      }
+    } else {
+      ops.push_back({morph::P2POp::Kind::kRecv, root, out.data_ptr(), out.nbytes()});
+    }
+    return Exchange(OpType::SCATTER, std::move(ops), keep, Timeout(opts.timeout), "scatter");
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in,
+                                               std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    CheckTensor(in, "all_to_all's input");
+    CheckTensor(out, "all_to_all's output");
+    auto offsets = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+      const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+      const size_t row_bytes = rows == 0 ? 0 : t.nbytes() / rows;
+      std::vector<std::pair<size_t, size_t>> v;  // (byte offset, bytes) per rank
+      size_t at = 0;
+      for (int r = 0; r < size_; ++r) {
+        int64_t n = splits.empty() ? rows / size_ : splits[r];
+        v.emplace_back(at, n * row_bytes);
+        at += n * row_bytes;
+      }
+      TORCH_CHECK(at == t.nbytes(), "morph backend: all_to_all's splits do not cover the tensor");
+      return v;
+    };
+    auto ins = offsets(in, in_splits), outs = offsets(out, out_splits);
+    auto* src = static_cast<char*>(in.data_ptr());
+    auto* dst = static_cast<char*>(out.data_ptr());
+    std::vector<morph::P2POp> ops;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) {
+        TORCH_CHECK(ins[r].second == outs[r].second, "morph backend: all_to_all's own split");
+        std::memcpy(dst + outs[r].first, src + ins[r].first, ins[r].second);
+        continue;
+      }
+      ops.push_back({morph::P2POp::Kind::kSend, r, src + ins[r].first, ins[r].second});
+      ops.push_back({morph::P2POp::Kind::kRecv, r, dst + outs[r].first, outs[r].second});
+    }
+    return Exchange(OpType::ALLTOALL_BASE, std::move(ops), {out, in}, Timeout(opts.timeout),
+                    "all_to_all");
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override {
+    TORCH_CHECK(static_cast<int>(outputs.size()) == size_ &&
+                    static_cast<int>(inputs.size()) == size_,
+                "morph backend: all_to_all takes world size inputs and outputs");
+    std::vector<morph::P2POp> ops;
+    std::vector<at::Tensor> keep;
+    for (int r = 0; r < size_; ++r) {
+      CheckTensor(outputs[r], "all_to_all's output");
+      at::Tensor i = inputs[r].contiguous();
+      keep.push_back(i);
+      keep.push_back(outputs[r]);
+      if (r == rank_) {
+        outputs[r].copy_(i);
+        continue;
+      }
+      ops.push_back({morph::P2POp::Kind::kSend, r, i.data_ptr(), i.nbytes()});
+      ops.push_back({morph::P2POp::Kind::kRecv, r, outputs[r].data_ptr(), outputs[r].nbytes()});
+    }
+    return Exchange(OpType::ALLTOALL, std::move(ops), keep, Timeout(opts.timeout), "all_to_all");
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    return Begin(OpType::BARRIER, CollectiveOp::Barrier(Timeout(opts.timeout)), {}, nullptr,
+                 "barrier");
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int /*tag*/) override {
+    return PointToPoint(morph::P2POp::Kind::kSend, tensors, dst, OpType::SEND);
+  }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int /*tag*/) override {
+    return PointToPoint(morph::P2POp::Kind::kRecv, tensors, src, OpType::RECV);
+  }
+
+  // batch_isend_irecv: the sends and receives between start and end progress together.
+  void startCoalescing() override {
+    coalescing_ = true;
+    pending_.clear();
+    pending_tensors_.clear();
+  }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    coalescing_ = false;
+    std::vector<morph::P2POp> ops = std::move(pending_);
+    std::vector<at::Tensor> tensors = std::move(pending_tensors_);
+    pending_.clear();
+    pending_tensors_.clear();
+    if (ops.empty()) return c10::make_intrusive<MorphWork>(OpType::COALESCED, nullptr, tensors,
+                                                           nullptr, timeout_, "coalesced");
+    return Begin(OpType::COALESCED, CollectiveOp::SendRecv(std::move(ops), timeout_), tensors,
+                 nullptr, "send/recv");
+  }
+
+  void invalidate() { ch_->valid = false; }
+
+ private:
+  std::chrono::milliseconds Timeout(std::chrono::milliseconds t) const {
+    return t == c10d::kUnsetTimeout ? timeout_ : t;
+  }
+
+  std::pair<morph::ReduceOp, bool> Reduce(const c10d::ReduceOp& op) const {
+    switch (op.op_) {
+      case c10d::ReduceOp::SUM: return {morph::ReduceOp::kSum, false};
+      case c10d::ReduceOp::AVG: return {morph::ReduceOp::kSum, true};
+      case c10d::ReduceOp::MAX: return {morph::ReduceOp::kMax, false};
+      case c10d::ReduceOp::MIN: return {morph::ReduceOp::kMin, false};
+      default: {
+        static const char* kNames[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR",
+                                       "BXOR", "PREMUL_SUM"};
+        const int i = static_cast<int>(op.op_);
+        TORCH_CHECK(false, "morph backend: reduce op ", i >= 0 && i < 9 ? kNames[i] : "?",
+                    " (morph reduces SUM, AVG, MAX, MIN)");
+      }
+    }
+  }
+
+  morph::Communicator& Comm(const char* what) {
+    TORCH_CHECK_WITH(DistBackendError, ch_->valid.load(), "morph backend: ", what, " on ",
+                     ch_->name, ", a process group of an earlier generation (after a change use "
+                     "step.groups, rebuilt at the change)");
+    return *ch_->comm;
+  }
+
+  c10::intrusive_ptr<c10d::Work> Begin(OpType type, CollectiveOp op, std::vector<at::Tensor> outs,
+                                       std::function<void()> finish, const char* what,
+                                       std::vector<at::Tensor> inputs = {}) {
+    TORCH_CHECK(!coalescing_ || type == OpType::COALESCED,
+                "morph backend: only send and recv may be coalesced (batch_isend_irecv)");
+    std::chrono::milliseconds timeout = op.timeout;
+    morph::Communicator& comm = Comm(what);
+    std::unique_lock<std::mutex> lock(ch_->start_mu);
+    morph::StatusOr<std::unique_ptr<morph::Work>> w = comm.Start(std::move(op));
+    lock.unlock();
+    if (!w.ok()) Fail(w.status(), what);
+    return c10::make_intrusive<MorphWork>(type, std::move(*w), std::move(outs), std::move(finish),
+                                          timeout, std::string(what) + " on " + ch_->name,
+                                          std::move(inputs));
+  }
+
+  // Sends and receives that progress together (none: a completed Work).
+  c10::intrusive_ptr<c10d::Work> Exchange(OpType type, std::vector<morph::P2POp> ops,
+                                          std::vector<at::Tensor> keep,
+                                          std::chrono::milliseconds timeout, const char* what) {
+    if (ops.empty()) {
+      return c10::make_intrusive<MorphWork>(type, nullptr, std::move(keep), nullptr, timeout,
+                                            what);
+    }
+    return Begin(type, CollectiveOp::SendRecv(std::move(ops), timeout), std::move(keep), nullptr,
+                 what);
+  }
+
+  c10::intrusive_ptr<c10d::Work> PointToPoint(morph::P2POp::Kind kind,
+                                              std::vector<at::Tensor>& tensors, int peer,
+                                              OpType type) {
+    TORCH_CHECK(tensors.size() == 1, "morph backend: send/recv of one tensor");
+    at::Tensor t = tensors[0];
+    CheckTensor(t, kind == morph::P2POp::Kind::kSend ? "send's tensor" : "recv's tensor");
+    morph::P2POp p{kind, peer, t.data_ptr(), static_cast<size_t>(t.nbytes())};
+    if (coalescing_) {
+      pending_.push_back(p);
+      pending_tensors_.push_back(t);
+      return c10::make_intrusive<MorphWork>(type, nullptr, std::vector<at::Tensor>{t}, nullptr,
+                                            timeout_, "coalesced");
+    }
+    return Begin(type, CollectiveOp::SendRecv({p}, timeout_), {t}, nullptr,
+                 kind == morph::P2POp::Kind::kSend ? "send" : "recv");
+  }
+
+  // The last of several started ops: the communicator runs them in order, so waiting for the
+  // last waits for all (each one's error is also the communicator's, hence the last's).
+  static c10::intrusive_ptr<c10d::Work> Chain(c10::intrusive_ptr<c10d::Work> last,
+                                              std::vector<at::Tensor>& tensors) {
+    if (last) return last;
+    return c10::make_intrusive<MorphWork>(OpType::COALESCED, nullptr, tensors, nullptr,
+                                          std::chrono::milliseconds(0), "coalesced");
+  }
+
+  std::shared_ptr<Channel> ch_;
+  std::chrono::milliseconds timeout_;
+  bool coalescing_ = false;
+  std::vector<morph::P2POp> pending_;
+  std::vector<at::Tensor> pending_tensors_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_torch_backend, m) {
+  m.doc() = "morph's torch.distributed backend (morph.distributed; docs/torch.md).";
+  py::class_<MorphBackend, c10d::Backend, c10::intrusive_ptr<MorphBackend>>(m, "MorphBackend")
+      .def("invalidate", &MorphBackend::invalidate,
+           "Later calls raise: the generation's communicator is no longer this group's.");
+  m.def(
+      "create",
+      [](uintptr_t comm, const std::string& name, int64_t timeout_ms) {
+        auto ch = std::make_shared<Channel>();
+        ch->comm = reinterpret_cast<morph::Communicator*>(comm);
+        ch->name = name;
+        return c10::make_intrusive<MorphBackend>(ch, ch->comm->rank(), ch->comm->size(),
+                                                 std::chrono::milliseconds(timeout_ms));
+      },
+      py::arg("comm_address"), py::arg("name"), py::arg("timeout_ms"),
+      "A backend over the morph::Communicator at `comm_address` (Communicator._address()).");
+}
