@@ -233,8 +233,19 @@ void HostedFailoverTest::RunOnce(int trial) {
   // A grow asked of the successor: it asks morphrun (through etcd) for the worker.
   const auto grow_at = Clock::now();
   const int64_t grow_step = MaxStep();
-  testing::HttpReply r = testing::Http(second.http_port, "POST", "/v1/resize",
-                                       R"({"world_size":4,"reason":"test"})", kToken);
+  // A scheduler retries a resize refused while the previous change completes: workers train
+  // in the new generation a moment before the coordinator counted every SwitchDone.
+  const auto resize = [&](int port, const std::string& body) {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    testing::HttpReply reply = testing::Http(port, "POST", "/v1/resize", body, kToken);
+    while (reply.body.find("a resize is in progress") != std::string::npos &&
+           Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      reply = testing::Http(port, "POST", "/v1/resize", body, kToken);
+    }
+    return reply;
+  };
+  testing::HttpReply r = resize(second.http_port, R"({"world_size":4,"reason":"test"})");
   EXPECT_EQ(r.code, 202) << r.body << "\n" << Logs();
   EXPECT_TRUE(WaitDp(4, grow_step, 60000)) << "no step trained in a world of 4 after the grow\n" << Logs();
   const double grow_ms = MsSince(grow_at);
@@ -245,9 +256,8 @@ void HostedFailoverTest::RunOnce(int trial) {
   ASSERT_GE(second_index, 0) << Logs();
   const WorkerId second_worker = WorkerIdOf(second_index);
   ASSERT_GT(second_worker, 0) << Logs();
-  r = testing::Http(second.http_port, "POST", "/v1/resize",
-                    "{\"remove\":[" + std::to_string(second_worker) + "],\"reason\":\"test\"}",
-                    kToken);
+  r = resize(second.http_port,
+             "{\"remove\":[" + std::to_string(second_worker) + "],\"reason\":\"test\"}");
   EXPECT_EQ(r.code, 202) << r.body << "\n" << Logs();
   const auto removed = Clock::now();
   const Leader third = WaitLeader(30000, second.control);
