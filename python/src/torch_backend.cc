@@ -96,7 +96,11 @@ class MorphWork : public c10d::Work {
         inputs_(std::move(inputs)), finish_(std::move(finish)), timeout_(timeout),
         what_(std::move(what)) {}
 
-  bool isCompleted() override { return done_ || (work_ && work_->Done()); }
+  bool isCompleted() override {
+    if (done_) return true;
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);  // a wait in progress: not yet
+    return lock.owns_lock() && (done_ || (work_ && work_->Done()));
+  }
   bool isSuccess() const override { return done_ && !error_; }
   std::exception_ptr exception() const override { return error_; }
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -141,7 +145,7 @@ class MorphWork : public c10d::Work {
   std::function<void()> finish_;
   std::chrono::milliseconds timeout_;
   std::string what_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
   std::exception_ptr error_;
 };
 
@@ -160,7 +164,7 @@ class MorphBackend : public c10d::Backend {
                 " tensors (one per call)");
     at::Tensor& t = tensors[0];
     CheckTensor(t, "allreduce's tensor");
-    auto [op, avg] = Reduce(opts.reduceOp);
+    auto [op, avg] = Reduce(opts.reduceOp, t);
     auto finish = avg ? std::function<void()>([t, n = size_]() mutable { t.div_(n); }) : nullptr;
     return Begin(OpType::ALLREDUCE,
                  CollectiveOp::Allreduce(t.data_ptr(), t.numel(), DTypeOf(t, true), op,
@@ -243,7 +247,7 @@ class MorphBackend : public c10d::Backend {
     TORCH_CHECK(in.numel() == out.numel() * size_ && out.scalar_type() == in.scalar_type(),
                 "morph backend: reduce_scatter_tensor's input holds ", in.numel(),
                 " elements, not world size (", size_, ") x ", out.numel());
-    auto [op, avg] = Reduce(opts.reduceOp);
+    auto [op, avg] = Reduce(opts.reduceOp, out);
     auto finish = avg ? std::function<void()>([out, n = size_]() mutable { out.div_(n); })
                       : nullptr;
     return Begin(OpType::_REDUCE_SCATTER_BASE,
@@ -442,10 +446,13 @@ class MorphBackend : public c10d::Backend {
     return t == c10d::kUnsetTimeout ? timeout_ : t;
   }
 
-  std::pair<morph::ReduceOp, bool> Reduce(const c10d::ReduceOp& op) const {
+  std::pair<morph::ReduceOp, bool> Reduce(const c10d::ReduceOp& op, const at::Tensor& t) const {
     switch (op.op_) {
       case c10d::ReduceOp::SUM: return {morph::ReduceOp::kSum, false};
-      case c10d::ReduceOp::AVG: return {morph::ReduceOp::kSum, true};
+      case c10d::ReduceOp::AVG:
+        TORCH_CHECK(at::isFloatingType(t.scalar_type()), "morph backend: reduce op AVG of ",
+                    t.scalar_type(), " (AVG averages floating-point tensors)");
+        return {morph::ReduceOp::kSum, true};
       case c10d::ReduceOp::MAX: return {morph::ReduceOp::kMax, false};
       case c10d::ReduceOp::MIN: return {morph::ReduceOp::kMin, false};
       default: {

@@ -273,6 +273,14 @@ class DeclareErrorTest(unittest.TestCase):
             morph.start(declare)
         self.assertIn("on purpose", str(cm.exception))
 
+    def test_unknown_torch_backend_refused_before_joining(self):
+        def declare(s):
+            raise AssertionError("declare ran: the job was joined")
+
+        with self.assertRaises(morph.InvalidArgumentError) as cm:
+            morph.start(declare, torch_backend="mpi")
+        self.assertIn("torch backend 'mpi'", str(cm.exception))
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

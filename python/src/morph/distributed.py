@@ -1,22 +1,24 @@
 """torch.distributed process groups for each morph generation (docs/torch.md "Process groups").
 
-At the first step of every generation the runtime rebuilds, from scratch, the default process
-group (the world), the DP, TP and PP groups and a DeviceMesh ("pp", "dp", "tp") over them, with
-ranks exactly morph's (rank = (p*dp + d)*tp + t). The rendezvous is a torch TCPStore that the
-generation's rank 0 hosts on a free port; its address travels to the others over morph's world
-communicator (one 256-byte broadcast), so nothing but morph's own bootstrap is needed: no
-MASTER_ADDR/MASTER_PORT is read. They are written, with RANK, WORLD_SIZE and LOCAL_RANK, for
-libraries that read them.
+At the first step of every generation the runtime rebuilds the default process group (the
+world), the DP, TP and PP groups and a DeviceMesh ("pp", "dp", "tp") over them, with ranks
+exactly morph's (rank = (p*dp + d)*tp + t). With the "morph" backend (the default on CPU) those
+groups are the generation's morph communicators (morph._torch_backend), built in the prepare and
+aborted by the runtime when a peer fails, so that a torch collective in flight raises at once;
+other groups are torch's Gloo. The rendezvous is a torch TCPStore that a process hosts from the
+first generation it is rank 0 of; its address travels over morph's world communicator (one
+256-byte broadcast), so nothing but morph's own bootstrap is needed: no MASTER_ADDR/MASTER_PORT
+is read. They are written, with RANK, WORLD_SIZE and LOCAL_RANK, for libraries that read them.
 
-Failure behaviour: Gloo's TCP pairs see a killed peer's connections close, so a neighbour's
-in-flight collective raises at once; a rank blocked behind the dead peer (not its neighbour), or
-on a peer that hangs without dying, is bounded by the groups' timeout (`timeout`; morph.start
-passes 60% of morph's failure detection time: docs/torch.md "Failure behaviour").
+With torch's Gloo ("gloo"), a killed peer's neighbours raise at once (their TCP pairs close); a
+rank blocked behind the dead peer, or on a peer that hangs without dying, is bounded by the
+groups' timeout (`timeout`; morph.start passes 60% of morph's failure detection time).
 """
 from __future__ import annotations
 
 import datetime
 import os
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -67,18 +69,12 @@ class ProcessGroups:
             raise InvalidArgumentError(f"HSDP shard size {shard_size} does not divide dp={cfg.dp}")
         self.hsdp = self.hsdp or {}
         if shard_size not in self.hsdp:
-            global _building
             ranks = torch.arange(self.world_size).reshape(cfg.pp, cfg.dp // shard_size,
                                                           shard_size, cfg.tp)
             # Its dimensions are not morph's groups: with the "morph" backend they are torch
             # Gloo groups over the generation's store (_create_backend).
-            _building = {"world": self.world_size, "generation": self.generation, "comms": {},
-                         "backends": []}
-            try:
-                mesh = DeviceMesh(self.mesh.device_type, ranks,
-                                  mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
-            finally:
-                _building = None
+            mesh = DeviceMesh(self.mesh.device_type, ranks,
+                              mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
             self.hsdp[shard_size] = mesh["dp_replicate", "dp_shard", "tp"]
         return self.hsdp[shard_size]
 
@@ -92,11 +88,31 @@ def destroy(groups: Optional[ProcessGroups]) -> None:
         _retire(groups)
 
 
-_retiring: list = []  # threads dropping retired groups (joined by join_retired)
+_retired: "queue.SimpleQueue" = queue.SimpleQueue()  # lists to drop, or callables to run
+_retirer: Optional[threading.Thread] = None
+
+
+def _retire_loop() -> None:
+    while True:
+        item = _retired.get()
+        if callable(item):
+            item()
+        else:
+            item.clear()  # the last references: torch frees the groups here
+        del item
+
+
+def _start_retirer() -> None:
+    """The thread that frees retired groups; started once (at the first build, so that a
+    change's switch step does not wait for a thread to start)."""
+    global _retirer
+    if _retirer is None or not _retirer.is_alive():
+        _retirer = threading.Thread(target=_retire_loop, name="morph-retire-groups", daemon=True)
+        _retirer.start()
 
 
 def _retire(groups: ProcessGroups) -> None:
-    """Drops `groups`' torch objects on a thread of their own. Freeing a Gloo process group
+    """Drops `groups`' torch objects on a thread of its own. Freeing a Gloo process group
     joins its threads (each up to Gloo's 10 ms event-loop timeout: 30 ms for a generation's
     groups, measured) and torch frees them without the GIL, so the training thread goes on.
     The fields become None: the program's old Step objects then hold none of them, and a
@@ -107,18 +123,17 @@ def _retire(groups: ProcessGroups) -> None:
                groups.hsdp, groups.backends]
     groups.world = groups.dp = groups.tp = groups.pp = groups.mesh = groups.store = None
     groups.hsdp = groups.backends = None
-    _retiring[:] = [t for t in _retiring if t.is_alive()]
-    t = threading.Thread(target=objects.clear, name="morph-retire-groups")
+    _start_retirer()
+    _retired.put(objects)
     del objects  # the thread's reference is the last one
-    t.start()
-    _retiring.append(t)
 
 
 def join_retired(timeout: float = 10.0) -> None:
-    """Waits (at most `timeout` seconds) until retired groups are freed."""
-    for t in _retiring:
-        t.join(timeout)
-    _retiring.clear()
+    """Waits (at most `timeout` seconds) until the groups retired so far are freed."""
+    if _retirer is not None and _retirer.is_alive():
+        done = threading.Event()
+        _retired.put(done.set)
+        done.wait(timeout)
 
 
 # ---- the "morph" backend: torch groups over the generation's morph communicators ----
@@ -145,9 +160,9 @@ def _register_morph_backend() -> None:
 
 
 def _create_backend(opts: Any, _backend_options: Any) -> Any:
-    """torch's creator of a "morph" group: morph's communicator when the group's ranks are the
-    generation's world, a DP, TP or PP group; torch's Gloo over the generation's store for any
-    other group (an HSDP mesh dimension, a new_group of the program's)."""
+    """torch's creator of a "morph" group: while build() runs, morph's communicator when the
+    group's ranks are the generation's world, a DP, TP or PP group; torch's Gloo over the
+    generation's store for any other group (an HSDP mesh dimension, a program's new_group)."""
     from . import _torch_backend
 
     b = _building
@@ -157,8 +172,7 @@ def _create_backend(opts: Any, _backend_options: Any) -> Any:
         found = b["comms"].get(ranks)
     timeout_ms = int(opts.timeout.total_seconds() * 1000)
     if found is None:  # not one of morph's groups
-        pg = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
-        return pg
+        return dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     comm, name = found
     backend = _torch_backend.create(comm._address(), f"generation {b['generation']}'s {name}",
                                     timeout_ms)
@@ -230,6 +244,7 @@ def _build(step: Any, backend: str, host: str, timeout: datetime.timedelta, loca
 
     t0 = time.perf_counter()
     phases = {}
+    _start_retirer()
     destroy(previous)
     phases["destroy"] = time.perf_counter() - t0
     cfg = step.config
