@@ -12,7 +12,8 @@
 # with the medians and ranges of request -> first step at the new size, ratio_vs_dcp (DCP
 # seconds / morph Python seconds), ratio_vs_dcp_excl_import (DCP without its processes' torch
 # import), python_vs_cpp (Python seconds / C++ seconds - 1; target 0.10). Then the step loop's
-# cost (bench/torch/step_overhead.py under morphrun -n 1; target 0.01).
+# cost (bench/torch/step_overhead.py under morphrun -n 1; target 0.01), and the latency of a
+# torch all_reduce with the "morph" backend next to torch's Gloo (bench/torch/collectives.py).
 #
 #   TORCH_BENCH_BYTES=1GiB TORCH_BENCH_CHANGES="dp4to2 tp2to1 pp2to1" TORCH_BENCH_REPEATS=3 \
 #     BUILD_DIR=build bash bench/torch/run_torch_bench.sh
@@ -33,6 +34,7 @@ tmp="$build/bench-tmp/torch"
 mkdir -p "$tmp"
 lines="$tmp/lines.jsonl"
 : >"$lines"
+: >"$tmp/collectives.jsonl"
 emit() { [[ -n "$1" ]] && { echo "$1"; echo "$1" >>"$lines"; }; }
 for ((r = 0; r < repeats; ++r)); do
   for change in $changes; do
@@ -81,3 +83,21 @@ PY
 MORPH_TOKEN="${MORPH_TOKEN:-bench-torch}" timeout "$timeout_s" "$build/runtime/tools/morphrun" -n 1 -- \
   "$python" "$repo/bench/torch/step_overhead.py" 2>"$tmp/step.log" | grep '"torch_step_overhead"' ||
   { echo "run_torch_bench: step_overhead failed: $tmp/step.log" >&2; exit 1; }
+# torch all_reduce latency on the generation's groups: the "morph" backend next to torch's Gloo.
+for backend in morph gloo; do
+  MORPH_TORCH_BACKEND=$backend MORPH_TOKEN="${MORPH_TOKEN:-bench-torch}" timeout "$timeout_s" \
+    "$build/runtime/tools/morphrun" -n 2 -- "$python" "$repo/bench/torch/collectives.py" \
+    2>"$tmp/collectives-$backend.log" | grep '"torch_collectives"' >>"$tmp/collectives.jsonl" ||
+    { echo "run_torch_bench: collectives ($backend) failed: $tmp/collectives-$backend.log" >&2; exit 1; }
+done
+python3 - "$tmp/collectives.jsonl" <<'PY'
+import json, sys
+by = {}
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    by[j["backend"]] = j["allreduce_us"]
+    print(line.strip())
+m, g = by["morph"], by["gloo"]
+print(json.dumps({"name": "torch_collectives/morph_vs_gloo", "world": 2,
+                  "gloo_over_morph": {k: round(g[k] / m[k], 2) for k in m}}))
+PY
