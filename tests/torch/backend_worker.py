@@ -2,7 +2,8 @@
 collective the "morph" backend implements, on the generation's groups, against values computed
 here without it; the errors it gives for bad input (a wrongly sized output, a non-contiguous tensor,
 a dtype morph does not reduce (int16), a reduce op it has not) while the group stays usable; and, after a
-change (rank 2 leaves), a group of the earlier generation refused by name. Writes
+change (rank 2 leaves), a group of the earlier generation refused by name; and FSDP2 over the
+DP group against a replay on whole tensors. Writes
 <out>/rank-<worker id>.json.
 
   backend_worker.py --out DIR
@@ -128,6 +129,9 @@ def collectives(step):
     d = torch.ones(1)
     dist.all_reduce(d, group=step.groups.dp)
     check("dp all_reduce", d.item() == step.config.dp)
+    # FSDP2 over the DP group (its all-gathers and reduce-scatters on the backend) against a
+    # replay of data-parallel AdamW on whole tensors, here
+    fsdp2(step)
     # bad input: a clear error, and the group still works
     refused("non_contiguous", lambda: dist.all_reduce(torch.ones(4, 4).t(), group=g))
     refused("int16", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16), group=g))
@@ -136,6 +140,36 @@ def collectives(step):
     x = torch.ones(1)
     dist.all_reduce(x, group=g)
     check("usable after refusals", x.item() == n)
+
+
+def fsdp2(step):
+    from torch.distributed.fsdp import fully_shard
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, 8))
+
+    def batch(rank, i):
+        return torch.randn(4, 16, generator=torch.Generator().manual_seed(100 * i + rank))
+
+    m = model()
+    fully_shard(m, mesh=step.groups.mesh["dp"])
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    ref = model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    n = step.config.dp
+    for i in range(3):
+        m(batch(step.rank, i)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        for q in range(n):  # the mean of every rank's gradient
+            (ref(batch(q, i)).square().mean() / n).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    got = [p.full_tensor() for p in m.parameters()]
+    check("fsdp2 vs replay", all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+                                 for a, b in zip(got, ref.parameters())))
 
 
 old = None
