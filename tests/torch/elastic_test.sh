@@ -9,6 +9,9 @@
 #   case hsdp:   4 workers (dp=4), every DP-sharded tensor hybrid (HSDP: shard groups of 2, no
 #                snapshots) -> one SIGKILLs itself inside a torch all_reduce -> the survivors'
 #                replicas restore its shards: dp=2 (a hybrid group size divides dp), one spare
+#   case cuda:   grow's changes with the state on the GPU (add_tensor on cuda: torch storage),
+#                MORPH_BACKEND=nccl and torch's NCCL groups (ctest label gpu; exits 77, skipped,
+#                without a CUDA device)
 #   case reshape: 4 workers pinned to dp=1 tp=2 pp=2 -> 2 (pinned dp=2 tp=1 pp=1: tp and pp 2 -> 1
 #                at once) -> 3 (dp=3); two more tensors split over tp, one chunked over dp
 #
@@ -65,6 +68,18 @@ case $case_ in
     args+=(--kill-at 5 --kill-rank 2)
     export MORPH_SNAPSHOT_EVERY=1
     ;;
+  cuda)
+    if ! "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+      echo "torch_elastic_test (cuda): skipped: torch finds no CUDA device"
+      exit 77
+    fi
+    "$python" -c "import torch; print('NCCL', '.'.join(map(str, torch.cuda.nccl.version())), \
+      'on', torch.cuda.get_device_name(0))"
+    n=2
+    args+=(--device cuda)
+    # Ranks share the GPU (NCCL >= 2.30 allows it with this variable).
+    export MORPH_BACKEND=nccl NCCL_MULTI_RANK_GPU_ENABLE=1
+    ;;
   hsdp)
     n=4
     args+=(--kill-at 5 --kill-rank 2 --hsdp)
@@ -98,7 +113,7 @@ at_world() {  # waits until a worker reported a reconfiguration into world $1
   done
   fail "no reconfiguration into world $1"
 }
-if [ "$case_" = grow ]; then
+if [[ "$case_" = grow || "$case_" = cuda ]]; then
   at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
   at_world 4 && "$morphctl" --addr "$api" resize 3 >/dev/null
 fi
@@ -125,9 +140,9 @@ for e in rec:
     steps.setdefault(e["step"], []).append(e)
 worlds = [max(x["world"] for x in v) for _, v in sorted(steps.items())]
 # The process groups' torch backend: "morph" unless MORPH_TORCH_BACKEND chose another.
-backend = os.environ.get("MORPH_TORCH_BACKEND") or "morph"
+backend = os.environ.get("MORPH_TORCH_BACKEND") or ("nccl" if case == "cuda" else "morph")
 assert all(x["backend"] == backend for x in rec), f"backends {[x['backend'] for x in rec]}"
-want = {"grow": [4, 3], "reshape": [2, 3], "hsdp": [2]}.get(case, [3])
+want = {"grow": [4, 3], "cuda": [4, 3], "reshape": [2, 3], "hsdp": [2]}.get(case, [3])
 assert worlds == want, f"worlds after each change {worlds}, want {want}"
 for s, v in sorted(steps.items()):
     assert len(v) == v[0]["world"], f"step {s}: {len(v)} workers reported, world {v[0]['world']}"
@@ -136,7 +151,8 @@ for s, v in sorted(steps.items()):
 # A shard the program held before a change is unchanged after it, or was moved into the new
 # shard (its range inaccessible); in the grow case's 4 -> 3, rank 0's ZeRO range grows in place.
 held = [x["old_held"] for x in rec if x["old_held"] is not None]
-assert held and all(h in ("intact", "moved") for h in held), f"old shards held: {held}"
+assert case == "cuda" or held, "no old shard held across a change"
+assert all(h in ("intact", "moved") for h in held), f"old shards held: {held}"
 if case == "grow":  # 4 -> 3: rank 0's range grows at offset 0
     assert "moved" in held, f"no growing shard was moved: {held}"
 # The package's host tensors are pre-allocated while the old generation trains (not for a

@@ -35,7 +35,9 @@ p.add_argument("--kill-rank", type=int, default=1)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--tp-pp", action="store_true")
 p.add_argument("--hsdp", action="store_true")
+p.add_argument("--device", default="cpu", help="cpu, or cuda (MORPH_BACKEND=nccl: the gpu case)")
 a = p.parse_args()
+dev = torch.device(a.device)
 os.makedirs(a.out, exist_ok=True)
 ck = os.path.join(a.out, "dcp")
 pid = os.getpid()
@@ -59,22 +61,23 @@ HSDP = dict(placements=[torch.distributed.tensor.Replicate(), torch.distributed.
 
 
 def declare(s):
-    s.add_tensor("w", torch.arange(48, dtype=torch.float32).reshape(W_SHAPE) / 8)
+    s.add_tensor("w", (torch.arange(48, dtype=torch.float32).reshape(W_SHAPE) / 8).to(dev))
     if a.hsdp:
-        s.add_tensor("m", torch.zeros(M_N), **HSDP)
-        s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64), **HSDP)
-        s.add_tensor("h", torch.arange(30, dtype=torch.float32).reshape(10, 3), **HSDP)
+        s.add_tensor("m", torch.zeros(M_N, device=dev), **HSDP)
+        s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64).to(dev), **HSDP)
+        s.add_tensor("h", torch.arange(30, dtype=torch.float32).reshape(10, 3).to(dev), **HSDP)
     else:
-        s.add_tensor("m", torch.zeros(M_N), placements=[torch.distributed.tensor.Shard(0),
-                                                        torch.distributed.tensor.Replicate()])
-        s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64),
+        s.add_tensor("m", torch.zeros(M_N, device=dev),
+                     placements=[torch.distributed.tensor.Shard(0),
+                                 torch.distributed.tensor.Replicate()])
+        s.add_tensor("v", torch.linspace(0, 1, V_N, dtype=torch.float64).to(dev),
                      layout=morph.Layout.layer(0).zero_shard())
     s.add_scalar("count", 8)
     if a.tp_pp:
         R, S = torch.distributed.tensor.Replicate, torch.distributed.tensor.Shard
-        s.add_tensor("t0", torch.arange(30, dtype=torch.float32).reshape(6, 5),
+        s.add_tensor("t0", torch.arange(30, dtype=torch.float32).reshape(6, 5).to(dev),
                      placements=[R(), S(0)], layer=0)
-        s.add_tensor("t1", -torch.arange(28, dtype=torch.float32).reshape(4, 7),
+        s.add_tensor("t1", -torch.arange(28, dtype=torch.float32).reshape(4, 7).to(dev),
                      placements=[S(0), S(1)], layer=1)
 
 
@@ -124,7 +127,7 @@ def held_state(held):
 
 def idx(name):
     sh = rt.state.shard(name)
-    return torch.arange(sh.flat_begin, sh.flat_end, dtype=torch.float64)
+    return torch.arange(sh.flat_begin, sh.flat_end, dtype=torch.float64, device=dev)
 
 
 held = None  # a shard as the program held it after its last step, and a copy of its values
@@ -145,7 +148,7 @@ while True:
                 stall=rc.stall_seconds, old_rank=rc.old_rank, old_held=old_held,
                 old_state_bytes=rc.old_state_bytes, prepare_bytes=rc.prepare_bytes)
         # The step's collectives, on the generation's torch groups.
-        x = torch.tensor([float(step.rank + 1)])
+        x = torch.tensor([float(step.rank + 1)], device=dev)
         kill_file = os.path.join(a.out, "kill.json")
         if a.kill_at == step.index and step.rank == a.kill_rank and not os.path.exists(kill_file):
             time.sleep(0.5)  # the peers are inside the all_reduce below by now
@@ -161,7 +164,7 @@ while True:
             raise
         n = step.world_size
         assert x.item() == n * (n + 1) / 2, (x.item(), n)
-        g = torch.tensor([1.0])
+        g = torch.tensor([1.0], device=dev)
         dist.all_reduce(g, group=step.groups.dp)
         assert g.item() == step.config.dp
         if a.step_sleep:
@@ -177,7 +180,7 @@ while True:
         c = int.from_bytes(rt.state.scalar("count"), "little") + 1
         rt.state.set_scalar("count", c.to_bytes(8, "little"))
         index, rank = step.index, step.rank
-        held = (rt.state["v"], rt.state["v"].clone())
+        held = (rt.state["v"], rt.state["v"].clone()) if dev.type == "cpu" else None
     # Between steps: the state at step index+1 in this generation's layout, saved through DCP as
     # the oracle of a change that applies at that step.
     if index is not None and rt.groups is not None:
@@ -196,7 +199,7 @@ if not rt.finished and rt.rank >= 0:
         w.mul_(0.5).add_(s)
         m.add_(torch.arange(M_N, dtype=torch.float64).float() * s)
         v.mul_(1.5).add_(torch.arange(V_N, dtype=torch.float64) / s)
-    ok = torch.equal(rt.state["w"], w)
+    ok = torch.equal(rt.state["w"].cpu(), w)
     finals = [("m", m), ("v", v)]
     if a.hsdp:
         h = torch.arange(30, dtype=torch.float32).reshape(10, 3)
@@ -205,7 +208,7 @@ if not rt.finished and rt.rank >= 0:
         finals.append(("h", h.flatten()))
     for n, full in finals:
         sh = rt.state.shard(n)
-        ok = ok and torch.equal(rt.state[n].flatten(), full[sh.flat_begin: sh.flat_end])
+        ok = ok and torch.equal(rt.state[n].cpu().flatten(), full[sh.flat_begin: sh.flat_end])
     count = int.from_bytes(rt.state.scalar("count"), "little")
     log(event="final", rank=rt.rank, world=rt.config.world, equal=bool(ok), count=count,
         steps=a.steps)
