@@ -36,15 +36,6 @@ using c10d::OpType;
 using morph::CollectiveOp;
 using morph::DType;
 
-// The generation's communicator and whether it is still that generation's (the Python layer
-// invalidates it when it destroys the groups; morph frees the communicator at a later switch).
-struct Channel {
-  morph::Communicator* comm = nullptr;
-  std::atomic<bool> valid{true};
-  std::mutex start_mu;  // Start is the owning thread's; torch may call from more than one
-  std::string name;
-};
-
 [[noreturn]] void Fail(const morph::Status& s, const std::string& what) {
   std::string msg = "morph backend: " + what + ": " + s.ToString();
   switch (s.code()) {
@@ -151,8 +142,9 @@ class MorphWork : public c10d::Work {
 
 class MorphBackend : public c10d::Backend {
  public:
-  MorphBackend(std::shared_ptr<Channel> ch, int rank, int size, std::chrono::milliseconds timeout)
-      : c10d::Backend(rank, size), ch_(std::move(ch)), timeout_(timeout) {}
+  MorphBackend(morph::Communicator* comm, std::string name, std::chrono::milliseconds timeout)
+      : c10d::Backend(comm->rank(), comm->size()), comm_(comm), name_(std::move(name)),
+        timeout_(timeout) {}
 
   const std::string getBackendName() const override { return "morph"; }
   bool supportsCoalescing() const override { return true; }
@@ -164,8 +156,7 @@ class MorphBackend : public c10d::Backend {
                 " tensors (one per call)");
     at::Tensor& t = tensors[0];
     CheckTensor(t, "allreduce's tensor");
-    auto [op, avg] = Reduce(opts.reduceOp, t);
-    auto finish = avg ? std::function<void()>([t, n = size_]() mutable { t.div_(n); }) : nullptr;
+    auto [op, finish] = Reduce(opts.reduceOp, t);
     return Begin(OpType::ALLREDUCE,
                  CollectiveOp::Allreduce(t.data_ptr(), t.numel(), DTypeOf(t, true), op,
                                          Timeout(opts.timeout)),
@@ -247,9 +238,7 @@ class MorphBackend : public c10d::Backend {
     TORCH_CHECK(in.numel() == out.numel() * size_ && out.scalar_type() == in.scalar_type(),
                 "morph backend: reduce_scatter_tensor's input holds ", in.numel(),
                 " elements, not world size (", size_, ") x ", out.numel());
-    auto [op, avg] = Reduce(opts.reduceOp, out);
-    auto finish = avg ? std::function<void()>([out, n = size_]() mutable { out.div_(n); })
-                      : nullptr;
+    auto [op, finish] = Reduce(opts.reduceOp, out);
     return Begin(OpType::_REDUCE_SCATTER_BASE,
                  CollectiveOp::ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(),
                                              DTypeOf(in, true), op, Timeout(opts.timeout)),
@@ -433,28 +422,27 @@ class MorphBackend : public c10d::Backend {
     std::vector<at::Tensor> tensors = std::move(pending_tensors_);
     pending_.clear();
     pending_tensors_.clear();
-    if (ops.empty()) return c10::make_intrusive<MorphWork>(OpType::COALESCED, nullptr, tensors,
-                                                           nullptr, timeout_, "coalesced");
-    return Begin(OpType::COALESCED, CollectiveOp::SendRecv(std::move(ops), timeout_), tensors,
-                 nullptr, "send/recv");
+    return Exchange(OpType::COALESCED, std::move(ops), std::move(tensors), timeout_, "send/recv");
   }
 
-  void invalidate() { ch_->valid = false; }
+  void invalidate() { valid_ = false; }
 
  private:
   std::chrono::milliseconds Timeout(std::chrono::milliseconds t) const {
     return t == c10d::kUnsetTimeout ? timeout_ : t;
   }
 
-  std::pair<morph::ReduceOp, bool> Reduce(const c10d::ReduceOp& op, const at::Tensor& t) const {
+  // morph's reduction for `op` on `out`, and what completes it (AVG: a sum, then / size).
+  std::pair<morph::ReduceOp, std::function<void()>> Reduce(const c10d::ReduceOp& op,
+                                                           const at::Tensor& out) const {
     switch (op.op_) {
-      case c10d::ReduceOp::SUM: return {morph::ReduceOp::kSum, false};
+      case c10d::ReduceOp::SUM: return {morph::ReduceOp::kSum, nullptr};
       case c10d::ReduceOp::AVG:
-        TORCH_CHECK(at::isFloatingType(t.scalar_type()), "morph backend: reduce op AVG of ",
-                    t.scalar_type(), " (AVG averages floating-point tensors)");
-        return {morph::ReduceOp::kSum, true};
-      case c10d::ReduceOp::MAX: return {morph::ReduceOp::kMax, false};
-      case c10d::ReduceOp::MIN: return {morph::ReduceOp::kMin, false};
+        TORCH_CHECK(at::isFloatingType(out.scalar_type()), "morph backend: reduce op AVG of ",
+                    out.scalar_type(), " (AVG averages floating-point tensors)");
+        return {morph::ReduceOp::kSum, [out, n = size_]() mutable { out.div_(n); }};
+      case c10d::ReduceOp::MAX: return {morph::ReduceOp::kMax, nullptr};
+      case c10d::ReduceOp::MIN: return {morph::ReduceOp::kMin, nullptr};
       default: {
         static const char* kNames[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR",
                                        "BXOR", "PREMUL_SUM"};
@@ -466,10 +454,10 @@ class MorphBackend : public c10d::Backend {
   }
 
   morph::Communicator& Comm(const char* what) {
-    TORCH_CHECK_WITH(DistBackendError, ch_->valid.load(), "morph backend: ", what, " on ",
-                     ch_->name, ", a process group of an earlier generation (after a change use "
+    TORCH_CHECK_WITH(DistBackendError, valid_.load(), "morph backend: ", what, " on ",
+                     name_, ", a process group of an earlier generation (after a change use "
                      "step.groups, rebuilt at the change)");
-    return *ch_->comm;
+    return *comm_;
   }
 
   c10::intrusive_ptr<c10d::Work> Begin(OpType type, CollectiveOp op, std::vector<at::Tensor> outs,
@@ -479,12 +467,12 @@ class MorphBackend : public c10d::Backend {
                 "morph backend: only send and recv may be coalesced (batch_isend_irecv)");
     std::chrono::milliseconds timeout = op.timeout;
     morph::Communicator& comm = Comm(what);
-    std::unique_lock<std::mutex> lock(ch_->start_mu);
+    std::unique_lock<std::mutex> lock(start_mu_);
     morph::StatusOr<std::unique_ptr<morph::Work>> w = comm.Start(std::move(op));
     lock.unlock();
     if (!w.ok()) Fail(w.status(), what);
     return c10::make_intrusive<MorphWork>(type, std::move(*w), std::move(outs), std::move(finish),
-                                          timeout, std::string(what) + " on " + ch_->name,
+                                          timeout, std::string(what) + " on " + name_,
                                           std::move(inputs));
   }
 
@@ -492,10 +480,7 @@ class MorphBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> Exchange(OpType type, std::vector<morph::P2POp> ops,
                                           std::vector<at::Tensor> keep,
                                           std::chrono::milliseconds timeout, const char* what) {
-    if (ops.empty()) {
-      return c10::make_intrusive<MorphWork>(type, nullptr, std::move(keep), nullptr, timeout,
-                                            what);
-    }
+    if (ops.empty()) return Completed(type, std::move(keep));
     return Begin(type, CollectiveOp::SendRecv(std::move(ops), timeout), std::move(keep), nullptr,
                  what);
   }
@@ -510,23 +495,30 @@ class MorphBackend : public c10d::Backend {
     if (coalescing_) {
       pending_.push_back(p);
       pending_tensors_.push_back(t);
-      return c10::make_intrusive<MorphWork>(type, nullptr, std::vector<at::Tensor>{t}, nullptr,
-                                            timeout_, "coalesced");
+      return Completed(type, {t});  // endCoalescing's Work completes it
     }
-    return Begin(type, CollectiveOp::SendRecv({p}, timeout_), {t}, nullptr,
-                 kind == morph::P2POp::Kind::kSend ? "send" : "recv");
+    return Exchange(type, {p}, {t}, timeout_, kind == morph::P2POp::Kind::kSend ? "send" : "recv");
   }
 
   // The last of several started ops: the communicator runs them in order, so waiting for the
   // last waits for all (each one's error is also the communicator's, hence the last's).
   static c10::intrusive_ptr<c10d::Work> Chain(c10::intrusive_ptr<c10d::Work> last,
                                               std::vector<at::Tensor>& tensors) {
-    if (last) return last;
-    return c10::make_intrusive<MorphWork>(OpType::COALESCED, nullptr, tensors, nullptr,
-                                          std::chrono::milliseconds(0), "coalesced");
+    return last ? last : Completed(OpType::COALESCED, tensors);
   }
 
-  std::shared_ptr<Channel> ch_;
+  // A Work with nothing to wait for (no op, or one another Work completes).
+  static c10::intrusive_ptr<c10d::Work> Completed(OpType type, std::vector<at::Tensor> tensors) {
+    return c10::make_intrusive<MorphWork>(type, nullptr, std::move(tensors), nullptr,
+                                          std::chrono::milliseconds(0), "completed");
+  }
+
+  // The generation's communicator, valid until the Python layer destroys this generation's
+  // groups (invalidate); morph frees the communicator at a later switch.
+  morph::Communicator* comm_;
+  std::string name_;
+  std::atomic<bool> valid_{true};
+  std::mutex start_mu_;  // Start is the owning thread's; torch may call from more than one
   std::chrono::milliseconds timeout_;
   bool coalescing_ = false;
   std::vector<morph::P2POp> pending_;
@@ -543,11 +535,8 @@ PYBIND11_MODULE(_torch_backend, m) {
   m.def(
       "create",
       [](uintptr_t comm, const std::string& name, int64_t timeout_ms) {
-        auto ch = std::make_shared<Channel>();
-        ch->comm = reinterpret_cast<morph::Communicator*>(comm);
-        ch->name = name;
-        return c10::make_intrusive<MorphBackend>(ch, ch->comm->rank(), ch->comm->size(),
-                                                 std::chrono::milliseconds(timeout_ms));
+        return c10::make_intrusive<MorphBackend>(reinterpret_cast<morph::Communicator*>(comm),
+                                                 name, std::chrono::milliseconds(timeout_ms));
       },
       py::arg("comm_address"), py::arg("name"), py::arg("timeout_ms"),
       "A backend over the morph::Communicator at `comm_address` (Communicator._address()).");

@@ -170,12 +170,11 @@ def _create_backend(opts: Any, _backend_options: Any) -> Any:
     if b is not None:
         ranks = tuple(opts.global_ranks_in_group) or tuple(range(b["world"]))
         found = b["comms"].get(ranks)
-    timeout_ms = int(opts.timeout.total_seconds() * 1000)
     if found is None:  # not one of morph's groups
         return dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
     comm, name = found
     backend = _torch_backend.create(comm._address(), f"generation {b['generation']}'s {name}",
-                                    timeout_ms)
+                                    int(opts.timeout.total_seconds() * 1000))
     b["backends"].append(backend)
     return backend
 
