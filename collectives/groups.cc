@@ -54,19 +54,38 @@ void GroupSet::AbortAll() {
   }
 }
 
+namespace {
+
+// Drops the set's reference to `c`. A communicator held elsewhere too (GroupSet::Shared) is
+// aborted first, so that its other owner gets kAborted instead of a generation that is over;
+// one held only here is destroyed, which aborts only what still runs on it.
+void Release(std::shared_ptr<Communicator>& c) {
+  if (c != nullptr && c.use_count() > 1) c->Abort();
+  c.reset();
+}
+
+}  // namespace
+
+std::shared_ptr<Communicator> GroupSet::Shared(const Communicator& c) const {
+  for (const std::shared_ptr<Communicator>* s : {&world_, &dp_, &tp_, &pp_}) {
+    if (s->get() == &c) return *s;
+  }
+  return nullptr;
+}
+
 GroupSet::~GroupSet() {
-  // Subgroups first; each destructor aborts only what is still running.
-  pp_.reset();
-  tp_.reset();
-  dp_.reset();
-  world_.reset();
+  // Subgroups first.
+  Release(pp_);
+  Release(tp_);
+  Release(dp_);
+  Release(world_);
 }
 
 struct GroupBuilder::Spec {
   std::string name;
   int rank;
   int size;
-  std::unique_ptr<Communicator>* out;
+  std::shared_ptr<Communicator>* out;
   Status status;
 };
 
@@ -227,9 +246,9 @@ StatusOr<std::unique_ptr<GroupSet>> GroupBuilder::Rebuild(std::unique_ptr<GroupS
       if (c != nullptr) c->Abort();
     }
   }
-  previous->pp_.reset();
-  previous->tp_.reset();
-  previous->dp_.reset();
+  Release(previous->pp_);
+  Release(previous->tp_);
+  Release(previous->dp_);
   if (!previous->world_->capabilities().shrink) {
     if (mode == ShrinkMode::kFailure) previous->world_->Abort();
     previous.reset();

@@ -43,7 +43,8 @@ CommunicatorFactory GlooFactory(std::shared_ptr<GlooDevice> device);
 CommunicatorFactory GlooFactory(const GlooOptions& options);
 
 // The communicators of one rank in one generation. Destroying it aborts whatever still runs
-// on them and releases them.
+// on them and releases them. A communicator also held elsewhere (Shared: a language binding's
+// process group) outlives the set as an aborted object: every later call returns kAborted.
 class GroupSet {
  public:
   int64_t generation() const { return generation_; }
@@ -60,6 +61,8 @@ class GroupSet {
   Communicator& tp() { return *tp_; }
   Communicator& pp() { return *pp_; }
 
+  // The shared owner of world(), dp(), tp() or pp() (null for any other communicator).
+  std::shared_ptr<Communicator> Shared(const Communicator& c) const;
   // Aborts every communicator (any thread): their operations return kAborted.
   void AbortAll();
   ~GroupSet();
@@ -70,7 +73,7 @@ class GroupSet {
   ParallelConfig config_;
   int rank_ = 0;
   bool shrunk_ = false;
-  std::unique_ptr<Communicator> world_, dp_, tp_, pp_;
+  std::shared_ptr<Communicator> world_, dp_, tp_, pp_;
 };
 
 class GroupBuilder {

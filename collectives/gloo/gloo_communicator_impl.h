@@ -27,6 +27,7 @@
 #include "collectives/gloo/gloo_algorithms.h"
 #include "collectives/gloo/gloo_communicator.h"
 #include "collectives/gloo/gloo_support.h"
+#include "collectives/op_signature.h"
 #include "collectives/shm/shm_collectives.h"
 
 namespace morph {
@@ -196,6 +197,12 @@ class GlooCommunicator::Impl {
   Status RunOne(const CollectiveOp& op);
 
   Status Execute(const CollectiveOp& op);
+
+  // Over TCP: every rank's OpSignature of its collective (op_signature.h), gathered before any
+  // byte of it moves; ranks whose calls differ all get kInvalidArgument naming both, and
+  // nothing else happens. The shared-memory path compares them in the operation itself.
+  Status CheckAgreement(const CollectiveOp& op);
+  uint32_t NextTag() { return static_cast<uint32_t>(++collective_seq_ & 0x7fffffff); }
 
   Status MapIoError(const CollectiveOp& op, std::string_view what);
 

@@ -192,6 +192,9 @@ Status GlooCommunicator::Impl::RunOne(const CollectiveOp& op) {
   // The shared-memory path needs no such delay: every rank there sees a dead peer's pidfd
   // itself and names it before any rank that merely left (ShmCollectives::PeerFailure).
   const bool in_shm = shm_ != nullptr && shm_->Handles(op);
+  // Ranks that disagreed on the collective (CheckAgreement) found out before anything moved:
+  // the communicator is as healthy as before.
+  if (s.code() == StatusCode::kInvalidArgument) return s;
   if (!s.ok() && !aborted_.load() && s.code() == StatusCode::kUnavailable && !in_shm) {
     // A peer's connection closed. Before this rank closes its own pairs (below), let that
     // closure reach the other ranks: a rank that saw ours first would name this survivor,
@@ -220,9 +223,16 @@ Status GlooCommunicator::Impl::Execute(const CollectiveOp& op) {
   // ranks only: only collectives advance the tag, so it agrees on every rank.
   uint32_t tag = 0;
   if (op.kind != CollectiveOp::Kind::kSendRecv) {
-    tag = static_cast<uint32_t>(++collective_seq_ & 0x7fffffff);
+    // On one host the shared-memory operation compares the ranks' calls itself (or, for one
+    // too large for it, a round of its own there); otherwise one small allgather does.
+    if (shm_ != nullptr) {
+      if (shm_->Handles(op)) return shm_->Run(op, workspace_, KindName(op));
+      MORPH_RETURN_IF_ERROR(shm_->Agree(op, KindName(op)));
+    } else if (size_ > 1) {
+      MORPH_RETURN_IF_ERROR(CheckAgreement(op));
+    }
+    tag = NextTag();
   }
-  if (shm_ != nullptr && shm_->Handles(op)) return shm_->Run(op, workspace_, KindName(op));
   try {
     return ExecuteOrThrow(op, tag);
   } catch (const gloo::IoException& e) {
@@ -232,6 +242,23 @@ Status GlooCommunicator::Impl::Execute(const CollectiveOp& op) {
   } catch (const std::exception& e) {
     return MapIoError(op, e.what());
   }
+}
+
+Status GlooCommunicator::Impl::CheckAgreement(const CollectiveOp& op) {
+  const OpSignature mine = OpSignature::Of(op);
+  std::vector<OpSignature> all(static_cast<size_t>(size_));
+  const uint32_t tag = NextTag();
+  try {
+    MORPH_RETURN_IF_ERROR(Allgather(&mine, all.data(), sizeof(mine), op.timeout, tag));
+  } catch (const std::exception& e) {
+    return MapIoError(op, e.what());
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (!(all[r] == mine)) {
+      return DisagreementError(Describe() + ": " + KindName(op), r, all[r], rank_, mine);
+    }
+  }
+  return Status::Ok();
 }
 
 Status GlooCommunicator::Impl::MapIoError(const CollectiveOp& op, std::string_view what) {

@@ -3,8 +3,8 @@
 // the reference ones and bit for bit the TCP path's, in the documented rank order; Abort() wakes
 // a waiter at once, a SIGKILLed peer gives kUnavailable naming it, a silent one
 // kDeadlineExceeded, a destroyed one kUnavailable; the segment's name is gone once created;
-// disabled on any rank, everyone uses TCP; a small broadcast's root runs ahead of its receivers
-// through a ring of slots, which they all read bit for bit, also when a peer dies meanwhile.
+// disabled on any rank, everyone uses TCP; every receiver gets every broadcast bit for bit;
+// ranks whose calls differ all fail, on shared memory and over TCP, and go on.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -168,10 +168,8 @@ Status ExpectPeerLeft(GlooCommunicator& comm, int peer) {
   return Status::Ok();
 }
 
-constexpr int kRingSlots = static_cast<int>(ShmCollectives::kRingSlots);
-
-// Broadcast i's bytes: a pattern of i, so that a receiver reading a slot the root has already
-// rewritten sees the wrong bytes.
+// Broadcast i's bytes: a pattern of i, so that a receiver reading bytes of another broadcast
+// sees the wrong ones.
 std::vector<uint8_t> Pattern(int i, size_t bytes) {
   std::vector<uint8_t> v(bytes);
   for (size_t j = 0; j < bytes; ++j) {
@@ -180,13 +178,10 @@ std::vector<uint8_t> Pattern(int i, size_t bytes) {
   return v;
 }
 
-// Broadcast i's size: within a ring slot for the first kRingSlots (a root may run ahead
-// through all of them), then also larger ones (the two 64 KiB buffers) in between.
+// Broadcast i's size: from 1 B to the 64 KiB buffer.
 size_t BroadcastBytes(int i) {
-  constexpr size_t kRing = ShmCollectives::kRingSlotBytes;
-  constexpr size_t kSmall[] = {1, 8, 100, kRing - 1, kRing};
-  constexpr size_t kAny[] = {1, kRing + 1, 8, ShmCollectives::kSlotBytes, 3, kRing, 5000};
-  return i < kRingSlots ? kSmall[i % 5] : kAny[(i - kRingSlots) % 7];
+  constexpr size_t kAny[] = {1, 4097, 8, ShmCollectives::kSlotBytes, 3, 4096, 5000, 100};
+  return kAny[i % 8];
 }
 
 // Broadcast i (of `bytes`, or BroadcastBytes(i) if 0) from `root`, checked bit for bit on the
@@ -201,25 +196,6 @@ Status BroadcastAndCheck(GlooCommunicator& comm, int root, int i, milliseconds t
   if (buf != expected) {
     return InternalError("broadcast " + std::to_string(i) + " (" + std::to_string(bytes) +
                          " B) differs from the root's bytes");
-  }
-  return Status::Ok();
-}
-
-// Milliseconds since `at_ns` (steady_clock, as the parent wrote it to the store).
-double MsSince(const std::string& at_ns) {
-  return std::chrono::duration<double, std::milli>(Clock::now().time_since_epoch() -
-                                                   std::chrono::nanoseconds(std::stoll(at_ns)))
-      .count();
-}
-
-// An operation that fails because rank `peer` exited: kUnavailable, "exited", naming it alone.
-Status ExpectExited(const Status& s, int peer, const std::string& what) {
-  if (s.code() != StatusCode::kUnavailable ||
-      std::string(s.message()).find("exited") == std::string::npos ||
-      std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
-          std::vector<int>{peer}) {
-    return InternalError(what + ": not kUnavailable naming rank " + std::to_string(peer) +
-                         " as exited: " + s.ToString());
   }
   return Status::Ok();
 }
@@ -391,30 +367,17 @@ TEST(GlooShmTest, TimeoutAndDestroyedPeer) {
   for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-// The root of small broadcasts returns from kRingSlots of them before any receiver started,
-// then keeps going while the receivers lag (each sleeps now and then), through the ring four
-// times, the larger broadcasts' buffers and allreduces in between: every receiver gets every
-// broadcast's bytes. Failed before the ring: the root's second broadcast waited until every
-// receiver had read the first.
-TEST(GlooShmTest, RootRunsAheadThroughTheRingAndEveryReceiverGetsEveryBroadcast) {
-  constexpr int kWorld = 4, kRoot = 2, kTotal = 4 * kRingSlots + 3;
+// Broadcasts of every size from 1 B to the 64 KiB buffer, the receivers lagging now and then,
+// allreduces in between: every receiver gets every broadcast's bytes.
+TEST(GlooShmTest, EveryReceiverGetsEveryBroadcast) {
+  constexpr int kWorld = 4, kRoot = 2, kTotal = 200;
   std::vector<int> codes = RunForked(kWorld, [&](int rank, TcpStoreClient& store) -> Status {
-    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead", rank, kWorld, true));
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "broadcasts", rank, kWorld, true));
     if (!comm->shared_memory()) return InternalError("no shared memory");
-    int i = 0;
-    if (rank == kRoot) {
-      for (; i < kRingSlots; ++i) {
-        MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, milliseconds(5000)))
-            << "the root running ahead";
-      }
-      MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
-    } else {
-      MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"ahead"}, Deadline::AfterMs(8000)));
-    }
-    for (; i < kTotal; ++i) {
+    for (int i = 0; i < kTotal; ++i) {
       if (rank != kRoot && i % 16 == rank) std::this_thread::sleep_for(milliseconds(2));
       MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, kTimeout));
-      if (i >= kRingSlots && i % 50 == 49) {  // not while the root runs ahead
+      if (i % 50 == 49) {
         int64_t v = rank + i;
         MORPH_RETURN_IF_ERROR(comm->Allreduce(&v, 1, DType::kI64, ReduceOp::kSum, kTimeout));
         if (v != int64_t{kWorld} * i + kWorld * (kWorld - 1) / 2) {
@@ -428,146 +391,60 @@ TEST(GlooShmTest, RootRunsAheadThroughTheRingAndEveryReceiverGetsEveryBroadcast)
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-// A full ring with a receiver that reads one 8 B broadcast per 60 ms: the root's broadcasts
-// (1 s timeout each) wait for the one slot they need, not for half the ring (which would take
-// 32 x 60 ms), and none times out. Failed when the root waited for half the ring regardless.
-TEST(GlooShmTest, SlowButProgressingReceiverDoesNotTimeOutTheRoot) {
-  constexpr int kTotal = kRingSlots + 4;
-  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
-    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead-slow", rank, 2, true));
-    if (!comm->shared_memory()) return InternalError("no shared memory");
-    if (rank == 0) {
-      for (int i = 0; i < kTotal; ++i) {
-        MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, milliseconds(1000), 8))
-            << "the root, its receiver slow";
-        if (i == kRingSlots - 1) {
-          MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
-        }
+// Ranks whose calls differ (a program's mistake): every rank gets kInvalidArgument naming both
+// calls, nothing is read, and the communicator goes on (the next call is right on every rank).
+// On shared memory and over TCP; sizes within and beyond the shared-memory slot (ranks that
+// take different paths for their calls meet in the same operation). Failed before the
+// comparison: wrong sums on every rank, or Gloo's EnforceNotMet ending the process.
+class GlooDisagreementTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GlooDisagreementTest, CallsThatDifferFailOnEveryRankAndTheCommunicatorGoesOn) {
+  const bool shm = GetParam();
+  constexpr int kWorld = 3;
+  std::vector<int> codes = RunForked(kWorld, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "differ", rank, kWorld, shm));
+    if (comm->shared_memory() != shm) return InternalError("shared memory not as asked");
+    std::vector<float> big(size_t{1} << 20, 1.0f);  // 4 MiB: beyond the slot
+    std::vector<double> d(8, 1.0);
+    struct Case {
+      const char* name;
+      std::function<Status()> call;
+    };
+    const bool odd = rank == 1;
+    const std::vector<Case> cases = {
+        {"sizes", [&] { return comm->Allreduce(big.data(), odd ? 8 : 4, DType::kF32, ReduceOp::kSum, kTimeout); }},
+        {"small against large", [&] { return comm->Allreduce(big.data(), odd ? big.size() : 8, DType::kF32, ReduceOp::kSum, kTimeout); }},
+        {"types", [&] { return comm->Allreduce(odd ? static_cast<void*>(d.data()) : big.data(), 4, odd ? DType::kF64 : DType::kF32, ReduceOp::kSum, kTimeout); }},
+        {"reductions", [&] { return comm->Allreduce(big.data(), 4, DType::kF32, odd ? ReduceOp::kMax : ReduceOp::kSum, kTimeout); }},
+        {"kinds", [&] { return odd ? comm->Broadcast(big.data(), 4, DType::kF32, 0, kTimeout) : comm->Allreduce(big.data(), 4, DType::kF32, ReduceOp::kSum, kTimeout); }},
+        {"roots", [&] { return comm->Broadcast(big.data(), 4, DType::kF32, odd ? 1 : 0, kTimeout); }},
+        {"allgather sizes", [&] { return comm->Allgather(d.data(), big.data(), odd ? 2 : 1, DType::kF64, kTimeout); }},
+    };
+    for (const Case& c : cases) {
+      const std::vector<float> before(big.begin(), big.begin() + 16);
+      Status s = c.call();
+      if (s.code() != StatusCode::kInvalidArgument ||
+          std::string(s.message()).find("the ranks' calls differ: rank ") == std::string::npos) {
+        return InternalError(std::string(c.name) + ": not kInvalidArgument naming the calls: " +
+                             s.ToString());
       }
-      return Status::Ok();
+      if (!std::equal(before.begin(), before.end(), big.begin())) {
+        return InternalError(std::string(c.name) + ": the buffer changed");
+      }
+      if (comm->broken()) return InternalError(std::string(c.name) + ": broken");
     }
-    MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"ahead"}, Deadline::AfterMs(8000)));
-    for (int i = 0; i < kTotal; ++i) {
-      if (i < 40) std::this_thread::sleep_for(milliseconds(60));
-      MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, kTimeout, 8));
-    }
+    int64_t v = rank + 1;
+    MORPH_RETURN_IF_ERROR(comm->Allreduce(&v, 1, DType::kI64, ReduceOp::kSum, kTimeout));
+    if (v != kWorld * (kWorld + 1) / 2) return InternalError("after: " + std::to_string(v));
     return Status::Ok();
   });
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
-// The root returns from kRingSlots broadcasts nobody has read, then rank 1 is SIGKILLed. Rank 2
-// still reads all of them (their bytes stay in the segment); the root's next broadcast, which
-// needs a slot rank 1 never read, and rank 2's next one fail with kUnavailable naming rank 1 as
-// exited, within 2 s of the kill. Failed before the ring (the root's second broadcast waited).
-TEST(GlooShmTest, PeerKilledWhileTheRootRunsAhead) {
-  constexpr int kWorld = 3, kRoot = 0, kVictim = 1, kReader = 2;
-  std::vector<int> codes = RunForked(
-      kWorld,
-      [&](int rank, TcpStoreClient& store) -> Status {
-        MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead-kill", rank, kWorld, true));
-        if (!comm->shared_memory()) return InternalError("no shared memory");
-        if (rank == kVictim) {
-          MORPH_RETURN_IF_ERROR(store.Set("victim", "1", Deadline::AfterMs(5000)));
-          std::this_thread::sleep_for(std::chrono::seconds(20));
-          return InternalError("the victim was not killed");
-        }
-        if (rank == kRoot) {
-          for (int i = 0; i < kRingSlots; ++i) {
-            MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, milliseconds(5000)))
-                << "the root running ahead";
-          }
-          MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
-        } else {
-          MORPH_RETURN_IF_ERROR(
-              store.Wait(std::vector<std::string>{"killed_at"}, Deadline::AfterMs(20000)));
-          for (int i = 0; i < kRingSlots; ++i) {
-            MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, kRoot, i, kTimeout))
-                << "reading after the kill";
-          }
-        }
-        Status s = BroadcastAndCheck(*comm, kRoot, kRingSlots, kTimeout);
-        MORPH_ASSIGN_OR_RETURN(std::string killed_at,
-                               store.Get("killed_at", Deadline::AfterMs(10000)));
-        const double ms = MsSince(killed_at);
-        std::fprintf(stderr, "rank %d: broadcast %d failed %.1f ms after the kill: %s\n", rank,
-                     kRingSlots, ms, s.ToString().c_str());
-        MORPH_RETURN_IF_ERROR(ExpectExited(s, kVictim, "the broadcast after the ring"));
-        if (ms > 2000) return InternalError("noticed only " + std::to_string(ms) + " ms later");
-        // The root stays until the reader is done: a root that exited is named too.
-        if (rank == kReader) return store.Set("reader_done", "1", Deadline::AfterMs(5000));
-        return store.Wait(std::vector<std::string>{"reader_done"}, Deadline::AfterMs(20000));
-      },
-      [&](ForkedRanks& ranks, const std::string& address) {
-        auto store = TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000));
-        store.status().CheckOk("parent store");
-        // Without the ring the root never says "ahead": the ranks then fail at their timeouts.
-        if (!(*store)
-                 ->Wait(std::vector<std::string>{"ahead", "victim"}, Deadline::AfterMs(15000))
-                 .ok()) {
-          return;
-        }
-        const auto killed_at = Clock::now().time_since_epoch();
-        ranks.Kill(kVictim);
-        (*store)
-            ->Set("killed_at",
-                  std::to_string(
-                      std::chrono::duration_cast<std::chrono::nanoseconds>(killed_at).count()),
-                  Deadline::AfterMs(5000))
-            .CheckOk("killed_at");
-      });
-  EXPECT_EQ(codes[kRoot], 0);
-  EXPECT_EQ(codes[kVictim], 128 + SIGKILL);
-  EXPECT_EQ(codes[kReader], 0);
-}
-
-// The root runs kRingSlots broadcasts ahead; the receiver reads the first one only, so the
-// root's next broadcast, whose slot held that one, must still wait (the receiver announces
-// that it read a broadcast only at its next operation) and times out: kDeadlineExceeded naming
-// the receiver. The receiver then reads the others and fails the next one at once (the root
-// left), kUnavailable naming it. Failed before the ring (the root's second broadcast waited).
-TEST(GlooShmTest, RootAheadTimesOutThenTheReceiverReadsWhatWasPublished) {
-  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
-    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "ahead-timeout", rank, 2, true));
-    if (!comm->shared_memory()) return InternalError("no shared memory");
-    if (rank == 0) {
-      for (int i = 0; i < kRingSlots; ++i) {
-        MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, milliseconds(5000)))
-            << "the root running ahead";
-      }
-      MORPH_RETURN_IF_ERROR(store.Set("ahead", "1", Deadline::AfterMs(5000)));
-      MORPH_RETURN_IF_ERROR(
-          store.Wait(std::vector<std::string>{"read_one"}, Deadline::AfterMs(20000)));
-      const Clock::time_point start = Clock::now();
-      Status s = BroadcastAndCheck(*comm, 0, kRingSlots, milliseconds(300));
-      if (s.code() != StatusCode::kDeadlineExceeded ||
-          std::string(s.message()).find("rank(s) 1 had not arrived") == std::string::npos ||
-          s.collective_failure() == nullptr ||
-          s.collective_failure()->kind != CollectiveFailure::Kind::kTimeout) {
-        return InternalError("broadcast with a full ring: " + s.ToString());
-      }
-      if (Clock::now() - start > std::chrono::seconds(2)) return InternalError("late timeout");
-      return store.Set("timed_out", "1", Deadline::AfterMs(5000));
-    }
-    MORPH_RETURN_IF_ERROR(store.Wait(std::vector<std::string>{"ahead"}, Deadline::AfterMs(8000)));
-    MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, 0, kTimeout));
-    MORPH_RETURN_IF_ERROR(store.Set("read_one", "1", Deadline::AfterMs(5000)));
-    MORPH_RETURN_IF_ERROR(
-        store.Wait(std::vector<std::string>{"timed_out"}, Deadline::AfterMs(20000)));
-    for (int i = 1; i < kRingSlots; ++i) {
-      MORPH_RETURN_IF_ERROR(BroadcastAndCheck(*comm, 0, i, kTimeout)) << "after the timeout";
-    }
-    const Clock::time_point start = Clock::now();
-    Status s = BroadcastAndCheck(*comm, 0, kRingSlots, kTimeout);
-    if (s.code() != StatusCode::kUnavailable ||
-        std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) != std::vector<int>{0} ||
-        Clock::now() - start > std::chrono::seconds(2)) {
-      return InternalError("broadcast after the root left: " + s.ToString());
-    }
-    return Status::Ok();
-  });
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
-}
+INSTANTIATE_TEST_SUITE_P(SharedMemoryAndTcp, GlooDisagreementTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "shm" : "tcp";
+                         });
 
 }  // namespace
 }  // namespace morph

@@ -1,5 +1,7 @@
 #include "collectives/shm/shm_collectives.h"
 
+#include "collectives/op_signature.h"
+
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -29,16 +31,17 @@ constexpr uint32_t kClosed = 2;  // communicator destroyed (Close)
 constexpr auto kPollSlice = std::chrono::milliseconds(10);
 // Options::spin's automatic value when the host has a core for every rank.
 constexpr auto kAutoSpin = std::chrono::microseconds(20);
-// How long a root finding its broadcast ring full waits for half of it to be free before it
-// settles for the one slot it needs (receivers that read slowly must not time it out).
-constexpr auto kHalfRingWait = std::chrono::milliseconds(10);
 
 // One rank's words: the first line written by its owner only, the second by whoever wakes it.
 struct alignas(64) Control {
   std::atomic<uint64_t> seq;    // the last operation this rank published
   std::atomic<uint32_t> state;  // kLive, kLeft, kClosed
   int32_t pid;
-  char pad0[48];
+  // The call behind operation k (op_signature.h), in signature[k % 2], written before k is
+  // published. Rewritten at k + 2, once every peer published k + 1, which each does only after
+  // it compared k's: every operation waits for every peer's publish of it.
+  OpSignature signature[2];
+  char pad0[16];
   std::atomic<uint32_t> waiting;   // 1 while the owner may sleep on `doorbell`
   std::atomic<uint32_t> doorbell;  // futex word: bumped to wake the owner
   // What the owner waits for while `waiting`: every peer (wait_only < 0) or peer wait_only
@@ -60,17 +63,14 @@ std::string RankList(const std::vector<int>& ranks) {
 }  // namespace
 
 // Header (64 bytes), Control[size], then per rank two data buffers of kSlotBytes (operation
-// k in buffer k mod 2) and a ring of kRingSlots slots of kRingSlotBytes (a small broadcast's
-// root data: operation k in slot k mod kRingSlots).
+// k in buffer k mod 2).
 struct ShmCollectives::Segment {
   uint64_t magic;
   int32_t size;
   uint32_t slot_bytes;
-  uint32_t ring_slots;
-  uint32_t ring_slot_bytes;
-  char pad[40];
+  char pad[48];
 
-  static constexpr size_t kRankBytes = 2 * kSlotBytes + kRingSlots * kRingSlotBytes;
+  static constexpr size_t kRankBytes = 2 * kSlotBytes;
 
   Control* control(int rank) {
     return reinterpret_cast<Control*>(reinterpret_cast<char*>(this) + 64) + rank;
@@ -80,9 +80,6 @@ struct ShmCollectives::Segment {
            static_cast<size_t>(rank) * kRankBytes;
   }
   uint8_t* data(int rank, uint64_t seq) { return rank_data(rank) + (seq & 1) * kSlotBytes; }
-  uint8_t* ring(int rank, uint64_t seq) {
-    return rank_data(rank) + 2 * kSlotBytes + (seq % kRingSlots) * kRingSlotBytes;
-  }
   static size_t Bytes(int size) {
     return 64 + (sizeof(Control) + kRankBytes) * static_cast<size_t>(size);
   }
@@ -147,8 +144,6 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
       shm->segment_->magic = kMagic;
       shm->segment_->size = size;
       shm->segment_->slot_bytes = static_cast<uint32_t>(kSlotBytes);
-      shm->segment_->ring_slots = static_cast<uint32_t>(kRingSlots);
-      shm->segment_->ring_slot_bytes = static_cast<uint32_t>(kRingSlotBytes);
       mine.created = 1;
     }
   }
@@ -194,8 +189,7 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
       local_why = std::string("cannot map ") + hellos[0].name + ": " + std::strerror(errno) +
                   " (no shared /dev/shm?)";
     } else if (shm->segment_->magic != kMagic || shm->segment_->size != size ||
-               shm->segment_->slot_bytes != kSlotBytes || shm->segment_->ring_slots != kRingSlots ||
-               shm->segment_->ring_slot_bytes != kRingSlotBytes) {
+               shm->segment_->slot_bytes != kSlotBytes) {
       ok = 0;
       local_why = std::string("segment ") + hellos[0].name + " has an unexpected header";
     }
@@ -252,6 +246,27 @@ bool ShmCollectives::Handles(const CollectiveOp& op) const {
   return false;
 }
 
+Status ShmCollectives::Agree(const CollectiveOp& op, std::string_view kind) {
+  const uint64_t k = ++seq_;
+  const Clock::time_point deadline =
+      Clock::now() + std::min<std::chrono::milliseconds>(op.timeout, std::chrono::hours(24 * 365));
+  const OpSignature mine = OpSignature::Of(op);
+  segment_->control(rank_)->signature[k & 1] = mine;
+  Publish(k);
+  MORPH_RETURN_IF_ERROR(WaitForPeers(k, -1, deadline, op.timeout, kind));
+  return Compare(k, mine, kind);
+}
+
+Status ShmCollectives::Compare(uint64_t k, const OpSignature& mine, std::string_view kind) const {
+  for (int p = 0; p < size_; ++p) {
+    const OpSignature& theirs = segment_->control(p)->signature[k & 1];
+    if (p != rank_ && !(theirs == mine)) {
+      return DisagreementError(what_ + ": " + std::string(kind), p, theirs, rank_, mine);
+    }
+  }
+  return Status::Ok();
+}
+
 Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace,
                            std::string_view kind) {
   const uint64_t k = ++seq_;
@@ -259,41 +274,10 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
   // Clamped so that the sum cannot overflow (a year is "for ever" here).
   const Clock::time_point deadline =
       Clock::now() + std::min<std::chrono::milliseconds>(op.timeout, std::chrono::hours(24 * 365));
-  // A small broadcast's root writes a ring slot, which last held k - kRingSlots at the latest
-  // (if that was a small broadcast too): it may run that far ahead of the slowest reader.
-  // Other writers use buffer k mod 2, which last held k - 2 at the latest. Either way every
-  // peer must have read it, which each announces by publishing the operation after it.
-  // Usually known already (the wait of k - 1 saw it); not after a broadcast, whose root does
-  // not wait for the others. Barrier and a broadcast's receivers write nothing.
+  // Buffer k mod 2 last held operation k - 2, which every peer has read: each published
+  // k - 1 (this rank's wait of k - 1 saw it), which it does only once done with k - 2.
   const bool root = op.kind == CollectiveOp::Kind::kBroadcast && rank_ == op.root;
-  const bool in_ring = root && bytes <= kRingSlotBytes;
-  uint8_t* mine = in_ring ? segment_->ring(rank_, k) : Data(rank_, k);
-  uint64_t read_first = k - 1;  // every peer must have published it
-  if (in_ring) {
-    read_first = k > kRingSlots ? k - kRingSlots + 1 : 0;
-    // A full ring: wait until the slowest peer freed half of it. Waiting for one slot would
-    // make a root that keeps broadcasting sleep and be woken at every broadcast, the cost the
-    // ring is for (8 B, 4 ranks on 2 cores, 50 in a row through 16 slots: 40 us each, as
-    // without a ring); this way it sleeps once per half ring. Bounded by kHalfRingWait, then
-    // the one slot under the op's own deadline: readers that are slow but progressing are no
-    // timeout.
-    if (read_first > 0 && !Published(read_first, -1)) {
-      Status half =
-          WaitForPeers(k - kRingSlots / 2 + 1, -1, std::min(deadline, Clock::now() + kHalfRingWait),
-                       op.timeout, kind);
-      if (half.ok()) {
-        read_first = 0;
-      } else if (half.code() != StatusCode::kDeadlineExceeded || Clock::now() >= deadline) {
-        return half;
-      }
-    }
-  } else if (op.kind == CollectiveOp::Kind::kBarrier ||
-             (op.kind == CollectiveOp::Kind::kBroadcast && !root)) {
-    read_first = 0;
-  }
-  if (read_first > 0) {
-    MORPH_RETURN_IF_ERROR(WaitForPeers(read_first, -1, deadline, op.timeout, kind));
-  }
+  uint8_t* mine = Data(rank_, k);
   switch (op.kind) {
     case CollectiveOp::Kind::kAllreduce:
       std::memcpy(mine, op.recv, bytes);
@@ -311,13 +295,13 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
     case CollectiveOp::Kind::kSendRecv:
       break;
   }
+  const OpSignature signature = OpSignature::Of(op);
+  segment_->control(rank_)->signature[k & 1] = signature;
   Publish(k);
-  // A broadcast needs the root's data only (the root needs nothing); the rest everyone's.
-  if (op.kind != CollectiveOp::Kind::kBroadcast) {
-    MORPH_RETURN_IF_ERROR(WaitForPeers(k, -1, deadline, op.timeout, kind));
-  } else if (rank_ != op.root) {
-    MORPH_RETURN_IF_ERROR(WaitForPeers(k, op.root, deadline, op.timeout, kind));
-  }
+  // Every rank waits for every peer, a broadcast's root too: all of them compare the calls
+  // (op_signature.h), so that ranks whose calls differ all fail, before any byte is read.
+  MORPH_RETURN_IF_ERROR(WaitForPeers(k, -1, deadline, op.timeout, kind));
+  MORPH_RETURN_IF_ERROR(Compare(k, signature, kind));
   switch (op.kind) {
     case CollectiveOp::Kind::kAllreduce:
     case CollectiveOp::Kind::kReduceScatter: {
@@ -333,10 +317,7 @@ Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& w
       }
       break;
     case CollectiveOp::Kind::kBroadcast:
-      if (!root) {
-        const bool ring = bytes <= kRingSlotBytes;  // as the root decided
-        std::memcpy(op.recv, ring ? segment_->ring(op.root, k) : Data(op.root, k), bytes);
-      }
+      if (!root) std::memcpy(op.recv, Data(op.root, k), bytes);
       break;
     case CollectiveOp::Kind::kBarrier:
     case CollectiveOp::Kind::kSendRecv:

@@ -14,17 +14,13 @@
 //
 // Slots are double-buffered by the sequence number's parity: a rank rewrites the buffer of
 // operation k only at k + 2, after every peer published k + 1, which each does only once it
-// has read everything of k. So one wait per operation, no acknowledgements.
-//
-// A broadcast's root does not wait for the others: it returns once its data is published. Up
-// to kRingSlotBytes, that data goes to the root's ring of kRingSlots slots (operation k in slot
-// k mod kRingSlots), so a root may return from kRingSlots broadcasts before the slowest peer
-// read the first, as MPI's eager root does; the next one that needs a slot waits until every
-// peer published the operation after the slot's last one. The root of a larger broadcast and
-// every rank of an allreduce, allgather or reduce-scatter (they write buffer k mod 2) first
-// wait until every peer published k - 1; a barrier and a broadcast's receivers write nothing
-// and wait for nothing first. A root that returned from a broadcast has handed its data over:
-// a peer still reads it after the root failed, closed or exited.
+// has read everything of k. So one wait per operation, no acknowledgements. Every rank of
+// every operation (a broadcast's root too) waits for every peer's publish of it, and then
+// compares the calls each published with it (op_signature.h): ranks whose calls differ all get
+// kInvalidArgument before any byte is read. (An earlier root returned before its receivers
+// arrived, MPI's eager broadcast; it could not learn that they disagreed.) A root that returned
+// from a broadcast has handed its data over: a peer still reads it after the root failed,
+// closed or exited.
 //
 // Waiting: a bounded spin (Options::spin, _mm_pause), a bounded poll between sched_yield()
 // calls (Options::yield), then futex waits on this rank's doorbell
@@ -32,7 +28,7 @@
 // then complete (one wake-up per sleep, not one per peer's publish); every 10 ms a sleeping
 // waiter also polls the peers' pidfds. An oversubscribed host (more ranks than cores) spends at
 // most the spin per operation busy. A publisher takes the `waiting` flag when it rings, so a
-// root running ahead rings a sleeping peer once, not at every broadcast until it runs.
+// sleeper is rung once.
 //
 // Failures (the communicator contract, communicator.h): Fail() (Abort, or any error of the
 // communicator; any thread) sets this rank's state word and rings every doorbell, so its own
@@ -64,6 +60,7 @@
 #include "morph/status.h"
 #include "collectives/communicator.h"
 #include "collectives/gloo/gloo_algorithms.h"
+#include "collectives/op_signature.h"
 
 namespace morph {
 
@@ -72,10 +69,6 @@ class ShmCollectives {
   // The largest contribution of one rank to one operation: the allreduce or broadcast buffer,
   // one rank's allgather input, the whole reduce-scatter input.
   static constexpr size_t kSlotBytes = size_t{64} << 10;
-  // A broadcast of up to kRingSlotBytes goes through its root's ring of kRingSlots slots, so
-  // that a root may return from that many broadcasts before the slowest peer read the first.
-  static constexpr size_t kRingSlots = 64;
-  static constexpr size_t kRingSlotBytes = size_t{4} << 10;
 
   struct Options {
     bool enable = true;
@@ -118,7 +111,14 @@ class ShmCollectives {
   // after Fail(); kUnavailable naming the peer that exited or failed; kDeadlineExceeded at
   // op.timeout. Each error carries its CollectiveFailure; after one, the caller must call
   // Fail() (the communicator does). `kind` names the operation in messages ("allreduce").
+  // Every rank compares the ranks' calls (op_signature.h) once all published the operation, the
+  // root of a broadcast too (so it waits for the receivers to arrive): ranks whose calls differ
+  // all get kInvalidArgument and nothing is read.
   Status Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace, std::string_view kind);
+  // For an operation this path does not take (too large): an operation of its own that only
+  // compares the ranks' calls, before the caller runs it over TCP. Ranks that took Run for
+  // their call and ranks that took Agree for theirs meet in the same operation and fail alike.
+  Status Agree(const CollectiveOp& op, std::string_view kind);
 
   // This rank leaves for good: its waits, now and later, return kAborted; peers waiting for it
   // fail. Idempotent. Any thread.
@@ -135,6 +135,8 @@ class ShmCollectives {
   // (the op's `timeout` after its start).
   Status WaitForPeers(uint64_t seq, int only, std::chrono::steady_clock::time_point deadline,
                       std::chrono::milliseconds timeout, std::string_view kind);
+  // kInvalidArgument naming the first peer whose call for operation `k` differs from `mine`.
+  Status Compare(uint64_t k, const OpSignature& mine, std::string_view kind) const;
   // Whether every peer (`only` < 0) or peer `only` published `seq`.
   bool Published(uint64_t seq, int only) const;
   // The error for such a wait that cannot finish because a peer exited or left, or OK.
