@@ -16,7 +16,8 @@
 //
 // What is here: Runtime (runtime.h) with its Options, State, Step and Reconfiguration; the
 // communicators a step hands out (communicator.h); layouts (layout.h, box.h, shard.h) and
-// element types (dtype.h); Status (status.h); checkpoints (checkpoint.h); the planner's dry run
+// element types (dtype.h); Status (status.h); the job's store for a library's rendezvous
+// (key_value_store.h); checkpoints (checkpoint.h); the planner's dry run
 // (plan.h). Everything else in the source tree is internal and may change.
 #ifndef MORPH_MORPH_H_
 #define MORPH_MORPH_H_
@@ -29,6 +30,7 @@
 #include "morph/deadline.h"
 #include "morph/dtype.h"
 #include "morph/generation.h"
+#include "morph/key_value_store.h"
 #include "morph/layout.h"
 #include "morph/options.h"
 #include "morph/parallel_config.h"

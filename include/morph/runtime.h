@@ -41,9 +41,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "morph/api.h"
 #include "morph/generation.h"
+#include "morph/key_value_store.h"
 #include "morph/options.h"
 #include "morph/state.h"
 #include "morph/status.h"
@@ -191,6 +193,14 @@ class MORPH_API Runtime {
 
   // True once this worker left the job (its state moved away) or was released.
   bool Finished() const;
+
+  // A client of the job's store for the current generation, its keys under "<prefix>/" in a
+  // namespace apart from the runtime's (key_value_store.h): for the rendezvous of a library
+  // run over this generation's members. Its own connection, checked with the job token; its
+  // calls fail with kAborted once the job moved to a later generation. kFailedPrecondition
+  // when this worker holds no rank or left the job, kInvalidArgument for an empty prefix; the
+  // store's errors when it cannot be reached. Training thread.
+  StatusOr<std::unique_ptr<KeyValueStore>> ConnectStore(std::string_view prefix);
 
   // Asks to leave gracefully (preemption): the coordinator plans a change without this worker,
   // its unique state moves to the others, then BeginStep returns done(). Any thread.

@@ -10,6 +10,7 @@
 #define MORPH_STEP_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "morph/api.h"
@@ -53,6 +54,11 @@ class MORPH_API Step {
   Communicator& dp() const;
   Communicator& tp() const;
   Communicator& pp() const;
+  // The shared owner of one of the four above, for owners with lifetimes of their own (a
+  // language binding's process group): the object stays valid after this generation ended,
+  // aborted then (every later call returns kAborted), instead of being freed under its user.
+  // Null for a communicator that is not one of this step's.
+  std::shared_ptr<Communicator> Shared(const Communicator& c) const;
 
   // This rank's samples for this step (its DP slice of the global batch), computed on first use.
   const RankBatch& batch() const;

@@ -11,6 +11,9 @@ Communicator& Step::world() const { return groups_->world(); }
 Communicator& Step::dp() const { return groups_->dp(); }
 Communicator& Step::tp() const { return groups_->tp(); }
 Communicator& Step::pp() const { return groups_->pp(); }
+std::shared_ptr<Communicator> Step::Shared(const Communicator& c) const {
+  return groups_ != nullptr ? groups_->Shared(c) : nullptr;
+}
 
 const RankBatch& Step::batch() const {
   if (!batch_ready_ && cursor_ != nullptr && rank_ >= 0) {
