@@ -156,6 +156,10 @@ StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(const std::strin
     }
     return m.status().WithContext("registering with coordinator " + address);
   }
+  if (std::holds_alternative<ReleaseMsg>(*m)) {
+    return CancelledError("coordinator " + address +
+                          " released this worker at its registration: the job has ended");
+  }
   if (!std::holds_alternative<WelcomeMsg>(*m)) {
     return InvalidArgumentError("coordinator " + address + " answered registration with " +
                                 std::string(WireTypeName(static_cast<uint16_t>(m->index() + 1))) +

@@ -97,7 +97,7 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
         /*wait_ms=*/600000, impl->opts.checkpoint_max_bytes_per_second);
   }
   MORPH_RETURN_IF_ERROR(impl->Bootstrap());
-  if (impl->checkpointer) {
+  if (impl->checkpointer && impl->agent) {
     // Retention deletes this job's checkpoints only, never an earlier run's on the same folder.
     impl->checkpointer->set_first_generation(impl->agent->welcome().first_generation);
   }
@@ -179,18 +179,33 @@ Status Runtime::Impl::Bootstrap() {
       MORPH_ASSIGN_OR_RETURN(boot.coordinator_address,
                              FindLeader(*etcd, opts.etcd_prefix, deadline));
     }
+    // In slices, so that a leave asked for meanwhile (SIGINT to a Python worker, SIGTERM)
+    // ends the wait for a coordinator that is not there yet.
     StatusOr<std::unique_ptr<Agent>> a = Agent::Connect(
         boot.coordinator_address, hello, RegisterMsg{.manifest = manifest}, ao,
-        boot.leader_from_etcd ? Min(deadline, Deadline::AfterMs(5000)) : deadline);
+        Min(deadline, Deadline::AfterMs(boot.leader_from_etcd ? 5000 : 1000)));
     if (a.ok()) {
       agent = *std::move(a);
       break;
     }
     const StatusCode code = a.status().code();
-    if (!boot.leader_from_etcd || deadline.Expired() ||
+    if (code == StatusCode::kCancelled) {
+      // The job ended before this worker registered (a joiner a grow started just before the
+      // end): it is released, as the joiners of a change the end closed are.
+      LOG(INFO) << a.status().message();
+      core.Finished();
+      return Status();
+    }
+    if (deadline.Expired() ||
         (code != StatusCode::kUnavailable && code != StatusCode::kDeadlineExceeded)) {
       return a.status();
     }
+    if (LeaveRequestedBySignal().exchange(false)) {
+      LOG(INFO) << "asked to leave before it joined the job: done";
+      core.Finished();
+      return Status();
+    }
+    if (!boot.leader_from_etcd) continue;
     LOG(INFO) << "leader " << boot.coordinator_address << " did not register this worker ("
               << a.status() << "); looking it up again";
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -230,6 +245,9 @@ Status Runtime::Impl::Bootstrap() {
         // release, when the job ended meanwhile).
         StatusOr<bool> applied = agent->AwaitOutcome(Min(deadline, Deadline::AfterMs(opts.change_timeout_ms)));
         if (!applied.ok() || *applied) return st;
+        // Its own state does not fit here (a tensor too large for this host's memory): a later
+        // generation would ask the same of it.
+        if (st.code() == StatusCode::kResourceExhausted) return st;
         MORPH_LOG(WARNING, agent->log()) << "generation " << commit.next.id
                      << " did not apply; waiting for the next one: " << st;
         continue;
@@ -264,6 +282,9 @@ void Runtime::OnReconfigure(std::function<void(const Reconfiguration&)> callback
 
 StatusOr<Step> Runtime::BeginStep() {
   Impl& m = *impl_;
+  if (m.done_sent && !m.core.finished()) {
+    return FailedPreconditionError("BeginStep after Finish(): this worker's part of the job ended");
+  }
   MORPH_RETURN_IF_ERROR(m.core.CheckBegin(m.next_step));
   Step step;
   bool reconfigured = m.joined_by_change;
@@ -395,6 +416,14 @@ Status Runtime::Finish(int64_t timeout_ms) {
     }
   }
   if (m.coordinator && m.candidate) return m.FinishCandidate(timeout_ms);
+  if (m.coordinator && m.gen.id == 0 && m.core.finished()) {
+    // Asked to leave (or released) before the job it hosts ever started: waiting for that job
+    // would wait for workers that may never come. The coordinator ends with its host.
+    if (m.agent) m.agent->Close();
+    m.coordinator->Stop();
+    m.coordinator.reset();
+    return Status();
+  }
   if (m.coordinator) {
     Status s = m.coordinator->Wait(Deadline::AfterMs(timeout_ms));
     // Every worker, this one included, was asked to leave: its part ended as asked.

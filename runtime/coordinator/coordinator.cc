@@ -466,6 +466,14 @@ void Coordinator::Impl::OnHello(const std::shared_ptr<Conn>& c, const HelloMsg& 
 }
 
 void Coordinator::Impl::OnRegister(const std::shared_ptr<Conn>& c, RegisterMsg m) {
+  if (ended_ && (ended_->ok() || ended_->code() == StatusCode::kCancelled)) {
+    // A joiner a grow started just before the job completed (or stopped as asked): nothing to
+    // join and nothing failed. It is released, as the joiners of a change that the end closed
+    // are (its Start returns with Finished()), instead of refused.
+    Enqueue(c, std::make_shared<const std::string>(EncodeFrame(ReleaseMsg{})));
+    c->close_after_write = true;
+    return Gone(c, "released: the job ended before it registered");
+  }
   if (ended_) {
     return Refuse(c, FailedPreconditionError("the job has ended: " + ended_->ToString()));
   }

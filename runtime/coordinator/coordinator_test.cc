@@ -339,7 +339,9 @@ TEST(CoordinatorTest, ALeaveRequestShrinksTheJobAndTheLeaverFinishes) {
   EXPECT_TRUE(w[1]->Saw("<outcome"));  // it sent its state away, then was done
 }
 
-TEST(CoordinatorTest, AfterTheJobEndedRegistrationIsRefused) {
+// A joiner that registers after the job completed (a grow accepted in its last steps) is
+// released, not refused: its Start returns with Finished() and it exits 0 (issue 33, item 12).
+TEST(CoordinatorTest, AfterTheJobCompletedRegistrationIsReleased) {
   MORPH_ASSERT_OK_AND_ASSIGN(auto coord, Coordinator::Start(Options(1)));
   auto w = StartWorkers(*coord, 1);
   ASSERT_TRUE(WaitFor([&] { return AllIn(w, 1); }));
@@ -347,7 +349,7 @@ TEST(CoordinatorTest, AfterTheJobEndedRegistrationIsRefused) {
   MORPH_ASSERT_OK(coord->Wait(Deadline::AfterMs(5000)));
   FakeWorker late(coord->control_address());
   EXPECT_THAT(late.Connect(),
-              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("the job has ended: OK")));
+              StatusIs(StatusCode::kCancelled, HasSubstr("released this worker at its registration")));
 }
 
 TEST(CoordinatorTest, WrongTokenIsUnauthenticated) {

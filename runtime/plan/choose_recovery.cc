@@ -199,7 +199,9 @@ StatusOr<RecoveryChoice> ChooseRecovery(const JobManifest& manifest, const Gener
     }
     if (first_missing.empty()) first_missing = *c.missing;
   }
-  if (steps.empty()) first_missing = "every surviving state is torn";
+  if (steps.empty()) {
+    first_missing = "the state (every survivor's is torn: its step failed during the update)";
+  }
   std::string snapshot_missing;
   MORPH_ASSIGN_OR_RETURN(
       std::optional<RecoveryChoice> snap,
