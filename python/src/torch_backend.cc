@@ -11,7 +11,12 @@
 // when one of its own connections closes, else at its timeout).
 //
 // Every operation is started on the communicator (its ops run in order on its own thread) and
-// returns a Work that Wait-s on it: async_op=True overlaps as with torch's Gloo. CPU tensors of
+// returns a Work that Wait-s on it: async_op=True overlaps as with torch's Gloo. An op's buffers
+// live until the communicator is done with them, whether or not the program keeps its Work (the
+// backend keeps every op in flight); get_future() returns at once and a thread of the backend
+// completes the future. A group's ops come from the thread that runs the steps (the one that
+// built the groups): another thread's op raises before anything is sent, since two threads'
+// ops would pair up in different orders on different ranks. CPU tensors of
 // the dtypes morph reduces (f32, f64, f16, bf16, i32, i64, i8, u8; bool moved as u8 where
 // nothing is reduced); sum, avg, max, min. Point-to-point ops between a coalescing start and
 // end progress together (batch_isend_irecv), as morph's SendRecv does.
@@ -22,14 +27,19 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "morph/communicator.h"
+#include "torch_ext.h"
 
+namespace morph_torch {
 namespace {
 
 using c10d::OpType;
@@ -39,8 +49,8 @@ using morph::DType;
 [[noreturn]] void Fail(const morph::Status& s, const std::string& what) {
   std::string msg = "morph backend: " + what + ": " + s.ToString();
   switch (s.code()) {
-    case morph::StatusCode::kInvalidArgument:
-      TORCH_CHECK(false, msg);
+    case morph::StatusCode::kInvalidArgument:  // the program's call (ranks that differ, ...)
+      TORCH_CHECK_VALUE(false, msg);
     case morph::StatusCode::kDeadlineExceeded:
       TORCH_CHECK_WITH(DistBackendError, false, msg + " (Timed out)");
     default:
@@ -76,59 +86,89 @@ void CheckTensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK(!t.is_sparse(), "morph backend: ", what, " is sparse");
 }
 
-// A started morph operation, and what completes the torch op after it (copies out, a
-// division for avg). Wait-s once; later waits and isCompleted report that outcome.
-class MorphWork : public c10d::Work {
+// A started morph operation and what completes the torch op after it (copies out, AVG's
+// division). Shared by its Work, which the program may drop, and the backend's ops in flight,
+// so that its buffers live until the communicator is done with them. Completes once; later
+// calls report that outcome. Complete from one thread at a time (mu_).
+class Pending {
  public:
-  MorphWork(OpType type, std::unique_ptr<morph::Work> work, std::vector<at::Tensor> outputs,
-            std::function<void()> finish, std::chrono::milliseconds timeout, std::string what,
-            std::vector<at::Tensor> inputs = {})
-      : c10d::Work(-1, type), work_(std::move(work)), outputs_(std::move(outputs)),
-        inputs_(std::move(inputs)), finish_(std::move(finish)), timeout_(timeout),
-        what_(std::move(what)) {}
+  Pending(std::unique_ptr<morph::Work> work, std::vector<at::Tensor> outputs,
+          std::function<void()> finish, std::chrono::milliseconds timeout, std::string what,
+          std::vector<at::Tensor> inputs)
+      : work_(std::move(work)), outputs_(std::move(outputs)), inputs_(std::move(inputs)),
+        finish_(std::move(finish)), timeout_(timeout), what_(std::move(what)) {}
 
-  bool isCompleted() override {
-    if (done_) return true;
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);  // a wait in progress: not yet
-    return lock.owns_lock() && (done_ || (work_ && work_->Done()));
-  }
-  bool isSuccess() const override { return done_ && !error_; }
-  std::exception_ptr exception() const override { return error_; }
-  std::vector<at::Tensor> result() override { return outputs_; }
-
-  bool wait(std::chrono::milliseconds timeout) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!done_) {
-      auto t = timeout == kNoTimeout ? timeout_ : timeout;
-      morph::Status s = work_ ? work_->Wait(morph::Deadline::After(t)) : morph::Status();
-      try {
-        if (!s.ok()) Fail(s, what_);
-        if (finish_) finish_();
-      } catch (...) {
-        error_ = std::current_exception();
+  // Waits up to `timeout` (kNoTimeout: the op's own) and completes. Its error, if any.
+  std::exception_ptr Complete(std::chrono::milliseconds timeout) {
+    c10::intrusive_ptr<c10::ivalue::Future> mark;
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!done_) {
+        auto t = timeout == ::kNoTimeout ? timeout_ : timeout;
+        morph::Status s = work_ ? work_->Wait(morph::Deadline::After(t)) : morph::Status();
+        try {
+          if (!s.ok()) Fail(s, what_);
+          if (finish_) finish_();
+        } catch (...) {
+          error_ = std::current_exception();
+        }
+        work_.reset();
+        inputs_.clear();
+        finish_ = nullptr;
+        done_ = true;
       }
-      work_.reset();
-      inputs_.clear();
-      done_ = true;
-      finish_ = nullptr;
+      error = error_;
+      if (future_ && !future_marked_) {
+        future_marked_ = true;
+        mark = future_;
+      }
     }
-    if (error_) std::rethrow_exception(error_);
-    return true;
+    if (mark) Mark(mark, error);  // outside the lock: its callbacks may wait on this op
+    return error;
   }
+  // Completing would not block.
+  bool Done() {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);  // a wait in progress: not yet
+    return lock.owns_lock() && (done_ || !work_ || work_->Done());
+  }
+  bool completed() const { return done_; }
+  bool succeeded() const { return done_ && !error_; }
+  std::exception_ptr error() const { return done_ ? error_ : nullptr; }
+  const std::vector<at::Tensor>& outputs() const { return outputs_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    auto fut = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()));
-    try {
-      wait(kNoTimeout);
-      fut->markCompleted(c10::IValue(outputs_));
-    } catch (...) {
-      fut->setError(std::current_exception());
+  // The op's future; when `needs_completer` comes back true, a thread must Complete it.
+  c10::intrusive_ptr<c10::ivalue::Future> Future(bool* needs_completer) {
+    std::exception_ptr error;
+    c10::intrusive_ptr<c10::ivalue::Future> mark;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      *needs_completer = false;
+      if (future_) return future_;
+      future_ = c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()));
+      if (!done_) {
+        *needs_completer = true;
+        return future_;
+      }
+      future_marked_ = true;
+      mark = future_;
+      error = error_;
     }
-    return fut;
+    Mark(mark, error);
+    return mark;
   }
 
  private:
+  void Mark(const c10::intrusive_ptr<c10::ivalue::Future>& f, std::exception_ptr error) {
+    if (error) {
+      f->setError(error);
+    } else {
+      f->markCompleted(c10::IValue(outputs_));
+    }
+  }
+
   std::mutex mu_;
   std::unique_ptr<morph::Work> work_;
   std::vector<at::Tensor> outputs_;
@@ -138,13 +178,149 @@ class MorphWork : public c10d::Work {
   std::string what_;
   std::atomic<bool> done_{false};
   std::exception_ptr error_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool future_marked_ = false;
+};
+
+// A backend's ops in flight, oldest first (the communicator runs them in that order). Ops whose
+// Work the program dropped are completed here: at the next op, after any wait, and when the
+// backend goes (then waited for, so that no buffer is freed under the communicator).
+class InFlight {
+ public:
+  void Add(std::shared_ptr<Pending> p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ops_.push_back(std::move(p));
+  }
+  // Completes the oldest ops that are done.
+  void Reap() {
+    while (true) {
+      std::shared_ptr<Pending> p;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        while (!ops_.empty() && ops_.front()->completed()) ops_.pop_front();
+        if (ops_.empty() || !ops_.front()->Done()) return;
+        p = std::move(ops_.front());
+        ops_.pop_front();
+      }
+      p->Complete(std::chrono::milliseconds(0));
+    }
+  }
+  // Completes every op (each within its own timeout).
+  void Drain() {
+    std::deque<std::shared_ptr<Pending>> ops;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ops.swap(ops_);
+    }
+    for (auto& p : ops) p->Complete(::kNoTimeout);
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<std::shared_ptr<Pending>> ops_;
+};
+
+// The thread that completes the futures of a backend's ops (get_future() returns at once, as
+// with torch's own backends; DDP overlaps its reductions with the backward pass through them).
+// Their callbacks run on it.
+class Completer {
+ public:
+  ~Completer() { Stop(); }
+  void Add(std::shared_ptr<Pending> p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(p));
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+    cv_.notify_one();
+  }
+  // Completes what is queued, then ends the thread.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::shared_ptr<Pending> p = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      p->Complete(::kNoTimeout);
+      p.reset();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Pending>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+class MorphWork : public c10d::Work {
+ public:
+  MorphWork(OpType type, std::shared_ptr<Pending> p, std::shared_ptr<InFlight> in_flight,
+            std::shared_ptr<Completer> completer)
+      : c10d::Work(-1, type), p_(std::move(p)), in_flight_(std::move(in_flight)),
+        completer_(std::move(completer)) {}
+
+  bool isCompleted() override {
+    if (!p_->completed() && p_->Done()) p_->Complete(std::chrono::milliseconds(0));
+    return p_->completed();
+  }
+  bool isSuccess() const override { return p_->succeeded(); }
+  std::exception_ptr exception() const override { return p_->error(); }
+  std::vector<at::Tensor> result() override { return p_->outputs(); }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::exception_ptr error = p_->Complete(timeout);
+    if (in_flight_) in_flight_->Reap();  // ops before it are done too: complete dropped ones
+    if (error) std::rethrow_exception(error);
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    bool needs_completer = false;
+    c10::intrusive_ptr<c10::ivalue::Future> f = p_->Future(&needs_completer);
+    if (needs_completer) completer_->Add(p_);
+    return f;
+  }
+
+ private:
+  std::shared_ptr<Pending> p_;
+  std::shared_ptr<InFlight> in_flight_;
+  std::shared_ptr<Completer> completer_;
 };
 
 class MorphBackend : public c10d::Backend {
  public:
-  MorphBackend(morph::Communicator* comm, std::string name, std::chrono::milliseconds timeout)
-      : c10d::Backend(comm->rank(), comm->size()), comm_(comm), name_(std::move(name)),
-        timeout_(timeout) {}
+  MorphBackend(std::shared_ptr<morph::Communicator> comm, std::string name,
+               std::chrono::milliseconds timeout)
+      : c10d::Backend(comm->rank(), comm->size()), comm_(std::move(comm)), name_(std::move(name)),
+        owner_(std::this_thread::get_id()), timeout_(timeout) {}
+
+  // Its ops are over before the buffers go (InFlight::Drain) and the communicator is released
+  // without the GIL: freeing one may join threads (this runs when Python drops the group).
+  ~MorphBackend() override {
+    auto release = [&] {
+      completer_->Stop();
+      in_flight_->Drain();
+      comm_.reset();
+    };
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release nogil;
+      release();
+    } else {
+      release();
+    }
+  }
 
   const std::string getBackendName() const override { return "morph"; }
   bool supportsCoalescing() const override { return true; }
@@ -343,20 +519,30 @@ class MorphBackend : public c10d::Backend {
                                                const c10d::AllToAllOptions& opts) override {
     CheckTensor(in, "all_to_all's input");
     CheckTensor(out, "all_to_all's output");
-    auto offsets = [&](const at::Tensor& t, const std::vector<int64_t>& splits) {
+    auto offsets = [&](const at::Tensor& t, const std::vector<int64_t>& splits,
+                       const char* which) {
       const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
       const size_t row_bytes = rows == 0 ? 0 : t.nbytes() / rows;
+      TORCH_CHECK_VALUE(splits.empty() || static_cast<int>(splits.size()) == size_,
+                        "morph backend: all_to_all's ", which, " split sizes has ", splits.size(),
+                        " entries for a group of ", size_);
+      TORCH_CHECK_VALUE(!splits.empty() || rows % size_ == 0, "morph backend: all_to_all's ",
+                        which, " of ", rows, " rows without split sizes: ", size_,
+                        " ranks do not divide it");
       std::vector<std::pair<size_t, size_t>> v;  // (byte offset, bytes) per rank
-      size_t at = 0;
+      int64_t covered = 0;
       for (int r = 0; r < size_; ++r) {
         int64_t n = splits.empty() ? rows / size_ : splits[r];
-        v.emplace_back(at, n * row_bytes);
-        at += n * row_bytes;
+        TORCH_CHECK_VALUE(n >= 0, "morph backend: all_to_all's ", which, " split size ", n,
+                          " for rank ", r);
+        v.emplace_back(static_cast<size_t>(covered) * row_bytes, n * row_bytes);
+        covered += n;
       }
-      TORCH_CHECK(at == t.nbytes(), "morph backend: all_to_all's splits do not cover the tensor");
+      TORCH_CHECK_VALUE(covered == rows, "morph backend: all_to_all's ", which,
+                        " split sizes add up to ", covered, " rows, the tensor has ", rows);
       return v;
     };
-    auto ins = offsets(in, in_splits), outs = offsets(out, out_splits);
+    auto ins = offsets(in, in_splits, "input"), outs = offsets(out, out_splits, "output");
     auto* src = static_cast<char*>(in.data_ptr());
     auto* dst = static_cast<char*>(out.data_ptr());
     std::vector<morph::P2POp> ops;
@@ -426,6 +612,7 @@ class MorphBackend : public c10d::Backend {
   }
 
   void invalidate() { valid_ = false; }
+  bool valid() const { return valid_.load(); }
 
  private:
   std::chrono::milliseconds Timeout(std::chrono::milliseconds t) const {
@@ -457,6 +644,10 @@ class MorphBackend : public c10d::Backend {
     TORCH_CHECK_WITH(DistBackendError, valid_.load(), "morph backend: ", what, " on ",
                      name_, ", a process group of an earlier generation (after a change use "
                      "step.groups, rebuilt at the change)");
+    TORCH_CHECK(std::this_thread::get_id() == owner_, "morph backend: ", what, " on ", name_,
+                " from a thread other than the step loop's: a group's collectives come from "
+                "the thread that runs the steps, in the same order on every rank (give another "
+                "thread a group of its own: dist.new_group)");
     return *comm_;
   }
 
@@ -467,13 +658,13 @@ class MorphBackend : public c10d::Backend {
                 "morph backend: only send and recv may be coalesced (batch_isend_irecv)");
     std::chrono::milliseconds timeout = op.timeout;
     morph::Communicator& comm = Comm(what);
-    std::unique_lock<std::mutex> lock(start_mu_);
+    in_flight_->Reap();
     morph::StatusOr<std::unique_ptr<morph::Work>> w = comm.Start(std::move(op));
-    lock.unlock();
     if (!w.ok()) Fail(w.status(), what);
-    return c10::make_intrusive<MorphWork>(type, std::move(*w), std::move(outs), std::move(finish),
-                                          timeout, std::string(what) + " on " + name_,
-                                          std::move(inputs));
+    auto p = std::make_shared<Pending>(std::move(*w), std::move(outs), std::move(finish), timeout,
+                                       std::string(what) + " on " + name_, std::move(inputs));
+    in_flight_->Add(p);
+    return c10::make_intrusive<MorphWork>(type, std::move(p), in_flight_, completer_);
   }
 
   // Sends and receives that progress together (none: a completed Work).
@@ -502,23 +693,29 @@ class MorphBackend : public c10d::Backend {
 
   // The last of several started ops: the communicator runs them in order, so waiting for the
   // last waits for all (each one's error is also the communicator's, hence the last's).
-  static c10::intrusive_ptr<c10d::Work> Chain(c10::intrusive_ptr<c10d::Work> last,
-                                              std::vector<at::Tensor>& tensors) {
-    return last ? last : Completed(OpType::COALESCED, tensors);
+  c10::intrusive_ptr<c10d::Work> Chain(c10::intrusive_ptr<c10d::Work> last,
+                                       std::vector<at::Tensor>& tensors) {
+    if (!last) return Completed(OpType::COALESCED, tensors);
+    return last;
   }
 
   // A Work with nothing to wait for (no op, or one another Work completes).
-  static c10::intrusive_ptr<c10d::Work> Completed(OpType type, std::vector<at::Tensor> tensors) {
-    return c10::make_intrusive<MorphWork>(type, nullptr, std::move(tensors), nullptr,
-                                          std::chrono::milliseconds(0), "completed");
+  c10::intrusive_ptr<c10d::Work> Completed(OpType type, std::vector<at::Tensor> tensors) {
+    auto p = std::make_shared<Pending>(nullptr, std::move(tensors), nullptr,
+                                       std::chrono::milliseconds(0), "completed",
+                                       std::vector<at::Tensor>{});
+    return c10::make_intrusive<MorphWork>(type, std::move(p), nullptr, completer_);
   }
 
-  // The generation's communicator, valid until the Python layer destroys this generation's
-  // groups (invalidate); morph frees the communicator at a later switch.
-  morph::Communicator* comm_;
+  // The generation's communicator, shared with the runtime: once the generation is over it is
+  // aborted (every op raises), never freed under this backend. The Python layer invalidates the
+  // backend when it destroys the generation's groups (a clearer error than the abort's).
+  std::shared_ptr<morph::Communicator> comm_;
   std::string name_;
   std::atomic<bool> valid_{true};
-  std::mutex start_mu_;  // Start is the owning thread's; torch may call from more than one
+  const std::thread::id owner_;  // the step loop's thread, which built the groups
+  std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
+  std::shared_ptr<Completer> completer_ = std::make_shared<Completer>();
   std::chrono::milliseconds timeout_;
   bool coalescing_ = false;
   std::vector<morph::P2POp> pending_;
@@ -526,18 +723,23 @@ class MorphBackend : public c10d::Backend {
 };
 
 }  // namespace
+}  // namespace morph_torch
 
 PYBIND11_MODULE(_torch_backend, m) {
+  using morph_torch::MorphBackend;
   m.doc() = "morph's torch.distributed backend (morph.distributed; docs/torch.md).";
   py::class_<MorphBackend, c10d::Backend, c10::intrusive_ptr<MorphBackend>>(m, "MorphBackend")
       .def("invalidate", &MorphBackend::invalidate,
-           "Later calls raise: the generation's communicator is no longer this group's.");
+           "Later calls raise: the generation's communicator is no longer this group's.")
+      .def_property_readonly("valid", &MorphBackend::valid);
   m.def(
       "create",
-      [](uintptr_t comm, const std::string& name, int64_t timeout_ms) {
-        return c10::make_intrusive<MorphBackend>(reinterpret_cast<morph::Communicator*>(comm),
-                                                 name, std::chrono::milliseconds(timeout_ms));
+      [](py::capsule comm, const std::string& name, int64_t timeout_ms) {
+        return c10::make_intrusive<MorphBackend>(
+            morph_torch::SharedFromCapsule<morph::Communicator>(comm, "morph.Communicator"), name,
+            std::chrono::milliseconds(timeout_ms));
       },
-      py::arg("comm_address"), py::arg("name"), py::arg("timeout_ms"),
-      "A backend over the morph::Communicator at `comm_address` (Communicator._address()).");
+      py::arg("communicator"), py::arg("name"), py::arg("timeout_ms"),
+      "A backend over a generation's morph communicator (morph._morph.Communicator._capsule()).");
+  morph_torch::BindStore(m);
 }

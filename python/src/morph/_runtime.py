@@ -129,6 +129,12 @@ class State:
                 init = tensor
         if shape is None:
             raise InvalidArgumentError(f"tensor '{name}': give a tensor or a shape")
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            raise InvalidArgumentError(f"tensor '{name}': shape {shape!r} is not a sequence")
+        for d in shape:
+            if isinstance(d, bool) or not hasattr(d, "__index__"):
+                raise InvalidArgumentError(
+                    f"tensor '{name}': shape {tuple(shape)!r} holds {d!r}, not an integer")
         dtype = dtype if dtype is not None else torch.float32
         mdt = morph_dtype(dtype, name)
         device = torch.device(device if device is not None else "cpu")
@@ -136,7 +142,7 @@ class State:
             device = torch.device("cpu")
         if device.type not in ("cpu", "cuda"):
             raise InvalidArgumentError(f"tensor '{name}': device {device} (morph holds cpu or cuda)")
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(d.__index__() for d in shape)
         if layout is None:
             if placements is not None:
                 layout = layout_from_placements(name, shape, placements, mesh_dim_names, layer,
@@ -315,11 +321,13 @@ class _StepContext:
         if ev is None:
             rt.end_step()
             return False
-        if isinstance(ev, MorphError) or distributed.is_collective_failure(ev):
+        if distributed.is_collective_failure(ev):
             # A peer failed (or the step was not committed): end the step; the next step applies
             # the recovery. The error is swallowed so that the loop goes on.
             rt.abort_step(ev)
             return True
+        # The program's own error (a wrong argument, commit_update twice, ...): its exception,
+        # never a recovery. The step stays open: the program decides (end_step, or exit).
         return False
 
 
@@ -342,9 +350,11 @@ class Runtime:
     # ---- the step loop ----
     def step(self) -> _StepContext:
         """`with rt.step() as step:` begins a step (a committed change applies first); leaving
-        the block ends it (end_step), or, when a morph error or a failed torch collective left
-        it, aborts it (abort_step) and swallows the error: the next step applies the recovery.
-        When `step.done`, break."""
+        the block ends it (end_step), or, when a failed collective left it (a peer lost, the
+        step not committed: distributed.is_collective_failure), aborts it (abort_step) and
+        swallows the error: the next step applies the recovery. Any other exception (the
+        program's mistake) leaves the block as it came, the step still open. When
+        `step.done`, break."""
         return _StepContext(self)
 
     def begin_step(self) -> Step:
@@ -362,15 +372,16 @@ class Runtime:
                                          self.groups.generation != s.generation):
                 try:
                     self.groups = distributed.build(
-                        s, backend=self.torch_backend,
+                        s, runtime=self._core, backend=self.torch_backend,
                         host=self.options.data_hostname or "127.0.0.1",
                         timeout=self._pg_timeout, local_rank=self.options.launcher_local_rank,
                         previous=self.groups)
                 except Exception as e:  # a peer failed while the groups were built
                     self.groups = None
-                    if not (isinstance(e, MorphError) or distributed.is_collective_failure(e)
+                    if not (distributed.is_collective_failure(e)
                             or isinstance(e, (RuntimeError, OSError))):
                         raise
+                    # That generation's failure, recovered as any other (never an exit).
                     self.abort_step(e)
                     continue
             step = Step(s, self.groups)
@@ -427,13 +438,15 @@ class Runtime:
         self._core.finish(int(timeout * 1000))
 
     def close(self) -> None:
-        """Finishes (if not yet) and releases the runtime and the process groups."""
+        """Releases the runtime and the process groups (without finish(): the job counts this
+        worker lost). Objects of it kept by the program raise FailedPreconditionError from
+        now on. SIGINT is as before morph.start."""
         distributed.destroy(self.groups)
         self.groups = None
         distributed.join_retired()
-        self.state._core = None  # the binding's State points into the runtime closed below
         if self._core is not None:
             self._core.close()
+        _morph.handle_sigint(False)
 
     def __enter__(self) -> "Runtime":
         return self
@@ -486,7 +499,8 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
           process_groups: bool = True,
           pg_timeout: Optional[datetime.timedelta] = None,
           log_verbosity: int = 0, freeze_gc: bool = True,
-          torch_backend: Optional[str] = None, **model: Any) -> Runtime:
+          torch_backend: Optional[str] = None, handle_sigint: bool = True,
+          **model: Any) -> Runtime:
     """Joins the elastic job and returns once this worker holds a rank with its state in place.
 
     `declare(state)` registers the job's tensors and scalars (state.add_tensor/add_scalar); it
@@ -515,6 +529,11 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
     that the collections of the step loop do not traverse them again: on these 2-core machines
     full collections over torch's objects in 4 workers took CPU from a change in progress
     (docs/torch.md "Performance"). Objects created later are collected as usual.
+
+    With `handle_sigint` (the default), SIGINT is a preemption notice, as SIGTERM is
+    (docs/operations.md "Preemption"): the first asks this worker to leave at its next step
+    boundary (its step comes back done; waiting in start(), start returns a runtime that is
+    already finished), a second ends the process at once. Until close().
 
     On a fresh start, tensors given with values at registration are copied into the shards;
     otherwise the state came from peers (or a checkpoint): rt.fresh_start says which.
@@ -546,8 +565,13 @@ def start(declare: Callable[[State], None], options: Optional[Any] = None, *,
         declare(state)
         state._sealed = True
 
+    if handle_sigint:
+        _morph.handle_sigint(True)
     try:
         core = _morph.Runtime.start(opts, _declare)
+    except BaseException:
+        _morph.handle_sigint(False)
+        raise
     finally:
         state._sealed = True
     if pg_timeout is None:

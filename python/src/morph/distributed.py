@@ -5,10 +5,12 @@ world), the DP, TP and PP groups and a DeviceMesh ("pp", "dp", "tp") over them, 
 exactly morph's (rank = (p*dp + d)*tp + t). With the "morph" backend (the default on CPU) those
 groups are the generation's morph communicators (morph._torch_backend), built in the prepare and
 aborted by the runtime when a peer fails, so that a torch collective in flight raises at once;
-other groups are torch's Gloo. The rendezvous is a torch TCPStore that a process hosts from the
-first generation it is rank 0 of; its address travels over morph's world communicator (one
-256-byte broadcast), so nothing but morph's own bootstrap is needed: no MASTER_ADDR/MASTER_PORT
-is read. They are written, with RANK, WORLD_SIZE and LOCAL_RANK, for libraries that read them.
+other groups are torch's Gloo, bound to the job's data address (127.0.0.1 unless
+MORPH_GLOO_HOSTNAME says otherwise). The rendezvous store is the job's own
+(Runtime.connect_store: the coordinator's store, every connection checked with the job token,
+keys scoped to the generation) behind a c10d Store: the job opens no listener of torch's. RANK,
+WORLD_SIZE and LOCAL_RANK are written for libraries that read them; MASTER_ADDR and MASTER_PORT
+are not (there is no TCPStore to point them at).
 
 With torch's Gloo ("gloo"), a killed peer's neighbours raise at once (their TCP pairs close); a
 rank blocked behind the dead peer, or on a peer that hangs without dying, is bounded by the
@@ -16,9 +18,13 @@ groups' timeout (`timeout`; morph.start passes 60% of morph's failure detection 
 """
 from __future__ import annotations
 
+import atexit
 import datetime
+import fcntl
 import os
 import queue
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -26,8 +32,6 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-
-_ADDR_BYTES = 256
 
 
 @dataclass
@@ -95,6 +99,8 @@ _retirer: Optional[threading.Thread] = None
 def _retire_loop() -> None:
     while True:
         item = _retired.get()
+        if item is None:
+            return
         if callable(item):
             item()
         else:
@@ -136,6 +142,16 @@ def join_retired(timeout: float = 10.0) -> None:
         done.wait(timeout)
 
 
+@atexit.register
+def _stop_retirer() -> None:
+    """At the interpreter's exit, before its threads are cut off: the retirer frees what is left
+    and ends. A daemon thread stopped by the exit while torch frees a group in C++ ends the
+    process with "terminate called without an active exception" (exit 134)."""
+    if _retirer is not None and _retirer.is_alive():
+        _retired.put(None)
+        _retirer.join(30.0)
+
+
 # ---- the "morph" backend: torch groups over the generation's morph communicators ----
 
 _building: Optional[dict] = None  # while build() runs: ranks -> (communicator, name), backends
@@ -159,10 +175,14 @@ def _register_morph_backend() -> None:
         _registered = True
 
 
+_gloo_host = "127.0.0.1"  # the address torch's Gloo groups bind (build() sets it)
+
+
 def _create_backend(opts: Any, _backend_options: Any) -> Any:
     """torch's creator of a "morph" group: while build() runs, morph's communicator when the
     group's ranks are the generation's world, a DP, TP or PP group; torch's Gloo over the
-    generation's store for any other group (an HSDP mesh dimension, a program's new_group)."""
+    generation's store for any other group (an HSDP mesh dimension, a program's new_group),
+    bound to the job's data address."""
     from . import _torch_backend
 
     b = _building
@@ -171,9 +191,12 @@ def _create_backend(opts: Any, _backend_options: Any) -> Any:
         ranks = tuple(opts.global_ranks_in_group) or tuple(range(b["world"]))
         found = b["comms"].get(ranks)
     if found is None:  # not one of morph's groups
-        return dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+        o = dist.ProcessGroupGloo._Options()
+        o._timeout = opts.timeout
+        o._devices = [dist.ProcessGroupGloo.create_device(hostname=_gloo_host)]
+        return dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, o)
     comm, name = found
-    backend = _torch_backend.create(comm._address(), f"generation {b['generation']}'s {name}",
+    backend = _torch_backend.create(comm._capsule(), f"generation {b['generation']}'s {name}",
                                     int(opts.timeout.total_seconds() * 1000))
     b["backends"].append(backend)
     return backend
@@ -189,57 +212,56 @@ def _morph_groups(step: Any) -> dict:
     return comms
 
 
-# The rendezvous store. A process hosts one TCPStore from the first generation it is rank 0
-# of, for its lifetime (each generation's keys under their own prefix), and keeps its client
-# connection to the store it used last: a change whose rank 0 hosted the previous generation's
-# store too (the common case) creates and connects nothing.
-_hosted: Any = None
-_client: tuple = ("", None)  # (address, TCPStore)
+def _interface_of(host: str) -> Optional[str]:
+    """The network interface that holds IPv4 address `host` (for torch's own Gloo groups,
+    which bind GLOO_SOCKET_IFNAME's address), or None."""
+    try:
+        want = socket.inet_aton(socket.gethostbyname(host))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:
+                    req = struct.pack("256s", name.encode()[:15])
+                    addr = fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]  # SIOCGIFADDR
+                except OSError:
+                    continue
+                if addr == want:
+                    return name
+    except OSError:
+        return None
+    return None
 
 
-def _hosted_store_address(host: str, world: int, timeout: datetime.timedelta) -> str:
-    global _hosted
-    if _hosted is None:
-        _hosted = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False,
-                                timeout=timeout, use_libuv=True)
-    return f"{host}:{_hosted.port}"
-
-
-def _store_client(address: str, world: int, timeout: datetime.timedelta) -> Any:
-    global _client
-    if _hosted is not None and address == f"{_hosted.host}:{_hosted.port}":
-        _client = (address, _hosted)  # this process hosts it
-    elif _client[0] != address:
-        host, port = address.rsplit(":", 1)
-        _client = (address, dist.TCPStore(host, int(port), world, is_master=False,
-                                          timeout=timeout, use_libuv=True))
-    _client[1].set_timeout(timeout)
-    return _client[1]
-
-
-def build(step: Any, *, backend: str = "gloo", host: str = "127.0.0.1",
+def build(step: Any, *, runtime: Any, backend: str = "gloo", host: str = "127.0.0.1",
           timeout: datetime.timedelta = datetime.timedelta(seconds=300),
           local_rank: int = -1, previous: Optional[ProcessGroups] = None) -> ProcessGroups:
     """Builds the groups of `step`'s generation (every rank of it calls this at the same step).
+    `runtime` is the binding's runtime (morph._morph.Runtime: its store is the rendezvous).
     `backend`: "morph" (torch groups over morph's communicators, CPU), "gloo" or "nccl".
-    Raises what torch or the morph broadcast raised when a peer failed meanwhile."""
-    global _building
+    Raises what torch or morph's store raised when a peer failed meanwhile."""
+    global _building, _gloo_host
+    _gloo_host = host
+    if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        iface = _interface_of(host)
+        if iface:  # torch's own Gloo groups bind that interface's address
+            os.environ["GLOO_SOCKET_IFNAME"] = iface
     if backend != "morph":
-        return _build(step, backend, host, timeout, local_rank, previous)
+        return _build(step, runtime, backend, timeout, local_rank, previous)
     _register_morph_backend()
     _building = {"world": step.world_size, "generation": step.generation,
                  "comms": _morph_groups(step), "backends": []}
     try:
-        groups = _build(step, "morph", host, timeout, local_rank, previous)
+        groups = _build(step, runtime, "morph", timeout, local_rank, previous)
         groups.backends = _building["backends"]
     finally:
         _building = None
     return groups
 
 
-def _build(step: Any, backend: str, host: str, timeout: datetime.timedelta, local_rank: int,
+def _build(step: Any, runtime: Any, backend: str, timeout: datetime.timedelta, local_rank: int,
            previous: Optional[ProcessGroups]) -> ProcessGroups:
     from torch.distributed.device_mesh import DeviceMesh
+
+    from . import _torch_backend
 
     t0 = time.perf_counter()
     phases = {}
@@ -248,25 +270,16 @@ def _build(step: Any, backend: str, host: str, timeout: datetime.timedelta, loca
     phases["destroy"] = time.perf_counter() - t0
     cfg = step.config
     rank, world = step.rank, step.world_size
-    comm = step.communicator("world")
-    addr = torch.zeros(_ADDR_BYTES, dtype=torch.uint8)
-    timeout_ms = int(timeout.total_seconds() * 1000)
-    if rank == 0:
-        text = _hosted_store_address(host, world, timeout).encode()
-        addr[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    # The job's store for this generation (its own connection, checked with the job token).
+    store = _torch_backend.create_store(runtime.connect_store("torch")._capsule(),
+                                        int(timeout.total_seconds() * 1000))
     phases["store"] = time.perf_counter() - t0
-    comm.broadcast(addr.data_ptr(), _ADDR_BYTES, "u8", 0, timeout_ms)
-    phases["broadcast"] = time.perf_counter() - t0
-    master = bytes(addr.tolist()).rstrip(b"\0").decode()
-    master_host, master_port = master.rsplit(":", 1)
-    store = _store_client(master, world, timeout)
-    phases["connect"] = time.perf_counter() - t0
-    prefixed = dist.PrefixStore(f"morph/g{step.generation}", store)
     device = "cuda" if backend == "nccl" else "cpu"
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=master_host,
-                      MASTER_PORT=master_port,
+    for stale in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(stale, None)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(local_rank if local_rank >= 0 else 0))
-    dist.init_process_group(backend, store=prefixed, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     phases["init"] = time.perf_counter() - t0
     mesh = DeviceMesh(device, torch.arange(world).reshape(cfg.pp, cfg.dp, cfg.tp),
                       mesh_dim_names=("pp", "dp", "tp"))
@@ -277,10 +290,20 @@ def _build(step: Any, backend: str, host: str, timeout: datetime.timedelta, loca
 
 
 def is_collective_failure(exc: BaseException) -> bool:
-    """True for what a torch collective raises when a peer failed or the group was aborted."""
+    """True for what a collective raises when a peer failed or the group was aborted (the step
+    is then aborted and the job recovers); False for a program's mistake (a wrong argument, a
+    group used from another thread, a call out of order), which is the program's to handle.
+    The morph backend says which by type (DistBackendError, DistNetworkError, DistStoreError:
+    failures; ValueError, RuntimeError: the program's); torch's own Gloo and NCCL groups raise
+    a RuntimeError for a lost peer, told apart by its text."""
+    from ._errors import MorphError
+
+    if isinstance(exc, MorphError):
+        return exc.code_name in ("ABORTED", "UNAVAILABLE", "DEADLINE_EXCEEDED")
     if isinstance(exc, getattr(dist, "DistError", ())):
         return True
     text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer", "gloo",
-                            "Gloo", "NCCL", "ProcessGroup", "Timed out"))
+    if type(exc) is not RuntimeError or text.startswith("morph backend:"):
+        return False
+    return any(s in text for s in ("Connection closed by peer", "Connection reset by peer",
+                                   "gloo", "Gloo", "NCCL", "ProcessGroup", "Timed out"))
