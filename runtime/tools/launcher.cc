@@ -21,11 +21,37 @@ extern char** environ;
 
 namespace morph {
 
+namespace {
+
+// The --log-dir folder: made if missing (0700, as its files are 0600), and writable.
+Status MakeLogDir(const std::string& dir) {
+  std::error_code ec;
+  const bool made = std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return InvalidArgumentError("--log-dir " + dir + ": cannot create it: " + ec.message());
+  }
+  if (made) {
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
+  }
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return InvalidArgumentError("--log-dir " + dir + ": not a directory");
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    return InvalidArgumentError("--log-dir " + dir + ": not writable: " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
   if (options.argv.empty()) return InvalidArgumentError("no worker program given");
   if (options.workers < 1) {
     return InvalidArgumentError("workers: must be at least 1, got " +
                                 std::to_string(options.workers));
+  }
+  if (!options.log_dir.empty()) {
+    MORPH_RETURN_IF_ERROR(MakeLogDir(options.log_dir));
   }
   std::unique_ptr<Launcher> l(new Launcher());
   l->options_ = std::move(options);
@@ -251,6 +277,10 @@ Status Launcher::SpawnOne() {
         close(fd);
       }
     }
+    // Nothing of morphrun's but stdin, stdout and stderr: its listening sockets (the control
+    // channel, the store, the scheduler API) must not outlive it in a worker, where they would
+    // accept connections nobody answers and keep a restarted morphrun from binding its ports.
+    close_range(3, ~0U, 0);
     execvpe(argv[0], argv.data(), envp.data());
     _exit(127);
   }
@@ -309,6 +339,7 @@ StatusOr<int> Launcher::Wait(Deadline deadline) {
       std::lock_guard<std::mutex> l(mu_);
       if (etcd_outcome_) {
         job = etcd_outcome_->code() == StatusCode::kCancelled ? Status::Ok() : *etcd_outcome_;
+        stopped_as_asked_ = etcd_outcome_->code() == StatusCode::kCancelled;
         if (etcd_outcome_->ok()) {
           LOG(INFO) << "morphrun: the job completed";
         } else if (job->ok()) {
@@ -322,6 +353,7 @@ StatusOr<int> Launcher::Wait(Deadline deadline) {
       if (s.code() == StatusCode::kCancelled) {
         LOG(INFO) << "morphrun: " << s.message();  // every worker left, as asked
         job = Status::Ok();
+        stopped_as_asked_ = true;
       } else if (s.code() != StatusCode::kDeadlineExceeded) {
         job = s;
         if (!s.ok()) LOG(ERROR) << "morphrun: the job failed: " << s;

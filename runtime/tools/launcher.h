@@ -98,6 +98,11 @@ class Launcher {
   // The coordinator it hosts; only without etcd (hosts_coordinator()).
   Coordinator& coordinator() { return *coordinator_; }
   bool hosts_coordinator() const { return coordinator_ != nullptr; }
+  // The file that holds the job token (morphctl reads it through MORPH_TOKEN_FILE).
+  const std::string& token_file() const { return options_.token_file; }
+  // The job ended because every worker asked to leave (a whole-job preemption, a forwarded
+  // signal), not because it completed. Valid once Wait returned a code.
+  bool stopped_as_asked() const { return stopped_as_asked_; }
   // With etcd: the job's prefix there ("" without).
   const std::string& etcd_prefix() const { return options_.etcd_prefix; }
   // Starts `count` more workers; returns how many started.
@@ -132,6 +137,7 @@ class Launcher {
   std::unique_ptr<Coordinator> coordinator_;
   // Wait's progress (Wait's thread): the job's outcome once known, and since when no worker ran.
   std::optional<Status> job_;
+  bool stopped_as_asked_ = false;
   std::optional<std::chrono::steady_clock::time_point> all_gone_;
   std::mutex spawn_mu_;  // SpawnOne, whole (Start's thread and the coordinator's launcher thread)
   mutable std::mutex mu_;

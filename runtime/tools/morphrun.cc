@@ -12,9 +12,10 @@
 // MORPH_TOKEN_FILE names, removed at exit; worker logs under --log-dir are 0600), starts joiners
 // on grow requests, reaps leavers, forwards
 // SIGINT/SIGTERM to the workers (a preemption notice for each) and exits with the job's status:
-// 0 when it completed (workers killed by a signal were failures it survived), a worker's exit
-// code in 1..127, 1 when it failed without one, 128 + the signal when a forwarded SIGINT/SIGTERM
-// ended it before it completed, 2 for a usage error.
+// 0 when it completed (workers killed by a signal were failures it survived) or a forwarded
+// SIGTERM stopped it as asked, 130 when a forwarded SIGINT (Ctrl-C) did, a worker's exit code
+// in 1..127, 1 when it failed without one, 128 + the signal when a forwarded signal ended it
+// otherwise, 2 for a usage error (a --log-dir it cannot create included).
 //
 // --etcd (or MORPH_ETCD): coordinator failover with candidates hosted by the workers
 // (docs/operations.md "Coordinator failover"): morphrun hosts no coordinator; its first
@@ -186,13 +187,17 @@ int main(int argc, char** argv) {
 
   auto launcher = morph::Launcher::Start(std::move(o));
   if (!launcher.ok()) {
+    if (launcher.status().code() == morph::StatusCode::kInvalidArgument) {
+      return Usage(std::string(launcher.status().message()));
+    }
     std::cerr << "morphrun: " << launcher.status() << "\n";
     return 1;
   }
   if ((*launcher)->hosts_coordinator()) {
     morph::Coordinator& c = (*launcher)->coordinator();
+    // The token file's path (never the token): what morphctl needs, as MORPH_TOKEN_FILE.
     std::cerr << "morphrun: coordinator " << c.control_address() << ", scheduler API 127.0.0.1:"
-              << c.http_port() << std::endl;
+              << c.http_port() << ", token file " << (*launcher)->token_file() << std::endl;
   } else {
     std::cerr << "morphrun: coordinator candidates hosted by the first workers, etcd prefix "
               << (*launcher)->etcd_prefix() << " (the leader and its scheduler API: "
@@ -207,9 +212,15 @@ int main(int argc, char** argv) {
       if (forwarded == 0) forwarded = sig;
     }
     auto code = (*launcher)->Wait(morph::Deadline::AfterMs(100));
-    // Interrupted: the workers' status is the signal's doing, not theirs (as a shell reports
-    // an interrupted job), unless the job completed anyway.
-    if (code.ok()) return *code != 0 && forwarded != 0 ? 128 + forwarded : *code;
+    if (code.ok()) {
+      if (forwarded == 0) return *code;
+      // Interrupted: the workers' status is the signal's doing, not theirs (as a shell reports
+      // an interrupted job), unless the job completed anyway. A job that stopped as asked is
+      // 0 after SIGTERM (a preemption, docs/operations.md "Preemption") and 130 after SIGINT
+      // (Ctrl-C: interrupted before it completed).
+      if (*code != 0) return 128 + forwarded;
+      return (*launcher)->stopped_as_asked() && forwarded == SIGINT ? 128 + SIGINT : 0;
+    }
     if (code.status().code() != morph::StatusCode::kDeadlineExceeded) {
       std::cerr << "morphrun: " << code.status() << "\n";
       return 1;
