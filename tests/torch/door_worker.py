@@ -244,6 +244,18 @@ def after_change(step):
     old["z"].add_(1000)
     check("old view readable", s == s, s)
     check("old view writes do not reach the state", torch.equal(new, before))
+    if step.rank == 0:  # its shard grew over its old one (both start at element 0)
+        addr = old["z"].data_ptr()
+        moved = False
+        with open("/proc/self/maps") as f:
+            for line in f:
+                span, perms = line.split()[:2]
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                if lo <= addr < hi:
+                    moved = perms.endswith("p") and "morph-host-tensors" in line
+        check("rank 0's old pages moved into its new shard (no copy)", moved)
+        check("the moved elements read the values they had",
+              torch.equal(old["z_values"][:64], new[:64]))
 
 
 while True:

@@ -112,17 +112,22 @@ def check_oracle(step):
 
 def held_state(held):
     """What became of an old shard the program kept a view of across a change: "moved" (morph
-    moved its pages into the new shard: the view's range is now inaccessible, so reading it would
-    fault, never read another shard's bytes), "intact" (readable and unchanged), or "differs"."""
+    moved its pages into the new shard, no copy: the view's range now maps the same pages
+    privately, so it reads the values they had and its own writes stay its own), "intact"
+    (not moved, unchanged), or "differs" (its values changed: never)."""
     view, copy = held
     addr = view.data_ptr()
+    moved = False
     with open("/proc/self/maps") as f:
         for line in f:
-            span, perms = line.split()[:2]
-            lo, hi = (int(x, 16) for x in span.split("-"))
-            if lo <= addr < hi and perms.startswith("---"):
-                return "moved"
-    return "intact" if torch.equal(view, copy) else "differs"
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= addr < hi:
+                moved = fields[1].endswith("p") and "morph-host-tensors" in line
+                break
+    if not torch.equal(view, copy):
+        return "differs"
+    return "moved" if moved else "intact"
 
 
 def idx(name):
@@ -138,8 +143,8 @@ while True:
             break
         if step.reconfigured:
             rc = rt.last_reconfiguration
-            # An old shard the program still holds is either unchanged or moved into the new
-            # shard and inaccessible (docs/torch.md "Tensors"); its range is never reused.
+            # An old shard the program still holds reads its values at the change, whether it
+            # stayed or its pages moved into the new shard (docs/torch.md "Tensors").
             old_held = held_state(held) if held is not None else None
             held = None
             log(event="reconfigured", step=step.index, rank=step.rank, world=step.world_size,
