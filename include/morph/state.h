@@ -69,8 +69,9 @@ struct MORPH_API TensorAllocator {
   // morph calls it (1) when an old shard is a contiguous part of the new one — a ZeRO range
   // growing, a dim-0 TP split merging (docs/design.md "Growing in place") — and (2) with
   // pre-allocation on, to back a new shard with the pages of old shards released in the batch
-  // before ("Recycling"). Afterwards `from`'s bytes are no longer there: a view the program
-  // kept of an old shard must not be read (the Python package's host blocks make it fault).
+  // before ("Recycling"). Afterwards `from`'s bytes belong to `to`: what a view the program
+  // kept of the old shard shows is the allocator's to say (the Python package's host blocks
+  // keep it readable, its writes its own: python/src/host_blocks.cc).
   std::function<bool(BufferView from, BufferView to, size_t offset)> move_pages;
 };
 

@@ -206,6 +206,30 @@ class DoorTest(unittest.TestCase):
         self.assertIn("returned; finished True done True", out)
         self.assertLess(took, 5, f"{took:.1f} s after SIGINT\n{err}")
 
+    def test_sigint_while_start_dials_a_coordinator_that_is_not_there(self):
+        """MORPH_COORDINATOR names a port nobody listens on: morph.start retries until its
+        timeout (60 s here); SIGINT ends that at once, start returning a finished runtime."""
+        env = clean_env(MORPH_COORDINATOR="127.0.0.1:1", MORPH_TOKEN="t",
+                        MORPH_START_TIMEOUT_MS="60000")
+        p = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent("""
+            print("starting", flush=True)
+            rt = start()
+            print("returned; finished", rt.finished, flush=True)
+            rt.close()
+        """)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            self.assertEqual(p.stdout.readline().strip(), "starting")
+            time.sleep(3)
+            t = time.monotonic()
+            p.send_signal(signal.SIGINT)
+            out, err = p.communicate(timeout=20)
+            took = time.monotonic() - t
+        finally:
+            p.kill()
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertIn("returned; finished True", out)
+        self.assertLess(took, 5, f"{took:.1f} s after SIGINT\n{err}")
+
     def test_sigint_in_step_loop_leaves(self):
         """SIGINT to a training worker is a preemption notice: it leaves at the next step
         boundary (step.done), finishes normally and exits 0."""

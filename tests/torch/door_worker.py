@@ -244,6 +244,22 @@ def after_change(step):
     old["z"].add_(1000)
     check("old view readable", s == s, s)
     check("old view writes do not reach the state", torch.equal(new, before))
+    # A traceback names this generation's rank once (torch's hook stacked "[rank1]: [rank2]:").
+    import io
+    import sys
+    err, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        try:
+            raise ValueError("for the traceback")
+        except ValueError:
+            sys.excepthook(*sys.exc_info())
+    finally:
+        text, sys.stderr = sys.stderr.getvalue(), err
+    lines = [line for line in text.split("\n") if line]
+    check("traceback lines carry one prefix, this rank's",
+          lines and all(line.startswith(f"[rank{step.rank}]: ") and
+                        not line[len(f"[rank{step.rank}]: "):].startswith("[rank")
+                        for line in lines), lines[:2])
     if step.rank == 0:  # its shard grew over its old one (both start at element 0)
         addr = old["z"].data_ptr()
         moved = False

@@ -25,6 +25,7 @@ import os
 import queue
 import socket
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -212,6 +213,27 @@ def _morph_groups(step: Any) -> dict:
     return comms
 
 
+def _rank_prefixed(base: Any, rank: int) -> Any:
+    """sys.excepthook: `base`'s traceback with every line prefixed "[rank<rank>]: ", as torch's
+    init_process_group makes it. torch wraps whatever hook it finds, at every call: across
+    generations the prefixes stacked ("[rank1]: [rank2]: ") and named earlier ranks. This one
+    wraps the program's own hook, once, with the current rank."""
+    import io
+
+    def hook(*args: Any) -> None:
+        old, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            base(*args)
+        finally:
+            text, sys.stderr = sys.stderr.getvalue(), old
+        sys.stderr.write("\n".join(f"[rank{rank}]: {line}" if line else ""
+                                   for line in text.split("\n")))
+        sys.stderr.flush()
+
+    hook._morph_base = base  # type: ignore[attr-defined]
+    return hook
+
+
 def _interface_of(host: str) -> Optional[str]:
     """The network interface that holds IPv4 address `host` (for torch's own Gloo groups,
     which bind GLOO_SOCKET_IFNAME's address), or None."""
@@ -279,7 +301,10 @@ def _build(step: Any, runtime: Any, backend: str, timeout: datetime.timedelta, l
         os.environ.pop(stale, None)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(local_rank if local_rank >= 0 else 0))
+    hook = sys.excepthook
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    if sys.excepthook is not hook:  # torch wrapped it: one prefix, this generation's rank
+        sys.excepthook = _rank_prefixed(getattr(hook, "_morph_base", hook), rank)
     phases["init"] = time.perf_counter() - t0
     mesh = DeviceMesh(device, torch.arange(world).reshape(cfg.pp, cfg.dp, cfg.tp),
                       mesh_dim_names=("pp", "dp", "tp"))
