@@ -24,7 +24,8 @@ assert len(reps) == 3, f"{len(reps)} reports"
 for r in reps:
     assert r["backend"] == "morph", r
     bad = [c for c, ok in r["checks"] if not ok]
-    assert not bad and len(r["checks"]) >= 23, (r["worker"], bad, len(r["checks"]))
+    assert not bad and len(r["checks"]) >= 24, (r["worker"], bad, len(r["checks"]))
+    assert "ddp vs replay" in [c for c, _ in r["checks"]], r["worker"]
     e = r["errors"]
     want = {"non_contiguous": "not contiguous", "int16": "not reduced by morph",
             "product": "reduce op PRODUCT", "output_size": "not world size"}

@@ -3,7 +3,7 @@ collective the "morph" backend implements, on the generation's groups, against v
 here without it; the errors it gives for bad input (a wrongly sized output, a non-contiguous tensor,
 a dtype morph does not reduce (int16), a reduce op it has not) while the group stays usable; and, after a
 change (rank 2 leaves), a group of the earlier generation refused by name; and FSDP2 over the
-DP group against a replay on whole tensors. Writes
+DP group against a replay on whole tensors, and DDP (its reductions through get_future()). Writes
 <out>/rank-<worker id>.json.
 
   backend_worker.py --out DIR
@@ -132,6 +132,7 @@ def collectives(step):
     # FSDP2 over the DP group (its all-gathers and reduce-scatters on the backend) against a
     # replay of data-parallel AdamW on whole tensors, here
     fsdp2(step)
+    ddp(step)
     # bad input: a clear error, and the group still works
     refused("non_contiguous", lambda: dist.all_reduce(torch.ones(4, 4).t(), group=g))
     refused("int16", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int16), group=g))
@@ -170,6 +171,30 @@ def fsdp2(step):
     got = [p.full_tensor() for p in m.parameters()]
     check("fsdp2 vs replay", all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
                                  for a, b in zip(got, ref.parameters())))
+
+
+def ddp(step):
+    """DDP over the DP group with tiny buckets (many reductions, each through get_future(),
+    completed by the backend's thread while the backward pass goes on): every rank's gradients
+    equal the mean of the ranks' own, as a replay computes them."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+    def batch(rank):
+        return torch.randn(8, 16, generator=torch.Generator().manual_seed(7 + rank))
+
+    m = model()
+    wrapped = DDP(m, process_group=step.groups.dp, bucket_cap_mb=0.001)  # kept: its hooks reduce
+    wrapped(batch(step.rank)).square().mean().backward()
+    n = step.config.dp
+    ref = model()
+    for q in range(n):
+        (ref(batch(q)).square().mean() / n).backward()
+    check("ddp vs replay", all(torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+                               for a, b in zip(m.parameters(), ref.parameters())))
 
 
 old = None
