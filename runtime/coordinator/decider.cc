@@ -451,9 +451,14 @@ void Decider::OnFailureReport(const DeciderEvent::FailureReport& e, Out& out) {
 void Decider::OnTick(int64_t now_ms, Out& out) {
   OnRejoinDeadline(now_ms, out);
   if (options_.heartbeat_timeout_ms <= 0) return;
+  // Workers inherited from a dead leader that have not rejoined yet are OnRejoinDeadline's:
+  // they have the whole rejoin window, not a heartbeat timeout counted from the succession.
   std::vector<WorkerId> silent;
   for (const auto& [id, w] : workers_) {
-    if (!w.done && now_ms - w.last_seen_ms > options_.heartbeat_timeout_ms) silent.push_back(id);
+    if (!w.done && !rejoin_waiting_.count(id) &&
+        now_ms - w.last_seen_ms > options_.heartbeat_timeout_ms) {
+      silent.push_back(id);
+    }
   }
   for (WorkerId w : silent) {
     std::string reason =
@@ -467,7 +472,7 @@ void Decider::OnTick(int64_t now_ms, Out& out) {
       now_ms - recovery_prepared_ms_ > options_.heartbeat_timeout_ms) {
     std::vector<WorkerId> hung;
     for (WorkerId w : OldRanksAlive()) {
-      if (!reports_.count(w)) hung.push_back(w);
+      if (!reports_.count(w) && !rejoin_waiting_.count(w)) hung.push_back(w);
     }
     for (WorkerId w : hung) {
       if (phase_ != Phase::kPreparing || !workers_.count(w)) break;  // already replanned

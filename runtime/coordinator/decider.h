@@ -363,6 +363,9 @@ class Decider {
   void OnStaleReport(const StepReportMsg& m, Out& out);
   // Workers that did not Rejoin within the timeout after Resume are lost.
   void OnRejoinDeadline(int64_t now_ms, Out& out);
+  // A committed change some participant passed: its leavers inherited from a dead leader that
+  // have not rejoined are counted gone (they exit after their exchange, which is done).
+  void CountInheritedLeaversGone();
   PrepareMsg PrepareMessage() const;  // the pending change's prepare
   CommitMsg CommitMessage() const;    // the pending change's commit
   void MaybeComplete(Out& out);

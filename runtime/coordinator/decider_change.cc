@@ -228,7 +228,22 @@ void Decider::OnApplied(const AppliedMsg& m, Out& out) {
   if (!applied_.insert(m.worker).second) return;  // duplicate
   answered_.insert(m.worker);
   if (m.ok) applied_ok_.insert(m.worker);
+  CountInheritedLeaversGone();
   MaybeFinishChange(out);
+}
+
+void Decider::CountInheritedLeaversGone() {
+  // Once some participant passed the closing barrier, every participant finished its exchange:
+  // a worker that leaves in this change and that a dead leader committed to it has done its part
+  // and exits without coming back (its Applied, if any, went to the dead leader). Waiting for it
+  // to rejoin would hold the change for the whole rejoin window.
+  if (applied_ok_.empty()) return;
+  for (WorkerId w : pending_change_.exiting) {
+    if (!rejoin_waiting_.count(w) || answered_.count(w)) continue;
+    rejoin_waiting_.erase(w);
+    lost_during_commit_.insert(w);
+    answered_.insert(w);
+  }
 }
 
 void Decider::MaybeFinishChange(Out& out) {

@@ -229,7 +229,11 @@ std::vector<DeciderAction::Any> Decider::Resume(int64_t now_ms) {
   if (recovery_prepared_ms_ >= 0) recovery_prepared_ms_ = now_ms;
   const int64_t newest = pending_ ? pending_->id : current_.id;
   if (newest > 0) out.push_back(DeciderAction::AdvanceStore{newest});
-  if (phase_ == Phase::kPlanning) {
+  if (phase_ == Phase::kCommitted && pending_) {
+    // Saved with some participant past the closing barrier: its leavers are gone.
+    CountInheritedLeaversGone();
+    MaybeFinishChange(out);
+  } else if (phase_ == Phase::kPlanning) {
     // The plan died with the leader; nothing was sent for it. Its id is skipped.
     pending_.reset();
     phase_ = current_.id == 0 ? Phase::kStarting : Phase::kStable;
