@@ -103,6 +103,9 @@ bool Agent::Reconnect(const Status& why) {
               AppliedMsg{.worker = id(), .generation = core_.generation().id, .ok = true});
         }
         if (done_sent_.load() && !state.done) since.push_back(DoneMsg{});
+        // So did a leave asked for meanwhile (SIGTERM reaching the training thread's step
+        // boundary while this thread reconnected): without it the worker never left.
+        if (leave_sent_.load() && !state.leaving) since.push_back(LeaveMsg{.reason = leave_reason_});
       }
       if (outstanding) {
         std::visit([&](auto& m) { (void)Client()->Send(m); }, *outstanding);
@@ -387,7 +390,11 @@ bool Agent::released() const {
 }
 
 void Agent::RequestLeave(const std::string& reason) {
-  if (leave_sent_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> l(mu_);  // a reconnect reads both at once
+    if (leave_sent_.exchange(true)) return;
+    leave_reason_ = reason;
+  }
   Status s = SendOrDefer(LeaveMsg{.reason = reason});
   if (!s.ok()) MORPH_LOG(WARNING, log_) << "leave request not sent: " << s;
 }

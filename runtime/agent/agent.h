@@ -165,6 +165,7 @@ class Agent {
   std::atomic<bool> pending_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> leave_sent_{false};
+  std::string leave_reason_;  // under mu_, with leave_sent_'s change
   std::atomic<bool> lost_reported_{false};
   // SendDone went out: this worker finished; the coordinator closing the connection afterwards
   // (the job ended, a hosting process stopped it) is expected, not a loss to act on.

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <atomic>
 #include <string>
 #include <thread>
 
 #include "base/testing.h"
+#include "runtime/agent/agent.h"
 
 namespace morph {
 namespace {
@@ -197,6 +199,59 @@ TEST(ControlClientTest, AddressErrorsAndNobodyListening) {
       "127.0.0.1:" + std::to_string(port), Hello(), Register(), Deadline::AfterMs(300));
   EXPECT_THAT(r.status(), StatusIs(StatusCode::kUnavailable, HasSubstr("not reachable in time")));
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200));
+}
+
+
+// A leave asked for while the agent reconnects to a successor (after it captured what the rejoin
+// says, before the new connection is in place: SIGTERM reaching the training thread's step
+// boundary then) reaches the successor (issue 35, item 7: it went to the dead connection and the
+// worker never left, 2 of 11 trials).
+TEST(AgentTest, ALeaveAskedDuringAReconnectReachesTheSuccessor) {
+  FakeCoordinator first, successor;
+  std::thread t([&] {
+    first.Accept();
+    first.Read();
+    first.Read();
+    first.Write(EncodeFrame(WelcomeMsg{.worker = 5}));
+  });
+  Agent* agent = nullptr;
+  std::atomic<bool> asked{false};
+  AgentOptions o;
+  o.heartbeat_ms = 50;
+  o.reconnect_timeout_ms = 5000;
+  o.reconnect = [&](WorkerId me, const ResumeState& state,
+                    Deadline d) -> StatusOr<std::unique_ptr<ControlClient>> {
+    if (asked.exchange(true)) return UnavailableError("one reconnect only");
+    EXPECT_FALSE(state.leaving);
+    agent->RequestLeave("SIGTERM (preemption notice)");  // between the capture and the swap
+    HelloMsg h = Hello();
+    h.resume_id = me;
+    return ControlClient::Connect(successor.address(), h, RegisterMsg{.resume = state}, d);
+  };
+  MORPH_ASSERT_OK_AND_ASSIGN(
+      auto a, Agent::Connect(first.address(), Hello(), Register(), o, Deadline::AfterMs(5000)));
+  t.join();
+  agent = a.get();
+  a->StartThread();
+  std::thread s([&] {
+    successor.Accept();
+    successor.Read();  // hello
+    successor.Read();  // register, with the state captured before the leave
+    successor.Write(EncodeFrame(WelcomeMsg{.worker = 5}));
+    bool left = false;
+    for (int i = 0; i < 20 && !left; ++i) {  // heartbeats, then the leave
+      WireMessage m = successor.Read();
+      if (const LeaveMsg* l = std::get_if<LeaveMsg>(&m)) {
+        left = true;
+        EXPECT_THAT(l->reason, HasSubstr("SIGTERM"));
+      }
+    }
+    EXPECT_TRUE(left) << "the successor never heard of the leave";
+  });
+  first.CloseConn();  // the leader dies
+  s.join();
+  EXPECT_TRUE(asked.load());
+  a->Close();
 }
 
 }  // namespace
