@@ -102,10 +102,20 @@ void Election::StepDown(const Status& why) {
   if (callbacks_.deposed) callbacks_.deposed(why);
 }
 
+bool Election::HoldsKey(const std::string& key) {
+  StatusOr<std::optional<EtcdKv>> kv = etcd_.Get(key);
+  if (!kv.ok()) return true;  // etcd out of reach: the lease's renewal decides
+  return kv->has_value() && (*kv)->value == options_.value;
+}
+
 void Election::Loop() {
   const std::string key = LeaderKey(options_.prefix);
   const int64_t ttl_ms = options_.ttl_s * 1000;
   int64_t lease = 0;
+  // A lease this candidate gave up while etcd could not be reached: etcd may still hold it (and
+  // the leader key on it) when it comes back, with its TTL restarted, keeping every candidate
+  // out for that long. Revoked as soon as etcd answers.
+  int64_t orphan = 0;
   Clock::time_point renewed{};  // when the last accepted renewal (or the grant) was sent
   bool logged_follower = false;
   while (true) {
@@ -115,6 +125,7 @@ void Election::Loop() {
       if (stop_) break;
       resign = std::exchange(resign_, false);
     }
+    if (orphan != 0 && etcd_.LeaseRevoke(orphan).ok()) orphan = 0;
     if (resign && leading_.load()) {
       Status revoked = etcd_.LeaseRevoke(lease);
       if (!revoked.ok()) VLOG(1) << "election: revoking lease " << lease << ": " << revoked;
@@ -145,12 +156,24 @@ void Election::Loop() {
         continue;
       } else if (Clock::now() - renewed >= std::chrono::milliseconds(ttl_ms)) {
         // etcd may have let the lease expire: a successor may lead now.
+        orphan = lease;
         lease = 0;
         StepDown(UnavailableError("lease not renewed for a TTL: " +
                                   std::string(ttl.status().message())));
         if (!Sleep(ttl_ms)) break;
         continue;
       }
+    }
+    if (leading_.load() && !HoldsKey(key)) {
+      // Its key was deleted (an operator, another tool) or replaced while its lease lives: it
+      // leads no more. It does not write the key again: another candidate may have led in the
+      // gap, with decisions this one's coordinator does not know. It campaigns a TTL later.
+      Status revoked = etcd_.LeaseRevoke(lease);
+      if (!revoked.ok()) orphan = lease;
+      lease = 0;
+      StepDown(AbortedError("the leader key " + key + " was deleted or replaced"));
+      if (!Sleep(ttl_ms)) break;
+      continue;
     }
     if (!leading_.load()) {
       StatusOr<bool> won = etcd_.CreateIfAbsent(key, options_.value, lease);

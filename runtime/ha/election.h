@@ -6,7 +6,9 @@
 // revoked). A leader whose lease cannot be renewed steps down once the lease may have expired
 // (`ttl_s` after the last renewal it sent that etcd accepted), before any successor can have
 // been elected on it; its fence (EtcdFence) is refused by etcd from the moment its key is gone,
-// so whatever it still tries to write is refused even before it notices.
+// so whatever it still tries to write is refused even before it notices. A leader also checks
+// its key at every renewal and steps down when it was deleted or replaced; a lease it gave up
+// while etcd was unreachable is revoked once etcd answers again.
 //
 //   Election::Callbacks cb{.elected = [&](const EtcdFence& f) { ... restore, then lead ... },
 //                          .deposed = [&](const Status& why) { ... stop leading ... }};
@@ -90,6 +92,8 @@ class Election {
   // Sleeps up to `ms` unless stopped; false when stopped.
   bool Sleep(int64_t ms);
   void StepDown(const Status& why);
+  // Whether `key` still holds this candidate's value (true when etcd cannot tell).
+  bool HoldsKey(const std::string& key);
 
   ElectionOptions options_;
   Callbacks callbacks_;

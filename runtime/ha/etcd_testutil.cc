@@ -96,33 +96,51 @@ StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members,
                                      "--heartbeat-interval=50",
                                      "--election-timeout=500",
                                      "--log-level=warn"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    const std::string log = c->dir_ + "/" + name + ".log";
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    int rc = posix_spawn(&pid, binary.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) return InternalError("spawning " + binary + ": " + strerror(rc));
-    c->pids_.push_back(pid);
+    c->args_.push_back(std::move(args));
+    c->pids_.push_back(0);
+    MORPH_RETURN_IF_ERROR(c->Spawn(i));
   }
+  MORPH_RETURN_IF_ERROR(c->WaitReady());
+  return c;
+}
+
+Status EtcdCluster::Spawn(int i) {
+  std::vector<char*> argv;
+  for (auto& a : args_[i]) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  const std::string log = dir_ + "/m" + std::to_string(i) + ".log";
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return InternalError(std::string("spawning ") + argv[0] + ": " + strerror(rc));
+  pids_[i] = pid;
+  return Status::Ok();
+}
+
+Status EtcdCluster::WaitReady() {
   // Ready when a write goes through (the cluster has elected its raft leader).
-  EtcdOptions o = c->options();
+  EtcdOptions o = options();
   o.timeout = std::chrono::milliseconds(1000);
   EtcdClient client(o);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   Status last;
   while (std::chrono::steady_clock::now() < deadline) {
     last = client.Put("/morph-test/ready", "1");
-    if (last.ok()) return c;
+    if (last.ok()) return Status::Ok();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  return DeadlineExceededError("etcd cluster in " + c->dir_ + " not ready within 30 s (" +
+  return DeadlineExceededError("etcd cluster in " + dir_ + " not ready within 30 s (" +
                                std::string(last.message()) + "); see its *.log");
+}
+
+Status EtcdCluster::Restart(int i) {
+  if (i < 0 || static_cast<size_t>(i) >= pids_.size()) return InvalidArgumentError("no member");
+  Kill(i);
+  return Spawn(i);  // its data folder holds the cluster: it rejoins as it was
 }
 
 EtcdCluster::~EtcdCluster() {

@@ -39,9 +39,16 @@ class EtcdCluster {
   const std::string& dir() const { return dir_; }
   // SIGKILLs member `i` and waits for it.
   void Kill(int i);
+  // Starts member `i` again (killed first if it runs) on its data: it rejoins the cluster.
+  Status Restart(int i);
+  // Until a write goes through (a raft leader serves), at most 30 s.
+  Status WaitReady();
 
  private:
   EtcdCluster() = default;
+  Status Spawn(int i);
+
+  std::vector<std::vector<std::string>> args_;  // each member's command line
 
   std::string dir_;
   std::string client_host_ = "127.0.0.1";
