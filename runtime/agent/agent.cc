@@ -51,6 +51,11 @@ Status Agent::SendOrDefer(const WireMessage& m) {
   return s;
 }
 
+int64_t Agent::core_generation_id() {
+  std::lock_guard<std::mutex> l(mu_);
+  return core_.generation().id;
+}
+
 bool Agent::Reconnect(const Status& why) {
   if (!options_.reconnect || stop_.load()) return false;
   if (Client()->last_error()) return false;  // the coordinator ended this worker on purpose
@@ -67,6 +72,7 @@ bool Agent::Reconnect(const Status& why) {
                            << "); reconnecting to the leader, training goes on";
   Deadline deadline = Deadline::AfterMs(options_.reconnect_timeout_ms);
   Status last = why;
+  bool outage_logged = false;
   while (!stop_.load() && !deadline.Expired()) {
     ResumeState state;
     std::optional<std::variant<StepReportMsg, AppliedMsg>> outstanding;
@@ -121,6 +127,15 @@ bool Agent::Reconnect(const Status& why) {
     }
     last = c.status();
     MORPH_VLOG(1, log_) << "reconnect: " << last;
+    if (options_.control_plane_down && options_.control_plane_down()) {
+      if (!outage_logged) {
+        outage_logged = true;
+        MORPH_LOG(WARNING, log_) << "the control plane is unreachable (" << last.message()
+                                 << "): training goes on in generation "
+                                 << core_generation_id() << " until a leader is back";
+      }
+      deadline = Deadline::AfterMs(options_.reconnect_timeout_ms);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   MORPH_LOG(WARNING, log_) << "no coordinator to reconnect to within "
@@ -175,6 +190,11 @@ void Agent::Run() {
     // Short waits so that a leave request from a signal handler goes out promptly.
     if (options_.leave_requested && options_.leave_requested()) {
       RequestLeave("SIGTERM (preemption notice)");
+    }
+    if (options_.leader_moved && options_.leader_moved()) {
+      // A successor leads while this connection stands (its leader frozen): follow it.
+      MORPH_LOG(WARNING, log_) << "another coordinator leads the job now: leaving this one";
+      Client()->Close();
     }
     Deadline d(std::min(next_beat, now + std::chrono::milliseconds(50)));
     StatusOr<WireMessage> m = Client()->Receive(d);

@@ -75,6 +75,15 @@ struct AgentOptions {
       reconnect;
   int64_t reconnect_timeout_ms = 10000;
   std::function<void(const WelcomeMsg&)> on_reconnected;
+  // Polled on the control thread with leave_requested: true when another coordinator leads now
+  // (the leader key names it) while this worker's connection still stands (a frozen leader's
+  // sockets stay open): the agent drops the connection and reconnects.
+  std::function<bool()> leader_moved;
+  // After a failed reconnect attempt: true when it failed because the control plane itself
+  // (etcd) could not be reached. Such attempts do not count against reconnect_timeout_ms: the
+  // control plane being away pauses changes, not training (the worker keeps training in its
+  // generation and rejoins when a leader is back).
+  std::function<bool()> control_plane_down;
 };
 
 class Agent {
@@ -145,6 +154,7 @@ class Agent {
   // Answers `p` with the step report (the prepare's work is done).
   void ReportPrepared(const PrepareMsg& p);
   void UpdatePendingLocked();
+  int64_t core_generation_id();
   void ConnectionLost();  // calls on_connection_lost once, outside mu_
   // The coordinator closed the connection ending the job as asked (JobStopped: its ErrorMsg
   // was CANCELLED): marks the core finished and connection_ CANCELLED, and says so. mu_ held.

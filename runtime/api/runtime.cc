@@ -24,6 +24,7 @@
 #include "runtime/state/undo.h"
 #include "runtime/coordinator/coordinator.h"
 #include "runtime/ha/election.h"
+#include "runtime/ha/leader_watch.h"
 #include "runtime/plan/plan_input.h"
 #include "runtime/recovery/checkpointer.h"
 #include "runtime/recovery/snapshot.h"
@@ -157,15 +158,28 @@ Status Runtime::Impl::Bootstrap() {
     etcd = std::make_shared<EtcdClient>(eo);
     this->etcd = etcd;
     ao.reconnect_timeout_ms = opts.etcd_rejoin_ms;
-    ao.reconnect = [etcd, prefix = opts.etcd_prefix, token = opts.token, host = opts.host,
-                    m = manifest](WorkerId me, const ResumeState& state,
+    // Who leads, read on a thread of its own: a frozen leader keeps this worker's connection
+    // open, so the worker learns of its successor from etcd, not from its socket.
+    auto watch = std::make_shared<LeaderWatch>(
+        eo, opts.etcd_prefix, std::chrono::milliseconds(std::max<int64_t>(opts.etcd_ttl_s * 250, 100)));
+    leader_watch = watch;
+    auto etcd_down = std::make_shared<std::atomic<bool>>(false);
+    ao.leader_moved = [watch] { return watch->Moved(); };
+    ao.control_plane_down = [etcd_down] { return etcd_down->load(); };
+    ao.reconnect = [etcd, watch, etcd_down, prefix = opts.etcd_prefix, token = opts.token,
+                    host = opts.host, m = manifest](WorkerId me, const ResumeState& state,
                               Deadline d) -> StatusOr<std::unique_ptr<ControlClient>> {
-      MORPH_ASSIGN_OR_RETURN(std::optional<std::string> leader, LookupLeader(*etcd, prefix));
-      if (!leader) return UnavailableError("no coordinator leads " + prefix + " yet");
-      MORPH_ASSIGN_OR_RETURN(std::string control, LeaderControlAddress(*leader));
+      StatusOr<std::optional<std::string>> key = LookupLeaderKey(*etcd, prefix);
+      etcd_down->store(!key.ok());
+      MORPH_RETURN_IF_ERROR(key.status());
+      if (!*key) return UnavailableError("no coordinator leads " + prefix + " yet");
+      MORPH_ASSIGN_OR_RETURN(std::string control,
+                             LeaderControlAddress(LeaderValuePayload(**key)));
       HelloMsg h{.token = token, .host = host, .pid = getpid(), .resume_id = me};
-      return ControlClient::Connect(control, h, RegisterMsg{.manifest = m, .resume = state},
-                                    Min(d, Deadline::AfterMs(500)));
+      StatusOr<std::unique_ptr<ControlClient>> c = ControlClient::Connect(
+          control, h, RegisterMsg{.manifest = m, .resume = state}, Min(d, Deadline::AfterMs(500)));
+      if (c.ok()) watch->Follow(**key);
+      return c;
     };
     ao.on_reconnected = [this](const WelcomeMsg& w) {
       if (builder) builder->SetStoreAddress(w.store_address);

@@ -29,6 +29,7 @@
 #include "runtime/state/step_core.h"
 #include "runtime/state/undo.h"
 #include "runtime/coordinator/coordinator.h"
+#include "runtime/ha/leader_watch.h"
 #include "runtime/recovery/checkpointer.h"
 #include "runtime/recovery/snapshot.h"
 
@@ -52,6 +53,7 @@ struct Runtime::Impl {
   // hands its lead over unless the job ends with this worker (FinishCandidate).
   bool candidate = false;
   std::shared_ptr<EtcdClient> etcd;  // with Options::etcd
+  std::shared_ptr<LeaderWatch> leader_watch;  // with Options::etcd: who leads now
   std::unique_ptr<Agent> agent;
   std::unique_ptr<TcpStoreClient> store;  // the job's store, generation of the last change
   std::shared_ptr<GlooDevice> device;

@@ -41,10 +41,16 @@ StatusOr<std::string> LeaderControlAddress(const std::string& value) {
   return j["control"].get<std::string>();
 }
 
-StatusOr<std::optional<std::string>> LookupLeader(EtcdClient& etcd, const std::string& prefix) {
+StatusOr<std::optional<std::string>> LookupLeaderKey(EtcdClient& etcd, const std::string& prefix) {
   MORPH_ASSIGN_OR_RETURN(std::optional<EtcdKv> kv, etcd.Get(LeaderKey(prefix)));
   if (!kv) return std::optional<std::string>();
-  return std::optional<std::string>(LeaderValuePayload(kv->value));
+  return std::optional<std::string>(kv->value);
+}
+
+StatusOr<std::optional<std::string>> LookupLeader(EtcdClient& etcd, const std::string& prefix) {
+  MORPH_ASSIGN_OR_RETURN(std::optional<std::string> v, LookupLeaderKey(etcd, prefix));
+  if (!v) return v;
+  return std::optional<std::string>(LeaderValuePayload(*v));
 }
 
 StatusOr<std::unique_ptr<Election>> Election::Start(ElectionOptions options, Callbacks callbacks) {

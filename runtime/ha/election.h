@@ -60,6 +60,8 @@ StatusOr<std::string> LeaderControlAddress(const std::string& value);
 // The current leader's ElectionOptions::value, or nullopt when there is none. kUnavailable when
 // etcd cannot be reached.
 StatusOr<std::optional<std::string>> LookupLeader(EtcdClient& etcd, const std::string& prefix);
+// The same, the key's whole value (the nonce included: it names one campaign).
+StatusOr<std::optional<std::string>> LookupLeaderKey(EtcdClient& etcd, const std::string& prefix);
 
 class Election {
  public:

@@ -568,6 +568,106 @@ TEST_F(CoordinatorFailoverTest, LeaderKilledAsTheWorkersFinish) {
   testing::CheckSamples(dir_, kSteps);
 }
 
+// The leader frozen (SIGSTOP) for 10 s, longer than a lease TTL and the rejoin window: the other
+// candidate leads, the workers learn of it from etcd (their connections to the frozen leader
+// stay open) and rejoin it, training goes on, nothing is lost, and the job is never failed; the
+// old leader, continued, stands down (issue 35, item 1: the successor counted every worker lost,
+// persisted `failed`, and the workers exited 4). Prints the survivors' longest stall (bench-ha).
+TEST_F(CoordinatorFailoverTest, FrozenLeaderWorkersFollowTheSuccessor) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(/*steps=*/1000000, /*step_ms=*/20));
+  const int64_t before = MinLastStep(kWorkers);
+  ASSERT_NO_FATAL_FAILURE(Pause(a_));
+  const auto frozen = Clock::now();
+  const std::string second = Leader(4 * kTtlS * 1000, first_);
+  ASSERT_FALSE(second.empty()) << ReadFile(dir_ / "morphd-b.out");
+  const double succession_ms = MsSince(frozen);
+  // The longest time no step was trained, sampled every 20 ms while the leader is frozen.
+  double longest_stall_ms = 0;
+  int64_t last = MinLastStep(kWorkers);
+  auto last_progress = Clock::now();
+  bool failed = false;
+  while (MsSince(frozen) < 10000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int64_t now = MinLastStep(kWorkers);
+    if (now > last) {
+      longest_stall_ms = std::max(longest_stall_ms, MsSince(last_progress));
+      last = now;
+      last_progress = Clock::now();
+    }
+    nlohmann::json d = Persisted();
+    failed = failed || (!d.is_null() && IsPhase(d, Decider::Phase::kFailed));
+  }
+  longest_stall_ms = std::max(longest_stall_ms, MsSince(last_progress));
+  EXPECT_FALSE(failed) << "the successor failed the job\n" << ReadFile(dir_ / "morphd-b.out");
+  EXPECT_GT(MinLastStep(kWorkers), before + 100) << "training stopped while the leader was frozen";
+  ExpectWorkersRun("while the leader was frozen");
+  ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) { return StableAt(d, kWorkers); })
+                   .is_null())
+      << ReadFile(dir_ / "morphd-b.out");
+  ASSERT_NO_FATAL_FAILURE(Continue(a_));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2 * kTtlS * 1000));
+  EXPECT_EQ(Leader(1000), second) << "the old leader took the lead back";
+  ExpectWorkersRun("after the old leader was continued");
+  // The successor runs the job: a resize asked of it applies.
+  EXPECT_GT(Resize(b_port_, kWorkers - 1), 0) << ReadFile(dir_ / "morphd-b.out") << Logs();
+  ExpectNoStepLost();
+  std::printf("{\"name\":\"ha_frozen_leader\",\"pause_seconds\":10,\"succession_seconds\":%.3f,"
+              "\"longest_stall_seconds\":%.3f}\n",
+              succession_ms / 1000, longest_stall_ms / 1000);
+}
+
+// All of etcd down for 20 s: the leader steps down (it cannot renew its lease), the workers keep
+// training in their generation (the control plane away pauses changes, not training), the
+// candidates' scheduler API answers 503; etcd back, a leader is elected, the workers rejoin it,
+// a resize applies and the job completes (issue 35, item 6: every worker exited 4 about 13 s into
+// the outage). Prints the steps trained during the outage and the stall after it (bench-ha).
+TEST_F(CoordinatorFailoverTest, EtcdOutageTrainingGoesOn) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(/*steps=*/1000000, /*step_ms=*/20));
+  for (int i = 0; i < 3; ++i) etcd_->Kill(i);
+  const auto down = Clock::now();
+  const int64_t at_outage = MinLastStep(kWorkers);
+  bool refused = false;
+  while (MsSince(down) < 20000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ApiClient api(ApiEndpoint{.host = "127.0.0.1", .port = a_port_, .token = kToken},
+                  std::chrono::seconds(5));
+    StatusOr<ApiResponse> r = api.Post("/v1/resize", R"({"world_size": 2})");
+    if (MsSince(down) > 3 * kTtlS * 1000 && r.ok()) refused = refused || r->status == 503;
+  }
+  const int64_t steps_during = MinLastStep(kWorkers) - at_outage;
+  ExpectWorkersRun("during the etcd outage");
+  EXPECT_GT(steps_during, 20000 / 20 / 2) << "training stalled during the outage\n" << Logs();
+  EXPECT_TRUE(refused) << "no 503 from the API while etcd was down";
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(etcd_->Restart(i).ok());
+  ASSERT_TRUE(etcd_->WaitReady().ok());
+  // Whichever candidate leads once etcd is back accepts a resize (the other answers 503).
+  const auto back = Clock::now();
+  uint16_t port = 0;
+  while (port == 0 && MsSince(back) < 15000) {
+    for (uint16_t p : {a_port_, b_port_}) {
+      ApiClient api(ApiEndpoint{.host = "127.0.0.1", .port = p, .token = kToken},
+                    std::chrono::seconds(5));
+      StatusOr<ApiResponse> r = api.Post(
+          "/v1/resize", nlohmann::json{{"world_size", kWorkers - 1}, {"reason", "test"}}.dump());
+      if (port == 0 && r.ok() && r->status == 202) port = p;
+    }
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(port, 0) << "no candidate took a resize after etcd returned\n"
+                     << ReadFile(dir_ / "morphd-a.out") << ReadFile(dir_ / "morphd-b.out");
+  const double elected_ms = MsSince(back);
+  ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) { return StableAt(d, kWorkers - 1); },
+                             60000)
+                   .is_null())
+      << ReadFile(dir_ / "morphd-a.out") << ReadFile(dir_ / "morphd-b.out") << Logs();
+  const double resize_ms = MsSince(back);
+  ExpectWorkersRun("after etcd returned");
+  ExpectNoStepLost();
+  std::printf("{\"name\":\"ha_etcd_outage\",\"outage_seconds\":20,\"steps_during_outage\":%lld,"
+              "\"leader_after_seconds\":%.3f,\"resize_after_seconds\":%.3f}\n",
+              static_cast<long long>(steps_during), elected_ms / 1000, resize_ms / 1000);
+}
+
 TEST_F(CoordinatorFailoverTest, OneEtcdMemberKilledChangesNothing) {
   auto [a, a_port] = Candidate("morphd-a");
   const std::string first = Leader(20000);
