@@ -201,7 +201,9 @@ Status Coordinator::Impl::Start() {
   if (o.serve_http) {
     HttpServerOptions h = o.http;
     if (h.token.empty()) h.token = o.token;
-    h.max_world = o.max_world;
+    // With failover the job's largest world is the job's (its saved record), which this
+    // candidate learns only when it leads: the decider checks it (ValidateResize).
+    h.max_world = o.etcd ? (1 << 16) : o.max_world;
     std::weak_ptr<Impl> weak = weak_from_this();
     http_ = std::make_unique<HttpServer>(
         io_, h,

@@ -3,6 +3,10 @@
 // and workers that reconnect as themselves.
 #include <nlohmann/json.hpp>
 
+#include <type_traits>
+
+#include "base/sha256.h"
+
 #include "runtime/coordinator/coordinator_impl.h"
 
 namespace morph {
@@ -10,7 +14,48 @@ namespace morph {
 namespace {
 using json = nlohmann::json;
 std::string StateKey(const std::string& prefix) { return prefix + "/state"; }
+
+// What names the job in its saved state without revealing its token.
+std::string TokenDigest(const std::string& token) {
+  return Sha256Hex(std::string("morph-job") + '\0' + token);
+}
 }  // namespace
+
+json Coordinator::Impl::JobRecord() const {
+  return json{{"token_sha256", TokenDigest(options_.token)},
+              {"initial_world", options_.initial_world},
+              {"max_world", options_.max_world},
+              {"heartbeat_timeout_ms", options_.heartbeat_timeout_ms},
+              {"rejoin_timeout_ms", options_.rejoin_timeout_ms}};
+}
+
+Status Coordinator::Impl::AdoptJobRecord(const json& job) {
+  if (!job.is_object()) return Status::Ok();  // saved before the record existed
+  const std::string theirs = job.value("token_sha256", std::string());
+  const std::string mine = TokenDigest(options_.token);
+  if (!theirs.empty() && theirs != mine) {
+    return FailedPreconditionError(
+        "the state under " + options_.etcd_prefix + " belongs to another job (its token's digest " +
+        theirs.substr(0, 12) + "..., this candidate's " + mine.substr(0, 12) +
+        "...): this candidate does not lead it; give it the job's token, or another prefix");
+  }
+  // The job's settings are the job's, whichever candidate leads it.
+  auto adopt = [&](const char* key, auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    if (!job.contains(key) || !job[key].is_number_integer()) return;
+    const T value = job[key].get<T>();
+    if (value != field) {
+      MORPH_LOG(WARNING, log_) << "the job's " << key << " is " << value << " (this candidate was "
+                               << "given " << field << "): the job's holds";
+      field = value;
+    }
+  };
+  adopt("initial_world", options_.initial_world);
+  adopt("max_world", options_.max_world);
+  adopt("heartbeat_timeout_ms", options_.heartbeat_timeout_ms);
+  adopt("rejoin_timeout_ms", options_.rejoin_timeout_ms);
+  return Status::Ok();
+}
 
 DeciderOptions Coordinator::Impl::MakeDeciderOptions() const {
   return DeciderOptions{
@@ -72,10 +117,23 @@ void Coordinator::Impl::OnElected(const EtcdFence& fence) {
     election_->Resign();
     return;
   }
-  decider_ = Decider(MakeDeciderOptions());
   std::vector<DeciderAction::Any> actions;
+  json j;
   if (got->has_value()) {
-    json j = json::parse((*got)->value, nullptr, /*allow_exceptions=*/false);
+    j = json::parse((*got)->value, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("job")) {
+      if (Status mine = AdoptJobRecord(j["job"]); !mine.ok()) {
+        // Another job's state (a candidate started with another token on this prefix): it
+        // must not lead it, write to it, or fail it. It stops campaigning and ends.
+        MORPH_LOG(ERROR, log_) << mine.message();
+        Finish(mine);
+        election_->Stop();
+        return;
+      }
+    }
+  }
+  decider_ = Decider(MakeDeciderOptions());
+  if (got->has_value()) {
     Status loaded = j.is_object() && j.contains("decider") && j["decider"].is_string()
                         ? decider_.Load(j["decider"].get<std::string>())
                         : DataLossError("not a saved coordinator state");
@@ -176,7 +234,8 @@ void Coordinator::Resign() {
 std::string Coordinator::Impl::SavedState() const {
   json j{{"decider", decider_.Save()},
          {"next_worker", next_worker_},
-         {"first_generation", options_.first_generation}};
+         {"first_generation", options_.first_generation},
+         {"job", JobRecord()}};
   if (!manifest_frame_.empty()) j["manifest"] = Base64Encode(manifest_frame_);
   return j.dump();
 }

@@ -10,6 +10,8 @@
 
 #include <array>
 #include <atomic>
+
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -205,6 +207,13 @@ class Coordinator::Impl : public std::enable_shared_from_this<Coordinator::Impl>
   // write failed (this coordinator stepped down: carry out nothing).
   bool Persist();
   std::string SavedState() const;
+  // The job's record in its saved state: its token's digest and its settings (initial and
+  // largest world, heartbeat and rejoin timeouts), so that a candidate of another job refuses to
+  // lead it and a successor keeps the job's settings, not its own.
+  nlohmann::json JobRecord() const;
+  // A saved record of another job: kFailedPrecondition naming both digests' heads. Otherwise
+  // this candidate takes the job's settings (a WARNING for each that differed).
+  Status AdoptJobRecord(const nlohmann::json& job);
   // A Register from a worker with a Hello resume_id (a successor's rejoin). Returns after
   // refusing or welcoming it.
   void OnResumeRegister(const std::shared_ptr<Conn>& c, const RegisterMsg& m);

@@ -95,10 +95,15 @@ class CoordinatorFailoverTest : public ::testing::Test {
     return p;
   }
   // A morphd candidate; its scheduler API port (from its first stdout line).
-  std::pair<pid_t, uint16_t> Candidate(const std::string& name) {
-    pid_t p = Spawn({MORPHD, "--initial-world", std::to_string(kWorkers), "--heartbeat-timeout-ms",
-                     "5000", "--api-port", "0"},
-                    HaEnv(), name + ".out");
+  std::pair<pid_t, uint16_t> Candidate(const std::string& name,
+                                       const std::vector<std::string>& args = {},
+                                       const std::map<std::string, std::string>& env = {}) {
+    std::vector<std::string> argv = {MORPHD, "--initial-world", std::to_string(kWorkers),
+                                     "--heartbeat-timeout-ms", "5000", "--api-port", "0"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::map<std::string, std::string> e = HaEnv();
+    for (const auto& [k, v] : env) e[k] = v;
+    pid_t p = Spawn(argv, e, name + ".out");
     const uint16_t port = testing::WaitForMorphdApiPort(dir_ / (name + ".out"));
     if (port == 0) {
       ADD_FAILURE() << name << " printed no addresses\n" << ReadFile(dir_ / (name + ".out"));
@@ -666,6 +671,67 @@ TEST_F(CoordinatorFailoverTest, EtcdOutageTrainingGoesOn) {
   std::printf("{\"name\":\"ha_etcd_outage\",\"outage_seconds\":20,\"steps_during_outage\":%lld,"
               "\"leader_after_seconds\":%.3f,\"resize_after_seconds\":%.3f}\n",
               static_cast<long long>(steps_during), elected_ms / 1000, resize_ms / 1000);
+}
+
+// A candidate started with another job's token on this prefix wins the election after the
+// leader died: it refuses to lead (the saved state names another job), writes nothing, stops
+// campaigning and exits; a candidate of the job then leads, the workers rejoin it and the job
+// goes on (issue 35, item 4: it took over, refused the job's workers and persisted `failed`).
+TEST_F(CoordinatorFailoverTest, CandidateOfAnotherJobRefusesToLead) {
+  ASSERT_NO_FATAL_FAILURE(StartJob(/*steps=*/1000000, /*step_ms=*/20));
+  ASSERT_EQ(kill(b_, SIGKILL), 0);  // the stranger is the only other candidate
+  WaitExit(b_, 10000);
+  Forget(b_);
+  auto [c, c_port] = Candidate("morphd-c", {}, {{"MORPH_TOKEN", "another-jobs-token"}});
+  (void)c_port;
+  const nlohmann::json before = Persisted();
+  ASSERT_EQ(kill(a_, SIGKILL), 0);
+  WaitExit(a_, 10000);
+  Forget(a_);
+  const std::optional<int> code = WaitExit(c, 20000);
+  ASSERT_TRUE(code.has_value()) << "the stranger still runs\n" << ReadFile(dir_ / "morphd-c.out");
+  Forget(c);
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(ReadFile(dir_ / "morphd-c.out").find("belongs to another job"), std::string::npos)
+      << ReadFile(dir_ / "morphd-c.out");
+  nlohmann::json after = Persisted();
+  EXPECT_EQ(after, before) << "the stranger wrote the job's state";
+  std::tie(b_, b_port_) = Candidate("morphd-b2");
+  ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) { return StableAt(d, kWorkers); })
+                   .is_null());
+  ExpectWorkersRun("after the stranger refused");
+  EXPECT_GT(Resize(b_port_, kWorkers - 1), 0) << ReadFile(dir_ / "morphd-b2.out") << Logs();
+}
+
+// A successor started with other limits (--initial-world 2 --max-world 2) keeps the job's: no
+// shrink to 2, and a resize to 3 is accepted (issue 35, item 8: it imposed its own).
+TEST_F(CoordinatorFailoverTest, SuccessorWithOtherLimitsKeepsTheJobsSettings) {
+  std::tie(a_, a_port_) = Candidate("morphd-a");
+  first_ = Leader(20000);
+  ASSERT_FALSE(first_.empty());
+  std::tie(b_, b_port_) =
+      Candidate("morphd-b", {"--initial-world", "2", "--max-world", "2"});
+  worker_env_ = HaEnv();
+  worker_env_["MORPH_COORDINATOR"] = first_;
+  worker_env_["MORPH_HEARTBEAT_MS"] = "50";
+  steps_ = 1000000;
+  step_ms_ = 20;
+  for (int i = 0; i < kWorkers; ++i) AddWorker();
+  ASSERT_TRUE(WaitTrained(5)) << Logs();
+  ASSERT_FALSE(WaitPersisted([](const nlohmann::json& d) { return StableAt(d, kWorkers); })
+                   .is_null());
+  KillLeader();
+  const auto t0 = Clock::now();
+  bool shrunk = false;
+  while (MsSince(t0) < 6000) {
+    nlohmann::json d = Persisted();
+    shrunk = shrunk || (!d.is_null() && d["current"]["ranks"].size() < kWorkers);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(shrunk) << ReadFile(dir_ / "morphd-b.out");
+  EXPECT_NE(ReadFile(dir_ / "morphd-b.out").find("the job's max_world is"), std::string::npos);
+  EXPECT_TRUE(AskResize(b_port_, kWorkers)) << ReadFile(dir_ / "morphd-b.out");
+  ExpectWorkersRun("under a successor with other limits");
 }
 
 TEST_F(CoordinatorFailoverTest, OneEtcdMemberKilledChangesNothing) {
