@@ -1,5 +1,7 @@
 #include "morph/options.h"
 
+#include "runtime/ha/election.h"
+
 #include <unistd.h>
 
 #include <climits>
@@ -7,6 +9,7 @@
 
 #include "base/params.h"
 #include "collectives/store/tcp_store.h"
+#include "runtime/ha/election.h"
 #include "runtime/coordinator/coordinator.h"
 
 namespace morph {
@@ -127,6 +130,9 @@ Status Options::Validate() const {
                                 " is outside [1, max_world=" + std::to_string(max_world) + "]");
   }
   if (heartbeat_ms < 1) return InvalidArgumentError("heartbeat_ms: must be at least 1");
+  if (!etcd.empty()) {
+    MORPH_RETURN_IF_ERROR(ValidateJobPrefix(etcd_prefix, "etcd_prefix"));
+  }
   if (etcd_ttl_s < 1 || etcd_candidates < 0) {
     return InvalidArgumentError("etcd_ttl_s / etcd_candidates: must be >= 1 / >= 0, got " +
                                 std::to_string(etcd_ttl_s) + " / " +

@@ -23,6 +23,28 @@ std::string Nonce() {
 }
 }  // namespace
 
+Status ValidateJobPrefix(std::string_view prefix, std::string_view what) {
+  const std::string w(what);
+  if (prefix.empty() || prefix.front() != '/' || prefix.back() == '/') {
+    return InvalidArgumentError(w + ": '" + std::string(prefix) +
+                                "' is not a prefix like /morph/job (a leading /, no trailing /)");
+  }
+  for (size_t at = 1; at <= prefix.size();) {
+    size_t end = prefix.find('/', at);
+    if (end == std::string_view::npos) end = prefix.size();
+    const std::string_view segment = prefix.substr(at, end - at);
+    if (segment.empty()) return InvalidArgumentError(w + ": an empty segment in '" +
+                                                     std::string(prefix) + "'");
+    if (segment == "leader" || segment == "state" || segment == "launch") {
+      return InvalidArgumentError(w + ": segment '" + std::string(segment) + "' of '" +
+                                  std::string(prefix) + "' is the name of a job's key: a job's "
+                                  "prefix may not lie among another job's keys");
+    }
+    at = end + 1;
+  }
+  return Status::Ok();
+}
+
 std::string LeaderValuePayload(const std::string& value) {
   size_t nl = value.rfind('\n');
   return nl == std::string::npos ? value : value.substr(0, nl);
@@ -54,7 +76,7 @@ StatusOr<std::optional<std::string>> LookupLeader(EtcdClient& etcd, const std::s
 }
 
 StatusOr<std::unique_ptr<Election>> Election::Start(ElectionOptions options, Callbacks callbacks) {
-  if (options.prefix.empty()) return InvalidArgumentError("election: empty etcd prefix");
+  MORPH_RETURN_IF_ERROR(ValidateJobPrefix(options.prefix, "election: etcd prefix"));
   if (options.ttl_s < 1) return InvalidArgumentError("election: lease TTL below 1 s");
   if (options.poll_ms <= 0) options.poll_ms = std::max<int64_t>(options.ttl_s * 1000 / 8, 10);
   std::unique_ptr<Election> e(new Election(std::move(options), std::move(callbacks)));

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "morph/status.h"
@@ -44,6 +45,12 @@ struct ElectionOptions {
   int64_t ttl_s = 2;     // the lease's TTL (MORPH_ETCD_TTL_S)
   int64_t poll_ms = 0;   // how often a follower looks at the leader key; 0: ttl / 8
 };
+
+// A job's etcd prefix (MORPH_ETCD_PREFIX, morphd --etcd-prefix, morphrun's): "/" then segments
+// separated by "/", none empty, none named "leader", "state" or "launch" (the names of a job's
+// keys under its prefix, so that no job's prefix lies among another job's keys). kInvalidArgument
+// naming `what` and the offending segment.
+Status ValidateJobPrefix(std::string_view prefix, std::string_view what);
 
 // The leader key of a job prefix.
 inline std::string LeaderKey(const std::string& prefix) { return prefix + "/leader"; }

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/api/bootstrap.h"
+#include "runtime/ha/election.h"
 #include "runtime/coordinator/decider.h"
 
 extern char** environ;
@@ -22,6 +24,19 @@ extern char** environ;
 namespace morph {
 
 namespace {
+
+// A launch request's key after the launch prefix: "<id>-<n>", letters and digits, no "/".
+bool IsLaunchRequestKey(std::string_view rest) {
+  const size_t dash = rest.rfind('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == rest.size()) return false;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const char c = rest[i];
+    const bool ok = i == dash ? true : i < dash ? std::isalnum(static_cast<unsigned char>(c))
+                                                : std::isdigit(static_cast<unsigned char>(c));
+    if (!ok) return false;
+  }
+  return true;
+}
 
 // The --log-dir folder: made if missing (0700, as its files are 0600), and writable.
 Status MakeLogDir(const std::string& dir) {
@@ -101,6 +116,7 @@ StatusOr<std::unique_ptr<Launcher>> Launcher::Start(LauncherOptions options) {
         l->own_prefix_ = true;
       }
     }
+    MORPH_RETURN_IF_ERROR(ValidateJobPrefix(prefix, "MORPH_ETCD_PREFIX"));
   }
   if (l->options_.token_file.empty()) {
     // A folder of its own (0700): nobody can read the file, or put one in its place first.
@@ -138,6 +154,9 @@ void Launcher::Watch() {
     StatusOr<std::vector<EtcdKv>> asks = etcd_->GetPrefix(launch);
     if (asks.ok()) {
       for (const EtcdKv& kv : *asks) {
+        // Only what a leader of this job writes (bootstrap.cc: <launch>/<id>-<n>); anything
+        // else under it is not this launcher's to read or delete.
+        if (!IsLaunchRequestKey(std::string_view(kv.key).substr(launch.size()))) continue;
         // Deleted first: a request is carried out once (a failed delete is tried again).
         if (!etcd_->Delete(kv.key).ok()) continue;
         char* end = nullptr;
@@ -200,8 +219,11 @@ Launcher::~Launcher() {
   }
   if (coordinator_) coordinator_->Stop();
   if (etcd_ && own_prefix_) {
-    // Every worker is gone: nobody reads the job's keys any more, and nobody else knows them.
-    Status s = etcd_->DeletePrefix(options_.etcd_prefix + "/");
+    // Every worker is gone: nobody reads the job's keys any more. Exactly the job's keys.
+    Status s = etcd_->DeletePrefix(LaunchKeyPrefix(options_.etcd_prefix));
+    for (const char* key : {"/leader", "/state"}) {
+      if (s.ok()) s = etcd_->Delete(options_.etcd_prefix + key);
+    }
     if (!s.ok()) LOG(WARNING) << "morphrun: the job's keys stay in etcd: " << s;
   }
   if (!options_.token_file.empty()) unlink(options_.token_file.c_str());

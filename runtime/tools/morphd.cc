@@ -16,6 +16,7 @@
 
 #include "base/logging.h"
 #include "runtime/coordinator/coordinator.h"
+#include "runtime/ha/election.h"
 
 namespace {
 
@@ -129,7 +130,9 @@ int main(int argc, char** argv) {
     o.etcd = *std::move(eo);
   }
   if (etcd_prefix.set) {
-    if (etcd_prefix.value.empty()) return Usage("--etcd-prefix: empty");
+    if (morph::Status v = morph::ValidateJobPrefix(etcd_prefix.value, "--etcd-prefix"); !v.ok()) {
+      return Usage(std::string(v.message()).c_str());
+    }
     o.etcd_prefix = etcd_prefix.value;
   }
 

@@ -358,6 +358,49 @@ TEST_F(HostedFailoverTest, AJobCompletesAndItsFreshPrefixIsDeleted) {
   EXPECT_TRUE(left->empty()) << left->size() << " key(s) left, e.g. " << left->front().key;
 }
 
+// A job owns exactly its keys (issue 35, item 5: morphrun treated a second job's keys under
+// <prefix>/launch/ as launch requests and deleted them, 4 times in 100 ms). Keys under this job's
+// launch prefix that are not a leader's launch request, and keys of a job nested under its
+// prefix, stay through the job and after it; a prefix inside another job's keys ("launch",
+// "leader", "state" segments) is refused where it is given.
+TEST_F(HostedFailoverTest, MorphrunTouchesOnlyItsOwnKeys) {
+  dir_ = fs::temp_directory_path() / ("morph-hosted-" + std::to_string(getpid()) + "-keys");
+  prefix_ = "/morph/hosted-test-" + std::to_string(getpid()) + "-keys";
+  fs::remove_all(dir_);
+  fs::create_directories(dir_);
+  EtcdClient etcd(etcd_->options());
+  const std::vector<std::string> strangers = {prefix_ + "/launch/j2/leader",
+                                              prefix_ + "/launch/j2/state",
+                                              prefix_ + "/launch/not-a-request",
+                                              prefix_ + "/sub/state"};
+  for (const std::string& k : strangers) ASSERT_TRUE(etcd.Put(k, "another job's").ok());
+  std::map<std::string, std::string> env = {
+      {"MORPH_ETCD_PREFIX", prefix_}, {"MORPH_TOKEN", kToken},        {"MORPH_TOKEN_FILE", ""},
+      {"MORPH_COORDINATOR", ""},      {"MORPH_COORDINATOR_FILE", ""}, {"MORPH_HEARTBEAT_MS", "50"},
+      {"MORPH_ETCD_TTL_S", "2"}};
+  morphrun_ = SpawnProcess({MORPHRUN, "-n", "2", "--etcd", etcd_->endpoints(), "--log-dir",
+                            dir_.string(), "--", MORPH_ELASTIC_WORKER, "--steps", "60", "--out",
+                            dir_.string(), "--step-ms", "20"},
+                           env, (dir_ / "morphrun.log").string());
+  ASSERT_GT(morphrun_, 0);
+  std::optional<int> code = WaitExit(morphrun_, 60000);
+  ASSERT_TRUE(code.has_value()) << "the job did not end\n" << Logs();
+  morphrun_ = -1;
+  EXPECT_EQ(*code, 0) << Logs();
+  for (const std::string& k : strangers) {
+    StatusOr<std::optional<EtcdKv>> got = etcd.Get(k);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(got->has_value()) << k << " was deleted";
+  }
+  // A prefix among another job's keys is refused, naming the segment.
+  env["MORPH_ETCD_PREFIX"] = prefix_ + "/launch/j2";
+  pid_t p = SpawnProcess({MORPHRUN, "-n", "1", "--etcd", etcd_->endpoints(), "--", "/bin/true"},
+                         env, (dir_ / "nested.log").string());
+  EXPECT_EQ(WaitExit(p, 20000), 2);
+  EXPECT_NE(ReadFile(dir_ / "nested.log").find("segment 'launch'"), std::string::npos)
+      << ReadFile(dir_ / "nested.log");
+}
+
 #ifdef MORPH_MPIEXEC
 // Under `mpirun --enable-recovery` with MORPH_ETCD: ranks 0, 1, 2 host candidates and rank 0
 // leads; rank 0's process SIGKILLed (without failover every rank stops: launch_test's
