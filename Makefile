@@ -109,6 +109,8 @@ bench-ha: configure
 	$(BUILD_DIR)/bench/ha_bench
 	$(BUILD_DIR)/tests/runtime/coordinator_failover_test \
 	  --gtest_filter='*LeaderKilled*' --gtest_repeat=$(HA_RUNS) | grep '^{'
+	MORPH_TEST_ETCD_OUTAGE_S=30 $(BUILD_DIR)/tests/runtime/coordinator_failover_test \
+	  --gtest_filter='*FrozenLeader*:*EtcdOutage*' --gtest_repeat=$(HA_RUNS) | grep '^{'
 
 # Recovery redundancy (runtime/recovery/): per-step cost of periodic checkpoints and buddy
 # snapshots next to plain 100 ms steps, copy and exchange rates, snapshot memory. JSON lines.

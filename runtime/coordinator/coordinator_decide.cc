@@ -330,8 +330,12 @@ int64_t Coordinator::Impl::SubmitResize(ResizeRequest request, std::function<voi
   const int64_t id = next_request_id_++;
   request.request_id = id;
   if (!leading_) {
-    answer(UnavailableError("this coordinator does not lead the job (coordinator failover): ask "
-                            "the leader"));
+    const std::string etcd = election_ ? election_->etcd_error() : std::string();
+    answer(UnavailableError(
+        etcd.empty() ? std::string("this coordinator does not lead the job (coordinator "
+                                   "failover): ask the leader")
+                     : "no coordinator can lead the job while etcd is unreachable (" + etcd +
+                           "): no change can be committed; training goes on"));
     return id;
   }
   answers_[id] = std::move(answer);

@@ -109,6 +109,20 @@ void Election::Resign() {
   cv_.notify_all();
 }
 
+std::string Election::etcd_error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return etcd_error_;
+}
+
+void Election::Note(const Status& s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s.ok()) {
+    etcd_error_.clear();
+  } else if (s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded) {
+    etcd_error_ = std::string(s.message()).substr(0, 200);
+  }
+}
+
 EtcdFence Election::fence() const {
   std::lock_guard<std::mutex> lock(mu_);
   return fence_;
@@ -165,6 +179,7 @@ void Election::Loop() {
     const Clock::time_point sent = Clock::now();
     if (lease == 0) {
       StatusOr<int64_t> granted = etcd_.LeaseGrant(options_.ttl_s);
+      Note(granted.status());
       if (!granted.ok()) {
         VLOG(1) << "election " << options_.prefix << ": lease grant: " << granted.status();
         if (!Sleep(options_.poll_ms)) break;
@@ -174,6 +189,7 @@ void Election::Loop() {
       renewed = sent;
     } else {
       StatusOr<int64_t> ttl = etcd_.LeaseKeepAlive(lease);
+      Note(ttl.status());
       if (ttl.ok()) {
         renewed = sent;
       } else if (ttl.status().code() == StatusCode::kNotFound) {

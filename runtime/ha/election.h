@@ -91,6 +91,9 @@ class Election {
   bool leading() const { return leading_.load(); }
   // The fence of the current leadership (lease 0 when not leading).
   EtcdFence fence() const;
+  // Why etcd could not be reached at the last attempt ("" when the last attempt went through):
+  // what a follower's refusal says during an etcd outage.
+  std::string etcd_error() const;
   // This candidate's EtcdClient (for fenced writes). Valid until destruction.
   EtcdClient& etcd() { return etcd_; }
   const ElectionOptions& options() const { return options_; }
@@ -101,6 +104,9 @@ class Election {
   // Sleeps up to `ms` unless stopped; false when stopped.
   bool Sleep(int64_t ms);
   void StepDown(const Status& why);
+  // Records the outcome of an etcd call for etcd_error().
+  void Note(const Status& s);
+  std::string etcd_error_;  // under mu_
   // Whether `key` still holds this candidate's value (true when etcd cannot tell).
   bool HoldsKey(const std::string& key);
 
