@@ -104,8 +104,14 @@ Status CheckOldIntact(const LocalPlan& plan, const testutil::ParticipantData& da
   return Status::Ok();
 }
 
-StatusOr<std::unique_ptr<GlooCommunicator>> Connect(TcpStoreClient& store, int me, int n) {
-  return GlooCommunicator::Create(store, "reshard", me, n, nullptr, Deadline::AfterMs(20000));
+// `shared_memory`: the communicator's same-host path (its point-to-point rings among them);
+// false: Gloo's TCP pairs for everything, what peers on other hosts use.
+StatusOr<std::unique_ptr<GlooCommunicator>> Connect(TcpStoreClient& store, int me, int n,
+                                                    bool shared_memory = true) {
+  GlooOptions o;
+  o.shared_memory = shared_memory;
+  MORPH_ASSIGN_OR_RETURN(auto device, GlooDevice::Create(o));
+  return GlooCommunicator::Create(store, "reshard", me, n, device, Deadline::AfterMs(20000));
 }
 
 // One participant of a reshard that should succeed. `use_reshard`: allocate the new shards
@@ -500,7 +506,9 @@ TEST(ReshardGlooTest, PeerKilledMidTransferReleasesBuffersBeforeReshardReturns) 
       testutil::ParticipantData data = testutil::MakeParticipantData(plan, ref);
       MORPH_ASSIGN_OR_RETURN(auto store,
                              TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(20000)));
-      MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, n));
+      // Over TCP, where the transport's writes are asynchronous (through shared memory a send
+      // is copied before it returns, and the whole exchange is over before the kill).
+      MORPH_ASSIGN_OR_RETURN(auto comm, Connect(*store, me, n, /*shared_memory=*/false));
       CommTransport transport(comm.get(), std::chrono::seconds(5));
       ExecutorOptions o = SmallChunks();
       o.chunk_bytes = 8 << 10;  // many rounds: the kill lands mid-exchange

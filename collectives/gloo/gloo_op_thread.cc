@@ -191,7 +191,9 @@ Status GlooCommunicator::Impl::RunOne(const CollectiveOp& op) {
   Status s = Execute(op);
   // The shared-memory path needs no such delay: every rank there sees a dead peer's pidfd
   // itself and names it before any rank that merely left (ShmCollectives::PeerFailure).
-  const bool in_shm = shm_ != nullptr && shm_->Handles(op);
+  const bool in_shm = shm_ != nullptr && (op.kind == CollectiveOp::Kind::kSendRecv
+                                               ? shm_->HandlesP2P()
+                                               : shm_->Handles(op));
   // Ranks that disagreed on the collective (CheckAgreement) found out before anything moved:
   // the communicator is as healthy as before.
   if (s.code() == StatusCode::kInvalidArgument) return s;
@@ -221,6 +223,10 @@ Status GlooCommunicator::Impl::RunOne(const CollectiveOp& op) {
 Status GlooCommunicator::Impl::Execute(const CollectiveOp& op) {
   // Collectives are issued by every rank in the same order, point-to-point groups by some
   // ranks only: only collectives advance the tag, so it agrees on every rank.
+  // Point-to-point on one host: through the shared segment's pair rings.
+  if (op.kind == CollectiveOp::Kind::kSendRecv && shm_ != nullptr && shm_->HandlesP2P()) {
+    return shm_->SendRecv(op);
+  }
   uint32_t tag = 0;
   if (op.kind != CollectiveOp::Kind::kSendRecv) {
     // On one host the shared-memory operation compares the ranks' calls itself (or, for one

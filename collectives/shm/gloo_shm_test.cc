@@ -391,6 +391,126 @@ TEST(GlooShmTest, EveryReceiverGetsEveryBroadcast) {
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
+// Point-to-point through the pair rings, against the same exchanges over TCP: a ring exchange
+// (each rank sends to r+1 and receives from r-1 in one operation) of every size from 0 B across
+// the slot size to 1 MiB + 3, three messages to one peer in one operation, and an operation's
+// messages matched in order across operations. Failed before the rings existed (send/recv went
+// over TCP even on one host: 356 us for 8 B at 2 ranks).
+TEST_P(GlooShmWorldTest, PointToPointThroughSharedMemoryMatchesTcp) {
+  const int world = GetParam();
+  if (world < 2) GTEST_SKIP() << "point-to-point needs two ranks";
+  std::vector<int> codes = RunForked(world, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto shm, Build(store, "p2p-shm", rank, world, true));
+    MORPH_ASSIGN_OR_RETURN(auto tcp, Build(store, "p2p-tcp", rank, world, false));
+    if (!shm->shared_memory() || tcp->shared_memory()) return InternalError("paths");
+    const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    const size_t sizes[] = {0, 1, 8, 4097, ShmCollectives::kP2PSlotBytes,
+                            ShmCollectives::kP2PSlotBytes + 1, (size_t{1} << 20) + 3};
+    int round = 0;
+    for (size_t bytes : sizes) {
+      for (GlooCommunicator* c : {shm.get(), tcp.get()}) {
+        // Three messages to `next` (sizes bytes, 1, bytes / 2), three from `prev`.
+        std::vector<std::vector<uint8_t>> out = {Pattern(rank * 7 + round, bytes),
+                                                 Pattern(rank * 7 + round + 1, 1),
+                                                 Pattern(rank * 7 + round + 2, bytes / 2)};
+        std::vector<std::vector<uint8_t>> in = {std::vector<uint8_t>(bytes, 0xee),
+                                                std::vector<uint8_t>(1, 0xee),
+                                                std::vector<uint8_t>(bytes / 2, 0xee)};
+        std::vector<P2POp> ops;
+        for (size_t i = 0; i < 3; ++i) {
+          ops.push_back({P2POp::Kind::kRecv, prev, in[i].data(), in[i].size()});
+          ops.push_back({P2POp::Kind::kSend, next, out[i].data(), out[i].size()});
+        }
+        MORPH_RETURN_IF_ERROR(c->SendRecv(ops, kTimeout)) << "size " << bytes;
+        if (in[0] != Pattern(prev * 7 + round, bytes) || in[1] != Pattern(prev * 7 + round + 1, 1) ||
+            in[2] != Pattern(prev * 7 + round + 2, bytes / 2)) {
+          return InternalError("size " + std::to_string(bytes) + " on " +
+                               (c == shm.get() ? "shared memory" : "TCP") + ": wrong bytes");
+        }
+      }
+      ++round;
+    }
+    // Sends of one operation matched by receives of two (in order, across operations).
+    std::vector<uint8_t> a = Pattern(100 + rank, 5000), b = Pattern(200 + rank, 70000);
+    std::vector<uint8_t> ra(5000), rb(70000);
+    if (rank == 0) {
+      MORPH_RETURN_IF_ERROR(shm->SendRecv({{P2POp::Kind::kSend, 1, a.data(), a.size()}}, kTimeout));
+      MORPH_RETURN_IF_ERROR(shm->SendRecv({{P2POp::Kind::kSend, 1, b.data(), b.size()}}, kTimeout));
+    } else if (rank == 1) {
+      MORPH_RETURN_IF_ERROR(shm->SendRecv({{P2POp::Kind::kRecv, 0, ra.data(), ra.size()}}, kTimeout));
+      MORPH_RETURN_IF_ERROR(shm->SendRecv({{P2POp::Kind::kRecv, 0, rb.data(), rb.size()}}, kTimeout));
+      if (ra != Pattern(100, 5000) || rb != Pattern(200, 70000)) {
+        return InternalError("messages across operations out of order");
+      }
+    }
+    return shm->Barrier(kTimeout);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// A receiver that expects other counts than its sender sends gets kInternal naming them, before
+// it copies anything.
+TEST(GlooShmTest, PointToPointCountMismatchIsNamed) {
+  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "p2p-counts", rank, 2, true));
+    if (!comm->shared_memory()) return InternalError("no shared memory");
+    std::vector<uint8_t> buf(8, 1);
+    if (rank == 0) {  // two messages to rank 1, which expects one (eager: this call returns)
+      return comm->SendRecv({{P2POp::Kind::kSend, 1, buf.data(), 8},
+                             {P2POp::Kind::kSend, 1, buf.data(), 8}},
+                            kTimeout);
+    }
+    std::vector<uint8_t> in(8, 0xee);
+    Status s = comm->SendRecv({{P2POp::Kind::kRecv, 0, in.data(), 8}}, kTimeout);
+    if (s.code() != StatusCode::kInternal ||
+        std::string(s.message()).find("peer 0 sends 2 messages, this rank receives 1") ==
+            std::string::npos) {
+      return InternalError("count mismatch: " + s.ToString());
+    }
+    if (in != std::vector<uint8_t>(8, 0xee)) return InternalError("bytes copied");
+    return Status::Ok();
+  });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[1], 0);
+}
+
+// A receiver whose sender is SIGKILLed while it sleeps waiting gets kUnavailable naming it.
+TEST(GlooShmTest, PointToPointFromAKilledSenderIsUnavailable) {
+  std::vector<int> codes = RunForked(
+      2,
+      [&](int rank, TcpStoreClient& store) -> Status {
+        MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "p2p-kill", rank, 2, true));
+        if (!comm->shared_memory()) return InternalError("no shared memory");
+        if (rank == 0) {
+          std::this_thread::sleep_for(std::chrono::seconds(30));  // killed meanwhile
+          return InternalError("rank 0 was not killed");
+        }
+        std::vector<uint8_t> buf(8);
+        MORPH_RETURN_IF_ERROR(store.Set("waiting", "1", Deadline::AfterMs(5000)));
+        const Clock::time_point start = Clock::now();
+        Status s = comm->SendRecv({{P2POp::Kind::kRecv, 0, buf.data(), 8}}, kTimeout);
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+        std::fprintf(stderr, "rank 1: %s after %.0f ms\n", s.ToString().c_str(), ms);
+        if (s.code() != StatusCode::kUnavailable ||
+            std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+                std::vector<int>{0}) {
+          return InternalError("receive from a killed sender: " + s.ToString());
+        }
+        if (ms > 5000) return InternalError("noticed after " + std::to_string(ms) + " ms");
+        return Status::Ok();
+      },
+      [&](ForkedRanks& ranks, const std::string& address) {
+        auto store = TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000));
+        store.status().CheckOk("parent store");
+        (*store)->Wait(std::vector<std::string>{"waiting"}, Deadline::AfterMs(30000))
+            .CheckOk("rank 1 ready");
+        std::this_thread::sleep_for(milliseconds(300));  // rank 1 sleeps on its doorbell
+        ranks.Kill(0);
+      });
+  EXPECT_EQ(codes[0], 128 + SIGKILL);
+  EXPECT_EQ(codes[1], 0);
+}
+
 // Ranks whose calls differ (a program's mistake): every rank gets kInvalidArgument naming both
 // calls, nothing is read, and the communicator goes on (the next call is right on every rank).
 // On shared memory and over TCP; sizes within and beyond the shared-memory slot (ranks that

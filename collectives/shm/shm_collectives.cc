@@ -13,6 +13,7 @@
 #include <cstring>
 #include <random>
 
+#include "collectives/shm/shm_layout.h"
 #include "collectives/shm/shm_support.h"
 
 namespace morph {
@@ -21,38 +22,15 @@ namespace {
 using shm_support::CpuRelax;
 using shm_support::RingDoorbell;
 using Clock = std::chrono::steady_clock;
+using shm_layout::Control;
+using shm_layout::kClosed;
+using shm_layout::kLeft;
+using shm_layout::kLive;
+using shm_layout::kMagic;
+using shm_layout::kPollSlice;
 
-constexpr uint64_t kMagic = 0x316c6c6f63687370ull;  // "pshcoll1"
-// A rank's state word.
-constexpr uint32_t kLive = 0;
-constexpr uint32_t kLeft = 1;    // aborted or failed (Fail)
-constexpr uint32_t kClosed = 2;  // communicator destroyed (Close)
-// How often a sleeping waiter looks at the peers' pidfds.
-constexpr auto kPollSlice = std::chrono::milliseconds(10);
 // Options::spin's automatic value when the host has a core for every rank.
 constexpr auto kAutoSpin = std::chrono::microseconds(20);
-
-// One rank's words: the first line written by its owner only, the second by whoever wakes it.
-struct alignas(64) Control {
-  std::atomic<uint64_t> seq;    // the last operation this rank published
-  std::atomic<uint32_t> state;  // kLive, kLeft, kClosed
-  int32_t pid;
-  // The call behind operation k (op_signature.h), in signature[k % 2], written before k is
-  // published. Rewritten at k + 2, once every peer published k + 1, which each does only after
-  // it compared k's: every operation waits for every peer's publish of it.
-  OpSignature signature[2];
-  char pad0[16];
-  std::atomic<uint32_t> waiting;   // 1 while the owner may sleep on `doorbell`
-  std::atomic<uint32_t> doorbell;  // futex word: bumped to wake the owner
-  // What the owner waits for while `waiting`: every peer (wait_only < 0) or peer wait_only
-  // to publish wait_seq. Written before `waiting` is set.
-  std::atomic<uint64_t> wait_seq;
-  std::atomic<int32_t> wait_only;
-  char pad1[44];
-};
-static_assert(sizeof(Control) == 128);
-static_assert(std::atomic<uint64_t>::is_always_lock_free);
-static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 std::string RankList(const std::vector<int>& ranks) {
   std::string s;
@@ -61,30 +39,6 @@ std::string RankList(const std::vector<int>& ranks) {
 }
 
 }  // namespace
-
-// Header (64 bytes), Control[size], then per rank two data buffers of kSlotBytes (operation
-// k in buffer k mod 2).
-struct ShmCollectives::Segment {
-  uint64_t magic;
-  int32_t size;
-  uint32_t slot_bytes;
-  char pad[48];
-
-  static constexpr size_t kRankBytes = 2 * kSlotBytes;
-
-  Control* control(int rank) {
-    return reinterpret_cast<Control*>(reinterpret_cast<char*>(this) + 64) + rank;
-  }
-  uint8_t* rank_data(int rank) {
-    return reinterpret_cast<uint8_t*>(this) + 64 + sizeof(Control) * static_cast<size_t>(size) +
-           static_cast<size_t>(rank) * kRankBytes;
-  }
-  uint8_t* data(int rank, uint64_t seq) { return rank_data(rank) + (seq & 1) * kSlotBytes; }
-  static size_t Bytes(int size) {
-    return 64 + (sizeof(Control) + kRankBytes) * static_cast<size_t>(size);
-  }
-};
-static_assert(sizeof(ShmCollectives::Segment) == 64);
 
 StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int size,
                                                                  const Options& options,
@@ -455,7 +409,10 @@ Status ShmCollectives::PeerFailure(uint64_t seq, int only, std::string_view kind
 void ShmCollectives::SetState(uint32_t state) {
   uint32_t live = kLive;
   segment_->control(rank_)->state.compare_exchange_strong(live, state, std::memory_order_acq_rel);
-  for (int p = 0; p < size_; ++p) RingDoorbell(&segment_->control(p)->doorbell);
+  for (int p = 0; p < size_; ++p) {
+    RingDoorbell(&segment_->control(p)->doorbell);
+    RingDoorbell(&segment_->control(p)->p2p_doorbell);
+  }
 }
 
 void ShmCollectives::Fail() {

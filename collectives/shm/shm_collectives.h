@@ -69,6 +69,12 @@ class ShmCollectives {
   // The largest contribution of one rank to one operation: the allreduce or broadcast buffer,
   // one rank's allgather input, the whole reduce-scatter input.
   static constexpr size_t kSlotBytes = size_t{64} << 10;
+  // Point-to-point through the segment (SendRecv) for communicators of up to kP2PMaxRanks
+  // ranks: a ring of kP2PSlots slots of kP2PSlotBytes per ordered pair (128 KiB each; 2 MiB
+  // for 4 ranks, 8 MiB for 8); larger communicators send over TCP.
+  static constexpr int kP2PMaxRanks = 8;
+  static constexpr size_t kP2PSlots = 4;
+  static constexpr size_t kP2PSlotBytes = size_t{32} << 10;
 
   struct Options {
     bool enable = true;
@@ -120,6 +126,19 @@ class ShmCollectives {
   // their call and ranks that took Agree for theirs meet in the same operation and fail alike.
   Status Agree(const CollectiveOp& op, std::string_view kind);
 
+  // Whether SendRecv takes this path (the communicator has at most kP2PMaxRanks ranks).
+  bool HandlesP2P() const { return size_ <= kP2PMaxRanks; }
+  // A group of sends and receives (CollectiveOp::SendRecv) through the pair rings, progressing
+  // together; a send completes once its bytes are in the ring (eager: the contract's buffer
+  // rule holds, the bytes having been copied). Between a pair the i-th send matches the i-th
+  // receive, across operations too (one FIFO ring per ordered pair). Each slot names its
+  // message's size and its place among the operation's messages to that receiver, which the
+  // receiver checks against its own before copying anything out: kInternal naming the peer for
+  // other sizes or counts (as over TCP). kAborted after Fail(); kUnavailable naming a peer
+  // that exited or failed while this rank still needs it (what it had posted is still read);
+  // kDeadlineExceeded at op.timeout naming the peers waited for.
+  Status SendRecv(const CollectiveOp& op);
+
   // This rank leaves for good: its waits, now and later, return kAborted; peers waiting for it
   // fail. Idempotent. Any thread.
   void Fail();
@@ -143,6 +162,12 @@ class ShmCollectives {
   Status PeerFailure(uint64_t seq, int only, std::string_view kind) const;
   void Publish(uint64_t seq);
   void SetState(uint32_t state);
+  // SendRecv's wait for room or data from `peers` (shm_p2p.cc): spin, yield, then sleep on this
+  // rank's p2p doorbell; `can_progress` is checked after the waiting flag is set.
+  Status WaitP2P(const std::vector<int>& peers, const std::function<bool()>& can_progress,
+                 std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
+  // Wakes `peer` if it sleeps in WaitP2P.
+  void WakeP2P(int peer);
   uint8_t* Data(int rank, uint64_t seq) const;
 
   int rank_ = 0;
