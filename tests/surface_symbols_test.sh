@@ -18,6 +18,10 @@ bad=0
 n=0
 while IFS= read -r s; do
   n=$((n + 1))
+  # The type information of a public class: judged by the class's name.
+  s=${s#typeinfo name for }
+  s=${s#typeinfo for }
+  s=${s#vtable for }
   case $s in
     morph::*) ;;
     # The one C export, on purpose (runtime/api/libmorph.map says why).
@@ -28,6 +32,7 @@ while IFS= read -r s; do
   # Helpers the public headers' inline code and macros use (status.h's StatusBuilder) live in
   # morph::internal; a build that does not inline them (-O1, sanitizers) exports them.
   name=${name#internal::}
+  name=${name%%@@*}
   name=${name%%[(<:]*}
   if [[ $s == morph::operator* ]]; then name=$(echo "$s" | grep -oE 'operator(<<|==)'); fi
   if ! grep -qxF "$name" <<<"$declared"; then
