@@ -29,3 +29,4 @@ if(MORPH_SANITIZE)
   endforeach()
   string(REPLACE ";" ":" MORPH_SANITIZER_PRELOAD "${MORPH_SANITIZER_PRELOAD}")
 endif()
+
