@@ -73,6 +73,12 @@ struct MORPH_API TensorAllocator {
   // kept of the old shard shows is the allocator's to say (the Python package's host blocks
   // keep it readable, its writes its own: python/src/host_blocks.cc).
   std::function<bool(BufferView from, BufferView to, size_t offset)> move_pages;
+  // For a DP-sharded tensor (ChunkDP, ZeroShard): allocate every shard with room for the
+  // largest of its DP group (the first: torch.chunk and the ZeRO rule cut the trailing ones
+  // short), as FSDP2 pads every rank's shard to the rows of the first. allocate() is then asked
+  // for that many bytes (never fewer than the shard's); the bytes past this rank's shard are the
+  // allocator's: morph never reads or writes them. An empty shard is not allocated.
+  bool pad_dp_shards = false;
 };
 
 // Largest scalar blob (what JobManifest validation allows).

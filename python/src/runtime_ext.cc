@@ -248,14 +248,17 @@ void BindState(nb::module_& m) {
            "bytes, is_cuda)` returns; `release(data_ptr)` when morph no longer needs it.")
       .def("add_host_tensor",
            [](StateRef& self, std::string name, std::vector<int64_t> shape,
-              const std::string& dtype, const morph::Layout& layout) {
+              const std::string& dtype, const morph::Layout& layout, bool pad_dp_shards) {
              morph::TensorAllocator a = HostTensorAllocator(name);
+             a.pad_dp_shards = pad_dp_shards;
              Check(self.get().AdoptTensor(std::move(name), std::move(shape),
                                           ParseDTypeOrThrow(dtype), layout, std::move(a)));
            },
-           "name"_a, "shape"_a, "dtype"_a, "layout"_a,
+           "name"_a, "shape"_a, "dtype"_a, "layout"_a, "pad_dp_shards"_a = false,
            "Registers a host tensor whose shards live in blocks this module allocates (any "
-           "thread); host_storage(data_ptr, bytes) views one as a torch uint8 tensor.")
+           "thread); host_storage(data_ptr, bytes) views one as a torch uint8 tensor. With "
+           "pad_dp_shards, a DP-sharded tensor's blocks have room for its DP group's first "
+           "shard (TensorAllocator::pad_dp_shards: FSDP2's padded shards).")
       .def("add_scalar", [](StateRef& self, std::string name, int64_t bytes) {
         Check(self.get().AddScalar(std::move(name), bytes));
       }, "name"_a, "bytes"_a)

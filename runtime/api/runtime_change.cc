@@ -68,7 +68,7 @@ void Runtime::Impl::SetDevicePath(SwitchOptions& s) const {
 #endif
 }
 
-SwitchOptions Runtime::Impl::SwitchOpts() const {
+SwitchOptions Runtime::Impl::SwitchOpts(const Generation* next) const {
   SwitchOptions s;
   s.cancel = std::make_shared<BuildCancel>();  // one per prepare (ChangeBuilder::AbortFrom)
   s.keep_old_until_barrier = opts.keep_old_until_barrier;
@@ -85,8 +85,11 @@ SwitchOptions Runtime::Impl::SwitchOpts() const {
     }
   }
   if (!cuda_state && (!adopted_state || adopted_any_thread)) {
-    s.preallocate = [this](size_t t, size_t bytes) {
-      return state.AllocateShard(t, static_cast<int64_t>(bytes));
+    const ParallelConfig config = next != nullptr ? next->config : ParallelConfig();
+    const int rank = next != nullptr ? next->RankOf(agent->id()) : -1;
+    s.preallocate = [this, config, rank](size_t t, size_t bytes) {
+      const auto n = static_cast<int64_t>(bytes);
+      return state.AllocateShard(t, n, state.AllocationBytes(t, config, rank, n));
     };
   }
   s.restore_checkpoint = [](const std::string& path, StateStore& st) {
@@ -115,7 +118,7 @@ void Runtime::Impl::StartPrepare(const PrepareMsg& p, std::function<void()> read
   if (p.change.recovery) {
     AbortCollectives("generation " + std::to_string(p.next.id) + " recovers from a failure");
   }
-  builder->Start(p, SwitchOpts(), std::move(ready));
+  builder->Start(p, SwitchOpts(&p.next), std::move(ready));
 }
 
 void Runtime::Impl::PutBackUndo() {

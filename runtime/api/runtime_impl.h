@@ -112,7 +112,9 @@ struct Runtime::Impl {
   // a round in flight is cut off first (Abort, not waited for; its copies are not used).
   SnapshotHoldings EndSnapshots();
 
-  SwitchOptions SwitchOpts() const;
+  // `next`: the generation a prepare builds (what its new shards are pre-allocated with:
+  // StateStore::AllocationBytes).
+  SwitchOptions SwitchOpts(const Generation* next = nullptr) const;
   void SetDevicePath(SwitchOptions& s) const;  // the NCCL data plane's device path
 
   // Control thread: a prepare for a generation this worker takes part in (ChangeBuilder::Start;

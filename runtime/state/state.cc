@@ -142,11 +142,27 @@ Status ZeroFill(BufferView v) {
 
 }  // namespace
 
-StatusOr<Buffer> StateStore::AllocateShard(size_t index, int64_t bytes) const {
+int64_t StateStore::AllocationBytes(size_t index, const ParallelConfig& config, int rank,
+                                    int64_t bytes) const {
+  const Entry& e = *entries_[index];
+  const TensorSpec& spec = specs_[index];
+  if (!e.adopted || !e.allocator.pad_dp_shards || !spec.layout.zero_sharded() || rank < 0 ||
+      bytes == 0) {
+    return bytes;
+  }
+  ParallelConfig::Coords c = config.CoordsOf(rank);
+  c.d = 0;
+  const int64_t first =
+      ShardOfUnchecked(spec, config, config.RankOf(c)).NumElements() * DTypeSize(spec.dtype);
+  return std::max(bytes, first);
+}
+
+StatusOr<Buffer> StateStore::AllocateShard(size_t index, int64_t bytes, int64_t capacity) const {
   const Entry& e = *entries_[index];
   const std::string& name = specs_[index].name;
+  const int64_t ask = std::max(bytes, capacity);
   const auto context = [&] {
-    return "allocating " + std::to_string(bytes) + " bytes for tensor '" + name + "'";
+    return "allocating " + std::to_string(ask) + " bytes for tensor '" + name + "'";
   };
   if (!e.adopted) {
     Allocator alloc = e.memory == MemoryKind::kCuda ? CudaAllocator() : HostAllocator();
@@ -154,10 +170,10 @@ StatusOr<Buffer> StateStore::AllocateShard(size_t index, int64_t bytes) const {
     if (!b.ok()) return b.status().WithContext(context());
     return b;
   }
-  StatusOr<BufferView> v = e.allocator.allocate(bytes);
+  StatusOr<BufferView> v = e.allocator.allocate(ask);
   if (!v.ok()) return v.status().WithContext(context());
   const BufferView got = *v;
-  if (got.data == nullptr || got.bytes < static_cast<size_t>(bytes)) {
+  if (got.data == nullptr || got.bytes < static_cast<size_t>(ask)) {
     if (got.data != nullptr) e.allocator.release(got);
     return InvalidArgumentError(context() + ": the allocator returned " +
                                 std::to_string(got.bytes) + " bytes" +
@@ -248,7 +264,7 @@ Status StateStore::Materialize(const ParallelConfig& config, int rank) {
     shards[i] = ShardOfUnchecked(spec, config, rank);
     const int64_t bytes = shards[i].NumElements() * DTypeSize(spec.dtype);
     if (bytes == 0) continue;
-    MORPH_ASSIGN_OR_RETURN(buffers[i], AllocateShard(i, bytes));
+    MORPH_ASSIGN_OR_RETURN(buffers[i], AllocateShard(i, bytes, AllocationBytes(i, config, rank, bytes)));
     if (!kind) {
       kind = buffers[i].kind();
       first_of_kind = spec.name;

@@ -54,9 +54,15 @@ class StateStore final : public State {
   // values through TensorAt / MutableScalarAt, then says so: intact() is true again.
   std::span<std::byte> MutableScalarAt(size_t index) { return scalar_data_[index]; }
   void MarkWhole() { intact_ = true; }
-  // Storage for a new shard of tensor `index`, from the tensor's allocator (bytes > 0).
-  // Does not change the state. The allocator's error, naming the tensor.
-  StatusOr<Buffer> AllocateShard(size_t index, int64_t bytes) const;
+  // Storage for a new shard of tensor `index`, from the tensor's allocator (bytes > 0), which
+  // is asked for `capacity` bytes when larger (AllocationBytes). Does not change the state. The
+  // allocator's error, naming the tensor.
+  StatusOr<Buffer> AllocateShard(size_t index, int64_t bytes, int64_t capacity = 0) const;
+  // What to ask tensor `index`'s allocator for, for its shard of `bytes` at `rank` of `config`:
+  // `bytes`, or with TensorAllocator::pad_dp_shards the largest shard of its DP group (that of
+  // DP rank 0 at the same pipeline and TP place) when larger.
+  int64_t AllocationBytes(size_t index, const ParallelConfig& config, int rank,
+                          int64_t bytes) const;
   // Drops tensor `index`'s current storage (the old shard, once it is no longer needed); the
   // state is no longer intact() until the next Install.
   void ReleaseShard(size_t index);

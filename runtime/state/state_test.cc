@@ -5,6 +5,9 @@
 
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "base/testing.h"
 
@@ -184,6 +187,64 @@ TEST(StateTest, AdoptedTensorsUseTheUsersAllocator) {
   EXPECT_EQ(st.message(), "allocating 40 bytes for tensor 'b': pool is full");
   EXPECT_TRUE(live.empty()) << "the first tensor's buffer must be released";
   EXPECT_EQ(s.config(), nullptr);
+}
+
+// TensorAllocator::pad_dp_shards: a DP-sharded tensor's allocator is asked for its DP group's
+// first (largest) shard, as FSDP2 pads every rank's shard to; morph's view is the shard itself.
+// Replicated and TP-split tensors, and empty shards, are unaffected.
+TEST(StateTest, PaddedDpShardsAskForTheFirstShardsBytes) {
+  std::map<std::string, int64_t> asked;
+  std::vector<std::unique_ptr<std::vector<char>>> blocks;
+  auto allocator = [&](const std::string& name, bool pad) {
+    TensorAllocator a{.allocate = [&, name](int64_t bytes) -> StatusOr<BufferView> {
+                        asked[name] = bytes;
+                        blocks.push_back(std::make_unique<std::vector<char>>(bytes));
+                        return BufferView{blocks.back()->data(), static_cast<size_t>(bytes),
+                                          MemoryKind::kHost};
+                      },
+                      .release = [](BufferView) {}};
+    a.pad_dp_shards = pad;
+    return a;
+  };
+  const auto materialize = [&](const ParallelConfig& config, int rank) {
+    asked.clear();
+    StateStore s;
+    // Rows of [10, 4] f32 over dp 4: 3, 3, 3, 1 (torch.chunk), so rank d=3 holds one row.
+    MORPH_ASSERT_OK(s.AdoptTensor("fsdp", {10, 4}, DType::kF32, Layout().ChunkDP(),
+                                  allocator("fsdp", true)));
+    MORPH_ASSERT_OK(s.AdoptTensor("same", {10, 4}, DType::kF32, Layout().ChunkDP(),
+                                  allocator("same", false)));
+    MORPH_ASSERT_OK(s.AdoptTensor("zero", {5}, DType::kI64, Layout().ZeroShard(),
+                                  allocator("zero", true)));
+    MORPH_ASSERT_OK(s.AdoptTensor("tp", {8, 4}, DType::kF32, Layout().SplitTP(0),
+                                  allocator("tp", true)));
+    // Rows of [4, 2] over dp 4: 1, 1, 1, 1; over dp 3: 2, 2, 0 (rank d=2 holds none).
+    MORPH_ASSERT_OK(s.AdoptTensor("short", {4, 2}, DType::kF32, Layout().ChunkDP(),
+                                  allocator("short", true)));
+    MORPH_ASSERT_OK(s.Materialize(config, rank));
+    EXPECT_EQ(s.tensor("fsdp")->data.bytes, s.tensor("same")->data.bytes);
+  };
+  materialize(Config(4, 1, 1, 1), 3);
+  EXPECT_EQ(asked["fsdp"], 3 * 4 * 4) << "the first shard's three rows";
+  EXPECT_EQ(asked["same"], 1 * 4 * 4) << "without the flag: the shard";
+  EXPECT_EQ(asked.count("zero"), 0u) << "ZeRO ranges of 5 over dp 4: [0, 2) .. [4, 5), []";
+  EXPECT_EQ(asked["tp"], 8 * 4 * 4) << "replicated over DP: its own size";
+  EXPECT_EQ(asked["short"], 1 * 2 * 4);
+  materialize(Config(4, 1, 1, 1), 0);
+  EXPECT_EQ(asked["fsdp"], 3 * 4 * 4);
+  materialize(Config(3, 1, 1, 1), 2);
+  EXPECT_EQ(asked.count("short"), 0u) << "an empty shard is not allocated";
+  EXPECT_EQ(asked["fsdp"], 4 * 4 * 4) << "rows 4, 4, 2: the first's four";
+  EXPECT_EQ(asked["zero"], 2 * 8) << "ZeRO range [4, 5), the first [0, 2)";
+  // With TP the first shard is that of DP rank 0 at the same TP place: ChunkTP(0) cuts the 10
+  // rows 5, 5; ChunkDP over dp 2 then 3, 2.
+  asked.clear();
+  StateStore s;
+  MORPH_ASSERT_OK(s.AdoptTensor("fsdp_tp", {10, 4}, DType::kF32, Layout().ChunkTP(0).ChunkDP(),
+                                allocator("fsdp_tp", true)));
+  MORPH_ASSERT_OK(s.Materialize(Config(2, 2, 1, 1), 3));  // d=1, t=1
+  EXPECT_EQ(s.tensor("fsdp_tp")->data.bytes, 2u * 4 * 4);
+  EXPECT_EQ(asked["fsdp_tp"], 3 * 4 * 4);
 }
 
 // An allocator that returns too little is the user's bug, named.

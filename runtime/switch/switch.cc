@@ -256,7 +256,10 @@ StatusOr<SwitchStats> RestoreFromCheckpoint(PreparedSwitch& sw, const CommitMsg&
       MORPH_ASSIGN_OR_RETURN(shards[t], ShardOf(spec, commit.next.config, rank), gen);
       const int64_t bytes = ShardBytes(shards[t], spec.dtype);
       if (bytes == 0) continue;
-      MORPH_ASSIGN_OR_RETURN(buffers[t], state.AllocateShard(t, bytes), gen);
+      MORPH_ASSIGN_OR_RETURN(
+          buffers[t],
+          state.AllocateShard(t, bytes, state.AllocationBytes(t, commit.next.config, rank, bytes)),
+          gen);
       stats.new_bytes += bytes;
     }
   }

@@ -157,7 +157,11 @@ StatusOr<int64_t> StageOldDeviceShards(PreparedSwitch& sw, StateStore& state,
 Status ReturnStagedForBatch(PreparedSwitch& sw, StateStore& state, size_t t,
                             std::vector<ConstBufferView>& old_view, Buffer& on_device,
                             DeviceTally& tally) {
-  MORPH_ASSIGN_OR_RETURN(on_device, state.AllocateShard(t, static_cast<int64_t>(old_view[t].bytes)),
+  const auto bytes = static_cast<int64_t>(old_view[t].bytes);
+  MORPH_ASSIGN_OR_RETURN(on_device,
+                         state.AllocateShard(t, bytes,
+                                             state.AllocationBytes(t, sw.from().config,
+                                                                   sw.old_rank(), bytes)),
                          "returning the staged old shard of tensor '" << sw.plan_.tensors[t].name
                                                                       << "' to the device");
   tally.Add(static_cast<int64_t>(on_device.size()));

@@ -226,7 +226,7 @@ StatusOr<Buffer> SwitchExecution::AllocateFresh(size_t t, int64_t bytes) {
   }
   MORPH_ASSIGN_OR_RETURN(Buffer b, opt_.stage_old_in_host
                                        ? HostAllocator()(static_cast<size_t>(bytes))
-                                       : state_.AllocateShard(t, bytes));
+                                       : state_.AllocateShard(t, bytes, NewCapacity(t, bytes)));
   size_t recycled = 0;
   if (recycle_ && !adopted_pool_.empty() && sw_.grow_offset_[t] < 0 && state_.adopted(t)) {
     recycled = FillFromAdoptedPool(b);
@@ -369,7 +369,8 @@ void SwitchExecution::ReleaseOld(Batch& b, size_t j) {
 // With stage_old_in_host: the new shard, received in host memory, copied into the tensor's own
 // storage (device memory for a CUDA tensor), one at a time.
 Status SwitchExecution::IntoTensorStorage(size_t t, Buffer& fresh) {
-  MORPH_ASSIGN_OR_RETURN(Buffer b, state_.AllocateShard(t, static_cast<int64_t>(fresh.size())));
+  const auto bytes = static_cast<int64_t>(fresh.size());
+  MORPH_ASSIGN_OR_RETURN(Buffer b, state_.AllocateShard(t, bytes, NewCapacity(t, bytes)));
   held_ += static_cast<int64_t>(b.size());
   stats_.peak_state_bytes = std::max(stats_.peak_state_bytes, held_);
   MORPH_RETURN_IF_ERROR(CopyBytes(b.view(), fresh.view()));

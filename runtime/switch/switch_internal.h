@@ -124,6 +124,10 @@ class SwitchExecution {
   Status MoveBatch(int k);
   Status AllocateNewShards(Batch& b);
   StatusOr<Buffer> AllocateFresh(size_t t, int64_t bytes);
+  // What tensor t's allocator is asked for, for a new shard of `bytes` (StateStore::AllocationBytes).
+  int64_t NewCapacity(size_t t, int64_t bytes) const {
+    return state_.AllocationBytes(t, sw_.next_.config, sw_.new_rank_, bytes);
+  }
   size_t FillFromAdoptedPool(Buffer& b);
   void GrowInPlace(Batch& b, size_t j);
   Status ReturnStaged(Batch& b);

@@ -148,7 +148,8 @@ StatusOr<SwitchStats> RestoreFromSnapshots(PreparedSwitch& sw, const CommitMsg& 
         b = pool.Get(static_cast<size_t>(bytes), &recycled);
         stats.recycled_bytes += static_cast<int64_t>(recycled);
       } else {
-        b = state.AllocateShard(t, bytes);
+        b = state.AllocateShard(t, bytes,
+                                state.AllocationBytes(t, sw.next_.config, sw.new_rank_, bytes));
       }
       // Faulted in at once: half the cost of faulting by the copy or receive (switch.h).
       if (b.ok() && recycle && recycled < b->size()) {

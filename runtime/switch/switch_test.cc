@@ -414,6 +414,69 @@ TEST(SwitchTest, AdoptedStorageThatMovesPagesIsGrownAndRecycled) {
   EXPECT_EQ(blocks.live(), shards) << "storage released or leaked";
 }
 
+// TensorAllocator::pad_dp_shards through changes (the Python package's FSDP2 parameters): every
+// new shard of a DP-sharded tensor lives in storage of its DP group's first shard's size, also
+// where the change left this rank a short chunk; the values are right.
+TEST(SwitchTest, PaddedDpShardsKeepTheirRoomThroughChanges) {
+  const std::vector<TensorSpec> specs = {
+      {"w", DType::kF32, {10, 4}, Layout::Layer(0).ChunkDP()},
+      {"m", DType::kF32, {7}, Layout::Layer(0).ZeroShard()},
+  };
+  std::mutex mu;
+  std::map<uintptr_t, int64_t> asked;  // live block -> bytes the allocator was asked for
+  TensorAllocator a;
+  a.allocate = [&](int64_t bytes) -> StatusOr<BufferView> {
+    void* p = std::malloc(static_cast<size_t>(bytes));
+    std::lock_guard<std::mutex> l(mu);
+    asked[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return BufferView{p, static_cast<size_t>(bytes), MemoryKind::kHost};
+  };
+  a.release = [&](BufferView v) {
+    std::lock_guard<std::mutex> l(mu);
+    asked.erase(reinterpret_cast<uintptr_t>(v.data));
+    std::free(v.data);
+  };
+  a.pad_dp_shards = true;
+  Cluster c(specs);
+  for (WorkerId w : {1, 2, 3, 4}) {
+    auto s = std::make_unique<StateStore>();
+    for (const TensorSpec& t : specs) {
+      ASSERT_TRUE(s->AdoptTensor(t.name, t.shape, t.dtype, t.layout, a).ok());
+    }
+    for (const ScalarSpec& sc : c.manifest_.scalars) {
+      ASSERT_TRUE(s->AddScalar(sc.name, sc.bytes).ok());
+    }
+    c.states_[w] = std::move(s);
+  }
+  const auto check = [&](int dp) {
+    SCOPED_TRACE("dp " + std::to_string(dp));
+    const int64_t rows = (10 + dp - 1) / dp;
+    const int64_t range = (7 + dp - 1) / dp;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& [w, s] : c.states_) {
+      for (size_t t = 0; t < specs.size(); ++t) {
+        const State::TensorRef r = s->TensorAt(t);
+        if (r.data.bytes == 0) continue;
+        ASSERT_EQ(asked.count(reinterpret_cast<uintptr_t>(r.data.data)), 1u) << specs[t].name;
+        EXPECT_EQ(asked[reinterpret_cast<uintptr_t>(r.data.data)],
+                  (t == 0 ? rows * 4 : range) * 4)
+            << "worker " << w << " " << specs[t].name << " (" << r.data.bytes << " bytes)";
+      }
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(c.Start(Config(2, 1, 1), {1, 2}));
+  check(2);
+  PrepareMsg p;
+  for (const std::vector<WorkerId>& workers :
+       std::vector<std::vector<WorkerId>>{{1, 2, 3, 4}, {1, 2, 3}, {2, 3}}) {
+    const int dp = static_cast<int>(workers.size());
+    auto r = c.Propose(Config(dp, 1, 1), workers, Cluster::Defaults(), &p);
+    for (auto& [w, res] : r) ASSERT_TRUE(res.status.ok()) << w << ": " << res.status;
+    c.Verify(1);
+    check(dp);
+  }
+}
+
 // A prepare that pre-allocated and is then abandoned (its commit refused, then destroyed)
 // releases every pre-allocated buffer, and the state is untouched.
 TEST(SwitchTest, AbandonedPrepareReleasesItsPreallocatedShards) {
