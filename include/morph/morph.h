@@ -15,6 +15,7 @@
 //   return rt->Finish().ok() ? 0 : 1;
 //
 // What is here: Runtime (runtime.h) with its Options, State, Step and Reconfiguration; the
+// dataset cursor that decides each step's samples (dataset_cursor.h); the
 // communicators a step hands out (communicator.h); layouts (layout.h, box.h, shard.h) and
 // element types (dtype.h); Status (status.h); the job's store for a library's rendezvous
 // (key_value_store.h); checkpoints (checkpoint.h); the planner's dry run
@@ -27,6 +28,7 @@
 #include "morph/buffer.h"
 #include "morph/checkpoint.h"
 #include "morph/communicator.h"
+#include "morph/dataset_cursor.h"
 #include "morph/deadline.h"
 #include "morph/dtype.h"
 #include "morph/generation.h"

@@ -44,6 +44,7 @@
 #include <string_view>
 
 #include "morph/api.h"
+#include "morph/dataset_cursor.h"
 #include "morph/generation.h"
 #include "morph/key_value_store.h"
 #include "morph/options.h"
@@ -222,6 +223,10 @@ class MORPH_API Runtime {
   int rank() const;  // -1 when it holds none
   // The step BeginStep will begin next.
   int64_t next_step() const;
+  // The job's dataset cursor (Options' dataset_samples, dataset_seed, dataset_shuffle and
+  // model.global_batch): what Step::samples() reads, for a data loader that looks ahead
+  // (morph.data). Constant for the runtime's life; any thread.
+  const DatasetCursor& cursor() const;
   // "host:port" of the coordinator (for others to join: MORPH_COORDINATOR), and of its
   // scheduler API when this process hosts it ("" otherwise). With failover candidates hosted
   // by the workers (MORPH_ETCD without MORPH_COORDINATOR) those of this process's candidate,

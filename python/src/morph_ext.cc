@@ -38,6 +38,20 @@ using morph_py::Value;
 
 namespace {
 std::once_flag g_logging_once;
+
+// DatasetCursor's preconditions, as InvalidArgumentError (the C++ calls do not check them).
+void CheckCursorArgs(int64_t step, int dp, int dp_rank, int64_t micro_batch) {
+  if (step < 0 || step >= (int64_t{1} << 40)) {
+    Fail(morph::InvalidArgumentError("step " + std::to_string(step) + ": not in [0, 2^40)"));
+  }
+  if (dp < 1 || dp_rank < 0 || dp_rank >= dp) {
+    Fail(morph::InvalidArgumentError("dp_rank " + std::to_string(dp_rank) + " of dp " +
+                                     std::to_string(dp) + ": want dp >= 1, 0 <= dp_rank < dp"));
+  }
+  if (micro_batch < 1) {
+    Fail(morph::InvalidArgumentError("micro_batch " + std::to_string(micro_batch) + " < 1"));
+  }
+}
 }  // namespace
 
 NB_MODULE(_morph, m) {
@@ -233,6 +247,60 @@ NB_MODULE(_morph, m) {
                r.old_config.ToString() + " -> " + r.config.ToString() + ", rank " +
                std::to_string(r.old_rank) + " -> " + std::to_string(r.rank) +
                (r.recovery ? ", recovery" : "") + ")";
+      });
+
+  // ---- the dataset cursor (morph/dataset_cursor.h): a value, any thread ----
+  nb::class_<morph::RankBatch>(m, "RankBatch")
+      .def_ro("first_position", &morph::RankBatch::first_position)
+      .def_ro("samples", &morph::RankBatch::samples)
+      .def_ro("micro_batches", &morph::RankBatch::micro_batches);
+
+  nb::class_<morph::DatasetCursor>(m, "DatasetCursor")
+      .def("__init__", [](morph::DatasetCursor* self, int64_t num_samples, int64_t global_batch,
+                          uint64_t seed, bool shuffle) {
+        new (self) morph::DatasetCursor(Value(morph::DatasetCursor::Create(
+            {.num_samples = num_samples, .global_batch = global_batch, .seed = seed,
+             .shuffle = shuffle})));
+      }, "num_samples"_a, "global_batch"_a, "seed"_a = 0, "shuffle"_a = true,
+         "InvalidArgumentError naming the field for a count below 1 or a global batch above "
+         "2^22.")
+      .def_prop_ro("num_samples", [](const morph::DatasetCursor& c) { return c.spec().num_samples; })
+      .def_prop_ro("global_batch",
+                   [](const morph::DatasetCursor& c) { return c.spec().global_batch; })
+      .def_prop_ro("seed", [](const morph::DatasetCursor& c) { return c.spec().seed; })
+      .def_prop_ro("shuffle", [](const morph::DatasetCursor& c) { return c.spec().shuffle; })
+      .def("sample_at", [](const morph::DatasetCursor& c, int64_t pos) {
+        if (pos < 0) Fail(morph::InvalidArgumentError("position " + std::to_string(pos) + " < 0"));
+        return c.SampleAt(pos);
+      }, "pos"_a, "The sample at stream position `pos`.")
+      .def("range_for", [](const morph::DatasetCursor& c, int64_t step, int dp, int dp_rank) {
+        CheckCursorArgs(step, dp, dp_rank, 1);
+        morph::DatasetCursor::Range r = c.RangeFor(step, dp, dp_rank);
+        return std::make_pair(r.begin, r.end);
+      }, "step"_a, "dp"_a, "dp_rank"_a,
+         "[begin, end) of the stream positions DP rank `dp_rank` of `dp` takes at `step`.")
+      .def("batch_for", [](const morph::DatasetCursor& c, int64_t step, int dp, int dp_rank,
+                           int64_t micro_batch) {
+        CheckCursorArgs(step, dp, dp_rank, micro_batch);
+        return c.BatchFor(step, dp, dp_rank, micro_batch);
+      }, "step"_a, "dp"_a, "dp_rank"_a, "micro_batch"_a,
+         "DP rank `dp_rank`'s samples of `step` under `dp` ranks, cut into micro-batches of at "
+         "most `micro_batch` (what Step.samples and Step.micro_batches hold).")
+      .def("__getstate__", [](const morph::DatasetCursor& c) {
+        const morph::DatasetSpec& s = c.spec();
+        return std::make_tuple(s.num_samples, s.global_batch, s.seed, s.shuffle);
+      })
+      .def("__setstate__", [](morph::DatasetCursor* self,
+                              const std::tuple<int64_t, int64_t, uint64_t, bool>& t) {
+        new (self) morph::DatasetCursor(Value(morph::DatasetCursor::Create(
+            {.num_samples = std::get<0>(t), .global_batch = std::get<1>(t),
+             .seed = std::get<2>(t), .shuffle = std::get<3>(t)})));
+      })
+      .def("__repr__", [](const morph::DatasetCursor& c) {
+        const morph::DatasetSpec& s = c.spec();
+        return "DatasetCursor(num_samples=" + std::to_string(s.num_samples) +
+               ", global_batch=" + std::to_string(s.global_batch) + ", seed=" +
+               std::to_string(s.seed) + ", shuffle=" + (s.shuffle ? "True" : "False") + ")";
       });
 
   morph_py::BindRuntime(m);

@@ -498,6 +498,8 @@ void BindRuntimeClass(nb::module_& m) {
       .def_prop_ro("config", [](Runtime& r) { return r.get().generation().config; })
       .def_prop_ro("rank", [](Runtime& r) { return r.get().rank(); })
       .def_prop_ro("next_step", [](Runtime& r) { return r.get().next_step(); })
+      .def_prop_ro("cursor", [](Runtime& r) -> morph::DatasetCursor { return r.get().cursor(); },
+                   "The job's dataset cursor (a copy: a value, usable after close).")
       .def_prop_ro("coordinator_address", [](Runtime& r) { return r.get().coordinator_address(); })
       .def_prop_ro("api_address", [](Runtime& r) { return r.get().api_address(); });
 }

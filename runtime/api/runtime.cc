@@ -521,6 +521,7 @@ WorkerId Runtime::worker_id() const { return impl_->agent ? impl_->agent->id() :
 const Generation& Runtime::generation() const { return impl_->gen; }
 int Runtime::rank() const { return impl_->gen.RankOf(worker_id()); }
 int64_t Runtime::next_step() const { return impl_->next_step; }
+const DatasetCursor& Runtime::cursor() const { return *impl_->cursor; }
 std::string Runtime::coordinator_address() const {
   return impl_->coordinator ? impl_->coordinator->control_address() : impl_->opts.coordinator;
 }

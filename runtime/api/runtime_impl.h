@@ -21,7 +21,7 @@
 #include "collectives/groups.h"
 #include "collectives/store/tcp_store.h"
 #include "runtime/agent/agent.h"
-#include "runtime/cursor/dataset_cursor.h"
+#include "morph/dataset_cursor.h"
 #include "runtime/switch/change_builder.h"
 #include "runtime/switch/live_groups.h"
 #include "runtime/switch/switch.h"

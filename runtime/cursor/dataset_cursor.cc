@@ -1,4 +1,4 @@
-#include "runtime/cursor/dataset_cursor.h"
+#include "morph/dataset_cursor.h"
 
 #include <algorithm>
 #include <string>

@@ -1,7 +1,7 @@
 #include "morph/step.h"
 
 #include "collectives/groups.h"
-#include "runtime/cursor/dataset_cursor.h"
+#include "morph/dataset_cursor.h"
 
 namespace morph {
 

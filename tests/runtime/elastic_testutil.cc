@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/cursor/dataset_cursor.h"
+#include "morph/dataset_cursor.h"
 
 namespace morph::testing {
 

@@ -11,32 +11,37 @@
 // The cursor's whole state is the step, so moving it at a reconfiguration is moving the step:
 // a joiner that knows (seed, N, B, step) computes the same samples as everyone else.
 //
-//   DatasetCursor cursor(DatasetSpec{.num_samples = 1 << 20, .global_batch = 512, .seed = 7});
+//   MORPH_ASSIGN_OR_RETURN(DatasetCursor cursor, DatasetCursor::Create(
+//       {.num_samples = 1 << 20, .global_batch = 512, .seed = 7}));
 //   RankBatch mine = cursor.BatchFor(step, /*dp=*/4, /*dp_rank=*/1, /*micro_batch=*/16);
 //   for (auto& mb : mine.micro_batches) { ...forward/backward on samples mb... }
 //   // loss/gradient scale: 1 / cursor.spec().global_batch, whatever dp is
 //
+// A data loader looks ahead with it (the samples of steps s+1, s+2, ... under the current config
+// are known before they begin: what prefetching needs); the runtime's own cursor is
+// Runtime::cursor(), built from Options' dataset_* fields and ModelShape::global_batch.
+//
 // Pure values and functions; thread-compatible; any thread.
-#ifndef MORPH_RUNTIME_CURSOR_DATASET_CURSOR_H_
-#define MORPH_RUNTIME_CURSOR_DATASET_CURSOR_H_
+#ifndef MORPH_DATASET_CURSOR_H_
+#define MORPH_DATASET_CURSOR_H_
 
 #include <cstdint>
 #include <vector>
 
+#include "morph/api.h"
 #include "morph/status.h"
 #include "morph/step.h"  // RankBatch
 
 namespace morph {
 
-struct DatasetSpec {
+struct MORPH_API DatasetSpec {
   int64_t num_samples = 0;   // N, at least 1
   int64_t global_batch = 0;  // B, at least 1; samples per optimizer step, fixed for the run
   uint64_t seed = 0;
   bool shuffle = true;  // false: epoch order is 0..N-1
 };
 
-
-class DatasetCursor {
+class MORPH_API DatasetCursor {
  public:
   // kInvalidArgument naming the field: num_samples or global_batch < 1, or a stream position
   // that could overflow int64 within 2^40 steps.
@@ -65,4 +70,4 @@ class DatasetCursor {
 
 }  // namespace morph
 
-#endif  // MORPH_RUNTIME_CURSOR_DATASET_CURSOR_H_
+#endif  // MORPH_DATASET_CURSOR_H_
