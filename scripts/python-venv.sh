@@ -21,9 +21,18 @@ torch_prefix="${TORCH_PREFIX:-2.11.}"
 numpy_spec="${NUMPY_SPEC:-numpy==2.2.6}"
 nanobind_spec="${NANOBIND_SPEC:-nanobind==2.9.2}"
 skbuild_spec="${SKBUILD_SPEC:-scikit-build-core==0.11.6}"
+# morph.data's StatefulDataLoader (issue 34): pure Python, any torch >= 2 (2.11 and 2.15).
+torchdata_spec="${TORCHDATA_SPEC:-torchdata==0.11.0}"
 need_gib="${MORPH_VENV_MIN_FREE_GIB:-6}"
 
 log() { echo "python-venv: $*" >&2; }
+
+# A venv made before torchdata was pinned gets it here, best effort: offline (a lent GPU machine)
+# it stays without, and only the test of the StatefulDataLoader integration fails.
+if [[ -x "$venv/bin/python" ]] && ! "$venv/bin/python" -c 'import torchdata' 2>/dev/null; then
+  "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --timeout 60 -q \
+    "$torchdata_spec" >&2 || log "could not install $torchdata_spec into $venv"
+fi
 
 check='import sys, numpy, torch, nanobind, scikit_build_core
 assert sys.version_info[:2] == (3, 11), sys.version
@@ -71,7 +80,7 @@ index=()
 [[ -n "${TORCH_INDEX_URL:-}" ]] && index=(--index-url "$TORCH_INDEX_URL" --extra-index-url https://pypi.org/simple)
 log "installing $torch_spec $numpy_spec $nanobind_spec $skbuild_spec into $venv (minutes on first use)"
 "$venv/bin/python" -m pip install --disable-pip-version-check --no-input --timeout 120 --retries 3 \
-  "${index[@]}" "$torch_spec" "$numpy_spec" "$nanobind_spec" "$skbuild_spec"
+  "${index[@]}" "$torch_spec" "$numpy_spec" "$nanobind_spec" "$skbuild_spec" "$torchdata_spec"
 have="$("$venv/bin/python" -c "$check")"
 [[ "$have" == "$torch_prefix"* ]] || { log "installed torch $have is not $torch_spec"; exit 1; }
 log "torch $have ready in $venv"

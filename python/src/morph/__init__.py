@@ -28,6 +28,8 @@ from ._placements import (layout_from_placements, morph_dtype, placements_of,  #
 from ._runtime import (Layout, Options, ParallelConfig, Reconfiguration, Runtime, Shard,  # noqa
                        State, Step, start)
 from . import distributed  # noqa: F401
+from . import data  # noqa: F401
+from .data import DatasetCursor, ElasticDataLoader  # noqa: F401
 from .distributed import ProcessGroups  # noqa: F401
 
 ModelShape = _morph.ModelShape
@@ -38,4 +40,4 @@ __version__ = "0.1.0"
 __all__ = ["start", "Runtime", "State", "Step", "Shard", "Layout", "Options", "ModelShape",
            "ParallelConfig", "Reconfiguration", "ProcessGroups", "layout_from_placements",
            "placements_of", "morph_dtype", "torch_dtype", "zero_range", "shard_of",
-           "distributed"] + list(_error_names)
+           "distributed", "data", "DatasetCursor", "ElasticDataLoader"] + list(_error_names)
