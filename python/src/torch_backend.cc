@@ -332,6 +332,7 @@ class MorphBackend : public c10d::Backend {
                 " tensors (one per call)");
     at::Tensor& t = tensors[0];
     CheckTensor(t, "allreduce's tensor");
+    Premultiplied(opts.reduceOp, t, /*in_place=*/true);
     auto [op, finish] = Reduce(opts.reduceOp, t);
     return Begin(OpType::ALLREDUCE,
                  CollectiveOp::Allreduce(t.data_ptr(), t.numel(), DTypeOf(t, true), op,
@@ -414,11 +415,12 @@ class MorphBackend : public c10d::Backend {
     TORCH_CHECK(in.numel() == out.numel() * size_ && out.scalar_type() == in.scalar_type(),
                 "morph backend: reduce_scatter_tensor's input holds ", in.numel(),
                 " elements, not world size (", size_, ") x ", out.numel());
+    const at::Tensor input = Premultiplied(opts.reduceOp, in, /*in_place=*/false);
     auto [op, finish] = Reduce(opts.reduceOp, out);
     return Begin(OpType::_REDUCE_SCATTER_BASE,
-                 CollectiveOp::ReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(),
+                 CollectiveOp::ReduceScatter(input.data_ptr(), out.data_ptr(), out.numel(),
                                              DTypeOf(in, true), op, Timeout(opts.timeout)),
-                 {out}, std::move(finish), "reduce_scatter", {in});
+                 {out}, std::move(finish), "reduce_scatter", {input});
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
@@ -619,11 +621,36 @@ class MorphBackend : public c10d::Backend {
     return t == c10d::kUnsetTimeout ? timeout_ : t;
   }
 
+  // PREMUL_SUM (FSDP2's reduce-scatter with a gradient divide factor): `in` times the op's
+  // factor (a scalar or a one-element tensor), summed afterwards: `in` itself scaled in place
+  // (an allreduce's tensor, overwritten by the result anyway) or a scaled copy (the caller's
+  // reduce-scatter input stays as it was). Other ops, and a factor of 1 (bitwise SUM): `in`.
+  static at::Tensor Premultiplied(const c10d::ReduceOp& op, const at::Tensor& in, bool in_place) {
+    if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return in;
+    auto* sup = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+    TORCH_CHECK(sup != nullptr, "morph backend: PREMUL_SUM without its factor");
+    TORCH_CHECK(at::isFloatingType(in.scalar_type()), "morph backend: reduce op PREMUL_SUM of ",
+                in.scalar_type(), " (it scales floating-point tensors)");
+    at::Tensor f;
+    if (sup->tensor_factor.defined()) {
+      TORCH_CHECK(sup->tensor_factor.numel() == 1 && !sup->tensor_factor.is_cuda(),
+                  "morph backend: PREMUL_SUM's factor is a one-element CPU tensor");
+      f = sup->tensor_factor.to(in.scalar_type()).reshape({});
+    } else if (sup->double_factor != 1.0) {
+      f = at::scalar_tensor(sup->double_factor, in.options().dtype(in.scalar_type()));
+    } else {
+      return in;
+    }
+    return in_place ? in.mul_(f) : in.mul(f);
+  }
+
   // morph's reduction for `op` on `out`, and what completes it (AVG: a sum, then / size).
   std::pair<morph::ReduceOp, std::function<void()>> Reduce(const c10d::ReduceOp& op,
                                                            const at::Tensor& out) const {
     switch (op.op_) {
-      case c10d::ReduceOp::SUM: return {morph::ReduceOp::kSum, nullptr};
+      case c10d::ReduceOp::SUM:
+      case c10d::ReduceOp::PREMUL_SUM:  // Premultiplied scaled the inputs
+        return {morph::ReduceOp::kSum, nullptr};
       case c10d::ReduceOp::AVG:
         TORCH_CHECK(at::isFloatingType(out.scalar_type()), "morph backend: reduce op AVG of ",
                     out.scalar_type(), " (AVG averages floating-point tensors)");
@@ -635,7 +662,7 @@ class MorphBackend : public c10d::Backend {
                                        "BXOR", "PREMUL_SUM"};
         const int i = static_cast<int>(op.op_);
         TORCH_CHECK(false, "morph backend: reduce op ", i >= 0 && i < 9 ? kNames[i] : "?",
-                    " (morph reduces SUM, AVG, MAX, MIN)");
+                    " (morph reduces SUM, AVG, MAX, MIN, PREMUL_SUM)");
       }
     }
   }

@@ -171,6 +171,35 @@ class PlacementsTest(unittest.TestCase):
         self.assertIn("tensor 'z': dtype torch.complex64", str(cm.exception))
 
 
+class MeshCacheTest(unittest.TestCase):
+    """DTensor caches sharding decisions by DeviceMesh equality: a generation's mesh equal to an
+    earlier one's, where this process held another rank, got the earlier mesh object (its
+    coordinates) back, and FSDP2's shards and DCP's offsets were another rank's (found by
+    standard_test: ranks 2 and 3 of dp2 tp2 read their embedding rows at offset 0). forget_meshes,
+    called at every generation's groups, empties those caches."""
+
+    def _local_mesh_coordinate(self, rank):
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+        try:
+            mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+            x = DTensor.from_local(torch.zeros(3, 2), mesh, [Shard(0)], run_check=False,
+                                   shape=torch.Size([5, 2]), stride=(2, 1))
+            return torch.empty_like(x).device_mesh.get_coordinate()
+        finally:
+            dist.destroy_process_group()
+
+    def test_an_equal_mesh_of_a_later_generation_has_its_own_coordinates(self):
+        from morph import distributed
+        self.assertEqual(tuple(self._local_mesh_coordinate(0)), (0,))
+        distributed.forget_meshes()
+        self.assertEqual(tuple(self._local_mesh_coordinate(1)), (1,))
+        distributed.forget_meshes()
+
+
 class RuntimeTest(unittest.TestCase):
     """One worker hosting its own coordinator (no launcher variables)."""
 

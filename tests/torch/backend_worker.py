@@ -87,6 +87,22 @@ def collectives(step):
     dist.reduce_scatter_tensor(out, inp, group=g)
     want = sum(torch.arange(3 * n, dtype=torch.float64) + q for q in range(n))[3 * r: 3 * r + 3]
     check("reduce_scatter_tensor", torch.equal(out, want))
+    # PREMUL_SUM (FSDP2 with a gradient divide factor): the inputs scaled, then summed; the
+    # caller's reduce_scatter input untouched. A factor of 1 is bitwise SUM.
+    for f in (0.25, 1.0, torch.tensor([0.5], dtype=torch.float64)):
+        premul = dist._make_nccl_premul_sum(f)
+        fv = float(f) if not isinstance(f, torch.Tensor) else f.item()
+        inp = torch.arange(3 * n, dtype=torch.float64) + r
+        keep = inp.clone()
+        dist.reduce_scatter_tensor(out, inp, op=premul, group=g)
+        want = sum((torch.arange(3 * n, dtype=torch.float64) + q) * fv for q in range(n))
+        check(f"reduce_scatter_tensor premul {fv}",
+              torch.equal(out, want[3 * r: 3 * r + 3]) and torch.equal(inp, keep))
+        x = torch.full((4,), float(r + 1), dtype=torch.float64)
+        dist.all_reduce(x, op=premul, group=g)
+        check(f"all_reduce premul {fv}",
+              torch.equal(x, torch.full((4,), sum((q + 1) * fv for q in range(n)),
+                                        dtype=torch.float64)))
     # reduce, gather, scatter (root 2), all_to_all (uneven splits), barrier
     x = torch.tensor([float(r + 1)])
     dist.reduce(x, dst=2, group=g)

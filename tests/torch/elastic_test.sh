@@ -86,6 +86,7 @@ case $case_ in
     ;;
   *) fail "unknown case $case_" ;;
 esac
+: >"$tmp/run.log"  # before the loop below reads it (the launch runs in the background)
 timeout 300 "$morphrun" -n "$n" --max 6 "${pins[@]}" --log-dir "$tmp/logs" -- "$python" \
   "$here/elastic_worker.py" "${args[@]}" >"$tmp/run.log" 2>&1 &
 run=$!

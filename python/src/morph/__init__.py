@@ -30,6 +30,7 @@ from ._runtime import (Layout, Options, ParallelConfig, Reconfiguration, Runtime
 from . import distributed  # noqa: F401
 from . import data  # noqa: F401
 from .data import DatasetCursor, ElasticDataLoader  # noqa: F401
+from ._elastic import BuildContext, Built, ElasticJob, elastic  # noqa: F401
 from .distributed import ProcessGroups  # noqa: F401
 
 ModelShape = _morph.ModelShape
@@ -40,4 +41,5 @@ __version__ = "0.1.0"
 __all__ = ["start", "Runtime", "State", "Step", "Shard", "Layout", "Options", "ModelShape",
            "ParallelConfig", "Reconfiguration", "ProcessGroups", "layout_from_placements",
            "placements_of", "morph_dtype", "torch_dtype", "zero_range", "shard_of",
-           "distributed", "data", "DatasetCursor", "ElasticDataLoader"] + list(_error_names)
+           "distributed", "data", "DatasetCursor", "ElasticDataLoader", "elastic", "ElasticJob",
+           "BuildContext", "Built"] + list(_error_names)

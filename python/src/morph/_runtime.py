@@ -71,9 +71,8 @@ class State:
     extension allocates (from any thread, so a change's new shards are allocated and pre-faulted
     while the old generation trains), or, on a CUDA device, torch storage. morph writes the
     resharded values into them at a change, the program reads and writes them in place. Look
-    tensors up again after a change (on_reconfigure): the shards are new storage then. Do not
-    read an old tensor after a change: a shard that grew over its old range took over the old
-    block's pages, and the old view faults when read (docs/torch.md "The API").
+    tensors up again after a change (on_reconfigure): the shards are new storage then; an old
+    tensor is detached from the state (readable, its writes its own: docs/torch.md "Tensors").
     """
 
     def __init__(self) -> None:
@@ -89,7 +88,7 @@ class State:
                    placements: Optional[Sequence[object]] = None,
                    mesh_dim_names: Sequence[str] = ("dp", "tp"), layer: int = 0,
                    layers: Optional[Sequence[int]] = None,
-                   dp_shard_size: Optional[int] = None) -> None:
+                   dp_shard_size: Optional[int] = None, pad_dp_shards: bool = False) -> None:
         """Registers tensor `name` (the whole, global tensor).
 
         `tensor` gives its shape, dtype and device (a meta tensor, the full tensor, or a
@@ -98,7 +97,9 @@ class State:
         `shape`, `dtype` (default float32) and `device` (default cpu). The layout is `layout`
         (a morph.Layout), else the one `placements` on `mesh_dim_names` map to (DTensor style,
         layout_from_placements; HSDP's "dp_shard" with `dp_shard_size`, taken from a DTensor's
-        mesh), else replicated on `layer` (or `layers`).
+        mesh), else replicated on `layer` (or `layers`). With `pad_dp_shards`, a DP-sharded
+        CPU tensor's storage has room for its DP group's first shard (FSDP2 pads every rank's
+        shard to its rows: State.padded_tensor).
 
         Raises InvalidArgumentError naming the tensor for a dtype morph has not, a dtype or
         shape disagreeing with `tensor`, a placement morph cannot express, a name registered
@@ -153,7 +154,7 @@ class State:
         is_cuda = device.type == "cuda"
 
         if not is_cuda:
-            core.add_host_tensor(name, list(shape), mdt, layout)
+            core.add_host_tensor(name, list(shape), mdt, layout, pad_dp_shards)
             self._tensors[name] = reg
             return
 
@@ -217,6 +218,31 @@ class State:
 
     __getitem__ = tensor
 
+    def padded_tensor(self, name: str, shape: Sequence[int]) -> Optional[torch.Tensor]:
+        """The storage of this rank's shard of CPU tensor `name` as a tensor of `shape`
+        (contiguous, starting with the shard's elements): the room a DP-sharded tensor
+        registered with pad_dp_shards has for its DP group's first shard (FSDP2's padded
+        shard). None when this rank holds nothing of it. NotFoundError when the storage is
+        smaller than `shape`."""
+        core = self._core_or_raise()
+        reg = self._tensors.get(name)
+        if reg is None:
+            raise NotFoundError(f"no tensor '{name}' is registered")
+        if not reg.host:
+            raise InvalidArgumentError(f"tensor '{name}': padded storage is for CPU tensors")
+        ptr, nbytes = core.tensor_info(name)[:2]
+        if nbytes == 0:
+            return None
+        numel = math.prod(shape)
+        want = numel * reg.dtype.itemsize
+        try:
+            buf = _morph.host_storage(ptr, max(want, nbytes))
+        except MorphError as e:
+            raise NotFoundError(f"tensor '{name}': its storage holds {nbytes} bytes, not the "
+                                f"{want} of shape {tuple(shape)} (registered without "
+                                f"pad_dp_shards?): {e}") from None
+        return buf[:want].view(reg.dtype).view(*shape)
+
     def tensors(self) -> Dict[str, torch.Tensor]:
         """Every registered tensor's local shard, by name (registration order)."""
         return {n: self.tensor(n) for n in self._tensors}
@@ -252,22 +278,34 @@ class State:
             raise FailedPreconditionError("the state is not started (morph.start)")
         return self._core
 
+    def copy_from_whole(self, name: str, whole: torch.Tensor) -> None:
+        """Writes this rank's shard of tensor `name` from `whole`, the whole tensor (any
+        device; its dtype converted): what every rank does with the same `whole` sets the
+        tensor to it, whatever the layout."""
+        reg = self._tensors.get(name)
+        if reg is None:
+            raise NotFoundError(f"no tensor '{name}' is registered")
+        if tuple(whole.shape) != reg.shape:
+            raise InvalidArgumentError(f"tensor '{name}': a whole tensor of shape "
+                                       f"{tuple(whole.shape)}, the tensor's is {reg.shape}")
+        local = self.tensor(name)
+        if local.numel() == 0:
+            return
+        sh = self.shard(name)
+        src = whole.detach()
+        if len(sh.shape) != src.dim():  # block view: index the given tensor in it
+            d = reg.layout.tp_dim
+            src = src.reshape(*src.shape[:d], reg.layout.tp_blocks, -1, *src.shape[d + 1:])
+        box = src[tuple(slice(o, o + s) for o, s in zip(sh.origin, sh.shape))]
+        box = box.reshape(-1)[sh.flat_begin: sh.flat_end]
+        local.view(-1).copy_(box.to(device=local.device, dtype=local.dtype))
+
     def _initialize_from_given(self) -> None:
         """Fresh start: copies the values of the tensors given at registration into the shards."""
         for name, reg in self._tensors.items():
             if reg.init is None:
                 continue
-            local = self.tensor(name)
-            if local.numel() == 0:
-                continue
-            sh = self.shard(name)
-            src = reg.init.detach()
-            if len(sh.shape) != src.dim():  # block view: index the given tensor in it
-                d = reg.layout.tp_dim
-                src = src.reshape(*src.shape[:d], reg.layout.tp_blocks, -1, *src.shape[d + 1:])
-            box = src[tuple(slice(o, o + s) for o, s in zip(sh.origin, sh.shape))]
-            box = box.reshape(-1)[sh.flat_begin: sh.flat_end]
-            local.view(-1).copy_(box.to(local.device))
+            self.copy_from_whole(name, reg.init)
             reg.init = None  # the given tensor is not held beyond the start
 
 

@@ -306,12 +306,38 @@ def _build(step: Any, runtime: Any, backend: str, timeout: datetime.timedelta, l
     if sys.excepthook is not hook:  # torch wrapped it: one prefix, this generation's rank
         sys.excepthook = _rank_prefixed(getattr(hook, "_morph_base", hook), rank)
     phases["init"] = time.perf_counter() - t0
+    forget_meshes()
     mesh = DeviceMesh(device, torch.arange(world).reshape(cfg.pp, cfg.dp, cfg.tp),
                       mesh_dim_names=("pp", "dp", "tp"))
     return ProcessGroups(generation=step.generation, rank=rank, world_size=world, config=cfg,
                          world=dist.group.WORLD, dp=mesh.get_group("dp"), tp=mesh.get_group("tp"),
                          pp=mesh.get_group("pp"), mesh=mesh, store=store,
                          seconds=time.perf_counter() - t0, phases=phases)
+
+
+def forget_meshes() -> None:
+    """Empties DTensor's caches of sharding decisions (C++ and Python) and of mesh topology.
+    They are keyed by DeviceMesh equality (ranks, shape, names), not identity: a generation's
+    mesh equal to an earlier one's (dp 2 again after dp 3, or the fake world of morph.elastic's
+    discovery build) would otherwise get results holding the earlier mesh object, whose
+    coordinates are those of this process's earlier rank, and DTensor ops (FSDP2's sharded
+    parameters, DCP's offsets) would place local tensors at another rank's offsets. Called
+    whenever the groups of a generation are built."""
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._collective_utils import MeshTopoInfo
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # pragma: no cover (torch without DTensor)
+        return
+    clear = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear is not None:
+        clear()
+    prop = DTensor._op_dispatcher.sharding_propagator
+    for cached in (getattr(prop, "propagate_op_sharding", None),
+                   getattr(ShardingPropagator, "_propagate_tensor_meta_cached", None),
+                   getattr(MeshTopoInfo, "build_from_mesh", None)):
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
 
 
 def is_collective_failure(exc: BaseException) -> bool:

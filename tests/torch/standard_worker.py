@@ -1,0 +1,200 @@
+"""A worker of the standard-torch elastic test (standard_test.sh): a program written the standard
+way — a model built on `meta`, `parallelize_module` (TP) and `fully_shard` (FSDP2) on the
+generation's mesh, `to_empty`, `torch.optim.AdamW`, a warmup-cosine `LambdaLR` — handed to
+morph.elastic as its build function.
+
+At every step rank 0 appends the step's loss and learning rate to <out>/loss.jsonl. Between steps
+every rank saves the state through DCP, as torch's own checkpointing writes it (the model's and
+the optimizer's state dicts of torch.distributed.checkpoint.state_dict), so that at the first step
+of a new generation each rank compares its parameters and optimizer state, bitwise, with DCP's
+load of that save into the new layout (the oracle); one line per change in <out>/events.jsonl.
+
+  standard_worker.py --steps 16 --out DIR [--kill-at STEP --kill-rank R] [--reference]
+"""
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.utils._pytree import tree_flatten_with_path, tree_map
+
+import morph
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=16)
+p.add_argument("--out", required=True)
+p.add_argument("--kill-at", type=int, default=-1)
+p.add_argument("--kill-rank", type=int, default=1)
+p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--no-oracle", action="store_true",
+               help="no DCP save per step, only after the last (the reference)")
+a = p.parse_args()
+os.makedirs(a.out, exist_ok=True)
+pid = os.getpid()
+if os.path.isdir(os.path.join(a.out, "pids")):
+    open(os.path.join(a.out, "pids", str(pid)), "w").close()
+
+VOCAB, DIM, LAYERS, SEQ, BATCH = 13, 10, 2, 6, 12  # 13 rows: uneven over dp 2, 3 and 4
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(DIM, 3 * DIM)
+        self.w2 = nn.Linear(3 * DIM, DIM, bias=False)
+
+    def forward(self, x):
+        return x + self.w2(torch.relu(self.w1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleDict({str(i): Block() for i in range(LAYERS)})
+        self.norm = nn.LayerNorm(DIM)
+        self.out = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, x):
+        h = self.emb(x)
+        for b in self.layers.values():
+            h = b(h)
+        return self.out(self.norm(h))
+
+
+def warmup_cosine(step, warmup=4, total=40):
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
+
+
+def build(ctx):
+    with torch.device("meta"):
+        model = Net()
+    if ctx.mesh["tp"].size() > 1:
+        for b in model.layers.values():
+            parallelize_module(b, ctx.mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    for b in model.layers.values():
+        fully_shard(b, mesh=ctx.mesh["dp"])
+    fully_shard(model, mesh=ctx.mesh["dp"])
+    for m in model.modules():  # the loss is divided by the global batch already: sum over DP
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+    model.to_empty(device=ctx.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
+
+
+with torch.device("meta"):
+    SHAPES = {n: tuple(t.shape) for n, t in Net().named_parameters()}
+
+
+def init(fqn):
+    """Layout-independent initial values: the whole tensor from a generator seeded by name."""
+    g = torch.Generator().manual_seed(zlib.crc32(fqn.encode()))
+    if fqn.endswith("norm.weight"):
+        return torch.ones(SHAPES[fqn])
+    return torch.randn(SHAPES[fqn], generator=g) * 0.3
+
+
+def sample(i):
+    """Sample i: SEQ + 1 tokens, a function of i only."""
+    g = torch.Generator().manual_seed(i)
+    return torch.randint(0, VOCAB, (SEQ + 1,), generator=g)
+
+
+def log(name, **kv):
+    kv.update(pid=pid, t=time.time())
+    with open(os.path.join(a.out, name), "a") as f:
+        f.write(json.dumps(kv) + "\n")
+
+
+def torch_state(job):
+    """The model's and the optimizer's state dicts, as torch's DCP integration writes them."""
+    return {"model": get_model_state_dict(job.model),
+            "optim": get_optimizer_state_dict(job.model, job.optimizer)}
+
+
+def leaves(sd):
+    return {"/".join(str(k) for k in path): v for path, v in tree_flatten_with_path(sd)[0]}
+
+
+def check_oracle(job, index):
+    """This generation's state against DCP's load (into this layout) of the save at `index`."""
+    path = os.path.join(a.out, "dcp", f"at-{index}")
+    if not os.path.exists(os.path.join(path, ".metadata")):
+        return "no-checkpoint", 0
+    live = torch_state(job)
+    want = tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, live)
+    for t in leaves(want).values():  # nothing of the live state may pass for the loaded one
+        if isinstance(t, torch.Tensor):
+            (t.to_local() if hasattr(t, "to_local") else t).fill_(float("nan"))
+    dcp.load(want, checkpoint_id=path)
+    got, exp = leaves(live), leaves(want)
+    n = 0
+    for k, t in got.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        x = t.to_local() if hasattr(t, "to_local") else t
+        y = exp[k].to_local() if hasattr(exp[k], "to_local") else exp[k]
+        if x.shape != y.shape or not torch.equal(x.reshape(-1).view(torch.uint8),
+                                                 y.reshape(-1).view(torch.uint8)):
+            return f"differs:{k}", n
+        n += 1
+    return "ok", n
+
+
+job = morph.elastic(build, init=init, global_batch=BATCH, dataset_samples=10_000,
+                    tp_candidates=[1, 2])
+while True:
+    index = None
+    with job.step() as step:
+        if step.done or step.index >= a.steps:
+            break
+        if step.reconfigured:
+            rc = job.runtime.last_reconfiguration
+            oracle, tensors = check_oracle(job, step.index)
+            log("events.jsonl", event="reconfigured", step=step.index, rank=step.rank,
+                world=step.world_size, config=[step.config.dp, step.config.tp, step.config.pp],
+                recovery=rc.recovery, oracle=oracle, tensors=tensors)
+        if a.kill_at == step.index and step.rank == a.kill_rank and \
+                not os.path.exists(os.path.join(a.out, "kill.json")):
+            with open(os.path.join(a.out, "kill.json"), "w") as f:
+                json.dump({"t": time.time(), "pid": pid}, f)
+            os.kill(pid, signal.SIGKILL)
+        batch = torch.stack([sample(int(i)) for i in step.samples]) if len(step.samples) else \
+            torch.zeros((0, SEQ + 1), dtype=torch.int64)
+        logits = job.model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1),
+                                           reduction="sum") / (BATCH * SEQ)
+        loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=step.groups.dp)
+        lr = job.optimizer.param_groups[0]["lr"]
+        job.optimizer.step()  # morph's commit vote first
+        job.scheduler.step()
+        job.optimizer.zero_grad()
+        if a.step_sleep:
+            time.sleep(a.step_sleep)
+        if step.rank == 0:
+            log("loss.jsonl", step=step.index, loss=total.item(), lr=lr,
+                config=[step.config.dp, step.config.tp, step.config.pp])
+        index = step.index
+    if index is not None and (not a.no_oracle or index + 1 == a.steps):
+        try:
+            dcp.save(torch_state(job), checkpoint_id=os.path.join(a.out, "dcp", f"at-{index + 1}"))
+        except Exception as e:  # a peer failed while saving: that step has no oracle
+            log("events.jsonl", event="save_failed", step=index + 1, error=str(e)[:200])
+job.finish()
+job.close()
