@@ -206,7 +206,7 @@ class LoaderTest(unittest.TestCase):
         loader.close()
 
     def test_done_step(self):
-        rt = fake_runtime()
+        rt = SimpleNamespace(runtime=fake_runtime())  # what a morph.ElasticJob holds
         loader = morph.ElasticDataLoader(rt, Ids())
         self.assertEqual(list(loader.micro_batches(SimpleNamespace(done=True))), [])
         self.assertEqual(loader.restarts, 0)

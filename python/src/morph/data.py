@@ -183,8 +183,8 @@ class ElasticDataLoader:
     """This rank's micro-batches of each step, loaded by a torch DataLoader (or any subclass:
     `loader_class=torchdata.stateful_dataloader.StatefulDataLoader`) from a map-style dataset.
 
-    `rt` is the started runtime (morph.start): its cursor and Options.micro_batch decide the
-    samples. The DataLoader arguments are torch's (num_workers, prefetch_factor, pin_memory,
+    `rt` is the started runtime (morph.start, or a morph.ElasticJob's): its cursor and
+    Options.micro_batch decide the samples. The DataLoader arguments are torch's (num_workers, prefetch_factor, pin_memory,
     collate_fn, worker_init_fn, multiprocessing_context, timeout, persistent_workers, ...),
     except those the runtime decides: batch_size, shuffle, sampler, batch_sampler, drop_last,
     generator, in_order=False (InvalidArgumentError naming the argument). persistent_workers
@@ -210,6 +210,8 @@ class ElasticDataLoader:
             raise InvalidArgumentError(
                 "morph.data: DataLoader argument 'in_order=False': batches are served in the "
                 "step's order")
+        if not hasattr(rt, "_core") and hasattr(rt, "runtime"):  # a morph.ElasticJob
+            rt = rt.runtime
         core = getattr(rt, "_core", None)
         if core is None:
             raise FailedPreconditionError("morph.data: the runtime is closed or not started "
