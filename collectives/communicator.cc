@@ -242,6 +242,19 @@ T Combine(T a, T b, ReduceOp op) {
   return a;
 }
 
+// a[i] = op(a[i], b[i]) in blocks of 64 bytes: a loop of a fixed count over buffers that do not
+// overlap is what GCC vectorizes at -O2 (its "very cheap" cost model allows no remainder loop
+// and no alias check), 2-10x faster here than the plain loop for 1-4 byte types.
+template <typename T, ReduceOp kOp>
+void CombineBlocks(T* __restrict a, const T* __restrict b, size_t n) {
+  constexpr size_t kBlock = 64 / sizeof(T);
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    for (size_t j = 0; j < kBlock; ++j) a[i + j] = Combine(a[i + j], b[i + j], kOp);
+  }
+  for (; i < n; ++i) a[i] = Combine(a[i], b[i], kOp);
+}
+
 template <typename T>
 void ReduceTyped(void* inout, const void* in, size_t n, ReduceOp op) {
   T* a = static_cast<T*>(inout);
@@ -249,14 +262,11 @@ void ReduceTyped(void* inout, const void* in, size_t n, ReduceOp op) {
   // One loop per op (the switch outside), so that the compiler vectorizes it.
   switch (op) {
     case ReduceOp::kSum:
-      for (size_t i = 0; i < n; ++i) a[i] = Combine(a[i], b[i], ReduceOp::kSum);
-      return;
+      return CombineBlocks<T, ReduceOp::kSum>(a, b, n);
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) a[i] = Combine(a[i], b[i], ReduceOp::kMax);
-      return;
+      return CombineBlocks<T, ReduceOp::kMax>(a, b, n);
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) a[i] = Combine(a[i], b[i], ReduceOp::kMin);
-      return;
+      return CombineBlocks<T, ReduceOp::kMin>(a, b, n);
   }
 }
 

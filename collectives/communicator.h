@@ -17,7 +17,8 @@ namespace morph {
 StatusOr<std::chrono::milliseconds> CollectiveTimeoutFromEnv();
 
 // Reduces `n` elements of `in` into `inout` (inout[i] = op(inout[i], in[i])) on the host.
-// f16/bf16 are converted to f32, combined and rounded back (round to nearest even).
+// f16/bf16 are converted to f32, combined and rounded back (round to nearest even). The two
+// buffers must not overlap.
 void ReduceInto(void* inout, const void* in, size_t n, DType dtype, ReduceOp op);
 
 // f32 <-> f16/bf16, round to nearest even; NaN stays NaN.

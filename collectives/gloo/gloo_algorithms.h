@@ -151,10 +151,11 @@ class Mailboxes {
 };
 
 // `pieces[p]` = rank p's contribution (count elements of `t`); `out` (may be one of the
-// pieces: all are read before it is written) = their reduction in rank order,
-// ((x0 op x1) op x2) ... op x(size-1), f16/bf16 in f32 rounded once. The one-round algorithms
-// below and the shared-memory path (shm_collectives.h) both reduce with it, so they agree bit
-// for bit.
+// pieces: each block of all of them is read before that block of `out` is written) = their
+// reduction in rank order, ((x0 op x1) op x2) ... op x(size-1), f16/bf16 in f32 rounded once.
+// Runs in blocks of 8 KiB of accumulator (cache-resident). The one-round algorithms below and
+// the shared-memory paths (shm_collectives.h, its staging path included) all reduce with it,
+// so they agree bit for bit.
 void ReduceInRankOrder(Workspace& ws, const std::vector<const uint8_t*>& pieces, size_t count,
                        DType t, ReduceOp op, void* out);
 

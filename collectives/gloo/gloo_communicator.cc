@@ -196,15 +196,14 @@ StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       return shm.status();
     }
     if (*shm == nullptr) {
-      MORPH_LOG(INFO, impl->log_) << impl->Describe()
-                                  << ": small collectives over TCP: " << why_not;
+      MORPH_LOG(INFO, impl->log_) << impl->Describe() << ": collectives over TCP: " << why_not;
     } else {
       std::lock_guard<std::mutex> lock(impl->mu_);
       impl->shm_ = std::move(*shm);
     }
   }
   MORPH_VLOG(1, impl->log_)
-      << impl->Describe() << (impl->shm_ != nullptr ? " (small collectives in shared memory)" : "")
+      << impl->Describe() << (impl->shm_ != nullptr ? " (collectives in shared memory)" : "")
       << " connected in "
       << std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count()
       << " ms";

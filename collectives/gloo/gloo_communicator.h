@@ -18,9 +18,10 @@
 // context, which wakes Gloo's waits and closes the connections, so peers fail too.
 // Any error does the same. A sentinel receive on every pair notices a peer connection that
 // closed while this rank waits on another pair (docs/collectives.md). When every rank is on
-// this host, small collectives (allreduce, broadcast, allgather, reduce-scatter up to 64 KiB,
-// barrier) bypass TCP through a shared segment with the same results, bit for bit, and the
-// same failure statuses (GlooOptions::shared_memory, shm_collectives.h). SIGPIPE is blocked in
+// this host, collectives (allreduce, broadcast, allgather, reduce-scatter, barrier; above
+// 64 KiB in chunks) and point to point bypass TCP through a shared segment with the same
+// failure statuses; reductions there run in rank order at every size (up to 64 KiB the TCP
+// path's bits; GlooOptions::shared_memory, shm_collectives.h). SIGPIPE is blocked in
 // the threads that write to Gloo's sockets; the library installs no signal handler.
 #ifndef MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
 #define MORPH_COLLECTIVES_GLOO_COMMUNICATOR_H_
@@ -46,10 +47,10 @@ struct GlooOptions {
   // that core behind the training thread at every message (8 B allreduce, 2 ranks, busy host:
   // 3 ms bound, 0.16 ms unbound). The calling thread's binding is left as it is.
   bool unbind_threads = true;
-  // Small collectives through shared memory when every rank of a communicator is on this host
-  // (decided once at creation, the same on every rank; any rank with false, on another host,
-  // or unable to map the segment: TCP, and an INFO line says why). shm_collectives.h;
-  // docs/collectives.md, "Same-host shared memory".
+  // Collectives and point to point through shared memory when every rank of a communicator is
+  // on this host (decided once at creation, the same on every rank; any rank with false, on
+  // another host, or unable to map the segment: TCP, and an INFO line says why).
+  // shm_collectives.h; docs/collectives.md, "Same-host shared memory".
   bool shared_memory = true;
   // How long a shared-memory wait busy-polls before it sleeps on a futex; negative: 20 us when
   // the process may use at least as many CPUs as the communicator has ranks, else 0.
@@ -111,8 +112,8 @@ class GlooCommunicator : public Communicator {
   Status Run(CollectiveOp op) override;
   void Abort() override;
   bool broken() const override;
-  // Whether small collectives go through shared memory (decided in Create, the same on every
-  // rank). Any thread.
+  // Whether collectives go through shared memory (decided in Create, the same on every rank).
+  // Any thread.
   bool shared_memory() const;
 
   class Impl;

@@ -1,25 +1,29 @@
 // The Gloo communicator's same-host shared-memory path (shm_collectives.h) with ranks as forked
 // processes (label multiproc): it is taken when every rank is here and enabled, its results are
-// the reference ones and bit for bit the TCP path's, in the documented rank order; Abort() wakes
-// a waiter at once, a SIGKILLed peer gives kUnavailable naming it, a silent one
-// kDeadlineExceeded, a destroyed one kUnavailable; the segment's name is gone once created;
-// disabled on any rank, everyone uses TCP; every receiver gets every broadcast bit for bit;
-// ranks whose calls differ all fail, on shared memory and over TCP, and go on.
+// the reference ones and up to 64 KiB bit for bit the TCP path's, in the documented rank order
+// at every size (larger ones through the staging slots, in chunks); Abort() wakes a waiter at
+// once and stops a large operation, a SIGKILLed peer gives kUnavailable naming it, a silent or
+// stopped one kDeadlineExceeded, a destroyed one kUnavailable; the segment's name is gone once
+// created; disabled on any rank, everyone uses TCP; every receiver gets every broadcast bit for
+// bit; ranks whose calls differ all fail, on shared memory and over TCP, and go on.
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
 
 #include "base/testing.h"
-#include "collectives/testing/collective_checks.h"
 #include "collectives/gloo/gloo_communicator.h"
-#include "collectives/testing/rank_harness.h"
 #include "collectives/shm/shm_collectives.h"
 #include "collectives/store/tcp_store.h"
+#include "collectives/testing/collective_checks.h"
+#include "collectives/testing/rank_harness.h"
 
 namespace morph {
 namespace {
@@ -91,6 +95,75 @@ void Fill(DType t, void* buf, size_t n, int rank) {
         break;
     }
   }
+}
+
+// out = in0 op in1 op ... in rank order, ((x0 op x1) op x2) ..., element by element in T.
+template <typename T>
+void ReferenceTyped(const std::vector<std::vector<uint8_t>>& in, size_t n, ReduceOp op,
+                    uint8_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    T acc;
+    std::memcpy(&acc, in[0].data() + i * sizeof(T), sizeof(T));
+    for (size_t r = 1; r < in.size(); ++r) {
+      T x;
+      std::memcpy(&x, in[r].data() + i * sizeof(T), sizeof(T));
+      acc = op == ReduceOp::kSum ? static_cast<T>(acc + x)
+                                 : (op == ReduceOp::kMax ? std::max(acc, x) : std::min(acc, x));
+    }
+    std::memcpy(out + i * sizeof(T), &acc, sizeof(T));
+  }
+}
+
+// The documented result of reducing `in` (one buffer of n elements per rank): rank order,
+// f16/bf16 in f32 rounded once at the end.
+std::vector<uint8_t> ReferenceReduce(DType t, const std::vector<std::vector<uint8_t>>& in, size_t n,
+                                     ReduceOp op) {
+  std::vector<uint8_t> out(n * DTypeSize(t));
+  if (t == DType::kF16 || t == DType::kBF16) {
+    const bool bf = t == DType::kBF16;
+    std::vector<std::vector<uint8_t>> wide(in.size(), std::vector<uint8_t>(n * 4));
+    for (size_t r = 0; r < in.size(); ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, in[r].data() + 2 * i, 2);
+        const float f = bf ? BFloat16ToFloat(h) : HalfToFloat(h);
+        std::memcpy(wide[r].data() + 4 * i, &f, 4);
+      }
+    }
+    std::vector<uint8_t> acc(n * 4);
+    ReferenceTyped<float>(wide, n, op, acc.data());
+    for (size_t i = 0; i < n; ++i) {
+      float f;
+      std::memcpy(&f, acc.data() + 4 * i, 4);
+      const uint16_t h = bf ? FloatToBFloat16(f) : FloatToHalf(f);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+    return out;
+  }
+  switch (t) {
+    case DType::kF32:
+      ReferenceTyped<float>(in, n, op, out.data());
+      break;
+    case DType::kF64:
+      ReferenceTyped<double>(in, n, op, out.data());
+      break;
+    case DType::kI32:
+      ReferenceTyped<int32_t>(in, n, op, out.data());
+      break;
+    case DType::kI64:
+      ReferenceTyped<int64_t>(in, n, op, out.data());
+      break;
+    case DType::kI8:
+      ReferenceTyped<int8_t>(in, n, op, out.data());
+      break;
+    case DType::kU8:
+      ReferenceTyped<uint8_t>(in, n, op, out.data());
+      break;
+    case DType::kF16:
+    case DType::kBF16:
+      break;
+  }
+  return out;
 }
 
 // Every small collective on `shm` and on `tcp` with the same inputs: the same bytes.
@@ -168,6 +241,27 @@ Status ExpectPeerLeft(GlooCommunicator& comm, int peer) {
   return Status::Ok();
 }
 
+// Allreduces of 16 MiB (f32, rank + 1 everywhere: the staging path, 64 chunks each), checked,
+// until one fails: its Status (kInternal for a wrong sum or when none failed in 2000). Sets
+// `key` in the store after the first.
+Status LoopLargeAllreduces(GlooCommunicator& comm, TcpStoreClient& store, const std::string& key,
+                           milliseconds timeout) {
+  std::vector<float> buf(size_t{4} << 20);
+  const float want = static_cast<float>(comm.size() * (comm.size() + 1) / 2);
+  for (int i = 0; i < 2000; ++i) {
+    std::fill(buf.begin(), buf.end(), static_cast<float>(comm.rank() + 1));
+    Status s = comm.Allreduce(buf.data(), buf.size(), DType::kF32, ReduceOp::kSum, timeout);
+    if (!s.ok()) return s;
+    if (buf.front() != want || buf[buf.size() / 2] != want || buf.back() != want) {
+      return InternalError("large allreduce " + std::to_string(i) + ": wrong sum");
+    }
+    if (i == 0) {
+      MORPH_RETURN_IF_ERROR(store.Set(key, "1", Deadline::AfterMs(5000)));
+    }
+  }
+  return InternalError("no large allreduce failed");
+}
+
 // Broadcast i's bytes: a pattern of i, so that a receiver reading bytes of another broadcast
 // sees the wrong ones.
 std::vector<uint8_t> Pattern(int i, size_t bytes) {
@@ -216,8 +310,118 @@ TEST_P(GlooShmWorldTest, SmallCollectivesTakeSharedMemoryAndMatchTcpBitForBit) {
       return InternalError("the segment's name is still in /dev/shm after Create");
     }
     MORPH_RETURN_IF_ERROR(CheckAllCollectives(*shm, kTimeout));
-    MORPH_RETURN_IF_ERROR(CheckReductionOrder(*shm, GlooCommunicator::kOneShotMaxBytes, kTimeout));
+    // Rank order at every size (above 64 KiB through the staging slots).
+    MORPH_RETURN_IF_ERROR(CheckReductionOrder(*shm, SIZE_MAX, kTimeout));
     return CompareWithTcp(*shm, *tcp);
+  });
+  for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// Collectives beyond the 64 KiB buffers go through the staging slots in chunks: for every type
+// and op, at sizes just above 64 KiB, across chunk boundaries (a last chunk of one element, of
+// fewer elements than ranks) and of several MiB, allreduce and reduce-scatter equal a local
+// reduction in rank order bit for bit, allgather and broadcast the inputs byte for byte, and
+// every rank holds the same bytes (gathered over the TCP communicator). Failed before the
+// staging path: above 64 KiB the TCP path reduces in ring order (or Gloo's).
+TEST_P(GlooShmWorldTest, LargeCollectivesReduceInRankOrderAndEveryRankGetsTheSameBytes) {
+  const int world = GetParam();
+  if (world < 2) GTEST_SKIP() << "one rank takes no shared memory";
+  std::vector<int> codes = RunForked(world, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto shm, Build(store, "large", rank, world, true));
+    MORPH_ASSIGN_OR_RETURN(auto tcp, Build(store, "large-tcp", rank, world, false));
+    if (!shm->shared_memory()) return InternalError("no shared memory");
+    const size_t w = static_cast<size_t>(world);
+    constexpr size_t kChunk = ShmCollectives::kChunkBytes;
+    // Every rank's bytes of `mine` equal rank 0's.
+    auto same_everywhere = [&](const std::vector<uint8_t>& mine,
+                               const std::string& what) -> Status {
+      std::vector<uint8_t> all(mine.size() * w);
+      MORPH_RETURN_IF_ERROR(
+          tcp->Allgather(mine.data(), all.data(), mine.size(), DType::kU8, kTimeout));
+      for (size_t r = 1; r < w; ++r) {
+        if (!std::equal(mine.begin(), mine.end(), all.begin() + r * mine.size())) {
+          return InternalError(what + ": rank " + std::to_string(r) +
+                               "'s bytes differ from rank 0's");
+        }
+      }
+      return Status::Ok();
+    };
+    for (DType t : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kI64,
+                    DType::kI8, DType::kU8}) {
+      const size_t es = DTypeSize(t);
+      std::vector<size_t> counts = {ShmCollectives::kSlotBytes / es + 1,
+                                    kChunk / (es * w) + 1,  // a reduce-scatter chunk + 1
+                                    kChunk / es + 1,        // an allreduce chunk + 1
+                                    2 * kChunk / es + kChunk / (2 * es) + 3};
+      if (t == DType::kF32 || t == DType::kBF16) counts.push_back((size_t{5} << 20) / es + 3);
+      for (size_t count : counts) {
+        const std::string what = std::string(DTypeName(t)) + " count " + std::to_string(count);
+        // Every rank's reduce-scatter input (count * world elements), its first count elements
+        // the allreduce, allgather and broadcast input.
+        std::vector<std::vector<uint8_t>> in(w, std::vector<uint8_t>(count * es * w));
+        for (size_t r = 0; r < w; ++r) Fill(t, in[r].data(), count * w, static_cast<int>(r));
+        const bool large_only = count * es > (size_t{1} << 20);
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+          if (large_only && op != ReduceOp::kSum) continue;
+          std::vector<std::vector<uint8_t>> firsts(w);
+          for (size_t r = 0; r < w; ++r) {
+            firsts[r].assign(in[r].begin(), in[r].begin() + count * es);
+          }
+          std::vector<uint8_t> buf = firsts[rank];
+          MORPH_RETURN_IF_ERROR(shm->Allreduce(buf.data(), count, t, op, kTimeout)) << what;
+          if (buf != ReferenceReduce(t, firsts, count, op)) {
+            return InternalError(what + ": allreduce " + std::string(ReduceOpName(op)) +
+                                 " differs from the reduction in rank order");
+          }
+          MORPH_RETURN_IF_ERROR(same_everywhere(buf, what + ": allreduce"));
+          // Reduce-scatter: this rank's piece of every rank's input.
+          std::vector<std::vector<uint8_t>> pieces(w);
+          for (size_t r = 0; r < w; ++r) {
+            pieces[r].assign(in[r].begin() + rank * count * es,
+                             in[r].begin() + (rank + 1) * count * es);
+          }
+          std::vector<uint8_t> out(count * es, 0xee);
+          MORPH_RETURN_IF_ERROR(
+              shm->ReduceScatter(in[rank].data(), out.data(), count, t, op, kTimeout))
+              << what;
+          if (out != ReferenceReduce(t, pieces, count, op)) {
+            return InternalError(what + ": reduce_scatter " + std::string(ReduceOpName(op)) +
+                                 " differs from the reduction in rank order");
+          }
+        }
+        std::vector<uint8_t> gathered(count * es * w, 0xee), want;
+        MORPH_RETURN_IF_ERROR(shm->Allgather(in[rank].data(), gathered.data(), count, t, kTimeout))
+            << what;
+        for (size_t r = 0; r < w; ++r) {
+          want.insert(want.end(), in[r].begin(), in[r].begin() + count * es);
+        }
+        if (gathered != want) return InternalError(what + ": allgather differs from the inputs");
+        for (int root : {0, world - 1}) {
+          std::vector<uint8_t> buf(in[rank].begin(), in[rank].begin() + count * es);
+          MORPH_RETURN_IF_ERROR(shm->Broadcast(buf.data(), count, t, root, kTimeout)) << what;
+          if (!std::equal(buf.begin(), buf.end(), in[root].begin())) {
+            return InternalError(what + ": broadcast from " + std::to_string(root) +
+                                 " differs from the root's bytes");
+          }
+        }
+      }
+    }
+    // Small and large operations interleaved keep their order and their bytes.
+    std::vector<float> big(3 * kChunk / 4 + 5), small(3);
+    for (int i = 0; i < 6; ++i) {
+      std::fill(big.begin(), big.end(), static_cast<float>(rank + i));
+      std::fill(small.begin(), small.end(), static_cast<float>(rank * i));
+      MORPH_RETURN_IF_ERROR(
+          shm->Allreduce(big.data(), big.size(), DType::kF32, ReduceOp::kSum, kTimeout));
+      MORPH_RETURN_IF_ERROR(
+          shm->Allreduce(small.data(), small.size(), DType::kF32, ReduceOp::kSum, kTimeout));
+      const float want_big = static_cast<float>(world * (world - 1) / 2 + world * i);
+      const float want_small = static_cast<float>(i * world * (world - 1) / 2);
+      if (big.front() != want_big || big.back() != want_big || small[2] != want_small) {
+        return InternalError("interleaved operation " + std::to_string(i) + ": wrong sums");
+      }
+    }
+    return Status::Ok();
   });
   for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
@@ -328,6 +532,151 @@ TEST(GlooShmTest, SigkilledPeerMidWaitIsUnavailableNamingIt) {
   EXPECT_EQ(codes[0], 0);
   EXPECT_EQ(codes[kVictim], 128 + SIGKILL);
   EXPECT_EQ(codes[2], 0);
+}
+
+// Rank 1 is SIGKILLed while every rank runs large allreduces (64 chunks each, so the kill lands
+// inside one): the survivors get kUnavailable naming it, through its pidfd, within a poll slice
+// or so. Failed before the staging path (over TCP: "Connection closed by peer", no pidfd).
+TEST(GlooShmTest, SigkilledPeerMidLargeOperationIsUnavailableNamingIt) {
+  constexpr int kWorld = 3, kVictim = 1;
+  std::vector<int> codes = RunForked(
+      kWorld,
+      [&](int rank, TcpStoreClient& store) -> Status {
+        MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "kill-large", rank, kWorld, true));
+        if (!comm->shared_memory()) return InternalError("no shared memory");
+        Status s = LoopLargeAllreduces(*comm, store, "looping/" + std::to_string(rank), kTimeout);
+        const Clock::time_point failed_at = Clock::now();
+        if (rank == kVictim) return InternalError("the victim was not killed: " + s.ToString());
+        MORPH_ASSIGN_OR_RETURN(std::string killed_at,
+                               store.Get("killed_at", Deadline::AfterMs(10000)));
+        const double ms =
+            std::chrono::duration<double, std::milli>(
+                failed_at.time_since_epoch() - std::chrono::nanoseconds(std::stoll(killed_at)))
+                .count();
+        std::fprintf(stderr, "rank %d: failed %.1f ms after the kill: %s\n", rank, ms,
+                     s.ToString().c_str());
+        if (s.code() != StatusCode::kUnavailable ||
+            std::string(s.message()).find("exited (shared memory)") == std::string::npos ||
+            std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+                std::vector<int>{kVictim}) {
+          return InternalError("wrong failure: " + s.ToString());
+        }
+        if (ms > 2000) return InternalError("noticed only " + std::to_string(ms) + " ms later");
+        return Status::Ok();
+      },
+      [&](ForkedRanks& ranks, const std::string& address) {
+        auto store = TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000));
+        store.status().CheckOk("parent store");
+        (*store)
+            ->Wait(std::vector<std::string>{"looping/0", "looping/1", "looping/2"},
+                   Deadline::AfterMs(30000))
+            .CheckOk("ranks looping");
+        std::this_thread::sleep_for(milliseconds(200));
+        const auto killed_at = Clock::now().time_since_epoch();
+        ranks.Kill(kVictim);
+        (*store)
+            ->Set("killed_at",
+                  std::to_string(
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(killed_at).count()),
+                  Deadline::AfterMs(5000))
+            .CheckOk("killed_at");
+      });
+  EXPECT_EQ(codes[0], 0);
+  EXPECT_EQ(codes[kVictim], 128 + SIGKILL);
+  EXPECT_EQ(codes[2], 0);
+}
+
+// Both ranks run large allreduces; another thread of rank 0 aborts it meanwhile: rank 0's call
+// returns kAborted within 100 ms (at its next chunk, though its peer keeps up), rank 1's
+// kUnavailable naming rank 0, in shared memory. Failed before the staging path (rank 1's
+// failure came from the TCP pair).
+TEST(GlooShmTest, AbortFromAnotherThreadStopsALargeOperation) {
+  std::vector<int> codes = RunForked(2, [&](int rank, TcpStoreClient& store) -> Status {
+    MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "abort-large", rank, 2, true));
+    if (!comm->shared_memory()) return InternalError("no shared memory");
+    std::atomic<int64_t> aborted_at{0};
+    std::thread aborter;
+    if (rank == 0) {
+      aborter = std::thread([&] {
+        store.Wait(std::vector<std::string>{"looping/0", "looping/1"}, Deadline::AfterMs(30000))
+            .CheckOk("ranks looping");
+        std::this_thread::sleep_for(milliseconds(150));
+        aborted_at = Clock::now().time_since_epoch().count();
+        comm->Abort();
+      });
+    }
+    Status s = LoopLargeAllreduces(*comm, store, "looping/" + std::to_string(rank), kTimeout);
+    const int64_t returned_at = Clock::now().time_since_epoch().count();
+    if (rank == 1) {
+      if (s.code() != StatusCode::kUnavailable ||
+          std::string(s.message()).find("(shared memory)") == std::string::npos ||
+          std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+              std::vector<int>{0}) {
+        return InternalError("rank 1, its peer aborted: " + s.ToString());
+      }
+      return Status::Ok();
+    }
+    aborter.join();
+    const double ms = static_cast<double>(returned_at - aborted_at.load()) / 1e6;
+    std::fprintf(stderr, "rank 0: large allreduce returned %.3f ms after Abort(): %s\n", ms,
+                 s.ToString().c_str());
+    if (s.code() != StatusCode::kAborted || s.collective_failure() == nullptr ||
+        s.collective_failure()->kind != CollectiveFailure::Kind::kAborted) {
+      return InternalError("aborted large allreduce: " + s.ToString());
+    }
+    if (ms > 100) return InternalError("Abort() took " + std::to_string(ms) + " ms to stop it");
+    return Status::Ok();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+}
+
+// Both ranks run large allreduces with a 500 ms timeout; the test SIGSTOPs rank 1 inside one.
+// Rank 0 gets kDeadlineExceeded naming rank 1 at its timeout; once rank 1 runs again (SIGCONT)
+// it gets kUnavailable naming rank 0, which left. Failed before the staging path (Gloo's
+// "Timed out" over TCP, naming no rank).
+TEST(GlooShmTest, StoppedPeerMidLargeOperationTimesOutNamingIt) {
+  constexpr milliseconds kShort(500);
+  std::vector<int> codes = RunForked(
+      2,
+      [&](int rank, TcpStoreClient& store) -> Status {
+        MORPH_ASSIGN_OR_RETURN(auto comm, Build(store, "stop-large", rank, 2, true));
+        if (!comm->shared_memory()) return InternalError("no shared memory");
+        const Clock::time_point start = Clock::now();
+        Status s = LoopLargeAllreduces(*comm, store, "looping/" + std::to_string(rank), kShort);
+        std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+        if (rank == 1) {
+          if (s.code() != StatusCode::kUnavailable ||
+              std::vector<int>(s.failed_peers().begin(), s.failed_peers().end()) !=
+                  std::vector<int>{0}) {
+            return InternalError("rank 1 after it ran again: " + s.ToString());
+          }
+          return Status::Ok();
+        }
+        MORPH_RETURN_IF_ERROR(store.Set("timed_out", "1", Deadline::AfterMs(5000)));
+        if (s.code() != StatusCode::kDeadlineExceeded ||
+            std::string(s.message()).find("rank(s) 1 had not arrived (shared memory)") ==
+                std::string::npos ||
+            s.collective_failure() == nullptr ||
+            s.collective_failure()->kind != CollectiveFailure::Kind::kTimeout) {
+          return InternalError("rank 0, its peer stopped: " + s.ToString());
+        }
+        if (Clock::now() - start > std::chrono::seconds(20)) return InternalError("late");
+        return Status::Ok();
+      },
+      [&](ForkedRanks& ranks, const std::string& address) {
+        auto store = TcpStoreClient::Connect(address, kToken, 0, Deadline::AfterMs(5000));
+        store.status().CheckOk("parent store");
+        (*store)
+            ->Wait(std::vector<std::string>{"looping/0", "looping/1"}, Deadline::AfterMs(30000))
+            .CheckOk("ranks looping");
+        std::this_thread::sleep_for(milliseconds(100));
+        kill(ranks.pid(1), SIGSTOP);
+        (*store)
+            ->Wait(std::vector<std::string>{"timed_out"}, Deadline::AfterMs(30000))
+            .CheckOk("rank 0 timed out");
+        kill(ranks.pid(1), SIGCONT);
+      });
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
 }
 
 // A silent peer: kDeadlineExceeded at the timeout, naming the late rank in the message; the late
@@ -532,13 +881,46 @@ TEST_P(GlooDisagreementTest, CallsThatDifferFailOnEveryRankAndTheCommunicatorGoe
     };
     const bool odd = rank == 1;
     const std::vector<Case> cases = {
-        {"sizes", [&] { return comm->Allreduce(big.data(), odd ? 8 : 4, DType::kF32, ReduceOp::kSum, kTimeout); }},
-        {"small against large", [&] { return comm->Allreduce(big.data(), odd ? big.size() : 8, DType::kF32, ReduceOp::kSum, kTimeout); }},
-        {"types", [&] { return comm->Allreduce(odd ? static_cast<void*>(d.data()) : big.data(), 4, odd ? DType::kF64 : DType::kF32, ReduceOp::kSum, kTimeout); }},
-        {"reductions", [&] { return comm->Allreduce(big.data(), 4, DType::kF32, odd ? ReduceOp::kMax : ReduceOp::kSum, kTimeout); }},
-        {"kinds", [&] { return odd ? comm->Broadcast(big.data(), 4, DType::kF32, 0, kTimeout) : comm->Allreduce(big.data(), 4, DType::kF32, ReduceOp::kSum, kTimeout); }},
-        {"roots", [&] { return comm->Broadcast(big.data(), 4, DType::kF32, odd ? 1 : 0, kTimeout); }},
-        {"allgather sizes", [&] { return comm->Allgather(d.data(), big.data(), odd ? 2 : 1, DType::kF64, kTimeout); }},
+        {"sizes",
+         [&] {
+           return comm->Allreduce(big.data(), odd ? 8 : 4, DType::kF32, ReduceOp::kSum, kTimeout);
+         }},
+        {"large sizes",
+         [&] {
+           return comm->Allreduce(big.data(), odd ? big.size() : big.size() / 2, DType::kF32,
+                                  ReduceOp::kSum, kTimeout);
+         }},
+        {"large kinds",
+         [&] {
+           return odd ? comm->Allgather(big.data(), big.data() + big.size() / 2, big.size() / 8,
+                                        DType::kF32, kTimeout)
+                      : comm->ReduceScatter(big.data(), big.data() + big.size() / 2, big.size() / 8,
+                                            DType::kF32, ReduceOp::kSum, kTimeout);
+         }},
+        {"small against large",
+         [&] {
+           return comm->Allreduce(big.data(), odd ? big.size() : 8, DType::kF32, ReduceOp::kSum,
+                                  kTimeout);
+         }},
+        {"types",
+         [&] {
+           return comm->Allreduce(odd ? static_cast<void*>(d.data()) : big.data(), 4,
+                                  odd ? DType::kF64 : DType::kF32, ReduceOp::kSum, kTimeout);
+         }},
+        {"reductions",
+         [&] {
+           return comm->Allreduce(big.data(), 4, DType::kF32, odd ? ReduceOp::kMax : ReduceOp::kSum,
+                                  kTimeout);
+         }},
+        {"kinds",
+         [&] {
+           return odd ? comm->Broadcast(big.data(), 4, DType::kF32, 0, kTimeout)
+                      : comm->Allreduce(big.data(), 4, DType::kF32, ReduceOp::kSum, kTimeout);
+         }},
+        {"roots",
+         [&] { return comm->Broadcast(big.data(), 4, DType::kF32, odd ? 1 : 0, kTimeout); }},
+        {"allgather sizes",
+         [&] { return comm->Allgather(d.data(), big.data(), odd ? 2 : 1, DType::kF64, kTimeout); }},
     };
     for (const Case& c : cases) {
       const std::vector<float> before(big.begin(), big.begin() + 16);

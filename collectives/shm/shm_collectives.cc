@@ -98,6 +98,7 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
       shm->segment_->magic = kMagic;
       shm->segment_->size = size;
       shm->segment_->slot_bytes = static_cast<uint32_t>(kSlotBytes);
+      shm->segment_->chunk_bytes = static_cast<uint32_t>(kChunkBytes);
       mine.created = 1;
     }
   }
@@ -143,7 +144,8 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
       local_why = std::string("cannot map ") + hellos[0].name + ": " + std::strerror(errno) +
                   " (no shared /dev/shm?)";
     } else if (shm->segment_->magic != kMagic || shm->segment_->size != size ||
-               shm->segment_->slot_bytes != kSlotBytes) {
+               shm->segment_->slot_bytes != kSlotBytes ||
+               shm->segment_->chunk_bytes != kChunkBytes) {
       ok = 0;
       local_why = std::string("segment ") + hellos[0].name + " has an unexpected header";
     }
@@ -183,7 +185,7 @@ ShmCollectives::~ShmCollectives() {
 
 uint8_t* ShmCollectives::Data(int rank, uint64_t seq) const { return segment_->data(rank, seq); }
 
-bool ShmCollectives::Handles(const CollectiveOp& op) const {
+bool ShmCollectives::Fits(const CollectiveOp& op) const {
   const size_t bytes = op.count * DTypeSize(op.dtype);
   switch (op.kind) {
     case CollectiveOp::Kind::kBarrier:
@@ -191,9 +193,24 @@ bool ShmCollectives::Handles(const CollectiveOp& op) const {
     case CollectiveOp::Kind::kAllreduce:
     case CollectiveOp::Kind::kBroadcast:
     case CollectiveOp::Kind::kAllgather:
-      return bytes > 0 && bytes <= kSlotBytes;
+      return bytes <= kSlotBytes;
     case CollectiveOp::Kind::kReduceScatter:
-      return bytes > 0 && bytes * static_cast<size_t>(size_) <= kSlotBytes;
+      return bytes * static_cast<size_t>(size_) <= kSlotBytes;
+    case CollectiveOp::Kind::kSendRecv:
+      return false;
+  }
+  return false;
+}
+
+bool ShmCollectives::Handles(const CollectiveOp& op) const {
+  switch (op.kind) {
+    case CollectiveOp::Kind::kBarrier:
+      return true;
+    case CollectiveOp::Kind::kAllreduce:
+    case CollectiveOp::Kind::kBroadcast:
+    case CollectiveOp::Kind::kAllgather:
+    case CollectiveOp::Kind::kReduceScatter:
+      return op.count > 0;
     case CollectiveOp::Kind::kSendRecv:
       return false;
   }
@@ -223,6 +240,7 @@ Status ShmCollectives::Compare(uint64_t k, const OpSignature& mine, std::string_
 
 Status ShmCollectives::Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace,
                            std::string_view kind) {
+  if (!Fits(op)) return RunLarge(op, workspace, kind);
   const uint64_t k = ++seq_;
   const size_t bytes = op.count * DTypeSize(op.dtype);
   // Clamped so that the sum cannot overflow (a year is "for ever" here).

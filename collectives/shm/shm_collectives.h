@@ -1,12 +1,15 @@
-// ShmCollectives: the same-host fast path of the Gloo communicator (gloo_communicator.h) for
-// small collectives. Over TCP every small collective costs several thread hand-offs (Gloo's
-// event thread, ~1 ms each on a loaded host); Open MPI busy-polls shared memory. When every rank
-// of a communicator is on this host, small allreduce, reduce-scatter, broadcast, allgather and
-// barrier go through one shared segment instead: each rank copies its contribution into its
-// own slot, publishes the operation's sequence number, waits until every peer published it, and
-// reads the others' slots. Reductions run in rank order with the same function as the TCP
-// one-round algorithms (gloo_algorithms::ReduceInRankOrder), so every rank gets the same bits,
-// and the same bits as over TCP. docs/collectives.md, "Same-host shared memory".
+// ShmCollectives: the same-host fast path of the Gloo communicator (gloo_communicator.h). Over
+// TCP every small collective costs several thread hand-offs (Gloo's event thread, ~1 ms each on
+// a loaded host) and a large one copies through the loopback stack; Open MPI busy-polls shared
+// memory. When every rank of a communicator is on this host, allreduce, reduce-scatter,
+// broadcast, allgather and barrier go through one shared segment instead: each rank copies its
+// contribution into its own slot, publishes the operation's sequence number, waits until every
+// peer published it, and reads the others' slots. Operations beyond the 64 KiB slots go the
+// same way chunk by chunk through staging slots, a chunk per wait, each rank reducing its
+// 1/n of every chunk (shm_large.cc). Reductions run in rank order with the same function as
+// the TCP one-round algorithms (gloo_algorithms::ReduceInRankOrder), so every rank gets the
+// same bits, at every size, and up to 64 KiB the same bits as over TCP. docs/collectives.md,
+// "Same-host shared memory".
 //
 //   MORPH_ASSIGN_OR_RETURN(auto shm, ShmCollectives::Create(rank, size, options, what,
 //                                                           tcp_allgather, &why_not));
@@ -69,6 +72,10 @@ class ShmCollectives {
   // The largest contribution of one rank to one operation: the allreduce or broadcast buffer,
   // one rank's allgather input, the whole reduce-scatter input.
   static constexpr size_t kSlotBytes = size_t{64} << 10;
+  // Larger collectives go through per-rank staging slots in chunks of up to kChunkBytes per
+  // rank (RunLarge): kStagingSlots slots per rank, chunk g in slot g mod kStagingSlots.
+  static constexpr size_t kChunkBytes = size_t{256} << 10;
+  static constexpr size_t kStagingSlots = 3;
   // Point-to-point through the segment (SendRecv) for communicators of up to kP2PMaxRanks
   // ranks: a ring of kP2PSlots slots of kP2PSlotBytes per ordered pair (128 KiB each; 2 MiB
   // for 4 ranks, 8 MiB for 8); larger communicators send over TCP.
@@ -108,9 +115,10 @@ class ShmCollectives {
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
 
-  // Whether `op` takes this path: barrier; allreduce and broadcast of 1 .. kSlotBytes bytes;
-  // allgather of 1 .. kSlotBytes bytes per rank; reduce-scatter of 1 .. kSlotBytes in all.
-  // Depends only on what every rank passes alike, so all ranks agree. Any thread.
+  // Whether `op` takes this path: barrier; allreduce, broadcast, allgather and reduce-scatter
+  // of at least one element (those beyond the per-rank buffers, Fits(), in chunks through the
+  // staging slots). Depends only on what every rank passes alike, so all ranks agree. Any
+  // thread.
   bool Handles(const CollectiveOp& op) const;
 
   // Runs `op` (Handles(op) must be true; arguments validated by the caller). OK; kAborted
@@ -121,7 +129,7 @@ class ShmCollectives {
   // root of a broadcast too (so it waits for the receivers to arrive): ranks whose calls differ
   // all get kInvalidArgument and nothing is read.
   Status Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace, std::string_view kind);
-  // For an operation this path does not take (too large): an operation of its own that only
+  // For an operation this path does not take (no elements): an operation of its own that only
   // compares the ranks' calls, before the caller runs it over TCP. Ranks that took Run for
   // their call and ranks that took Agree for theirs meet in the same operation and fail alike.
   Status Agree(const CollectiveOp& op, std::string_view kind);
@@ -150,6 +158,17 @@ class ShmCollectives {
 
  private:
   ShmCollectives() = default;
+  // Whether `op` fits the per-rank buffers (one round): barrier; allreduce and broadcast of up
+  // to kSlotBytes bytes; allgather of up to kSlotBytes per rank; reduce-scatter of up to
+  // kSlotBytes of input.
+  bool Fits(const CollectiveOp& op) const;
+  // Run for an operation that does not fit (shm_large.cc): chunk by chunk through the staging
+  // slots, one wait for every peer per chunk, the same failures as Run.
+  Status RunLarge(const CollectiveOp& op, gloo_algorithms::Workspace& workspace,
+                  std::string_view kind);
+  // One more operation number, published, and the wait for every peer to publish it.
+  Status Step(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
+              std::string_view kind);
   // Waits until every peer (`only` < 0) or peer `only` published `seq`, up to `deadline`
   // (the op's `timeout` after its start).
   Status WaitForPeers(uint64_t seq, int only, std::chrono::steady_clock::time_point deadline,
@@ -180,6 +199,7 @@ class ShmCollectives {
   std::vector<int> pidfds_;  // per rank; -1 for this rank and ranks in this process
   std::vector<pid_t> pids_;
   uint64_t seq_ = 0;  // operations run here (Run's thread only)
+  uint64_t chunk_ = 0;  // chunks of large operations staged here (Run's thread only)
   std::atomic<bool> failed_{false};
 };
 

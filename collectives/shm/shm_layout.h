@@ -1,7 +1,8 @@
 // The shared segment of ShmCollectives (shm_collectives.h), as every rank maps it: a header,
-// one control block per rank, each rank's two collective buffers, and, for communicators of up to
-// ShmCollectives::kP2PMaxRanks ranks, a ring per ordered pair of ranks for point-to-point
-// messages. Private to shm_collectives.cc and shm_p2p.cc.
+// one control block per rank, each rank's two collective buffers, for communicators of up to
+// ShmCollectives::kP2PMaxRanks ranks a ring per ordered pair of ranks for point-to-point
+// messages, and each rank's staging slots for large collectives. Private to
+// shm_collectives.cc, shm_p2p.cc and shm_large.cc.
 #ifndef MORPH_COLLECTIVES_SHM_LAYOUT_H_
 #define MORPH_COLLECTIVES_SHM_LAYOUT_H_
 
@@ -16,7 +17,7 @@
 namespace morph {
 namespace shm_layout {
 
-constexpr uint64_t kMagic = 0x326c6c6f63687370ull;  // "pshcoll2"
+constexpr uint64_t kMagic = 0x336c6c6f63687370ull;  // "pshcoll3"
 // A rank's state word.
 constexpr uint32_t kLive = 0;
 constexpr uint32_t kLeft = 1;    // aborted or failed (Fail)
@@ -78,12 +79,14 @@ constexpr size_t kRingBytes = sizeof(RingHead) + ShmCollectives::kP2PSlots * kSl
 
 // Header (64 bytes), Control[size], then per rank two data buffers of kSlotBytes (operation
 // k in buffer k mod 2), then (size <= kP2PMaxRanks) size x size rings, ring(a, b) for a's
-// messages to b.
+// messages to b, then (from a page boundary) per rank kStagingSlots staging slots of
+// kChunkBytes (chunk g of large collectives in slot g mod kStagingSlots).
 struct ShmCollectives::Segment {
   uint64_t magic;
   int32_t size;
   uint32_t slot_bytes;
-  char pad[48];
+  uint32_t chunk_bytes;
+  char pad[44];
 
   static constexpr size_t kRankBytes = 2 * kSlotBytes;
 
@@ -100,10 +103,18 @@ struct ShmCollectives::Segment {
   uint8_t* ring(int from, int to) {
     return rank_data(size) + static_cast<size_t>(from * size + to) * shm_layout::kRingBytes;
   }
-  static size_t Bytes(int size) {
+  static size_t StagingOffset(int size) {
     const size_t n = static_cast<size_t>(size);
-    return 64 + (sizeof(shm_layout::Control) + kRankBytes) * n +
-           (HasRings(size) ? n * n * shm_layout::kRingBytes : 0);
+    const size_t end = 64 + (sizeof(shm_layout::Control) + kRankBytes) * n +
+                       (HasRings(size) ? n * n * shm_layout::kRingBytes : 0);
+    return (end + 4095) & ~size_t{4095};
+  }
+  uint8_t* staging(int rank, uint64_t chunk) {
+    return reinterpret_cast<uint8_t*>(this) + StagingOffset(size) +
+           (static_cast<size_t>(rank) * kStagingSlots + chunk % kStagingSlots) * kChunkBytes;
+  }
+  static size_t Bytes(int size) {
+    return StagingOffset(size) + static_cast<size_t>(size) * kStagingSlots * kChunkBytes;
   }
 };
 static_assert(sizeof(ShmCollectives::Segment) == 64);
