@@ -13,23 +13,20 @@ load of that save into the new layout (the oracle); one line per change in <out>
 """
 import argparse
 import json
-import math
 import os
 import signal
 import sys
 import time
-import zlib
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils._pytree import tree_flatten_with_path, tree_map
 
 import morph
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=16)
@@ -45,73 +42,7 @@ pid = os.getpid()
 if os.path.isdir(os.path.join(a.out, "pids")):
     open(os.path.join(a.out, "pids", str(pid)), "w").close()
 
-VOCAB, DIM, LAYERS, SEQ, BATCH = 13, 10, 2, 6, 12  # 13 rows: uneven over dp 2, 3 and 4
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w1 = nn.Linear(DIM, 3 * DIM)
-        self.w2 = nn.Linear(3 * DIM, DIM, bias=False)
-
-    def forward(self, x):
-        return x + self.w2(torch.relu(self.w1(x)))
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleDict({str(i): Block() for i in range(LAYERS)})
-        self.norm = nn.LayerNorm(DIM)
-        self.out = nn.Linear(DIM, VOCAB, bias=False)
-
-    def forward(self, x):
-        h = self.emb(x)
-        for b in self.layers.values():
-            h = b(h)
-        return self.out(self.norm(h))
-
-
-def warmup_cosine(step, warmup=4, total=40):
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
-
-
-def build(ctx):
-    with torch.device("meta"):
-        model = Net()
-    if ctx.mesh["tp"].size() > 1:
-        for b in model.layers.values():
-            parallelize_module(b, ctx.mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
-    for b in model.layers.values():
-        fully_shard(b, mesh=ctx.mesh["dp"])
-    fully_shard(model, mesh=ctx.mesh["dp"])
-    for m in model.modules():  # the loss is divided by the global batch already: sum over DP
-        if isinstance(m, FSDPModule):
-            m.set_gradient_divide_factor(1.0)
-    model.to_empty(device=ctx.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
-    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
-
-
-with torch.device("meta"):
-    SHAPES = {n: tuple(t.shape) for n, t in Net().named_parameters()}
-
-
-def init(fqn):
-    """Layout-independent initial values: the whole tensor from a generator seeded by name."""
-    g = torch.Generator().manual_seed(zlib.crc32(fqn.encode()))
-    if fqn.endswith("norm.weight"):
-        return torch.ones(SHAPES[fqn])
-    return torch.randn(SHAPES[fqn], generator=g) * 0.3
-
-
-def sample(i):
-    """Sample i: SEQ + 1 tokens, a function of i only."""
-    g = torch.Generator().manual_seed(i)
-    return torch.randint(0, VOCAB, (SEQ + 1,), generator=g)
+from standard_model import BATCH, batch_of, build, init, loss_of  # noqa: E402
 
 
 def log(name, **kv):
@@ -173,11 +104,7 @@ while True:
             with open(os.path.join(a.out, "kill.json"), "w") as f:
                 json.dump({"t": time.time(), "pid": pid}, f)
             os.kill(pid, signal.SIGKILL)
-        batch = torch.stack([sample(int(i)) for i in step.samples]) if len(step.samples) else \
-            torch.zeros((0, SEQ + 1), dtype=torch.int64)
-        logits = job.model(batch[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1),
-                                           reduction="sum") / (BATCH * SEQ)
+        loss = loss_of(job.model, batch_of(step.samples))
         loss.backward()
         total = loss.detach().clone()
         dist.all_reduce(total, group=step.groups.dp)

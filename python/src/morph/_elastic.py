@@ -397,6 +397,62 @@ class ElasticJob:
     def state(self) -> _runtime.State:
         return self.runtime.state
 
+    # ---- torch.distributed.checkpoint ----
+    def state_dict(self) -> Dict[str, Any]:
+        """{"model": ..., "optim": ...}: the model parts' and the optimizers' state as torch's
+        checkpointing gives it (get_model_state_dict, get_optimizer_state_dict with
+        flatten_optimizer_state_dict, as torchtitan saves it: "state.<fqn>.<entry>" and
+        "param_groups.<fqn>.<key>"), DTensors over morph's storage (no copy). With several
+        model parts (pipeline stages), optimizer i goes with part i."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             get_model_state_dict,
+                                                             get_optimizer_state_dict)
+        b = self._built()
+        opts = StateDictOptions(flatten_optimizer_state_dict=True)
+        model: Dict[str, Any] = {}
+        optim: Dict[str, Any] = {}
+        for m in b.models:
+            model.update(get_model_state_dict(m))
+        if b.optimizers and len(b.optimizers) not in (1, len(b.models)):
+            raise FailedPreconditionError(
+                f"{len(b.optimizers)} optimizers for {len(b.models)} model parts: one per part")
+        for i, o in enumerate(b.optimizers):
+            m = b.models[i] if len(b.optimizers) == len(b.models) else b.models[0]
+            optim.update(get_optimizer_state_dict(m, o, options=opts))
+        return {"model": model, "optim": optim}
+
+    def save(self, checkpoint_id: str, extra: Optional[Dict[str, Any]] = None) -> None:
+        """torch.distributed.checkpoint.save of state_dict() and the entries of `extra` (say
+        {"lr_scheduler": job.scheduler.state_dict()}, as torchtitan saves it). Every rank calls
+        it, inside a step (before the optimizer step or after it) or between steps: a
+        checkpoint a plain torch or torchtitan run loads."""
+        import torch.distributed.checkpoint as dcp
+        dcp.save({**(extra or {}), **self.state_dict()}, checkpoint_id=checkpoint_id)
+
+    def load(self, checkpoint_id: str, extra: Optional[Dict[str, Any]] = None) -> None:
+        """Loads a DCP checkpoint of the same model (written by save, or by a plain torch or
+        torchtitan run with flattened optimizer state) into this generation's objects: DCP reads
+        every tensor in place, into morph's storage, whatever layout wrote it; the optimizers'
+        hyper-parameters (param_groups) are set from it. Every rank calls it, inside a step
+        before the optimizer steps (it writes the state). The step counter and the data
+        position stay the runtime's. `extra`'s entries are loaded too (replaced in the dict)."""
+        import torch.distributed.checkpoint as dcp
+        sd = {**(extra or {}), **self.state_dict()}
+        dcp.load(sd, checkpoint_id=checkpoint_id)
+        for k in extra or {}:
+            extra[k] = sd[k]
+        fqn_of = {id(p): fqn for fqn, p in _named_params(self._built())}
+        for o in self._built().optimizers:
+            for g in o.param_groups:
+                if not g["params"]:
+                    continue
+                first = fqn_of.get(id(g["params"][0]))
+                for k in list(g):
+                    key = f"param_groups.{first}.{k}"
+                    if k != "params" and key in sd["optim"]:
+                        g[k] = sd["optim"][key]
+        self._check_alias = True  # the next optimizer step verifies the state is still morph's
+
     def _built(self) -> Built:
         if self.built is None:
             raise FailedPreconditionError("no objects built yet: begin a step first")
