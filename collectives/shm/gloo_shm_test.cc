@@ -331,7 +331,7 @@ TEST_P(GlooShmWorldTest, LargeCollectivesReduceInRankOrderAndEveryRankGetsTheSam
     MORPH_ASSIGN_OR_RETURN(auto tcp, Build(store, "large-tcp", rank, world, false));
     if (!shm->shared_memory()) return InternalError("no shared memory");
     const size_t w = static_cast<size_t>(world);
-    constexpr size_t kChunk = ShmCollectives::kChunkBytes;
+    const size_t chunk = ShmCollectives::ChunkBytes(world);
     // Every rank's bytes of `mine` equal rank 0's.
     auto same_everywhere = [&](const std::vector<uint8_t>& mine,
                                const std::string& what) -> Status {
@@ -350,9 +350,9 @@ TEST_P(GlooShmWorldTest, LargeCollectivesReduceInRankOrderAndEveryRankGetsTheSam
                     DType::kI8, DType::kU8}) {
       const size_t es = DTypeSize(t);
       std::vector<size_t> counts = {ShmCollectives::kSlotBytes / es + 1,
-                                    kChunk / (es * w) + 1,  // a reduce-scatter chunk + 1
-                                    kChunk / es + 1,        // an allreduce chunk + 1
-                                    2 * kChunk / es + kChunk / (2 * es) + 3};
+                                    chunk / (es * w) + 1,  // a reduce-scatter chunk + 1
+                                    chunk / es + 1,        // an allreduce chunk + 1
+                                    2 * chunk / es + chunk / (2 * es) + 3};
       if (t == DType::kF32 || t == DType::kBF16) counts.push_back((size_t{5} << 20) / es + 3);
       for (size_t count : counts) {
         const std::string what = std::string(DTypeName(t)) + " count " + std::to_string(count);
@@ -407,7 +407,7 @@ TEST_P(GlooShmWorldTest, LargeCollectivesReduceInRankOrderAndEveryRankGetsTheSam
       }
     }
     // Small and large operations interleaved keep their order and their bytes.
-    std::vector<float> big(3 * kChunk / 4 + 5), small(3);
+    std::vector<float> big(3 * chunk / 4 + 5), small(3);
     for (int i = 0; i < 6; ++i) {
       std::fill(big.begin(), big.end(), static_cast<float>(rank + i));
       std::fill(small.begin(), small.end(), static_cast<float>(rank * i));

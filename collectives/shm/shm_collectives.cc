@@ -98,7 +98,7 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
       shm->segment_->magic = kMagic;
       shm->segment_->size = size;
       shm->segment_->slot_bytes = static_cast<uint32_t>(kSlotBytes);
-      shm->segment_->chunk_bytes = static_cast<uint32_t>(kChunkBytes);
+      shm->segment_->chunk_bytes = static_cast<uint32_t>(ChunkBytes(size));
       mine.created = 1;
     }
   }
@@ -145,7 +145,7 @@ StatusOr<std::unique_ptr<ShmCollectives>> ShmCollectives::Create(int rank, int s
                   " (no shared /dev/shm?)";
     } else if (shm->segment_->magic != kMagic || shm->segment_->size != size ||
                shm->segment_->slot_bytes != kSlotBytes ||
-               shm->segment_->chunk_bytes != kChunkBytes) {
+               shm->segment_->chunk_bytes != ChunkBytes(size)) {
       ok = 0;
       local_why = std::string("segment ") + hellos[0].name + " has an unexpected header";
     }
@@ -210,7 +210,7 @@ bool ShmCollectives::Handles(const CollectiveOp& op) const {
     case CollectiveOp::Kind::kBroadcast:
     case CollectiveOp::Kind::kAllgather:
     case CollectiveOp::Kind::kReduceScatter:
-      return op.count > 0;
+      return op.count > 0 && (size_ <= kLargeMaxRanks || Fits(op));
     case CollectiveOp::Kind::kSendRecv:
       return false;
   }

@@ -50,6 +50,7 @@
 #ifndef MORPH_COLLECTIVES_SHM_COLLECTIVES_H_
 #define MORPH_COLLECTIVES_SHM_COLLECTIVES_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -72,10 +73,19 @@ class ShmCollectives {
   // The largest contribution of one rank to one operation: the allreduce or broadcast buffer,
   // one rank's allgather input, the whole reduce-scatter input.
   static constexpr size_t kSlotBytes = size_t{64} << 10;
-  // Larger collectives go through per-rank staging slots in chunks of up to kChunkBytes per
-  // rank (RunLarge): kStagingSlots slots per rank, chunk g in slot g mod kStagingSlots.
-  static constexpr size_t kChunkBytes = size_t{256} << 10;
+  // Larger collectives go through per-rank staging slots, a chunk of ChunkBytes(size) per rank
+  // at a time (RunLarge): kStagingSlots slots per rank, chunk g in slot g mod kStagingSlots.
+  // kStagingBytes / size per rank (256 KiB at 2 ranks, 128 KiB at 4; at least kMinChunkBytes),
+  // so that the chunks of all ranks stay in the caches: 1.5 MiB of staging per communicator of
+  // up to 8 ranks, 192 KiB per rank beyond. Communicators of more than kLargeMaxRanks ranks
+  // run large collectives over TCP.
+  static constexpr size_t kStagingBytes = size_t{512} << 10;
+  static constexpr size_t kMinChunkBytes = size_t{64} << 10;
   static constexpr size_t kStagingSlots = 3;
+  static constexpr int kLargeMaxRanks = 256;
+  static size_t ChunkBytes(int size) {
+    return std::max(kMinChunkBytes, kStagingBytes / static_cast<size_t>(size) & ~size_t{4095});
+  }
   // Point-to-point through the segment (SendRecv) for communicators of up to kP2PMaxRanks
   // ranks: a ring of kP2PSlots slots of kP2PSlotBytes per ordered pair (128 KiB each; 2 MiB
   // for 4 ranks, 8 MiB for 8); larger communicators send over TCP.
@@ -117,8 +127,8 @@ class ShmCollectives {
 
   // Whether `op` takes this path: barrier; allreduce, broadcast, allgather and reduce-scatter
   // of at least one element (those beyond the per-rank buffers, Fits(), in chunks through the
-  // staging slots). Depends only on what every rank passes alike, so all ranks agree. Any
-  // thread.
+  // staging slots, for up to kLargeMaxRanks ranks). Depends only on what every rank passes
+  // alike, so all ranks agree. Any thread.
   bool Handles(const CollectiveOp& op) const;
 
   // Runs `op` (Handles(op) must be true; arguments validated by the caller). OK; kAborted
@@ -129,7 +139,8 @@ class ShmCollectives {
   // root of a broadcast too (so it waits for the receivers to arrive): ranks whose calls differ
   // all get kInvalidArgument and nothing is read.
   Status Run(const CollectiveOp& op, gloo_algorithms::Workspace& workspace, std::string_view kind);
-  // For an operation this path does not take (no elements): an operation of its own that only
+  // For an operation this path does not take (no elements, or beyond the per-rank buffers on
+  // more than kLargeMaxRanks ranks): an operation of its own that only
   // compares the ranks' calls, before the caller runs it over TCP. Ranks that took Run for
   // their call and ranks that took Agree for theirs meet in the same operation and fail alike.
   Status Agree(const CollectiveOp& op, std::string_view kind);

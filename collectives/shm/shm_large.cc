@@ -2,7 +2,7 @@
 // per-rank buffers (shm_collectives.h), chunk by chunk through each rank's staging slots
 // (shm_layout.h), one wait for every peer per chunk.
 //
-// Chunk c of an operation covers `per` elements of each rank's piece (kChunkBytes of it; a
+// Chunk c of an operation covers `per` elements of each rank's piece (ChunkBytes(n) of it; a
 // reduce-scatter chunk holds that many for every rank). Chunks are numbered across operations
 // (chunk_, the same on every rank: every rank stages the same chunks in the same order), and
 // chunk g lives in slot g mod kStagingSlots. Each rank:
@@ -53,7 +53,7 @@ Status ShmCollectives::RunLarge(const CollectiveOp& op, gloo_algorithms::Workspa
       Clock::now() + std::min<std::chrono::milliseconds>(op.timeout, std::chrono::hours(24 * 365));
   const size_t es = DTypeSize(op.dtype);
   const size_t n = static_cast<size_t>(size_), me = static_cast<size_t>(rank_);
-  const size_t per = kChunkBytes / es / (op.kind == Kind::kReduceScatter ? n : 1);
+  const size_t per = segment_->chunk_bytes / es / (op.kind == Kind::kReduceScatter ? n : 1);
   const size_t chunks = (op.count + per - 1) / per;
   auto first = [&](size_t c) { return c * per; };
   auto len = [&](size_t c) { return std::min(per, op.count - c * per); };

@@ -80,7 +80,7 @@ constexpr size_t kRingBytes = sizeof(RingHead) + ShmCollectives::kP2PSlots * kSl
 // Header (64 bytes), Control[size], then per rank two data buffers of kSlotBytes (operation
 // k in buffer k mod 2), then (size <= kP2PMaxRanks) size x size rings, ring(a, b) for a's
 // messages to b, then (from a page boundary) per rank kStagingSlots staging slots of
-// kChunkBytes (chunk g of large collectives in slot g mod kStagingSlots).
+// chunk_bytes = ChunkBytes(size) (chunk g of large collectives in slot g mod kStagingSlots).
 struct ShmCollectives::Segment {
   uint64_t magic;
   int32_t size;
@@ -111,10 +111,10 @@ struct ShmCollectives::Segment {
   }
   uint8_t* staging(int rank, uint64_t chunk) {
     return reinterpret_cast<uint8_t*>(this) + StagingOffset(size) +
-           (static_cast<size_t>(rank) * kStagingSlots + chunk % kStagingSlots) * kChunkBytes;
+           (static_cast<size_t>(rank) * kStagingSlots + chunk % kStagingSlots) * chunk_bytes;
   }
   static size_t Bytes(int size) {
-    return StagingOffset(size) + static_cast<size_t>(size) * kStagingSlots * kChunkBytes;
+    return StagingOffset(size) + static_cast<size_t>(size) * kStagingSlots * ChunkBytes(size);
   }
 };
 static_assert(sizeof(ShmCollectives::Segment) == 64);
