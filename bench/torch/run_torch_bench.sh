@@ -13,7 +13,8 @@
 # seconds / morph Python seconds), ratio_vs_dcp_excl_import (DCP without its processes' torch
 # import), python_vs_cpp (Python seconds / C++ seconds - 1; target 0.10). Then the step loop's
 # cost (bench/torch/step_overhead.py under morphrun -n 1; target 0.01), and the latency of a
-# torch all_reduce with the "morph" backend next to torch's Gloo (bench/torch/collectives.py).
+# torch all_reduce with the "morph" backend next to torch's Gloo (bench/torch/collectives.py),
+# and a grow whose joiner has a slow setup (bench/torch/run_joiner_bench.sh).
 #
 #   TORCH_BENCH_BYTES=1GiB TORCH_BENCH_CHANGES="dp4to2 tp2to1 pp2to1" TORCH_BENCH_REPEATS=3 \
 #     BUILD_DIR=build bash bench/torch/run_torch_bench.sh
@@ -101,3 +102,6 @@ m, g = by["morph"], by["gloo"]
 print(json.dumps({"name": "torch_collectives/morph_vs_gloo", "world": 2,
                   "gloo_over_morph": {k: round(g[k] / m[k], 2) for k in m}}))
 PY
+# A grow whose joiner spends 3 s on its setup: the survivors' stall with the setup in
+# morph.elastic's discovery build (before the joiner is admitted) and after admission (issue 34).
+BUILD_DIR="$build" bash "$repo/bench/torch/run_joiner_bench.sh"
