@@ -27,8 +27,8 @@
 // Strided ops are not supported (SupportsStridedOps() is false): the executor packs them.
 //
 // Failure: as the communicator's (every Wait after a failure returns the first error); Abort()
-// from any thread aborts the communicator (NcclCommunicator: the abort race of FACTS.md is the
-// communicator's, see nccl_communicator.h). The transport never destroys the communicator.
+// from any thread aborts the communicator (NcclCommunicator: the abort race of docs/facts.md is
+// the communicator's, see nccl_communicator.h). The transport never destroys the communicator.
 #ifndef MORPH_COLLECTIVES_DEVICE_TRANSPORT_H_
 #define MORPH_COLLECTIVES_DEVICE_TRANSPORT_H_
 

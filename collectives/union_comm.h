@@ -1,7 +1,7 @@
 // The union communicator of a change: one communicator over every participant of a reshard —
 // the old members (leavers too) and the new ones (joiners) — that the device transport
 // (device_transport.h) moves device state over. NCCL 2.28 cannot grow a communicator
-// (FACTS.md), so where it comes from depends on who takes part:
+// (docs/facts.md), so where it comes from depends on who takes part:
 //
 //   kOldWorld  every participant is a member of the running generation's world communicator and
 //              nobody in it is dead (a planned shrink, a DP/TP/PP change at the same size): that

@@ -12,12 +12,12 @@
 //   MORPH_ASSIGN_OR_RETURN(auto smaller, comm->Shrink(std::vector<int>{3, 5},
 //                                                     ShrinkMode::kFailure, g + 1, deadline));
 //
-// Lifecycle (FACTS.md, NCCL 2.28.9). Communicators are non-blocking (config.blocking = 0):
+// Lifecycle (docs/facts.md, NCCL 2.28.9). Communicators are non-blocking (config.blocking = 0):
 // every NCCL call returns at once or with ncclInProgress, which is polled with
 // ncclCommGetAsyncError up to the call's deadline.
 //
-// Threads and the abort race (FACTS.md: never ncclCommAbort while another thread is inside an
-// NCCL call on the same communicator). Every NCCL call on a communicator is made holding its
+// Threads and the abort race (docs/facts.md: never ncclCommAbort while another thread is inside
+// an NCCL call on the same communicator). Every NCCL call on a communicator is made holding its
 // owner mutex, and since every call is non-blocking the mutex is held for microseconds; polls
 // release it between polls. Abort() (any thread) raises a flag and takes the mutex, so it
 // waits at most for one such call, then stops the communicator itself — no NCCL call can be

@@ -1,6 +1,6 @@
 // Status and StatusOr<T>: how every fallible morph call reports what went wrong.
 //
-// Codes are chosen by what the caller should do next (see docs/design.md, STYLE.md):
+// Codes are chosen by what the caller should do next, as Abseil's are:
 //   kUnavailable       a peer or service is not reachable now: retry later
 //   kAborted           membership changed under the call: re-rendezvous, retry the step
 //   kDeadlineExceeded  the call's timeout passed

@@ -1,9 +1,10 @@
 // Private to the runtime (not installed): Runtime::Impl, the state behind morph::Runtime and the
 // machinery it runs on, defined across runtime.cc (Start, Bootstrap, the public calls),
-// runtime_prepare.cc (building the next generation beside the running one, buddy snapshots,
-// aborting collectives) and runtime_switch.cc (the slow path of BeginStep: decisions, the switch,
-// recovery). Threads: the training thread owns everything unless a member's comment says
-// otherwise; the control (agent) thread calls StartPrepare, AbandonPrepare, AbortCollectives.
+// runtime_change.cc (building the next generation beside the running one, and the slow path of
+// BeginStep: decisions, the switch, recovery), runtime_recovery.cc (buddy snapshots, aborting
+// collectives), commit_vote.cc (CommitUpdate), checkpoint_api.cc and program_store.cc.
+// Threads: the training thread owns everything unless a member's comment says otherwise; the
+// control (agent) thread calls StartPrepare, AbandonPrepare, AbortCollectives.
 #ifndef MORPH_RUNTIME_API_RUNTIME_IMPL_H_
 #define MORPH_RUNTIME_API_RUNTIME_IMPL_H_
 

@@ -30,8 +30,9 @@
 // Recovery (a member lost, or a member's collective failed: FailureReport; or a change that
 // failed): the proposal has change.recovery set. Old ranks then stop at their next step boundary
 // (their agents abort the old generation's collectives) and report the step their state holds;
-// once all reported, the shell's ChooseRecovery picks the step and source (recovery.h) and the
-// commit carries them (start_step = the resume step, change.stale, the digest with stale).
+// once all reported, the shell's ChooseRecovery picks the step and source
+// (runtime/plan/choose_recovery.h) and the commit carries them (start_step = the resume step,
+// change.stale, the digest with stale).
 // Resume at start (DeciderOptions::resume): the first generation's plan is followed by
 // FindResumeCheckpoint instead of the commit (phase kPreparing, nothing sent yet); with a
 // checkpoint the commit is a recovery (change.recovery, RecoveryDecision::kCheckpoint) at the

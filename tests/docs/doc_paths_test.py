@@ -220,10 +220,10 @@ def check_paths(root, tree):
         seen = set()
         for tok, line in candidates(text):
             for variant in expand(tok):
-                if variant in seen:
+                if (variant, line) in seen:
                     continue
                 if stale(tree, variant):
-                    seen.add(variant)
+                    seen.add((variant, line))
                     problems.append(f"{rel}:{line}: {variant}: no such path in the tree")
     return problems
 

@@ -1,6 +1,6 @@
 // Jobs of elastic_worker processes launched by mpirun (Open MPI 4.1), for the tests that run the
 // runtime as a user runs it under mpirun (elastic_mpi_test.cc, launch_test.cc): the mpirun
-// command line, its ranks' pids, and StartMpirunJob, the ElasticJob (elastic_scenarios.h) of
+// command line, its ranks' pids, and StartMpirunJob, the ElasticJob (scenarios_testutil.h) of
 // `mpirun --enable-recovery -np N`.
 //
 // In such a job rank 0 hosts the coordinator (with the scenario's config policy: elastic_worker
