@@ -10,10 +10,11 @@
 #
 #   bash scripts/demo.sh                 # BUILD_DIR=build, OUT=$BUILD_DIR/demo
 #   DEMO_SHORT=1 bash scripts/demo.sh    # the CI form (gpt_demo_test): fewer steps, same events
-#   DEMO_PROGRAM=torch bash scripts/demo.sh   # make demo-torch: examples/torch/train.py instead
+#   DEMO_PROGRAM=torch bash scripts/demo.sh   # make demo-torch: examples/torch/handwritten.py instead
 #
-# DEMO_PROGRAM=torch trains the PyTorch Llama of examples/torch (2 layers, 4.3 MB of parameters
-# and AdamW moments) with the Python package `pip install ./python` builds against the installed
+# DEMO_PROGRAM=torch trains the PyTorch Llama of examples/torch, the hand-written program
+# (handwritten.py: the demo changes pp, which the standard train.py cannot yet; 2 layers, 4.3 MB
+# of parameters and AdamW moments) with the Python package `pip install ./python` builds against the installed
 # prefix (into $BUILD_DIR/demo-python; the venv from scripts/python-venv.sh): 6 workers;
 # `morphctl resize 4`; SIGTERM; SIGKILL; `morphctl resize 6`. Its budget (2.6 MB) holds the
 # state split 3 ways, so at 2 workers the planner goes to tp=2 or pp=2 and back to dp after.
@@ -83,7 +84,7 @@ if [ "$PROGRAM" = torch ]; then
   fi
   [ -f "$pypath/morph/__init__.py" ] || die "no morph package in $pypath"
   export PYTHONPATH=$pypath OMP_NUM_THREADS=1
-  PROG=("$python" "$here/examples/torch/train.py" --layers 2 --step-sleep "${DEMO_STEP_SLEEP:-0.05}")
+  PROG=("$python" "$here/examples/torch/handwritten.py" --layers 2 --step-sleep "${DEMO_STEP_SLEEP:-0.05}")
 else
   if [ "${DEMO_SKIP_BUILD:-0}" = 1 ]; then
     GPT=$BUILD_DIR/examples/gpt/gpt
