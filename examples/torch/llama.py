@@ -10,8 +10,10 @@ that torch's own parallel APIs apply unchanged:
   (the embedding on the first, the norm and output head on the last);
 - data parallelism: any wrapper (FSDP2's ``fully_shard``, DDP) over the stage.
 
-Batches depend only on (seed, step, sample index), so the data position of an elastic job is its
-step and nothing else: any world size sees the same global batch at a step.
+Data: ``Fortunes`` is the corpus as a map-style dataset (sample i: the bytes from position i), which
+train.py and train_plain.py load through a DataLoader; handwritten.py draws ``batch``es that depend
+only on (seed, step, sample index), so the data position of its elastic job is its step and nothing
+else: any world size sees the same global batch at a step.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.data
 from torch import nn
 
 
@@ -160,6 +163,12 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def reset_buffers(self) -> None:
+        """The rotary tables again: a model built on `meta` and materialized with `to_empty`
+        holds uninitialized buffers."""
+        device = self.rope_cos.device
+        self.rope_cos, self.rope_sin = (t.to(device) for t in rope_tables(self.args))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids [batch, seq] on the first stage, hidden states [batch, seq, dim] after it;
         logits [batch, seq, vocab] from the last."""
@@ -175,7 +184,10 @@ class Llama(nn.Module):
 def init_weights(model: Llama, seed: int) -> None:
     """Deterministic initialisation by parameter name (the same values whatever the layout):
     normal(0, 0.02) for matrices, scaled by 1/sqrt(2 n_layers) for the residual outputs; norm
-    gains 1."""
+    gains 1. A DTensor parameter (TP, FSDP2) keeps its shard of the whole tensor, which every
+    rank draws alike (no communication)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             with torch.no_grad():
@@ -185,8 +197,11 @@ def init_weights(model: Llama, seed: int) -> None:
         if name.endswith(("wo.weight", "w2.weight")):
             std /= math.sqrt(2 * model.args.n_layers)
         g = torch.Generator().manual_seed(seed * 1_000_003 + _stable_hash(name))
+        whole = torch.randn(p.shape, generator=g) * std
+        if isinstance(p, DTensor):
+            whole = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None)
         with torch.no_grad():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
+            p.copy_(whole)
 
 
 def _stable_hash(s: str) -> int:
@@ -208,6 +223,21 @@ def load_corpus(folder: str = "/usr/share/games/fortunes") -> torch.Tensor:
     if len(data) < 4096:
         raise RuntimeError(f"corpus under {folder} has only {len(data)} bytes")
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+class Fortunes(torch.utils.data.Dataset):
+    """The corpus as a map-style dataset: sample i is the `seq` bytes from byte i and their
+    next-byte targets (every byte position starts a sample)."""
+
+    def __init__(self, corpus: torch.Tensor, seq: int):
+        self.corpus, self.seq = corpus, seq
+
+    def __len__(self) -> int:
+        return self.corpus.numel() - self.seq
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = self.corpus[i:i + self.seq + 1]
+        return window[:-1], window[1:]
 
 
 def batch(corpus: torch.Tensor, seq: int, step: int, samples: range,
