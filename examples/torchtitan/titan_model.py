@@ -23,7 +23,7 @@ from torchtitan.models.common.attention import ScaledDotProductAttention
 from torchtitan.models.llama3 import model_registry, parallelize_llama
 from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
-LAYERS, SEQ, BATCH = 2, 32, 8
+LAYERS, SEQ, BATCH = 2, 32, 12  # 12 samples a step: dp 1, 2, 3 and 4 divide it
 
 
 def model_config():
