@@ -3,6 +3,7 @@
 #   make test SANITIZE=address,undefined   the same under ASan+UBSan (separate build folder)
 #   make demo                              the elastic GPT example under a scripted scheduler
 #   make demo-torch                        the same for the PyTorch example (examples/torch)
+#   make test MORPH_TORCH=2.11             the Python package against torch 2.11 (default 2.15)
 SHELL := /bin/bash
 SANITIZE ?=
 JOBS ?= $(shell nproc)
@@ -14,6 +15,10 @@ BUILD_DIR ?= build-$(subst $(comma),-,$(SANITIZE))
 CMAKE_ARGS ?= -DMORPH_SANITIZE=$(SANITIZE) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 endif
 comma := ,
+# The torch of the venv and the Python package (scripts/python-venv.sh, docs/torch.md
+# "Building"): given here or in the environment it is passed to configure, which keeps it in the
+# build folder's cache; `MORPH_TORCH=` returns a folder to the default.
+TORCH_ARG := $(if $(filter-out undefined,$(origin MORPH_TORCH)),-DMORPH_TORCH=$(MORPH_TORCH))
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
 .PHONY: deps configure build test bench-collectives
@@ -22,7 +27,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 configure: deps
-	cmake -S . -B $(BUILD_DIR) -G "$(GENERATOR)" $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD_DIR) -G "$(GENERATOR)" $(CMAKE_ARGS) $(TORCH_ARG)
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)

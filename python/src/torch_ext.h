@@ -4,9 +4,15 @@
 #define MORPH_PYTHON_TORCH_EXT_H_
 
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 
 #include <memory>
 #include <string>
+
+// The package records the torch found at configure (<build>/python/morph/_torch_build.py) and refuses any other
+// major.minor at import: these headers must be that torch's (python/CMakeLists.txt).
+static_assert(TORCH_VERSION_MAJOR == MORPH_TORCH_MAJOR && TORCH_VERSION_MINOR == MORPH_TORCH_MINOR,
+              "torch's headers are not those of the torch that python/CMakeLists.txt found");
 
 namespace morph_torch {
 

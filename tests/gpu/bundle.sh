@@ -5,6 +5,10 @@
 # .gpu-bundle/ (git-ignored, at most 64 MiB), together with run.sh. examples/gpt's
 # gpt_nccl_test is a script: the bundle gets its script, gpt, gpt_nccl, morphrun and the corpus
 # it trains on (data/fortunes). scripts/bundle-gpu.sh is this script.
+# Nothing in the bundle is built against torch (the GPU machine's python3 is 3.12 with torch
+# 2.11): configure leaves the build folder's MORPH_TORCH and venv as they are. A torch piece added
+# here must be built for that torch: MORPH_TORCH=2.11 and a venv of that Python (docs/torch.md
+# "Torch versions").
 # On the GPU machine: .gpu-bundle/run.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

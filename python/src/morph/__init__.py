@@ -20,7 +20,12 @@
 Status codes are exception classes (morph.AbortedError, morph.UnavailableError, ...,
 all morph.MorphError) carrying the failed peers.
 """
-from . import _morph
+# Before anything loads morph._torch_backend: under another torch major.minor than the one it
+# was built for, an ImportError naming both (docs/torch.md "Building").
+from ._torch_abi import check_imported_torch as _check_imported_torch
+
+_check_imported_torch()
+from . import _morph  # noqa: E402
 from ._errors import *  # noqa: F401,F403
 from ._errors import MorphError, __all__ as _error_names
 from ._placements import (layout_from_placements, morph_dtype, placements_of,  # noqa: F401
