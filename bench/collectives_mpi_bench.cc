@@ -2,10 +2,11 @@
 // against MPI's f32 of the same count), reduce-scatter and point to point, from 8 B (latency)
 // to 64 MiB (bandwidth). Launch under mpirun; rank 0 prints one JSON object per case:
 //   mpirun --allow-run-as-root --oversubscribe -np 4 build/bench/collectives_mpi_bench [max_bytes]
-// ratio_vs_mpi = gloo seconds / MPI seconds (lower is better; 1.0 = parity). Up to 64 KiB the
-// default communicator takes the same-host shared-memory path (MORPH_GLOO_SHM); a second one
-// built with shared_memory = false times the TCP path in the same run: tcp_seconds and
-// tcp_ratio_vs_mpi. Broadcast, allgather and barrier run at the small sizes only.
+// ratio_vs_mpi = gloo seconds / MPI seconds (lower is better; 1.0 = parity). On one host the
+// default communicator takes the shared-memory path (MORPH_GLOO_SHM: one round up to 64 KiB,
+// chunks through staging slots above); a second one built with shared_memory = false times the
+// TCP path in the same run: tcp_seconds and tcp_ratio_vs_mpi. Broadcast and allgather run up
+// to 4 MiB, barrier once.
 // Broadcast's seconds run from the root's start until every rank has the data, for MPI and
 // Gloo alike; own_clock_* is the figure it printed before, the slowest rank's own clock, which
 // for a broadcast shows the root's view (TimeBoth says why).
@@ -132,7 +133,7 @@ Status Run(size_t max_bytes) {
                          GlooCommunicator::Create(*store, "bench-tcp", boot.rank, boot.size,
                                                   tcp_device, Deadline::AfterMs(30000)));
   const int rank = boot.rank, world = boot.size;
-  constexpr size_t kSmall = size_t{64} << 10;  // the shared-memory path's limit
+  constexpr size_t kMidSize = size_t{4} << 20;  // broadcast and allgather up to here
   // Small messages (the runtime's per-step votes, loss reductions) and large ones (gradients).
   for (size_t bytes :
        {size_t{8}, size_t{4} << 10, size_t{64} << 10, size_t{4} << 20, size_t{64} << 20}) {
@@ -145,8 +146,8 @@ Status Run(size_t max_bytes) {
     auto keep = [&](const Status& s) {
       if (st.ok()) st = s;
     };
-    // The same calls on the TCP-only communicator, at the sizes where the paths differ.
-    auto tcp_time = [&](auto&& fn) { return bytes <= kSmall ? Time(reps, iters, fn) : -1.0; };
+    // The same calls on the TCP-only communicator.
+    auto tcp_time = [&](auto&& fn) { return Time(reps, iters, fn); };
     double gloo = Time(reps, iters, [&] {
       keep(comm->Allreduce(buf.data(), n, DType::kF32, ReduceOp::kSum, kTimeout));
     });
@@ -180,7 +181,7 @@ Status Run(size_t max_bytes) {
     });
     if (rank == 0) Print("reduce_scatter_f32_sum", world, piece * world * 4, gloo, mpi, tcp);
 
-    if (bytes <= kSmall) {
+    if (bytes <= kMidSize) {
       // From root 0's start until the last rank has the data (TimeBoth); the slowest rank's
       // own clock, the figure this case reported before, as own_clock_*.
       const Timing gloo_b = TimeBoth(
