@@ -311,5 +311,31 @@ class DeclareErrorTest(unittest.TestCase):
         self.assertIn("torch backend 'mpi'", str(cm.exception))
 
 
+class StubTest(unittest.TestCase):
+    """morph/_morph.pyi is generated from the built extension (python/CMakeLists.txt): it names
+    every public function and class of morph._morph and every public member of each class."""
+
+    def test_stub_covers_the_extension(self):
+        import ast
+
+        from morph import _morph
+
+        path = os.path.join(os.path.dirname(_morph.__file__), "_morph.pyi")
+        tree = ast.parse(open(path).read(), path)
+        top = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        public = [n for n in dir(_morph) if not n.startswith("_")]
+        self.assertGreater(len(public), 10)
+        for name in public:
+            self.assertIn(name, top, f"_morph.pyi lacks {name}")
+            obj = getattr(_morph, name)
+            if not isinstance(obj, type):
+                continue
+            members = {m.name for m in top[name].body
+                       if isinstance(m, (ast.FunctionDef, ast.ClassDef))}
+            for m in vars(obj):
+                if not m.startswith("_"):
+                    self.assertIn(m, members, f"_morph.pyi lacks {name}.{m}")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
