@@ -1,6 +1,6 @@
 """What train.py and train_plain.py report: a line per step on world rank 0 (printed; with --out
 DIR also appended to DIR/metrics.tsv: step, loss, world, dp, tp, pp, generation, ms, tokens/s,
-unix time), one line per reconfiguration of a morph job in DIR/events.tsv (step, generations,
+unix time), one line per reconfiguration of a morph job (not its start) in DIR/events.tsv (step, generations,
 worlds, configs, recovery, steps lost, communicators, plan, transfer, resume and stall ms, bytes
 received: examples/gpt's columns, which scripts/elastic_checks.sh and scripts/demo.sh read), and
 DIR/pids/<pid>, touched at every step this process trains (the tests pick their victims there).
@@ -41,7 +41,7 @@ class Metrics:
         generation = r.generation if r is not None else 0
         if dist.get_rank() != 0:
             return
-        if self.out and r is not None and r.generation != self.seen:
+        if self.out and r is not None and r.from_generation > 0 and r.generation != self.seen:
             self.seen = r.generation
             ms = [round(x * 1e3, 2) for x in (r.communicators_seconds, r.plan_seconds,
                                               r.transfer_seconds, r.resume_seconds,

@@ -39,7 +39,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="steps of linear warmup, then cosine")
     p.add_argument("--seed", type=int, default=1, help="initial weights and the sample order")
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel (train.py: its divisors)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="tensor-parallel size (train.py: the planner picks one of its divisors)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (pacing)")
     p.add_argument("--quiet", action="store_true", help="no line per step")
     p.add_argument("--out", default="", help="metrics.tsv, events.tsv and pids/ (metrics.py)")
