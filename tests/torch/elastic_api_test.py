@@ -71,6 +71,28 @@ class ElasticRefusalTest(unittest.TestCase):
         self.refused(lambda ctx: 42, "build returned int")
         self.refused(lambda ctx: (nn.Linear(2, 2), "adam"), "optimizer of type str")
 
+    def test_a_wrong_pipeline(self):
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        def with_stage(index, num_stages, part=True):
+            def b(ctx):
+                model, opt, sched = build(ctx)
+                mod = model if part else nn.Linear(2, 2)
+                st = PipelineStage(mod, index(ctx), num_stages(ctx), ctx.device,
+                                   group=ctx.pp_group)
+                return model, opt, sched, ScheduleGPipe(st, n_microbatches=2)
+            return b
+        # a stage of another pipeline position or length than ctx.stage of ctx.num_stages
+        self.refused(with_stage(lambda c: 0, lambda c: 2), "pipeline stage 0 of 2",
+                     "ctx.stage")
+        # a stage whose module the build does not return as a model part
+        self.refused(with_stage(lambda c: c.stage, lambda c: c.num_stages, part=False),
+                     "not one of the build's model parts")
+        # pipeline candidates without the model's layer count
+        with self.assertRaises(morph.InvalidArgumentError) as cm:
+            morph.elastic(build, global_batch=4, dataset_samples=100, pp_candidates=[1, 2])
+        self.assertIn("num_layers", str(cm.exception))
+
     def test_a_right_job_after_the_refusals(self):
         job = morph.elastic(build, init=init, global_batch=BATCH, dataset_samples=100)
         with job.step() as step:

@@ -33,10 +33,26 @@ class Net(nn.Module):
         self.out = nn.Linear(DIM, VOCAB, bias=False)
 
     def forward(self, x):
-        h = self.emb(x)
+        h = self.emb(x) if self.emb is not None else x  # a later pipeline stage: activations
         for b in self.layers.values():
             h = b(h)
-        return self.out(self.norm(h))
+        return self.out(self.norm(h)) if self.out is not None else h
+
+
+def stage_part(ctx):
+    """The whole model on `meta`, less what other pipeline stages hold (torchtitan's way): the
+    layers outside ctx.layers, the embedding unless first, the head unless last. Parameter
+    names stay those of the whole model ("layers.1.w1.weight")."""
+    with torch.device("meta"):
+        model = Net()
+    for i in list(model.layers.keys()):
+        if int(i) not in ctx.layers:
+            del model.layers[i]
+    if not ctx.first_stage:
+        model.emb = None
+    if not ctx.last_stage:
+        model.norm = model.out = None
+    return model
 
 
 def warmup_cosine(step, warmup=4, total=40):
@@ -45,9 +61,11 @@ def warmup_cosine(step, warmup=4, total=40):
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
 
 
-def build(ctx):
-    with torch.device("meta"):
-        model = Net()
+def build(ctx, schedule=None, micro_batches=2):
+    """FSDP2 (+ TP) of this stage's part, AdamW, LambdaLR; with `schedule` ("gpipe", "1f1b") a
+    PipelineStage on ctx.pp_group and that schedule over `micro_batches` micro-batches of the
+    rank's samples (the loss summed, not averaged: scale_grads=False)."""
+    model = stage_part(ctx)
     if ctx.mesh["tp"].size() > 1:
         for b in model.layers.values():
             parallelize_module(b, ctx.mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
@@ -59,7 +77,14 @@ def build(ctx):
             m.set_gradient_divide_factor(1.0)
     model.to_empty(device=ctx.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
-    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine)
+    if schedule is None:
+        return model, opt, sched
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    stage = PipelineStage(model, ctx.stage, ctx.num_stages, ctx.device, group=ctx.pp_group)
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    return model, opt, sched, kind(stage, n_microbatches=micro_batches, loss_fn=token_loss,
+                                   scale_grads=False)
 
 
 with torch.device("meta"):
@@ -86,6 +111,25 @@ def loss_of(model, batch):
     logits = model(batch[:, :-1])
     return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1),
                                        reduction="sum") / (BATCH * SEQ)
+
+
+def token_loss(logits, targets):
+    """A micro-batch's summed token loss over the global batch's tokens (the pipeline's
+    loss_fn): summed over micro-batches and DP ranks it is the global batch's mean loss."""
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1),
+                                       reduction="sum") / (BATCH * SEQ)
+
+
+def pipeline_loss(job, step, batch):
+    """One step's forward and backward through the generation's schedule (job.schedule): the
+    first stage feeds the tokens, the last the targets; the rank's summed loss on the last
+    stage, 0 elsewhere."""
+    first, last = step.coords[0] == 0, step.coords[0] == step.config.pp - 1
+    losses = []
+    args = (batch[:, :-1],) if first else ()
+    kwargs = dict(target=batch[:, 1:], losses=losses) if last else {}
+    job.schedule.step(*args, **kwargs)
+    return torch.stack(losses).sum() if last else torch.zeros(())
 
 
 def batch_of(ids):

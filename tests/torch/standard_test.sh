@@ -9,6 +9,11 @@
 #   case kill:  4 workers (dp4, buddy snapshots every step), one SIGKILLs itself at step 5 -> 3
 #   case term:  3 workers (dp3), one SIGTERMed (a preemption notice: it leaves at a step
 #               boundary, its state moved) -> 2
+#   case pp:    torch.distributed.pipelining (Schedule1F1B, 2 micro-batches per rank; the
+#               reference runs the same schedule on one stage): 3 workers (dp3) -> resize 4
+#               (pinned dp2 pp2: the build makes each stage's part, PipelineStage and schedule)
+#               -> resize 2 (pinned dp2 pp1: pp 2 -> 1)
+#   case pp_gpipe: the same with ScheduleGPipe
 #
 # Checks: (a) at every change each worker of the new generation compared its parameters and its
 # optimizer state (torch's state dicts: get_model_state_dict, get_optimizer_state_dict),
@@ -51,12 +56,18 @@ fail() {
   exit 1
 }
 # The reference: the same program, one worker (a job of its own), no changes, no DCP saves.
+sched=()
+case $case_ in
+  pp) sched=(--schedule 1f1b) ;;
+  pp_gpipe) sched=(--schedule gpipe) ;;
+esac
 timeout 300 "$python" "$here/standard_worker.py" --steps "$STEPS" --out "$tmp/ref" --no-oracle \
-  >"$tmp/ref.log" 2>&1 || { tail -n 30 "$tmp/ref.log" >&2; fail "reference run failed"; }
+  "${sched[@]}" >"$tmp/ref.log" 2>&1 || { tail -n 30 "$tmp/ref.log" >&2; fail "reference run failed"; }
 
-args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4)
+args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4 "${sched[@]}")
 pins=()
 case $case_ in
+  pp|pp_gpipe) n=3; pins=(--config 3=dp3tp1pp1 --config 4=dp2tp1pp2 --config 2=dp2tp1pp1) ;;
   grow) n=2; pins=(--config 4=dp2tp2pp1 --config 3=dp3tp1pp1) ;;
   kill) n=4; args+=(--kill-at 5 --kill-rank 2); export MORPH_SNAPSHOT_EVERY=1 ;;
   term) n=3 ;;
@@ -95,6 +106,16 @@ case $case_ in
     at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
     at_world 4 && "$morphctl" --addr "$api" resize 3 >/dev/null
     ;;
+  pp|pp_gpipe)  # 4 steps trained at pp 2 before the shrink
+    at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
+    at_world 4
+    for _ in $(seq 1200); do
+      [ "$(grep -c '"config": \[2, 1, 2\]' "$tmp/out/loss.jsonl" 2>/dev/null)" -ge 4 ] && break
+      kill -0 "$run" 2>/dev/null || break
+      sleep 0.1
+    done
+    "$morphctl" --addr "$api" resize 2 >/dev/null
+    ;;
   term)
     at_step 3
     victim=$(ls "$tmp/out/pids" | sort -n | tail -n 1)
@@ -121,11 +142,12 @@ by_step = {}
 for e in rec:
     by_step.setdefault(e["step"], []).append(e)
 worlds = [max(x["world"] for x in v) for _, v in sorted(by_step.items())]
-want = {"grow": [4, 3], "kill": [3], "term": [2]}[case]
+want = {"grow": [4, 3], "kill": [3], "term": [2], "pp": [4, 2], "pp_gpipe": [4, 2]}[case]
 assert worlds == want, f"worlds after each change {worlds}, want {want}"
-if case == "grow":
+if case in ("grow", "pp", "pp_gpipe"):
     configs = [v[0]["config"] for _, v in sorted(by_step.items())]
-    assert configs == [[2, 2, 1], [3, 1, 1]], f"configs {configs}"
+    want = [[2, 2, 1], [3, 1, 1]] if case == "grow" else [[2, 1, 2], [2, 1, 1]]
+    assert configs == want, f"configs {configs}, want {want}"
 for s, v in sorted(by_step.items()):
     assert len(v) == v[0]["world"], f"step {s}: {len(v)} workers reported, world {v[0]['world']}"
     bad = [x for x in v if x["oracle"] != "ok" and
@@ -141,6 +163,9 @@ def losses(d):
 got, exp = losses(out), losses(ref)
 assert sorted(exp) == list(range(steps)), f"reference steps {sorted(exp)}"
 assert sorted(got) == list(range(steps)), f"steps trained {sorted(got)}"
+if case.startswith("pp"):
+    at_pp2 = [s for s in got if got[s]["config"][2] == 2]
+    assert len(at_pp2) >= 3, f"steps trained at pp 2: {at_pp2}"
 worst = 0.0
 for s in range(steps):
     g, e = got[s], exp[s]

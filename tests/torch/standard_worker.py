@@ -9,7 +9,11 @@ the optimizer's state dicts of torch.distributed.checkpoint.state_dict), so that
 of a new generation each rank compares its parameters and optimizer state, bitwise, with DCP's
 load of that save into the new layout (the oracle); one line per change in <out>/events.jsonl.
 
-  standard_worker.py --steps 16 --out DIR [--kill-at STEP --kill-rank R] [--reference]
+  standard_worker.py --steps 16 --out DIR [--kill-at STEP --kill-rank R] [--schedule 1f1b]
+
+With --schedule (gpipe, 1f1b) the build makes this stage's part (the layers of ctx.layers),
+a PipelineStage on ctx.pp_group and the schedule, and every step runs job.schedule.step over
+2 micro-batches of the rank's samples.
 """
 import argparse
 import json
@@ -34,6 +38,8 @@ p.add_argument("--out", required=True)
 p.add_argument("--kill-at", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
 p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--schedule", choices=["gpipe", "1f1b"], default=None,
+               help="train through a torch.distributed.pipelining schedule (pp allowed)")
 p.add_argument("--no-oracle", action="store_true",
                help="no DCP save per step, only after the last (the reference)")
 a = p.parse_args()
@@ -42,7 +48,10 @@ pid = os.getpid()
 if os.path.isdir(os.path.join(a.out, "pids")):
     open(os.path.join(a.out, "pids", str(pid)), "w").close()
 
-from standard_model import BATCH, batch_of, build, init, loss_of  # noqa: E402
+import functools  # noqa: E402
+
+from standard_model import (BATCH, LAYERS, batch_of, build, init, loss_of,  # noqa: E402
+                            pipeline_loss)
 
 
 def log(name, **kv):
@@ -86,8 +95,9 @@ def check_oracle(job, index):
     return "ok", n
 
 
-job = morph.elastic(build, init=init, global_batch=BATCH, dataset_samples=10_000,
-                    tp_candidates=[1, 2])
+extra = dict(pp_candidates=[1, 2], num_layers=LAYERS) if a.schedule else {}
+job = morph.elastic(functools.partial(build, schedule=a.schedule), init=init,
+                    global_batch=BATCH, dataset_samples=10_000, tp_candidates=[1, 2], **extra)
 while True:
     index = None
     with job.step() as step:
@@ -104,10 +114,16 @@ while True:
             with open(os.path.join(a.out, "kill.json"), "w") as f:
                 json.dump({"t": time.time(), "pid": pid}, f)
             os.kill(pid, signal.SIGKILL)
-        loss = loss_of(job.model, batch_of(step.samples))
-        loss.backward()
-        total = loss.detach().clone()
-        dist.all_reduce(total, group=step.groups.dp)
+        if a.schedule:  # the last stage's (one TP rank's) losses, summed over the world
+            loss = pipeline_loss(job, step, batch_of(step.samples))
+            total = loss.detach().clone() if step.coords[0] == step.config.pp - 1 and \
+                step.coords[2] == 0 else torch.zeros(())
+            dist.all_reduce(total, group=step.groups.world)
+        else:
+            loss = loss_of(job.model, batch_of(step.samples))
+            loss.backward()
+            total = loss.detach().clone()
+            dist.all_reduce(total, group=step.groups.dp)
         lr = job.optimizer.param_groups[0]["lr"]
         job.optimizer.step()  # morph's commit vote first
         job.scheduler.step()

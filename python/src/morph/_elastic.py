@@ -113,15 +113,27 @@ class BuildContext:
     def last_stage(self) -> bool:
         return self.coords[0] == self.config.pp - 1
 
+    @property
+    def pp_group(self) -> Any:
+        """The ProcessGroup of this rank's pipeline (the mesh's "pp" dimension: ranks of the same
+        (dp, tp) coordinates, one per stage, in stage order): `PipelineStage(..., group=)`. In
+        the discovery build it is the fake world's pp dimension, of size 1."""
+        return self.mesh.get_group("pp")
+
 
 @dataclass
 class Built:
-    """What `build` returns (a tuple `(models, optimizers, schedulers)` is taken as one):
-    the model parts of this rank's stage, their optimizers and LR schedulers."""
+    """What `build` returns (a tuple `(models, optimizers, schedulers)` is taken as one, and
+    `(models, optimizers, schedulers, schedule)` with a pipeline schedule): the model parts of
+    this rank's stage, their optimizers and LR schedulers; `schedule`, a
+    torch.distributed.pipelining schedule over the parts' PipelineStages (job.schedule); `extra`,
+    anything else the loop needs of this generation (job.extra), morph keeps no state of it."""
 
     models: List[torch.nn.Module]
     optimizers: List[torch.optim.Optimizer] = field(default_factory=list)
     schedulers: List[Any] = field(default_factory=list)
+    schedule: Any = None
+    extra: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -217,19 +229,19 @@ def _initial(opt: torch.optim.Optimizer, group: Dict[str, Any], entry: str) -> f
 
 # ---- the build's objects ----
 
-def _as_built(out: Any) -> Built:
+def _as_built(out: Any, ctx: Optional[BuildContext] = None) -> Built:
     if isinstance(out, Built):
         b = out
     elif isinstance(out, torch.nn.Module):
         b = Built([out])
-    elif isinstance(out, (tuple, list)) and 1 <= len(out) <= 3:
+    elif isinstance(out, (tuple, list)) and 1 <= len(out) <= 4:
         parts = [list(x) if isinstance(x, (list, tuple)) else ([] if x is None else [x])
-                 for x in out]
-        b = Built(*parts)
+                 for x in out[:3]]
+        b = Built(*parts, schedule=out[3] if len(out) == 4 else None)
     else:
         raise InvalidArgumentError(
             f"build returned {type(out).__name__}: return (model(s), optimizer(s), "
-            "scheduler(s)) or a morph.Built")
+            "scheduler(s)[, pipeline schedule]) or a morph.Built")
     for m in b.models:
         if not isinstance(m, torch.nn.Module):
             raise InvalidArgumentError(f"build returned a model part of type {type(m).__name__}")
@@ -240,7 +252,57 @@ def _as_built(out: Any) -> Built:
         if not (hasattr(s, "state_dict") and hasattr(s, "load_state_dict")):
             raise InvalidArgumentError(
                 f"build returned a scheduler of type {type(s).__name__} without state_dict")
+    if b.schedule is not None:
+        _check_schedule(b, ctx)
     return b
+
+
+def _check_schedule(b: Built, ctx: Optional[BuildContext]) -> None:
+    """A pipeline schedule's stages run the build's model parts on the mesh's pp group, at this
+    rank's stage indices (one stage per rank: ctx.stage of ctx.num_stages; v per rank, as
+    torch's interleaved schedules place them: ctx.stage + k * ctx.num_stages of
+    v * ctx.num_stages)."""
+    if not hasattr(b.schedule, "step"):
+        raise InvalidArgumentError(
+            f"build returned a pipeline schedule of type {type(b.schedule).__name__} without "
+            "step(): a torch.distributed.pipelining schedule")
+    stages = getattr(b.schedule, "_stages", None)
+    if stages is None:
+        one = getattr(b.schedule, "_stage", None)
+        stages = [one] if one is not None else []
+    parts = {id(m) for m in b.models}
+    for st in stages:
+        idx = getattr(st, "stage_index", "?")
+        if id(getattr(st, "submod", None)) not in parts:
+            raise InvalidArgumentError(
+                f"pipeline stage {idx} runs a module that is not one of the build's model "
+                "parts: return every stage's module as a model part (morph binds only the "
+                "parts' parameters)")
+        if ctx is None:
+            continue
+        pp = ctx.num_stages
+        group = getattr(st, "group", None)
+        want = ctx.pp_group
+        if group is not want and (group is None or _ranks(group) != _ranks(want)):
+            raise InvalidArgumentError(
+                f"pipeline stage {idx} communicates on "
+                f"{'the default group' if group is None else 'another group'} (ranks "
+                f"{_ranks(group)}): give PipelineStage group=ctx.pp_group (ranks {_ranks(want)})")
+        v = len(stages)
+        if st.num_stages != v * pp or st.stage_index % pp != ctx.stage:
+            raise InvalidArgumentError(
+                f"pipeline stage {idx} of {st.num_stages} on pipeline rank {ctx.stage} of {pp} "
+                f"with {v} stage(s) per rank: a rank's stages are ctx.stage + k * "
+                f"ctx.num_stages of {v} * ctx.num_stages (ctx.virtual_stages(v))")
+
+
+def _ranks(group: Any) -> Optional[List[int]]:
+    import torch.distributed as dist
+    try:
+        return list(dist.get_process_group_ranks(group if group is not None
+                                                 else dist.group.WORLD))
+    except Exception:
+        return None
 
 
 def _named_params(built: Built) -> List[Tuple[str, torch.nn.Parameter]]:
@@ -282,6 +344,23 @@ def _fsdp_params(built: Built) -> Dict[int, Any]:
 
 # ---- discovery ----
 
+class _EveryLayer(list):
+    """The discovery build's ctx.layers when morph.elastic was not told num_layers: it holds
+    every layer (`i in ctx.layers` is True: a build that drops the layers of other pipeline
+    stages keeps them all) but cannot be listed."""
+
+    def __contains__(self, layer: object) -> bool:
+        return isinstance(layer, int) and layer >= 0
+
+    def __iter__(self):  # type: ignore[override]
+        raise InvalidArgumentError(self._WHY)
+
+    def __len__(self) -> int:
+        raise InvalidArgumentError(self._WHY)
+
+    _WHY = ("ctx.layers of the discovery build: morph.elastic was not given num_layers, so the "
+            "layers cannot be listed; pass morph.elastic(build, num_layers=...)")
+
 def _discover(build: Callable[[BuildContext], Any], tp: int, num_layers: Optional[int],
               layer_of: Optional[Callable[[str], int]]) -> Tuple[List[_Param], List[Dict], int]:
     """The discovery build on a fake world of dp 2 x tp (meta tensors): parameters, their
@@ -299,9 +378,10 @@ def _discover(build: Callable[[BuildContext], Any], tp: int, num_layers: Optiona
     try:
         mesh = init_device_mesh("cpu", (1, cfg.dp, cfg.tp), mesh_dim_names=("pp", "dp", "tp"))
         ctx = BuildContext(mesh=mesh, device=torch.device("meta"), fresh=False, config=cfg,
-                           coords=(0, 0, 0), layers=list(range(num_layers or 1)),
+                           coords=(0, 0, 0),
+                           layers=list(range(num_layers)) if num_layers else _EveryLayer(),
                            num_layers=num_layers or 1, discovery=True)
-        built = _as_built(build(ctx))
+        built = _as_built(build(ctx), ctx)
         named = _named_params(built)
         params = []
         for fqn, p in named:
@@ -392,6 +472,17 @@ class ElasticJob:
     @property
     def scheduler(self) -> Any:
         return self._one(self.schedulers, "scheduler")
+
+    @property
+    def schedule(self) -> Any:
+        """This generation's pipeline schedule (Built.schedule; None without one): call its
+        `step(...)` inside the step block; a change builds a new one."""
+        return self._built().schedule
+
+    @property
+    def extra(self) -> Dict[str, Any]:
+        """This generation's Built.extra."""
+        return self._built().extra
 
     @property
     def state(self) -> _runtime.State:
@@ -528,7 +619,7 @@ class ElasticJob:
         ctx = BuildContext(mesh=step.groups.mesh, device=torch.device("cpu"), fresh=fresh,
                            config=cfg, coords=tuple(step.coords), layers=layers,
                            num_layers=self.num_layers, groups=step.groups)
-        built = _as_built(self._build(ctx))
+        built = _as_built(self._build(ctx), ctx)
         named = _named_params(built)
         self._bind_params(named, built, layers, fresh)
         fqn_of = {id(p): fqn for fqn, p in named}
@@ -719,6 +810,10 @@ def elastic(build: Callable[[BuildContext], Any], *,
     optimizer, a placement, a dtype) before the job starts."""
     model_kw = start_kwargs.get("num_layers")
     tps = start_kwargs.get("tp_candidates") or [1]
+    if max(start_kwargs.get("pp_candidates") or [1]) > 1 and not model_kw:
+        raise InvalidArgumentError(
+            "pp_candidates above 1 without num_layers: pipeline stages split the model's layers; "
+            "pass morph.elastic(build, num_layers=..., pp_candidates=...)")
     params, opts, num_layers = _discover(build, max(tps), model_kw, layer_of)
     start_kwargs["num_layers"] = num_layers
     if start_kwargs.get("torch_backend", "morph") == "gloo":
