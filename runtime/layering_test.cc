@@ -1,7 +1,7 @@
 // The tree's include order, read from the #include lines of every source file: the public
 // headers (include/morph/, which include nothing else of morph's), the layers below the runtime
 // (base < reshard < collectives < runtime) and the runtime's folders in the order
-// docs/design.md §9 gives (runtime/CMakeLists.txt adds them in it). A file may include its own
+// docs/design.md §2 gives (runtime/CMakeLists.txt adds them in it). A file may include its own
 // folder and the folders before it, never one after it, so the folders cannot form a cycle; the
 // test names every include that breaks the order, and then checks that the graph it read has no
 // cycle at all (whatever the order says).

@@ -1,5 +1,5 @@
 // ChooseRecovery: which state a recovery resumes from (docs/design.md §4 "Failure", §9
-// "Recovery as built"). After a failure every surviving old rank reports, at its step boundary,
+// "Failures, as built"). After a failure every surviving old rank reports, at its step boundary,
 // the step its state holds and whether that state is whole (StepReportMsg::state_step /
 // state_ok). The coordinator then picks, off its I/O thread:
 //
@@ -11,7 +11,7 @@
 //      copy back first;
 //   2. else the newest step k at which every old rank's buddy snapshot survives (StepReportMsg::
 //      snapshots): the rank's worker alive with its local copy of k, else a survivor holding
-//      the rank's copy of k (its buddy); and the two exchange rounds of runtime/protocol/
+//      the rank's copy of k (its buddy); and the two exchange rounds of runtime/plan/
 //      snapshot_plan.h cover every new piece. Everyone rolls back to k: source kSnapshot,
 //      decision.snapshot_holders = the worker serving each old rank, `stale` = the live old
 //      ranks served by their buddy (their own copy is missing) — unless the checkpoint below

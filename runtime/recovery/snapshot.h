@@ -2,7 +2,8 @@
 // and scalars into host memory and sends the copy to its buddy — a rank on another host when
 // there is one — while it receives the copy of the rank it is the buddy of (its ward). A dead
 // worker's pieces can then be served from its buddy's memory at the snapshot step, with every
-// survivor rolled back to the same step from its own local copy (docs/design.md, "as built").
+// survivor rolled back to the same step from its own local copy (docs/design.md "Recovery
+// redundancy, as built").
 //
 //   BuddySnapshotter snap(opts.snapshot_every);            // lives as long as the worker
 //   // each generation, collectively over its world (own communicators from its store):

@@ -1,6 +1,6 @@
 // The switch engine: what a worker's training thread does to move from generation `from` to
 // `next` once the coordinator committed the change (docs/design.md §4 "Planned change", §9
-// "The switch as built").
+// "The switch, as built").
 //
 //   // on Prepare, beside the running generation (the old one keeps training):
 //   MORPH_ASSIGN_OR_RETURN(std::unique_ptr<PreparedSwitch> sw,
