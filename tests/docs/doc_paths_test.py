@@ -29,7 +29,9 @@ FOREIGN = {
     "nccl.h.in", "libnccl.map",
     "param.h",  # NCCL's src/include/param.h
     # other projects' folders cited for comparison (PyTorch, Gloo, Asio)
-    "torch/", "gloo/", "c10d/", "tcp/", "asio/",
+    "torch/", "gloo/", "c10d/", "tcp/", "asio/", "torchtitan/",
+    # an elided prefix: a file of an installed package, as a traceback shows it
+    ".../",
     # files morph writes at run time, named where their format is described
     "manifest.json",
 }
