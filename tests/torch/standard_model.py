@@ -61,6 +61,73 @@ def warmup_cosine(step, warmup=4, total=40):
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (total - warmup))))
 
 
+# Interleaved pipelines: the model as 4 chunks (the embedding, layers.0, layers.1, the head);
+# with v stages per pipeline rank the S = v * pp stages split them evenly, stage s on pipeline
+# rank s % pp (torch's loop placement). morph places contiguous layers on each pipeline rank, so
+# the chunks' layers are numbered for pp 2 (rank 0: chunks 0 and 2, rank 1: chunks 1 and 3),
+# which at pp 1 holds everything anyway: interleaved_layer_of, jobs of pp 1 and 2.
+CHUNKS = 4
+_CHUNK_LAYER_PP2 = [0, 2, 1, 3]  # chunk -> morph layer: pp 2 gives layers 0-1 to rank 0
+
+
+def chunk_of(fqn):
+    if fqn.startswith("emb."):
+        return 0
+    if fqn.startswith("layers."):
+        return 1 + int(fqn.split(".")[1])
+    return CHUNKS - 1
+
+
+def interleaved_layer_of(fqn):
+    return _CHUNK_LAYER_PP2[chunk_of(fqn)]
+
+
+def chunk_part(chunks):
+    """The model on `meta` less every chunk not in `chunks` (names kept)."""
+    with torch.device("meta"):
+        model = Net()
+    for i in list(model.layers.keys()):
+        if 1 + int(i) not in chunks:
+            del model.layers[i]
+    if 0 not in chunks:
+        model.emb = None
+    if CHUNKS - 1 not in chunks:
+        model.norm = model.out = None
+    return model
+
+
+def shard(model, ctx):
+    if ctx.mesh["tp"].size() > 1:
+        for b in model.layers.values():
+            parallelize_module(b, ctx.mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    for b in model.layers.values():
+        fully_shard(b, mesh=ctx.mesh["dp"])
+    fully_shard(model, mesh=ctx.mesh["dp"])
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+    model.to_empty(device=ctx.device)
+    return model
+
+
+def build_interleaved(ctx, v=2, micro_batches=2):
+    """ScheduleInterleaved1F1B: this rank's v stages (ctx.virtual_stages(v)), one part, optimizer
+    and LR scheduler each (torchtitan's way: torch's optimizer state dicts go by part)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+    total = v * ctx.num_stages
+    parts, opts, scheds, stages = [], [], [], []
+    for s in ctx.virtual_stages(v):
+        chunks = range(s * CHUNKS // total, (s + 1) * CHUNKS // total)
+        part = shard(chunk_part(chunks), ctx)
+        opt = torch.optim.AdamW(part.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+        parts.append(part)
+        opts.append(opt)
+        scheds.append(torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine))
+        stages.append(PipelineStage(part, s, total, ctx.device, group=ctx.pp_group))
+    return parts, opts, scheds, ScheduleInterleaved1F1B(
+        stages, n_microbatches=micro_batches, loss_fn=token_loss, scale_grads=False)
+
+
 def build(ctx, schedule=None, micro_batches=2):
     """FSDP2 (+ TP) of this stage's part, AdamW, LambdaLR; with `schedule` ("gpipe", "1f1b") a
     PipelineStage on ctx.pp_group and that schedule over `micro_batches` micro-batches of the

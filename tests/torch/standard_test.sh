@@ -14,6 +14,9 @@
 #               (pinned dp2 pp2: the build makes each stage's part, PipelineStage and schedule)
 #               -> resize 2 (pinned dp2 pp1: pp 2 -> 1)
 #   case pp_gpipe: the same with ScheduleGPipe
+#   case pp_interleaved: the same with ScheduleInterleaved1F1B, 2 stages per pipeline rank (4
+#               model chunks: at pp 2 rank 0 runs stages 0 and 2, rank 1 stages 1 and 3; a part,
+#               AdamW and LambdaLR per stage; the layers numbered for pp 2: interleaved_layer_of)
 #
 # Checks: (a) at every change each worker of the new generation compared its parameters and its
 # optimizer state (torch's state dicts: get_model_state_dict, get_optimizer_state_dict),
@@ -60,6 +63,7 @@ sched=()
 case $case_ in
   pp) sched=(--schedule 1f1b) ;;
   pp_gpipe) sched=(--schedule gpipe) ;;
+  pp_interleaved) sched=(--schedule interleaved) ;;
 esac
 timeout 300 "$python" "$here/standard_worker.py" --steps "$STEPS" --out "$tmp/ref" --no-oracle \
   "${sched[@]}" >"$tmp/ref.log" 2>&1 || { tail -n 30 "$tmp/ref.log" >&2; fail "reference run failed"; }
@@ -67,7 +71,7 @@ timeout 300 "$python" "$here/standard_worker.py" --steps "$STEPS" --out "$tmp/re
 args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4 "${sched[@]}")
 pins=()
 case $case_ in
-  pp|pp_gpipe) n=3; pins=(--config 3=dp3tp1pp1 --config 4=dp2tp1pp2 --config 2=dp2tp1pp1) ;;
+  pp|pp_gpipe|pp_interleaved) n=3; pins=(--config 3=dp3tp1pp1 --config 4=dp2tp1pp2 --config 2=dp2tp1pp1) ;;
   grow) n=2; pins=(--config 4=dp2tp2pp1 --config 3=dp3tp1pp1) ;;
   kill) n=4; args+=(--kill-at 5 --kill-rank 2); export MORPH_SNAPSHOT_EVERY=1 ;;
   term) n=3 ;;
@@ -106,7 +110,7 @@ case $case_ in
     at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
     at_world 4 && "$morphctl" --addr "$api" resize 3 >/dev/null
     ;;
-  pp|pp_gpipe)  # 4 steps trained at pp 2 before the shrink
+  pp|pp_gpipe|pp_interleaved)  # 4 steps trained at pp 2 before the shrink
     at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
     at_world 4
     for _ in $(seq 1200); do
@@ -142,9 +146,10 @@ by_step = {}
 for e in rec:
     by_step.setdefault(e["step"], []).append(e)
 worlds = [max(x["world"] for x in v) for _, v in sorted(by_step.items())]
-want = {"grow": [4, 3], "kill": [3], "term": [2], "pp": [4, 2], "pp_gpipe": [4, 2]}[case]
+want = {"grow": [4, 3], "kill": [3], "term": [2], "pp": [4, 2], "pp_gpipe": [4, 2],
+        "pp_interleaved": [4, 2]}[case]
 assert worlds == want, f"worlds after each change {worlds}, want {want}"
-if case in ("grow", "pp", "pp_gpipe"):
+if case in ("grow", "pp", "pp_gpipe", "pp_interleaved"):
     configs = [v[0]["config"] for _, v in sorted(by_step.items())]
     want = [[2, 2, 1], [3, 1, 1]] if case == "grow" else [[2, 1, 2], [2, 1, 1]]
     assert configs == want, f"configs {configs}, want {want}"

@@ -25,7 +25,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict)
 from torch.utils._pytree import tree_flatten_with_path, tree_map
 
 import morph
@@ -38,7 +39,7 @@ p.add_argument("--out", required=True)
 p.add_argument("--kill-at", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
 p.add_argument("--step-sleep", type=float, default=0.0)
-p.add_argument("--schedule", choices=["gpipe", "1f1b"], default=None,
+p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default=None,
                help="train through a torch.distributed.pipelining schedule (pp allowed)")
 p.add_argument("--no-oracle", action="store_true",
                help="no DCP save per step, only after the last (the reference)")
@@ -50,7 +51,8 @@ if os.path.isdir(os.path.join(a.out, "pids")):
 
 import functools  # noqa: E402
 
-from standard_model import (BATCH, LAYERS, batch_of, build, init, loss_of,  # noqa: E402
+from standard_model import (BATCH, CHUNKS, LAYERS, batch_of, build,  # noqa: E402
+                            build_interleaved, init, interleaved_layer_of, loss_of,
                             pipeline_loss)
 
 
@@ -61,9 +63,14 @@ def log(name, **kv):
 
 
 def torch_state(job):
-    """The model's and the optimizer's state dicts, as torch's DCP integration writes them."""
-    return {"model": get_model_state_dict(job.model),
-            "optim": get_optimizer_state_dict(job.model, job.optimizer)}
+    """The model's and the optimizer's state dicts, as torch's DCP integration writes them (by
+    model part: optimizer i is part i's; flattened, so that the parts' entries merge)."""
+    model, optim = {}, {}
+    flat = StateDictOptions(flatten_optimizer_state_dict=True)
+    for m, o in zip(job.models, job.optimizers):
+        model.update(get_model_state_dict(m))
+        optim.update(get_optimizer_state_dict(m, o, options=flat))
+    return {"model": model, "optim": optim}
 
 
 def leaves(sd):
@@ -96,8 +103,12 @@ def check_oracle(job, index):
 
 
 extra = dict(pp_candidates=[1, 2], num_layers=LAYERS) if a.schedule else {}
-job = morph.elastic(functools.partial(build, schedule=a.schedule), init=init,
-                    global_batch=BATCH, dataset_samples=10_000, tp_candidates=[1, 2], **extra)
+fn = functools.partial(build, schedule=a.schedule)
+if a.schedule == "interleaved":  # 2 stages per pipeline rank; the layers numbered for pp 2
+    fn = build_interleaved
+    extra.update(num_layers=CHUNKS, layer_of=interleaved_layer_of)
+job = morph.elastic(fn, init=init, global_batch=BATCH, dataset_samples=10_000,
+                    tp_candidates=[1, 2], **extra)
 while True:
     index = None
     with job.step() as step:
@@ -124,10 +135,13 @@ while True:
             loss.backward()
             total = loss.detach().clone()
             dist.all_reduce(total, group=step.groups.dp)
-        lr = job.optimizer.param_groups[0]["lr"]
-        job.optimizer.step()  # morph's commit vote first
-        job.scheduler.step()
-        job.optimizer.zero_grad()
+        lr = job.optimizers[0].param_groups[0]["lr"]
+        for o in job.optimizers:  # one per model part; morph's commit vote first
+            o.step()
+        for sc in job.schedulers:
+            sc.step()
+        for o in job.optimizers:
+            o.zero_grad()
         if a.step_sleep:
             time.sleep(a.step_sleep)
         if step.rank == 0:

@@ -103,6 +103,8 @@ class BuildContext:
 
     @property
     def num_stages(self) -> int:
+        if self.config is None:  # a context a program made itself (a plain run of its build)
+            return self.mesh["pp"].size()
         return self.config.pp
 
     @property
@@ -111,7 +113,18 @@ class BuildContext:
 
     @property
     def last_stage(self) -> bool:
-        return self.coords[0] == self.config.pp - 1
+        return self.coords[0] == self.num_stages - 1
+
+    def virtual_stages(self, v: int) -> List[int]:
+        """The indices of this rank's `v` pipeline stages (of v * num_stages) as torch's
+        interleaved schedules place them (ScheduleInterleaved1F1B, ScheduleLoopedBFS: stage s
+        on pipeline rank s % num_stages): stage, stage + num_stages, ... The layers of those
+        stages are not contiguous while morph gives each pipeline rank contiguous layers
+        (ctx.layers): number the layers with `layer_of` so that they are (docs/torch.md
+        "Pipelines")."""
+        if v < 1:
+            raise InvalidArgumentError(f"virtual_stages({v}): at least one stage per rank")
+        return [self.stage + k * self.num_stages for k in range(v)]
 
     @property
     def pp_group(self) -> Any:
