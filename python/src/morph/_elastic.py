@@ -49,6 +49,11 @@ What morph does with it:
 - Every optimizer gets a step pre-hook that casts the step's commit vote (Runtime.commit_update)
   once per step, so that `optimizer.step()` only runs on a committed step.
 
+Pipelines (docs/torch.md "Pipelines"): the build makes this rank's stage part(s) of ctx.layers
+(ctx.virtual_stages(v) for interleaved schedules), PipelineStage(..., group=ctx.pp_group) and a
+torch.distributed.pipelining schedule, returned as a fourth element (job.schedule); every
+generation builds them anew on its groups.
+
 Optimizers morph maps: Adam, AdamW, SGD (with momentum, dampening 0), Adagrad, RMSprop. Any
 other, or an unsupported setting, is refused before the job starts, naming the optimizer and
 what morph cannot map.
