@@ -8,8 +8,8 @@
 #   case tp:   3 workers (dp=3) -> 2 (dp=1 tp=2) -> 4 (dp=2 tp=2) -> 3 (dp=3 tp=1: tp 2 -> 1);
 #              handwritten.py: the memory budget forces dp=1 tp=2; train.py (FSDP2 shards every
 #              tensor over dp, so dp=2 and tp=2 need the same memory): pinned configs
-#   case pp:   handwritten.py: 3 workers (dp=3) -> 2 (a smaller budget: dp=1 pp=2) -> 4 (dp=2
-#              pp=2) -> 3 (dp=3 pp=1: pp 2 -> 1)
+#   case pp:   3 workers (dp=3) -> 2 (dp=1 pp=2) -> 4 (dp=2 pp=2) -> 3 (dp=3 pp=1: pp 2 -> 1);
+#              handwritten.py: a smaller budget forces dp=1 pp=2; train.py: pinned configs
 #   case kill: 4 workers (dp=4) -> one SIGKILLed (recovery from the buddy snapshots)
 #   case term: 4 workers (dp=4) -> one SIGTERMed (it leaves; its state moves first)
 #
@@ -51,6 +51,7 @@ case $program/$case_ in
   handwritten/pp) extra=(--device-memory "${MEM_PP:-2450000}") common+=(--tp-candidates 1) ;;
   handwritten/kill|handwritten/term) ;;
   train/tp) common+=(--tp 2) ;;
+  train/pp) common+=(--pp 2) ;;
   train/kill|train/term) ;;
   *) fail "unknown case $case_ of $program" ;;
 esac
@@ -81,6 +82,7 @@ case $case_ in tp|pp) pace=(--step-sleep 0.4) ;; esac
 pins=()
 case $case_ in tp|pp) pins=(--config 3=dp3tp1pp1) ;; esac
 [ "$program/$case_" = train/tp ] && pins+=(--config 2=dp1tp2pp1 --config 4=dp2tp2pp1)
+[ "$program/$case_" = train/pp ] && pins+=(--config 2=dp1tp1pp2 --config 4=dp2tp1pp2)
 timeout 400 "$morphrun" -n "$n" --max 6 "${pins[@]}" --log-dir "$tmp/logs" -- "$python" "${common[@]}" \
   --out "$tmp/el" "${extra[@]}" "${pace[@]}" >"$tmp/el.log" 2>&1 &
 run=$!

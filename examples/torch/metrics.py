@@ -1,8 +1,8 @@
 """What train.py and train_plain.py report: a line per step on world rank 0 (printed; with --out
 DIR also appended to DIR/metrics.tsv: step, loss, world, dp, tp, pp, generation, ms, tokens/s,
-unix time), one line per reconfiguration of a morph job (not its start) in DIR/events.tsv (step, generations,
-worlds, configs, recovery, steps lost, communicators, plan, transfer, resume and stall ms, bytes
-received: examples/gpt's columns, which scripts/elastic_checks.sh and scripts/demo.sh read), and
+unix time), one line per reconfiguration of a morph job (not its start) in DIR/events.tsv (step,
+generations, worlds, configs, recovery, steps lost, communicators, plan, transfer, resume and
+stall ms, bytes received: examples/gpt's columns, which scripts/elastic_checks.sh reads), and
 DIR/pids/<pid>, touched at every step this process trains (the tests pick their victims there).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_plain.py, the standard program without morph, trains under torchrun (ctest
-# torch_train_plain_test, label torch): one process, then two as dp=2 and as tp=2; every step's
+# torch_train_plain_test, label torch): one process, then two as dp=2, tp=2 and pp=2; every step's
 # loss equals the one-process run's within TOL (DistributedSampler gives DP rank r the samples
 # r, r + dp, ... of the epoch's permutation, so each step's global batch is the same set whatever
 # dp is, and the initial weights are drawn whole by name).
@@ -24,7 +24,8 @@ run() {  # run NAME NPROC ARGS...: torchrun on a free port, 6 steps
 run ref 1
 run dp2 2
 run tp2 2 --tp 2
-for name in dp2 tp2; do
+run pp2 2 --pp 2
+for name in dp2 tp2 pp2; do
   awk -F'\t' -v tol="$TOL" -v name="$name" '
     NR == FNR { ref[$1] = $2; next }
     { d = $2 - ref[$1]; if (d < 0) d = -d; if (d > worst) worst = d
@@ -32,7 +33,8 @@ for name in dp2 tp2; do
       n++ }
     END { if (bad || n != 6) exit 1; printf "%s: 6 steps, largest |diff| %g\n", name, worst }' \
     "$tmp/ref/metrics.tsv" "$tmp/$name/metrics.tsv" || fail "$name's loss differs from one process's"
-  cut -f4,5 "$tmp/$name/metrics.tsv" | sort -u | grep -qx "$([ $name = dp2 ] && echo "2	1" || echo "1	2")" ||
-    fail "$name ran as $(cut -f4,5 "$tmp/$name/metrics.tsv" | sort -u | tr '\t\n' 'x ')"
+  want=$(case $name in dp2) echo 2 1 1 ;; tp2) echo 1 2 1 ;; pp2) echo 1 1 2 ;; esac)
+  [ "$(cut -f4-6 "$tmp/$name/metrics.tsv" | sort -u | tr '\t' ' ')" = "$want" ] ||
+    fail "$name ran as dp tp pp $(cut -f4-6 "$tmp/$name/metrics.tsv" | sort -u | tr '\t\n' '  ')"
 done
 echo "torch_train_plain_test: passed"

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.distributed.tensor.parallel import parallelize_module
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tp", type=int, default=1,
                    help="tensor-parallel size (train.py: the planner picks one of its divisors)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (train.py: its divisors)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (pacing)")
     p.add_argument("--quiet", action="store_true", help="no line per step")
     p.add_argument("--out", default="", help="metrics.tsv, events.tsv and pids/ (metrics.py)")
@@ -54,9 +56,10 @@ def warmup_cosine(step: int, warmup: int, total: int) -> float:
 
 
 def build(ctx, a: argparse.Namespace):
-    """The model, its optimizer and LR scheduler on `ctx.mesh` ("dp" and "tp" dimensions): the
-    layers `ctx.layers` (a pipeline stage's), materialized on `ctx.device`, initialized when
-    `ctx.fresh`."""
+    """The model, its optimizer, LR scheduler and pipeline schedule on `ctx.mesh` ("pp", "dp" and
+    "tp" dimensions): this stage's layers `ctx.layers`, materialized on `ctx.device`, initialized
+    when `ctx.fresh`; with pipeline stages a PipelineStage on the pp group and a GPipe schedule
+    over the rank's micro-batches (None without)."""
     args = LlamaArgs(n_layers=a.layers)
     with torch.device("meta"):
         model = Llama(args, ctx.layers, 0 in ctx.layers, args.n_layers - 1 in ctx.layers)
@@ -75,21 +78,43 @@ def build(ctx, a: argparse.Namespace):
     if ctx.fresh:
         init_weights(model, a.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    schedule = functools.partial(warmup_cosine, warmup=a.warmup, total=a.steps)
-    return model, opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        opt, functools.partial(warmup_cosine, warmup=a.warmup, total=a.steps))
+    if ctx.num_stages == 1:
+        return model, opt, scheduler, None
+    dp, d = ctx.mesh["dp"].size(), ctx.mesh["dp"].get_local_rank()
+    samples = a.global_batch // dp + (d < a.global_batch % dp)  # this DP rank's slice
+    stage = PipelineStage(model, ctx.stage, ctx.num_stages, ctx.device, group=ctx.pp_group)
+    return model, opt, scheduler, ScheduleGPipe(
+        stage, n_microbatches=-(-samples // a.micro_batch),
+        loss_fn=functools.partial(token_loss, a=a), scale_grads=False)
 
 
-def train_step(index, model, optimizer, scheduler, micro_batches, mesh, metrics, a):
-    """One step: forward and backward of this rank's micro-batches (the loss summed over tokens,
-    divided by the global batch's: FSDP2 sums the gradients over DP), the optimizer's step."""
+def token_loss(logits, y, a):
+    """A micro-batch's token loss summed, over the global batch's token count: summed over
+    micro-batches and DP ranks it is the global batch's mean loss (FSDP2 sums over DP)."""
     tokens = a.global_batch * LlamaArgs.seq
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum") / tokens
+
+
+def train_step(index, model, optimizer, scheduler, schedule, micro_batches, mesh, metrics, a):
+    """One step: forward and backward of this rank's micro-batches (through the pipeline
+    schedule when there is one: it cuts the rank's samples itself), the optimizer's step."""
     total = torch.zeros(())
-    for x, y in micro_batches:
-        logits = model(x)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum") / tokens
-        loss.backward()
-        total += loss.detach()
-    dist.all_reduce(total, group=mesh["dp"].get_group())
+    if schedule is None:
+        for x, y in micro_batches:
+            loss = token_loss(model(x), y, a)
+            loss.backward()
+            total += loss.detach()
+    else:
+        x, y = (torch.cat(t) for t in zip(*micro_batches))
+        stage, losses = mesh["pp"].get_local_rank(), []
+        last = dict(target=y, losses=losses) if stage == mesh["pp"].size() - 1 else {}
+        schedule.step(*([x] if stage == 0 else []), **last)
+        total += sum(loss.detach() for loss in losses)
+    if mesh["tp"].get_local_rank() != 0:  # the last stages' losses, each DP rank's once
+        total.zero_()
+    dist.all_reduce(total)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad()
@@ -103,6 +128,7 @@ def main() -> int:
     metrics = Metrics(a.out, a.quiet, a.global_batch * LlamaArgs.seq)
     job = morph.elastic(functools.partial(build, a=a), num_layers=a.layers,
                         tp_candidates=[t for t in range(1, a.tp + 1) if a.tp % t == 0],
+                        pp_candidates=[p for p in range(1, a.pp + 1) if a.pp % p == 0],
                         global_batch=a.global_batch, micro_batch=a.micro_batch,
                         dataset_samples=len(data), dataset_seed=a.seed)
     loader = morph.data.ElasticDataLoader(job, data)
@@ -111,7 +137,7 @@ def main() -> int:
         with job.step() as step:
             if step.done or step.index >= a.steps:
                 break
-            train_step(step.index, job.model, job.optimizer, job.scheduler,
+            train_step(step.index, job.model, job.optimizer, job.scheduler, job.schedule,
                        loader.micro_batches(step), step.mesh, metrics, a)
     job.finish()
     return 0
