@@ -25,6 +25,29 @@ class ErrorsTest(unittest.TestCase):
         self.assertIn("ABORTED: step 3", str(e))
         self.assertIsInstance(morph._errors._from_status(3, "x", [], None, None), ValueError)
 
+    def test_collective_failures_through_wrappers(self):
+        """A collective's failure raised `from` by a library (torch.distributed.pipelining's
+        "[Stage 1] failed to run forward" around FSDP2's aborted all_gather) is one too; a
+        program's own RuntimeError is not."""
+        import torch.distributed as dist
+        from morph.distributed import is_collective_failure
+        failed = dist.DistNetworkError("morph backend: all_gather on generation 1's dp: ABORTED")
+        try:
+            try:
+                raise failed
+            except dist.DistNetworkError as e:
+                raise RuntimeError("[Stage 1] failed to run forward") from e
+        except RuntimeError as wrapped:
+            self.assertTrue(is_collective_failure(wrapped))
+        self.assertFalse(is_collective_failure(RuntimeError("[Stage 1] failed to run forward")))
+        try:
+            try:
+                raise ValueError("shapes differ")
+            except ValueError as e:
+                raise RuntimeError("wrapped") from e
+        except RuntimeError as wrapped:
+            self.assertFalse(is_collective_failure(wrapped))
+
     def test_binding_raises_the_class(self):
         with self.assertRaises(morph.InvalidArgumentError) as cm:
             morph.shard_of("w", [4, 6], "f32", morph.Layout.layer(0).split_tp(5),

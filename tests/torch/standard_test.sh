@@ -14,6 +14,7 @@
 #               (pinned dp2 pp2: the build makes each stage's part, PipelineStage and schedule)
 #               -> resize 2 (pinned dp2 pp1: pp 2 -> 1)
 #   case pp_gpipe: the same with ScheduleGPipe
+#   case pp_term: Schedule1F1B, 4 workers (dp2 pp2), one SIGTERMed -> 3 (pinned dp3 pp1)
 #   case pp_interleaved: the same with ScheduleInterleaved1F1B, 2 stages per pipeline rank (4
 #               model chunks: at pp 2 rank 0 runs stages 0 and 2, rank 1 stages 1 and 3; a part,
 #               AdamW and LambdaLR per stage; the layers numbered for pp 2: interleaved_layer_of)
@@ -61,7 +62,7 @@ fail() {
 # The reference: the same program, one worker (a job of its own), no changes, no DCP saves.
 sched=()
 case $case_ in
-  pp) sched=(--schedule 1f1b) ;;
+  pp|pp_term) sched=(--schedule 1f1b) ;;
   pp_gpipe) sched=(--schedule gpipe) ;;
   pp_interleaved) sched=(--schedule interleaved) ;;
 esac
@@ -71,6 +72,7 @@ timeout 300 "$python" "$here/standard_worker.py" --steps "$STEPS" --out "$tmp/re
 args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4 "${sched[@]}")
 pins=()
 case $case_ in
+  pp_term) n=4; pins=(--config 4=dp2tp1pp2 --config 3=dp3tp1pp1) ;;
   pp|pp_gpipe|pp_interleaved) n=3; pins=(--config 3=dp3tp1pp1 --config 4=dp2tp1pp2 --config 2=dp2tp1pp1) ;;
   grow) n=2; pins=(--config 4=dp2tp2pp1 --config 3=dp3tp1pp1) ;;
   kill) n=4; args+=(--kill-at 5 --kill-rank 2); export MORPH_SNAPSHOT_EVERY=1 ;;
@@ -120,7 +122,7 @@ case $case_ in
     done
     "$morphctl" --addr "$api" resize 2 >/dev/null
     ;;
-  term)
+  term|pp_term)
     at_step 3
     victim=$(ls "$tmp/out/pids" | sort -n | tail -n 1)
     kill -TERM "$victim"
@@ -147,12 +149,15 @@ for e in rec:
     by_step.setdefault(e["step"], []).append(e)
 worlds = [max(x["world"] for x in v) for _, v in sorted(by_step.items())]
 want = {"grow": [4, 3], "kill": [3], "term": [2], "pp": [4, 2], "pp_gpipe": [4, 2],
-        "pp_interleaved": [4, 2]}[case]
+        "pp_interleaved": [4, 2], "pp_term": [3]}[case]
 assert worlds == want, f"worlds after each change {worlds}, want {want}"
 if case in ("grow", "pp", "pp_gpipe", "pp_interleaved"):
     configs = [v[0]["config"] for _, v in sorted(by_step.items())]
     want = [[2, 2, 1], [3, 1, 1]] if case == "grow" else [[2, 1, 2], [2, 1, 1]]
     assert configs == want, f"configs {configs}, want {want}"
+if case == "pp_term":
+    configs = [v[0]["config"] for _, v in sorted(by_step.items())]
+    assert configs == [[3, 1, 1]], f"configs {configs}"
 for s, v in sorted(by_step.items()):
     assert len(v) == v[0]["world"], f"step {s}: {len(v)} workers reported, world {v[0]['world']}"
     bad = [x for x in v if x["oracle"] != "ok" and

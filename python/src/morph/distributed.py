@@ -346,7 +346,20 @@ def is_collective_failure(exc: BaseException) -> bool:
     group used from another thread, a call out of order), which is the program's to handle.
     The morph backend says which by type (DistBackendError, DistNetworkError, DistStoreError:
     failures; ValueError, RuntimeError: the program's); torch's own Gloo and NCCL groups raise
-    a RuntimeError for a lost peer, told apart by its text."""
+    a RuntimeError for a lost peer, told apart by its text. An exception raised `from` one
+    (torch.distributed.pipelining's "[Stage 1] failed to run forward" RuntimeError around
+    FSDP2's aborted all_gather) is one too: its causes are looked at."""
+    seen = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen:
+        if _is_collective_failure(e):
+            return True
+        seen.add(id(e))
+        e = e.__cause__
+    return False
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
     from ._errors import MorphError
 
     if isinstance(exc, MorphError):
