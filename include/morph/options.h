@@ -182,6 +182,13 @@ struct MORPH_API Options {
   uint64_t staging_bytes = uint64_t{256} << 20;  // MORPH_RESHARD_STAGING_BYTES
   uint64_t batch_bytes = uint64_t{64} << 20;     // MORPH_RESHARD_BATCH_BYTES
   bool shared_memory = true;                     // MORPH_RESHARD_SHM
+  // Host shards of tensors morph allocates (AddTensor, host memory) come from a shared-memory
+  // arena (memfd mappings) so that a same-host peer copies them with memcpy from a mapping
+  // instead of process_vm_readv during a reshard (MORPH_HOST_ARENA). Adopted tensors keep their
+  // allocator's storage. Only with shared_memory. Off by default: memfd pages cost more to
+  // fault in and to free than anonymous ones, and such shards can neither grow in place nor be
+  // recycled (runtime/switch/switch.h), so the switch took longer (docs/performance.md).
+  bool host_arena = false;
   // Keep every old shard until the switch's closing barrier (MORPH_RESHARD_KEEP_OLD): a switch
   // cut short by a failure then leaves the old state whole, so the recovery can use it. Costs
   // the old state's bytes during a switch (peak old + new).

@@ -73,6 +73,12 @@ struct MORPH_API Reconfiguration {
   double stall_seconds = 0;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
+  // Bytes the reshard copied locally (pieces of this worker's old shards into its new ones).
+  int64_t bytes_copied = 0;
+  // Of bytes_received, what came from same-host peers by shared memory: mapped from the
+  // sender's host arena (Options::host_arena; one memcpy), or by process_vm_readv.
+  int64_t shm_mapped_bytes = 0;
+  int64_t shm_vm_readv_bytes = 0;
   // Most tensor-state + staging bytes held at once during the switch, and the bound
   // max(old, new) + largest batch + staging (runtime/switch/switch.h says when it holds).
   int64_t peak_bytes = 0;

@@ -43,6 +43,7 @@ StatusOr<Options> Options::FromEnv() {
   MORPH_ASSIGN_OR_RETURN(o.staging_bytes, params::ReshardStagingBytes());
   MORPH_ASSIGN_OR_RETURN(o.batch_bytes, params::ReshardBatchBytes());
   MORPH_ASSIGN_OR_RETURN(o.shared_memory, params::ReshardShm());
+  MORPH_ASSIGN_OR_RETURN(o.host_arena, params::HostArena());
   MORPH_ASSIGN_OR_RETURN(o.keep_old_until_barrier, params::ReshardKeepOld());
   MORPH_ASSIGN_OR_RETURN(o.undo_copy, params::UndoCopy());
   MORPH_ASSIGN_OR_RETURN(o.checkpoint_dir, params::CheckpointDir());

@@ -76,6 +76,20 @@ StatusOr<std::unique_ptr<Runtime>> Runtime::Start(Options options, const Declare
       if (!impl->state.allocator_any_thread(t)) impl->adopted_any_thread = false;
     }
   }
+  // Morph-owned host shards from the host arena (Options::host_arena), so that same-host peers
+  // read them by memcpy from a mapping during a reshard.
+  bool owned_host = false;
+  for (size_t t = 0; t < impl->state.tensors().size(); ++t) {
+    if (!impl->state.adopted(t) && impl->state.memory_of(t) == MemoryKind::kHost) {
+      owned_host = true;
+    }
+  }
+  if (o.host_arena && o.shared_memory && owned_host) {
+    // 4 KiB pages: collapsing each new shard into 2 MiB pages (ShmArena::Options::huge_pages)
+    // made the switch slower still where shared-memory THP is off (docs/performance.md).
+    impl->host_arena = std::make_unique<ShmArena>();
+    impl->state.SetHostAllocator(impl->host_arena->allocator());
+  }
   JobManifest& m = impl->manifest;
   m.model = o.model;
   impl->state.FillManifest(m);

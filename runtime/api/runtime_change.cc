@@ -78,7 +78,8 @@ SwitchOptions Runtime::Impl::SwitchOpts(const Generation* next) const {
   SetDevicePath(s);
   // Host shards, morph-owned or from allocators callable from any thread: new ones are
   // allocated and pre-faulted while the old generation trains (switch.h "Pre-allocation").
-  if (adopted_state) {
+  // Storage from the host arena is a memfd mapping: its pages are never moved (pages_movable).
+  if (adopted_state || host_arena) {
     s.fixed_storage.resize(manifest.tensors.size());
     for (size_t t = 0; t < manifest.tensors.size(); ++t) {
       s.fixed_storage[t] = !state.pages_movable(t);
@@ -109,6 +110,7 @@ SwitchOptions Runtime::Impl::SwitchOpts(const Generation* next) const {
   s.executor.chunk_bytes = manifest.chunk_bytes;
   s.executor.staging_bytes = manifest.staging_bytes;
   s.transport.shared_memory = opts.shared_memory;
+  s.transport.arena = host_arena.get();  // outlives every transport (first member of Impl)
   s.timeout = std::chrono::milliseconds(opts.change_timeout_ms);
   s.previous_groups_can_shrink = live.can_shrink();
   return s;
@@ -282,6 +284,9 @@ Status Runtime::Impl::Reshard(const CommitMsg& c, Deadline deadline, Reconfigura
   r.resume_seconds = stats.seconds.resume;
   r.bytes_sent = stats.bytes_sent;
   r.bytes_received = stats.bytes_received;
+  r.bytes_copied = stats.bytes_copied;
+  r.shm_mapped_bytes = stats.shm_mapped_bytes;
+  r.shm_vm_readv_bytes = stats.shm_vm_readv_bytes;
   r.peak_bytes = stats.peak_bytes;
   r.bound_bytes = stats.bound_bytes;
   r.old_state_bytes = stats.old_bytes;

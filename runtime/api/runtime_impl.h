@@ -27,6 +27,7 @@
 #include "runtime/switch/live_groups.h"
 #include "runtime/switch/switch.h"
 #include "morph/runtime.h"
+#include "collectives/shm/shm_arena.h"
 #include "runtime/state/step_core.h"
 #include "runtime/state/undo.h"
 #include "runtime/coordinator/coordinator.h"
@@ -46,6 +47,10 @@ inline double SecondsSince(SteadyClock::time_point t) {
 std::atomic<bool>& LeaveRequestedBySignal();
 
 struct Runtime::Impl {
+  // Options::host_arena: the storage of morph-owned host shards, and the change transports'
+  // arena (CommTransportOptions::arena). First member: it outlives every transport; its buffers
+  // keep its bookkeeping alive on their own.
+  std::unique_ptr<ShmArena> host_arena;
   Options opts;
   JobManifest manifest;
   StateStore state;

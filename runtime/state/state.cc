@@ -165,7 +165,9 @@ StatusOr<Buffer> StateStore::AllocateShard(size_t index, int64_t bytes, int64_t 
     return "allocating " + std::to_string(ask) + " bytes for tensor '" + name + "'";
   };
   if (!e.adopted) {
-    Allocator alloc = e.memory == MemoryKind::kCuda ? CudaAllocator() : HostAllocator();
+    Allocator alloc = e.memory == MemoryKind::kCuda ? CudaAllocator()
+                      : host_allocator_               ? host_allocator_
+                                                      : HostAllocator();
     StatusOr<Buffer> b = alloc(static_cast<size_t>(bytes));
     if (!b.ok()) return b.status().WithContext(context());
     return b;
@@ -204,7 +206,8 @@ bool StateStore::allocator_any_thread(size_t index) const {
 
 bool StateStore::pages_movable(size_t index) const {
   const Entry& e = *entries_[index];
-  return e.adopted ? static_cast<bool>(e.allocator.move_pages) : e.memory == MemoryKind::kHost;
+  return e.adopted ? static_cast<bool>(e.allocator.move_pages)
+                   : e.memory == MemoryKind::kHost && !host_allocator_;
 }
 
 Status StateStore::MoveShardPages(size_t index, Buffer& from, Buffer& to, size_t offset) const {

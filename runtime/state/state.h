@@ -38,6 +38,11 @@ class StateStore final : public State {
   // failed after releasing old shards; see runtime/switch/switch.h).
   bool intact() const { return intact_; }
 
+  // Storage for the shards of morph-owned host tensors (the runtime's host arena), instead of
+  // HostAllocator. Its buffers are not page-mapped: pages_movable() is false for those tensors.
+  // Before Materialize; callable from any thread.
+  void SetHostAllocator(Allocator host) { host_allocator_ = std::move(host); }
+
   // ---- Used by the switch engine (runtime/switch/switch.cc) ----
 
   // The runtime: a step's update was cut short (Runtime::AbortStep after BeginUpdate), so the
@@ -94,6 +99,8 @@ class StateStore final : public State {
   void Install(const ParallelConfig& config, int rank, std::vector<Shard> shards,
                std::vector<Buffer> buffers);
 
+ private:
+  Allocator host_allocator_;  // null: HostAllocator()
 };
 
 }  // namespace morph

@@ -386,11 +386,20 @@ StatusOr<SwitchStats> ExecuteSwitch(PreparedSwitch& sw, const CommitMsg& commit,
   if (sw.executed_) return FailedPreconditionError(gen + ": already executed");
   if (sw.aborted_.load()) return AbortedError(gen + ": aborted");
   sw.executed_ = true;
-  if (from_snapshots) return RestoreFromSnapshots(sw, commit, state, deadline);
+  // What the change transport received by shared memory, by path (one transport per switch).
+  auto with_shm = [&sw](StatusOr<SwitchStats> r) -> StatusOr<SwitchStats> {
+    if (r.ok() && sw.transport_) {
+      const ShmChannel::Stats shm = sw.transport_->shm_stats();
+      r->shm_mapped_bytes = static_cast<int64_t>(shm.mapped_bytes);
+      r->shm_vm_readv_bytes = static_cast<int64_t>(shm.vm_readv_bytes);
+    }
+    return r;
+  };
+  if (from_snapshots) return with_shm(RestoreFromSnapshots(sw, commit, state, deadline));
   state.Seal();
   MORPH_RETURN_IF_ERROR(SwitchExecution::CheckStateAgainstPlan(sw, commit, state, gen));
   if (sw.first_generation()) return SwitchExecution::MaterializeFirst(sw, state, gen);
-  return SwitchExecution(sw, commit, state, deadline).Run();
+  return with_shm(SwitchExecution(sw, commit, state, deadline).Run());
 }
 
 Status AdoptNewState(PreparedSwitch& sw, StateStore& state) {

@@ -282,6 +282,10 @@ struct SwitchStats {
   int64_t recycled_bytes = 0;
   // Tensors whose old shard's pages became the resident part of the new one (MovePages).
   int shards_grown = 0;
+  // Bytes this worker received from same-host peers over the change transport's shared memory,
+  // by path (CommTransport::shm_stats): mapped from the sender's ShmArena segment (memcpy), or
+  // by process_vm_readv (the sender's buffer was not from an arena).
+  int64_t shm_mapped_bytes = 0, shm_vm_readv_bytes = 0;
   int shards_preallocated = 0;
   // Where the transfer phase went (seconds, summed over the batches): allocating new shards,
   // and the executor's local copies, packing, waits on the transport and unpacking.

@@ -11,9 +11,11 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <string>
 #include <thread>
 
 #include "tests/runtime/elastic_testutil.h"
@@ -98,6 +100,71 @@ TEST(ElasticTest, SigtermIsAPreemptionNotice) {
 TEST(ElasticTest, StandbySpareTakesARank) { scenarios::StandbySpareTakesARank(StartLauncherJob); }
 TEST(ElasticTest, JoinerArrivesWhileAShrinkIsPending) {
   scenarios::JoinerArrivesWhileAShrinkIsPending(StartLauncherJob);
+}
+
+// Options::host_arena (MORPH_HOST_ARENA): the shards morph allocates come from the runtime's
+// ShmArena, so a same-host reshard (dp 4 -> 2 here) reads every old shard by memcpy from a
+// mapping of the sender's segment; without it, by process_vm_readv (messages packed into the
+// executor's staging, the small tensors' here, go by process_vm_readv either way). The bytes each worker
+// received by each path (Reconfiguration::shm_mapped_bytes / shm_vm_readv_bytes), summed over
+// the new generation's workers; the data is checked at every step by the workers.
+struct ShmPaths {
+  int64_t received = 0, mapped = 0, vm_readv = 0;
+};
+
+ShmPaths ShrinkAndCountShmPaths(const std::string& arena) {
+  ShmPaths paths;
+  testing::Job job = testing::StartJob(
+      "arena" + arena, 4, {{2, testing::Config(2, 1, 1)}, {4, testing::Config(4, 1, 1)}},
+      testing::JobOptions{.steps = 40,
+                          .step_ms = 20,
+                          .extra_args = {"--variant", "big"},
+                          // Messages of 64 KiB: the big tensor's pieces travel alone.
+                          .env = {{"MORPH_HOST_ARENA", arena},
+                                  {"MORPH_RESHARD_CHUNK_BYTES", "65536"}}});
+  EXPECT_TRUE(job.launcher);
+  if (!job.launcher) return paths;
+  EXPECT_TRUE(testing::WaitForStep(job, 3)) << testing::Logs(job);
+  EXPECT_TRUE(testing::Resize(job, 2).ok());
+  EXPECT_TRUE(testing::WaitForGeneration(job, 2)) << testing::Logs(job);
+  StatusOr<int> code = job.launcher->Wait(Deadline::AfterMs(120000));
+  EXPECT_TRUE(code.ok() && *code == 0) << testing::Logs(job);
+  const std::string logs = testing::Logs(job);
+  size_t at = 0;
+  int lines = 0;
+  while ((at = logs.find(": gen 2 rank ", at)) != std::string::npos) {
+    const size_t end = logs.find('\n', at);
+    const std::string line = logs.substr(at, end - at);
+    at = end;
+    long received = 0, mapped = 0, vm_readv = 0;
+    const size_t r = line.find("received ");
+    if (r == std::string::npos ||
+        std::sscanf(line.c_str() + r, "received %ld shm_mapped %ld shm_vm_readv %ld", &received,
+                    &mapped, &vm_readv) != 3) {
+      ADD_FAILURE() << "unparsed: " << line;
+      continue;
+    }
+    ++lines;
+    paths.received += received;
+    paths.mapped += mapped;
+    paths.vm_readv += vm_readv;
+  }
+  EXPECT_EQ(lines, 2) << logs;
+  fs::remove_all(job.dir);
+  return paths;
+}
+
+TEST(ElasticTest, SameHostReshardReadsTheHostArena) {
+  const ShmPaths on = ShrinkAndCountShmPaths("1");
+  // dp 4 -> 2: each new rank receives the big tensor's 256 KiB range of one leaver.
+  constexpr int64_t kBigMoved = int64_t{2} << 18;
+  EXPECT_GT(on.received, kBigMoved);
+  EXPECT_GE(on.mapped, kBigMoved);
+  const ShmPaths off = ShrinkAndCountShmPaths("0");
+  EXPECT_EQ(off.received, on.received);
+  EXPECT_EQ(off.mapped, 0);
+  // The same messages: what the arena path took, process_vm_readv took without it.
+  EXPECT_EQ(on.mapped + on.vm_readv, off.vm_readv);
 }
 
 }  // namespace

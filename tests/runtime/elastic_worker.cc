@@ -11,7 +11,8 @@
 // --configs: the config policy of a coordinator this worker hosts (mpirun rank 0): for W workers
 // the config listed for the largest W' <= W (none listed: the planner's default), as the
 // Launcher-driven tests give their Launcher (Options::config_policy, the user callback).
-// --variant shape registers l1.b with another shape (the registration-agreement test: such a
+// --variant big adds a 1 MiB ZeRO tensor (the host arena test); --variant shape registers l1.b
+// with another shape (the registration-agreement test: such a
 // worker is refused at Start); --variant hybrid2 shards the ZeRO tensors in DP groups of 2
 // (hybrid ZeRO: every piece has a replica while dp >= 4; the failures tests).
 // --drop-vote-at S [--fault-rank R] (default rank 0): the worker holding rank R at step S of
@@ -155,7 +156,7 @@ int main(int argc, char** argv) {
   opts->dataset_samples = 48;  // an epoch every 4 steps
   opts->dataset_seed = 7;
   opts->micro_batch = 2;
-  if (!variant.empty() && variant != "shape" && variant != "hybrid2") {
+  if (!variant.empty() && variant != "shape" && variant != "hybrid2" && variant != "big") {
     return Fail(2, "unknown --variant " + variant);
   }
   if (!configs.empty()) {
@@ -170,6 +171,10 @@ int main(int argc, char** argv) {
     };
   }
   std::vector<TensorDef> defs = Tensors(variant == "shape", variant == "hybrid2" ? 2 : 0);
+  // --variant big: one more tensor of 1 MiB, ZeRO-sharded, whose pieces travel as single
+  // contiguous messages straight from the old shards where messages are smaller than its
+  // pieces (MORPH_RESHARD_CHUNK_BYTES; the small tensors' pieces are packed into staging).
+  if (variant == "big") defs.push_back({"big.adam_m", {512, 512}, Layout::Layer(2).ZeroShard()});
   auto rt = morph::Runtime::Start(*opts, [&](morph::State& s) -> morph::Status {
     for (const TensorDef& d : defs) {
       MORPH_RETURN_IF_ERROR(s.AddTensor(d.name, d.shape, DType::kF32, d.layout));
@@ -215,9 +220,13 @@ int main(int argc, char** argv) {
                    static_cast<long>(c.newest_step), static_cast<long>(c.lost_steps()),
                    c.stale ? "stale" : "own", c.abort_seconds);
     }
-    std::fprintf(stderr, "elastic_worker %ld: gen %ld rank %d %s at step %ld stall %.3f s\n",
+    std::fprintf(stderr,
+                 "elastic_worker %ld: gen %ld rank %d %s at step %ld stall %.3f s received %ld "
+                 "shm_mapped %ld shm_vm_readv %ld\n",
                  static_cast<long>(r.worker_id()), static_cast<long>(c.generation), c.rank,
-                 c.config.ToString().c_str(), static_cast<long>(c.step), c.stall_seconds);
+                 c.config.ToString().c_str(), static_cast<long>(c.step), c.stall_seconds,
+                 static_cast<long>(c.bytes_received), static_cast<long>(c.shm_mapped_bytes),
+                 static_cast<long>(c.shm_vm_readv_bytes));
   });
   while (true) {
     auto step = r.BeginStep();
