@@ -15,7 +15,12 @@
 // One JSON object per line: {"name": "reconfigure", "change": "dp4to2", "bytes": ..., "seconds":
 // <request -> first step>, "stall_seconds", "transfer_seconds", ..., "bytes_moved",
 // "raw_bandwidth_bytes_per_s", "transfer_vs_raw", "raw_all_ranks_bytes_per_s" (every old rank
-// sending 64 MiB to the next at once), "transfer_vs_raw_all_ranks", "memory": {by phase, max over
+// sending 64 MiB to the next at once), "transfer_vs_raw_all_ranks", "all_ranks_memcpy_seconds"
+// (every new rank at once memcpys the bytes that landed in its new shards, received + copied,
+// between resident buffers; the slowest rank), "transfer_vs_memcpy_all_ranks" (that / the
+// slowest transfer phase: same-host reshards, where the bytes go by shared memory),
+// "shm_mapped_bytes" / "shm_vm_readv_bytes" (same-host bytes received from the senders' host
+// arena by memcpy / by process_vm_readv, all ranks; MORPH_HOST_ARENA), "memory": {by phase, max over
 // workers: before_bytes (old state), prepare_bytes (old + new shards pre-allocated before the
 // switch step), switch_peak_bytes, after_bytes (new state), bound_bytes (max(old, new) + largest
 // batch + staging), workers_over_bound (any phase above its worker's bound), and measured:
@@ -171,6 +176,20 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
       const int64_t peak_rss = StatusBytes("VmHWM:"), after_rss = StatusBytes("VmRSS:");
       int64_t first_step_ns = NowNs();
       double raw = raw_bandwidth();
+      // Every new rank at once: a memcpy of the bytes that landed in its new shards here
+      // (received + copied locally) between two resident buffers, between barriers of the new
+      // world: the copy a same-host reshard cannot beat, on the same shared cores.
+      const int64_t landing = last.bytes_received + last.bytes_copied;
+      double memcpy_sec = 0;
+      {
+        std::vector<char> src(static_cast<size_t>(landing), 1), dst(static_cast<size_t>(landing));
+        std::memset(dst.data(), 0, dst.size());
+        (void)step->world().Barrier(std::chrono::milliseconds(60000));
+        auto t = std::chrono::steady_clock::now();
+        if (landing > 0) std::memcpy(dst.data(), src.data(), src.size());
+        memcpy_sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+        (void)step->world().Barrier(std::chrono::milliseconds(60000));
+      }
       log << "{\"worker\":" << r.worker_id() << ",\"generation\":" << last.generation
           << ",\"old_rank\":" << last.old_rank << ",\"process_start_ns\":" << process_start_ns
           << ",\"rank\":" << last.rank << ",\"first_step_ns\":" << first_step_ns
@@ -178,6 +197,9 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
           << ",\"plan\":" << last.plan_seconds << ",\"transfer\":" << last.transfer_seconds
           << ",\"resume\":" << last.resume_seconds << ",\"stall\":" << last.stall_seconds
           << ",\"bytes_received\":" << last.bytes_received << ",\"bytes_sent\":" << last.bytes_sent
+          << ",\"landing_bytes\":" << landing << ",\"memcpy_seconds\":" << memcpy_sec
+          << ",\"shm_mapped_bytes\":" << last.shm_mapped_bytes
+          << ",\"shm_vm_readv_bytes\":" << last.shm_vm_readv_bytes
           << ",\"raw_bandwidth\":" << raw << ",\"local_bytes\":" << r.state().local_bytes()
           << ",\"peak_bytes\":" << last.peak_bytes << ",\"bound_bytes\":" << last.bound_bytes
           << ",\"old_state_bytes\":" << last.old_state_bytes
@@ -203,6 +225,8 @@ int Worker(int64_t unique_bytes, const std::string& out, int64_t steps) {
 struct Parsed {
   std::map<std::string, double> max;  // per field, over workers
   double sum_received = 0;
+  // Same-host bytes received by path (mapped from the sender's host arena / process_vm_readv).
+  double sum_shm_mapped = 0, sum_shm_vm_readv = 0;
   int64_t last_first_step_ns = 0;
   int64_t joiner_start_to_first_step_ns = 0;  // the slowest joiner's
   int workers = 0;
@@ -238,10 +262,12 @@ Parsed ReadLogs(const fs::path& dir, int64_t generation) {
       for (const char* k :
            {"communicators", "plan", "transfer", "resume", "stall", "raw_bandwidth", "local_bytes",
             "peak_bytes", "bound_bytes", "old_state_bytes", "prepare_bytes", "new_state_bytes",
-            "rss_extra_bytes", "rss_after_extra_bytes"}) {
+            "rss_extra_bytes", "rss_after_extra_bytes", "memcpy_seconds"}) {
         p.max[k] = std::max(p.max[k], field(k));
       }
       p.sum_received += field("bytes_received");
+      p.sum_shm_mapped += field("shm_mapped_bytes");
+      p.sum_shm_vm_readv += field("shm_vm_readv_bytes");
       const double bound = field("bound_bytes");
       if (std::max({field("prepare_bytes"), field("peak_bytes"), field("new_state_bytes")}) >
           bound) {
@@ -355,7 +381,9 @@ int Drive(const WorkerCommand& cmd, const Change& c, int64_t bytes) {
       "\"transfer_seconds\":%.4f,\"resume_seconds\":%.4f,\"stall_minus_transfer_seconds\":%.4f,"
       "\"bytes_moved\":%.0f,\"raw_bandwidth_bytes_per_s\":%.0f,\"transfer_bandwidth_bytes_per_s\":"
       "%.0f,\"transfer_vs_raw\":%.3f,\"raw_all_ranks_bytes_per_s\":%.0f,"
-      "\"transfer_vs_raw_all_ranks\":%.3f,\"peak_bytes_max\":%.0f,\"bound_bytes_max\":%.0f,"
+      "\"transfer_vs_raw_all_ranks\":%.3f,\"all_ranks_memcpy_seconds\":%.4f,"
+      "\"transfer_vs_memcpy_all_ranks\":%.3f,\"shm_mapped_bytes\":%.0f,\"shm_vm_readv_bytes\":%.0f,"
+      "\"peak_bytes_max\":%.0f,\"bound_bytes_max\":%.0f,"
       "\"memory\":{\"before_bytes_max\":%.0f,\"prepare_bytes_max\":%.0f,\"switch_peak_bytes_max\":"
       "%.0f,\"after_bytes_max\":%.0f,\"bound_bytes_max\":%.0f,\"workers_over_bound\":%d,"
       "\"measured_rss_extra_bytes_max\":%.0f,\"measured_rss_extra_vs_bound_allowance\":%.3f}}\n",
@@ -363,7 +391,9 @@ int Drive(const WorkerCommand& cmd, const Change& c, int64_t bytes) {
       p.max["communicators"],
       p.max["plan"], p.max["transfer"], p.max["resume"], p.max["stall"] - p.max["transfer"],
       p.sum_received, p.raw, transfer_bw, p.raw > 0 ? transfer_bw / p.raw : 0.0, ring,
-      ring > 0 ? transfer_bw / ring : 0.0, p.max["peak_bytes"], p.max["bound_bytes"],
+      ring > 0 ? transfer_bw / ring : 0.0, p.max["memcpy_seconds"],
+      p.max["transfer"] > 0 ? p.max["memcpy_seconds"] / p.max["transfer"] : 0.0, p.sum_shm_mapped,
+      p.sum_shm_vm_readv, p.max["peak_bytes"], p.max["bound_bytes"],
       p.max["old_state_bytes"], p.max["prepare_bytes"], p.max["peak_bytes"],
       p.max["new_state_bytes"], p.max["bound_bytes"], p.over_bound, p.max["rss_extra_bytes"],
       p.rss_extra_vs_allowed);
