@@ -15,6 +15,9 @@
 #               -> resize 2 (pinned dp2 pp1: pp 2 -> 1)
 #   case pp_gpipe: the same with ScheduleGPipe
 #   case pp_term: Schedule1F1B, 4 workers (dp2 pp2), one SIGTERMed -> 3 (pinned dp3 pp1)
+#   case pp_kill: Schedule1F1B, 4 workers (dp2 pp2, buddy snapshots every step), rank 2 (of the
+#               second stage) SIGKILLs itself at step 5 while its peers wait in the pipeline's
+#               send/recv and FSDP2's all_gather -> 3 (pinned dp3 pp1)
 #   case pp_interleaved: the same with ScheduleInterleaved1F1B, 2 stages per pipeline rank (4
 #               model chunks: at pp 2 rank 0 runs stages 0 and 2, rank 1 stages 1 and 3; a part,
 #               AdamW and LambdaLR per stage; the layers numbered for pp 2: interleaved_layer_of)
@@ -62,7 +65,7 @@ fail() {
 # The reference: the same program, one worker (a job of its own), no changes, no DCP saves.
 sched=()
 case $case_ in
-  pp|pp_term) sched=(--schedule 1f1b) ;;
+  pp|pp_term|pp_kill) sched=(--schedule 1f1b) ;;
   pp_gpipe) sched=(--schedule gpipe) ;;
   pp_interleaved) sched=(--schedule interleaved) ;;
 esac
@@ -73,6 +76,8 @@ args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4 "${sched[@]}")
 pins=()
 case $case_ in
   pp_term) n=4; pins=(--config 4=dp2tp1pp2 --config 3=dp3tp1pp1) ;;
+  pp_kill) n=4; args+=(--kill-at 5 --kill-rank 2); export MORPH_SNAPSHOT_EVERY=1
+           pins=(--config 4=dp2tp1pp2 --config 3=dp3tp1pp1) ;;
   pp|pp_gpipe|pp_interleaved) n=3; pins=(--config 3=dp3tp1pp1 --config 4=dp2tp1pp2 --config 2=dp2tp1pp1) ;;
   grow) n=2; pins=(--config 4=dp2tp2pp1 --config 3=dp3tp1pp1) ;;
   kill) n=4; args+=(--kill-at 5 --kill-rank 2); export MORPH_SNAPSHOT_EVERY=1 ;;
@@ -133,7 +138,7 @@ wait "$run"
 rc=$?
 set -e
 run=""
-if [ "$case_" = kill ] && [ "$rc" = 137 ] && grep -q "the job completed" "$tmp/run.log"; then rc=0; fi
+if [[ "$case_" = kill || "$case_" = pp_kill ]] && [ "$rc" = 137 ] && grep -q "the job completed" "$tmp/run.log"; then rc=0; fi
 [ "$rc" = 0 ] || fail "morphrun exited $rc"
 
 "$python" - "$tmp/out" "$tmp/ref" "$case_" "$STEPS" "$TOL" "$STATE_TOL" <<'PY' || fail "checks failed"
@@ -149,13 +154,13 @@ for e in rec:
     by_step.setdefault(e["step"], []).append(e)
 worlds = [max(x["world"] for x in v) for _, v in sorted(by_step.items())]
 want = {"grow": [4, 3], "kill": [3], "term": [2], "pp": [4, 2], "pp_gpipe": [4, 2],
-        "pp_interleaved": [4, 2], "pp_term": [3]}[case]
+        "pp_interleaved": [4, 2], "pp_term": [3], "pp_kill": [3]}[case]
 assert worlds == want, f"worlds after each change {worlds}, want {want}"
 if case in ("grow", "pp", "pp_gpipe", "pp_interleaved"):
     configs = [v[0]["config"] for _, v in sorted(by_step.items())]
     want = [[2, 2, 1], [3, 1, 1]] if case == "grow" else [[2, 1, 2], [2, 1, 1]]
     assert configs == want, f"configs {configs}, want {want}"
-if case == "pp_term":
+if case in ("pp_term", "pp_kill"):
     configs = [v[0]["config"] for _, v in sorted(by_step.items())]
     assert configs == [[3, 1, 1]], f"configs {configs}"
 for s, v in sorted(by_step.items()):
