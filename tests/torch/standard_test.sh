@@ -72,7 +72,10 @@ esac
 timeout 300 "$python" "$here/standard_worker.py" --steps "$STEPS" --out "$tmp/ref" --no-oracle \
   "${sched[@]}" >"$tmp/ref.log" 2>&1 || { tail -n 30 "$tmp/ref.log" >&2; fail "reference run failed"; }
 
-args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4 "${sched[@]}")
+# hold: while it exists the workers' steps are 1.5 s longer (a grow's joiner starting on a loaded
+# machine, its torch import and discovery build, must not outlast the job's remaining steps).
+hold=$tmp/hold
+args=(--steps "$STEPS" --out "$tmp/out" --step-sleep 0.4 --hold-file "$hold" "${sched[@]}")
 pins=()
 case $case_ in
   pp_term) n=4; pins=(--config 4=dp2tp1pp2 --config 3=dp3tp1pp1) ;;
@@ -98,7 +101,7 @@ done
 at_step() {  # waits until the job saved the state before step $1
   for _ in $(seq 1200); do
     [ -d "$tmp/out/dcp/at-$1" ] && return 0
-    kill -0 "$run" 2>/dev/null || return 1
+    kill -0 "$run" 2>/dev/null || fail "the job ended before step $1"
     sleep 0.1
   done
   fail "step $1 not reached"
@@ -107,19 +110,19 @@ at_world() {  # waits until a worker reported a change into world $1
   for _ in $(seq 1200); do
     grep -q "\"event\": \"reconfigured\".*\"world\": $1," "$tmp/out/events.jsonl" 2>/dev/null &&
       return 0
-    kill -0 "$run" 2>/dev/null || return 1
+    kill -0 "$run" 2>/dev/null || fail "the job ended before a change into world $1"
     sleep 0.1
   done
   fail "no change into world $1"
 }
 case $case_ in
   grow)
-    at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
-    at_world 4 && "$morphctl" --addr "$api" resize 3 >/dev/null
+    at_step 3 && touch "$hold" && "$morphctl" --addr "$api" resize 4 >/dev/null
+    at_world 4 && rm -f "$hold" && "$morphctl" --addr "$api" resize 3 >/dev/null
     ;;
   pp|pp_gpipe|pp_interleaved)  # 4 steps trained at pp 2 before the shrink
-    at_step 3 && "$morphctl" --addr "$api" resize 4 >/dev/null
-    at_world 4
+    at_step 3 && touch "$hold" && "$morphctl" --addr "$api" resize 4 >/dev/null
+    at_world 4 && rm -f "$hold"
     for _ in $(seq 1200); do
       [ "$(grep -c '"config": \[2, 1, 2\]' "$tmp/out/loss.jsonl" 2>/dev/null)" -ge 4 ] && break
       kill -0 "$run" 2>/dev/null || break

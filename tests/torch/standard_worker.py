@@ -39,6 +39,10 @@ p.add_argument("--out", required=True)
 p.add_argument("--kill-at", type=int, default=-1)
 p.add_argument("--kill-rank", type=int, default=1)
 p.add_argument("--step-sleep", type=float, default=0.0)
+p.add_argument("--hold-file", default=None,
+               help="while this file exists every step sleeps 1.5 s more: the driver holds the "
+                    "job's steps while a joiner starts (on a loaded machine its torch import and "
+                    "discovery build can outlast the remaining steps)")
 p.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"], default=None,
                help="train through a torch.distributed.pipelining schedule (pp allowed)")
 p.add_argument("--no-oracle", action="store_true",
@@ -144,6 +148,8 @@ while True:
             o.zero_grad()
         if a.step_sleep:
             time.sleep(a.step_sleep)
+        if a.hold_file and os.path.exists(a.hold_file):
+            time.sleep(1.5)
         if step.rank == 0:
             log("loss.jsonl", step=step.index, loss=total.item(), lr=lr,
                 config=[step.config.dp, step.config.tp, step.config.pp])
